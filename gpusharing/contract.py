@@ -1,0 +1,43 @@
+"""Names the services agree on: the webhook's annotations, budget states, and how the meter is wired."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+ANNOTATION_PREFIX = "gpusharing.io/"
+ANNOTATION_GPU_SHARE = "gpusharing.io/gpu-share"
+ANNOTATION_DIALECT = "gpusharing.io/dialect"
+ANNOTATION_BUDGET_STATE = "gpusharing.io/budget-state"
+
+# The audience of the projected ServiceAccount token the meter presents to the timekeeper.
+TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
+
+
+class BudgetState(StrEnum):
+    IN_BUDGET = "in-budget"
+    OVER_BUDGET = "over-budget"
+    UNLIMITED = "unlimited"  # the timekeeper's word for a namespace without a limit
+    UNKNOWN = "unknown"  # the webhook's word for a namespace it has not heard of
+
+    @property
+    def demoted(self) -> bool:
+        return self is BudgetState.OVER_BUDGET
+
+
+class MeterEnv:
+    """Environment variables the webhook gives the meter container (and the meter reads)."""
+
+    NAMESPACE = "GPUSHARING_NAMESPACE"
+    POD_NAME = "GPUSHARING_POD_NAME"
+    POD_UID = "GPUSHARING_POD_UID"
+    GPU_SHARE = "GPUSHARING_GPU_SHARE"
+    TIMEKEEPER_URL = "GPUSHARING_TIMEKEEPER_URL"
+    TOKEN_PATH = "GPUSHARING_TOKEN_PATH"
+    STATE_DIR = "GPUSHARING_METER_STATE_DIR"
+    INTERVAL = "GPUSHARING_METER_INTERVAL"
+
+
+# Where the webhook mounts the meter's token and its state volume.
+METER_TOKEN_DIR = "/var/run/secrets/gpusharing"
+METER_TOKEN_FILE = "token"
+METER_STATE_DIR = "/var/lib/gpusharing-meter"

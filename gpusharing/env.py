@@ -1,0 +1,71 @@
+"""Reading settings from environment variables, with messages that name the variable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+def env_text(name: str, default: str | None = None, environ: Mapping[str, str] = os.environ) -> str:
+    value = environ.get(name, "").strip()
+    if value:
+        return value
+    if default is None:
+        raise ConfigError(f"{name} must be set")
+    return default
+
+
+def env_int(name: str, default: int, minimum: int = 0, environ: Mapping[str, str] = os.environ) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} must be a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def env_float(name: str, default: float, minimum: float = 0.0, environ: Mapping[str, str] = os.environ) -> float:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} must be a number") from None
+    if not value >= minimum or value == float("inf"):
+        raise ConfigError(f"{name}={raw!r} must be a finite number, at least {minimum:g}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...], environ: Mapping[str, str] = os.environ) -> str:
+    value = environ.get(name, "").strip() or default
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} must be one of {', '.join(choices)}")
+    return value
+
+
+def env_list(name: str, default: tuple[str, ...], environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """A comma-separated list; an empty variable keeps the default."""
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def env_flag(name: str, default: bool, environ: Mapping[str, str] = os.environ) -> bool:
+    raw = environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} must be true or false")

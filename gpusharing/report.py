@@ -1,0 +1,103 @@
+"""The report contract between the meter and the timekeeper (``POST /api/v1/reports``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Nothing a pod does can be worth more than this many GPU-seconds in one report: 1,000 GPUs for ten years.
+MAX_GPU_SECONDS = 1000 * 10 * 365 * 24 * 3600
+MAX_GPU_SHARE = 1000
+MAX_SEQ = 2**62
+
+
+class ReportError(ValueError):
+    """A report that must be refused; the message says why."""
+
+
+@dataclass(frozen=True)
+class MeterReport:
+    pod_uid: str
+    namespace: str
+    pod: str
+    gpu_share: float
+    seq: int
+    gpu_seconds: float  # cumulative billed GPU-seconds since the pod's workload started
+    final: bool = False
+    gpu_memory_used_mib: float | None = None  # NVML, when a GPU is visible to the meter
+    gpu_utilization_percent: float | None = None
+
+    _FIELDS = {
+        "podUid": "pod_uid",
+        "namespace": "namespace",
+        "pod": "pod",
+        "gpuShare": "gpu_share",
+        "seq": "seq",
+        "gpuSeconds": "gpu_seconds",
+        "final": "final",
+        "gpuMemoryUsedMiB": "gpu_memory_used_mib",
+        "gpuUtilizationPercent": "gpu_utilization_percent",
+    }
+    _OPTIONAL = frozenset({"final", "gpuMemoryUsedMiB", "gpuUtilizationPercent"})
+
+    def to_json(self) -> dict[str, Any]:
+        body = {key: getattr(self, attr) for key, attr in self._FIELDS.items()}
+        return {key: value for key, value in body.items() if value is not None}
+
+    @classmethod
+    def from_json(cls, body: object) -> "MeterReport":
+        """A report from its JSON body; raises ReportError naming the first thing wrong with it."""
+        if not isinstance(body, dict):
+            raise ReportError("the report must be a JSON object")
+        unknown = sorted(set(body) - set(cls._FIELDS))
+        if unknown:
+            raise ReportError(f"unknown field(s): {', '.join(unknown)}")
+        missing = [key for key in cls._FIELDS if key not in cls._OPTIONAL and key not in body]
+        if missing:
+            raise ReportError(f"missing field(s): {', '.join(missing)}")
+        return cls(
+            pod_uid=_text(body, "podUid"),
+            namespace=_text(body, "namespace"),
+            pod=_text(body, "pod"),
+            gpu_share=_number(body, "gpuShare", 0, MAX_GPU_SHARE),
+            seq=_integer(body, "seq", 0, MAX_SEQ),
+            gpu_seconds=_number(body, "gpuSeconds", 0, MAX_GPU_SECONDS),
+            final=_flag(body, "final"),
+            gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, 10**9),
+            gpu_utilization_percent=_optional_number(body, "gpuUtilizationPercent", 0, 100),
+        )
+
+
+def _text(body: dict[str, Any], key: str) -> str:
+    value = body[key]
+    if not isinstance(value, str) or not value or len(value) > 253:
+        raise ReportError(f"{key} must be a non-empty string of at most 253 characters")
+    return value
+
+
+def _number(body: dict[str, Any], key: str, low: float, high: float) -> float:
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReportError(f"{key} must be a number")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ReportError(f"{key} must be a finite number from {low} to {high:g}, not {value}")
+    return float(value)
+
+
+def _optional_number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    return None if body.get(key) is None else _number(body, key, low, high)
+
+
+def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ReportError(f"{key} must be a whole number from {low} to {high}")
+    return value
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise ReportError(f"{key} must be true or false")
+    return value

@@ -1,0 +1,77 @@
+"""Running a service's Flask app under gunicorn: gthread workers, keep-alive, optional TLS."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+from prometheus_client import multiprocess
+
+from gpusharing.metrics import MULTIPROC_ENV
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8443
+    workers: int = 2
+    threads: int = 8
+    certfile: str | None = None
+    keyfile: str | None = None
+    keepalive: int = 75  # longer than the API server's idle connection timeout, so connections are reused
+    timeout: int = 30
+    access_log: bool = False
+
+
+class _Server(BaseApplication):  # type: ignore[misc]
+    def __init__(self, app_factory: Callable[[], Any], options: ServerOptions, on_starting: Callable[[], None] | None):
+        self._factory = app_factory
+        self._options = options
+        self._on_starting = on_starting
+        super().__init__()
+
+    def load_config(self) -> None:
+        o = self._options
+        settings: dict[str, Any] = {
+            "bind": f"[{o.host}]:{o.port}" if ":" in o.host else f"{o.host}:{o.port}",
+            "workers": o.workers,
+            "worker_class": "gthread",
+            "threads": o.threads,
+            "keepalive": o.keepalive,
+            "timeout": o.timeout,
+            "graceful_timeout": 10,
+            "accesslog": "-" if o.access_log else None,
+            "errorlog": "-",
+            "loglevel": "info",
+            "child_exit": _child_exit,
+        }
+        if o.certfile:
+            settings["certfile"] = o.certfile
+            settings["keyfile"] = o.keyfile
+        if self._on_starting is not None:
+            hook = self._on_starting
+            settings["on_starting"] = lambda _arbiter: hook()
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        return self._factory()
+
+
+def _child_exit(_server: Any, worker: Any) -> None:
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def serve(app_factory: Callable[[], Any], options: ServerOptions, on_starting: Callable[[], None] | None = None) -> None:
+    """Serve until stopped. Metrics from all workers are merged through a fresh multiprocess directory."""
+    metrics_dir = tempfile.mkdtemp(prefix="gpusharing-metrics-")
+    os.environ[MULTIPROC_ENV] = metrics_dir
+    try:
+        _Server(app_factory, options, on_starting).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
