@@ -8,6 +8,7 @@ ANNOTATION_PREFIX = "gpusharing.io/"
 ANNOTATION_GPU_SHARE = "gpusharing.io/gpu-share"
 ANNOTATION_DIALECT = "gpusharing.io/dialect"
 ANNOTATION_BUDGET_STATE = "gpusharing.io/budget-state"
+ANNOTATION_GPU_MEMORY = "gpusharing.io/gpu-memory-mib"  # GPU memory the pod asked for, all devices together
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
@@ -31,6 +32,7 @@ class MeterEnv:
     POD_NAME = "GPUSHARING_POD_NAME"
     POD_UID = "GPUSHARING_POD_UID"
     GPU_SHARE = "GPUSHARING_GPU_SHARE"
+    GPU_MEMORY_MIB = "GPUSHARING_GPU_MEMORY_MIB"
     TIMEKEEPER_URL = "GPUSHARING_TIMEKEEPER_URL"
     TOKEN_PATH = "GPUSHARING_TOKEN_PATH"
     STATE_DIR = "GPUSHARING_METER_STATE_DIR"

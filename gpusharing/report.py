@@ -27,6 +27,7 @@ class MeterReport:
     final: bool = False
     gpu_memory_used_mib: float | None = None  # NVML, when a GPU is visible to the meter
     gpu_utilization_percent: float | None = None
+    gpu_memory_requested_mib: float | None = None  # what the webhook recorded the pod asked for
 
     _FIELDS = {
         "podUid": "pod_uid",
@@ -38,8 +39,9 @@ class MeterReport:
         "final": "final",
         "gpuMemoryUsedMiB": "gpu_memory_used_mib",
         "gpuUtilizationPercent": "gpu_utilization_percent",
+        "gpuMemoryRequestedMiB": "gpu_memory_requested_mib",
     }
-    _OPTIONAL = frozenset({"final", "gpuMemoryUsedMiB", "gpuUtilizationPercent"})
+    _OPTIONAL = frozenset({"final", "gpuMemoryUsedMiB", "gpuUtilizationPercent", "gpuMemoryRequestedMiB"})
 
     def to_json(self) -> dict[str, Any]:
         body = {key: getattr(self, attr) for key, attr in self._FIELDS.items()}
@@ -66,6 +68,7 @@ class MeterReport:
             final=_flag(body, "final"),
             gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, 10**9),
             gpu_utilization_percent=_optional_number(body, "gpuUtilizationPercent", 0, 100),
+            gpu_memory_requested_mib=_optional_number(body, "gpuMemoryRequestedMiB", 0, 10**9),
         )
 
 

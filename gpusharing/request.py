@@ -86,6 +86,10 @@ class GpuRequest:
     containers: tuple[ContainerGpuRequest, ...]
     share: Decimal  # the pod's billed GPU share, by Kubernetes' effective-request rule
 
+    def memory_mib(self, settings: GpuModelSettings) -> int:
+        """GPU memory the pod holds, all containers and devices together (whole devices at the configured size)."""
+        return sum(c.devices * (c.memory_mib if c.memory_mib is not None else settings.device_memory_mib) for c in self.containers)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "dialect": str(self.dialect),
