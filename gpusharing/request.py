@@ -118,6 +118,15 @@ class InvalidGpuRequest(ValueError):
         self.errors = errors
 
 
+def as_mapping(value: object) -> Mapping[str, Any]:
+    """The value if it is a JSON object, else empty: the API server sends typed pods, other callers may not."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def format_share(share: Decimal) -> str:
     """A share as a short decimal string, rounded up so that nobody is billed less than they hold."""
     rounded = share.quantize(SHARE_PRECISION, rounding=ROUND_CEILING).normalize()
@@ -148,8 +157,8 @@ def parse_gpu_request(pod: Mapping[str, Any], settings: GpuModelSettings = GpuMo
     Raises InvalidGpuRequest listing every rule the pod breaks.
     """
     errors = _Errors()
-    spec = pod.get("spec") or {}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    spec = as_mapping(pod.get("spec"))
+    annotations = as_mapping(as_mapping(pod.get("metadata")).get("annotations"))
     containers = list(_containers(spec, errors))
     kai_keys = [key for key in KAI_ANNOTATIONS if key in annotations]
 
@@ -194,21 +203,21 @@ def effective_pod_share(requests: list[ContainerGpuRequest], order: list[str]) -
 
 def _containers(spec: Mapping[str, Any], errors: _Errors) -> Iterator[_Container]:
     for list_name, default_role in (("initContainers", ContainerRole.INIT), ("containers", ContainerRole.REGULAR)):
-        for index, raw in enumerate(spec.get(list_name) or []):
+        for index, raw in enumerate(as_list(spec.get(list_name))):
             if not isinstance(raw, Mapping):
                 continue
             role = default_role
             if default_role is ContainerRole.INIT and raw.get("restartPolicy") == "Always":
                 role = ContainerRole.SIDECAR
             container = _Container(str(raw.get("name", f"#{index}")), role, index)
-            container.values = _gpu_values(container, raw.get("resources") or {}, errors)
+            container.values = _gpu_values(container, as_mapping(raw.get("resources")), errors)
             yield container
 
 
 def _gpu_values(container: _Container, resources: Mapping[str, Any], errors: _Errors) -> dict[str, str]:
     """The GPU keys a container sets, from its limits or requests; both, when given, must be equal."""
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
+    limits = as_mapping(resources.get("limits"))
+    requests = as_mapping(resources.get("requests"))
     values: dict[str, str] = {}
     for key in RESOURCE_KEYS:
         limit, request = limits.get(key), requests.get(key)

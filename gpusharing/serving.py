@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import prometheus_client.values
 from gunicorn.app.base import BaseApplication
 from prometheus_client import multiprocess
 
@@ -29,7 +31,7 @@ class ServerOptions:
 
 
 class _Server(BaseApplication):  # type: ignore[misc]
-    def __init__(self, app_factory: Callable[[], Any], options: ServerOptions, on_starting: Callable[[], None] | None):
+    def __init__(self, app_factory: str, options: ServerOptions, on_starting: Callable[[], None] | None):
         self._factory = app_factory
         self._options = options
         self._on_starting = on_starting
@@ -60,17 +62,24 @@ class _Server(BaseApplication):  # type: ignore[misc]
             self.cfg.set(key, value)
 
     def load(self) -> Any:
-        return self._factory()
+        # Imported here, in each worker, so that the app's metrics are created in multiprocess mode.
+        module, _, name = self._factory.partition(":")
+        return getattr(importlib.import_module(module), name)()
 
 
 def _child_exit(_server: Any, worker: Any) -> None:
     multiprocess.mark_process_dead(worker.pid)
 
 
-def serve(app_factory: Callable[[], Any], options: ServerOptions, on_starting: Callable[[], None] | None = None) -> None:
-    """Serve until stopped. Metrics from all workers are merged through a fresh multiprocess directory."""
+def serve(app_factory: str, options: ServerOptions, on_starting: Callable[[], None] | None = None) -> None:
+    """Serve `app_factory` ("module:function") until stopped.
+
+    Metrics from all workers are merged through a fresh multiprocess directory.
+    """
     metrics_dir = tempfile.mkdtemp(prefix="gpusharing-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir
+    # prometheus_client picks its value store when first imported; pick again now that the directory is set.
+    prometheus_client.values.ValueClass = prometheus_client.values.get_value_class()
     try:
         _Server(app_factory, options, on_starting).run()
     finally:

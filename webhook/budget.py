@@ -1,0 +1,93 @@
+"""Namespace budget states, kept in memory and refreshed in the background: never a network call per request."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+
+from gpusharing.contract import BudgetState
+
+log = logging.getLogger(__name__)
+
+
+def states_from_listing(body: object) -> dict[str, BudgetState]:
+    """namespace -> state from the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("items"), list):
+        raise ValueError("expected an object with an 'items' list")
+    states: dict[str, BudgetState] = {}
+    for item in body["items"]:
+        if isinstance(item, Mapping) and isinstance(item.get("namespace"), str):
+            try:
+                states[item["namespace"]] = BudgetState(item.get("state"))
+            except ValueError:
+                states[item["namespace"]] = BudgetState.UNKNOWN
+    return states
+
+
+class BudgetStateCache:
+    """The last known state of every namespace; a namespace never heard of is unknown (treated as in budget)."""
+
+    def __init__(
+        self,
+        timekeeper_url: str | None,
+        token_file: str | None = None,
+        refresh_seconds: float = 5.0,
+        on_refresh: Any = None,
+    ):
+        self._url = f"{timekeeper_url}/api/v1/budgets" if timekeeper_url else None
+        self._token_file = token_file
+        self._refresh_seconds = refresh_seconds
+        self._on_refresh = on_refresh  # called with True/False after each attempt (metrics)
+        self._states: dict[str, BudgetState] = {}
+        self._session = requests.Session()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def state_of(self, namespace: str) -> BudgetState:
+        return self._states.get(namespace, BudgetState.UNKNOWN)
+
+    def refresh(self) -> bool:
+        """One poll; on failure the last known states stay in force."""
+        if self._url is None:
+            return False
+        try:
+            response = self._session.get(self._url, headers=self._headers(), timeout=(2, 5))
+            response.raise_for_status()
+            states = states_from_listing(response.json())
+        except (requests.RequestException, ValueError, OSError) as exc:
+            log.warning("budget states not refreshed from %s, keeping the last known: %s", self._url, exc)
+            self._report(False)
+            return False
+        self._states = states  # one reference swap: readers never see a half-built table
+        self._report(True)
+        return True
+
+    def start(self) -> None:
+        if self._url is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="budget-state-refresh", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.refresh()
+            self._stop.wait(self._refresh_seconds)
+
+    def _headers(self) -> dict[str, str]:
+        if not self._token_file:
+            return {}
+        with open(self._token_file, encoding="utf-8") as handle:  # read afresh: the kubelet rotates it
+            return {"Authorization": f"Bearer {handle.read().strip()}"}
+
+    def _report(self, ok: bool) -> None:
+        if self._on_refresh is not None:
+            self._on_refresh(ok)

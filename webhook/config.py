@@ -1,0 +1,74 @@
+"""The webhook's settings, read once from GPUSHARING_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpusharing.env import env_choice, env_float, env_int, env_list, env_text
+from gpusharing.request import GpuModelSettings
+
+DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
+SIDECAR_MODES = ("native", "container")
+ALIYUN_UNITS = {"GiB": 1024, "MiB": 1}
+
+
+@dataclass(frozen=True)
+class MeterSpec:
+    """What the injected metering sidecar looks like."""
+
+    name: str = "gpusharing-meter"
+    image: str = "ghcr.io/kube-gpusharing/gpusharing:0.1.0"
+    mode: str = "native"  # native: an init container with restartPolicy Always (Kubernetes >= 1.29)
+    timekeeper_url: str = "http://gpusharing-timekeeper.gpusharing-system.svc:8080"
+    cpu_request: str = "10m"
+    cpu_limit: str = "100m"
+    memory_request: str = "48Mi"
+    memory_limit: str = "64Mi"
+    run_as_user: int = 65532
+    token_expiration_seconds: int = 3600
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    gpu_model: GpuModelSettings = field(default_factory=GpuModelSettings)
+    meter: MeterSpec = field(default_factory=MeterSpec)
+    own_namespace: str = "gpusharing-system"
+    exempt_namespaces: frozenset[str] = frozenset((*DEFAULT_EXEMPT_NAMESPACES, "gpusharing-system"))
+    priority_class_in_budget: str = "gpusharing-in-budget"
+    priority_class_over_budget: str = "gpusharing-over-budget"
+    timekeeper_url: str | None = None  # where budget states are polled from; None: every namespace is unknown
+    timekeeper_token_file: str | None = None
+    budget_refresh_seconds: float = 5.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "WebhookConfig":
+        own_namespace = env_text("GPUSHARING_WEBHOOK_NAMESPACE", "gpusharing-system", environ)
+        exempt = env_list("GPUSHARING_EXEMPT_NAMESPACES", DEFAULT_EXEMPT_NAMESPACES, environ)
+        timekeeper_url = environ.get("GPUSHARING_TIMEKEEPER_URL", "").strip().rstrip("/") or None
+        unit = env_choice("GPUSHARING_ALIYUN_MEM_UNIT", "GiB", tuple(ALIYUN_UNITS), environ)
+        meter_defaults = MeterSpec()
+        return cls(
+            gpu_model=GpuModelSettings(
+                device_memory_mib=env_int("GPUSHARING_DEVICE_MEMORY_MIB", 81920, 1, environ),
+                aliyun_memory_unit_mib=ALIYUN_UNITS[unit],
+            ),
+            meter=MeterSpec(
+                name=env_text("GPUSHARING_METER_NAME", meter_defaults.name, environ),
+                image=env_text("GPUSHARING_METER_IMAGE", meter_defaults.image, environ),
+                mode=env_choice("GPUSHARING_SIDECAR_MODE", "native", SIDECAR_MODES, environ),
+                timekeeper_url=env_text(
+                    "GPUSHARING_METER_TIMEKEEPER_URL", timekeeper_url or meter_defaults.timekeeper_url, environ
+                ),
+            ),
+            own_namespace=own_namespace,
+            exempt_namespaces=frozenset((*exempt, own_namespace)),
+            priority_class_in_budget=env_text("GPUSHARING_PRIORITY_CLASS_IN_BUDGET", cls.priority_class_in_budget, environ),
+            priority_class_over_budget=env_text(
+                "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET", cls.priority_class_over_budget, environ
+            ),
+            timekeeper_url=timekeeper_url,
+            timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
+            budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
+        )

@@ -1,0 +1,195 @@
+"""What the webhook decides for a pod: plain functions of the admission request, the config and budget states."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpusharing.contract import (
+    ANNOTATION_BUDGET_STATE,
+    ANNOTATION_DIALECT,
+    ANNOTATION_GPU_MEMORY,
+    ANNOTATION_GPU_SHARE,
+    ANNOTATION_PREFIX,
+    BudgetState,
+)
+from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, format_share, parse_gpu_request
+from webhook.admission import AdmissionRequest, Decision
+from webhook.config import WebhookConfig
+from webhook.meter import (
+    meter_container,
+    meter_volumes,
+    token_volume_name,
+    volume_without_server_defaults,
+    without_server_defaults,
+)
+from webhook.patch import JsonPatch, pointer
+
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+BudgetLookup = Callable[[str], BudgetState]
+
+
+def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: BudgetLookup, mutate: bool) -> Decision:
+    """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint)."""
+    pod = request.object
+    if not request.is_pod or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
+        return Decision()
+    if request.operation == "UPDATE":
+        return _check_record_unchanged(request.old_object or {}, pod)
+    if request.operation != "CREATE":
+        return Decision()
+    try:
+        gpu = parse_gpu_request(pod, config.gpu_model)
+    except InvalidGpuRequest as exc:
+        return Decision.deny(422, f"invalid GPU request: {exc}")
+    dialect = str(gpu.dialect) if gpu else "none"
+    record = _record(gpu, config) if gpu else {}
+    problem = _check_meter(pod, config, record)
+    if problem:
+        return Decision.deny(403, problem, dialect)
+    if gpu is None:
+        return Decision()
+    if not mutate:
+        problem = _check_record_matches(pod, record)
+        return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
+    return _mutation(pod, config, record, budget_state(request.namespace), request.namespace, dialect)
+
+
+def _is_mirror(pod: dict[str, Any]) -> bool:
+    return MIRROR_POD_ANNOTATION in _annotations(pod)
+
+
+def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
+    return dict(as_mapping(as_mapping(pod.get("metadata")).get("annotations")))
+
+
+def _record(gpu: GpuRequest, config: WebhookConfig) -> dict[str, str]:
+    """The annotations that record the webhook's reading of the pod (budget state aside)."""
+    return {
+        ANNOTATION_GPU_SHARE: format_share(gpu.share),
+        ANNOTATION_DIALECT: str(gpu.dialect),
+        ANNOTATION_GPU_MEMORY: str(gpu.memory_mib(config.gpu_model)),
+    }
+
+
+def _check_record_unchanged(old: dict[str, Any], new: dict[str, Any]) -> Decision:
+    before = {k: v for k, v in _annotations(old).items() if k.startswith(ANNOTATION_PREFIX)}
+    after = {k: v for k, v in _annotations(new).items() if k.startswith(ANNOTATION_PREFIX)}
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if changed:
+        return Decision.deny(
+            403,
+            f"annotations under {ANNOTATION_PREFIX} are the GPU-sharing webhook's record and cannot be changed: "
+            + ", ".join(changed),
+        )
+    return Decision()
+
+
+def _check_record_matches(pod: dict[str, Any], record: dict[str, str]) -> str | None:
+    """At validation, a record annotation that is present must say what the pod asks for."""
+    annotations = _annotations(pod)
+    wrong = [f"{k}={annotations[k]!r} (the pod asks for {v!r})" for k, v in record.items() if annotations.get(k, v) != v]
+    if wrong:
+        return "annotations under gpusharing.io/ are the GPU-sharing webhook's record and may not be set by hand: " + ", ".join(wrong)
+    return None
+
+
+def _all_containers(pod: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+    spec = as_mapping(pod.get("spec"))
+    return [
+        (list_name, index, container)
+        for list_name in ("initContainers", "containers")
+        for index, container in enumerate(as_list(spec.get(list_name)))
+        if isinstance(container, dict)
+    ]
+
+
+def _meter_list(config: WebhookConfig) -> str:
+    return "initContainers" if config.meter.mode == "native" else "containers"
+
+
+def _check_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, str]) -> str | None:
+    """The meter's name and volumes are reserved: only exactly what the webhook injects may carry them."""
+    name = config.meter.name
+    declared = [(list_name, c) for list_name, _, c in _all_containers(pod) if c.get("name") == name]
+    reserved = f"the container name {name!r} is reserved for the GPU metering sidecar that the webhook injects"
+    if declared:
+        if not record:
+            return f"{reserved}; this pod asks for no GPU"
+        expected = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
+        list_name, actual = declared[0]
+        if len(declared) > 1 or list_name != _meter_list(config) or without_server_defaults(actual) != expected:
+            return f"{reserved}; remove it from the pod (the webhook adds it)"
+    expected_volumes = {v["name"]: v for v in meter_volumes(config.meter)}
+    for volume in as_list(as_mapping(pod.get("spec")).get("volumes")):
+        volume_name = volume.get("name") if isinstance(volume, dict) else None
+        if volume_name in expected_volumes and volume_without_server_defaults(volume) != expected_volumes[volume_name]:
+            return f"the volume name {volume_name!r} is reserved for the GPU metering sidecar; rename the volume"
+    token = token_volume_name(config.meter)
+    for _, _, container in _all_containers(pod):
+        mounts = as_list(container.get("volumeMounts"))
+        if container.get("name") != name and any(as_mapping(m).get("name") == token for m in mounts):
+            return f"container {container.get('name')!r} mounts {token!r}, the metering sidecar's token, which only the sidecar may mount"
+    return None
+
+
+def _mutation(
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], state: BudgetState, namespace: str, dialect: str
+) -> Decision:
+    patch = JsonPatch()
+    warnings: list[str] = []
+    metadata = as_mapping(pod.get("metadata"))
+    spec = as_mapping(pod.get("spec"))
+
+    wanted = {**record, ANNOTATION_BUDGET_STATE: str(state)}
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, dict):
+        patch.add(pointer("metadata", "annotations"), wanted)
+    else:
+        for key, value in wanted.items():
+            if annotations.get(key) != value:
+                patch.add(pointer("metadata", "annotations", key), value)
+
+    current_class = spec.get("priorityClassName")
+    if state.demoted:
+        wanted_class = config.priority_class_over_budget
+        warnings.append(
+            f"namespace {namespace!r} is over its GPU budget: the pod gets priority class {wanted_class!r} "
+            "and may be preempted by pods of namespaces within budget"
+            + (f" (its priority class {current_class!r} was replaced)" if current_class not in (None, wanted_class) else "")
+        )
+    else:
+        wanted_class = current_class or config.priority_class_in_budget
+    if wanted_class != current_class:
+        patch.add(pointer("spec", "priorityClassName"), wanted_class)
+        # The API server's Priority plugin runs again after a webhook changes a pod and recomputes these from
+        # the new class; a stale integer would get the pod refused.
+        for stale in ("priority", "preemptionPolicy"):
+            if stale in spec:
+                patch.remove(pointer("spec", stale))
+
+    _inject_meter(pod, config, record, patch)
+    return Decision(patch=patch.operations, warnings=warnings, dialect=dialect)
+
+
+def _inject_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], patch: JsonPatch) -> None:
+    spec = as_mapping(pod.get("spec"))
+    if any(c.get("name") == config.meter.name for _, _, c in _all_containers(pod)):
+        return  # already injected (reinvocation): _check_meter has confirmed it is exactly ours
+    container = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
+    list_name = _meter_list(config)
+    if list_name not in spec:
+        patch.add(pointer("spec", list_name), [container])
+    elif list_name == "initContainers":
+        # First, so that it meters the GPU time of the init containers after it too.
+        patch.add(pointer("spec", list_name, 0), container)
+    else:
+        patch.add(pointer("spec", list_name, "-"), container)
+    present = {v.get("name") for v in as_list(spec.get("volumes")) if isinstance(v, dict)}
+    missing = [v for v in meter_volumes(config.meter) if v["name"] not in present]
+    if "volumes" not in spec:
+        patch.add(pointer("spec", "volumes"), missing)
+    else:
+        for volume in missing:
+            patch.add(pointer("spec", "volumes", "-"), volume)
