@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from webhook.app import create_app
+from webhook.budget import BudgetStateCache
+from webhook.config import WebhookConfig
+
+
+class FakeTimekeeper:
+    """The timekeeper's `GET /api/v1/budgets`, over real HTTP on loopback; `items` and `up` are set by tests."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.up = True
+        self.authorizations: list[str | None] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                fake.authorizations.append(self.headers.get("Authorization"))
+                if not fake.up:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                body = json.dumps({"items": fake.items}).encode()
+                self.send_response(200 if self.path == "/api/v1/budgets" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def set_states(self, **states: str) -> None:
+        self.items = [{"namespace": ns.replace("_", "-"), "state": state} for ns, state in states.items()]
+
+
+@pytest.fixture
+def timekeeper() -> Iterator[FakeTimekeeper]:
+    fake = FakeTimekeeper()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+
+
+@pytest.fixture
+def config() -> WebhookConfig:
+    return WebhookConfig()
+
+
+@pytest.fixture
+def budgets(timekeeper: FakeTimekeeper) -> BudgetStateCache:
+    timekeeper.set_states(ml_team="in-budget", greedy="over-budget")
+    cache = BudgetStateCache(timekeeper.url)
+    assert cache.refresh()
+    return cache
+
+
+@pytest.fixture
+def client(config: WebhookConfig, budgets: BudgetStateCache) -> FlaskClient:
+    return create_app(config, budgets).test_client()

@@ -1,0 +1,287 @@
+"""The webhook's answers to AdmissionReviews as the API server sends them."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from flask.testing import FlaskClient
+
+from tests.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from webhook.app import create_app
+from webhook.budget import BudgetStateCache
+from webhook.config import MeterSpec, WebhookConfig
+
+KUBERNETES_VERSION = "1.37.0"
+
+
+def review(client: FlaskClient, body: Any, endpoint: str = "/mutate") -> dict[str, Any]:
+    answer = client.post(endpoint, json=body)
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    return answer.get_json()["response"]
+
+
+def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
+    if "patch" not in response:
+        return []
+    assert response["patchType"] == "JSONPatch"
+    return json.loads(base64.b64decode(response["patch"]))
+
+
+def admitted(client: FlaskClient, pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The response and the pod as the API server stores it after the patch."""
+    response = review(client, admission_review(pod))
+    assert response["allowed"], response
+    return response, jsonpatch.apply_patch(pod, patch_of(response))
+
+
+def gpu_pod(namespace: str = "ml-team", **spec: Any) -> dict[str, Any]:
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "infer", "annotations": {"team.example.com/owner": "ana"}},
+        "spec": {
+            "containers": [{"name": "infer", "image": "nvidia/cuda:12.4.0", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}}}],
+            **spec,
+        },
+    }
+    return api_server_pod(manifest, namespace)
+
+
+def meter_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] if c["name"] == "gpusharing-meter")
+
+
+@pytest.mark.parametrize("name", sorted(example_manifests()))
+def test_every_example_is_admitted_mutated_into_a_valid_pod_and_mutating_again_changes_nothing(client: FlaskClient, name: str) -> None:
+    pod = example_pod(name)
+    response, mutated = admitted(client, pod)
+    kubernetes_validate.validate(mutated, KUBERNETES_VERSION, strict=True)
+    annotations = mutated["metadata"]["annotations"]
+    assert annotations["gpusharing.io/budget-state"] == "in-budget"
+    assert float(annotations["gpusharing.io/gpu-share"]) > 0
+    assert mutated["spec"]["priorityClassName"] == "gpusharing-in-budget"
+    assert "priority" not in mutated["spec"] and "preemptionPolicy" not in mutated["spec"]
+    meter = mutated["spec"]["initContainers"][0]
+    assert meter["name"] == "gpusharing-meter" and meter["restartPolicy"] == "Always"
+    assert all(op["op"] in ("add", "remove") for op in patch_of(response))
+
+    again = review(client, admission_review(mutated))
+    assert again["allowed"] and "patch" not in again
+    assert review(client, admission_review(mutated), "/validate")["allowed"]
+
+
+def test_record_annotations_are_added_without_touching_the_users(client: FlaskClient) -> None:
+    response, mutated = admitted(client, gpu_pod())
+    assert mutated["metadata"]["annotations"] == {
+        "team.example.com/owner": "ana",
+        "gpusharing.io/gpu-share": "0.3",
+        "gpusharing.io/dialect": "hami",
+        "gpusharing.io/gpu-memory-mib": "3000",
+        "gpusharing.io/budget-state": "in-budget",
+    }
+    # Keys are escaped per RFC 6901.
+    assert {"op": "add", "path": "/metadata/annotations/gpusharing.io~1gpu-share", "value": "0.3"} in patch_of(response)
+
+
+def test_meter_is_small_unprivileged_and_alone_in_holding_its_token(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod())
+    meter = meter_of(mutated)
+    assert meter["securityContext"]["runAsNonRoot"] and meter["securityContext"]["readOnlyRootFilesystem"]
+    assert meter["securityContext"]["allowPrivilegeEscalation"] is False
+    assert set(meter["resources"]) == {"requests", "limits"}
+    env = {e["name"]: e for e in meter["env"]}
+    assert env["GPUSHARING_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert env["GPUSHARING_GPU_SHARE"]["value"] == "0.3"
+    volumes = {v["name"]: v for v in mutated["spec"]["volumes"]}
+    token = volumes["gpusharing-meter-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "gpusharing-timekeeper"
+    assert "volumeMounts" not in mutated["spec"]["containers"][0]
+
+
+def test_meter_goes_first_among_existing_init_containers_and_volumes_are_appended(client: FlaskClient) -> None:
+    pod = gpu_pod(
+        initContainers=[{"name": "fetch", "image": "busybox:1.36"}],
+        volumes=[{"name": "data", "emptyDir": {}}],
+    )
+    _, mutated = admitted(client, pod)
+    assert [c["name"] for c in mutated["spec"]["initContainers"]] == ["gpusharing-meter", "fetch"]
+    assert [v["name"] for v in mutated["spec"]["volumes"]] == ["data", "gpusharing-meter-token", "gpusharing-meter-state"]
+
+
+def test_sidecar_mode_container_for_older_clusters(budgets: BudgetStateCache) -> None:
+    client = create_app(WebhookConfig(meter=MeterSpec(mode="container")), budgets).test_client()
+    _, mutated = admitted(client, gpu_pod())
+    assert [c["name"] for c in mutated["spec"]["containers"]] == ["infer", "gpusharing-meter"]
+    assert "restartPolicy" not in mutated["spec"]["containers"][1]
+    assert "initContainers" not in mutated["spec"]
+    kubernetes_validate.validate(mutated, KUBERNETES_VERSION, strict=True)
+
+
+def test_in_budget_keeps_the_users_priority_class(client: FlaskClient) -> None:
+    response, mutated = admitted(client, gpu_pod(priorityClassName="research-high"))
+    assert mutated["spec"]["priorityClassName"] == "research-high"
+    assert mutated["spec"]["priority"] == 0  # the class did not change: nothing to recompute
+    assert "warnings" not in response
+
+
+def test_over_budget_demotes_with_a_warning(client: FlaskClient) -> None:
+    response, mutated = admitted(client, gpu_pod("greedy", priorityClassName="research-high"))
+    assert mutated["spec"]["priorityClassName"] == "gpusharing-over-budget"
+    assert "priority" not in mutated["spec"] and "preemptionPolicy" not in mutated["spec"]
+    assert mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "over-budget"
+    assert response["warnings"] == [
+        "namespace 'greedy' is over its GPU budget: the pod gets priority class 'gpusharing-over-budget' and may be "
+        "preempted by pods of namespaces within budget (its priority class 'research-high' was replaced)"
+    ]
+    assert "patch" not in review(client, admission_review(mutated))
+
+
+def test_namespace_never_heard_of_is_unknown_and_in_budget(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod("new-team"))
+    assert mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "unknown"
+    assert mutated["spec"]["priorityClassName"] == "gpusharing-in-budget"
+
+
+def test_dry_run_gets_the_same_answer(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    real, dry = review(client, admission_review(pod)), review(client, admission_review(pod, dry_run=True))
+    assert patch_of(real) == patch_of(dry)
+
+
+def test_v1beta1_is_answered_in_kind(client: FlaskClient) -> None:
+    body = admission_review(gpu_pod(), version="v1beta1")
+    answer = client.post("/mutate", json=body).get_json()
+    assert answer["apiVersion"] == "admission.k8s.io/v1beta1" and answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == body["request"]["uid"]
+
+
+@pytest.mark.parametrize("endpoint", ["/mutate", "/validate"])
+def test_invalid_gpu_request_is_denied_with_the_reason(client: FlaskClient, endpoint: str) -> None:
+    pod = gpu_pod()
+    for kind in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
+    response = review(client, admission_review(pod), endpoint)
+    assert response["allowed"] is False
+    assert response["status"] == {
+        "code": 422,
+        "message": "invalid GPU request: container \"infer\": nvidia.com/gpucores=\"150\": must be a whole percentage of each device's compute, 0 to 100",
+    }
+
+
+def test_pods_without_gpu_exempt_namespaces_and_mirror_pods_pass_untouched(client: FlaskClient) -> None:
+    plain = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}})
+    invalid = gpu_pod("kube-system")
+    invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = "150"
+    mirror = gpu_pod()
+    mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] = "abc"
+    own = gpu_pod("gpusharing-system")
+    for pod in (plain, invalid, mirror, own):
+        for endpoint in ("/mutate", "/validate"):
+            body = admission_review(pod)
+            assert review(client, body, endpoint) == {"uid": body["request"]["uid"], "allowed": True}
+
+
+def test_exempt_namespaces_are_configurable() -> None:
+    config = WebhookConfig.from_env({"GPUSHARING_EXEMPT_NAMESPACES": "infra", "GPUSHARING_WEBHOOK_NAMESPACE": "gov"})
+    assert config.exempt_namespaces == {"infra", "gov"}
+
+
+@pytest.mark.parametrize("endpoint", ["/mutate", "/validate"])
+def test_a_container_may_not_take_the_meters_name(client: FlaskClient, endpoint: str) -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"].append({"name": "gpusharing-meter", "image": "evil:1", "terminationMessagePath": "/dev/termination-log"})
+    response = review(client, admission_review(pod), endpoint)
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert "'gpusharing-meter' is reserved for the GPU metering sidecar" in response["status"]["message"]
+
+
+def test_a_tampered_meter_is_refused_even_after_defaulting(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod())
+    # The API server defaults what the webhook injected: still recognised as the webhook's own.
+    meter = meter_of(mutated)
+    meter.update(terminationMessagePath="/dev/termination-log", terminationMessagePolicy="File", imagePullPolicy="IfNotPresent")
+    for env in meter["env"]:
+        if "valueFrom" in env:
+            env["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
+    assert review(client, admission_review(mutated), "/validate")["allowed"]
+    meter["env"][3]["value"] = "0.01"  # bill less
+    response = review(client, admission_review(mutated), "/validate")
+    assert response["allowed"] is False
+
+
+def test_only_the_meter_may_mount_its_token(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod())
+    mutated["spec"]["containers"][0]["volumeMounts"] = [{"name": "gpusharing-meter-token", "mountPath": "/steal"}]
+    response = review(client, admission_review(mutated), "/validate")
+    assert response["allowed"] is False
+    assert "only the sidecar may mount" in response["status"]["message"]
+
+
+def test_hand_written_record_annotations_are_refused_at_validation(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod())
+    mutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] = "0.01"
+    response = review(client, admission_review(mutated), "/validate")
+    assert response["allowed"] is False
+    assert "gpusharing.io/gpu-share='0.01' (the pod asks for '0.3')" in response["status"]["message"]
+
+
+def test_update_may_not_change_the_record_but_may_change_other_annotations(client: FlaskClient) -> None:
+    _, stored = admitted(client, gpu_pod())
+    relabelled = copy.deepcopy(stored)
+    relabelled["metadata"]["annotations"]["scheduler.example.com/node"] = "gpu-3"
+    response = review(client, admission_review(relabelled, "UPDATE", old=stored))
+    assert response["allowed"] and "patch" not in response
+
+    for change in ({"gpusharing.io/budget-state": "in-budget", "gpusharing.io/gpu-share": "0.01"}, {"gpusharing.io/extra": "x"}):
+        tampered = copy.deepcopy(stored)
+        tampered["metadata"]["annotations"].update(change)
+        for endpoint in ("/mutate", "/validate"):
+            response = review(client, admission_review(tampered, "UPDATE", old=stored), endpoint)
+            assert response["allowed"] is False and response["status"]["code"] == 403
+            assert "cannot be changed: " + next(iter(sorted(k for k in change if stored["metadata"]["annotations"].get(k) != change[k]))) in response["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"not json", "expected a JSON AdmissionReview object"),
+        (b"[]", "expected a JSON AdmissionReview object"),
+        (b'{"kind": "Pod", "apiVersion": "v1"}', "expected kind AdmissionReview"),
+        (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}', "the AdmissionReview has no request"),
+        (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"operation": "CREATE"}}', "request.uid must be a non-empty string"),
+        (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "1", "operation": "EXPLODE"}}', "request.operation must be"),
+        (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "1", "operation": "CREATE", "object": 5}}', "request.object must be an object"),
+    ],
+)
+def test_a_body_that_is_not_an_admission_review_gets_400_with_a_message(client: FlaskClient, body: bytes, message: str) -> None:
+    for endpoint in ("/mutate", "/validate"):
+        answer = client.post(endpoint, data=body, content_type="application/json")
+        assert answer.status_code == 400
+        assert message in answer.get_json()["error"]
+
+
+def test_wrong_method_and_path_are_json_errors(client: FlaskClient) -> None:
+    assert client.get("/mutate").status_code == 405
+    assert client.get("/nowhere").get_json()["error"]
+
+
+def test_malformed_pod_shapes_never_give_a_500(client: FlaskClient) -> None:
+    for obj in ({"spec": "x"}, {"metadata": [], "spec": {"containers": "x"}}, {"spec": {"containers": [{"resources": {"limits": []}}]}}):
+        body = admission_review(None)
+        body["request"]["object"] = obj
+        for endpoint in ("/mutate", "/validate"):
+            assert client.post(endpoint, json=body).status_code == 200
+
+
+def test_health_and_metrics(client: FlaskClient) -> None:
+    assert client.get("/livez").status_code == 200 and client.get("/readyz").status_code == 200
+    review(client, admission_review(example_pod("kai-fraction.yaml")))
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'gpusharing_webhook_admissions_total{decision="allowed",dialect="kai",endpoint="mutate",operation="CREATE"}' in text
+    assert "gpusharing_webhook_admission_duration_seconds_bucket" in text

@@ -1,0 +1,81 @@
+"""Budget states: polled in the background, never fetched per request, kept when the timekeeper is away."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gpusharing.contract import BudgetState
+from tests.webhook.conftest import FakeTimekeeper
+from webhook.budget import BudgetStateCache, states_from_listing
+
+
+def test_states_are_read_from_the_listing(timekeeper: FakeTimekeeper) -> None:
+    timekeeper.set_states(a="in-budget", b="over-budget", c="unlimited", d="something-new")
+    cache = BudgetStateCache(timekeeper.url)
+    assert cache.refresh()
+    assert [cache.state_of(ns) for ns in "abcde"] == [
+        BudgetState.IN_BUDGET,
+        BudgetState.OVER_BUDGET,
+        BudgetState.UNLIMITED,
+        BudgetState.UNKNOWN,
+        BudgetState.UNKNOWN,
+    ]
+
+
+def test_last_known_states_stay_in_force_when_the_timekeeper_is_down(timekeeper: FakeTimekeeper) -> None:
+    timekeeper.set_states(a="over-budget")
+    cache = BudgetStateCache(timekeeper.url)
+    assert cache.refresh()
+    timekeeper.up = False
+    assert not cache.refresh()
+    assert cache.state_of("a") is BudgetState.OVER_BUDGET
+
+
+def test_unreachable_timekeeper_is_survived() -> None:
+    cache = BudgetStateCache("http://127.0.0.1:9")  # discard port: nothing listens
+    assert not cache.refresh()
+    assert cache.state_of("a") is BudgetState.UNKNOWN
+
+
+def test_without_a_timekeeper_every_namespace_is_unknown() -> None:
+    cache = BudgetStateCache(None)
+    cache.start()
+    assert not cache.refresh() and cache.state_of("a") is BudgetState.UNKNOWN
+
+
+def test_background_refresh_follows_changes(timekeeper: FakeTimekeeper) -> None:
+    timekeeper.set_states(a="in-budget")
+    cache = BudgetStateCache(timekeeper.url, refresh_seconds=0.05)
+    cache.start()
+    try:
+        _wait_for(lambda: cache.state_of("a") is BudgetState.IN_BUDGET)
+        timekeeper.set_states(a="over-budget")
+        _wait_for(lambda: cache.state_of("a") is BudgetState.OVER_BUDGET)
+    finally:
+        cache.stop()
+
+
+def test_token_is_read_afresh_for_each_poll(timekeeper: FakeTimekeeper, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    cache = BudgetStateCache(timekeeper.url, token_file=str(token))
+    cache.refresh()
+    token.write_text("rotated")
+    cache.refresh()
+    assert timekeeper.authorizations == ["Bearer first", "Bearer rotated"]
+
+
+@pytest.mark.parametrize("body", [[], {"items": "x"}, {}])
+def test_malformed_listing_is_refused(body: object) -> None:
+    with pytest.raises(ValueError):
+        states_from_listing(body)
+
+
+def _wait_for(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)

@@ -1,0 +1,116 @@
+"""The webhook as it runs: gunicorn, several gthread workers, real TLS from a test CA, keep-alive."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import trustme
+
+from tests.apiserver import admission_review, example_pod
+from tests.webhook.conftest import FakeTimekeeper
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost", "gpusharing-webhook.gpusharing-system.svc")
+    paths = {"ca": directory / "ca.pem", "cert": directory / "tls.crt", "key": directory / "tls.key"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+@pytest.fixture
+def webhook(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[str]:
+    timekeeper.set_states(greedy="over-budget")
+    port = free_port()
+    env = {**os.environ, "GPUSHARING_TIMEKEEPER_URL": timekeeper.url, "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.2"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--cert", tls["cert"], "--key", tls["key"], "--workers", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    url = f"https://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            requests.get(f"{url}/readyz", verify=tls["ca"], timeout=1).raise_for_status()
+            break
+        except requests.RequestException:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"webhook did not start: {process.communicate()[1]}")
+            time.sleep(0.1)
+    yield url
+    process.terminate()
+    assert process.wait(timeout=30) == 0
+
+
+def test_reviews_over_tls_with_keep_alive_and_metrics_merged_across_workers(webhook: str, tls: dict[str, str]) -> None:
+    session = requests.Session()
+    session.trust_env = False  # else REQUESTS_CA_BUNDLE from the environment overrides session.verify
+    session.verify = tls["ca"]
+    for _ in range(40):
+        answer = session.post(f"{webhook}/mutate", json=admission_review(example_pod("vcuda-fraction.yaml")), timeout=5)
+        assert answer.status_code == 200 and answer.json()["response"]["allowed"]
+        assert answer.raw.version == 11 and answer.headers.get("Connection", "").lower() != "close"
+
+    # Several scrapes: whichever worker answers, it reports all workers' admissions.
+    for _ in range(4):
+        text = session.get(f"{webhook}/metrics", timeout=5).text
+        counted = re.search(
+            r'gpusharing_webhook_admissions_total\{decision="allowed",dialect="gpu-manager",endpoint="mutate",operation="CREATE"\} (\S+)', text
+        )
+        assert counted and float(counted.group(1)) == 40
+
+
+def test_budget_states_reach_every_worker_and_bad_bodies_get_400(webhook: str, tls: dict[str, str]) -> None:
+    deadline = time.monotonic() + 20
+    demoted = 0
+    while demoted < 10:  # ten demotions in a row: both workers have polled the timekeeper
+        answer = requests.post(f"{webhook}/mutate", json=admission_review(example_pod("kai-fraction.yaml", "greedy")), verify=tls["ca"], timeout=5)
+        demoted = demoted + 1 if answer.json()["response"].get("warnings") else 0
+        assert time.monotonic() < deadline, "over-budget state never reached the workers"
+
+    bad = requests.post(f"{webhook}/validate", data=b"\x00garbage", verify=tls["ca"], timeout=5)
+    assert bad.status_code == 400 and "not an AdmissionReview" in bad.json()["error"]
+
+
+def test_plain_http_is_not_served(webhook: str) -> None:
+    with pytest.raises(requests.ConnectionError):
+        requests.get(webhook.replace("https", "http") + "/livez", timeout=2)
+
+
+def test_serve_refuses_to_start_without_tls(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--port", str(free_port())],
+        capture_output=True, text=True, timeout=30, env={k: v for k, v in os.environ.items() if not k.startswith("GPUSHARING_TLS")},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "gpusharing: the webhook serves TLS only: give --cert and --key (or GPUSHARING_TLS_CERT, GPUSHARING_TLS_KEY)"
+
+
+def test_serve_names_a_malformed_setting(tls: dict[str, str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--cert", tls["cert"], "--key", tls["key"]],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "GPUSHARING_SIDECAR_MODE": "sideways"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "gpusharing: GPUSHARING_SIDECAR_MODE='sideways' must be one of native, container"
