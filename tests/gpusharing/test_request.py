@@ -15,7 +15,7 @@ from gpusharing.request import (
     format_share,
     parse_gpu_request,
 )
-from tests.apiserver import api_server_pod, example_manifests, example_pod
+from demo.apiserver import api_server_pod, example_manifests, example_pod
 
 
 def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (), annotations: dict[str, str] | None = None) -> dict[str, Any]:

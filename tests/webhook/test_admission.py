@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 from flask.testing import FlaskClient
 
-from tests.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import MeterSpec, WebhookConfig

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusharing.contract import BudgetState
-from tests.apiserver import admission_review, api_server_pod
+from demo.apiserver import admission_review, api_server_pod
 from webhook.admission import parse_review
 from webhook.config import MeterSpec, WebhookConfig
 from webhook.policy import admit

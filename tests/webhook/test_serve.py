@@ -15,7 +15,7 @@ import pytest
 import requests
 import trustme
 
-from tests.apiserver import admission_review, example_pod
+from demo.apiserver import admission_review, example_pod
 from tests.webhook.conftest import FakeTimekeeper
 
 

@@ -1,0 +1,148 @@
+"""Load benchmark of the webhook: AdmissionReviews over keep-alive HTTPS, at a fixed rate and at the maximum.
+
+Starts `gpusharing webhook serve` on loopback with a fresh certificate, then drives it from client processes
+(one persistent TLS connection each) and prints reviews/s, p50 and p99. Run by hand:
+
+    .venv/bin/python bench/webhook_load.py                  # 500/s for 10 s, then the maximum for 10 s
+    .venv/bin/python bench/webhook_load.py --rate 1000 --duration 20 --workers 2 --clients 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from demo.apiserver import admission_review, example_manifests, example_pod
+from gpusharing.certs import make_serving_certificate
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def review_bodies() -> list[bytes]:
+    return [json.dumps(admission_review(example_pod(name))).encode() for name in sorted(example_manifests())]
+
+
+def client(port: int, ca_file: str, rate: float | None, duration: float, start_at: float, results: Any) -> None:
+    """One connection; `rate` reviews/s on a fixed schedule, or as fast as answers come when rate is None."""
+    context = ssl.create_default_context(cafile=ca_file)
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context)
+    bodies = review_bodies()
+    headers = {"Content-Type": "application/json"}
+    latencies: list[float] = []
+    errors = 0
+    while time.time() < start_at:
+        time.sleep(0.001)
+    began = time.perf_counter()
+    sent = 0
+    while (now := time.perf_counter()) - began < duration:
+        if rate is not None:
+            due = began + sent / rate
+            if due > now:
+                time.sleep(due - now)
+        body = bodies[sent % len(bodies)]
+        t0 = time.perf_counter()
+        try:
+            connection.request("POST", "/mutate", body=body, headers=headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                errors += 1
+        except (OSError, http.client.HTTPException):
+            errors += 1
+            connection.close()
+            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context)
+        latencies.append(time.perf_counter() - t0)
+        sent += 1
+    results.put((latencies, errors, time.perf_counter() - began))
+
+
+def run_phase(port: int, ca_file: str, clients: int, rate: float | None, duration: float) -> dict[str, float]:
+    results: multiprocessing.Queue = multiprocessing.Queue()
+    start_at = time.time() + 0.5
+    per_client = rate / clients if rate else None
+    processes = [
+        multiprocessing.Process(target=client, args=(port, ca_file, per_client, duration, start_at, results))
+        for _ in range(clients)
+    ]
+    for process in processes:
+        process.start()
+    collected = [results.get() for _ in processes]
+    for process in processes:
+        process.join()
+    latencies = sorted(latency for lat, _, _ in collected for latency in lat)
+    elapsed = max(e for _, _, e in collected)
+    return {
+        "reviews": len(latencies),
+        "errors": sum(err for _, err, _ in collected),
+        "reviews_per_s": len(latencies) / elapsed,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=500, help="fixed rate of the first phase, reviews/s")
+    parser.add_argument("--duration", type=float, default=10, help="seconds per phase")
+    parser.add_argument("--clients", type=int, default=4, help="client processes, one keep-alive connection each")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as directory:
+        paths = make_serving_certificate(["127.0.0.1", "localhost"]).write(Path(directory))
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--cert", str(paths["cert"]), "--key", str(paths["key"]),
+             "--workers", str(args.workers), "--threads", str(args.threads)],
+            env={**os.environ, "GPUSHARING_TIMEKEEPER_URL": ""}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_ready(port, str(paths["ca"]))
+            print(f"webhook: {args.workers} gunicorn gthread workers x {args.threads} threads, TLS, keep-alive; "
+                  f"{args.clients} client processes; {os.cpu_count()} CPUs shared by server and clients")
+            run_phase(port, str(paths["ca"]), args.clients, None, 2)  # warm-up
+            for label, rate in ((f"fixed {args.rate:g}/s", args.rate), ("maximum", None)):
+                figures = run_phase(port, str(paths["ca"]), args.clients, rate, args.duration)
+                print(f"{label:>14}: {figures['reviews_per_s']:8.0f} reviews/s  p50 {figures['p50_ms']:6.2f} ms  "
+                      f"p99 {figures['p99_ms']:6.2f} ms  ({figures['reviews']} reviews, {figures['errors']} errors)")
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    return 0
+
+
+def wait_ready(port: int, ca_file: str) -> None:
+    context = ssl.create_default_context(cafile=ca_file)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=1)
+            connection.request("GET", "/readyz")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("the webhook did not start")
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

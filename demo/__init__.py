@@ -1,0 +1,1 @@
+"""`make demo`: the whole system on loopback, on its embedded defaults."""
