@@ -14,9 +14,7 @@ import http.client
 import json
 import multiprocessing
 import os
-import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,13 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from demo.apiserver import admission_review, example_manifests, example_pod
+from demo.processes import Service, free_port
 from gpusharing.certs import make_serving_certificate
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def review_bodies() -> list[bytes]:
@@ -107,14 +100,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as directory:
         paths = make_serving_certificate(["127.0.0.1", "localhost"]).write(Path(directory))
         port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--cert", str(paths["cert"]), "--key", str(paths["key"]),
-             "--workers", str(args.workers), "--threads", str(args.threads)],
-            env={**os.environ, "GPUSHARING_TIMEKEEPER_URL": ""}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        server = Service(
+            "webhook",
+            ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
+             "--key", str(paths["key"]), "--workers", str(args.workers), "--threads", str(args.threads)],
+            f"https://127.0.0.1:{port}/readyz",
+            env={"GPUSHARING_TIMEKEEPER_URL": ""},
+            verify=str(paths["ca"]),
         )
-        try:
-            wait_ready(port, str(paths["ca"]))
+        with server:
             print(f"webhook: {args.workers} gunicorn gthread workers x {args.threads} threads, TLS, keep-alive; "
                   f"{args.clients} client processes; {os.cpu_count()} CPUs shared by server and clients")
             run_phase(port, str(paths["ca"]), args.clients, None, 2)  # warm-up
@@ -122,26 +116,7 @@ def main() -> int:
                 figures = run_phase(port, str(paths["ca"]), args.clients, rate, args.duration)
                 print(f"{label:>14}: {figures['reviews_per_s']:8.0f} reviews/s  p50 {figures['p50_ms']:6.2f} ms  "
                       f"p99 {figures['p99_ms']:6.2f} ms  ({figures['reviews']} reviews, {figures['errors']} errors)")
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     return 0
-
-
-def wait_ready(port: int, ca_file: str) -> None:
-    context = ssl.create_default_context(cafile=ca_file)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=1)
-            connection.request("GET", "/readyz")
-            if connection.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit("the webhook did not start")
-        time.sleep(0.1)
 
 
 if __name__ == "__main__":

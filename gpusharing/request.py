@@ -101,15 +101,14 @@ class GpuRequest:
 @dataclass(frozen=True)
 class GpuRequestError:
     subject: str  # 'container "infer"', 'annotation', 'pod'
-    key: str
+    key: str  # empty for a rule of the whole pod
     value: str | None
     rule: str
 
     def __str__(self) -> str:
         shown = f'{self.key}="{self.value}"' if self.value is not None else self.key
-        if self.subject == "annotation":
-            return f"annotation {shown}: {self.rule}"
-        return f"{self.subject}: {shown}: {self.rule}"
+        where = f"annotation {shown}" if self.subject == "annotation" else ": ".join(p for p in (self.subject, shown) if p)
+        return f"{where}: {self.rule}"
 
 
 class InvalidGpuRequest(ValueError):
@@ -271,7 +270,7 @@ def _dialects_in_use(containers: list[_Container], kai_keys: list[str], errors: 
         seen[Dialect.WHOLE_GPU] = whole_gpu_at
     if len(seen) > 1:
         spoken = " and ".join(f"{dialect} ({where})" for dialect, where in seen.items())
-        errors.add("pod", "dialect", None, f"mixes GPU-sharing dialects {spoken}; a pod must use one")
+        errors.add("pod", "", None, f"mixes GPU-sharing dialects {spoken}; a pod must use one")
         return []
     return list(seen)
 

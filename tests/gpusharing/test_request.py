@@ -278,15 +278,15 @@ INVALID = [
     ),
     (
         pod(container("a", limits={"tencent.com/vcuda-core": "100"}), container("b", limits={"nvidia.com/gpumem": "1024"})),
-        ['pod: dialect: mixes GPU-sharing dialects gpu-manager (container "a" sets tencent.com/vcuda-core) and hami (container "b" sets nvidia.com/gpumem); a pod must use one'],
+        ['pod: mixes GPU-sharing dialects gpu-manager (container "a" sets tencent.com/vcuda-core) and hami (container "b" sets nvidia.com/gpumem); a pod must use one'],
     ),
     (
         pod(container("a", limits={"aliyun.com/gpu-mem": "2"}), container("b", limits={"nvidia.com/gpu": "1"})),
-        ['pod: dialect: mixes GPU-sharing dialects aliyun-gpushare (container "a" sets aliyun.com/gpu-mem) and whole-gpu (container "b" sets nvidia.com/gpu); a pod must use one'],
+        ['pod: mixes GPU-sharing dialects aliyun-gpushare (container "a" sets aliyun.com/gpu-mem) and whole-gpu (container "b" sets nvidia.com/gpu); a pod must use one'],
     ),
     (
         pod(container(limits={"aliyun.com/gpu-mem": "2"}), annotations={"gpu-memory": "1000"}),
-        ['pod: dialect: mixes GPU-sharing dialects aliyun-gpushare (container "main" sets aliyun.com/gpu-mem) and kai (annotation gpu-memory); a pod must use one'],
+        ['pod: mixes GPU-sharing dialects aliyun-gpushare (container "main" sets aliyun.com/gpu-mem) and kai (annotation gpu-memory); a pod must use one'],
     ),
     (
         pod(container("m"), init=(container("i", limits={"nvidia.com/gpu": "x"}),)),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +15,8 @@ import requests
 import trustme
 
 from demo.apiserver import admission_review, example_pod
+from demo.processes import free_port
 from tests.webhook.conftest import FakeTimekeeper
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
