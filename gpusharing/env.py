@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 
 class ConfigError(ValueError):
@@ -20,28 +20,25 @@ def env_text(name: str, default: str | None = None, environ: Mapping[str, str] =
 
 
 def env_int(name: str, default: int, minimum: int = 0, environ: Mapping[str, str] = os.environ) -> int:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} must be a whole number") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
-    return value
+    return int(_env_number(name, default, minimum, int, "a whole number", environ))
 
 
 def env_float(name: str, default: float, minimum: float = 0.0, environ: Mapping[str, str] = os.environ) -> float:
+    return _env_number(name, default, minimum, float, "a finite number", environ)
+
+
+def _env_number(
+    name: str, default: float, minimum: float, parse: Callable[[str], float], kind: str, environ: Mapping[str, str]
+) -> float:
     raw = environ.get(name, "").strip()
     if not raw:
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} must be a number") from None
-    if not value >= minimum or value == float("inf"):
-        raise ConfigError(f"{name}={raw!r} must be a finite number, at least {minimum:g}")
+        raise ConfigError(f"{name}={raw!r} must be {kind}") from None
+    if not minimum <= value < float("inf"):
+        raise ConfigError(f"{name}={raw!r} must be {kind}, at least {minimum:g}")
     return value
 
 

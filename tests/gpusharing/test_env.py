@@ -1,0 +1,41 @@
+"""Settings from the environment: defaults when unset, one line naming the variable when malformed."""
+
+import pytest
+
+from gpusharing.env import ConfigError, env_choice, env_flag, env_float, env_int, env_list, env_text
+
+
+def test_defaults_when_unset_or_blank() -> None:
+    env = {"B": "  "}
+    assert env_int("A", 3, environ=env) == 3 and env_int("B", 4, environ=env) == 4
+    assert env_float("A", 0.5, environ=env) == 0.5
+    assert env_list("A", ("x",), environ=env) == ("x",)
+    assert env_text("A", "d", environ=env) == "d"
+    assert env_flag("A", True, environ=env) is True
+
+
+def test_values_are_read() -> None:
+    env = {"N": "12", "F": "0.25", "L": "a, b,,c", "C": "MiB", "Y": "yes"}
+    assert env_int("N", 0, environ=env) == 12
+    assert env_float("F", 1.0, environ=env) == 0.25
+    assert env_list("L", (), environ=env) == ("a", "b", "c")
+    assert env_choice("C", "GiB", ("GiB", "MiB"), environ=env) == "MiB"
+    assert env_flag("Y", False, environ=env) is True
+
+
+@pytest.mark.parametrize(
+    ("read", "message"),
+    [
+        (lambda: env_int("N", 1, environ={"N": "ten"}), "N='ten' must be a whole number"),
+        (lambda: env_int("N", 1, 1, environ={"N": "0"}), "N='0' must be a whole number, at least 1"),
+        (lambda: env_float("F", 1, environ={"F": "inf"}), "F='inf' must be a finite number, at least 0"),
+        (lambda: env_float("F", 1, environ={"F": "nan"}), "F='nan' must be a finite number, at least 0"),
+        (lambda: env_choice("C", "a", ("a", "b"), environ={"C": "z"}), "C='z' must be one of a, b"),
+        (lambda: env_text("T", environ={}), "T must be set"),
+        (lambda: env_flag("Y", False, environ={"Y": "maybe"}), "Y='maybe' must be true or false"),
+    ],
+)
+def test_malformed_settings_name_the_variable(read, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as caught:
+        read()
+    assert str(caught.value) == message
