@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import ssl
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,7 @@ class _Server(BaseApplication):  # type: ignore[misc]
         if o.certfile:
             settings["certfile"] = o.certfile
             settings["keyfile"] = o.keyfile
+            settings["ssl_context"] = _ReloadingContext()
         if self._on_starting is not None:
             hook = self._on_starting
             settings["on_starting"] = lambda _arbiter: hook()
@@ -65,6 +68,27 @@ class _Server(BaseApplication):  # type: ignore[misc]
         # Imported here, in each worker, so that the app's metrics are created in multiprocess mode.
         module, _, name = self._factory.partition(":")
         return getattr(importlib.import_module(module), name)()
+
+
+class _ReloadingContext:
+    """gunicorn's ssl_context hook: one context per certificate, made anew when the files change on disk.
+
+    cert-manager (or `gpusharing certs`) renews the Secret; the kubelet updates the mounted files; new
+    connections get the new certificate without a restart.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stamp: tuple[float, float] | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def __call__(self, conf: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+        stamp = (os.stat(conf.certfile).st_mtime, os.stat(conf.keyfile).st_mtime)
+        with self._lock:
+            if self._context is None or stamp != self._stamp:
+                self._context = default_factory()
+                self._stamp = stamp
+            return self._context
 
 
 def _child_exit(_server: Any, worker: Any) -> None:

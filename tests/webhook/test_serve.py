@@ -19,7 +19,7 @@ from demo.processes import free_port
 from tests.webhook.conftest import FakeTimekeeper
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     directory = tmp_path_factory.mktemp("tls")
     ca = trustme.CA()
@@ -108,3 +108,24 @@ def test_serve_names_a_malformed_setting(tls: dict[str, str]) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "gpusharing: GPUSHARING_SIDECAR_MODE='sideways' must be one of native, container"
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(webhook: str, tls: dict[str, str], tmp_path: Path) -> None:
+    renewed_ca = trustme.CA()
+    renewed = renewed_ca.issue_cert("127.0.0.1")
+    renewed_ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    # As the kubelet updates a mounted Secret: new files swapped in by rename.
+    for source, target in ((renewed.cert_chain_pems[0], tls["cert"]), (renewed.private_key_pem, tls["key"])):
+        source.write_to_path(target + ".new")
+        os.replace(target + ".new", target)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            answer = requests.get(f"{webhook}/livez", verify=str(tmp_path / "ca.pem"), timeout=2)
+            break
+        except requests.exceptions.SSLError:
+            assert time.monotonic() < deadline, "the renewed certificate was never served"
+            time.sleep(0.1)
+    assert answer.status_code == 200
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"{webhook}/livez", verify=tls["ca"], timeout=2)
