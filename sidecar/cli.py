@@ -1,0 +1,26 @@
+"""`gpusharing meter`: the metering sidecar the webhook injects into every GPU pod."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    meter = subparsers.add_parser(
+        "meter",
+        help="the metering sidecar: report this pod's GPU use to the timekeeper until SIGTERM",
+        description="Settings come from GPUSHARING_* environment variables (see docs/meter.md).",
+    )
+    meter.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Imported here so the other roles' commands do not pay for requests and NVML.
+    from sidecar.config import MeterConfig
+    from sidecar.meter import run_meter
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s meter %(levelname)s %(message)s")
+    run_meter(MeterConfig.from_env())
+    return 0

@@ -1,0 +1,96 @@
+"""The meter's settings, read once at start from the environment the webhook injects.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| GPUSHARING_NAMESPACE | required | the pod's namespace (downward API) |
+| GPUSHARING_POD_NAME | required | the pod's name (downward API) |
+| GPUSHARING_POD_UID | required | the pod's uid (downward API) |
+| GPUSHARING_GPU_SHARE | required | billed GPU share, a number above 0 (the webhook's annotation) |
+| GPUSHARING_GPU_MEMORY_MIB | unset | GPU memory the pod asked for, MiB; sent with every report when set |
+| GPUSHARING_TIMEKEEPER_URL | required | base URL of the timekeeper, e.g. http://gpusharing-timekeeper:8080 |
+| GPUSHARING_TOKEN_PATH | /var/run/secrets/gpusharing/token | projected ServiceAccount token, re-read for every report |
+| GPUSHARING_METER_STATE_DIR | /var/lib/gpusharing-meter | emptyDir where the meter keeps its start time and sequence |
+| GPUSHARING_METER_INTERVAL | 30 | seconds between reports |
+| GPUSHARING_METER_TIME_SCALE | 1 | DEMO ONLY: multiplies billed time so `make demo` exhausts a budget in seconds |
+| GPUSHARING_METER_GPU_READER | sidecar.nvml:open_reader | `module:function` returning the GPU reader (or None); tests name a fake |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpusharing.contract import METER_STATE_DIR, METER_TOKEN_DIR, METER_TOKEN_FILE, MeterEnv
+from gpusharing.env import ConfigError, env_float, env_text
+from gpusharing.report import MAX_GPU_SHARE
+
+TIME_SCALE = "GPUSHARING_METER_TIME_SCALE"
+GPU_READER = "GPUSHARING_METER_GPU_READER"
+DEFAULT_GPU_READER = "sidecar.nvml:open_reader"
+MIN_INTERVAL_SECONDS = 0.05  # below this the meter would only be busy writing its state file
+
+
+@dataclass(frozen=True)
+class MeterConfig:
+    namespace: str
+    pod_name: str
+    pod_uid: str
+    gpu_share: float
+    timekeeper_url: str
+    token_path: Path = Path(METER_TOKEN_DIR) / METER_TOKEN_FILE
+    state_dir: Path = Path(METER_STATE_DIR)
+    interval_seconds: float = 30.0
+    time_scale: float = 1.0
+    gpu_memory_requested_mib: float | None = None
+    gpu_reader: str = DEFAULT_GPU_READER
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "MeterConfig":
+        return cls(
+            namespace=env_text(MeterEnv.NAMESPACE, environ=environ),
+            pod_name=env_text(MeterEnv.POD_NAME, environ=environ),
+            pod_uid=env_text(MeterEnv.POD_UID, environ=environ),
+            gpu_share=_positive(MeterEnv.GPU_SHARE, environ, MAX_GPU_SHARE),
+            timekeeper_url=_url(env_text(MeterEnv.TIMEKEEPER_URL, environ=environ)),
+            token_path=Path(env_text(MeterEnv.TOKEN_PATH, str(cls.token_path), environ)),
+            state_dir=Path(env_text(MeterEnv.STATE_DIR, str(cls.state_dir), environ)),
+            interval_seconds=env_float(MeterEnv.INTERVAL, cls.interval_seconds, MIN_INTERVAL_SECONDS, environ),
+            time_scale=_time_scale(environ),
+            gpu_memory_requested_mib=(
+                env_float(MeterEnv.GPU_MEMORY_MIB, 0.0, 0.0, environ) if environ.get(MeterEnv.GPU_MEMORY_MIB, "").strip() else None
+            ),
+            gpu_reader=_reader_path(env_text(GPU_READER, DEFAULT_GPU_READER, environ)),
+        )
+
+    @property
+    def reports_url(self) -> str:
+        return f"{self.timekeeper_url}/api/v1/reports"
+
+
+def _positive(name: str, environ: Mapping[str, str], maximum: float) -> float:
+    raw = env_text(name, environ=environ)
+    value = env_float(name, 0.0, 0.0, environ)
+    if not 0 < value <= maximum:
+        raise ConfigError(f"{name}={raw!r} must be above 0 and at most {maximum:g}")
+    return value
+
+
+def _time_scale(environ: Mapping[str, str]) -> float:
+    if not environ.get(TIME_SCALE, "").strip():
+        return 1.0
+    return _positive(TIME_SCALE, environ, 1e6)
+
+
+def _url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise ConfigError(f"{MeterEnv.TIMEKEEPER_URL}={value!r} must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def _reader_path(value: str) -> str:
+    module, _, function = value.partition(":")
+    if not module or not function:
+        raise ConfigError(f"{GPU_READER}={value!r} must be module:function")
+    return value

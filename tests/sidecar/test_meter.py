@@ -1,0 +1,178 @@
+"""The meter's arithmetic and bookkeeping, without processes: billing, the retry schedule, reports and their numbers."""
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.client import Delivery, TimekeeperClient
+from sidecar.config import MeterConfig
+from sidecar.meter import Meter, retry_delay
+from sidecar.state import MeterState, StateFile
+from tests.sidecar import fake_gpu
+
+UID = "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f"
+START = 1_700_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Receiver:
+    """An HTTP endpoint on loopback that answers every POST with a status the test sets, and keeps what it got."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.answer: dict[str, Any] = {"state": "in-budget"}
+        self.received: list[tuple[dict[str, Any], str | None]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.received.append((body, self.headers.get("Authorization")))
+                payload = json.dumps(receiver.answer).encode()
+                self.send_response(receiver.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    receiver = Receiver()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()
+
+
+@pytest.fixture
+def config(tmp_path: Path, receiver: Receiver) -> MeterConfig:
+    (tmp_path / "token").write_text("token-1\n")
+    return MeterConfig(
+        namespace="ml",
+        pod_name="train-0",
+        pod_uid=UID,
+        gpu_share=0.25,
+        timekeeper_url=receiver.url,
+        token_path=tmp_path / "token",
+        state_dir=tmp_path,
+        interval_seconds=30.0,
+    )
+
+
+def make_meter(config: MeterConfig, clock: Clock, gpu: fake_gpu.FakeGpu | None = None) -> Meter:
+    return Meter(config, TimekeeperClient(config.reports_url, config.token_path), StateFile(config.state_dir), gpu, clock)
+
+
+def test_retries_double_from_a_quarter_interval_up_to_four_intervals_with_jitter() -> None:
+    lowest = [retry_delay(n, 30.0, lambda: 0.0) for n in range(1, 9)]
+    highest = [retry_delay(n, 30.0, lambda: 1.0) for n in range(1, 9)]
+    assert highest == [7.5, 15.0, 30.0, 60.0, 120.0, 120.0, 120.0, 120.0]
+    assert lowest == [d / 2 for d in highest]
+    assert retry_delay(10_000, 30.0, lambda: 1.0) == 120.0
+
+
+def test_the_bill_is_share_times_time_since_the_first_start(config: MeterConfig) -> None:
+    clock = Clock(START)
+    meter = make_meter(config, clock)
+    clock.now = START + 400
+    assert meter.gpu_seconds() == 100.0
+    assert make_meter(replace(config, time_scale=60.0), clock).gpu_seconds() == 6000.0
+
+
+def test_a_restarted_meter_continues_the_count_and_the_numbers(config: MeterConfig) -> None:
+    StateFile(config.state_dir).save(MeterState(UID, START, seq=17))
+    clock = Clock(START + 1000)
+    meter = make_meter(config, clock)
+    assert meter.gpu_seconds() == 250.0
+    assert meter.build_report(meter.state.seq + 1, final=False).seq == 18
+
+
+def test_a_first_start_saves_its_start_at_once(config: MeterConfig) -> None:
+    make_meter(config, Clock(START))
+    assert StateFile(config.state_dir).load(UID) == MeterState(UID, START, 0)
+
+
+def test_a_report_carries_the_requested_memory_and_the_gpu_reading(config: MeterConfig) -> None:
+    clock = Clock(START)
+    meter = make_meter(replace(config, gpu_memory_requested_mib=20480.0), clock, fake_gpu.FakeGpu())
+    clock.now += 40
+    assert meter.build_report(5, final=True).to_json() == {
+        "podUid": UID,
+        "namespace": "ml",
+        "pod": "train-0",
+        "gpuShare": 0.25,
+        "seq": 5,
+        "gpuSeconds": 10.0,
+        "final": True,
+        "gpuMemoryUsedMiB": fake_gpu.MEMORY_USED_MIB,
+        "gpuUtilizationPercent": fake_gpu.UTILIZATION_PERCENT,
+        "gpuMemoryRequestedMiB": 20480.0,
+    }
+
+
+def test_without_a_gpu_reader_a_report_has_no_gpu_fields(config: MeterConfig) -> None:
+    body = make_meter(config, Clock(START)).build_report(1, final=False).to_json()
+    assert not {"gpuMemoryUsedMiB", "gpuUtilizationPercent", "gpuMemoryRequestedMiB"} & set(body)
+
+
+def test_each_report_is_sent_with_the_token_as_it_is_now(config: MeterConfig, receiver: Receiver) -> None:
+    meter = make_meter(config, Clock(START))
+    assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
+    config.token_path.write_text("token-2")
+    assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
+    assert [(body["seq"], auth) for body, auth in receiver.received] == [(1, "Bearer token-1"), (2, "Bearer token-2")]
+
+
+def test_a_sequence_number_is_saved_before_its_report_leaves(config: MeterConfig, receiver: Receiver) -> None:
+    meter = make_meter(config, Clock(START))
+    receiver.server.shutdown()
+    receiver.server.server_close()
+    assert meter.report(final=False, timeout=1).delivery is Delivery.UNAVAILABLE
+    assert StateFile(config.state_dir).load(UID) == MeterState(UID, START, 1)
+
+
+@pytest.mark.parametrize(
+    ("status", "answer", "delivery", "detail"),
+    [
+        (200, {"state": "over-budget"}, Delivery.ACCEPTED, 'HTTP 200: {"state": "over-budget"}'),
+        (400, {"error": "gpuShare must be a number"}, Delivery.REFUSED, "HTTP 400: gpuShare must be a number"),
+        (403, {"message": "token is not this pod's"}, Delivery.REFUSED, "HTTP 403: token is not this pod's"),
+        (500, {"error": "database is locked"}, Delivery.UNAVAILABLE, "HTTP 500: database is locked"),
+        (503, {}, Delivery.UNAVAILABLE, "HTTP 503: {}"),
+    ],
+)
+def test_answers_are_told_apart(
+    config: MeterConfig, receiver: Receiver, status: int, answer: dict[str, Any], delivery: Delivery, detail: str
+) -> None:
+    receiver.status, receiver.answer = status, answer
+    result = make_meter(config, Clock(START)).report(final=False, timeout=5)
+    assert (result.delivery, result.detail) == (delivery, detail)
+    assert result.budget_state == ("over-budget" if delivery is Delivery.ACCEPTED else None)
+
+
+def test_a_missing_token_is_worth_another_try_and_sends_nothing(config: MeterConfig, receiver: Receiver) -> None:
+    config.token_path.unlink()
+    result = make_meter(config, Clock(START)).report(final=False, timeout=5)
+    assert result.delivery is Delivery.UNAVAILABLE
+    assert "cannot read the token file" in result.detail
+    assert receiver.received == []
