@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import base64
 import datetime
 import ipaddress
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpusharing.env import ConfigError
 
 
 @dataclass(frozen=True)
@@ -73,3 +81,76 @@ def _general_name(name: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(name))
     except ValueError:
         return x509.DNSName(name)
+
+
+WEBHOOK_SERVICE = "gpusharing-webhook"
+WEBHOOK_SECRET = "gpusharing-webhook-tls"
+WEBHOOK_CONFIGURATIONS = (("MutatingWebhookConfiguration", 0), ("ValidatingWebhookConfiguration", 0))
+
+
+def service_names(namespace: str) -> list[str]:
+    """The DNS names the API server may use for the webhook's Service."""
+    return [
+        f"{WEBHOOK_SERVICE}.{namespace}.svc",
+        f"{WEBHOOK_SERVICE}.{namespace}.svc.cluster.local",
+        f"{WEBHOOK_SERVICE}.{namespace}",
+        WEBHOOK_SERVICE,
+    ]
+
+
+def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> Path:
+    """A kustomize overlay of `base` with the webhook's TLS Secret and the caBundle of both configurations."""
+    certificate = make_serving_certificate(service_names(namespace), days)
+    output.mkdir(parents=True, exist_ok=True)
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": WEBHOOK_SECRET, "namespace": namespace},
+        "data": {
+            "tls.crt": base64.b64encode(certificate.cert_pem).decode(),
+            "tls.key": base64.b64encode(certificate.key_pem).decode(),
+            "ca.crt": base64.b64encode(certificate.ca_pem).decode(),
+        },
+    }
+    ca_bundle = base64.b64encode(certificate.ca_pem).decode()
+    patches = [
+        {
+            "target": {"group": "admissionregistration.k8s.io", "kind": kind, "name": "gpusharing"},
+            "patch": json.dumps([{"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": ca_bundle}]),
+        }
+        for kind, index in WEBHOOK_CONFIGURATIONS
+    ]
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(base.resolve(), output.resolve()), "webhook-tls-secret.yaml"],
+        "patches": patches,
+    }
+    (output / "webhook-tls-secret.yaml").touch(mode=0o600)
+    (output / "webhook-tls-secret.yaml").write_text(yaml.safe_dump(secret, sort_keys=False))
+    (output / "kustomization.yaml").write_text(
+        "# Written by `gpusharing certs`: the webhook's TLS without cert-manager. Apply with kubectl apply -k.\n"
+        + yaml.safe_dump(kustomization, sort_keys=False)
+    )
+    return output
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    certs = subparsers.add_parser(
+        "certs", help="make a CA and the webhook's serving certificate, as a kustomize overlay (clusters without cert-manager)"
+    )
+    certs.add_argument("--namespace", default="gpusharing-system", help="where the webhook runs")
+    certs.add_argument("--base", default="manifests/base", type=Path, help="the manifests to overlay")
+    certs.add_argument("--output", default="manifests/local-certs", type=Path, help="the overlay's directory")
+    certs.add_argument("--days", type=int, default=365, help="validity of the CA and the certificate")
+    certs.set_defaults(run=_certs)
+
+
+def _certs(args: argparse.Namespace) -> int:
+    if not (args.base / "kustomization.yaml").is_file():
+        raise ConfigError(f"{args.base} holds no kustomization.yaml: give --base the path of manifests/base")
+    output = write_overlay(args.namespace, args.base, args.output, args.days)
+    print(f"wrote {output}/ (Secret {WEBHOOK_SECRET} and the caBundle of both webhook configurations)")
+    print(f"install with: kubectl apply -k {output}")
+    return 0

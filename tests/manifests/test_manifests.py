@@ -1,0 +1,197 @@
+"""The cluster manifests: they build, validate strictly, and say what the deployment promises."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from gpusharing.certs import write_overlay
+from tests.gpusharing.test_request import INVALID
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+KUBERNETES_VERSION = "1.37.0"
+SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    rendered = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict[str, Any]]:
+    return kustomize(MANIFESTS)
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_every_object_validates_strictly(objects: list[dict[str, Any]]) -> None:
+    extra = kustomize(MANIFESTS / "examples") if (MANIFESTS / "examples" / "kustomization.yaml").exists() else [
+        yaml.safe_load(p.read_text()) for p in sorted((MANIFESTS / "examples").glob("*.yaml"))
+    ]
+    for obj in objects + extra:
+        if obj["apiVersion"].startswith("cert-manager.io/"):
+            continue  # a CRD, not in the Kubernetes schema: checked below
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_cert_manager_issues_the_certificate_and_injects_the_ca(objects: list[dict[str, Any]]) -> None:
+    certificate = find(objects, "Certificate", "gpusharing-webhook")
+    assert certificate["spec"]["secretName"] == "gpusharing-webhook-tls"
+    assert "gpusharing-webhook.gpusharing-system.svc" in certificate["spec"]["dnsNames"]
+    assert find(objects, "Issuer", certificate["spec"]["issuerRef"]["name"])
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        annotations = find(objects, kind, "gpusharing")["metadata"]["annotations"]
+        assert annotations["cert-manager.io/inject-ca-from"] == "gpusharing-system/gpusharing-webhook"
+    volumes = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "gpusharing-webhook-tls"}} in volumes
+
+
+@pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
+def test_webhook_configurations(objects: list[dict[str, Any]], kind: str) -> None:
+    (webhook,) = find(objects, kind, "gpusharing")["webhooks"]
+    assert webhook["sideEffects"] == "None"
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["failurePolicy"] == "Fail"
+    assert 1 <= webhook["timeoutSeconds"] <= 10
+    service = webhook["clientConfig"]["service"]
+    assert (service["name"], service["namespace"]) == ("gpusharing-webhook", "gpusharing-system")
+    (rule,) = webhook["rules"]
+    assert (rule["apiGroups"], rule["resources"]) == ([""], ["pods"])
+    if kind == "MutatingWebhookConfiguration":
+        assert webhook["reinvocationPolicy"] == "IfNeeded"
+        assert (service["path"], rule["operations"]) == ("/mutate", ["CREATE"])
+    else:
+        assert (service["path"], rule["operations"]) == ("/validate", ["CREATE", "UPDATE"])
+    (expression,) = webhook["namespaceSelector"]["matchExpressions"]
+    assert (expression["key"], expression["operator"]) == ("kubernetes.io/metadata.name", "NotIn")
+    assert set(expression["values"]) == SYSTEM_NAMESPACES
+
+
+def match_conditions(objects: list[dict[str, Any]], kind: str) -> Any:
+    (condition,) = find(objects, kind, "gpusharing")["webhooks"][0]["matchConditions"]
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(condition["expression"]))
+
+    def matches(pod: dict[str, Any], old: dict[str, Any] | None = None) -> bool:
+        request = admission_review(pod, "UPDATE" if old else "CREATE", old=old)["request"]
+        activation = {
+            "object": celpy.json_to_cel(pod),
+            "oldObject": celpy.json_to_cel(old),
+            "request": celpy.json_to_cel(request),
+        }
+        return bool(program.evaluate(activation))
+
+    return matches
+
+
+NO_GPU = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "annotations": {"team": "web"}}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}})
+NO_RESOURCES = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"}, "spec": {"containers": [{"name": "bare", "image": "busybox:1.36"}]}})
+
+
+@pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
+def test_match_conditions_let_every_gpu_pod_through_and_no_other(objects: list[dict[str, Any]], kind: str) -> None:
+    matches = match_conditions(objects, kind)
+    for name in example_manifests():
+        assert matches(example_pod(name)), name
+    for pod, _ in INVALID:  # every invalid request must reach the webhook to be refused
+        assert matches(pod)
+    assert not matches(NO_GPU) and not matches(NO_RESOURCES)
+    impostor = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [{"name": "gpusharing-meter", "image": "evil:1"}]}})
+    assert matches(impostor)
+
+
+def test_validation_also_sees_updates_of_the_record(objects: list[dict[str, Any]]) -> None:
+    matches = match_conditions(objects, "ValidatingWebhookConfiguration")
+    recorded = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "annotations": {"gpusharing.io/gpu-share": "0.5"}}, "spec": NO_GPU["spec"]})
+    assert matches(NO_GPU, old=recorded) and matches(recorded, old=NO_GPU)
+    assert not matches(NO_GPU, old=NO_GPU)
+
+
+def test_priority_classes_demote_without_preempting(objects: list[dict[str, Any]]) -> None:
+    in_budget = find(objects, "PriorityClass", "gpusharing-in-budget")
+    over_budget = find(objects, "PriorityClass", "gpusharing-over-budget")
+    assert over_budget["preemptionPolicy"] == "Never"
+    assert over_budget["value"] < 0 < in_budget["value"]
+    assert not over_budget.get("globalDefault") and not in_budget.get("globalDefault")
+
+
+def test_webhook_deployment_is_highly_available(objects: list[dict[str, Any]]) -> None:
+    deployment = find(objects, "Deployment", "gpusharing-webhook")
+    spec = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 3
+    assert spec["affinity"]["podAntiAffinity"]
+    (container,) = spec["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "cpu" in container["resources"]["requests"] and "cpu" not in container["resources"].get("limits", {})
+    budget = find(objects, "PodDisruptionBudget", "gpusharing-webhook")
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, workload["metadata"]["name"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+            if container["image"].startswith("ghcr.io/kube-gpusharing/"):
+                assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_timekeeper_runs_migrations_before_serving(objects: list[dict[str, Any]]) -> None:
+    deployment = find(objects, "Deployment", "gpusharing-timekeeper")
+    assert deployment["spec"]["replicas"] == 2
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["initContainers"][0]["args"] == ["db", "upgrade"]
+    assert spec["containers"][0]["args"] == ["timekeeper", "serve"]
+    assert find(objects, "StatefulSet", "gpusharing-postgres")["spec"]["volumeClaimTemplates"]
+
+
+def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
+    rules = {
+        (group, resource, verb)
+        for rule in find(objects, "ClusterRole", "gpusharing-timekeeper")["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert rules == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods/eviction", "create"),
+        ("", "events", "create"),
+    }
+    bound = {s["name"] for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
+    assert "gpusharing-webhook" not in bound
+    assert find(objects, "ServiceAccount", "gpusharing-webhook")["automountServiceAccountToken"] is False
+
+
+def test_network_policy_opens_only_the_timekeeper_port_to_all_pods(objects: list[dict[str, Any]]) -> None:
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    deny = next(p for p in policies if p["spec"]["podSelector"] == {})
+    assert deny["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in deny["spec"]
+    from_everywhere = [p for p in policies if any(source.get("namespaceSelector") == {} for rule in p["spec"].get("ingress", []) for source in rule.get("from", []))]
+    assert [(p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"], p["spec"]["ingress"][0]["ports"][0]["port"]) for p in from_everywhere] == [("gpusharing-timekeeper", 8080)]
+
+
+def test_certs_overlay_for_clusters_without_cert_manager(tmp_path: Path) -> None:
+    overlay = write_overlay("gpusharing-system", MANIFESTS / "base", tmp_path / "local-certs")
+    objects = kustomize(overlay)
+    secret = find(objects, "Secret", "gpusharing-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert find(objects, kind, "gpusharing")["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
