@@ -12,7 +12,8 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.12-slim
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
+    && mkdir -p /var/lib/gpusharing-meter && chown 65532:65532 /var/lib/gpusharing-meter
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 # Non-root, and nothing written outside /tmp (mount an emptyDir there under a read-only root filesystem).
 USER 65532:65532

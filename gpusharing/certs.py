@@ -138,16 +138,26 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     certs = subparsers.add_parser(
-        "certs", help="make a CA and the webhook's serving certificate, as a kustomize overlay (clusters without cert-manager)"
+        "certs",
+        help="make a CA and the webhook's serving certificate: a kustomize overlay for clusters without cert-manager, "
+        "or PEM files for local runs",
     )
     certs.add_argument("--namespace", default="gpusharing-system", help="where the webhook runs")
     certs.add_argument("--base", default="manifests/base", type=Path, help="the manifests to overlay")
-    certs.add_argument("--output", default="manifests/local-certs", type=Path, help="the overlay's directory")
+    certs.add_argument("--output", default="manifests/local-certs", type=Path, help="the overlay's (or PEM files') directory")
     certs.add_argument("--days", type=int, default=365, help="validity of the CA and the certificate")
+    certs.add_argument("--format", choices=("overlay", "pem"), default="overlay",
+                       help="overlay: Secret and caBundle patch over --base; pem: ca.crt, tls.crt, tls.key")
+    certs.add_argument("--name", action="append", default=[], help="with --format pem: a DNS name or IP to certify (repeatable)")
     certs.set_defaults(run=_certs)
 
 
 def _certs(args: argparse.Namespace) -> int:
+    if args.format == "pem":
+        names = args.name or service_names(args.namespace)
+        make_serving_certificate(names, args.days).write(args.output)
+        print(f"wrote {args.output}/ca.crt, tls.crt, tls.key for {', '.join(names)}")
+        return 0
     if not (args.base / "kustomization.yaml").is_file():
         raise ConfigError(f"{args.base} holds no kustomization.yaml: give --base the path of manifests/base")
     output = write_overlay(args.namespace, args.base, args.output, args.days)

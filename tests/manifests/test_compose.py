@@ -1,0 +1,70 @@
+"""docker-compose.yml and the Dockerfile: valid, and wired the way the README says."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import compose_spec
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())  # resolves the YAML merge keys
+
+
+def test_compose_file_is_valid_by_the_compose_specification(compose: dict[str, Any]) -> None:
+    parsed = compose_spec.PyCompose.from_json(json.dumps(compose))
+    parsed.validate()
+    assert set(parsed.service_names()) == {"postgres", "migrate", "timekeeper", "webhook", "meter"}
+
+
+def test_services_wait_for_what_they_need(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
+    assert services["timekeeper"]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+    assert services["migrate"]["command"] == ["db", "upgrade"]
+
+
+def test_ports_healthchecks_and_volumes(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["timekeeper"]["ports"] == ["127.0.0.1:8080:8080"]
+    assert services["webhook"]["ports"] == ["127.0.0.1:8443:8443"]
+    assert "https://127.0.0.1:8443/readyz" in " ".join(services["webhook"]["healthcheck"]["test"])
+    assert "http://127.0.0.1:8080/readyz" in " ".join(services["timekeeper"]["healthcheck"]["test"])
+    named = set(compose["volumes"])
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).is_file(), source
+            else:
+                assert source in named, source
+    assert "meter-state:/var/lib/gpusharing-meter" in services["meter"]["volumes"]
+
+
+def test_static_tokens_match_the_token_files(compose: dict[str, Any]) -> None:
+    roles = dict(line.split() for line in (ROOT / "compose/static-tokens").read_text().splitlines() if line and not line.startswith("#"))
+    assert roles[(ROOT / "compose/meter-token").read_text().strip()] == "meter"
+    assert roles[(ROOT / "compose/reader-token").read_text().strip()] == "reader"
+    assert roles[(ROOT / "compose/admin-token").read_text().strip()] == "admin"
+    assert compose["services"]["timekeeper"]["environment"]["TIMEKEEPER_AUTH"] == "static"
+
+
+def test_dockerfile_builds_one_non_root_image_for_every_role() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^USER 65532:65532$", text, re.M)
+    assert 'ENTRYPOINT ["gpusharing"]' in text
+    packages = re.findall(r"^    (\w+)$", (ROOT / "setup.cfg").read_text(), re.M)
+    for package in packages:
+        assert f"COPY {package} {package}" in text, f"the image misses package {package}"
