@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from gpusharing.env import ConfigError
 
 # Each role's module has register(subparsers); its parsers set `run` to a function taking the parsed args.
-_ROLES = ("webhook.cli", "sidecar.cli", "gpusharing.certs")
+_ROLES = ("webhook.cli", "timekeeper.cli", "sidecar.cli", "gpusharing.certs")
 
 
 def build_parser() -> argparse.ArgumentParser:

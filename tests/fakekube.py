@@ -1,0 +1,179 @@
+"""An HTTP-level fake of the Kubernetes API on 127.0.0.1, for the official `kubernetes` client.
+
+It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), pod eviction and
+events. Tests set its state (tokens, admins, pods, refused evictions) and read what was asked of it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kubernetes import client
+
+from gpusharing.contract import ANNOTATION_GPU_SHARE
+
+_POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
+_PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
+_EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": message}
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.users: dict[str, dict[str, Any]] = {}  # token -> TokenReview user
+        self.admins: set[str] = set()  # usernames a SubjectAccessReview allows
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.refuse_evictions: set[tuple[str, str]] = set()  # answered 429, as a PodDisruptionBudget would
+        self.up = True
+        self.evicted: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request
+        self.access_reviews: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802
+                fake._handle(self, "GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                fake._handle(self, "POST")
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                fake._handle(self, "DELETE")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # -- the client side -------------------------------------------------------------------------------------------
+
+    def api_client(self) -> client.ApiClient:
+        configuration = client.Configuration()
+        configuration.host = self.url
+        configuration.api_key = {"authorization": "Bearer timekeeper-service-account"}
+        return client.ApiClient(configuration)
+
+    def kubeconfig(self) -> str:
+        """A kubeconfig pointing at this fake (for processes that build their own client)."""
+        return json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "timekeeper-service-account"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        })
+
+    # -- state -----------------------------------------------------------------------------------------------------
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        share: str | None = "0.5",
+        priority_class: str = "gpusharing-in-budget",
+        phase: str = "Running",
+        memory_mib: str | None = None,
+    ) -> dict[str, Any]:
+        annotations = {}
+        if share is not None:
+            annotations[ANNOTATION_GPU_SHARE] = share
+        if memory_mib is not None:
+            annotations["gpusharing.io/gpu-memory-mib"] = memory_mib
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "annotations": annotations},
+            "spec": {"priorityClassName": priority_class, "containers": [{"name": "main", "image": "cuda"}]},
+            "status": {"phase": phase},
+        }
+        self.pods[(namespace, name)] = pod
+        return pod
+
+    def pod_token(self, pod: dict[str, Any], service_account: str = "default") -> str:
+        """A projected ServiceAccount token bound to `pod`."""
+        metadata = pod["metadata"]
+        return self.user_token(
+            f"system:serviceaccount:{metadata['namespace']}:{service_account}",
+            ["system:serviceaccounts", f"system:serviceaccounts:{metadata['namespace']}"],
+            {"authentication.kubernetes.io/pod-name": [metadata["name"]], "authentication.kubernetes.io/pod-uid": [metadata["uid"]]},
+        )
+
+    def user_token(self, username: str, groups: list[str] | None = None, extra: dict[str, list[str]] | None = None) -> str:
+        token = secrets.token_urlsafe(16)
+        self.users[token] = {"username": username, "uid": str(uuid.uuid4()), "groups": groups or [], "extra": extra or {}}
+        return token
+
+    def count(self, method: str, prefix: str) -> int:
+        return sum(1 for m, path in self.requests if m == method and path.startswith(prefix))
+
+    # -- the server side -------------------------------------------------------------------------------------------
+
+    def _handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = json.loads(handler.rfile.read(length) or b"null") if length else None
+        path, _, query = handler.path.partition("?")
+        with self._lock:
+            self.requests.append((method, path))
+            code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
+        payload = json.dumps(answer).encode()
+        handler.send_response(code)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
+
+    def _answer(self, method: str, path: str, query: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
+            user = self.users.get(body["spec"]["token"])
+            audiences = body["spec"].get("audiences") or []
+            status = {"authenticated": True, "user": user, "audiences": audiences} if user else {"authenticated": False, "error": "invalid token"}
+            return 201, {**body, "status": status}
+        if method == "POST" and path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+            self.access_reviews.append(body["spec"])
+            attributes = body["spec"].get("resourceAttributes") or {}
+            allowed = body["spec"].get("user") in self.admins and (
+                attributes.get("verb"), attributes.get("resource"), attributes.get("group")
+            ) == ("update", "budgets", "gpusharing.io")
+            return 201, {**body, "status": {"allowed": allowed}}
+        if (match := _POD.match(path)) is not None:
+            key = (match["ns"], match["name"])
+            pod = self.pods.get(key)
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{key[1]}" not found')
+            if method == "GET" and not match["eviction"]:
+                return 200, pod
+            if method == "POST" and match["eviction"]:
+                if key in self.refuse_evictions:
+                    return 429, _status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+                self.evicted.append(key)
+                del self.pods[key]  # the kubelet stops it and its controller re-creates it (through the webhook)
+                return 201, _status(201, "", "") | {"status": "Success"}
+        if method == "GET" and (match := _PODS.match(path)) is not None:
+            items = [p for (ns, _), p in self.pods.items() if ns == match["ns"]]
+            if "status.phase%3DRunning" in query or "status.phase=Running" in query:
+                items = [p for p in items if p["status"]["phase"] == "Running"]
+            return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        if method == "POST" and (match := _EVENTS.match(path)) is not None:
+            self.events.append(body)
+            return 201, body
+        return 404, _status(404, "NotFound", f"{method} {path} is not faked")

@@ -1,0 +1,176 @@
+"""The timekeeper suite runs against SQLite and PostgreSQL; its HTTP answers are checked against openapi.yaml."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from flask import Flask
+from flask.testing import FlaskClient
+from jsonschema import Draft202012Validator
+from sqlalchemy import create_engine, text
+
+import timekeeper
+from tests.fakekube import FakeKube
+from tests.postgres import PostgresServer
+from timekeeper.app import create_app
+from timekeeper.config import TimekeeperConfig
+from timekeeper.kube import KubeApi
+from timekeeper.models import Base
+from timekeeper.schema import upgrade
+
+SPEC = yaml.safe_load((Path(timekeeper.__file__).parent / "openapi.yaml").read_text())
+UTC = dt.timezone.utc
+ADMIN, READER, METER = "admin-token", "reader-token", "meter-token"
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite") / "template.sqlite"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_database(postgres: PostgresServer) -> str:
+    url = postgres.create_database("timekeeper_suite")
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database: a fresh SQLite file, or the suite's PostgreSQL database emptied."""
+    if request.param == "sqlite":
+        path = tmp_path / "timekeeper.sqlite"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite:///{path}"
+    url: str = request.getfixturevalue("postgres_database")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(t.name for t in Base.metadata.sorted_tables)} RESTART IDENTITY"))
+    engine.dispose()
+    return url
+
+
+class Clock:
+    """The timekeeper's notion of now, moved by tests."""
+
+    def __init__(self, now: dt.datetime):
+        self.now = now
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> None:
+        self.now += dt.timedelta(**delta)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(dt.datetime(2028, 2, 28, 23, 0, tzinfo=UTC))  # the eve of a leap day
+
+
+@pytest.fixture
+def tokens_file(tmp_path: Path) -> str:
+    path = tmp_path / "tokens"
+    path.write_text(f"# token role name\n{ADMIN} admin alice\n{READER} reader\n{METER} meter meter-fleet\n")
+    return str(path)
+
+
+@pytest.fixture
+def fake_kube() -> Iterator[FakeKube]:
+    fake = FakeKube()
+    yield fake
+    fake.close()
+
+
+AppFactory = Callable[..., Flask]
+
+
+@pytest.fixture
+def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppFactory]:
+    """create_app on the test's database; static tokens unless told otherwise; the demoter runs when tests say so."""
+    apps: list[Flask] = []
+
+    def make(kube: KubeApi | None = None, **settings: Any) -> Flask:
+        config = TimekeeperConfig(**{"database_url": database_url, "auth": "static", "static_tokens_file": tokens_file, **settings})
+        app = create_app(config, kube=kube, clock=clock, background=False)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.extensions["database"].dispose()
+
+
+class SpecClient:
+    """A Flask test client whose every JSON answer must match the response openapi.yaml documents for it."""
+
+    def __init__(self, client: FlaskClient, token: str | None = None):
+        self.client = client
+        self.token = token
+
+    def as_(self, token: str | None) -> "SpecClient":
+        return SpecClient(self.client, token)
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs)
+
+    def put(self, path: str, **kwargs: Any) -> Any:
+        return self.request("PUT", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.request("POST", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> Any:
+        return self.request("DELETE", path, **kwargs)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        headers = dict(kwargs.pop("headers", {}))
+        if self.token is not None:
+            headers.setdefault("Authorization", f"Bearer {self.token}")
+        response = self.client.open(path, method=method, headers=headers, **kwargs)
+        check_against_spec(method, path, response.status_code, response.get_json(silent=True), response.content_type)
+        return response
+
+
+def spec_operation(method: str, path: str) -> dict[str, Any]:
+    bare = path.split("?", 1)[0]
+    for template, item in SPEC["paths"].items():
+        if re.fullmatch(re.sub(r"\{[^/]+\}", "[^/]+", template), bare) and method.lower() in item:
+            return item[method.lower()]  # type: ignore[no-any-return]
+    raise AssertionError(f"{method} {bare} is not in openapi.yaml")
+
+
+def check_against_spec(method: str, path: str, status: int, body: Any, content_type: str) -> None:
+    responses = spec_operation(method, path)["responses"]
+    assert str(status) in responses, f"{method} {path} answered {status}, which openapi.yaml does not document: {body}"
+    response = responses[str(status)]
+    if "$ref" in response:
+        response = SPEC["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+    content = response["content"]
+    if "application/json" not in content:
+        assert content_type.split(";")[0] in content
+        return
+    schema = {"$ref": content["application/json"]["schema"].get("$ref", "#/x-inline")}
+    document = {**schema, "components": SPEC["components"], "x-inline": content["application/json"]["schema"]}
+    errors = sorted(Draft202012Validator(document).iter_errors(body), key=str)
+    assert not errors, f"{method} {path} {status} does not match openapi.yaml: {errors[0].message} in {body}"
+
+
+@pytest.fixture
+def app(make_app: AppFactory) -> Flask:
+    return make_app()
+
+
+@pytest.fixture
+def api(app: Flask) -> SpecClient:
+    """The API as the admin; `api.as_(token)` for anyone else."""
+    return SpecClient(app.test_client(), ADMIN)

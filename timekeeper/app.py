@@ -1,0 +1,221 @@
+"""The timekeeper's HTTP layer: budgets, meter reports, pods, health and metrics (described in openapi.yaml)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from flask import Flask, Response, g, jsonify, request
+from sqlalchemy.exc import SQLAlchemyError
+from werkzeug.exceptions import HTTPException
+
+from gpusharing.metrics import render_metrics
+from gpusharing.report import MeterReport, ReportError
+from timekeeper import metrics
+from timekeeper.accounting import ReportLedger
+from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
+from timekeeper.budget import BudgetRequestError, budget_from_json, check_namespace, top_up_from_json
+from timekeeper.config import TimekeeperConfig
+from timekeeper.db import Database
+from timekeeper.demotion import Demoter
+from timekeeper.kube import KubeApi, KubeUnavailable
+from timekeeper.schema import head_revision, schema_problem
+from timekeeper.store import BudgetStore, Clock, NoBudget, NoLimit, utc_now
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+MAX_PODS = 10_000
+NO_AUTH_WARNING = (
+    "TIMEKEEPER_AUTH=none: ANYONE who can reach this timekeeper can change budgets and report usage. "
+    "Use it for a local demo only."
+)
+
+
+def create_app(
+    config: TimekeeperConfig | None = None,
+    kube: KubeApi | None = None,
+    clock: Clock = utc_now,
+    background: bool = True,
+) -> Flask:
+    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
+    config = config or TimekeeperConfig.from_env()
+    if kube is None and (config.auth == "tokenreview" or config.kubeconfig or KubeApi.in_cluster_available()):
+        kube = KubeApi.from_kubeconfig(config.kubeconfig)
+    if config.auth == "none":
+        log.warning(NO_AUTH_WARNING)
+    if kube is None:
+        log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
+    tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else {}
+    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
+    db = Database.from_config(config)
+    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
+    ledger = ReportLedger(budgets)
+    demoter = Demoter(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds) if kube else None
+    if demoter is not None and background:
+        demoter.start()
+    head = head_revision()
+    collector = metrics.LedgerCollector(ledger)
+
+    app = Flask("timekeeper")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, demoter=demoter, database=db)
+
+    def caller() -> Caller:
+        return auth.caller(request.headers.get("Authorization"))
+
+    def admin() -> Caller:
+        who = caller()
+        auth.check_admin(who)
+        return who
+
+    def body() -> Any:
+        parsed = request.get_json(silent=True)
+        if parsed is None:
+            raise BudgetRequestError("the body must be a JSON object (Content-Type: application/json)")
+        return parsed
+
+    def crossed(over: bool) -> None:
+        if over and demoter is not None:
+            demoter.wake()
+
+    @app.before_request
+    def _start_clock() -> None:
+        g.started = time.perf_counter()
+
+    @app.after_request
+    def _observe(response: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule else "unmatched"
+        metrics.LATENCY.labels(rule).observe(time.perf_counter() - g.get("started", time.perf_counter()))
+        return response
+
+    @app.get("/api/v1/budgets")
+    def list_budgets() -> Response:
+        caller()
+        return jsonify(items=[status.to_json() for status in budgets.statuses()])
+
+    @app.get("/api/v1/budgets/<namespace>")
+    def get_budget(namespace: str) -> Response:
+        caller()
+        return jsonify(budgets.status(check_namespace(namespace)).to_json())
+
+    @app.put("/api/v1/budgets/<namespace>")
+    def put_budget(namespace: str) -> tuple[Response, int]:
+        who = admin()
+        change = budgets.set_budget(budget_from_json(namespace, body(), config.default_period), who.name)
+        crossed(change.crossed)
+        return jsonify(change.status.to_json()), 201 if change.created else 200
+
+    @app.delete("/api/v1/budgets/<namespace>")
+    def delete_budget(namespace: str) -> Response:
+        who = admin()
+        return jsonify(budgets.remove_budget(check_namespace(namespace), who.name).to_json())
+
+    @app.post("/api/v1/budgets/<namespace>/top-ups")
+    def post_top_up(namespace: str) -> tuple[Response, int]:
+        who = admin()
+        gpu_minutes, reason = top_up_from_json(body())
+        return jsonify(budgets.top_up(check_namespace(namespace), gpu_minutes, reason, who.name).to_json()), 201
+
+    @app.get("/api/v1/budgets/<namespace>/changes")
+    def get_changes(namespace: str) -> Response:
+        caller()
+        return jsonify(items=budgets.changes(check_namespace(namespace)))
+
+    @app.post("/api/v1/reports")
+    def post_report() -> Response:
+        outcome = "rejected"
+        try:
+            who = caller()
+            report = MeterReport.from_json(request.get_json(silent=True))
+            result = ledger.record(report, auth.report_terms(who, report))
+            outcome = result.outcome.value
+        except Unauthenticated:
+            outcome = "unauthenticated"
+            raise
+        except Forbidden:
+            outcome = "forbidden"
+            raise
+        finally:
+            metrics.REPORTS.labels(outcome).inc()
+        crossed(result.crossed)
+        return jsonify(result.to_json())
+
+    @app.get("/api/v1/pods")
+    def list_pods() -> Response:
+        caller()
+        over_memory = _flag(request.args.get("overMemory", "false"), "overMemory")
+        namespace = request.args.get("namespace")
+        limit = _limit(request.args.get("limit", "500"))
+        pods = ledger.pods(check_namespace(namespace) if namespace else None, over_memory, limit)
+        return jsonify(items=[pod.to_json() for pod in pods])
+
+    @app.get("/livez")
+    def livez() -> Response:
+        return jsonify(status="ok")
+
+    @app.get("/readyz")
+    def readyz() -> tuple[Response, int]:
+        problem = schema_problem(db.engine, head)
+        if problem:
+            return jsonify(status="unready", reason=problem), 503
+        return jsonify(status="ok"), 200
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        payload, content_type = render_metrics(collector)
+        return Response(payload, content_type=content_type)
+
+    @app.errorhandler(Unauthenticated)
+    def unauthenticated(exc: Unauthenticated) -> tuple[Response, int, dict[str, str]]:
+        return jsonify(error=str(exc)), 401, {"WWW-Authenticate": 'Bearer realm="gpusharing-timekeeper"'}
+
+    @app.errorhandler(Forbidden)
+    def forbidden(exc: Forbidden) -> tuple[Response, int]:
+        return jsonify(error=str(exc)), 403
+
+    @app.errorhandler(ReportError)
+    @app.errorhandler(BudgetRequestError)
+    def bad_request(exc: ValueError) -> tuple[Response, int]:
+        return jsonify(error=str(exc)), 400
+
+    @app.errorhandler(NoBudget)
+    def no_budget(exc: NoBudget) -> tuple[Response, int]:
+        return jsonify(error=str(exc)), 404
+
+    @app.errorhandler(NoLimit)
+    def no_limit(exc: NoLimit) -> tuple[Response, int]:
+        return jsonify(error=str(exc)), 409
+
+    @app.errorhandler(KubeUnavailable)
+    def kube_unavailable(exc: KubeUnavailable) -> tuple[Response, int]:
+        return jsonify(error=f"the Kubernetes API is unavailable, try again: {exc}"), 503
+
+    @app.errorhandler(SQLAlchemyError)
+    def database_unavailable(exc: SQLAlchemyError) -> tuple[Response, int]:
+        log.error("database error: %s", exc)
+        return jsonify(error="the database is unavailable, try again"), 503
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[Response, int]:
+        return jsonify(error=exc.description), exc.code or 500
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> tuple[Response, int]:  # a bug: logged here, never a traceback in the answer
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return jsonify(error="internal error; see the timekeeper's log"), 500
+
+    return app
+
+
+def _flag(raw: str, name: str) -> bool:
+    if raw not in ("true", "false"):
+        raise BudgetRequestError(f"{name} must be true or false, not {raw!r}")
+    return raw == "true"
+
+
+def _limit(raw: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PODS:
+        raise BudgetRequestError(f"limit must be a whole number from 1 to {MAX_PODS}, not {raw!r}")
+    return int(raw)

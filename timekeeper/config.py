@@ -1,0 +1,57 @@
+"""The timekeeper's settings, read once from TIMEKEEPER_* environment variables (documented in docs/timekeeper.md)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_text
+from timekeeper.budget import Period
+
+AUTH_MODES = ("tokenreview", "static", "none")
+DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
+
+
+@dataclass(frozen=True)
+class TimekeeperConfig:
+    database_url: str = DEFAULT_DATABASE_URL
+    auth: str = "tokenreview"
+    static_tokens_file: str | None = None
+    default_gpu_minutes: float | None = None  # budget of a namespace without one; None: unlimited
+    default_period: Period = Period.MONTHLY
+    priority_class_in_budget: str = "gpusharing-in-budget"
+    kubeconfig: str | None = None  # None: the in-cluster ServiceAccount
+    demotion_interval_seconds: float = 10.0  # how often refused evictions are retried and states reconciled
+    auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
+    db_pool_size: int = 10
+    sqlite_busy_timeout_ms: int = 10_000
+    host: str = "0.0.0.0"
+    port: int = 8080
+    workers: int = 2
+    threads: int = 8
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TimekeeperConfig":
+        auth = env_choice("TIMEKEEPER_AUTH", cls.auth, AUTH_MODES, environ)
+        tokens_file = environ.get("TIMEKEEPER_STATIC_TOKENS_FILE", "").strip() or None
+        if auth == "static" and tokens_file is None:
+            raise ConfigError("TIMEKEEPER_STATIC_TOKENS_FILE must be set when TIMEKEEPER_AUTH=static")
+        raw_default = environ.get("TIMEKEEPER_DEFAULT_GPU_MINUTES", "").strip()
+        return cls(
+            database_url=env_text("TIMEKEEPER_DATABASE_URL", DEFAULT_DATABASE_URL, environ),
+            auth=auth,
+            static_tokens_file=tokens_file,
+            default_gpu_minutes=env_float("TIMEKEEPER_DEFAULT_GPU_MINUTES", 0.0, 0.0, environ) if raw_default else None,
+            default_period=Period(env_choice("TIMEKEEPER_DEFAULT_PERIOD", "monthly", tuple(Period), environ)),
+            priority_class_in_budget=env_text("TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", cls.priority_class_in_budget, environ),
+            kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or None,
+            demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
+            auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
+            db_pool_size=env_int("TIMEKEEPER_DB_POOL_SIZE", 10, 1, environ),
+            sqlite_busy_timeout_ms=env_int("TIMEKEEPER_SQLITE_BUSY_TIMEOUT_MS", 10_000, 0, environ),
+            host=env_text("TIMEKEEPER_HOST", cls.host, environ),
+            port=env_int("TIMEKEEPER_PORT", cls.port, 1, environ),
+            workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),
+            threads=env_int("TIMEKEEPER_THREADS", cls.threads, 1, environ),
+        )

@@ -1,0 +1,81 @@
+"""The database connection: PostgreSQL, or an embedded SQLite file with its writes serialized."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql import Insert
+
+from timekeeper.config import TimekeeperConfig
+
+_BEGIN = "timekeeper_sqlite_begin"
+
+
+class Database:
+    def __init__(self, url: str, pool_size: int = 10, sqlite_busy_timeout_ms: int = 10_000):
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        if self.is_sqlite:
+            self.engine = _sqlite_engine(url, pool_size, sqlite_busy_timeout_ms)
+        else:
+            self.engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        # SQLite has one writer at a time: threads of this process queue here, other processes on BEGIN IMMEDIATE.
+        self._write_lock = threading.Lock() if self.is_sqlite else None
+
+    @classmethod
+    def from_config(cls, config: TimekeeperConfig) -> "Database":
+        return cls(config.database_url, config.db_pool_size, config.sqlite_busy_timeout_ms)
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A transaction that may write; PostgreSQL rows it reads FOR UPDATE stay locked until it ends."""
+        if self._write_lock is None:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self._write_lock, self.engine.connect().execution_options(**{_BEGIN: "BEGIN IMMEDIATE"}) as conn:
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def insert(self, table: Any) -> Insert:
+        """An INSERT that knows ON CONFLICT on this backend."""
+        return (sqlite.insert if self.is_sqlite else postgresql.insert)(table)  # type: ignore[no-any-return]
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_engine(url: str, pool_size: int, busy_timeout_ms: int) -> Engine:
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        connect_args={"timeout": busy_timeout_ms / 1000, "check_same_thread": False},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the driver so that BEGIN IMMEDIATE can be issued (see _begin).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL keeps commits atomic
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql(conn.get_execution_options().get(_BEGIN, "BEGIN"))
+
+    return engine

@@ -1,0 +1,169 @@
+"""The Kubernetes API, through the official client: TokenReview, SubjectAccessReview, pods, evictions, events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from kubernetes import client, config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
+from gpusharing.env import ConfigError
+
+log = logging.getLogger(__name__)
+
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+
+class KubeUnavailable(RuntimeError):
+    """The API server could not answer; the message says what was asked."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a bearer token belongs to, as TokenReview says."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def pod_uid(self) -> str | None:
+        """Set for a pod-bound (projected) ServiceAccount token."""
+        return (self.extra.get(POD_UID_EXTRA) or [None])[0]
+
+    @property
+    def pod_name(self) -> str | None:
+        return (self.extra.get(POD_NAME_EXTRA) or [None])[0]
+
+    @property
+    def service_account_namespace(self) -> str | None:
+        if not self.username.startswith(SERVICE_ACCOUNT_PREFIX):
+            return None
+        return self.username[len(SERVICE_ACCOUNT_PREFIX):].split(":", 1)[0]
+
+
+class EvictionResult(StrEnum):
+    EVICTED = "evicted"
+    REFUSED = "refused"  # 429: a PodDisruptionBudget does not allow it now; retried later, never forced
+    GONE = "gone"  # the pod no longer exists
+
+
+class KubeApi:
+    def __init__(self, api_client: client.ApiClient):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.authentication = client.AuthenticationV1Api(api_client)
+        self.authorization = client.AuthorizationV1Api(api_client)
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
+        """The API given by `kubeconfig`, or the in-cluster ServiceAccount when None; ConfigError when neither works."""
+        configuration = client.Configuration()
+        try:
+            if kubeconfig:
+                kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            else:
+                kube_config.load_incluster_config(client_configuration=configuration)
+        except (kube_config.ConfigException, OSError) as exc:
+            where = f"TIMEKEEPER_KUBECONFIG={kubeconfig}" if kubeconfig else "the in-cluster ServiceAccount (set TIMEKEEPER_KUBECONFIG outside a cluster)"
+            raise ConfigError(f"cannot configure the Kubernetes API from {where}: {exc}") from None
+        return cls(client.ApiClient(configuration))
+
+    @staticmethod
+    def in_cluster_available() -> bool:
+        return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+    def review_token(self, token: str) -> Identity | None:
+        """The token's identity, or None when TokenReview does not authenticate it for the timekeeper's audience."""
+        review = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[TIMEKEEPER_TOKEN_AUDIENCE]))
+        answer = self._call("review a token", self.authentication.create_token_review, review)
+        status = answer.status
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        if status.audiences is not None and TIMEKEEPER_TOKEN_AUDIENCE not in status.audiences:
+            return None
+        user = status.user
+        return Identity(user.username or "", user.uid or "", tuple(user.groups or ()), dict(user.extra or {}))
+
+    def may(self, identity: Identity, verb: str, resource: str, group: str) -> bool:
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=identity.username,
+                uid=identity.uid or None,
+                groups=list(identity.groups),
+                extra=identity.extra or None,
+                resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, group=group),
+            )
+        )
+        answer = self._call("check an authorization", self.authorization.create_subject_access_review, review)
+        return bool(answer.status and answer.status.allowed)
+
+    def read_pod(self, namespace: str, name: str) -> client.V1Pod | None:
+        try:
+            return self.core.read_namespaced_pod(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise KubeUnavailable(f"could not read pod {namespace}/{name}: {_reason(exc)}") from None
+        except Exception as exc:  # urllib3 errors: connection refused, timeouts
+            raise KubeUnavailable(f"could not read pod {namespace}/{name}: {exc}") from None
+
+    def running_pods(self, namespace: str) -> list[client.V1Pod]:
+        answer = self._call(
+            f"list the pods of {namespace}", self.core.list_namespaced_pod, namespace, field_selector="status.phase=Running"
+        )
+        return list(answer.items or [])
+
+    def evict(self, namespace: str, name: str) -> EvictionResult:
+        """Asks for an eviction, which the API server grants only within the pods' PodDisruptionBudgets."""
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        try:
+            self.core.create_namespaced_pod_eviction(name, namespace, eviction)
+        except ApiException as exc:
+            if exc.status == 429:
+                return EvictionResult.REFUSED
+            if exc.status == 404:
+                return EvictionResult.GONE
+            raise KubeUnavailable(f"could not evict pod {namespace}/{name}: {_reason(exc)}") from None
+        except Exception as exc:
+            raise KubeUnavailable(f"could not evict pod {namespace}/{name}: {exc}") from None
+        return EvictionResult.EVICTED
+
+    def record_event(self, namespace: str, reason: str, message: str, warning: bool) -> None:
+        """An Event about the namespace itself (`kubectl describe namespace` shows it)."""
+        now = dt.datetime.now(dt.timezone.utc)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{namespace}.gpusharing-{uuid.uuid4().hex[:12]}", namespace=namespace),
+            involved_object=client.V1ObjectReference(api_version="v1", kind="Namespace", name=namespace),
+            reason=reason,
+            message=message,
+            type="Warning" if warning else "Normal",
+            source=client.V1EventSource(component="gpusharing-timekeeper"),
+            reporting_component="gpusharing-timekeeper",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        self._call(f"record an event on namespace {namespace}", self.core.create_namespaced_event, namespace, event)
+
+    def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except ApiException as exc:
+            raise KubeUnavailable(f"could not {what}: {_reason(exc)}") from None
+        except Exception as exc:
+            raise KubeUnavailable(f"could not {what}: {exc}") from None
+
+
+def _reason(exc: ApiException) -> str:
+    return f"HTTP {exc.status} {exc.reason}".strip()

@@ -1,0 +1,133 @@
+"""The timekeeper's tables. Alembic migrations (migrations/) make and change them; these models describe them."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import BigInteger, Boolean, Date, DateTime, Float, Integer, MetaData, String, Text, TypeDecorator
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+UTC = dt.timezone.utc
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Aware UTC datetimes on every backend (SQLite keeps no time zone, so one is put back on reading)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("UtcDateTime needs an aware datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class BudgetRow(Base):
+    __tablename__ = "budgets"
+
+    namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
+    gpu_minutes: Mapped[float | None] = mapped_column(Float)  # NULL: explicitly unlimited
+    period: Mapped[str] = mapped_column(String(16))
+    evict_on_exhaustion: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class TopUpRow(Base):
+    __tablename__ = "top_ups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(String(63), index=True)
+    period_start: Mapped[dt.datetime] = mapped_column(UtcDateTime)  # the period the top-up adds to
+    gpu_minutes: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(253))
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class BudgetChangeRow(Base):
+    """The audit log: every budget set, top-up and removal, who did it, and the status before and after."""
+
+    __tablename__ = "budget_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(String(63), index=True)
+    action: Mapped[str] = mapped_column(String(16))  # set | top-up | remove
+    actor: Mapped[str] = mapped_column(String(253))
+    changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    before: Mapped[str | None] = mapped_column(Text)  # JSON
+    after: Mapped[str | None] = mapped_column(Text)  # JSON
+
+
+class PodLedgerRow(Base):
+    __tablename__ = "pod_ledgers"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(253), index=True)
+    pod: Mapped[str] = mapped_column(String(253))
+    billed_share: Mapped[float] = mapped_column(Float)
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # cumulative billed, as accepted
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_report_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    last_report_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    gpu_memory_used_mib: Mapped[float | None] = mapped_column(Float)
+    gpu_memory_requested_mib: Mapped[float | None] = mapped_column(Float)
+    gpu_utilization_percent: Mapped[float | None] = mapped_column(Float)
+
+
+class NamespaceUsageRow(Base):
+    """A namespace's charges per UTC day: every period is made of whole days, so any period's use is a sum."""
+
+    __tablename__ = "namespace_usage"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+
+
+class NamespaceStateRow(Base):
+    """The last state the demoter acted on (recorded an Event for), so each transition is acted on once."""
+
+    __tablename__ = "namespace_states"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class LeaseRow(Base):
+    """Which timekeeper process runs the demoter (one at a time, across workers and replicas)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(253))
+    expires_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+budgets = BudgetRow.__table__
+top_ups = TopUpRow.__table__
+budget_changes = BudgetChangeRow.__table__
+pod_ledgers = PodLedgerRow.__table__
+namespace_usage = NamespaceUsageRow.__table__
+namespace_states = NamespaceStateRow.__table__
+leases = LeaseRow.__table__
