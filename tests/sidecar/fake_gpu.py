@@ -13,3 +13,15 @@ class FakeGpu:
 
 def open_reader(pod_uid: str) -> FakeGpu:
     return FakeGpu()
+
+
+def nvidia_driver_present() -> bool:
+    """Whether this machine has a real NVIDIA driver, where the meter's default reader would find a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return False
+    pynvml.nvmlShutdown()
+    return True

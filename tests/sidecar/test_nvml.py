@@ -13,17 +13,6 @@ from tests.sidecar import fake_gpu
 UID = "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f"
 
 
-def _driver_present() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return False
-    pynvml.nvmlShutdown()
-    return True
-
-
 class FakeNvml:
     """The part of the pynvml module NvmlReader calls: two devices, each with processes (pid, bytes)."""
 
@@ -90,7 +79,7 @@ def test_an_nvml_failure_gives_no_reading_and_one_log_line(proc: Path, caplog: p
     assert reader.read() == GpuReading(memory_used_mib=1.0, utilization_percent=50.0)
 
 
-@pytest.mark.skipif(_driver_present(), reason="an NVIDIA driver is present: see test_with_a_driver")
+@pytest.mark.skipif(fake_gpu.nvidia_driver_present(), reason="an NVIDIA driver is present: see test_with_a_driver")
 def test_without_a_driver_there_is_no_reader_and_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO):
         assert open_reader(UID) is None
@@ -98,7 +87,7 @@ def test_without_a_driver_there_is_no_reader_and_one_log_line(caplog: pytest.Log
     assert "no GPU visible to the meter" in caplog.text
 
 
-@pytest.mark.skipif(not _driver_present(), reason="no NVIDIA driver on this machine: see test_without_a_driver")
+@pytest.mark.skipif(not fake_gpu.nvidia_driver_present(), reason="no NVIDIA driver on this machine: see test_without_a_driver")
 def test_with_a_driver_the_reader_reads() -> None:
     reader = open_reader(UID)
     assert reader is not None
