@@ -6,7 +6,7 @@
 | GPUSHARING_POD_NAME | required | the pod's name (downward API) |
 | GPUSHARING_POD_UID | required | the pod's uid (downward API) |
 | GPUSHARING_GPU_SHARE | required | billed GPU share, a number above 0 (the webhook's annotation) |
-| GPUSHARING_GPU_MEMORY_MIB | unset | GPU memory the pod asked for, MiB; sent with every report when set |
+| GPUSHARING_GPU_MEMORY_MIB | unset | GPU memory the pod asked for, MiB; sent with every report when above 0 |
 | GPUSHARING_TIMEKEEPER_URL | required | base URL of the timekeeper, e.g. http://gpusharing-timekeeper:8080 |
 | GPUSHARING_TOKEN_PATH | /var/run/secrets/gpusharing/token | projected ServiceAccount token, re-read for every report |
 | GPUSHARING_METER_STATE_DIR | /var/lib/gpusharing-meter | emptyDir where the meter keeps its start time and sequence |
@@ -58,9 +58,8 @@ class MeterConfig:
             state_dir=Path(env_text(MeterEnv.STATE_DIR, str(cls.state_dir), environ)),
             interval_seconds=env_float(MeterEnv.INTERVAL, cls.interval_seconds, MIN_INTERVAL_SECONDS, environ),
             time_scale=_time_scale(environ),
-            gpu_memory_requested_mib=(
-                env_float(MeterEnv.GPU_MEMORY_MIB, 0.0, 0.0, environ) if environ.get(MeterEnv.GPU_MEMORY_MIB, "").strip() else None
-            ),
+            # 0 or unset: not known, so no overrun can be judged (0 would make any use an overrun).
+            gpu_memory_requested_mib=env_float(MeterEnv.GPU_MEMORY_MIB, 0.0, 0.0, environ) or None,
             gpu_reader=_reader_path(env_text(GPU_READER, DEFAULT_GPU_READER, environ)),
         )
 

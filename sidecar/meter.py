@@ -130,14 +130,17 @@ class Meter:
     def finish(self) -> None:
         """The final report, tried until FINAL_DEADLINE_SECONDS have passed, then give up: the pod is going."""
         deadline = time.monotonic() + FINAL_DEADLINE_SECONDS
+        delivery = Delivery.UNAVAILABLE
         while True:
-            left = deadline - time.monotonic()
-            answer = self.report(final=True, timeout=max(0.1, left))
-            left = deadline - time.monotonic()
-            if answer.delivery is not Delivery.UNAVAILABLE or left <= FINAL_RETRY_SECONDS:
+            try:
+                delivery = self.report(final=True, timeout=max(0.1, deadline - time.monotonic())).delivery
+            except Exception:  # exiting 0 matters more than this report: the pod is being stopped
+                log.exception("final report failed unexpectedly")
+                break
+            if delivery is not Delivery.UNAVAILABLE or deadline - time.monotonic() <= FINAL_RETRY_SECONDS:
                 break
             time.sleep(FINAL_RETRY_SECONDS)
-        if answer.delivery is not Delivery.ACCEPTED:
+        if delivery is not Delivery.ACCEPTED:
             log.error("stopping without a final report; the timekeeper keeps the last total it accepted")
         self.client.close()
 

@@ -46,6 +46,10 @@ def test_every_setting_is_read() -> None:
     assert config.gpu_reader == "tests.sidecar.fake_gpu:open_reader"
 
 
+def test_a_requested_memory_of_0_is_not_known() -> None:
+    assert MeterConfig.from_env({**ENV, "GPUSHARING_GPU_MEMORY_MIB": "0"}).gpu_memory_requested_mib is None
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
