@@ -135,8 +135,9 @@ class ReportLedger:
                     **readings,
                 )
                 .on_conflict_do_nothing()
-            )
-            if inserted.rowcount == 1:
+                .returning(pod_ledgers.c.pod_uid)
+            ).first()
+            if inserted is not None:
                 return account(None, report.seq, cumulative, report.final)
             ledger = self._locked_ledger(conn, report)  # another worker's first report of this pod won the insert
             assert ledger is not None

@@ -242,8 +242,9 @@ class BudgetStore:
                     self.db.insert(namespace_states)
                     .values(namespace=namespace, state=state.value, changed_at=now)
                     .on_conflict_do_nothing()
-                )
-                return previous if inserted.rowcount == 1 else None
+                    .returning(namespace_states.c.namespace)
+                ).first()
+                return previous if inserted is not None else None
             conn.execute(
                 namespace_states.update()
                 .where(namespace_states.c.namespace == namespace)
@@ -264,9 +265,12 @@ class BudgetStore:
             if taken:
                 return True
             inserted = conn.execute(
-                self.db.insert(leases).values(name=name, holder=holder, expires_at=expires).on_conflict_do_nothing()
-            )
-            return inserted.rowcount == 1
+                self.db.insert(leases)
+                .values(name=name, holder=holder, expires_at=expires)
+                .on_conflict_do_nothing()
+                .returning(leases.c.name)
+            ).first()
+            return inserted is not None
 
 
 def _budget(row: object | None) -> Budget | None:

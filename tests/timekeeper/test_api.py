@@ -1,0 +1,285 @@
+"""The HTTP API on SQLite and PostgreSQL; every answer is held to openapi.yaml by the `api` client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient
+
+
+def report(seq: int, gpu_seconds: float, pod: str = "trainer", namespace: str = "team-a", **extra: Any) -> dict[str, Any]:
+    return {"podUid": f"uid-{namespace}-{pod}", "namespace": namespace, "pod": pod, "gpuShare": 0.5, "seq": seq,
+            "gpuSeconds": gpu_seconds, **extra}
+
+
+def test_set_get_and_list_a_budget(api: SpecClient) -> None:
+    created = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 6000, "period": "monthly", "evictOnExhaustion": True})
+    assert created.status_code == 201
+    assert created.json == {
+        "namespace": "team-a", "gpuMinutes": 6000.0, "period": "monthly",
+        "periodStart": "2028-02-01T00:00:00Z", "periodEnd": "2028-03-01T00:00:00Z",
+        "usedGpuMinutes": 0.0, "remainingGpuMinutes": 6000.0, "topUpGpuMinutes": 0.0,
+        "evictOnExhaustion": True, "state": "in-budget",
+    }
+    changed = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "daily"})
+    assert changed.status_code == 200
+    assert changed.json["period"] == "daily" and changed.json["evictOnExhaustion"] is False
+    assert api.as_(READER).get("/api/v1/budgets/team-a").json == changed.json
+    assert api.as_(METER).get("/api/v1/budgets").json == {"items": [changed.json]}
+
+
+def test_reports_are_charged_exactly_once(api: SpecClient) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 3})
+    meter = api.as_(METER)
+    answers = [meter.post("/api/v1/reports", json=report(seq, gs)).json for seq, gs in
+               [(1, 30), (2, 60), (2, 60), (1, 30), (4, 120), (3, 90), (5, 100)]]
+    assert [(a["outcome"], a["chargedGpuSeconds"]) for a in answers] == [
+        ("charged", 30.0), ("charged", 30.0), ("duplicate", 0.0), ("duplicate", 0.0),
+        ("charged", 60.0), ("duplicate", 0.0), ("regressed", 0.0),
+    ]
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 2.0
+
+
+def test_the_report_that_reaches_the_budget_flips_the_state_at_once(api: SpecClient) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
+    meter = api.as_(METER)
+    assert meter.post("/api/v1/reports", json=report(1, 59.5)).json["state"] == "in-budget"
+    assert meter.post("/api/v1/reports", json=report(2, 60)).json["state"] == "over-budget"
+    assert api.get("/api/v1/budgets").json["items"][0]["state"] == "over-budget"
+
+
+def test_nothing_changes_after_a_final_report(api: SpecClient) -> None:
+    meter = api.as_(METER)
+    meter.post("/api/v1/reports", json=report(1, 30, final=True))
+    late = meter.post("/api/v1/reports", json=report(2, 3000)).json
+    assert late["outcome"] == "after-final" and late["chargedGpuSeconds"] == 0.0
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 0.5
+
+
+def test_top_ups_raise_the_current_period_and_bring_a_namespace_back(api: SpecClient) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "period": "daily"})
+    api.as_(METER).post("/api/v1/reports", json=report(1, 90))
+    assert api.get("/api/v1/budgets/team-a").json["state"] == "over-budget"
+    topped = api.post("/api/v1/budgets/team-a/top-ups", json={"gpuMinutes": 1, "reason": "paper deadline"})
+    assert topped.status_code == 201
+    assert topped.json["topUpGpuMinutes"] == 1.0 and topped.json["remainingGpuMinutes"] == 0.5
+    assert topped.json["state"] == "in-budget"
+
+
+def test_a_new_period_starts_from_zero_and_top_ups_stay_in_theirs(api: SpecClient, clock: Clock) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "period": "daily"})
+    api.post("/api/v1/budgets/team-a/top-ups", json={"gpuMinutes": 5, "reason": "x"})
+    api.as_(METER).post("/api/v1/reports", json=report(1, 120))
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 2.0
+    clock.advance(hours=1)  # 2028-02-29, a leap day: a new daily period
+    status = api.get("/api/v1/budgets/team-a").json
+    assert (status["periodStart"], status["usedGpuMinutes"], status["topUpGpuMinutes"], status["state"]) == (
+        "2028-02-29T00:00:00Z", 0.0, 0.0, "in-budget")
+    # Consumption is charged to the period in which it is reported, however long the pod has run.
+    api.as_(METER).post("/api/v1/reports", json=report(2, 150))
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 0.5
+
+
+def test_a_monthly_budget_sums_the_days_of_its_month(api: SpecClient, clock: Clock) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 100, "period": "monthly"})
+    meter = api.as_(METER)
+    meter.post("/api/v1/reports", json=report(1, 60))  # 28 February
+    clock.advance(hours=2)  # 29 February
+    meter.post("/api/v1/reports", json=report(2, 180))
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 3.0
+    clock.advance(days=1)  # 1 March: a new month
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 0.0
+
+
+def test_the_listing_holds_namespaces_with_use_but_no_budget(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(default_gpu_minutes=1.0).test_client(), ADMIN)
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 100, "period": "weekly"})
+    api.as_(METER).post("/api/v1/reports", json=report(1, 120, namespace="team-b"))
+    items = api.get("/api/v1/budgets").json["items"]
+    assert [(i["namespace"], i["gpuMinutes"], i["period"], i["state"]) for i in items] == [
+        ("team-a", 100.0, "weekly", "in-budget"),
+        ("team-b", 1.0, "monthly", "over-budget"),  # TIMEKEEPER_DEFAULT_GPU_MINUTES, default period
+    ]
+
+
+def test_without_a_default_a_namespace_without_budget_is_unlimited(api: SpecClient) -> None:
+    api.as_(METER).post("/api/v1/reports", json=report(1, 6000, namespace="team-c"))
+    status = api.get("/api/v1/budgets/team-c").json
+    assert (status["gpuMinutes"], status["remainingGpuMinutes"], status["state"], status["usedGpuMinutes"]) == (
+        None, None, "unlimited", 100.0)
+
+
+def test_an_explicit_unlimited_budget_exempts_from_the_default(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(default_gpu_minutes=0.0).test_client(), ADMIN)
+    assert api.get("/api/v1/budgets/ops").json["state"] == "over-budget"
+    assert api.put("/api/v1/budgets/ops", json={"gpuMinutes": None}).json["state"] == "unlimited"
+    refused = api.post("/api/v1/budgets/ops/top-ups", json={"gpuMinutes": 5, "reason": "x"})
+    assert refused.status_code == 409 and "no limit" in refused.json["error"]
+
+
+def test_removing_a_budget_restores_the_default_and_a_second_removal_is_404(api: SpecClient) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 5})
+    removed = api.delete("/api/v1/budgets/team-a")
+    assert removed.status_code == 200 and removed.json["state"] == "unlimited"
+    again = api.delete("/api/v1/budgets/team-a")
+    assert again.status_code == 404 and again.json == {"error": "namespace team-a has no budget of its own"}
+
+
+def test_every_budget_change_is_audited_with_who_when_before_and_after(api: SpecClient) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 5})
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 7})
+    api.post("/api/v1/budgets/team-a/top-ups", json={"gpuMinutes": 2, "reason": "demo day"})
+    api.delete("/api/v1/budgets/team-a")
+    changes = api.as_(READER).get("/api/v1/budgets/team-a/changes").json["items"]
+    assert [(c["action"], c["actor"]) for c in changes] == [("set", "alice")] * 2 + [("top-up", "alice"), ("remove", "alice")]
+    assert changes[0]["before"] is None and changes[0]["after"]["gpuMinutes"] == 5.0
+    assert changes[1]["before"]["gpuMinutes"] == 5.0 and changes[1]["after"]["gpuMinutes"] == 7.0
+    assert changes[2]["after"]["reason"] == "demo day" and changes[2]["after"]["topUpGpuMinutes"] == 2.0
+    assert changes[3]["before"]["gpuMinutes"] == 7.0 and changes[3]["after"] is None
+    assert all(c["changedAt"] == "2028-02-28T23:00:00Z" for c in changes)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (report(1, -5), "gpuSeconds must be a finite number from 0"),
+        (report(1, 1e300), "gpuSeconds must be a finite number from 0"),
+        ({**report(1, 5), "gpuShare": -0.5}, "gpuShare must be a finite number"),
+        ({**report(1, 5), "seq": 1.5}, "seq must be a whole number"),
+        ({**report(1, 5), "seq": "1"}, "seq must be a whole number"),
+        ({**report(1, 5), "gpuSeconds": "5"}, "gpuSeconds must be a number"),
+        ({**report(1, 5), "final": "yes"}, "final must be true or false"),
+        ({**report(1, 5), "bonusGpuSeconds": 5}, "unknown field(s): bonusGpuSeconds"),
+        ({"podUid": "x"}, "missing field(s): namespace, pod, gpuShare, seq, gpuSeconds"),
+        ({**report(1, 5), "podUid": ""}, "podUid must be a non-empty string"),
+        ({**report(1, 5), "gpuUtilizationPercent": 140}, "gpuUtilizationPercent must be a finite number from 0 to 100"),
+        ([report(1, 5)], "the report must be a JSON object"),
+    ],
+)
+def test_bad_reports_are_refused_with_a_message_and_change_nothing(api: SpecClient, body: object, message: str) -> None:
+    answer = api.as_(METER).post("/api/v1/reports", json=body)
+    assert answer.status_code == 400 and message in answer.json["error"]
+    assert api.get("/api/v1/budgets").json == {"items": []}
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_refused(api: SpecClient, literal: str) -> None:
+    body = json.dumps(report(1, 5)).replace('"gpuSeconds": 5', f'"gpuSeconds": {literal}')
+    answer = api.as_(METER).post("/api/v1/reports", data=body, content_type="application/json")
+    assert answer.status_code == 400 and "gpuSeconds must be a finite number" in answer.json["error"]
+
+
+def test_a_body_that_is_not_json_is_refused(api: SpecClient) -> None:
+    answer = api.as_(METER).post("/api/v1/reports", data="seq=1", content_type="application/json")
+    assert answer.status_code == 400 and answer.json == {"error": "the report must be a JSON object"}
+    put = api.put("/api/v1/budgets/team-a", data="{", content_type="application/json")
+    assert put.status_code == 400 and "JSON object" in put.json["error"]
+
+
+def test_a_pod_cannot_move_to_another_namespace(api: SpecClient) -> None:
+    meter = api.as_(METER)
+    meter.post("/api/v1/reports", json=report(1, 60))
+    moved = meter.post("/api/v1/reports", json={**report(2, 120), "namespace": "team-b"})
+    assert moved.status_code == 400 and "reports in namespace team-a, not team-b" in moved.json["error"]
+
+
+def test_bad_budget_requests_get_400(api: SpecClient) -> None:
+    bad = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": -1})
+    assert bad.status_code == 400 and "gpuMinutes must be a finite number" in bad.json["error"]
+    assert api.put("/api/v1/budgets/Not_A_Namespace", json={"gpuMinutes": 1}).status_code == 400
+    assert api.get("/api/v1/budgets/team-a").json["gpuMinutes"] is None
+
+
+@pytest.mark.parametrize(
+    ("token", "method", "path", "body", "status"),
+    [
+        (None, "GET", "/api/v1/budgets", None, 401),
+        ("wrong", "GET", "/api/v1/budgets", None, 401),
+        (READER, "PUT", "/api/v1/budgets/team-a", {"gpuMinutes": 1}, 403),
+        (METER, "PUT", "/api/v1/budgets/team-a", {"gpuMinutes": 1}, 403),
+        (METER, "DELETE", "/api/v1/budgets/team-a", None, 403),
+        (READER, "POST", "/api/v1/budgets/team-a/top-ups", {"gpuMinutes": 1, "reason": "x"}, 403),
+        (READER, "POST", "/api/v1/reports", report(1, 5), 403),
+        (None, "POST", "/api/v1/reports", report(1, 5), 401),
+    ],
+)
+def test_static_roles(api: SpecClient, token: str | None, method: str, path: str, body: Any, status: int) -> None:
+    answer = api.as_(token).request(method, path, json=body)
+    assert answer.status_code == status and answer.json["error"]
+    if status == 401:
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_pods_over_their_memory_request_are_listed(api: SpecClient, clock: Clock) -> None:
+    meter = api.as_(METER)
+    meter.post("/api/v1/reports", json=report(1, 10, pod="greedy", gpuMemoryUsedMiB=12000, gpuMemoryRequestedMiB=8192,
+                                             gpuUtilizationPercent=97))
+    meter.post("/api/v1/reports", json=report(1, 10, pod="modest", gpuMemoryUsedMiB=4000, gpuMemoryRequestedMiB=8192))
+    meter.post("/api/v1/reports", json=report(1, 10, pod="blind"))  # no NVML in this pod
+    meter.post("/api/v1/reports", json=report(1, 10, pod="done", gpuMemoryUsedMiB=9000, gpuMemoryRequestedMiB=10, final=True))
+    over = api.as_(READER).get("/api/v1/pods?overMemory=true").json["items"]
+    assert [(p["pod"], p["gpuMemoryOverRequestMiB"], p["gpuUtilizationPercent"]) for p in over] == [("greedy", 3808.0, 97.0)]
+    everyone = api.get("/api/v1/pods?namespace=team-a").json["items"]
+    assert [p["pod"] for p in everyone] == ["blind", "done", "greedy", "modest"]
+    clock.advance(hours=1)  # a pod not heard from for long no longer holds the memory
+    assert api.get("/api/v1/pods?overMemory=true").json["items"] == []
+
+
+def test_the_latest_readings_are_kept_and_stale_ones_ignored(api: SpecClient) -> None:
+    meter = api.as_(METER)
+    meter.post("/api/v1/reports", json=report(2, 20, gpuMemoryUsedMiB=9000, gpuMemoryRequestedMiB=8000))
+    meter.post("/api/v1/reports", json=report(1, 10, gpuMemoryUsedMiB=100, gpuMemoryRequestedMiB=8000))  # late
+    pod = api.get("/api/v1/pods").json["items"][0]
+    assert (pod["seq"], pod["gpuSeconds"], pod["gpuMemoryUsedMiB"]) == (2, 20.0, 9000.0)
+
+
+@pytest.mark.parametrize("query", ["overMemory=yes", "limit=0", "limit=abc", "namespace=Bad_NS"])
+def test_bad_pod_queries_get_400(api: SpecClient, query: str) -> None:
+    assert api.get(f"/api/v1/pods?{query}").status_code == 400
+
+
+def test_health(api: SpecClient) -> None:
+    assert api.as_(None).get("/livez").json == {"status": "ok"}
+    assert api.as_(None).get("/readyz").json == {"status": "ok"}
+
+
+def test_metrics_show_budgets_reports_and_memory_overruns(app: Flask, api: SpecClient) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 2})
+    api.as_(METER).post("/api/v1/reports", json=report(1, 180, gpuMemoryUsedMiB=2048, gpuMemoryRequestedMiB=1024))
+    api.as_(METER).post("/api/v1/reports", json=report(1, 180))
+    text = api.as_(None).get("/metrics").data.decode()
+    for line in (
+        'gpusharing_timekeeper_budget_gpu_minutes{namespace="team-a"} 2.0',
+        'gpusharing_timekeeper_used_gpu_minutes{namespace="team-a"} 3.0',
+        'gpusharing_timekeeper_remaining_gpu_minutes{namespace="team-a"} 0.0',
+        'gpusharing_timekeeper_budget_state{namespace="team-a",state="over-budget"} 1.0',
+        'gpusharing_timekeeper_pod_gpu_memory_over_request_mib{namespace="team-a",pod="trainer"} 1024.0',
+        'gpusharing_timekeeper_reports_total{outcome="duplicate"}',
+        "gpusharing_timekeeper_request_duration_seconds_bucket",
+    ):
+        assert line in text
+
+
+def test_unknown_paths_and_methods_answer_json_errors(api: SpecClient) -> None:
+    missing = api.client.get("/api/v1/nothing")
+    assert missing.status_code == 404 and missing.get_json()["error"]
+    wrong = api.client.patch("/api/v1/budgets/team-a")
+    assert wrong.status_code == 405 and wrong.get_json()["error"]
+
+
+def test_every_route_is_in_openapi_and_every_documented_operation_is_served(app: Flask) -> None:
+    from tests.timekeeper.conftest import SPEC
+
+    served = {
+        (rule.rule.replace("<", "{").replace(">", "}"), method.lower())
+        for rule in app.url_map.iter_rules()
+        if rule.endpoint != "static"
+        for method in rule.methods or ()
+        if method not in ("HEAD", "OPTIONS")
+    }
+    documented = {(path, method) for path, item in SPEC["paths"].items() for method in item if method != "parameters"}
+    assert served == documented

@@ -1,0 +1,152 @@
+"""TIMEKEEPER_AUTH=tokenreview against a fake Kubernetes API spoken to by the official client; static token files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusharing.env import ConfigError
+from tests.fakekube import FakeKube
+from tests.timekeeper.conftest import ADMIN, AppFactory, SpecClient
+from timekeeper.auth import Caller, Role, load_static_tokens
+from timekeeper.kube import KubeApi
+
+
+@pytest.fixture
+def cluster(make_app: AppFactory, fake_kube: FakeKube) -> tuple[SpecClient, FakeKube]:
+    app = make_app(kube=KubeApi(fake_kube.api_client()), auth="tokenreview")
+    return SpecClient(app.test_client()), fake_kube
+
+
+def report_of(pod: dict[str, Any], seq: int, gpu_seconds: float, share: float, **extra: Any) -> dict[str, Any]:
+    metadata = pod["metadata"]
+    return {"podUid": metadata["uid"], "namespace": metadata["namespace"], "pod": metadata["name"], "gpuShare": share,
+            "seq": seq, "gpuSeconds": gpu_seconds, **extra}
+
+
+def test_a_pod_reports_with_its_own_token_and_is_billed_at_its_annotated_share(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    pod = kube.add_pod("team-a", "trainer", share="0.5")
+    meter = api.as_(kube.pod_token(pod))
+    # The meter claims a tenth of a GPU for 600 s (60 GPU-seconds); the webhook recorded half a GPU: 300 GPU-seconds.
+    answer = meter.post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.1))
+    assert answer.status_code == 200 and answer.json["chargedGpuSeconds"] == 300.0
+    meter.post("/api/v1/reports", json=report_of(pod, 2, 120, share=0.1))
+    admin = api.as_(kube.user_token("reader@example.com"))
+    assert admin.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 10.0
+    assert admin.get("/api/v1/pods").json["items"][0]["gpuShare"] == 0.5
+    # The annotation is read once; the TokenReview answer is reused.
+    assert kube.count("GET", "/api/v1/namespaces/team-a/pods/trainer") == 1
+    assert kube.count("POST", "/apis/authentication.k8s.io/v1/tokenreviews") == 2
+
+
+def test_a_report_with_zero_share_but_time_is_refused(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    pod = kube.add_pod("team-a", "trainer", share="0.5")
+    answer = api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=report_of(pod, 1, 60, share=0))
+    assert answer.status_code == 400 and "gpuShare is 0" in answer.json["error"]
+
+
+def test_a_token_reports_for_its_own_pod_only(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    mine, other = kube.add_pod("team-a", "mine"), kube.add_pod("team-b", "other")
+    answer = api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=report_of(other, 1, 60, share=0.5))
+    assert answer.status_code == 403
+    assert f"the token belongs to pod {mine['metadata']['uid']} in namespace team-a" in answer.json["error"]
+    spoofed = {**report_of(mine, 1, 60, share=0.5), "namespace": "team-b"}
+    assert api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=spoofed).status_code == 403
+
+
+def test_only_pod_tokens_report(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    pod = kube.add_pod("team-a", "trainer")
+    answer = api.as_(kube.user_token("alice")).post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.5))
+    assert answer.status_code == 403 and "not a pod's ServiceAccount token" in answer.json["error"]
+
+
+def test_a_pod_the_webhook_did_not_annotate_cannot_report(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    pod = kube.add_pod("team-a", "sneaky", share=None)
+    answer = api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.5))
+    assert answer.status_code == 403 and "no valid gpusharing.io/gpu-share annotation" in answer.json["error"]
+
+
+def test_requested_memory_comes_from_the_pod_not_the_report(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    pod = kube.add_pod("team-a", "trainer", memory_mib="4096")
+    body = report_of(pod, 1, 60, share=0.5, gpuMemoryUsedMiB=6000, gpuMemoryRequestedMiB=80000)
+    api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=body)
+    over = api.as_(kube.user_token("ops")).get("/api/v1/pods?overMemory=true").json["items"]
+    assert [(p["pod"], p["gpuMemoryRequestedMiB"], p["gpuMemoryOverRequestMiB"]) for p in over] == [("trainer", 4096.0, 1904.0)]
+
+
+def test_unknown_tokens_are_401(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, _ = cluster
+    answer = api.as_("forged").get("/api/v1/budgets")
+    assert answer.status_code == 401 and "TokenReview" in answer.json["error"]
+
+
+def test_budget_writes_need_a_subject_access_review(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    kube.admins.add("alice")
+    alice, bob = api.as_(kube.user_token("alice", ["ml-admins"])), api.as_(kube.user_token("bob"))
+    assert alice.put("/api/v1/budgets/team-a", json={"gpuMinutes": 60}).status_code == 201
+    refused = bob.put("/api/v1/budgets/team-a", json={"gpuMinutes": 6000})
+    assert refused.status_code == 403
+    assert refused.json["error"] == (
+        "bob may not change budgets: an admin needs verb 'update' on resource 'budgets' in API group 'gpusharing.io'"
+    )
+    assert bob.get("/api/v1/budgets/team-a").json["gpuMinutes"] == 60.0  # reads need only authentication
+    assert kube.access_reviews[0]["user"] == "alice" and kube.access_reviews[0]["groups"] == ["ml-admins"]
+    assert alice.get("/api/v1/budgets/team-a/changes").json["items"][0]["actor"] == "alice"
+
+
+def test_a_static_admin_token_works_beside_tokenreview(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    assert api.as_(ADMIN).put("/api/v1/budgets/team-a", json={"gpuMinutes": 60}).status_code == 201
+    assert kube.count("POST", "/apis/authentication.k8s.io/v1/tokenreviews") == 0
+
+
+def test_an_unreachable_api_server_is_503_not_a_refusal(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    token = kube.user_token("alice")
+    kube.up = False
+    answer = api.as_(token).get("/api/v1/budgets")
+    assert answer.status_code == 503 and "the Kubernetes API is unavailable" in answer.json["error"]
+
+
+def test_auth_none_lets_anyone_in_and_says_so_loudly(make_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
+    api = SpecClient(make_app(auth="none").test_client())
+    assert api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1}).status_code == 201
+    assert "ANYONE who can reach this timekeeper can change budgets" in caplog.text
+
+
+def test_tokenreview_without_a_kubernetes_api_stops_at_start(make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="in-cluster ServiceAccount"):
+        make_app(auth="tokenreview")
+
+
+def test_a_kubeconfig_points_the_timekeeper_at_an_api_server(make_app: AppFactory, fake_kube: FakeKube, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(fake_kube.kubeconfig())
+    fake_kube.admins.add("alice")
+    api = SpecClient(make_app(auth="tokenreview", kubeconfig=str(kubeconfig)).test_client(), fake_kube.user_token("alice"))
+    assert api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1}).status_code == 201
+
+
+def test_static_token_files(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text("# comment\n\nt1 admin alice\nt2 reader   # the dashboard\nt3 meter\n")
+    assert load_static_tokens(str(path)) == {
+        "t1": Caller("alice", Role.ADMIN),
+        "t2": Caller("static-reader-line-4", Role.READER),
+        "t3": Caller("static-meter-line-5", Role.METER),
+    }
+    path.write_text("t1 admin\nt2 superuser\n")
+    with pytest.raises(ConfigError, match=r"line 2: expected `TOKEN ROLE \[NAME\]`"):
+        load_static_tokens(str(path))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_static_tokens(str(tmp_path / "missing"))

@@ -1,0 +1,149 @@
+"""Namespaces over budget: an Event on the namespace, evictions through the Eviction API, promotion back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from tests.fakekube import FakeKube
+from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient
+from timekeeper.demotion import Demoter, eviction_candidates
+from timekeeper.kube import KubeApi
+
+
+@pytest.fixture
+def app(make_app: AppFactory, fake_kube: FakeKube) -> Flask:
+    return make_app(kube=KubeApi(fake_kube.api_client()))
+
+
+@pytest.fixture
+def demoter(app: Flask) -> Demoter:
+    demoter: Demoter = app.extensions["demoter"]
+    return demoter
+
+
+def spend(api: SpecClient, namespace: str, gpu_seconds: float, seq: int = 1) -> dict[str, Any]:
+    body = {"podUid": f"uid-{namespace}", "namespace": namespace, "pod": "meter-owner", "gpuShare": 1.0, "seq": seq,
+            "gpuSeconds": gpu_seconds}
+    answer: dict[str, Any] = api.as_(METER).post("/api/v1/reports", json=body).json
+    return answer
+
+
+def test_crossing_records_one_event_on_the_namespace(api: SpecClient, demoter: Demoter, fake_kube: FakeKube) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
+    spend(api, "team-a", 30)
+    assert demoter.run_once().events == []  # type: ignore[union-attr]
+    spend(api, "team-a", 61, seq=2)
+    assert demoter.run_once().events == [("team-a", "GPUBudgetExhausted")]  # type: ignore[union-attr]
+    assert demoter.run_once().events == []  # type: ignore[union-attr]
+    (event,) = fake_kube.events
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Namespace", "name": "team-a"}
+    assert event["type"] == "Warning" and event["reason"] == "GPUBudgetExhausted"
+    assert "1.0 of 1 GPU-minutes used in the monthly period" in event["message"]
+    assert fake_kube.evicted == []  # evictOnExhaustion is off
+
+
+def test_running_in_budget_gpu_pods_are_evicted_and_the_rest_left_alone(
+    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+) -> None:
+    for name in ("trainer-1", "trainer-2"):
+        fake_kube.add_pod("team-a", name)
+    fake_kube.add_pod("team-a", "demoted", priority_class="gpusharing-over-budget")
+    fake_kube.add_pod("team-a", "cpu-only", share=None)
+    fake_kube.add_pod("team-a", "pending", phase="Pending")
+    fake_kube.add_pod("team-b", "elsewhere")
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
+    spend(api, "team-a", 60)
+    done = demoter.run_once()
+    assert done is not None and done.evicted == ["team-a/trainer-1", "team-a/trainer-2"]
+    assert fake_kube.evicted == [("team-a", "trainer-1"), ("team-a", "trainer-2")]
+    assert fake_kube.count("DELETE", "/api/v1") == 0  # evicted through the Eviction API, never deleted
+
+
+def test_an_eviction_a_disruption_budget_refuses_is_retried_later_never_forced(
+    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+) -> None:
+    fake_kube.add_pod("team-a", "guarded")
+    fake_kube.refuse_evictions.add(("team-a", "guarded"))
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
+    spend(api, "team-a", 90)
+    assert demoter.run_once().refused == ["team-a/guarded"]  # type: ignore[union-attr]
+    assert demoter.run_once().refused == ["team-a/guarded"]  # type: ignore[union-attr]
+    assert fake_kube.evicted == [] and ("team-a", "guarded") in fake_kube.pods
+    fake_kube.refuse_evictions.clear()  # the PodDisruptionBudget allows it now
+    assert demoter.run_once().evicted == ["team-a/guarded"]  # type: ignore[union-attr]
+    assert fake_kube.count("DELETE", "/api/v1") == 0
+
+
+def test_a_top_up_promotes_back_and_stops_evictions(api: SpecClient, demoter: Demoter, fake_kube: FakeKube) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
+    spend(api, "team-a", 90)
+    demoter.run_once()
+    api.post("/api/v1/budgets/team-a/top-ups", json={"gpuMinutes": 10, "reason": "approved"})
+    fake_kube.add_pod("team-a", "recreated")
+    done = demoter.run_once()
+    assert done is not None and done.events == [("team-a", "GPUBudgetRestored")] and done.evicted == []
+    assert fake_kube.events[-1]["type"] == "Normal"
+
+
+def test_a_raised_budget_and_a_new_period_promote_back(api: SpecClient, clock: Clock) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "period": "daily"})
+    assert spend(api, "team-a", 60)["state"] == "over-budget"
+    assert api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 2, "period": "daily"}).json["state"] == "in-budget"
+    assert api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "period": "daily"}).json["state"] == "over-budget"
+    clock.advance(hours=1)
+    assert api.get("/api/v1/budgets/team-a").json["state"] == "in-budget"
+
+
+def test_lowering_a_budget_below_use_demotes(api: SpecClient, demoter: Demoter, fake_kube: FakeKube) -> None:
+    spend(api, "team-a", 600)
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 5, "evictOnExhaustion": True})
+    fake_kube.add_pod("team-a", "trainer")
+    done = demoter.run_once()
+    assert done is not None and done.events == [("team-a", "GPUBudgetExhausted")] and done.evicted == ["team-a/trainer"]
+
+
+def test_a_re_created_pod_is_never_free(api: SpecClient) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10})
+    meter = api.as_(METER)
+    old = {"podUid": "old-uid", "namespace": "team-a", "pod": "trainer-x1", "gpuShare": 1.0, "seq": 5, "gpuSeconds": 300}
+    meter.post("/api/v1/reports", json=old)
+    # Evicted and re-created by its controller: a new uid, a new ledger, and the old pod's time still counts.
+    new = {**old, "podUid": "new-uid", "pod": "trainer-x2", "seq": 1, "gpuSeconds": 120}
+    meter.post("/api/v1/reports", json=new)
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 7.0
+    assert {p["podUid"] for p in api.get("/api/v1/pods").json["items"]} == {"old-uid", "new-uid"}
+
+
+def test_one_demoter_at_a_time(make_app: AppFactory, fake_kube: FakeKube, api: SpecClient) -> None:
+    first: Demoter = make_app(kube=KubeApi(fake_kube.api_client())).extensions["demoter"]
+    second: Demoter = make_app(kube=KubeApi(fake_kube.api_client())).extensions["demoter"]
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 0})
+    assert first.run_once() is not None
+    assert second.run_once() is None  # the lease is the first's until it lapses
+    assert len(fake_kube.events) == 1
+
+
+def test_an_unreachable_api_server_leaves_the_event_for_the_next_pass(
+    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 0, "evictOnExhaustion": True})
+    fake_kube.up = False
+    assert demoter.run_once().events == []  # type: ignore[union-attr]
+    fake_kube.up = True
+    assert demoter.run_once().events == [("team-a", "GPUBudgetExhausted")]  # type: ignore[union-attr]
+
+
+def test_eviction_candidates_are_running_gpu_pods_with_the_in_budget_class() -> None:
+    from kubernetes.client import V1ObjectMeta, V1Pod, V1PodSpec, V1PodStatus
+
+    def pod(name: str, cls: str = "gpusharing-in-budget", phase: str = "Running", gpu: bool = True, deleting: bool = False) -> V1Pod:
+        annotations = {"gpusharing.io/gpu-share": "0.25"} if gpu else {}
+        metadata = V1ObjectMeta(name=name, annotations=annotations, deletion_timestamp="2028-01-01T00:00:00Z" if deleting else None)
+        return V1Pod(metadata=metadata, spec=V1PodSpec(containers=[], priority_class_name=cls), status=V1PodStatus(phase=phase))
+
+    pods = [pod("b"), pod("a"), pod("low", cls="gpusharing-over-budget"), pod("user-class", cls="research"),
+            pod("cpu", gpu=False), pod("done", phase="Succeeded"), pod("going", deleting=True)]
+    assert eviction_candidates(pods, "gpusharing-in-budget") == ["a", "b"]

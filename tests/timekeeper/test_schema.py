@@ -1,0 +1,71 @@
+"""Alembic is the only way the schema is made; a database that is behind is refused, by `serve` and by /readyz."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine
+
+from tests.postgres import PostgresServer
+from tests.timekeeper.conftest import SpecClient
+from timekeeper.app import create_app
+from timekeeper.config import TimekeeperConfig
+from timekeeper.models import Base
+from timekeeper.schema import head_revision, schema_problem, upgrade
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_migrations_make_exactly_the_models_tables(database_url: str) -> None:
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    assert schema_problem(engine) is None
+    engine.dispose()
+
+
+def test_an_unmigrated_database_is_named_as_such(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    assert schema_problem(engine) == (
+        f"the database is not migrated, this timekeeper needs revision {head_revision()}: run `gpusharing db upgrade`"
+    )
+    engine.dispose()
+
+
+def test_readyz_is_503_with_the_reason_when_the_database_is_behind_or_gone(tmp_path: Path, postgres: PostgresServer) -> None:
+    behind = create_app(TimekeeperConfig(database_url=f"sqlite:///{tmp_path / 'empty.sqlite'}", auth="none"), background=False)
+    answer = SpecClient(behind.test_client()).get("/readyz")
+    assert answer.status_code == 503 and "not migrated" in answer.json["reason"]
+    gone = create_app(TimekeeperConfig(database_url=postgres.url("no_such_database"), auth="none"), background=False)
+    answer = SpecClient(gone.test_client()).get("/readyz")
+    assert answer.status_code == 503 and answer.json["reason"].startswith("the database is unreachable")
+    for app in (behind, gone):
+        app.extensions["database"].dispose()
+
+
+def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-m", "gpusharing.cli", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=60)
+
+
+def test_db_upgrade_works_from_any_directory_and_serve_refuses_until_it_ran(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tk.sqlite'}"
+    refused = cli("timekeeper", "serve", "--port", "1", cwd=tmp_path, TIMEKEEPER_DATABASE_URL=url, TIMEKEEPER_AUTH="none")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"gpusharing: not serving: the database is not migrated, this timekeeper needs revision {head_revision()}: "
+        "run `gpusharing db upgrade`"
+    ]
+    upgraded = cli("db", "upgrade", cwd=tmp_path, TIMEKEEPER_DATABASE_URL=url)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert schema_problem(create_engine(url)) is None
+
+
+def test_upgrading_twice_changes_nothing(database_url: str) -> None:
+    upgrade(database_url)
+    assert schema_problem(create_engine(database_url)) is None
