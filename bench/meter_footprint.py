@@ -133,13 +133,6 @@ def stop_while_unreachable(seconds: float, interval: float, workdir: Path) -> tu
     return time.perf_counter() - stopping, code
 
 
-def parser_only_mib() -> float:
-    """Resident memory of an interpreter that only builds the `gpusharing` command line: what every role pays."""
-    code = "from gpusharing.cli import build_parser; build_parser(); print(open('/proc/self/status').read())"
-    status = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    return int(status.split("VmRSS:")[1].split()[0]) / 1024
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -165,7 +158,6 @@ def main() -> int:
     ):
         print(f"  {name:30} median {statistics.median(values):7.1f} {unit:3}  min {min(values):7.1f}  max {max(values):7.1f}")
     print(f"  exit codes {sorted({r.exit_code for r in runs})}, reports per run {min(r.reports for r in runs)}-{max(r.reports for r in runs)}")
-    print(f"  of which the `gpusharing` command line alone (every role's imports): {parser_only_mib():.1f} MiB")
     print(f"  SIGTERM to exit, timekeeper unreachable: {unreachable_stop * 1000:.0f} ms, exit code {unreachable_code}")
     return 0
 

@@ -1,0 +1,31 @@
+"""The `gpusharing` command: each command loads only the role that registers it, and help lists them all."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from gpusharing.cli import _ROLES, build_parser
+
+SERVER_LIBRARIES = ("flask", "gunicorn", "sqlalchemy", "alembic", "kubernetes", "cryptography", "prometheus_client")
+
+
+def registered_commands(parser: argparse.ArgumentParser) -> set[str]:
+    [commands] = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    return set(commands.choices)
+
+
+@pytest.mark.parametrize(("command", "module"), sorted(_ROLES.items()))
+def test_a_command_loads_its_role_which_registers_exactly_the_commands_mapped_to_it(command: str, module: str) -> None:
+    assert registered_commands(build_parser(command)) == {name for name, owner in _ROLES.items() if owner == module}
+
+
+def test_without_a_known_command_every_role_is_loaded_for_help() -> None:
+    assert registered_commands(build_parser()) == set(_ROLES)
+    assert registered_commands(build_parser("no-such-command")) == set(_ROLES)
+
+
+def test_the_meter_loads_none_of_the_servers_libraries() -> None:
+    code = f"import sys; from gpusharing.cli import build_parser; build_parser('meter'); print([m for m in {SERVER_LIBRARIES!r} if m in sys.modules])"
+    assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout == "[]\n"
