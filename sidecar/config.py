@@ -1,19 +1,4 @@
-"""The meter's settings, read once at start from the environment the webhook injects.
-
-| variable | default | meaning |
-| --- | --- | --- |
-| GPUSHARING_NAMESPACE | required | the pod's namespace (downward API) |
-| GPUSHARING_POD_NAME | required | the pod's name (downward API) |
-| GPUSHARING_POD_UID | required | the pod's uid (downward API) |
-| GPUSHARING_GPU_SHARE | required | billed GPU share, a number above 0 (the webhook's annotation) |
-| GPUSHARING_GPU_MEMORY_MIB | unset | GPU memory the pod asked for, MiB; sent with every report when above 0 |
-| GPUSHARING_TIMEKEEPER_URL | required | base URL of the timekeeper, e.g. http://gpusharing-timekeeper:8080 |
-| GPUSHARING_TOKEN_PATH | /var/run/secrets/gpusharing/token | projected ServiceAccount token, re-read for every report |
-| GPUSHARING_METER_STATE_DIR | /var/lib/gpusharing-meter | emptyDir where the meter keeps its start time and sequence |
-| GPUSHARING_METER_INTERVAL | 30 | seconds between reports |
-| GPUSHARING_METER_TIME_SCALE | 1 | DEMO ONLY: multiplies billed time so `make demo` exhausts a budget in seconds |
-| GPUSHARING_METER_GPU_READER | sidecar.nvml:open_reader | `module:function` returning the GPU reader (or None); tests name a fake |
-"""
+"""The meter's settings, read once at start from the environment the webhook injects (documented in docs/meter.md)."""
 
 from __future__ import annotations
 
@@ -34,17 +19,17 @@ MIN_INTERVAL_SECONDS = 0.05  # below this the meter would only be busy writing i
 
 @dataclass(frozen=True)
 class MeterConfig:
-    namespace: str
+    namespace: str  # the pod's, from the downward API like the name and uid
     pod_name: str
     pod_uid: str
-    gpu_share: float
+    gpu_share: float  # billed share, as the webhook annotated it
     timekeeper_url: str
-    token_path: Path = Path(METER_TOKEN_DIR) / METER_TOKEN_FILE
-    state_dir: Path = Path(METER_STATE_DIR)
+    token_path: Path = Path(METER_TOKEN_DIR) / METER_TOKEN_FILE  # projected token, re-read for every report
+    state_dir: Path = Path(METER_STATE_DIR)  # the emptyDir that outlives a restart of the meter
     interval_seconds: float = 30.0
-    time_scale: float = 1.0
+    time_scale: float = 1.0  # DEMO ONLY: bills this many seconds per second so `make demo` spends a budget fast
     gpu_memory_requested_mib: float | None = None
-    gpu_reader: str = DEFAULT_GPU_READER
+    gpu_reader: str = DEFAULT_GPU_READER  # module:function opening the GPU reader; tests name a fake GPU
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "MeterConfig":

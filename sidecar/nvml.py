@@ -11,7 +11,6 @@ import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Protocol
 
 from gpusharing.env import ConfigError
@@ -35,7 +34,7 @@ class GpuReader(Protocol):
 class NvmlReader:
     """Attributes GPU processes to the pod by their cgroup, which names the pod uid under both cgroup drivers."""
 
-    def __init__(self, nvml: ModuleType | Any, pod_uid: str, proc: Path = Path("/proc")) -> None:
+    def __init__(self, nvml: Any, pod_uid: str, proc: Path = Path("/proc")) -> None:  # nvml: the pynvml module
         self._nvml = nvml
         self._proc = proc
         self._markers = (f"pod{pod_uid}", f"pod{pod_uid.replace('-', '_')}")

@@ -133,8 +133,8 @@ class MeterProcess:
     def wait_for_log(self, text: str, count: int = 1) -> None:
         eventually(lambda: self.log().count(text) >= count, f"{count} x {text!r} in the meter's log")
 
-    def state(self) -> dict[str, float]:
-        state: dict[str, float] = json.loads((self.state_dir / STATE_FILE).read_text())
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads((self.state_dir / STATE_FILE).read_text())
         return state
 
     def billed_between(self, since: float, until: float) -> tuple[float, float]:
