@@ -176,3 +176,31 @@ def test_a_missing_token_is_worth_another_try_and_sends_nothing(config: MeterCon
     assert result.delivery is Delivery.UNAVAILABLE
     assert "cannot read the token file" in result.detail
     assert receiver.received == []
+
+
+def test_the_loop_backs_off_while_the_timekeeper_fails_then_keeps_the_interval_and_ends_with_a_final_report(
+    config: MeterConfig, receiver: Receiver
+) -> None:
+    clock = Clock(START)
+    meter = make_meter(config, clock)
+    receiver.status = 503
+    next_statuses = iter([503, 503, 200, 200])
+    waits: list[float] = []
+
+    def stop_requested(seconds: float) -> bool:  # stands for the wait between reports; time moves by what it waits
+        waits.append(seconds)
+        clock.now += seconds
+        receiver.status = next(next_statuses)
+        return len(waits) == 4
+
+    meter.run(stop_requested)
+
+    interval = config.interval_seconds
+    assert interval / 8 <= waits[0] <= interval / 4
+    assert interval / 4 <= waits[1] <= interval / 2
+    assert interval / 2 <= waits[2] <= interval
+    assert waits[3] == interval
+    sent = [body for body, _ in receiver.received]
+    assert [body["seq"] for body in sent] == [1, 2, 3, 4, 5]
+    assert [body.get("final", False) for body in sent] == [False] * 4 + [True]
+    assert [body["gpuSeconds"] for body in sent] == [round(0.25 * sum(waits[:n]), 3) for n in range(5)]
