@@ -14,7 +14,6 @@ Run by hand:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
@@ -22,42 +21,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-BODY = json.dumps({"namespace": "bench", "state": "unlimited"}).encode()
-
-
-class ReportSink:
-    """Takes reports on loopback; notes when each arrives."""
-
-    def __init__(self) -> None:
-        self.arrivals: list[float] = []
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as gunicorn serves the timekeeper
-
-            def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                sink.arrivals.append(time.perf_counter())
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(BODY)))
-                self.end_headers()
-                self.wfile.write(BODY)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
+from demo.reportsink import ReportSink
 
 @dataclass
 class Run:
@@ -99,21 +67,21 @@ def spawn_meter(env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 def one_run(sink: ReportSink, seconds: float, interval: float, workdir: Path) -> Run:
-    sink.arrivals.clear()
+    sink.received.clear()
     started = time.perf_counter()
     process = spawn_meter(meter_env(sink.url, interval, workdir))
     try:
-        while not sink.arrivals:
+        while not sink.received:
             if process.poll() is not None:
                 raise SystemExit(f"the meter exited with {process.returncode} before its first report")
             time.sleep(0.001)
-        first = sink.arrivals[0] - started
+        first = sink.received[0].at - started
         time.sleep(seconds)
         memory = memory_mib(process.pid)
         stopping = time.perf_counter()
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=30)
-        return Run(first, memory["VmRSS"], memory["VmHWM"], time.perf_counter() - stopping, code, len(sink.arrivals))
+        return Run(first, memory["VmRSS"], memory["VmHWM"], time.perf_counter() - stopping, code, len(sink.received))
     finally:
         if process.poll() is None:
             process.kill()

@@ -1,15 +1,13 @@
 """The meter's arithmetic and bookkeeping, without processes: billing, the retry schedule, reports and their numbers."""
 
-import json
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from demo.reportsink import ReportSink
 from sidecar.client import Delivery, TimekeeperClient
 from sidecar.config import MeterConfig
 from sidecar.meter import Meter, retry_delay
@@ -28,44 +26,15 @@ class Clock:
         return self.now
 
 
-class Receiver:
-    """An HTTP endpoint on loopback that answers every POST with a status the test sets, and keeps what it got."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.answer: dict[str, Any] = {"state": "in-budget"}
-        self.received: list[tuple[dict[str, Any], str | None]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                receiver.received.append((body, self.headers.get("Authorization")))
-                payload = json.dumps(receiver.answer).encode()
-                self.send_response(receiver.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+@pytest.fixture
+def receiver() -> Iterator[ReportSink]:
+    sink = ReportSink()
+    yield sink
+    sink.close()
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    receiver = Receiver()
-    yield receiver
-    receiver.server.shutdown()
-    receiver.server.server_close()
-
-
-@pytest.fixture
-def config(tmp_path: Path, receiver: Receiver) -> MeterConfig:
+def config(tmp_path: Path, receiver: ReportSink) -> MeterConfig:
     (tmp_path / "token").write_text("token-1\n")
     return MeterConfig(
         namespace="ml",
@@ -135,18 +104,17 @@ def test_without_a_gpu_reader_a_report_has_no_gpu_fields(config: MeterConfig) ->
     assert not {"gpuMemoryUsedMiB", "gpuUtilizationPercent", "gpuMemoryRequestedMiB"} & set(body)
 
 
-def test_each_report_is_sent_with_the_token_as_it_is_now(config: MeterConfig, receiver: Receiver) -> None:
+def test_each_report_is_sent_with_the_token_as_it_is_now(config: MeterConfig, receiver: ReportSink) -> None:
     meter = make_meter(config, Clock(START))
     assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
     config.token_path.write_text("token-2")
     assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
-    assert [(body["seq"], auth) for body, auth in receiver.received] == [(1, "Bearer token-1"), (2, "Bearer token-2")]
+    assert [(r.body["seq"], r.authorization) for r in receiver.received] == [(1, "Bearer token-1"), (2, "Bearer token-2")]
 
 
-def test_a_sequence_number_is_saved_before_its_report_leaves(config: MeterConfig, receiver: Receiver) -> None:
+def test_a_sequence_number_is_saved_before_its_report_leaves(config: MeterConfig, receiver: ReportSink) -> None:
     meter = make_meter(config, Clock(START))
-    receiver.server.shutdown()
-    receiver.server.server_close()
+    receiver.close()
     assert meter.report(final=False, timeout=1).delivery is Delivery.UNAVAILABLE
     assert StateFile(config.state_dir).load(UID) == MeterState(UID, START, 1)
 
@@ -162,7 +130,7 @@ def test_a_sequence_number_is_saved_before_its_report_leaves(config: MeterConfig
     ],
 )
 def test_answers_are_told_apart(
-    config: MeterConfig, receiver: Receiver, status: int, answer: dict[str, Any], delivery: Delivery, detail: str
+    config: MeterConfig, receiver: ReportSink, status: int, answer: dict[str, Any], delivery: Delivery, detail: str
 ) -> None:
     receiver.status, receiver.answer = status, answer
     result = make_meter(config, Clock(START)).report(final=False, timeout=5)
@@ -170,7 +138,7 @@ def test_answers_are_told_apart(
     assert result.budget_state == ("over-budget" if delivery is Delivery.ACCEPTED else None)
 
 
-def test_a_missing_token_is_worth_another_try_and_sends_nothing(config: MeterConfig, receiver: Receiver) -> None:
+def test_a_missing_token_is_worth_another_try_and_sends_nothing(config: MeterConfig, receiver: ReportSink) -> None:
     config.token_path.unlink()
     result = make_meter(config, Clock(START)).report(final=False, timeout=5)
     assert result.delivery is Delivery.UNAVAILABLE
@@ -179,7 +147,7 @@ def test_a_missing_token_is_worth_another_try_and_sends_nothing(config: MeterCon
 
 
 def test_the_loop_backs_off_while_the_timekeeper_fails_then_keeps_the_interval_and_ends_with_a_final_report(
-    config: MeterConfig, receiver: Receiver
+    config: MeterConfig, receiver: ReportSink
 ) -> None:
     clock = Clock(START)
     meter = make_meter(config, clock)
@@ -200,7 +168,7 @@ def test_the_loop_backs_off_while_the_timekeeper_fails_then_keeps_the_interval_a
     assert interval / 4 <= waits[1] <= interval / 2
     assert interval / 2 <= waits[2] <= interval
     assert waits[3] == interval
-    sent = [body for body, _ in receiver.received]
+    sent = [r.body for r in receiver.received]
     assert [body["seq"] for body in sent] == [1, 2, 3, 4, 5]
     assert [body.get("final", False) for body in sent] == [False] * 4 + [True]
     assert [body["gpuSeconds"] for body in sent] == [round(0.25 * sum(waits[:n]), 3) for n in range(5)]
