@@ -6,6 +6,8 @@ import pytest
 
 from gpusharing.env import ConfigError
 from sidecar.config import MeterConfig
+from webhook.config import MeterSpec
+from webhook.meter import meter_container
 
 ENV = {
     "GPUSHARING_NAMESPACE": "ml",
@@ -78,3 +80,20 @@ def test_a_missing_or_malformed_setting_is_named(change: dict[str, str | None], 
         MeterConfig.from_env(environ)
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
+
+
+def test_reads_the_environment_the_webhook_injects() -> None:
+    downward_api = {"metadata.namespace": "ml", "metadata.name": "train-0", "metadata.uid": ENV["GPUSHARING_POD_UID"]}
+    container = meter_container(MeterSpec(), "0.25", 20480)
+    environ = {
+        env["name"]: env["value"] if "value" in env else downward_api[env["valueFrom"]["fieldRef"]["fieldPath"]]
+        for env in container["env"]
+    }
+
+    config = MeterConfig.from_env(environ)
+
+    assert (config.namespace, config.pod_name, config.pod_uid) == ("ml", "train-0", ENV["GPUSHARING_POD_UID"])
+    assert (config.gpu_share, config.gpu_memory_requested_mib) == (0.25, 20480.0)
+    assert config.timekeeper_url == MeterSpec().timekeeper_url
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert {str(config.token_path.parent), str(config.state_dir)} == mounts
