@@ -51,9 +51,11 @@ class Timekeeper:
             "TIMEKEEPER_WORKERS": "1",
             "TIMEKEEPER_THREADS": "4",
         }
-        subprocess.run(
-            [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"], env={**os.environ, **self.env}, check=True, capture_output=True
+        upgrade = subprocess.run(
+            [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"], env={**os.environ, **self.env}, capture_output=True, text=True
         )
+        assert upgrade.returncode == 0, upgrade.stderr
+        self.log_path = workdir / "timekeeper.log"
         self._service: Service | None = None
 
     def start(self) -> None:
@@ -63,6 +65,7 @@ class Timekeeper:
             f"{self.url}/readyz",
             env=self.env,
         )
+        self._service.log_path = str(self.log_path)  # beside the test's other files, not in the shared /tmp
         self._service.__enter__()
 
     def stop(self) -> None:
