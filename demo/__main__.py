@@ -1,12 +1,22 @@
-"""`make demo`: the webhook on loopback over TLS, fed the example pods as the API server sends them."""
+"""`make demo`: the whole system on loopback, on its embedded defaults.
+
+The timekeeper on SQLite, the webhook over TLS with a fresh certificate, the example pods sent as the API server
+sends them, meters at accelerated time until the demo namespace is over budget, the next pod demoted, and a top-up
+promoting the namespace back. Everything it starts is stopped at the end.
+"""
 
 from __future__ import annotations
 
 import base64
 import copy
 import json
+import os
+import subprocess
 import sys
 import tempfile
+import time
+import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +28,14 @@ from demo.processes import Service, free_port
 from gpusharing.certs import make_serving_certificate
 
 NAMESPACE = "ml-team"
+BUDGET_GPU_MINUTES = 3
+TIME_SCALE = 60  # the meters bill a minute of GPU time for every second of the demo
+ADMIN, READER, METER = "demo-admin-token", "demo-reader-token", "demo-meter-token"
+METERED = ("vcuda-fraction.yaml", "hami-fraction.yaml", "kai-fraction.yaml")
+
+
+def step(text: str) -> None:
+    print(f"\n==> {text}", flush=True)
 
 
 def invalid_examples() -> dict[str, dict[str, Any]]:
@@ -32,63 +50,191 @@ def invalid_examples() -> dict[str, dict[str, Any]]:
     return {"(invalid) vcuda-core 150": vcuda, "(invalid) gpu-fraction 1.5": kai, "(invalid) KAI + HAMi": mixed}
 
 
-class Table:
-    COLUMNS = ("pod", "decision", "dialect", "share", "priority class", "sidecar")
+class Decisions:
+    """The webhook's answers, printed as a table."""
 
-    def __init__(self) -> None:
-        self.widths = (34, 8, 15, 6, 22, 14)
-        print("  ".join(c.ljust(w) for c, w in zip(self.COLUMNS, self.widths)))
-        print("  ".join("-" * w for w in self.widths))
+    WIDTHS = (32, 8, 15, 6, 23, 14)
 
-    def row(self, name: str, response: dict[str, Any], pod: dict[str, Any]) -> None:
+    def __init__(self, url: str, ca_file: str):
+        self.url = url
+        self.session = requests.Session()
+        self.session.trust_env = False
+        self.session.verify = ca_file
+        self.header_printed = False
+
+    def admit(self, name: str, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod as admitted (patched), or None when denied; prints the decision."""
+        if not self.header_printed:
+            columns = ("pod", "decision", "dialect", "share", "priority class", "sidecar")
+            print("  ".join(c.ljust(w) for c, w in zip(columns, self.WIDTHS)))
+            print("  ".join("-" * w for w in self.WIDTHS))
+            self.header_printed = True
+        answer = self.session.post(f"{self.url}/mutate", json=admission_review(pod), timeout=10)
+        answer.raise_for_status()
+        response = answer.json()["response"]
         if not response["allowed"]:
-            print(f"{name[:34]:34}  {'DENIED':8}  {response['status']['message']}")
-            return
-        patched = jsonpatch.apply_patch(copy.deepcopy(pod), _patch(response))
-        annotations = patched["metadata"].get("annotations", {})
-        sidecars = [c for c in patched["spec"].get("initContainers", []) if c["name"] == "gpusharing-meter"]
+            print(f"{name[:32]:32}  {'DENIED':8}  {response['status']['message']}")
+            return None
+        patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+        admitted: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(pod), patch)
+        annotations = admitted["metadata"].get("annotations", {})
+        meter = any(c["name"] == "gpusharing-meter" for c in admitted["spec"].get("initContainers", []))
         cells = (
             name,
             "allowed",
             annotations.get("gpusharing.io/dialect", "-"),
             annotations.get("gpusharing.io/gpu-share", "-"),
-            patched["spec"].get("priorityClassName", "-"),
-            "native sidecar" if sidecars else "-",
+            admitted["spec"].get("priorityClassName", "-"),
+            "native sidecar" if meter else "-",
         )
-        print("  ".join(str(c)[:w].ljust(w) for c, w in zip(cells, self.widths)))
+        print("  ".join(str(c)[:w].ljust(w) for c, w in zip(cells, self.WIDTHS)))
         for warning in response.get("warnings", []):
-            print(f"{'':34}  warning: {warning}")
+            print(f"{'':32}  warning: {warning}")
+        return admitted
 
 
-def _patch(response: dict[str, Any]) -> list[dict[str, Any]]:
-    return json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+def gpusharing(*args: str, env: dict[str, str]) -> str:
+    result = subprocess.run([sys.executable, "-m", "gpusharing.cli", *args], env=env, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise SystemExit(f"gpusharing {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def budget_state(timekeeper: str) -> dict[str, Any]:
+    answer = requests.get(f"{timekeeper}/api/v1/budgets/{NAMESPACE}", headers={"Authorization": f"Bearer {READER}"}, timeout=5)
+    answer.raise_for_status()
+    return answer.json()
+
+
+def wait_until(condition: Any, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def start_meter(pod: dict[str, Any], directory: Path, timekeeper: str, token_file: Path) -> subprocess.Popen[bytes]:
+    """A meter as the kubelet would run the injected sidecar: its environment from the pod, at accelerated time."""
+    meter = next(c for c in pod["spec"]["initContainers"] if c["name"] == "gpusharing-meter")
+    env = {e["name"]: e["value"] for e in meter["env"] if "value" in e}
+    name = pod["metadata"].get("name") or pod["metadata"]["generateName"] + "x1"
+    state = directory / f"meter-{name}"
+    state.mkdir()
+    env.update(
+        GPUSHARING_NAMESPACE=NAMESPACE,
+        GPUSHARING_POD_NAME=name,
+        GPUSHARING_POD_UID=str(uuid.uuid4()),
+        GPUSHARING_TIMEKEEPER_URL=timekeeper,
+        GPUSHARING_TOKEN_PATH=str(token_file),
+        GPUSHARING_METER_STATE_DIR=str(state),
+        GPUSHARING_METER_INTERVAL="0.5",
+        GPUSHARING_METER_TIME_SCALE=str(TIME_SCALE),
+    )
+    log = open(directory / f"meter-{name}.log", "wb")
+    return subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "meter"], env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="gpusharing-demo-") as directory:
-        print("==> generating a CA and a serving certificate for 127.0.0.1")
-        paths = make_serving_certificate(["127.0.0.1", "localhost"]).write(Path(directory))
-        port = free_port()
-        webhook = Service(
-            "webhook",
-            ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]), "--key", str(paths["key"])],
-            f"https://127.0.0.1:{port}/readyz",
-            verify=str(paths["ca"]),
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpusharing-demo-") as tmp, ExitStack() as stack:
+        directory = Path(tmp)
+        tokens = directory / "tokens"
+        tokens.write_text(f"{ADMIN} admin\n{READER} reader\n{METER} meter\n")
+        (directory / "reader-token").write_text(READER)
+        (directory / "meter-token").write_text(METER)
+        database = f"sqlite:///{directory / 'timekeeper.sqlite'}"
+        env = {**os.environ, "TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_URL": "", "TIMEKEEPER_TOKEN": ADMIN}
+
+        step(f"timekeeper on SQLite ({database}), static tokens")
+        gpusharing("db", "upgrade", env=env)
+        tk_port = free_port()
+        timekeeper = f"http://127.0.0.1:{tk_port}"
+        env["TIMEKEEPER_URL"] = timekeeper
+        stack.enter_context(
+            Service(
+                "timekeeper",
+                ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(tk_port)],
+                f"{timekeeper}/readyz",
+                env={"TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": str(tokens),
+                     "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.5"},
+            )
         )
-        with webhook:
-            print(f"==> webhook serving https://127.0.0.1:{port} (gunicorn, TLS)")
-            print(f"==> sending the example pods of examples/ as the API server would (namespace {NAMESPACE})\n")
-            session = requests.Session()
-            session.trust_env = False
-            session.verify = str(paths["ca"])
-            table = Table()
-            pods = {name: example_pod(name, NAMESPACE) for name in example_manifests()} | invalid_examples()
-            for name, pod in pods.items():
-                answer = session.post(f"https://127.0.0.1:{port}/mutate", json=admission_review(pod), timeout=10)
-                answer.raise_for_status()
-                table.row(name, answer.json()["response"], pod)
-        print("\n==> done; everything stopped")
+        print(f"    serving {timekeeper}")
+
+        step("webhook over TLS on loopback, with a fresh CA and serving certificate")
+        paths = make_serving_certificate(["127.0.0.1", "localhost"]).write(directory / "tls")
+        wh_port = free_port()
+        webhook = f"https://127.0.0.1:{wh_port}"
+        stack.enter_context(
+            Service(
+                "webhook",
+                ["webhook", "serve", "--host", "127.0.0.1", "--port", str(wh_port), "--cert", str(paths["cert"]), "--key", str(paths["key"])],
+                f"{webhook}/readyz",
+                env={"GPUSHARING_TIMEKEEPER_URL": timekeeper, "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(directory / "reader-token"),
+                     "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.5"},
+                verify=str(paths["ca"]),
+            )
+        )
+        print(f"    serving {webhook}; budget states polled from the timekeeper every 0.5 s")
+
+        step(f"admin: gpusharing budget set {NAMESPACE} --gpu-minutes {BUDGET_GPU_MINUTES} --period daily")
+        gpusharing("budget", "set", NAMESPACE, "--gpu-minutes", str(BUDGET_GPU_MINUTES), "--period", "daily", env=env)
+        print(gpusharing("budget", "ls", env=env), end="")
+        wait_until(lambda: _webhook_sees(webhook, paths["ca"], "in-budget"), "the webhook to learn the budget")
+
+        step(f"the example pods of examples/, sent as the API server would (namespace {NAMESPACE})")
+        decisions = Decisions(webhook, str(paths["ca"]))
+        pods = {name: example_pod(name, NAMESPACE) for name in example_manifests()} | invalid_examples()
+        admitted = {name: decisions.admit(name, pod) for name, pod in pods.items()}
+
+        step(f"meters of {', '.join(METERED)} run at {TIME_SCALE}x time until {NAMESPACE} is over budget")
+        meters = [start_meter(admitted[name], directory, timekeeper, directory / "meter-token") for name in METERED if admitted[name]]
+        stack.callback(_stop_meters, meters)
+        deadline = time.monotonic() + 60
+        while (status := budget_state(timekeeper))["state"] != "over-budget":
+            print(f"    used {status['usedGpuMinutes']:6.2f} of {status['gpuMinutes']:g} GPU-minutes ({status['state']})", flush=True)
+            if time.monotonic() > deadline:
+                logs = "".join(log.read_text()[-400:] for log in directory.glob("meter-*.log"))
+                raise SystemExit(f"demo: the namespace never went over budget; the meters said:\n{logs}")
+            time.sleep(1)
+        print(f"    used {status['usedGpuMinutes']:6.2f} of {status['gpuMinutes']:g} GPU-minutes: {status['state']}")
+        _stop_meters(meters)
+        print("    meters stopped (SIGTERM: each sent its final report)")
+
+        step("the next GPU pod of the namespace is demoted")
+        wait_until(lambda: _webhook_sees(webhook, paths["ca"], "over-budget"), "the webhook to learn the demotion")
+        decisions.admit("kai-memory.yaml (over budget)", example_pod("kai-memory.yaml", NAMESPACE))
+
+        step(f"admin: gpusharing budget top-up {NAMESPACE} 5 --reason 'deadline'")
+        gpusharing("budget", "top-up", NAMESPACE, "5", "--reason", "deadline", env=env)
+        print(gpusharing("budget", "ls", env=env), end="")
+        wait_until(lambda: _webhook_sees(webhook, paths["ca"], "in-budget"), "the webhook to learn the promotion")
+        decisions.admit("kai-memory.yaml (topped up)", example_pod("kai-memory.yaml", NAMESPACE))
+
+        step("stopping everything")
+    print(f"\n==> done in {time.monotonic() - started:.0f} s; nothing left running")
     return 0
+
+
+def _webhook_sees(webhook: str, ca_file: Path, state: str) -> bool:
+    """Whether the webhook now annotates a pod of the namespace with `state`."""
+    pod = example_pod("kai-memory.yaml", NAMESPACE)
+    answer = requests.post(f"{webhook}/mutate", json=admission_review(pod), verify=str(ca_file), timeout=5)
+    patch = json.loads(base64.b64decode(answer.json()["response"]["patch"]))
+    return jsonpatch.apply_patch(pod, patch)["metadata"]["annotations"]["gpusharing.io/budget-state"] == state
+
+
+def _stop_meters(meters: list[subprocess.Popen[bytes]]) -> None:
+    for meter in meters:
+        if meter.poll() is None:
+            meter.terminate()
+    for meter in meters:
+        try:
+            meter.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            meter.kill()
+            meter.wait()
 
 
 if __name__ == "__main__":
