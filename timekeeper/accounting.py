@@ -1,22 +1,37 @@
 """Meter reports into the pod ledgers and the namespaces' daily usage, exactly once (the SQL side of timekeeper.ledger).
 
-One report is one transaction: the pod's ledger row is locked (PostgreSQL: SELECT ... FOR UPDATE; SQLite: one
-writer at a time), the report is accounted against it, and the growth is added to the namespace's usage of the
-UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby serialized, and
-a report that commits has changed both the ledger and the usage, or neither.
+Reports arriving together are accounted together, in one transaction (ReportQueue): the pods' ledger rows are
+locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite: one writer at a time), each report is
+accounted against its pod's ledger in the order received, and the growth is added to the namespaces' usage of
+the UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby
+serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows are always
+locked in the same order (ledgers by uid, then usage by namespace), so concurrent transactions cannot deadlock.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, select
 
 from gpusharing.report import MeterReport, ReportError
 from timekeeper.budget import BudgetStatus, crossed_into_over_budget, iso_utc, state_for, usage_day
-from timekeeper.ledger import MICROS_PER_SECOND, Accounting, Outcome, PodLedger, account, billed_micro_gpu_seconds
+from timekeeper.ledger import (
+    MICROS_PER_SECOND,
+    NEW_POD,
+    Accounting,
+    Outcome,
+    PodLedger,
+    account,
+    billed_micro_gpu_seconds,
+)
 from timekeeper.models import namespace_usage, pod_ledgers
 from timekeeper.store import BudgetStore
 
@@ -84,98 +99,127 @@ class PodRecord:
         }
 
 
+@dataclass(frozen=True)
+class _Accepted:
+    """A report that passed the checks made before the transaction."""
+
+    index: int  # its place in the batch
+    report: MeterReport
+    cumulative: int  # billed, micro-GPU-seconds
+    readings: dict[str, Any]
+
+
 class ReportLedger:
     def __init__(self, budgets: BudgetStore, stale_seconds: float = 900.0):
         self.budgets = budgets
         self.db = budgets.db
         self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as holding memory
+        # Built once: constructing statements per report would cost more than running them.
+        lock = (
+            select(pod_ledgers.c.pod_uid, pod_ledgers.c.namespace, pod_ledgers.c.last_seq,
+                   pod_ledgers.c.micro_gpu_seconds, pod_ledgers.c.final)
+            .where(pod_ledgers.c.pod_uid.in_(bindparam("uids", expanding=True)))
+            .order_by(pod_ledgers.c.pod_uid)
+        )
+        self._lock = lock if self.db.is_sqlite else lock.with_for_update()
+        self._open = self.db.insert(pod_ledgers).on_conflict_do_nothing()
+        self._advance = pod_ledgers.update().where(pod_ledgers.c.pod_uid == bindparam("uid"))
+        usage = self.db.insert(namespace_usage)
+        self._charge = usage.on_conflict_do_update(
+            index_elements=[namespace_usage.c.namespace, namespace_usage.c.day],
+            set_={"micro_gpu_seconds": namespace_usage.c.micro_gpu_seconds + usage.excluded.micro_gpu_seconds},
+        )
 
-    def record(self, report: MeterReport, terms: ReportTerms | None = None) -> ReportResult:
-        """Accounts one report (terms None: the report's own share and request are trusted).
+    def record(self, reports: Sequence[tuple[MeterReport, ReportTerms | None]]) -> list[ReportResult | ReportError]:
+        """Accounts reports, in order, in one transaction (terms None: the report's own share and request are trusted).
 
-        Raises ReportError when it cannot be accounted; nothing is changed then.
+        Each report gets its result, or the ReportError that refused it (a refused report changes nothing).
         """
-        cumulative = billed_micro_gpu_seconds(report, None if terms is None else terms.share)
         now = self.budgets.clock()
-        readings = {
-            "billed_share": report.gpu_share if terms is None else terms.share,
-            "gpu_memory_used_mib": report.gpu_memory_used_mib,
-            "gpu_utilization_percent": report.gpu_utilization_percent,
-            "gpu_memory_requested_mib": report.gpu_memory_requested_mib if terms is None else terms.requested_memory_mib,
-        }
+        results: dict[int, ReportResult | ReportError] = {}
+        accepted: list[_Accepted] = []
+        for index, (report, terms) in enumerate(reports):
+            try:
+                cumulative = billed_micro_gpu_seconds(report, None if terms is None else terms.share)
+            except ReportError as refused:
+                results[index] = refused
+                continue
+            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now)))
+        if accepted:
+            results.update(self._account(accepted, now))
+        return [results[index] for index in range(len(reports))]
+
+    def _account(self, accepted: list[_Accepted], now: dt.datetime) -> dict[int, ReportResult | ReportError]:
+        results: dict[int, ReportResult | ReportError] = {}
+        accounted: dict[int, tuple[str, Accounting]] = {}
+        advanced: dict[str, dict[str, Any]] = {}
+        charges: dict[str, int] = defaultdict(int)
         with self.db.write() as conn:
-            accounting = self._account(conn, report, cumulative, readings, now)
-            if accounting.charge_micro_gpu_seconds:
-                self._charge(conn, report.namespace, usage_day(now), accounting.charge_micro_gpu_seconds)
-            status = self.budgets.status_in(conn, report.namespace, now)
-        before = state_for(status.allowance_gpu_minutes, status.used_micro_gpu_seconds - accounting.charge_micro_gpu_seconds)
-        return ReportResult(
-            accounting.outcome,
-            accounting.charge_micro_gpu_seconds,
-            status,
-            crossed_into_over_budget(before, status.state),
-        )
-
-    def _account(
-        self, conn: Connection, report: MeterReport, cumulative: int, readings: dict[str, Any], now: dt.datetime
-    ) -> Accounting:
-        ledger = self._locked_ledger(conn, report)
-        if ledger is None:
-            inserted = conn.execute(
-                self.db.insert(pod_ledgers)
-                .values(
-                    pod_uid=report.pod_uid,
-                    namespace=report.namespace,
-                    pod=report.pod,
-                    micro_gpu_seconds=cumulative,
-                    last_seq=report.seq,
-                    final=report.final,
-                    first_report_at=now,
-                    last_report_at=now,
-                    **readings,
-                )
-                .on_conflict_do_nothing()
-                .returning(pod_ledgers.c.pod_uid)
-            ).first()
-            if inserted is not None:
-                return account(None, report.seq, cumulative, report.final)
-            ledger = self._locked_ledger(conn, report)  # another worker's first report of this pod won the insert
-            assert ledger is not None
-        accounting = account(ledger, report.seq, cumulative, report.final)
-        if accounting.outcome is Outcome.CHARGED:
-            conn.execute(
-                pod_ledgers.update()
-                .where(pod_ledgers.c.pod_uid == report.pod_uid)
-                .values(
-                    micro_gpu_seconds=accounting.ledger.micro_gpu_seconds,
-                    last_seq=accounting.ledger.last_seq,
-                    final=accounting.ledger.final,
-                    last_report_at=now,
-                    **readings,
-                )
+            ledgers = self._lock_ledgers(conn, accepted, now)
+            for item in accepted:
+                report = item.report
+                namespace, ledger = ledgers[report.pod_uid]
+                if namespace != report.namespace:
+                    results[item.index] = ReportError(
+                        f"pod {report.pod_uid} reports in namespace {namespace}, not {report.namespace}"
+                    )
+                    continue
+                accounting = account(ledger, report.seq, item.cumulative, report.final)
+                ledgers[report.pod_uid] = (namespace, accounting.ledger)
+                accounted[item.index] = (namespace, accounting)
+                charges[namespace] += accounting.charge_micro_gpu_seconds
+                if accounting.outcome is Outcome.CHARGED:
+                    advanced[report.pod_uid] = {
+                        "uid": report.pod_uid,
+                        "pod": report.pod,
+                        "micro_gpu_seconds": accounting.ledger.micro_gpu_seconds,
+                        "last_seq": accounting.ledger.last_seq,
+                        "final": accounting.ledger.final,
+                        **item.readings,
+                    }
+            if advanced:
+                conn.execute(self._advance, [advanced[uid] for uid in sorted(advanced)])
+            day = usage_day(now)
+            charged = [{"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]]
+            if charged:
+                conn.execute(self._charge, charged)
+            statuses = self.budgets.statuses_in(conn, charges.keys(), now) if charges else {}
+        for index, (namespace, accounting) in accounted.items():
+            status = statuses[namespace]
+            before = state_for(status.allowance_gpu_minutes, status.used_micro_gpu_seconds - charges[namespace])
+            results[index] = ReportResult(
+                accounting.outcome,
+                accounting.charge_micro_gpu_seconds,
+                status,
+                crossed_into_over_budget(before, status.state),
             )
-        return accounting
+        return results
 
-    def _locked_ledger(self, conn: Connection, report: MeterReport) -> PodLedger | None:
-        query = select(
-            pod_ledgers.c.namespace, pod_ledgers.c.last_seq, pod_ledgers.c.micro_gpu_seconds, pod_ledgers.c.final
-        ).where(pod_ledgers.c.pod_uid == report.pod_uid)
-        row = conn.execute(query if self.db.is_sqlite else query.with_for_update()).first()
-        if row is None:
-            return None
-        if row.namespace != report.namespace:
-            raise ReportError(f"pod {report.pod_uid} reports in namespace {row.namespace}, not {report.namespace}")
-        return PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)
-
-    def _charge(self, conn: Connection, namespace: str, day: dt.date, micro: int) -> None:
-        conn.execute(
-            self.db.insert(namespace_usage)
-            .values(namespace=namespace, day=day, micro_gpu_seconds=micro)
-            .on_conflict_do_update(
-                index_elements=[namespace_usage.c.namespace, namespace_usage.c.day],
-                set_={"micro_gpu_seconds": namespace_usage.c.micro_gpu_seconds + micro},
-            )
-        )
+    def _lock_ledgers(
+        self, conn: Connection, accepted: list[_Accepted], now: dt.datetime
+    ) -> dict[str, tuple[str, PodLedger]]:
+        """uid -> (namespace, ledger) of every reporting pod, locked; pods reporting for the first time get one."""
+        uids = sorted({item.report.pod_uid for item in accepted})
+        rows = {row.pod_uid: row for row in conn.execute(self._lock, {"uids": uids})}
+        new = {}
+        for item in accepted:
+            report = item.report
+            if report.pod_uid not in rows and report.pod_uid not in new:
+                new[report.pod_uid] = {
+                    "pod_uid": report.pod_uid,
+                    "namespace": report.namespace,
+                    "pod": report.pod,
+                    "micro_gpu_seconds": NEW_POD.micro_gpu_seconds,
+                    "last_seq": NEW_POD.last_seq,
+                    "final": NEW_POD.final,
+                    "first_report_at": now,
+                    **item.readings,
+                }
+        if new:
+            # Another transaction may open the same pod at once: one insert wins, and both lock the winner's row.
+            conn.execute(self._open, [new[uid] for uid in sorted(new)])
+            rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
+        return {uid: (row.namespace, PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)) for uid, row in rows.items()}
 
     def pods(self, namespace: str | None = None, over_memory: bool = False, limit: int = 500) -> list[PodRecord]:
         """Pods from the ledger; over_memory: only running pods whose GPU memory exceeds what they requested."""
@@ -191,3 +235,65 @@ class ReportLedger:
             )
         with self.db.read() as conn:
             return [PodRecord(**row._mapping) for row in conn.execute(query)]
+
+
+def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime) -> dict[str, Any]:
+    """What a charged report leaves in its pod's ledger besides the accounting: the share billed, NVML readings."""
+    return {
+        "billed_share": report.gpu_share if terms is None else terms.share,
+        "gpu_memory_used_mib": report.gpu_memory_used_mib,
+        "gpu_utilization_percent": report.gpu_utilization_percent,
+        "gpu_memory_requested_mib": report.gpu_memory_requested_mib if terms is None else terms.requested_memory_mib,
+        "last_report_at": now,
+    }
+
+
+class ReportQueue:
+    """Hands the reports of concurrent requests to one thread, which accounts them together in one transaction.
+
+    Under load, reports that arrive while a transaction runs are accounted in the next one: a transaction's fixed
+    cost (round trips, commit) is shared by many reports. Alone, a report is accounted at once.
+    """
+
+    def __init__(self, ledger: ReportLedger, max_batch: int = 256, timeout_seconds: float = 30.0):
+        self.ledger = ledger
+        self.max_batch = max_batch
+        self.timeout = timeout_seconds
+        self._queue: queue.SimpleQueue[tuple[MeterReport, ReportTerms | None, Future[ReportResult]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="report-ledger", daemon=True)
+        self._thread.start()
+
+    def submit(self, report: MeterReport, terms: ReportTerms | None) -> ReportResult:
+        """The report's result once its transaction committed; raises ReportError, or what the database raised."""
+        outcome: Future[ReportResult] = Future()
+        self._queue.put((report, terms, outcome))
+        return outcome.result(self.timeout)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)  # close after this batch
+                    break
+                batch.append(item)
+            try:
+                results: list[ReportResult | BaseException] = list(self.ledger.record([(r, t) for r, t, _ in batch]))
+            except Exception as failed:  # the transaction failed: nothing was accounted, every sender hears why
+                results = [failed] * len(batch)
+            for (_, _, outcome), result in zip(batch, results):
+                if isinstance(result, BaseException):
+                    outcome.set_exception(result)
+                else:
+                    outcome.set_result(result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
@@ -13,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 from gpusharing.metrics import render_metrics
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
-from timekeeper.accounting import ReportLedger
+from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
 from timekeeper.budget import BudgetRequestError, budget_from_json, check_namespace, top_up_from_json
 from timekeeper.config import TimekeeperConfig
@@ -52,6 +53,7 @@ def create_app(
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
     ledger = ReportLedger(budgets)
+    reports = ReportQueue(ledger)
     demoter = Demoter(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds) if kube else None
     if demoter is not None and background:
         demoter.start()
@@ -60,7 +62,7 @@ def create_app(
 
     app = Flask("timekeeper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, demoter=demoter, database=db)
+    app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, reports=reports, demoter=demoter, database=db)
 
     def caller() -> Caller:
         return auth.caller(request.headers.get("Authorization"))
@@ -129,7 +131,7 @@ def create_app(
         try:
             who = caller()
             report = MeterReport.from_json(request.get_json(silent=True))
-            result = ledger.record(report, auth.report_terms(who, report))
+            result = reports.submit(report, auth.report_terms(who, report))
             outcome = result.outcome.value
         except Unauthenticated:
             outcome = "unauthenticated"
@@ -191,6 +193,10 @@ def create_app(
     @app.errorhandler(KubeUnavailable)
     def kube_unavailable(exc: KubeUnavailable) -> tuple[Response, int]:
         return jsonify(error=f"the Kubernetes API is unavailable, try again: {exc}"), 503
+
+    @app.errorhandler(FutureTimeout)
+    def ledger_busy(exc: FutureTimeout) -> tuple[Response, int]:
+        return jsonify(error="the ledger is busy, try again (a retried report is never counted twice)"), 503
 
     @app.errorhandler(SQLAlchemyError)
     def database_unavailable(exc: SQLAlchemyError) -> tuple[Response, int]:

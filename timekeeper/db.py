@@ -23,7 +23,8 @@ class Database:
         if self.is_sqlite:
             self.engine = _sqlite_engine(url, pool_size, sqlite_busy_timeout_ms)
         else:
-            self.engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+            # No pre-ping: it would cost a round trip per transaction; a dropped connection fails one request (503).
+            self.engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size)
         # SQLite has one writer at a time: threads of this process queue here, other processes on BEGIN IMMEDIATE.
         self._write_lock = threading.Lock() if self.is_sqlite else None
 

@@ -54,10 +54,12 @@ def billed_micro_gpu_seconds(report: MeterReport, trusted_share: float | None) -
     return round(billed * MICROS_PER_SECOND)
 
 
-def account(ledger: PodLedger | None, seq: int, cumulative_micro: int, final: bool) -> Accounting:
-    """What one report does to a pod's ledger (None: the pod's first report)."""
-    if ledger is None:
-        return Accounting(Outcome.CHARGED, PodLedger(seq, cumulative_micro, final), cumulative_micro)
+# A pod's ledger before its first report: any report is above its seq (seqs start at 0) and all of it is growth.
+NEW_POD = PodLedger(last_seq=-1, micro_gpu_seconds=0, final=False)
+
+
+def account(ledger: PodLedger, seq: int, cumulative_micro: int, final: bool) -> Accounting:
+    """What one report does to a pod's ledger."""
     if ledger.final:
         return Accounting(Outcome.AFTER_FINAL, ledger, 0)
     if seq <= ledger.last_seq:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import ColumnElement, Connection, Date, and_, bindparam, case, func, select
 
 from gpusharing.contract import BudgetState
 from timekeeper.budget import (
@@ -22,7 +23,7 @@ from timekeeper.budget import (
     period_window,
 )
 from timekeeper.db import Database
-from timekeeper.models import budget_changes, budgets, leases, namespace_states, namespace_usage, top_ups
+from timekeeper.models import UtcDateTime, budget_changes, budgets, leases, namespace_states, namespace_usage, top_ups
 
 Clock = Callable[[], dt.datetime]
 
@@ -67,60 +68,51 @@ class BudgetStore:
 
     def status_in(self, conn: Connection, namespace: str, now: dt.datetime, lock: bool = False) -> BudgetStatus:
         """The namespace's status as seen by `conn` (lock: hold its budget row until the transaction ends)."""
-        query = select(budgets).where(budgets.c.namespace == namespace)
         if lock and not self.db.is_sqlite:
-            query = query.with_for_update()
-        row = conn.execute(query).first()
-        budget = effective_budget(namespace, _budget(row), self.default_gpu_minutes, self.default_period)
-        window = period_window(budget.period, now)
-        used, topped_up = conn.execute(
-            select(
-                select(func.coalesce(func.sum(namespace_usage.c.micro_gpu_seconds), 0))
-                .where(namespace_usage.c.namespace == namespace, *_days_in(window))
-                .scalar_subquery(),
-                select(func.coalesce(func.sum(top_ups.c.gpu_minutes), 0.0))
-                .where(top_ups.c.namespace == namespace, top_ups.c.period_start == window.start)
-                .scalar_subquery(),
-            )
-        ).one()
-        return BudgetStatus(namespace, budget.gpu_minutes, budget.period, window, int(used), float(topped_up), budget.evict_on_exhaustion)
+            conn.execute(select(budgets.c.namespace).where(budgets.c.namespace == namespace).with_for_update())
+        return self.statuses_in(conn, [namespace], now)[namespace]
 
     def statuses(self) -> list[BudgetStatus]:
         """Every namespace with a budget, and every other namespace with use in its (default) period."""
-        now = self.clock()
         with self.db.read() as conn:
-            own = {b.namespace: b for b in (_budget(row) for row in conn.execute(select(budgets))) if b is not None}
-            kinds = {b.period for b in own.values()} | {self.default_period}
-            windows = {kind: period_window(kind, now) for kind in kinds}
-            earliest = min(w.start for w in windows.values()).date()
-            used_by_kind = {kind: case((and_(*_days_in(w)), namespace_usage.c.micro_gpu_seconds), else_=0) for kind, w in windows.items()}
-            usage = conn.execute(
-                select(namespace_usage.c.namespace, *(func.sum(expr).label(kind.value) for kind, expr in used_by_kind.items()))
-                .where(namespace_usage.c.day >= earliest)
-                .group_by(namespace_usage.c.namespace)
-            ).all()
-            topped = conn.execute(
-                select(top_ups.c.namespace, top_ups.c.period_start, func.sum(top_ups.c.gpu_minutes))
-                .where(top_ups.c.period_start.in_([w.start for w in windows.values()]))
-                .group_by(top_ups.c.namespace, top_ups.c.period_start)
-            ).all()
-        used = {row.namespace: {kind: int(getattr(row, kind.value) or 0) for kind in kinds} for row in usage}
-        top_up_minutes = {(ns, _aware(start)): float(total) for ns, start, total in topped}
-        namespaces = set(own) | {ns for ns, by_kind in used.items() if by_kind[self.default_period] > 0}
-        result = []
-        for namespace in sorted(namespaces):
-            budget = effective_budget(namespace, own.get(namespace), self.default_gpu_minutes, self.default_period)
-            window = windows[budget.period]
-            result.append(
-                BudgetStatus(
-                    namespace,
-                    budget.gpu_minutes,
-                    budget.period,
-                    window,
-                    used.get(namespace, {}).get(budget.period, 0),
-                    top_up_minutes.get((namespace, window.start), 0.0),
-                    budget.evict_on_exhaustion,
-                )
+            return sorted(self.statuses_in(conn, None, self.clock()).values(), key=lambda status: status.namespace)
+
+    def statuses_in(self, conn: Connection, namespaces: Collection[str] | None, now: dt.datetime) -> dict[str, BudgetStatus]:
+        """The statuses of `namespaces` (None: of every namespace `statuses` lists), in three statements.
+
+        Use is kept per UTC day, so one pass over the days since the earliest period start in use gives every
+        namespace's use in its own period, whatever that period is.
+        """
+        filtered = namespaces is not None
+        chosen = {"namespaces": sorted(namespaces)} if namespaces is not None else {}
+        own = {row.namespace: _budget(row) for row in conn.execute(_BUDGETS_OF if filtered else _BUDGETS, chosen)}
+        effective = {
+            namespace: effective_budget(namespace, own.get(namespace), self.default_gpu_minutes, self.default_period)
+            for namespace in (namespaces if namespaces is not None else own)
+        }
+        kinds = {budget.period for budget in effective.values()} | {self.default_period}
+        windows = {kind: period_window(kind, now) for kind in Period}
+        earliest = min(windows[kind].start for kind in kinds)
+        parameters = {**chosen, **_window_parameters(windows), "earliest_day": earliest.date(), "earliest_start": earliest}
+        used = {row.namespace: row for row in conn.execute(_USAGE_OF if filtered else _USAGE, parameters)}
+        topped = {row.namespace: row for row in conn.execute(_TOP_UPS_OF if filtered else _TOP_UPS, parameters)}
+        if namespaces is None:  # namespaces without a budget of their own are listed when they have use
+            default = f"used_{self.default_period}"
+            for namespace, row in used.items():
+                if namespace not in effective and getattr(row, default):
+                    effective[namespace] = effective_budget(namespace, None, self.default_gpu_minutes, self.default_period)
+        result = {}
+        for namespace, budget in effective.items():
+            kind = budget.period.value
+            use, top_up = used.get(namespace), topped.get(namespace)
+            result[namespace] = BudgetStatus(
+                namespace,
+                budget.gpu_minutes,
+                budget.period,
+                windows[budget.period],
+                int(getattr(use, f"used_{kind}") or 0) if use else 0,
+                float(getattr(top_up, f"topped_{kind}") or 0.0) if top_up else 0.0,
+                budget.evict_on_exhaustion,
             )
         return result
 
@@ -273,18 +265,48 @@ class BudgetStore:
             return inserted is not None
 
 
-def _budget(row: object | None) -> Budget | None:
-    if row is None:
-        return None
+def _per_period(value: Any, in_period: Callable[[Period], ColumnElement[bool]], prefix: str) -> list[Any]:
+    """One sum of `value` per kind of period, over the rows in that kind's current period (bound at execution)."""
+    return [func.sum(case((in_period(kind), value), else_=0)).label(f"{prefix}_{kind}") for kind in Period]
+
+
+def _day_in(kind: Period) -> ColumnElement[bool]:
+    first = namespace_usage.c.day >= bindparam(f"{kind}_first_day", type_=Date())
+    if kind is Period.NONE:
+        return first
+    return and_(first, namespace_usage.c.day < bindparam(f"{kind}_end_day", type_=Date()))
+
+
+def _top_up_in(kind: Period) -> ColumnElement[bool]:
+    return top_ups.c.period_start == bindparam(f"{kind}_start", type_=UtcDateTime())
+
+
+_CHOSEN = bindparam("namespaces", expanding=True)
+_BUDGETS = select(budgets)
+_BUDGETS_OF = _BUDGETS.where(budgets.c.namespace.in_(_CHOSEN))
+_USAGE = (
+    select(namespace_usage.c.namespace, *_per_period(namespace_usage.c.micro_gpu_seconds, _day_in, "used"))
+    .where(namespace_usage.c.day >= bindparam("earliest_day", type_=Date()))
+    .group_by(namespace_usage.c.namespace)
+)
+_USAGE_OF = _USAGE.where(namespace_usage.c.namespace.in_(_CHOSEN))
+_TOP_UPS = (
+    select(top_ups.c.namespace, *_per_period(top_ups.c.gpu_minutes, _top_up_in, "topped"))
+    .where(top_ups.c.period_start >= bindparam("earliest_start", type_=UtcDateTime()))
+    .group_by(top_ups.c.namespace)
+)
+_TOP_UPS_OF = _TOP_UPS.where(top_ups.c.namespace.in_(_CHOSEN))
+
+
+def _window_parameters(windows: dict[Period, PeriodWindow]) -> dict[str, object]:
+    parameters: dict[str, object] = {}
+    for kind, window in windows.items():
+        parameters[f"{kind}_start"] = window.start
+        parameters[f"{kind}_first_day"] = window.start.date()
+        if window.end is not None:
+            parameters[f"{kind}_end_day"] = window.end.date()
+    return parameters
+
+
+def _budget(row: Any) -> Budget:
     return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion))  # type: ignore[attr-defined]
-
-
-def _days_in(window: PeriodWindow) -> Iterable[object]:
-    conditions = [namespace_usage.c.day >= window.start.date()]
-    if window.end is not None:
-        conditions.append(namespace_usage.c.day < window.end.date())
-    return conditions
-
-
-def _aware(at: dt.datetime) -> dt.datetime:
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)

@@ -107,6 +107,7 @@ def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppF
 
     yield make
     for app in apps:
+        app.extensions["reports"].close()
         app.extensions["database"].dispose()
 
 

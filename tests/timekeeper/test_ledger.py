@@ -7,15 +7,16 @@ import random
 import pytest
 
 from gpusharing.report import MeterReport, ReportError
-from timekeeper.ledger import Accounting, Outcome, PodLedger, account, billed_micro_gpu_seconds
+from timekeeper.ledger import NEW_POD, Accounting, Outcome, PodLedger, account, billed_micro_gpu_seconds
 
 
 def report(seq: int, gpu_seconds: float, share: float = 0.5, final: bool = False) -> MeterReport:
     return MeterReport("uid-1", "team-a", "trainer", share, seq, gpu_seconds, final)
 
 
-def test_the_first_report_charges_its_whole_cumulative() -> None:
-    assert account(None, 3, 90_000_000, False) == Accounting(Outcome.CHARGED, PodLedger(3, 90_000_000, False), 90_000_000)
+def test_the_first_report_charges_its_whole_cumulative_whatever_its_seq() -> None:
+    assert account(NEW_POD, 0, 5, False).charge_micro_gpu_seconds == 5
+    assert account(NEW_POD, 3, 90_000_000, False) == Accounting(Outcome.CHARGED, PodLedger(3, 90_000_000, False), 90_000_000)
 
 
 def test_only_growth_is_charged_and_a_lost_report_is_recovered_by_the_next() -> None:
@@ -46,17 +47,17 @@ def test_any_order_and_any_repetition_charges_the_highest_cumulative_once() -> N
     reports = [(seq, seq * 7_000_000) for seq in range(1, 60)]
     stream = reports * 3
     random.Random(7).shuffle(stream)
-    ledger, charged = None, 0
+    ledger, charged = NEW_POD, 0
     for seq, cumulative in stream:
         result = account(ledger, seq, cumulative, False)
         ledger, charged = result.ledger, charged + result.charge_micro_gpu_seconds
     # Whatever arrived first and last, the total charged is what the ledger holds, and never more than the truth.
-    assert ledger is not None and charged == ledger.micro_gpu_seconds <= 59 * 7_000_000
+    assert charged == ledger.micro_gpu_seconds <= 59 * 7_000_000
     assert ledger.last_seq == 59 or ledger.micro_gpu_seconds < 59 * 7_000_000
 
 
 def test_reports_in_order_charge_exactly_the_truth() -> None:
-    ledger, charged = None, 0
+    ledger, charged = NEW_POD, 0
     for seq in range(1, 101):
         result = account(ledger, seq, seq * 1_500_000, seq == 100)
         ledger, charged = result.ledger, charged + result.charge_micro_gpu_seconds

@@ -1,0 +1,150 @@
+"""Meter reports into a real timekeeper (gunicorn) on PostgreSQL and on SQLite: reports/s and p50/p99 latency.
+
+    python bench/timekeeper_ingest.py                      # both backends, a fixed rate and the maximum
+    python bench/timekeeper_ingest.py --backend postgresql --rate 1000 --seconds 10
+
+Each run starts its own PostgreSQL (initdb, on loopback, PostgreSQL's durable defaults unless --no-fsync) or SQLite
+file, migrates it and starts `gpusharing timekeeper serve` with static tokens. Client processes send reports over
+keep-alive connections as running pods would: every pod reports a rising cumulative with a rising seq. At a fixed
+rate each client thread sends on a schedule; at the maximum, every thread sends as soon as its previous answer came.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.postgres import PostgresServer  # noqa: E402
+from tests.timekeeper.process import TimekeeperProcess  # noqa: E402
+from timekeeper.schema import upgrade  # noqa: E402
+
+TOKEN = "bench-meter-token"
+NAMESPACES = 20
+
+
+def _client(port: int, client: int, threads: int, rate: float | None, seconds: float, start_at: float, results: "multiprocessing.Queue[tuple[list[float], int]]") -> None:
+    """One client process: `threads` threads, each one pod after another, each pod reporting a rising cumulative."""
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+
+    def run(thread: int) -> None:
+        nonlocal errors
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        mine: list[float] = []
+        failed = 0
+        interval = None if rate is None else threads * CLIENTS / rate
+        seq = 0
+        pod = f"pod-{client}-{thread}"
+        while time.time() < start_at:
+            time.sleep(0.001)
+        stop = start_at + seconds
+        next_at = start_at + (0 if interval is None else interval * thread / threads)
+        while True:
+            if interval is not None:
+                now = time.time()
+                if next_at > now:
+                    time.sleep(next_at - now)
+                next_at += interval
+            if time.time() >= stop:
+                break
+            seq += 1
+            body = json.dumps({"podUid": f"uid-{pod}", "namespace": f"ns-{(client * threads + thread) % NAMESPACES}",
+                               "pod": pod, "gpuShare": 0.5, "seq": seq, "gpuSeconds": seq * 15.0})
+            sent = time.perf_counter()
+            try:
+                connection.request("POST", "/api/v1/reports", body, headers)
+                response = connection.getresponse()
+                response.read()
+                ok = response.status == 200
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                ok = False
+            mine.append(time.perf_counter() - sent)
+            failed += not ok
+        with lock:
+            latencies.extend(mine)
+            errors += failed
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    results.put((latencies, errors))
+
+
+CLIENTS = 2
+
+
+def measure(port: int, threads: int, rate: float | None, seconds: float) -> dict[str, float]:
+    results: multiprocessing.Queue[tuple[list[float], int]] = multiprocessing.Queue()
+    start_at = time.time() + 1.0
+    processes = [multiprocessing.Process(target=_client, args=(port, c, threads, rate, seconds, start_at, results)) for c in range(CLIENTS)]
+    for p in processes:
+        p.start()
+    latencies: list[float] = []
+    errors = 0
+    for _ in processes:
+        got, failed = results.get()
+        latencies.extend(got)
+        errors += failed
+    for p in processes:
+        p.join()
+    latencies.sort()
+    return {
+        "reports": len(latencies),
+        "per_second": len(latencies) / seconds,
+        "p50_ms": statistics.median(latencies) * 1000 if latencies else float("nan"),
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000 if latencies else float("nan"),
+        "errors": errors,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=("postgresql", "sqlite", "both"), default="both")
+    parser.add_argument("--rate", type=float, default=1000.0, help="the fixed rate, reports/s (default 1000)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each measurement (default 10)")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per worker (default 8)")
+    parser.add_argument("--client-threads", type=int, default=16, help="threads per client process (2 processes)")
+    parser.add_argument("--no-fsync", action="store_true", help="PostgreSQL without fsync (not durable)")
+    args = parser.parse_args()
+    backends = ("postgresql", "sqlite") if args.backend == "both" else (args.backend,)
+    print(f"timekeeper ingest: {args.workers} workers x {args.threads} threads, {CLIENTS} client processes x "
+          f"{args.client_threads} threads, {args.seconds:g} s per measurement")
+    for backend in backends:
+        with tempfile.TemporaryDirectory(prefix="tk-bench-") as work:
+            workdir = Path(work)
+            tokens = workdir / "tokens"
+            tokens.write_text(f"{TOKEN} meter\n")
+            server = PostgresServer.start(durable=not args.no_fsync) if backend == "postgresql" else None
+            try:
+                url = server.create_database("bench") if server else f"sqlite:///{workdir / 'bench.sqlite'}"
+                upgrade(url)
+                with TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads) as tk:
+                    for label, rate in ((f"fixed {args.rate:g}/s", args.rate), ("maximum", None)):
+                        m = measure(tk.port, args.client_threads, rate, args.seconds)
+                        print(f"{backend:<10}  {label:<14}  {m['per_second']:8.0f} reports/s  p50 {m['p50_ms']:6.2f} ms  "
+                              f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}", flush=True)
+            finally:
+                if server:
+                    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
