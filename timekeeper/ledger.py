@@ -43,12 +43,10 @@ def billed_micro_gpu_seconds(report: MeterReport, trusted_share: float | None) -
     The meter computes `gpuSeconds` as its share times wall time; the timekeeper bills the share the webhook
     recorded on the pod, so a meter claiming a smaller share cannot lower its bill (nor a larger one raise it).
     """
-    if trusted_share is None or trusted_share == report.gpu_share:
+    if report.gpu_share == 0 and report.gpu_seconds > 0:
+        raise ReportError("gpuShare is 0 but gpuSeconds is not: GPU-seconds are the share times the time")
+    if trusted_share is None or trusted_share == report.gpu_share or report.gpu_seconds == 0:
         billed = report.gpu_seconds
-    elif report.gpu_share == 0:
-        if report.gpu_seconds > 0:
-            raise ReportError("gpuShare is 0 but gpuSeconds is not: the report cannot be re-billed at the pod's share")
-        billed = 0.0
     else:
         billed = report.gpu_seconds / report.gpu_share * trusted_share
     return round(billed * MICROS_PER_SECOND)

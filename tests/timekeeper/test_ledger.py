@@ -71,6 +71,7 @@ def test_the_cumulative_is_billed_at_the_trusted_share() -> None:
     assert billed_micro_gpu_seconds(report(1, 0.0, share=0.0), trusted_share=0.5) == 0
 
 
-def test_a_zero_share_with_time_cannot_be_re_billed() -> None:
+@pytest.mark.parametrize("trusted_share", [0.5, None])
+def test_a_zero_share_with_time_is_refused(trusted_share: float | None) -> None:
     with pytest.raises(ReportError, match="gpuShare is 0 but gpuSeconds is not"):
-        billed_micro_gpu_seconds(report(1, 10.0, share=0.0), trusted_share=0.5)
+        billed_micro_gpu_seconds(report(1, 10.0, share=0.0), trusted_share)

@@ -45,6 +45,7 @@ def test_readyz_is_503_with_the_reason_when_the_database_is_behind_or_gone(tmp_p
     answer = SpecClient(gone.test_client()).get("/readyz")
     assert answer.status_code == 503 and answer.json["reason"].startswith("the database is unreachable")
     for app in (behind, gone):
+        app.extensions["reports"].close()
         app.extensions["database"].dispose()
 
 
