@@ -29,7 +29,7 @@ class TimekeeperConfig:
     host: str = "0.0.0.0"
     port: int = 8080
     workers: int = 2
-    threads: int = 8
+    threads: int = 16  # request threads mostly wait for their report's transaction
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TimekeeperConfig":

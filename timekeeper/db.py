@@ -14,6 +14,7 @@ from sqlalchemy.sql import Insert
 from timekeeper.config import TimekeeperConfig
 
 _BEGIN = "timekeeper_sqlite_begin"
+CONNECT_TIMEOUT_SECONDS = 5  # an unreachable server is reported (503, /readyz) rather than waited for
 
 
 class Database:
@@ -24,7 +25,9 @@ class Database:
             self.engine = _sqlite_engine(url, pool_size, sqlite_busy_timeout_ms)
         else:
             # No pre-ping: it would cost a round trip per transaction; a dropped connection fails one request (503).
-            self.engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size)
+            self.engine = create_engine(
+                url, pool_size=pool_size, max_overflow=pool_size, connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+            )
         # SQLite has one writer at a time: threads of this process queue here, other processes on BEGIN IMMEDIATE.
         self._write_lock = threading.Lock() if self.is_sqlite else None
 
