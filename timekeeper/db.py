@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,8 +29,7 @@ class Database:
             self.engine = create_engine(
                 url, pool_size=pool_size, max_overflow=pool_size, connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS}
             )
-        # SQLite has one writer at a time: threads of this process queue here, other processes on BEGIN IMMEDIATE.
-        self._write_lock = threading.Lock() if self.is_sqlite else None
+        self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
 
     @classmethod
     def from_config(cls, config: TimekeeperConfig) -> "Database":
@@ -42,7 +42,7 @@ class Database:
             with self.engine.begin() as conn:
                 yield conn
             return
-        with self._write_lock, self.engine.connect().execution_options(**{_BEGIN: "BEGIN IMMEDIATE"}) as conn:
+        with self._write_lock.held(), self.engine.connect().execution_options(**{_BEGIN: "BEGIN IMMEDIATE"}) as conn:
             with conn.begin():
                 yield conn
 
@@ -57,6 +57,29 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+class _WriterLock:
+    """SQLite has one writer at a time: the timekeeper's writers, threads and processes, queue here.
+
+    BEGIN IMMEDIATE alone would serialize them too, but a writer that finds the database busy polls it with
+    sleeps of up to 100 ms; a lock file wakes the next writer as soon as the last one is done. BEGIN IMMEDIATE
+    and the busy timeout still guard against other writers (a migration, a second tool).
+    """
+
+    def __init__(self, database: str | None):
+        self._threads = threading.Lock()
+        self._path = f"{database}.writer-lock" if database and database != ":memory:" else None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._threads:
+            if self._path is None:
+                yield
+                return
+            with open(self._path, "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+                yield
 
 
 def _sqlite_engine(url: str, pool_size: int, busy_timeout_ms: int) -> Engine:
