@@ -97,7 +97,7 @@ def _sqlite_engine(url: str, pool_size: int, busy_timeout_ms: int) -> Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
         cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-        cursor.execute("PRAGMA synchronous=NORMAL")  # durable at each checkpoint; WAL keeps commits atomic
+        cursor.execute("PRAGMA synchronous=FULL")  # a report answered is on disk, even after a power loss
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
