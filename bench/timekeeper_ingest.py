@@ -30,10 +30,19 @@ from timekeeper.schema import upgrade  # noqa: E402
 
 TOKEN = "bench-meter-token"
 NAMESPACES = 20
+CLIENTS = 2  # client processes, so that the load generator is not one GIL
 
 
-def _client(port: int, client: int, threads: int, rate: float | None, seconds: float, start_at: float, results: "multiprocessing.Queue[tuple[list[float], int]]") -> None:
-    """One client process: `threads` threads, each one pod after another, each pod reporting a rising cumulative."""
+def _client(
+    port: int,
+    client: int,
+    threads: int,
+    rate: float | None,
+    seconds: float,
+    start_at: float,
+    results: "multiprocessing.Queue[tuple[list[float], int]]",
+) -> None:
+    """One client process of `threads` threads; each thread is one pod, reporting a rising cumulative."""
     latencies: list[float] = []
     errors = 0
     lock = threading.Lock()
@@ -86,13 +95,14 @@ def _client(port: int, client: int, threads: int, rate: float | None, seconds: f
     results.put((latencies, errors))
 
 
-CLIENTS = 2
-
 
 def measure(port: int, threads: int, rate: float | None, seconds: float) -> dict[str, float]:
     results: multiprocessing.Queue[tuple[list[float], int]] = multiprocessing.Queue()
     start_at = time.time() + 1.0
-    processes = [multiprocessing.Process(target=_client, args=(port, c, threads, rate, seconds, start_at, results)) for c in range(CLIENTS)]
+    processes = [
+        multiprocessing.Process(target=_client, args=(port, c, threads, rate, seconds, start_at, results))
+        for c in range(CLIENTS)
+    ]
     for p in processes:
         p.start()
     latencies: list[float] = []

@@ -146,7 +146,9 @@ class FakeKube:
         if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
             user = self.users.get(body["spec"]["token"])
             audiences = body["spec"].get("audiences") or []
-            status = {"authenticated": True, "user": user, "audiences": audiences} if user else {"authenticated": False, "error": "invalid token"}
+            status: dict[str, Any] = {"authenticated": False, "error": "invalid token"}
+            if user:
+                status = {"authenticated": True, "user": user, "audiences": audiences}
             return 201, {**body, "status": status}
         if method == "POST" and path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
             self.access_reviews.append(body["spec"])

@@ -60,7 +60,8 @@ class PostgresServer:
             options += " -F -c synchronous_commit=off -c full_page_writes=off"
         try:
             server._run(_binary("initdb"), "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-            server._run(_binary("pg_ctl"), "-D", str(server.data), "-l", str(directory / "server.log"), "-o", options, "-w", "-t", "30", "start")
+            log = str(directory / "server.log")
+            server._run(_binary("pg_ctl"), "-D", str(server.data), "-l", log, "-o", options, "-w", "-t", "30", "start")
         except PostgresUnavailable:
             server.stop()
             raise

@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -75,7 +76,11 @@ class KubeApi:
             else:
                 kube_config.load_incluster_config(client_configuration=configuration)
         except (kube_config.ConfigException, OSError) as exc:
-            where = f"TIMEKEEPER_KUBECONFIG={kubeconfig}" if kubeconfig else "the in-cluster ServiceAccount (set TIMEKEEPER_KUBECONFIG outside a cluster)"
+            where = (
+                f"TIMEKEEPER_KUBECONFIG={kubeconfig}"
+                if kubeconfig
+                else "the in-cluster ServiceAccount (set TIMEKEEPER_KUBECONFIG outside a cluster)"
+            )
             raise ConfigError(f"cannot configure the Kubernetes API from {where}: {exc}") from None
         return cls(client.ApiClient(configuration))
 
@@ -109,14 +114,7 @@ class KubeApi:
         return bool(answer.status and answer.status.allowed)
 
     def read_pod(self, namespace: str, name: str) -> client.V1Pod | None:
-        try:
-            return self.core.read_namespaced_pod(name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise KubeUnavailable(f"could not read pod {namespace}/{name}: {_reason(exc)}") from None
-        except Exception as exc:  # urllib3 errors: connection refused, timeouts
-            raise KubeUnavailable(f"could not read pod {namespace}/{name}: {exc}") from None
+        return self._call(f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace, answers={404: None})
 
     def running_pods(self, namespace: str) -> list[client.V1Pod]:
         answer = self._call(
@@ -127,17 +125,11 @@ class KubeApi:
     def evict(self, namespace: str, name: str) -> EvictionResult:
         """Asks for an eviction, which the API server grants only within the pods' PodDisruptionBudgets."""
         eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
-        try:
-            self.core.create_namespaced_pod_eviction(name, namespace, eviction)
-        except ApiException as exc:
-            if exc.status == 429:
-                return EvictionResult.REFUSED
-            if exc.status == 404:
-                return EvictionResult.GONE
-            raise KubeUnavailable(f"could not evict pod {namespace}/{name}: {_reason(exc)}") from None
-        except Exception as exc:
-            raise KubeUnavailable(f"could not evict pod {namespace}/{name}: {exc}") from None
-        return EvictionResult.EVICTED
+        refused = {429: EvictionResult.REFUSED, 404: EvictionResult.GONE}
+        answer = self._call(
+            f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=refused
+        )
+        return answer if isinstance(answer, EvictionResult) else EvictionResult.EVICTED
 
     def record_event(self, namespace: str, reason: str, message: str, warning: bool) -> None:
         """An Event about the namespace itself (`kubectl describe namespace` shows it)."""
@@ -156,10 +148,13 @@ class KubeApi:
         )
         self._call(f"record an event on namespace {namespace}", self.core.create_namespaced_event, namespace, event)
 
-    def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, **kwargs: Any) -> Any:
+        """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return."""
         try:
             return method(*args, **kwargs)
         except ApiException as exc:
+            if answers is not None and exc.status in answers:
+                return answers[exc.status]
             raise KubeUnavailable(f"could not {what}: {_reason(exc)}") from None
         except Exception as exc:
             raise KubeUnavailable(f"could not {what}: {exc}") from None

@@ -49,7 +49,10 @@ def test_concurrent_duplicated_reordered_reports_are_accounted_exactly_once(
 
     charged: list[float] = []
     failures: list[str] = []
-    with TimekeeperProcess(url, tokens_file, tmp_path / "a.log") as first, TimekeeperProcess(url, tokens_file, tmp_path / "b.log") as second:
+    with (
+        TimekeeperProcess(url, tokens_file, tmp_path / "a.log") as first,
+        TimekeeperProcess(url, tokens_file, tmp_path / "b.log") as second,
+    ):
         def send(chunk: list[dict[str, object]]) -> None:
             sessions = [requests.Session(), requests.Session()]
             for i, body in enumerate(chunk):
