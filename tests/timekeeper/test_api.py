@@ -106,6 +106,15 @@ def test_the_listing_holds_namespaces_with_use_but_no_budget(make_app: AppFactor
     ]
 
 
+def test_a_budget_without_period_never_renews(api: SpecClient, clock: Clock) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "none"})
+    api.as_(METER).post("/api/v1/reports", json=report(1, 120))
+    clock.advance(days=400)
+    api.as_(METER).post("/api/v1/reports", json=report(2, 240))
+    status = api.get("/api/v1/budgets").json["items"][0]
+    assert (status["periodStart"], status["periodEnd"], status["usedGpuMinutes"]) == ("1970-01-01T00:00:00Z", None, 4.0)
+
+
 def test_without_a_default_a_namespace_without_budget_is_unlimited(api: SpecClient) -> None:
     api.as_(METER).post("/api/v1/reports", json=report(1, 6000, namespace="team-c"))
     status = api.get("/api/v1/budgets/team-c").json

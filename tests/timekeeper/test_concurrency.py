@@ -25,6 +25,14 @@ REPORTS_PER_POD = 30
 THREADS = 16
 
 
+def reports_counted(exposition: str) -> int:
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in exposition.splitlines()
+        if line.startswith("gpusharing_timekeeper_reports_total{")
+    )
+
+
 def test_concurrent_duplicated_reordered_reports_are_accounted_exactly_once(
     postgres: PostgresServer, tokens_file: str, tmp_path: Path
 ) -> None:
@@ -73,8 +81,10 @@ def test_concurrent_duplicated_reordered_reports_are_accounted_exactly_once(
         headers = {"Authorization": f"Bearer {ADMIN}"}
         statuses = {s["namespace"]: s for s in requests.get(f"{second.url}/api/v1/budgets", headers=headers, timeout=10).json()["items"]}
         pods = requests.get(f"{first.url}/api/v1/pods?limit=1000", headers=headers, timeout=10).json()["items"]
+        # Each process's /metrics merges its workers' counters: together they counted every report once.
+        counted = sum(reports_counted(requests.get(f"{tk.url}/metrics", timeout=10).text) for tk in (first, second))
 
-    assert len(charged) == len(stream)
+    assert len(charged) == len(stream) == counted
     assert round(sum(charged) * 1_000_000) == sum(truth.values())
     assert {p["podUid"]: p["gpuSeconds"] for p in pods} == pod_truth
     assert all(p["seq"] == REPORTS_PER_POD and p["final"] for p in pods)

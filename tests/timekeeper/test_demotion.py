@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -115,6 +116,23 @@ def test_a_re_created_pod_is_never_free(api: SpecClient) -> None:
     meter.post("/api/v1/reports", json=new)
     assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 7.0
     assert {p["podUid"] for p in api.get("/api/v1/pods").json["items"]} == {"old-uid", "new-uid"}
+
+
+def test_the_background_demoter_acts_as_soon_as_a_report_crosses(app: Flask, api: SpecClient, fake_kube: FakeKube) -> None:
+    demoter: Demoter = app.extensions["demoter"]
+    demoter.interval = 3600.0  # only the wake-up can explain a prompt pass
+    fake_kube.add_pod("team-a", "trainer")
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
+    demoter.start()
+    try:
+        spend(api, "team-a", 60)
+        deadline = time.monotonic() + 10  # stops a broken test from hanging; not a speed check
+        while not fake_kube.evicted and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        demoter.stop()
+    assert fake_kube.evicted == [("team-a", "trainer")]
+    assert [e["reason"] for e in fake_kube.events] == ["GPUBudgetExhausted"]
 
 
 def test_one_demoter_at_a_time(make_app: AppFactory, fake_kube: FakeKube, api: SpecClient) -> None:
