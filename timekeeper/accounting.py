@@ -273,6 +273,16 @@ class ReportQueue:
         self._queue.put(None)
         self._thread.join(timeout=5)
 
+    def account(self, reports: list[tuple[MeterReport, ReportTerms | None]]) -> list[ReportResult | BaseException]:
+        """Accounts reports together; when their transaction fails, each report's failure is its own."""
+        try:
+            return list(self.ledger.record(reports))
+        except Exception as failed:  # the transaction failed and accounted nothing
+            if len(reports) == 1:
+                return [failed]
+        # Again one by one, so that whatever made it fail fails its own report only.
+        return [self.account([report])[0] for report in reports]
+
     def _run(self) -> None:
         while True:
             first = self._queue.get()
@@ -288,10 +298,7 @@ class ReportQueue:
                     self._queue.put(None)  # close after this batch
                     break
                 batch.append(item)
-            try:
-                results: list[ReportResult | BaseException] = list(self.ledger.record([(r, t) for r, t, _ in batch]))
-            except Exception as failed:  # the transaction failed: nothing was accounted, every sender hears why
-                results = [failed] * len(batch)
+            results = self.account([(r, t) for r, t, _ in batch])
             for (_, _, outcome), result in zip(batch, results):
                 if isinstance(result, BaseException):
                     outcome.set_exception(result)

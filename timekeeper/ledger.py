@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpusharing.report import MeterReport, ReportError
+from gpusharing.report import MAX_GPU_SECONDS, MeterReport, ReportError
 
 MICROS_PER_SECOND = 1_000_000
 
@@ -49,6 +49,11 @@ def billed_micro_gpu_seconds(report: MeterReport, trusted_share: float | None) -
         billed = report.gpu_seconds
     else:
         billed = report.gpu_seconds / report.gpu_share * trusted_share
+        if billed > MAX_GPU_SECONDS:
+            raise ReportError(
+                f"gpuSeconds {report.gpu_seconds:g} at gpuShare {report.gpu_share:g} is {billed:g} GPU-seconds at the "
+                f"pod's share {trusted_share:g}: more than {MAX_GPU_SECONDS:g}"
+            )
     return round(billed * MICROS_PER_SECOND)
 
 

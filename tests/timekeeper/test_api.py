@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from gpusharing.report import MeterReport
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient
+from timekeeper.accounting import ReportQueue
+from timekeeper.ledger import MICROS_PER_SECOND
 
 
 def report(seq: int, gpu_seconds: float, pod: str = "trainer", namespace: str = "team-a", **extra: Any) -> dict[str, Any]:
@@ -292,3 +295,20 @@ def test_every_route_is_in_openapi_and_every_documented_operation_is_served(app:
     }
     documented = {(path, method) for path, item in SPEC["paths"].items() for method in item if method != "parameters"}
     assert served == documented
+
+
+def test_a_report_the_database_refuses_fails_alone(app: Flask, api: SpecClient) -> None:
+    queue: ReportQueue = app.extensions["reports"]
+    record = queue.ledger.record
+
+    def refuse_a_poisoned_batch(reports: Any) -> Any:
+        if any(r.pod == "poison" for r, _ in reports):
+            raise RuntimeError("the database refused the transaction")
+        return record(reports)
+
+    queue.ledger.record = refuse_a_poisoned_batch  # type: ignore[method-assign]
+    good, bad = MeterReport.from_json(report(1, 30)), MeterReport.from_json(report(1, 30, pod="poison"))
+    results = queue.account([(good, None), (bad, None)])
+    assert isinstance(results[1], RuntimeError)
+    assert not isinstance(results[0], BaseException) and results[0].charged_micro_gpu_seconds == 30 * MICROS_PER_SECOND
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 0.5

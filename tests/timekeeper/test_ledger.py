@@ -71,6 +71,12 @@ def test_the_cumulative_is_billed_at_the_trusted_share() -> None:
     assert billed_micro_gpu_seconds(report(1, 0.0, share=0.0), trusted_share=0.5) == 0
 
 
+def test_re_billing_cannot_make_an_absurd_cumulative() -> None:
+    # A meter claiming a billionth of a GPU: at the pod's real share its cumulative would exceed any possible use.
+    with pytest.raises(ReportError, match="more than"):
+        billed_micro_gpu_seconds(report(1, 3e8, share=1e-9), trusted_share=1.0)
+
+
 @pytest.mark.parametrize("trusted_share", [0.5, None])
 def test_a_zero_share_with_time_is_refused(trusted_share: float | None) -> None:
     with pytest.raises(ReportError, match="gpuShare is 0 but gpuSeconds is not"):
