@@ -15,7 +15,9 @@ import argparse
 import http.client
 import json
 import multiprocessing
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -123,6 +125,19 @@ def measure(port: int, threads: int, rate: float | None, seconds: float) -> dict
     }
 
 
+def measure_with_wrk(port: int, connections: int, seconds: float) -> dict[str, float]:
+    """The maximum rate driven by wrk (C, two threads): a load generator that leaves the cores to the server."""
+    script = Path(__file__).with_name("timekeeper_reports.lua")
+    output = subprocess.run(
+        ["wrk", "-t2", f"-c{connections}", f"-d{seconds:g}s", "-s", str(script), f"http://127.0.0.1:{port}",
+         "--", "500", str(NAMESPACES), TOKEN],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    requests, errors, duration, p50, p99 = next(line.split()[1:] for line in output.splitlines() if line.startswith("WRK "))
+    return {"reports": int(requests), "per_second": int(requests) / float(duration), "p50_ms": float(p50),
+            "p99_ms": float(p99), "errors": int(errors)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("postgresql", "sqlite", "both"), default="both")
@@ -132,7 +147,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=16, help="threads per worker (default 16)")
     parser.add_argument("--client-threads", type=int, default=32, help="threads per client process (2 processes; default 32)")
     parser.add_argument("--no-fsync", action="store_true", help="PostgreSQL without fsync (not durable)")
+    parser.add_argument("--client", choices=("python", "wrk"), default="python",
+                        help="load generator of the maximum-rate run: these Python processes, or wrk (apt-get install wrk)")
     args = parser.parse_args()
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        parser.error("--client wrk needs wrk on the PATH (apt-get install wrk)")
     backends = ("postgresql", "sqlite") if args.backend == "both" else (args.backend,)
     print(f"timekeeper ingest: {args.workers} workers x {args.threads} threads, {CLIENTS} client processes x "
           f"{args.client_threads} threads, {args.seconds:g} s per measurement")
@@ -146,8 +165,11 @@ def main() -> int:
                 url = server.create_database("bench") if server else f"sqlite:///{workdir / 'bench.sqlite'}"
                 upgrade(url)
                 with TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads) as tk:
-                    for label, rate in ((f"fixed {args.rate:g}/s", args.rate), ("maximum", None)):
-                        m = measure(tk.port, args.client_threads, rate, args.seconds)
+                    for label, rate in ((f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)):
+                        if rate is None and args.client == "wrk":
+                            m = measure_with_wrk(tk.port, CLIENTS * args.client_threads, args.seconds)
+                        else:
+                            m = measure(tk.port, args.client_threads, rate, args.seconds)
                         print(f"{backend:<10}  {label:<14}  {m['per_second']:8.0f} reports/s  p50 {m['p50_ms']:6.2f} ms  "
                               f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}", flush=True)
             finally:
