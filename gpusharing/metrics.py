@@ -13,6 +13,9 @@ from prometheus_client.registry import Collector
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
+# Request latencies of the services, from half a millisecond (an admission) to a second (a stalled database).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
 
 def render_metrics(*extra: Collector) -> tuple[bytes, str]:
     """The exposition body and its content type; `extra` collectors are computed at scrape time."""

@@ -9,6 +9,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpusharing.metrics import LATENCY_BUCKETS
+
 from gpusharing.contract import BudgetState
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ LATENCY = Histogram(
     "gpusharing_timekeeper_request_duration_seconds",
     "Time to answer one API request.",
     ["endpoint"],
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    buckets=LATENCY_BUCKETS,
 )
 EVICTIONS = Counter("gpusharing_timekeeper_evictions", "Evictions asked of the API server, by result.", ["result"])
 EVENTS = Counter("gpusharing_timekeeper_events", "Events recorded on namespaces, by reason.", ["reason"])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from gpusharing.metrics import LATENCY_BUCKETS
+
 ADMISSIONS = Counter(
     "gpusharing_webhook_admissions",
     "Admission reviews answered, by operation, decision and GPU-sharing dialect.",
@@ -13,7 +15,7 @@ LATENCY = Histogram(
     "gpusharing_webhook_admission_duration_seconds",
     "Time to answer one admission review.",
     ["endpoint"],
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    buckets=LATENCY_BUCKETS,
 )
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
 BUDGET_REFRESHES = Counter(
