@@ -9,9 +9,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpusharing.metrics import LATENCY_BUCKETS
-
 from gpusharing.contract import BudgetState
+from gpusharing.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from timekeeper.accounting import ReportLedger
