@@ -1,4 +1,4 @@
-"""The timekeeper's settings, read once from TIMEKEEPER_* environment variables (documented in docs/timekeeper.md)."""
+"""The timekeeper's settings, read once from TIMEKEEPER_* environment variables (documented in README.md)."""
 
 from __future__ import annotations
 
