@@ -20,6 +20,8 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/webhook_load.py
+	$(BIN)/python bench/timekeeper_ingest.py
+	$(BIN)/python bench/meter_footprint.py
 
 clean:
 	rm -rf $(VENV) .demo *.egg-info
