@@ -32,6 +32,7 @@ BUDGET_GPU_MINUTES = 3
 TIME_SCALE = 60  # the meters bill a minute of GPU time for every second of the demo
 ADMIN, READER, METER = "demo-admin-token", "demo-reader-token", "demo-meter-token"
 METERED = ("vcuda-fraction.yaml", "hami-fraction.yaml", "kai-fraction.yaml")
+REFRESH_SECONDS = 0.5  # how often each webhook worker polls the timekeeper
 
 
 def step(text: str) -> None:
@@ -172,7 +173,7 @@ def main() -> int:
                 ["webhook", "serve", "--host", "127.0.0.1", "--port", str(wh_port), "--cert", str(paths["cert"]), "--key", str(paths["key"])],
                 f"{webhook}/readyz",
                 env={"GPUSHARING_TIMEKEEPER_URL": timekeeper, "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(directory / "reader-token"),
-                     "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.5"},
+                     "GPUSHARING_BUDGET_REFRESH_SECONDS": str(REFRESH_SECONDS)},
                 verify=str(paths["ca"]),
             )
         )
@@ -181,7 +182,7 @@ def main() -> int:
         step(f"admin: gpusharing budget set {NAMESPACE} --gpu-minutes {BUDGET_GPU_MINUTES} --period daily")
         gpusharing("budget", "set", NAMESPACE, "--gpu-minutes", str(BUDGET_GPU_MINUTES), "--period", "daily", env=env)
         print(gpusharing("budget", "ls", env=env), end="")
-        wait_until(lambda: _webhook_sees(webhook, paths["ca"], "in-budget"), "the webhook to learn the budget")
+        webhook_learns(webhook, paths["ca"], "in-budget")
 
         step(f"the example pods of examples/, sent as the API server would (namespace {NAMESPACE})")
         decisions = Decisions(webhook, str(paths["ca"]))
@@ -203,18 +204,28 @@ def main() -> int:
         print("    meters stopped (SIGTERM: each sent its final report)")
 
         step("the next GPU pod of the namespace is demoted")
-        wait_until(lambda: _webhook_sees(webhook, paths["ca"], "over-budget"), "the webhook to learn the demotion")
+        webhook_learns(webhook, paths["ca"], "over-budget")
         decisions.admit("kai-memory.yaml (over budget)", example_pod("kai-memory.yaml", NAMESPACE))
 
         step(f"admin: gpusharing budget top-up {NAMESPACE} 5 --reason 'deadline'")
         gpusharing("budget", "top-up", NAMESPACE, "5", "--reason", "deadline", env=env)
         print(gpusharing("budget", "ls", env=env), end="")
-        wait_until(lambda: _webhook_sees(webhook, paths["ca"], "in-budget"), "the webhook to learn the promotion")
+        webhook_learns(webhook, paths["ca"], "in-budget")
         decisions.admit("kai-memory.yaml (topped up)", example_pod("kai-memory.yaml", NAMESPACE))
 
         step("stopping everything")
     print(f"\n==> done in {time.monotonic() - started:.0f} s; nothing left running")
     return 0
+
+
+def webhook_learns(webhook: str, ca_file: Path, state: str) -> None:
+    """Waits until every webhook worker has the namespace's new state.
+
+    Each gunicorn worker polls the timekeeper on its own: once one of them answers with the new state, the
+    others have it within one more refresh interval.
+    """
+    wait_until(lambda: _webhook_sees(webhook, ca_file, state), f"the webhook to learn that {NAMESPACE} is {state}")
+    time.sleep(2 * REFRESH_SECONDS)
 
 
 def _webhook_sees(webhook: str, ca_file: Path, state: str) -> bool:
