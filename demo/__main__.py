@@ -249,4 +249,7 @@ def _stop_meters(meters: list[subprocess.Popen[bytes]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RuntimeError as failed:
+        sys.exit(f"demo: {failed}")

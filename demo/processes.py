@@ -1,4 +1,4 @@
-"""Running the system's roles as real processes on loopback, and stopping them cleanly."""
+"""Running the system's roles as real processes on loopback, and stopping them cleanly (demo, tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import TracebackType
 
 import requests
+
+START_TIMEOUT_SECONDS = 60  # only stops a broken start from hanging; not a speed check
 
 
 def free_port() -> int:
@@ -20,21 +23,32 @@ def free_port() -> int:
 
 
 class Service:
-    """`gpusharing ARGS...` as a subprocess, ready once `ready_url` answers 200; stopped with SIGTERM on exit."""
+    """`gpusharing ARGS...` as a subprocess, ready once `ready_url` answers 200; stopped with SIGTERM on exit.
 
-    def __init__(self, name: str, args: list[str], ready_url: str, env: dict[str, str] | None = None, verify: str | bool = True):
+    Raises RuntimeError, with the end of the process's log, when it exits or is not ready in time.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        ready_url: str,
+        env: dict[str, str] | None = None,
+        verify: str | bool = True,
+        log_path: Path | None = None,
+    ):
         self.name = name
         self.args = args
         self.ready_url = ready_url
         self.env = {**os.environ, **(env or {})}
         self.verify = verify
+        self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"gpusharing-{name}-{os.getpid()}.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = f"{os.environ.get('TMPDIR', '/tmp')}/gpusharing-demo-{name}.log"
 
     def __enter__(self) -> "Service":
-        log = open(self.log_path, "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "gpusharing.cli", *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "gpusharing.cli", *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
         session = requests.Session()
         session.trust_env = False
         while True:
@@ -45,8 +59,11 @@ class Service:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise SystemExit(f"{self.name} did not start; its log is {self.log_path}")
+                raise RuntimeError(f"{self.name} did not start; the end of its log ({self.log_path}):\n{self.log_tail()}")
             time.sleep(0.1)
+
+    def log_tail(self, characters: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-characters:]
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

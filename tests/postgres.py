@@ -10,13 +10,14 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+
+from demo.processes import free_port
 
 
 class PostgresUnavailable(RuntimeError):
@@ -28,12 +29,6 @@ def _binary(name: str) -> str:
     if found is None:
         raise PostgresUnavailable(f"{name} is not installed (looked on PATH and in /usr/lib/postgresql/*/bin)")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -54,7 +49,7 @@ class PostgresServer:
                 raise PostgresUnavailable("running as root and there is no `postgres` user to run PostgreSQL as") from None
             os.chown(directory, user.pw_uid, user.pw_gid)
             as_user = ["runuser", "-u", "postgres", "--"]
-        server = cls(directory, _free_port(), as_user)
+        server = cls(directory, free_port(), as_user)
         options = f"-h 127.0.0.1 -p {server.port} -k {directory} -c max_connections=200"
         if not durable:
             options += " -F -c synchronous_commit=off -c full_page_writes=off"

@@ -64,8 +64,8 @@ class Timekeeper:
             ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
             f"{self.url}/readyz",
             env=self.env,
+            log_path=self.log_path,  # beside the test's other files, not in the shared /tmp
         )
-        self._service.log_path = str(self.log_path)  # beside the test's other files, not in the shared /tmp
         self._service.__enter__()
 
     def stop(self) -> None:
