@@ -45,7 +45,10 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: Budget
         return Decision.deny(422, f"invalid GPU request: {exc}")
     dialect = str(gpu.dialect) if gpu else "none"
     record = _record(gpu, config) if gpu else {}
-    problem = _check_meter(pod, config, record)
+    # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
+    # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
+    earlier = _earlier_meter(pod, config) if mutate else None
+    problem = _check_meter(pod, config, record, earlier)
     if problem:
         return Decision.deny(403, problem, dialect)
     if gpu is None:
@@ -109,7 +112,18 @@ def _meter_list(config: WebhookConfig) -> str:
     return "initContainers" if config.meter.mode == "native" else "containers"
 
 
-def _check_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, str]) -> str | None:
+def _earlier_meter(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any] | None:
+    """The meter the webhook injected for the record annotations the pod carries, if it carries them."""
+    annotations = _annotations(pod)
+    share, memory = annotations.get(ANNOTATION_GPU_SHARE), annotations.get(ANNOTATION_GPU_MEMORY)
+    if not isinstance(share, str) or not isinstance(memory, str) or not memory.isdigit():
+        return None
+    return meter_container(config.meter, share, int(memory))
+
+
+def _check_meter(
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], earlier: dict[str, Any] | None = None
+) -> str | None:
     """The meter's name and volumes are reserved: only exactly what the webhook injects may carry them."""
     name = config.meter.name
     declared = [(list_name, c) for list_name, _, c in _all_containers(pod) if c.get("name") == name]
@@ -119,7 +133,7 @@ def _check_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, s
             return f"{reserved}; this pod asks for no GPU"
         expected = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
         list_name, actual = declared[0]
-        if len(declared) > 1 or list_name != _meter_list(config) or without_server_defaults(actual) != expected:
+        if len(declared) > 1 or list_name != _meter_list(config) or without_server_defaults(actual) not in (expected, earlier):
             return f"{reserved}; remove it from the pod (the webhook adds it)"
     expected_volumes = {v["name"]: v for v in meter_volumes(config.meter)}
     for volume in as_list(as_mapping(pod.get("spec")).get("volumes")):
@@ -175,10 +189,15 @@ def _mutation(
 
 def _inject_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], patch: JsonPatch) -> None:
     spec = as_mapping(pod.get("spec"))
-    if any(c.get("name") == config.meter.name for _, _, c in _all_containers(pod)):
-        return  # already injected (reinvocation): _check_meter has confirmed it is exactly ours
     container = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
     list_name = _meter_list(config)
+    injected = [(index, c) for name, index, c in _all_containers(pod) if name == list_name and c.get("name") == config.meter.name]
+    if injected:  # reinvocation: _check_meter has confirmed it is ours, for this record or an earlier one
+        index, current = injected[0]
+        if without_server_defaults(current) != container:
+            patch.remove(pointer("spec", list_name, index))
+            patch.add(pointer("spec", list_name, index), container)
+        return
     if list_name not in spec:
         patch.add(pointer("spec", list_name), [container])
     elif list_name == "initContainers":

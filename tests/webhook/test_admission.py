@@ -285,3 +285,26 @@ def test_health_and_metrics(client: FlaskClient) -> None:
     text = client.get("/metrics").get_data(as_text=True)
     assert 'gpusharing_webhook_admissions_total{decision="allowed",dialect="kai",endpoint="mutate",operation="CREATE"}' in text
     assert "gpusharing_webhook_admission_duration_seconds_bucket" in text
+
+
+def test_reinvocation_after_another_webhook_changed_the_gpu_request_replaces_the_meter(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod())
+    # A later webhook raises the pod's GPU cores; the API server reinvokes ours (reinvocationPolicy: IfNeeded).
+    for kind in ("limits", "requests"):
+        mutated["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "60"
+    assert review(client, admission_review(mutated), "/validate")["allowed"] is False  # stale until re-mutated
+
+    response, remutated = admitted(client, mutated)
+    assert remutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "0.6"
+    assert {e["name"]: e.get("value") for e in meter_of(remutated)["env"]}["GPUSHARING_GPU_SHARE"] == "0.6"
+    assert [c["name"] for c in remutated["spec"]["initContainers"]] == ["gpusharing-meter"]
+    assert review(client, admission_review(remutated), "/validate")["allowed"]
+    assert "patch" not in review(client, admission_review(remutated))
+
+
+def test_a_forged_record_does_not_let_a_foreign_meter_in(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    pod["metadata"]["annotations"].update({"gpusharing.io/gpu-share": "0.01", "gpusharing.io/gpu-memory-mib": "1"})
+    pod["spec"]["initContainers"] = [{"name": "gpusharing-meter", "image": "evil:1", "restartPolicy": "Always"}]
+    response = review(client, admission_review(pod))
+    assert response["allowed"] is False and "reserved for the GPU metering sidecar" in response["status"]["message"]
