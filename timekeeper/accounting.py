@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import bindparam, select
 
 from gpusharing.report import MeterReport, ReportError
 from timekeeper.budget import BudgetStatus, crossed_into_over_budget, iso_utc, state_for, usage_day
@@ -33,6 +33,7 @@ from timekeeper.ledger import (
     billed_micro_gpu_seconds,
 )
 from timekeeper.models import namespace_usage, pod_ledgers
+from timekeeper.db import Statements
 from timekeeper.store import BudgetStore
 
 
@@ -122,12 +123,15 @@ class ReportLedger:
             .order_by(pod_ledgers.c.pod_uid)
         )
         self._lock = lock if self.db.is_sqlite else lock.with_for_update()
-        self._open = self.db.insert(pod_ledgers).on_conflict_do_nothing()
-        self._advance = pod_ledgers.update().where(pod_ledgers.c.pod_uid == bindparam("uid"))
-        usage = self.db.insert(namespace_usage)
-        self._charge = usage.on_conflict_do_update(
-            index_elements=[namespace_usage.c.namespace, namespace_usage.c.day],
-            set_={"micro_gpu_seconds": namespace_usage.c.micro_gpu_seconds + usage.excluded.micro_gpu_seconds},
+        self._open = self.db.bulk_insert(pod_ledgers, _OPENING_COLUMNS, lambda insert: insert.on_conflict_do_nothing())
+        self._advance = self.db.bulk_update(pod_ledgers, "pod_uid", _ADVANCING_COLUMNS)
+        self._charge = self.db.bulk_insert(
+            namespace_usage,
+            ["namespace", "day", "micro_gpu_seconds"],
+            lambda insert: insert.on_conflict_do_update(
+                index_elements=[namespace_usage.c.namespace, namespace_usage.c.day],
+                set_={"micro_gpu_seconds": namespace_usage.c.micro_gpu_seconds + insert.excluded.micro_gpu_seconds},
+            ),
         )
 
     def record(self, reports: Sequence[tuple[MeterReport, ReportTerms | None]]) -> list[ReportResult | ReportError]:
@@ -150,11 +154,14 @@ class ReportLedger:
         return [results[index] for index in range(len(reports))]
 
     def _account(self, accepted: list[_Accepted], now: dt.datetime) -> dict[int, ReportResult | ReportError]:
+        """One transaction in two round trips on PostgreSQL: the ledgers are read and locked, then all is written."""
         results: dict[int, ReportResult | ReportError] = {}
         accounted: dict[int, tuple[str, Accounting]] = {}
         advanced: dict[str, dict[str, Any]] = {}
         charges: dict[str, int] = defaultdict(int)
-        with self.db.write() as conn:
+        with self.db.pipeline() as conn:
+            # The budgets travel with the lock; they are needed after the charges.
+            budget_rows = self.budgets.budget_rows(conn, {item.report.namespace for item in accepted})
             ledgers = self._lock_ledgers(conn, accepted, now)
             for item in accepted:
                 report = item.report
@@ -170,7 +177,7 @@ class ReportLedger:
                 charges[namespace] += accounting.charge_micro_gpu_seconds
                 if accounting.outcome is Outcome.CHARGED:
                     advanced[report.pod_uid] = {
-                        "uid": report.pod_uid,
+                        "pod_uid": report.pod_uid,
                         "pod": report.pod,
                         "micro_gpu_seconds": accounting.ledger.micro_gpu_seconds,
                         "last_seq": accounting.ledger.last_seq,
@@ -178,12 +185,14 @@ class ReportLedger:
                         **item.readings,
                     }
             if advanced:
-                conn.execute(self._advance, [advanced[uid] for uid in sorted(advanced)])
+                self._advance.execute(conn, [advanced[uid] for uid in sorted(advanced)])
             day = usage_day(now)
             charged = [{"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]]
             if charged:
-                conn.execute(self._charge, charged)
-            statuses = self.budgets.statuses_in(conn, charges.keys(), now) if charges else {}
+                self._charge.execute(conn, charged)
+            # Read after the charges, in the same transaction; sent with them and the commit.
+            reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
+        statuses = reads.statuses() if reads else {}
         for index, (namespace, accounting) in accounted.items():
             status = statuses[namespace]
             before = state_for(status.allowance_gpu_minutes, status.used_micro_gpu_seconds - charges[namespace])
@@ -196,7 +205,7 @@ class ReportLedger:
         return results
 
     def _lock_ledgers(
-        self, conn: Connection, accepted: list[_Accepted], now: dt.datetime
+        self, conn: Statements, accepted: list[_Accepted], now: dt.datetime
     ) -> dict[str, tuple[str, PodLedger]]:
         """uid -> (namespace, ledger) of every reporting pod, locked; pods reporting for the first time get one."""
         uids = sorted({item.report.pod_uid for item in accepted})
@@ -217,7 +226,7 @@ class ReportLedger:
                 }
         if new:
             # Another transaction may open the same pod at once: one insert wins, and both lock the winner's row.
-            conn.execute(self._open, [new[uid] for uid in sorted(new)])
+            self._open.execute(conn, [new[uid] for uid in sorted(new)])
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
         return {uid: (row.namespace, PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)) for uid, row in rows.items()}
 
@@ -235,6 +244,12 @@ class ReportLedger:
             )
         with self.db.read() as conn:
             return [PodRecord(**row._mapping) for row in conn.execute(query)]
+
+
+# The ledger's columns written from a report (see _readings), when it advances and when it opens.
+_READING_COLUMNS = ("billed_share", "gpu_memory_used_mib", "gpu_utilization_percent", "gpu_memory_requested_mib", "last_report_at")
+_ADVANCING_COLUMNS = ("pod", "micro_gpu_seconds", "last_seq", "final", *_READING_COLUMNS)
+_OPENING_COLUMNS = ("pod_uid", "namespace", *_ADVANCING_COLUMNS, "first_report_at")
 
 
 def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime) -> dict[str, Any]:

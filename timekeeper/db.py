@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
+import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Connection, Engine, Table, Text, bindparam, cast, column, create_engine, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.sql import Insert
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Executable, Insert
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from timekeeper.config import TimekeeperConfig
 
 _BEGIN = "timekeeper_sqlite_begin"
 CONNECT_TIMEOUT_SECONDS = 5  # an unreachable server is reported (503, /readyz) rather than waited for
+
+Parameters = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+
+
+class Statements(Protocol):
+    """What runs statements in a transaction: a SQLAlchemy Connection, or a Pipeline.
+
+    The rows of a statement are iterated once; a Pipeline sends them only when they are read.
+    """
+
+    def execute(self, statement: Executable, parameters: Parameters = None, /) -> Iterable[Any]: ...
 
 
 class Database:
@@ -30,6 +47,7 @@ class Database:
                 url, pool_size=pool_size, max_overflow=pool_size, connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS}
             )
         self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
+        self._compiled: dict[tuple[Executable, tuple[str, ...]], SQLCompiler] = {}
 
     @classmethod
     def from_config(cls, config: TimekeeperConfig) -> "Database":
@@ -47,6 +65,30 @@ class Database:
                 yield conn
 
     @contextmanager
+    def pipeline(self) -> Iterator[Statements]:
+        """A write transaction whose statements travel together (see Pipeline); on SQLite, write()."""
+        if self.is_sqlite:
+            with self.write() as conn:
+                yield _Buffered(conn)
+            return
+        with self.engine.connect() as conn:
+            pipeline = Pipeline(conn, self._compiled)
+            driver = pipeline.driver
+            try:
+                with driver.pipeline():
+                    yield pipeline
+                    driver.commit()
+            except BaseException as failed:
+                if driver.closed or driver.broken:
+                    conn.invalidate()  # the pool must not hand this connection out again
+                else:
+                    driver.rollback()
+                dbapi_error = self.engine.dialect.loaded_dbapi.Error
+                if isinstance(failed, dbapi_error):  # raised as SQLAlchemy would have, for the callers' handlers
+                    raise DBAPIError.instance(pipeline.last_sql, None, failed, dbapi_error) from failed
+                raise
+
+    @contextmanager
     def read(self) -> Iterator[Connection]:
         with self.engine.begin() as conn:
             yield conn
@@ -55,8 +97,130 @@ class Database:
         """An INSERT that knows ON CONFLICT on this backend."""
         return (sqlite.insert if self.is_sqlite else postgresql.insert)(table)  # type: ignore[no-any-return]
 
+    def bulk_insert(self, table: Table, columns: Sequence[str], on_conflict: Callable[[Any], Insert]) -> BulkWrite:
+        """An INSERT of many rows, each with `columns`; on_conflict adds its ON CONFLICT clause."""
+        if self.is_sqlite:
+            return BulkWrite(on_conflict(sqlite.insert(table)), None)
+        incoming = _incoming(table, columns)
+        return BulkWrite(on_conflict(postgresql.insert(table).from_select(columns, select(*incoming.c))), columns)
+
+    def bulk_update(self, table: Table, key: str, columns: Sequence[str]) -> BulkWrite:
+        """An UPDATE of many rows, each found by its `key` column and given new `columns`."""
+        if self.is_sqlite:
+            matched = table.update().where(table.c[key] == bindparam(_MATCH + key))  # SET: the other parameters
+            return BulkWrite(matched, None, key)
+        incoming = _incoming(table, [key, *columns])
+        return BulkWrite(
+            table.update().where(table.c[key] == incoming.c[key]).values({c: incoming.c[c] for c in columns}), [key, *columns]
+        )
+
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+# SQLAlchemy reserves a column's own name for the parameter that sets it.
+_MATCH = "match_"
+_INCOMING = "incoming"
+
+
+@dataclass(frozen=True)
+class BulkWrite:
+    """A statement that writes many rows at once: on PostgreSQL one statement whatever their number, the rows sent
+    as one JSON array (json_to_recordset; psycopg adapts a JSON string far faster than a dozen lists);
+    elsewhere one statement per row (executemany)."""
+
+    statement: Executable
+    json_columns: Sequence[str] | None  # the columns sent as JSON; None: executemany
+    key: str | None = None  # executemany of an UPDATE: the column that finds the row
+
+    def execute(self, conn: Statements, rows: Sequence[Mapping[str, Any]]) -> None:
+        if self.json_columns is not None:
+            incoming = [{column: row[column] for column in self.json_columns} for row in rows]
+            conn.execute(self.statement, {_INCOMING: json.dumps(incoming, default=_json_time)})
+        elif self.key is not None:
+            key = self.key
+            conn.execute(self.statement, [{(_MATCH + k if k == key else k): value for k, value in row.items()} for row in rows])
+        else:
+            conn.execute(self.statement, rows)
+
+
+def _incoming(table: Table, columns: Sequence[str]) -> Any:
+    """json_to_recordset(:incoming) AS incoming(column1 type1, ...): the rows of a BulkWrite, typed as the table's."""
+    as_json = cast(bindparam(_INCOMING, type_=Text), postgresql.JSON)
+    return func.json_to_recordset(as_json).table_valued(*[column(c, table.c[c].type) for c in columns]).render_derived(
+        name=_INCOMING, with_types=True
+    )
+
+
+def _json_time(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise ValueError("a naive datetime has no place in the database: times are UTC")
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+class Pipeline:
+    """A PostgreSQL transaction in psycopg's pipeline mode: statements are sent at once and not waited for.
+
+    The server is waited for only when a statement's rows are read, and at the commit: a transaction of many
+    statements costs a round trip or two instead of one per statement. Each round trip also costs the calling
+    thread a wait for the GIL when it comes back, which, beside busy request threads, takes longer than the
+    round trip itself. Statements are SQLAlchemy Core, compiled once for the dialect.
+    """
+
+    def __init__(self, conn: Connection, compiled: dict[tuple[Executable, tuple[str, ...]], SQLCompiler]):
+        self._conn = conn
+        self._compiled = compiled
+        self.driver: Any = conn.connection.driver_connection  # a psycopg Connection
+        self.last_sql = ""
+
+    def execute(self, statement: Executable, parameters: Parameters = None, /) -> Iterable[Any]:
+        rows = parameters if isinstance(parameters, Sequence) else [parameters or {}]
+        cursor = self.driver.cursor(row_factory=namedtuple_row)
+        states = [self._compiled_for(statement, rows[0]).construct_expanded_state(row) for row in rows]
+        self.last_sql = states[0].statement
+        if isinstance(parameters, Sequence):
+            cursor.executemany(self.last_sql, [_processed(state) for state in states])
+        else:
+            cursor.execute(self.last_sql, _processed(states[0]))
+        return _Rows(cursor)
+
+    def _compiled_for(self, statement: Executable, parameters: Mapping[str, Any]) -> SQLCompiler:
+        # As SQLAlchemy does, an INSERT or UPDATE sets the columns its parameters name.
+        key = (statement, tuple(sorted(parameters)))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = statement.compile(dialect=self._conn.dialect, column_keys=list(key[1]))  # type: ignore[attr-defined]
+            self._compiled[key] = compiled
+        return compiled
+
+
+class _Rows:
+    def __init__(self, cursor: Any):
+        self._cursor = cursor
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor.fetchall())  # waits for the server if the rows have not come yet
+
+
+def _processed(state: Any) -> dict[str, Any]:
+    """A statement's parameters as the driver takes them (what SQLAlchemy's types do to them applied)."""
+    processors = state.processors
+    return {name: processors[name](value) if name in processors else value for name, value in state.parameters.items()}
+
+
+class _Buffered:
+    """Pipeline's interface on a SQLAlchemy connection: statements run at once, their rows kept for later."""
+
+    def __init__(self, conn: Connection):
+        self._conn = conn
+
+    def execute(self, statement: Executable, parameters: Parameters = None, /) -> Iterable[Any]:
+        result = self._conn.execute(statement, parameters)
+        return result.all() if result.returns_rows else []
 
 
 class _WriterLock:

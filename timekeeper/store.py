@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from timekeeper.budget import (
     iso_utc,
     period_window,
 )
-from timekeeper.db import Database
+from timekeeper.db import Database, Statements
 from timekeeper.models import UtcDateTime, budget_changes, budgets, leases, namespace_states, namespace_usage, top_ups
 
 Clock = Callable[[], dt.datetime]
@@ -45,6 +45,43 @@ class BudgetChange:
     status: BudgetStatus
     created: bool  # the namespace had no budget of its own before
     crossed: bool  # the change put the namespace over budget
+
+
+@dataclass
+class StatusReads:
+    """The reads of BudgetStore.read_use, made into statuses once their rows are in."""
+
+    store: BudgetStore
+    effective: dict[str, Budget]
+    windows: dict[Period, PeriodWindow]
+    listing: bool  # every namespace: those without a budget of their own are listed when they have use
+    used_rows: Iterable[Any]
+    topped_rows: Iterable[Any]
+
+    def statuses(self) -> dict[str, BudgetStatus]:
+        used = {row.namespace: row for row in self.used_rows}
+        topped = {row.namespace: row for row in self.topped_rows}
+        effective = dict(self.effective)
+        store = self.store
+        if self.listing:
+            default = f"used_{store.default_period}"
+            for namespace, row in used.items():
+                if namespace not in effective and getattr(row, default):
+                    effective[namespace] = effective_budget(namespace, None, store.default_gpu_minutes, store.default_period)
+        result = {}
+        for namespace, budget in effective.items():
+            kind = budget.period.value
+            use, top_up = used.get(namespace), topped.get(namespace)
+            result[namespace] = BudgetStatus(
+                namespace,
+                budget.gpu_minutes,
+                budget.period,
+                self.windows[budget.period],
+                int(getattr(use, f"used_{kind}") or 0) if use else 0,
+                float(getattr(top_up, f"topped_{kind}") or 0.0) if top_up else 0.0,
+                budget.evict_on_exhaustion,
+            )
+        return result
 
 
 class BudgetStore:
@@ -77,15 +114,25 @@ class BudgetStore:
         with self.db.read() as conn:
             return sorted(self.statuses_in(conn, None, self.clock()).values(), key=lambda status: status.namespace)
 
-    def statuses_in(self, conn: Connection, namespaces: Collection[str] | None, now: dt.datetime) -> dict[str, BudgetStatus]:
-        """The statuses of `namespaces` (None: of every namespace `statuses` lists), in three statements.
+    def statuses_in(self, conn: Statements, namespaces: Collection[str] | None, now: dt.datetime) -> dict[str, BudgetStatus]:
+        """The statuses of `namespaces` (None: of every namespace `statuses` lists), in three statements."""
+        return self.read_use(conn, self.budget_rows(conn, namespaces), namespaces, now).statuses()
+
+    def budget_rows(self, conn: Statements, namespaces: Collection[str] | None) -> Iterable[Any]:
+        """The budget rows of `namespaces` (None: all), to hand to read_use."""
+        if namespaces is None:
+            return conn.execute(_BUDGETS)
+        return conn.execute(_BUDGETS_OF, {"namespaces": sorted(namespaces)})
+
+    def read_use(
+        self, conn: Statements, budget_rows: Iterable[Any], namespaces: Collection[str] | None, now: dt.datetime
+    ) -> StatusReads:
+        """Sends the reads of the namespaces' use and top-ups in their current periods; StatusReads.statuses() has the result.
 
         Use is kept per UTC day, so one pass over the days since the earliest period start in use gives every
         namespace's use in its own period, whatever that period is.
         """
-        filtered = namespaces is not None
-        chosen = {"namespaces": sorted(namespaces)} if namespaces is not None else {}
-        own = {row.namespace: _budget(row) for row in conn.execute(_BUDGETS_OF if filtered else _BUDGETS, chosen)}
+        own = {row.namespace: _budget(row) for row in budget_rows}
         effective = {
             namespace: effective_budget(namespace, own.get(namespace), self.default_gpu_minutes, self.default_period)
             for namespace in (namespaces if namespaces is not None else own)
@@ -93,28 +140,13 @@ class BudgetStore:
         kinds = {budget.period for budget in effective.values()} | {self.default_period}
         windows = {kind: period_window(kind, now) for kind in Period}
         earliest = min(windows[kind].start for kind in kinds)
-        parameters = {**chosen, **_window_parameters(windows), "earliest_day": earliest.date(), "earliest_start": earliest}
-        used = {row.namespace: row for row in conn.execute(_USAGE_OF if filtered else _USAGE, parameters)}
-        topped = {row.namespace: row for row in conn.execute(_TOP_UPS_OF if filtered else _TOP_UPS, parameters)}
-        if namespaces is None:  # namespaces without a budget of their own are listed when they have use
-            default = f"used_{self.default_period}"
-            for namespace, row in used.items():
-                if namespace not in effective and getattr(row, default):
-                    effective[namespace] = effective_budget(namespace, None, self.default_gpu_minutes, self.default_period)
-        result = {}
-        for namespace, budget in effective.items():
-            kind = budget.period.value
-            use, top_up = used.get(namespace), topped.get(namespace)
-            result[namespace] = BudgetStatus(
-                namespace,
-                budget.gpu_minutes,
-                budget.period,
-                windows[budget.period],
-                int(getattr(use, f"used_{kind}") or 0) if use else 0,
-                float(getattr(top_up, f"topped_{kind}") or 0.0) if top_up else 0.0,
-                budget.evict_on_exhaustion,
-            )
-        return result
+        parameters = {**_window_parameters(windows), "earliest_day": earliest.date(), "earliest_start": earliest}
+        if namespaces is None:
+            used, topped = conn.execute(_USAGE, parameters), conn.execute(_TOP_UPS, parameters)
+        else:
+            parameters["namespaces"] = sorted(namespaces)
+            used, topped = conn.execute(_USAGE_OF, parameters), conn.execute(_TOP_UPS_OF, parameters)
+        return StatusReads(self, effective, windows, listing=namespaces is None, used_rows=used, topped_rows=topped)
 
     def changes(self, namespace: str) -> list[dict[str, object]]:
         """The audit log of one namespace, oldest first."""
