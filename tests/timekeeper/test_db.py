@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 from flask import Flask
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from tests.postgres import PostgresServer
@@ -126,6 +126,28 @@ def test_a_connection_the_server_dropped_fails_one_report_with_503_and_the_retry
     finally:
         app.extensions["reports"].close()
         app.extensions["database"].dispose()
+
+
+def test_a_statement_is_prepared_once_per_connection_whatever_the_length_of_its_in_list(
+    dropping_server: tuple[str, PostgresServer],
+) -> None:
+    url, _ = dropping_server
+    db = Database(url, pool_size=1)
+    opening = db.bulk_insert(pod_ledgers, COLUMNS, lambda insert: insert.on_conflict_do_nothing())
+    locking = select(pod_ledgers.c.pod_uid).where(pod_ledgers.c.pod_uid.in_(bindparam("uids", expanding=True)))
+    try:
+        with db.pipeline() as conn:
+            opening.execute(conn, [pod(uid) for uid in "abcde"])
+        found = []
+        for uids in (["a", "b", "c"], ["d", "c", "b", "a"], ["e", "a", "b"]):  # four elements once padded
+            with db.pipeline() as conn:
+                found.append(sorted(row.pod_uid for row in conn.execute(locking, {"uids": uids})))
+        assert found == [["a", "b", "c"], ["a", "b", "c", "d"], ["a", "b", "e"]]  # padding repeats, never adds, a row
+        with db.pipeline() as conn:
+            prepared = [row.statement for row in conn.execute(text("SELECT statement FROM pg_prepared_statements"))]
+        assert sum("FROM pod_ledgers" in statement for statement in prepared) == 1
+    finally:
+        db.dispose()
 
 
 def test_the_pipeline_raises_a_dropped_connection_as_a_database_error_and_discards_it(
