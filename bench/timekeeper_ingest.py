@@ -12,10 +12,11 @@ rate each client thread sends on a schedule; at the maximum, every thread sends 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import multiprocessing
+import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,55 @@ NAMESPACES = 20
 CLIENTS = 2  # client processes, so that the load generator is not one GIL
 
 
+class _KeepAliveClient:
+    """POSTs over one keep-alive connection, and reads no more of the answer than its status and length.
+
+    On two shared cores the load generator competes with the server: http.client costs several times the
+    CPU of this, which would show up as the server's slowness.
+    """
+
+    def __init__(self, port: int, path: str, headers: dict[str, str]):
+        self.port = port
+        self.head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                     + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+                     + "Content-Length: ").encode()
+        self.sock: socket.socket | None = None
+        self.buffer = b""
+
+    def post(self, body: bytes) -> int:
+        """The answer's status; raises OSError when the connection failed (it is reopened at the next post)."""
+        try:
+            if self.sock is None:
+                self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.buffer = b""
+            self.sock.sendall(b"%s%d\r\n\r\n%s" % (self.head, len(body), body))
+            while b"\r\n\r\n" not in self.buffer:
+                self.buffer += self._receive()
+            header, _, rest = self.buffer.partition(b"\r\n\r\n")
+            length = _CONTENT_LENGTH.search(header)
+            size = int(length.group(1)) if length else 0
+            while len(rest) < size:
+                rest += self._receive()
+            self.buffer = rest[size:]
+            return int(header[9:12])
+        except OSError:
+            if self.sock is not None:
+                self.sock.close()
+            self.sock = None
+            raise
+
+    def _receive(self) -> bytes:
+        assert self.sock is not None
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("the server closed the connection")
+        return chunk
+
+
+_CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
+
+
 def _client(
     port: int,
     client: int,
@@ -51,8 +101,7 @@ def _client(
 
     def run(thread: int) -> None:
         nonlocal errors
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        connection = _KeepAliveClient(port, "/api/v1/reports", {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
         mine: list[float] = []
         failed = 0
         interval = None if rate is None else threads * CLIENTS / rate
@@ -72,16 +121,11 @@ def _client(
                 break
             seq += 1
             body = json.dumps({"podUid": f"uid-{pod}", "namespace": f"ns-{(client * threads + thread) % NAMESPACES}",
-                               "pod": pod, "gpuShare": 0.5, "seq": seq, "gpuSeconds": seq * 15.0})
+                               "pod": pod, "gpuShare": 0.5, "seq": seq, "gpuSeconds": seq * 15.0}).encode()
             sent = time.perf_counter()
             try:
-                connection.request("POST", "/api/v1/reports", body, headers)
-                response = connection.getresponse()
-                response.read()
-                ok = response.status == 200
-            except (OSError, http.client.HTTPException):
-                connection.close()
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                ok = connection.post(body) == 200
+            except OSError:
                 ok = False
             mine.append(time.perf_counter() - sent)
             failed += not ok
@@ -144,7 +188,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1000.0, help="the fixed rate, reports/s (default 1000)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measurement (default 10)")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
-    parser.add_argument("--threads", type=int, default=16, help="threads per worker (default 16)")
+    parser.add_argument("--threads", type=int, default=32, help="threads per worker (default 32, as the timekeeper)")
     parser.add_argument("--client-threads", type=int, default=32, help="threads per client process (2 processes; default 32)")
     parser.add_argument("--no-fsync", action="store_true", help="PostgreSQL without fsync (not durable)")
     parser.add_argument("--client", choices=("python", "wrk"), default="python",

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument("--host", help="address to listen on (TIMEKEEPER_HOST, default 0.0.0.0)")
     run.add_argument("--port", type=int, help="port (TIMEKEEPER_PORT, default 8080)")
     run.add_argument("--workers", type=int, help="gunicorn worker processes (TIMEKEEPER_WORKERS, default 2)")
-    run.add_argument("--threads", type=int, help="threads per worker (TIMEKEEPER_THREADS, default 16)")
+    run.add_argument("--threads", type=int, help="threads per worker (TIMEKEEPER_THREADS, default 32)")
     run.set_defaults(run=_serve)
 
     db = subparsers.add_parser("db", help="the timekeeper's database")
