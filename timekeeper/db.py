@@ -218,7 +218,7 @@ class PreparedStatements:
 
     def __init__(self, dialect: Any):
         self._dialect = type(dialect)(paramstyle="numeric_dollar")
-        self._compiled: dict[tuple[Executable, tuple[str, ...]], SQLCompiler] = {}
+        self._shapes: dict[tuple[Executable, tuple[str, ...], tuple[int, ...]], _Shape] = {}
         self._prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
     def prepared_on(self, driver_connection: Any) -> set[str]:
@@ -229,21 +229,48 @@ class PreparedStatements:
         """(name, SQL to prepare, positional values): a name per distinct SQL."""
         # IN lists are padded to a power of two (a repeated element changes nothing): few shapes to prepare.
         padded = {name: _padded(value) if isinstance(value, list) else value for name, value in parameters.items()}
-        state = self._compiled_for(statement, padded).construct_expanded_state(padded)
-        processors = state.processors
-        values = [processors[name](value) if name in processors else value
-                  for name, value in zip(state.positiontup or (), state.positional_parameters or ())]
-        name = "tk_" + hashlib.sha1(state.statement.encode()).hexdigest()[:20]
-        return name, state.statement, values
+        names = tuple(sorted(padded))
+        key = (statement, names, tuple(len(padded[name]) for name in names if isinstance(padded[name], list)))
+        shape = self._shapes.get(key)
+        if shape is None:
+            # As SQLAlchemy does, an INSERT or UPDATE sets the columns its parameters name.
+            compiled = statement.compile(dialect=self._dialect, column_keys=list(names))  # type: ignore[attr-defined]
+            shape = self._shapes[key] = _Shape.of(compiled.construct_expanded_state(padded), padded)
+        return shape.name, shape.sql, shape.values(padded)
 
-    def _compiled_for(self, statement: Executable, parameters: Mapping[str, Any]) -> SQLCompiler:
-        # As SQLAlchemy does, an INSERT or UPDATE sets the columns its parameters name.
-        key = (statement, tuple(sorted(parameters)))
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = statement.compile(dialect=self._dialect, column_keys=list(key[1]))  # type: ignore[attr-defined]
-            self._compiled[key] = compiled
-        return compiled
+
+@dataclass(frozen=True)
+class _Shape:
+    """A statement expanded for one set of parameter names and IN-list lengths (expanding it costs more than running it)."""
+
+    name: str
+    sql: str
+    # Where each $n comes from: (parameter, index in its IN list or None, processor), or (None, constant, None).
+    sources: tuple[tuple[str | None, Any, Callable[[Any], Any] | None], ...]
+
+    @classmethod
+    def of(cls, state: Any, parameters: Mapping[str, Any]) -> _Shape:
+        expanded = {item: (name, index) for name, items in state.parameter_expansion.items() for index, item in enumerate(items)}
+        sources = []
+        for name, value in zip(state.positiontup or (), state.positional_parameters or ()):
+            processor = state.processors.get(name)
+            if name in expanded:
+                sources.append((expanded[name][0], expanded[name][1], processor))
+            elif name in parameters:
+                sources.append((name, None, processor))
+            else:  # a value the statement itself holds
+                sources.append((None, processor(value) if processor else value, None))
+        return cls("tk_" + hashlib.sha1(state.statement.encode()).hexdigest()[:20], state.statement, tuple(sources))
+
+    def values(self, parameters: Mapping[str, Any]) -> list[Any]:
+        values = []
+        for name, where, processor in self.sources:
+            if name is None:
+                values.append(where)
+                continue
+            value = parameters[name] if where is None else parameters[name][where]
+            values.append(processor(value) if processor else value)
+        return values
 
 
 def _padded(values: list[Any]) -> list[Any]:
