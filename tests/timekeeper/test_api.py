@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -311,4 +312,26 @@ def test_a_report_the_database_refuses_fails_alone(app: Flask, api: SpecClient) 
     results = queue.account([(good, None), (bad, None)])
     assert isinstance(results[1], RuntimeError)
     assert not isinstance(results[0], BaseException) and results[0].charged_micro_gpu_seconds == 30 * MICROS_PER_SECOND
+    assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 0.5
+
+
+def test_a_report_whose_transaction_outlasts_the_wait_is_503_and_its_retry_is_not_counted_twice(
+    app: Flask, api: SpecClient
+) -> None:
+    queue: ReportQueue = app.extensions["reports"]
+    record, released = queue.ledger.record, threading.Event()
+
+    def slow_transaction(reports: Any) -> Any:
+        released.wait(10)
+        return record(reports)
+
+    queue.ledger.record = slow_transaction  # type: ignore[method-assign]
+    queue.timeout = 0.05
+    busy = api.as_(METER).post("/api/v1/reports", json=report(1, 30))
+    assert busy.status_code == 503
+    assert busy.json["error"] == "the ledger is busy, try again (a retried report is never counted twice)"
+    released.set()
+    queue.timeout = 10
+    retried = api.as_(METER).post("/api/v1/reports", json=report(1, 30)).json
+    assert retried["outcome"] == "duplicate" and retried["chargedGpuSeconds"] == 0.0
     assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 0.5
