@@ -32,8 +32,8 @@ from timekeeper.ledger import (
     account,
     billed_micro_gpu_seconds,
 )
-from timekeeper.models import namespace_usage, pod_ledgers
 from timekeeper.db import Statements
+from timekeeper.models import namespace_usage, pod_ledgers
 from timekeeper.store import BudgetStore
 
 

@@ -77,6 +77,12 @@ def test_rows_read_in_a_pipeline_see_its_writes_and_may_be_read_after_the_commit
     assert [(row.pod_uid, row.final) for row in rows] == [("a", False), ("b", False)]
 
 
+def test_a_statement_given_many_rows_runs_once_for_each(db: Database) -> None:
+    with db.pipeline() as conn:
+        conn.execute(pod_ledgers.insert(), [pod("a", final=True), pod("b")])
+    assert [(uid, row.final) for uid, row in stored(db).items()] == [("a", True), ("b", False)]
+
+
 def test_a_failed_statement_undoes_the_whole_transaction_and_raises_as_sqlalchemy_would(db: Database) -> None:
     opening = db.bulk_insert(pod_ledgers, COLUMNS, lambda insert: insert.on_conflict_do_nothing())
     with pytest.raises(IntegrityError):
