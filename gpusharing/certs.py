@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpusharing.arguments import host_name, namespace, whole_number
 from gpusharing.env import ConfigError
 
 
@@ -39,7 +40,11 @@ class ServingCertificate:
 
 
 def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertificate:
-    """A fresh CA and a certificate signed by it for `names` (DNS names or IP addresses)."""
+    """A fresh CA and a certificate signed by it for `names` (DNS names or IP addresses).
+
+    Both carry what strict verifiers require (OpenSSL's -x509_strict, Python 3.13's default TLS context): key
+    identifiers, critical basicConstraints and keyUsage, and serverAuth for the serving certificate.
+    """
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook CA")])
@@ -52,7 +57,8 @@ def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertif
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(_key_usage(key_cert_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
@@ -67,12 +73,29 @@ def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertif
         .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(digital_signature=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return ServingCertificate(
         ca_pem=ca.public_bytes(serialization.Encoding.PEM),
         cert_pem=cert.public_bytes(serialization.Encoding.PEM),
         key_pem=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
+
+
+def _key_usage(digital_signature: bool = False, key_cert_sign: bool = False) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=digital_signature,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=key_cert_sign,
+        crl_sign=key_cert_sign,
+        encipher_only=False,
+        decipher_only=False,
     )
 
 
@@ -136,19 +159,30 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
     return output
 
 
+MAX_DAYS = 3650  # ten years: beyond it a renewal is forgotten rather than planned
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     certs = subparsers.add_parser(
         "certs",
         help="make a CA and the webhook's serving certificate: a kustomize overlay for clusters without cert-manager, "
         "or PEM files for local runs",
+        description="Make a private CA and the webhook's serving certificate (ECDSA P-256, SHA-256).",
+        epilog="examples:\n"
+        "  gpusharing certs --namespace gpusharing-system     # writes manifests/local-certs/, then:\n"
+        "  kubectl apply -k manifests/local-certs\n"
+        "  gpusharing certs --format pem --output /tmp/tls --name localhost --name 127.0.0.1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    certs.add_argument("--namespace", default="gpusharing-system", help="where the webhook runs")
+    certs.add_argument("--namespace", default="gpusharing-system", type=namespace, help="where the webhook runs")
     certs.add_argument("--base", default="manifests/base", type=Path, help="the manifests to overlay")
     certs.add_argument("--output", default="manifests/local-certs", type=Path, help="the overlay's (or PEM files') directory")
-    certs.add_argument("--days", type=int, default=365, help="validity of the CA and the certificate")
+    certs.add_argument("--days", type=whole_number(1, MAX_DAYS), default=365,
+                       help=f"validity of the CA and the certificate, 1 to {MAX_DAYS} (default 365)")
     certs.add_argument("--format", choices=("overlay", "pem"), default="overlay",
                        help="overlay: Secret and caBundle patch over --base; pem: ca.crt, tls.crt, tls.key")
-    certs.add_argument("--name", action="append", default=[], help="with --format pem: a DNS name or IP to certify (repeatable)")
+    certs.add_argument("--name", action="append", default=[], type=host_name,
+                       help="with --format pem: a DNS name or IP to certify (repeatable)")
     certs.set_defaults(run=_certs)
 
 

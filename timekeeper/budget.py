@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import NAMESPACE_NAME, BudgetState
 
 UTC = dt.timezone.utc
 # Usage is kept in micro-GPU-seconds (integers) so that sums over any number of reports are exact.
@@ -138,13 +137,12 @@ class BudgetRequestError(ValueError):
     """A budget or top-up request that must be refused; the message says why."""
 
 
-_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_GPU_MINUTES = 1e12  # far beyond any fleet's month; rejects typos that would read as "unlimited"
 MAX_REASON = 1000
 
 
 def check_namespace(namespace: str) -> str:
-    if not _NAMESPACE.match(namespace):
+    if not NAMESPACE_NAME.match(namespace):
         raise BudgetRequestError(f"{namespace!r} is not a namespace name (lower-case letters, digits and '-', at most 63)")
     return namespace
 
