@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from gpusharing.env import ConfigError
+from gpusharing.logs import configure_logging
 
 # Each role's module has register(subparsers); its parsers set `run` to a function taking the parsed args.
 # Keyed by the commands each one registers, so that a command loads only its own role: the meter runs in every
@@ -36,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
+        configure_logging()
         return int(args.run(args) or 0)
     except ConfigError as exc:
         print(f"gpusharing: {exc}", file=sys.stderr)

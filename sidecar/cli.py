@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,6 +19,5 @@ def _run(args: argparse.Namespace) -> int:
     from sidecar.config import MeterConfig
     from sidecar.meter import run_meter
 
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s meter %(levelname)s %(message)s")
     run_meter(MeterConfig.from_env())
     return 0

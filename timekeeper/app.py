@@ -16,7 +16,7 @@ from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
-from timekeeper.budget import BudgetRequestError, budget_from_json, check_namespace, top_up_from_json
+from timekeeper.budget import BudgetRequestError, BudgetStatus, budget_from_json, check_namespace, top_up_from_json
 from timekeeper.config import TimekeeperConfig
 from timekeeper.db import Database
 from timekeeper.demotion import Demoter
@@ -78,9 +78,17 @@ def create_app(
             raise BudgetRequestError("the body must be a JSON object (Content-Type: application/json)")
         return parsed
 
-    def crossed(over: bool) -> None:
-        if over and demoter is not None:
-            demoter.wake()
+    def crossed(over: bool, status: BudgetStatus, cause: str) -> None:
+        if over:
+            log.info("namespace %s went over its GPU budget: %s", status.namespace, cause,
+                     extra={"namespace": status.namespace, "state": str(status.state)})
+            if demoter is not None:
+                demoter.wake()
+
+    def changed(action: str, who: Caller, status: BudgetStatus) -> None:
+        log.info("namespace %s: budget %s by %s; %s GPU-minutes %s, %s", status.namespace, action, who.name,
+                 "unlimited" if status.gpu_minutes is None else f"{status.gpu_minutes:g}", status.period, status.state,
+                 extra={"namespace": status.namespace, "actor": who.name, "action": action, "state": str(status.state)})
 
     @app.before_request
     def _start_clock() -> None:
@@ -106,19 +114,24 @@ def create_app(
     def put_budget(namespace: str) -> tuple[Response, int]:
         who = admin()
         change = budgets.set_budget(budget_from_json(namespace, body(), config.default_period), who.name)
-        crossed(change.crossed)
+        changed("set", who, change.status)
+        crossed(change.crossed, change.status, f"its budget was set by {who.name}")
         return jsonify(change.status.to_json()), 201 if change.created else 200
 
     @app.delete("/api/v1/budgets/<namespace>")
     def delete_budget(namespace: str) -> Response:
         who = admin()
-        return jsonify(budgets.remove_budget(check_namespace(namespace), who.name).to_json())
+        status = budgets.remove_budget(check_namespace(namespace), who.name)
+        changed("removal", who, status)
+        return jsonify(status.to_json())
 
     @app.post("/api/v1/budgets/<namespace>/top-ups")
     def post_top_up(namespace: str) -> tuple[Response, int]:
         who = admin()
         gpu_minutes, reason = top_up_from_json(body())
-        return jsonify(budgets.top_up(check_namespace(namespace), gpu_minutes, reason, who.name).to_json()), 201
+        status = budgets.top_up(check_namespace(namespace), gpu_minutes, reason, who.name)
+        changed(f"top-up of {gpu_minutes:g} GPU-minutes ({reason!r})", who, status)
+        return jsonify(status.to_json()), 201
 
     @app.get("/api/v1/budgets/<namespace>/changes")
     def get_changes(namespace: str) -> Response:
@@ -141,7 +154,7 @@ def create_app(
             raise
         finally:
             metrics.REPORTS.labels(outcome).inc()
-        crossed(result.crossed)
+        crossed(result.crossed, result.status, f"the report of pod {report.pod}")
         return jsonify(result.to_json())
 
     @app.get("/api/v1/pods")
