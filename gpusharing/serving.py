@@ -66,6 +66,10 @@ class _Server(BaseApplication):  # type: ignore[misc]
             "child_exit": _child_exit,
             "post_worker_init": _settle_garbage_collector,
         }
+        # gunicorn >= 25.1 opens a control socket at one path per user ($XDG_RUNTIME_DIR or ~/.gunicorn): a second
+        # server on the host would take it over, and a read-only root filesystem has no ~/.gunicorn. Not used here.
+        if "control_socket_disable" in self.cfg.settings:
+            settings["control_socket_disable"] = True
         if o.certfile:
             settings["certfile"] = o.certfile
             settings["keyfile"] = o.keyfile
