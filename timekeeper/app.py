@@ -7,10 +7,12 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+import yaml
 from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
+from gpusharing.env import ConfigError
 from gpusharing.metrics import render_metrics
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
@@ -42,8 +44,8 @@ def create_app(
 ) -> Flask:
     """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
     config = config or TimekeeperConfig.from_env()
-    if kube is None and (config.auth == "tokenreview" or config.kubeconfig or KubeApi.in_cluster_available()):
-        kube = KubeApi.from_kubeconfig(config.kubeconfig)
+    if kube is None:
+        kube = kube_api(config)
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)
     if kube is None:
@@ -226,6 +228,32 @@ def create_app(
         return jsonify(error="internal error; see the timekeeper's log"), 500
 
     return app
+
+
+OFF_CLUSTER = (
+    "TIMEKEEPER_AUTH=tokenreview checks tokens with the Kubernetes API, and there is no in-cluster ServiceAccount "
+    "here: set TIMEKEEPER_KUBECONFIG, or off-cluster TIMEKEEPER_AUTH=static with TIMEKEEPER_STATIC_TOKENS_FILE "
+    "(TIMEKEEPER_AUTH=none for a local demo)"
+)
+
+
+def kube_api(config: TimekeeperConfig) -> KubeApi | None:
+    """The Kubernetes API of TIMEKEEPER_KUBECONFIG or of the cluster the timekeeper runs in; None when neither.
+
+    ConfigError, one line saying what to set, when tokenreview has no API or the kubeconfig cannot be read.
+    """
+    in_cluster = KubeApi.in_cluster_available()
+    if config.auth == "tokenreview" and not config.kubeconfig and not in_cluster:
+        raise ConfigError(OFF_CLUSTER)
+    if not config.kubeconfig and not in_cluster:
+        return None
+    try:
+        return KubeApi.from_kubeconfig(config.kubeconfig)
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, TypeError, AttributeError, ValueError) as exc:  # the client's reading of a malformed file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"TIMEKEEPER_KUBECONFIG={config.kubeconfig} is not a kubeconfig: {first}") from None
 
 
 def _flag(raw: str, name: str) -> bool:

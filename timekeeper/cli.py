@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from timekeeper.app import NO_AUTH_WARNING
+    from timekeeper.app import NO_AUTH_WARNING, kube_api
     from timekeeper.auth import load_static_tokens
     from timekeeper.config import TimekeeperConfig
     from timekeeper.db import Database
@@ -71,9 +71,11 @@ def _serve(args: argparse.Namespace) -> int:
     config = TimekeeperConfig.from_env()
     overrides = {key: getattr(args, key) for key in ("host", "port", "workers", "threads") if getattr(args, key) is not None}
     config = replace(config, **overrides)
-    # Fail at start, in one line, rather than in every worker.
+    # What every worker's create_app needs, checked once here and said in one line: a worker that fails to boot
+    # prints a traceback, and gunicorn gives up with exit status 3.
     if config.static_tokens_file:
         load_static_tokens(config.static_tokens_file)
+    kube_api(config)
     database = Database.from_config(config)
     problem = schema_problem(database.engine)
     database.dispose()
@@ -89,11 +91,21 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _upgrade(args: argparse.Namespace) -> int:
-    from timekeeper.config import TimekeeperConfig
-    from timekeeper.schema import upgrade
+    from alembic.util import CommandError
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
 
-    url = args.database_url or TimekeeperConfig.from_env().database_url
-    upgrade(url, args.revision)
+    from timekeeper.config import TimekeeperConfig, database_url
+    from timekeeper.schema import first_line, upgrade
+
+    url = database_url(args.database_url, "--database-url") if args.database_url else TimekeeperConfig.from_env().database_url
+    try:
+        upgrade(url, args.revision)
+    except CommandError as exc:
+        raise ConfigError(f"cannot migrate to --revision {args.revision}: {exc}") from None
+    except SQLAlchemyError as exc:
+        shown = make_url(url).render_as_string(hide_password=True)
+        raise ConfigError(f"cannot migrate the database {shown}: {first_line(exc)}") from None
     print(f"database migrated to {args.revision}")
     return 0
 
