@@ -18,7 +18,14 @@ from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
-from timekeeper.budget import BudgetRequestError, BudgetStatus, budget_from_json, check_namespace, top_up_from_json
+from timekeeper.budget import (
+    BudgetRequestError,
+    BudgetStatus,
+    budget_from_json,
+    check_namespace,
+    default_budget_json,
+    top_up_from_json,
+)
 from timekeeper.config import TimekeeperConfig
 from timekeeper.db import Database
 from timekeeper.demotion import Demoter
@@ -105,7 +112,8 @@ def create_app(
     @app.get("/api/v1/budgets")
     def list_budgets() -> Response:
         caller()
-        return jsonify(items=[status.to_json() for status in budgets.statuses()])
+        default = default_budget_json(budgets.default_gpu_minutes, budgets.default_period)
+        return jsonify(items=[status.to_json() for status in budgets.statuses()], default=default)
 
     @app.get("/api/v1/budgets/<namespace>")
     def get_budget(namespace: str) -> Response:

@@ -117,6 +117,12 @@ def state_for(allowance_gpu_minutes: float | None, used_micro_gpu_seconds: int) 
     return BudgetState.IN_BUDGET
 
 
+def default_budget_json(gpu_minutes: float | None, period: Period) -> dict[str, Any]:
+    """The default budget as `GET /api/v1/budgets` tells it: what holds for every namespace the listing leaves out
+    (no budget of its own, no use and no top-up this period), whose state is that of no use at all."""
+    return {"gpuMinutes": gpu_minutes, "period": str(period), "state": str(state_for(gpu_minutes, 0))}
+
+
 def effective_budget(namespace: str, budget: Budget | None, default_gpu_minutes: float | None, default_period: Period) -> Budget:
     """The namespace's own budget, or the default one (unlimited when no default is configured)."""
     if budget is not None:

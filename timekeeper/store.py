@@ -54,7 +54,7 @@ class StatusReads:
     store: BudgetStore
     effective: dict[str, Budget]
     windows: dict[Period, PeriodWindow]
-    listing: bool  # every namespace: those without a budget of their own are listed when they have use
+    listing: bool  # every namespace: those without a budget of their own are listed when they have use or top-ups
     used_rows: Iterable[Any]
     topped_rows: Iterable[Any]
 
@@ -64,10 +64,11 @@ class StatusReads:
         effective = dict(self.effective)
         store = self.store
         if self.listing:
-            default = f"used_{store.default_period}"
-            for namespace, row in used.items():
-                if namespace not in effective and getattr(row, default):
-                    effective[namespace] = effective_budget(namespace, None, store.default_gpu_minutes, store.default_period)
+            kind = store.default_period.value
+            active = {n for n, row in used.items() if getattr(row, f"used_{kind}")}
+            active |= {n for n, row in topped.items() if getattr(row, f"topped_{kind}")}
+            for namespace in active - effective.keys():
+                effective[namespace] = effective_budget(namespace, None, store.default_gpu_minutes, store.default_period)
         result = {}
         for namespace, budget in effective.items():
             kind = budget.period.value
@@ -110,7 +111,7 @@ class BudgetStore:
         return self.statuses_in(conn, [namespace], now)[namespace]
 
     def statuses(self) -> list[BudgetStatus]:
-        """Every namespace with a budget, and every other namespace with use in its (default) period."""
+        """Every namespace with a budget, and every other namespace with use or top-ups in its (default) period."""
         with self.db.read() as conn:
             return sorted(self.statuses_in(conn, None, self.clock()).values(), key=lambda status: status.namespace)
 

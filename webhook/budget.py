@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -14,22 +15,43 @@ from gpusharing.contract import BudgetState
 log = logging.getLogger(__name__)
 
 
-def states_from_listing(body: object) -> dict[str, BudgetState]:
-    """namespace -> state from the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown."""
+@dataclass(frozen=True)
+class BudgetStates:
+    """The timekeeper's listing as the webhook keeps it."""
+
+    listed: Mapping[str, BudgetState]
+    default: BudgetState = BudgetState.UNKNOWN  # the state of every namespace the listing leaves out
+
+    def of(self, namespace: str) -> BudgetState:
+        return self.listed.get(namespace, self.default)
+
+
+def states_from_listing(body: object) -> BudgetStates:
+    """The states in the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown.
+
+    A namespace the listing leaves out is under the default budget with no use: `default.state`. A timekeeper
+    that does not say (before it did) leaves such namespaces unknown.
+    """
     if not isinstance(body, Mapping) or not isinstance(body.get("items"), list):
         raise ValueError("expected an object with an 'items' list")
-    states: dict[str, BudgetState] = {}
+    listed: dict[str, BudgetState] = {}
     for item in body["items"]:
         if isinstance(item, Mapping) and isinstance(item.get("namespace"), str):
-            try:
-                states[item["namespace"]] = BudgetState(item.get("state"))
-            except ValueError:
-                states[item["namespace"]] = BudgetState.UNKNOWN
-    return states
+            listed[item["namespace"]] = _state(item.get("state"))
+    default = body.get("default")
+    return BudgetStates(listed, _state(default.get("state")) if isinstance(default, Mapping) else BudgetState.UNKNOWN)
+
+
+def _state(raw: object) -> BudgetState:
+    try:
+        return BudgetState(raw)
+    except ValueError:
+        return BudgetState.UNKNOWN
 
 
 class BudgetStateCache:
-    """The last known state of every namespace; a namespace never heard of is unknown (treated as in budget)."""
+    """The last known state of every namespace, and of those the timekeeper did not list; before the first answer
+    every namespace is unknown (treated as in budget)."""
 
     def __init__(
         self,
@@ -42,13 +64,13 @@ class BudgetStateCache:
         self._token_file = token_file
         self._refresh_seconds = refresh_seconds
         self._on_refresh = on_refresh  # called with True/False after each attempt (metrics)
-        self._states: dict[str, BudgetState] = {}
+        self._states = BudgetStates({})
         self._session = requests.Session()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def state_of(self, namespace: str) -> BudgetState:
-        return self._states.get(namespace, BudgetState.UNKNOWN)
+        return self._states.of(namespace)
 
     def refresh(self) -> bool:
         """One poll; on failure the last known states stay in force."""

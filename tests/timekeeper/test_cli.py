@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 from flask import Flask
-from werkzeug.serving import make_server
 
 from gpusharing.cli import main
-from tests.timekeeper.conftest import ADMIN, METER, READER
+from tests.timekeeper.conftest import ADMIN, METER, READER, served
+
+
+@pytest.fixture(autouse=True)
+def quiet_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timekeeper these tests talk to runs in this process: its info lines would mix with the command's output."""
+    monkeypatch.setenv("GPUSHARING_LOG_LEVEL", "warning")
 
 
 @pytest.fixture
 def url(app: Flask) -> Iterator[str]:
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    with served(app) as base:
+        yield base
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -15,10 +15,11 @@ from webhook.config import WebhookConfig
 
 
 class FakeTimekeeper:
-    """The timekeeper's `GET /api/v1/budgets`, over real HTTP on loopback; `items` and `up` are set by tests."""
+    """The timekeeper's `GET /api/v1/budgets`, over real HTTP on loopback; `items`, `default` and `up` are set by tests."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
+        self.default: dict[str, Any] | None = None  # None: a timekeeper from before the listing told its default
         self.up = True
         self.authorizations: list[str | None] = []
         fake = self
@@ -30,7 +31,8 @@ class FakeTimekeeper:
                     self.send_response(503)
                     self.end_headers()
                     return
-                body = json.dumps({"items": fake.items}).encode()
+                listing = {"items": fake.items} if fake.default is None else {"items": fake.items, "default": fake.default}
+                body = json.dumps(listing).encode()
                 self.send_response(200 if self.path == "/api/v1/budgets" else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
