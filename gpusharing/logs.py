@@ -62,7 +62,16 @@ class JsonFormatter(logging.Formatter):
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Ours, so that configuring again replaces it rather than adding a second."""
+    """Ours, so that configuring again replaces it rather than adding a second. It writes to sys.stderr as it is at
+    each line (as logging's last resort does), not as it was when configured: a test may have replaced it since."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
 
 
 def configure_logging(environ: Mapping[str, str] = os.environ) -> None:
@@ -72,7 +81,7 @@ def configure_logging(environ: Mapping[str, str] = os.environ) -> None:
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(handler)
-    handler = _Handler(sys.stderr)
+    handler = _Handler()
     handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(level.upper())
