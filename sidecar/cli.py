@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    # Imported here so the other roles' commands do not pay for requests and NVML.
+    # Imported here so that the other roles' commands do not load NVML.
     from sidecar.config import MeterConfig
     from sidecar.meter import run_meter
 

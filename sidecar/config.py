@@ -48,10 +48,6 @@ class MeterConfig:
             gpu_reader=_reader_path(env_text(GPU_READER, DEFAULT_GPU_READER, environ)),
         )
 
-    @property
-    def reports_url(self) -> str:
-        return f"{self.timekeeper_url}/api/v1/reports"
-
 
 def _positive(name: str, environ: Mapping[str, str], maximum: float) -> float:
     raw = env_text(name, environ=environ)

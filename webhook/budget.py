@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
 from gpusharing.contract import BudgetState
+from gpusharing.jsonhttp import JsonClient, Unreachable
 
 log = logging.getLogger(__name__)
+
+LISTING_PATH = "/api/v1/budgets"
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,12 @@ class BudgetStateCache:
         refresh_seconds: float = 5.0,
         on_refresh: Any = None,
     ):
-        self._url = f"{timekeeper_url}/api/v1/budgets" if timekeeper_url else None
+        self._http = JsonClient(timekeeper_url, timeout=5, connect_timeout=2) if timekeeper_url else None
+        self._url = f"{timekeeper_url}{LISTING_PATH}"
         self._token_file = token_file
         self._refresh_seconds = refresh_seconds
         self._on_refresh = on_refresh  # called with True/False after each attempt (metrics)
         self._states = BudgetStates({})
-        self._session = requests.Session()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -74,13 +75,14 @@ class BudgetStateCache:
 
     def refresh(self) -> bool:
         """One poll; on failure the last known states stay in force."""
-        if self._url is None:
+        if self._http is None:
             return False
         try:
-            response = self._session.get(self._url, headers=self._headers(), timeout=(2, 5))
-            response.raise_for_status()
-            states = states_from_listing(response.json())
-        except (requests.RequestException, ValueError, OSError) as exc:
+            answer = self._http.request("GET", LISTING_PATH, token=self._token())
+            if answer.status != 200:
+                raise ValueError(f"HTTP {answer.status}: {answer.message}")
+            states = states_from_listing(answer.json())
+        except (Unreachable, ValueError, OSError) as exc:
             log.warning("budget states not refreshed from %s, keeping the last known: %s", self._url, exc)
             self._report(False)
             return False
@@ -89,7 +91,7 @@ class BudgetStateCache:
         return True
 
     def start(self) -> None:
-        if self._url is None or self._thread is not None:
+        if self._http is None or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="budget-state-refresh", daemon=True)
         self._thread.start()
@@ -104,11 +106,11 @@ class BudgetStateCache:
             self.refresh()
             self._stop.wait(self._refresh_seconds)
 
-    def _headers(self) -> dict[str, str]:
+    def _token(self) -> str | None:
         if not self._token_file:
-            return {}
+            return None
         with open(self._token_file, encoding="utf-8") as handle:  # read afresh: the kubelet rotates it
-            return {"Authorization": f"Bearer {handle.read().strip()}"}
+            return handle.read().strip()
 
     def _report(self, ok: bool) -> None:
         if self._on_refresh is not None:
