@@ -21,6 +21,7 @@ from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, l
 from timekeeper.budget import (
     BudgetRequestError,
     BudgetStatus,
+    budget_changes_from_json,
     budget_from_json,
     check_namespace,
     default_budget_json,
@@ -31,7 +32,7 @@ from timekeeper.db import Database
 from timekeeper.demotion import Demoter
 from timekeeper.kube import KubeApi, KubeUnavailable
 from timekeeper.schema import head_revision, schema_problem
-from timekeeper.store import BudgetStore, Clock, NoBudget, NoLimit, utc_now
+from timekeeper.store import BudgetChange, BudgetStore, Clock, NoBudget, NoLimit, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,20 @@ def create_app(
         caller()
         return jsonify(budgets.status(check_namespace(namespace)).to_json())
 
-    @app.put("/api/v1/budgets/<namespace>")
-    def put_budget(namespace: str) -> tuple[Response, int]:
-        who = admin()
-        change = budgets.set_budget(budget_from_json(namespace, body(), config.default_period), who.name)
+    def answer_change(change: BudgetChange, who: Caller) -> tuple[Response, int]:
         changed("set", who, change.status)
         crossed(change.crossed, change.status, f"its budget was set by {who.name}")
         return jsonify(change.status.to_json()), 201 if change.created else 200
+
+    @app.put("/api/v1/budgets/<namespace>")
+    def put_budget(namespace: str) -> tuple[Response, int]:
+        who = admin()
+        return answer_change(budgets.set_budget(budget_from_json(namespace, body(), config.default_period), who.name), who)
+
+    @app.patch("/api/v1/budgets/<namespace>")
+    def patch_budget(namespace: str) -> tuple[Response, int]:
+        who = admin()
+        return answer_change(budgets.patch_budget(check_namespace(namespace), budget_changes_from_json(body()), who.name), who)
 
     @app.delete("/api/v1/budgets/<namespace>")
     def delete_budget(namespace: str) -> Response:

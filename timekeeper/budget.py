@@ -153,17 +153,39 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaustion": "evict_on_exhaustion"}
+
+
 def budget_from_json(namespace: str, body: object, default_period: Period) -> Budget:
     """A budget from `PUT /api/v1/budgets/{namespace}`: gpuMinutes (a number, or null for unlimited), period, evictOnExhaustion."""
     fields = _object(body, required=("gpuMinutes",), optional=("period", "evictOnExhaustion"))
-    gpu_minutes = None if fields["gpuMinutes"] is None else _minutes(fields["gpuMinutes"], "gpuMinutes", allow_zero=True)
-    period_raw = fields.get("period", default_period.value)
-    if period_raw not in tuple(Period):
-        raise BudgetRequestError(f"period must be one of {', '.join(Period)}, not {period_raw!r}")
-    evict = fields.get("evictOnExhaustion", False)
-    if not isinstance(evict, bool):
-        raise BudgetRequestError("evictOnExhaustion must be true or false")
-    return Budget(check_namespace(namespace), gpu_minutes, Period(period_raw), evict)
+    given = _budget_fields(fields)
+    return Budget(check_namespace(namespace), given["gpu_minutes"], given.get("period", default_period),
+                  given.get("evict_on_exhaustion", False))
+
+
+def budget_changes_from_json(body: object) -> dict[str, Any]:
+    """The changes of `PATCH /api/v1/budgets/{namespace}`: the fields it names, at least one, as Budget's."""
+    changes = _budget_fields(_object(body, required=(), optional=tuple(BUDGET_FIELDS)))
+    if not changes:
+        raise BudgetRequestError(f"name at least one of {', '.join(BUDGET_FIELDS)}")
+    return changes
+
+
+def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    given: dict[str, Any] = {}
+    if "gpuMinutes" in fields:
+        raw = fields["gpuMinutes"]
+        given["gpu_minutes"] = None if raw is None else _minutes(raw, "gpuMinutes", allow_zero=True)
+    if "period" in fields:
+        if fields["period"] not in tuple(Period):
+            raise BudgetRequestError(f"period must be one of {', '.join(Period)}, not {fields['period']!r}")
+        given["period"] = Period(fields["period"])
+    if "evictOnExhaustion" in fields:
+        if not isinstance(fields["evictOnExhaustion"], bool):
+            raise BudgetRequestError("evictOnExhaustion must be true or false")
+        given["evict_on_exhaustion"] = fields["evictOnExhaustion"]
+    return given
 
 
 def top_up_from_json(body: object) -> tuple[float, str]:

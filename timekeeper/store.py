@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Date, and_, bindparam, case, func, select
@@ -170,10 +170,20 @@ class BudgetStore:
     # -- writes (each in one transaction, with its audit record) --------------------------------------------------
 
     def set_budget(self, budget: Budget, actor: str) -> BudgetChange:
+        """Gives the namespace `budget`, in place of what it had."""
+        return self._set_budget(budget.namespace, lambda _current: budget, actor)
+
+    def patch_budget(self, namespace: str, changes: Mapping[str, Any], actor: str) -> BudgetChange:
+        """Changes only the fields of its budget that `changes` names (Budget's): of its own budget, or of the default
+        one when it has none (the result becomes its own)."""
+        return self._set_budget(namespace, lambda current: replace(current, **changes), actor)
+
+    def _set_budget(self, namespace: str, change: Callable[[Budget], Budget], actor: str) -> BudgetChange:
         now = self.clock()
         with self.db.write() as conn:
-            before = self.status_in(conn, budget.namespace, now, lock=True)
-            existed = conn.execute(select(budgets.c.namespace).where(budgets.c.namespace == budget.namespace)).first()
+            before = self.status_in(conn, namespace, now, lock=True)
+            existed = conn.execute(select(budgets.c.namespace).where(budgets.c.namespace == namespace)).first()
+            budget = change(Budget(namespace, before.gpu_minutes, before.period, before.evict_on_exhaustion))
             values = {
                 "gpu_minutes": budget.gpu_minutes,
                 "period": budget.period.value,

@@ -148,6 +148,36 @@ def test_the_webhook_sees_every_namespace_as_the_timekeeper_does(make_app: AppFa
         assert cache.state_of("newteam") is BudgetState.OVER_BUDGET
 
 
+def test_patch_changes_only_what_it_names_and_starts_from_the_default(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(default_gpu_minutes=600.0, default_period=Period.WEEKLY).test_client(), ADMIN)
+    created = api.patch("/api/v1/budgets/team-a", json={"evictOnExhaustion": True})
+    assert created.status_code == 201
+    assert (created.json["gpuMinutes"], created.json["period"], created.json["evictOnExhaustion"]) == (600.0, "weekly", True)
+    changed = api.patch("/api/v1/budgets/team-a", json={"gpuMinutes": 90})
+    assert changed.status_code == 200
+    assert (changed.json["gpuMinutes"], changed.json["period"], changed.json["evictOnExhaustion"]) == (90.0, "weekly", True)
+    unlimited = api.patch("/api/v1/budgets/team-a", json={"gpuMinutes": None, "period": "daily"}).json
+    assert (unlimited["state"], unlimited["period"], unlimited["evictOnExhaustion"]) == ("unlimited", "daily", True)
+    assert [c["action"] for c in api.get("/api/v1/budgets/team-a/changes").json["items"]] == ["set", "set", "set"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "name at least one of gpuMinutes, period, evictOnExhaustion"),
+        ({"period": "yearly"}, "period must be one of daily, weekly, monthly, none, not 'yearly'"),
+        ({"evictOnExhaustion": "yes"}, "evictOnExhaustion must be true or false"),
+        ({"gpuMinutes": -1}, "gpuMinutes must be a finite number, at least 0"),
+        ({"reason": "x"}, "unknown field(s): reason"),
+    ],
+)
+def test_a_bad_patch_is_refused_and_changes_nothing(api: SpecClient, body: dict[str, Any], message: str) -> None:
+    answer = api.patch("/api/v1/budgets/team-a", json=body)
+    assert answer.status_code == 400 and message in answer.json["error"]
+    assert api.get("/api/v1/budgets").json["items"] == []
+    assert api.as_(READER).patch("/api/v1/budgets/team-a", json={"gpuMinutes": 1}).status_code == 403
+
+
 def test_a_budget_without_period_never_renews(api: SpecClient, clock: Clock) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "none"})
     api.as_(METER).post("/api/v1/reports", json=report(1, 120))
@@ -318,7 +348,7 @@ def test_metrics_show_budgets_reports_and_memory_overruns(app: Flask, api: SpecC
 def test_unknown_paths_and_methods_answer_json_errors(api: SpecClient) -> None:
     missing = api.client.get("/api/v1/nothing")
     assert missing.status_code == 404 and missing.get_json()["error"]
-    wrong = api.client.patch("/api/v1/budgets/team-a")
+    wrong = api.client.post("/api/v1/budgets/team-a")
     assert wrong.status_code == 405 and wrong.get_json()["error"]
 
 
