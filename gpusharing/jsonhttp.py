@@ -123,7 +123,7 @@ class JsonClient:
         if isinstance(exc, socket.gaierror):
             return f"the host name {self.host!r} does not resolve: check the URL {self.base_url}"
         if isinstance(exc, ConnectionRefusedError):
-            return f"connection refused by {where}: nothing listens there (is the server running, the port forwarded?)"
+            return f"connection refused by {where}: is the server running there?"
         if isinstance(exc, TimeoutError):
             return f"no answer from {where} within {timeout:g} s"
         if isinstance(exc, ssl.SSLCertVerificationError):

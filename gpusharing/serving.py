@@ -29,6 +29,10 @@ from gpusharing.metrics import MULTIPROC_ENV
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
+MAX_WORKERS = 64
+MAX_THREADS = 1024
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     host: str = "127.0.0.1"

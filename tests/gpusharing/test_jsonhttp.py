@@ -96,7 +96,7 @@ def test_connection_refused_says_nothing_listens_there() -> None:
     port = free_port()
     with pytest.raises(Unreachable) as caught:
         JsonClient(f"http://127.0.0.1:{port}").request("GET", "/")
-    assert str(caught.value) == f"connection refused by 127.0.0.1:{port}: nothing listens there (is the server running, the port forwarded?)"
+    assert str(caught.value) == f"connection refused by 127.0.0.1:{port}: is the server running there?"
 
 
 def test_a_host_name_that_does_not_resolve_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
