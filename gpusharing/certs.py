@@ -8,6 +8,7 @@ import datetime
 import ipaddress
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +110,8 @@ def _general_name(name: str) -> x509.GeneralName:
 WEBHOOK_SERVICE = "gpusharing-webhook"
 WEBHOOK_SECRET = "gpusharing-webhook-tls"
 WEBHOOK_CONFIGURATIONS = (("MutatingWebhookConfiguration", 0), ("ValidatingWebhookConfiguration", 0))
+DATABASE_SECRET = "gpusharing-database"
+DATABASE_ENV = "database.env"
 
 
 def service_names(namespace: str) -> list[str]:
@@ -122,9 +125,15 @@ def service_names(namespace: str) -> list[str]:
 
 
 def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> Path:
-    """A kustomize overlay of `base` with the webhook's TLS Secret and the caBundle of both configurations."""
+    """A kustomize overlay of `base` with the webhook's TLS Secret and the caBundle of both configurations, and the
+    database Secret generated from a database.env with a random password (kept when the overlay is written again:
+    PostgreSQL keeps the password it was first started with)."""
     certificate = make_serving_certificate(service_names(namespace), days)
     output.mkdir(parents=True, exist_ok=True)
+    database_env = output / DATABASE_ENV
+    if not database_env.exists():
+        database_env.touch(mode=0o600)
+        database_env.write_text(f"password={secrets.token_hex(24)}\n")
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -149,11 +158,13 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
         "kind": "Kustomization",
         "resources": [os.path.relpath(base.resolve(), output.resolve()), "webhook-tls-secret.yaml"],
         "patches": patches,
+        "secretGenerator": [{"name": DATABASE_SECRET, "namespace": namespace, "envs": [DATABASE_ENV]}],
     }
     (output / "webhook-tls-secret.yaml").touch(mode=0o600)
     (output / "webhook-tls-secret.yaml").write_text(yaml.safe_dump(secret, sort_keys=False))
     (output / "kustomization.yaml").write_text(
-        "# Written by `gpusharing certs`: the webhook's TLS without cert-manager. Apply with kubectl apply -k.\n"
+        "# Written by `gpusharing certs`: the webhook's TLS without cert-manager, and the database password from\n"
+        "# database.env. Apply with kubectl apply -k.\n"
         + yaml.safe_dump(kustomization, sort_keys=False)
     )
     return output
@@ -195,6 +206,6 @@ def _certs(args: argparse.Namespace) -> int:
     if not (args.base / "kustomization.yaml").is_file():
         raise ConfigError(f"{args.base} holds no kustomization.yaml: give --base the path of manifests/base")
     output = write_overlay(args.namespace, args.base, args.output, args.days)
-    print(f"wrote {output}/ (Secret {WEBHOOK_SECRET} and the caBundle of both webhook configurations)")
+    print(f"wrote {output}/ (Secret {WEBHOOK_SECRET}, the caBundle of both webhook configurations, {DATABASE_ENV})")
     print(f"install with: kubectl apply -k {output}")
     return 0
