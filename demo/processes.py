@@ -63,6 +63,9 @@ class Service:
             try:
                 if session.get(self.ready_url, verify=self.verify, timeout=1).status_code == 200:
                     return self
+            except requests.exceptions.SSLError as refused:  # it answers: waiting longer would change nothing
+                self.stop()
+                raise RuntimeError(f"{self.name} answers, but its TLS certificate was not accepted: {refused}") from None
             except requests.RequestException:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
