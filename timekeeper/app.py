@@ -40,7 +40,7 @@ def create_app(
     clock: Clock = utc_now,
     background: bool = True,
 ) -> Flask:
-    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
+    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
     config = config or TimekeeperConfig.from_env()
     if kube is None and (config.auth == "tokenreview" or config.kubeconfig or KubeApi.in_cluster_available()):
         kube = KubeApi.from_kubeconfig(config.kubeconfig)
