@@ -27,7 +27,8 @@ from kubernetes import client, config as kube_config
 
 from demo.processes import free_port
 
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+REQUIRED = ("etcd", "kube-apiserver")
+CONTROLLER_MANAGER = "kube-controller-manager"  # optional: envtest's binaries come without it
 START_TIMEOUT_SECONDS = 90  # only stops a broken start from hanging; not a speed check
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMISSION_PLUGINS = (
@@ -47,7 +48,7 @@ class ControlPlaneUnavailable(RuntimeError):
 
 
 def missing_binaries(assets: Path) -> list[str]:
-    return [name for name in BINARIES if not os.access(assets / name, os.X_OK)]
+    return [name for name in REQUIRED if not os.access(assets / name, os.X_OK)]
 
 
 @dataclass
@@ -57,6 +58,11 @@ class ControlPlane:
     ca_file: Path
     admin_kubeconfig: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def runs_controllers(self) -> bool:
+        """Whether kube-controller-manager runs (Jobs, Deployments, ServiceAccounts, PodDisruptionBudget status)."""
+        return CONTROLLER_MANAGER in self.processes
 
     @classmethod
     def start(cls, assets: Path) -> "ControlPlane":
@@ -131,9 +137,11 @@ class ControlPlane:
             "--profiling=false",
         )
         self._wait_ready()
+        if not os.access(assets / CONTROLLER_MANAGER, os.X_OK):
+            return
         self._run(
-            "kube-controller-manager",
-            assets / "kube-controller-manager",
+            CONTROLLER_MANAGER,
+            assets / CONTROLLER_MANAGER,
             "--kubeconfig", self.admin_kubeconfig,
             "--service-account-private-key-file", d / "sa.key",
             "--root-ca-file", self.ca_file,

@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import requests
 from kubernetes import utils
 
@@ -162,8 +163,14 @@ class GpuSharing:
         """A new namespace of its own for one test, with its default ServiceAccount ready."""
         name = f"{prefix}-{next(self._names)}"
         self.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        if not self.plane.runs_controllers:  # what the ServiceAccount controller would do
+            self.service_account(name, "default")
         wait_for(lambda: self._exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"), f"the default ServiceAccount of {name}")
         return name
+
+    def require_controllers(self) -> None:
+        if not self.plane.runs_controllers:
+            pytest.skip("this test needs kube-controller-manager, which KUBEBUILDER_ASSETS does not hold")
 
     def service_account(self, namespace: str, name: str) -> None:
         self.rest("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})

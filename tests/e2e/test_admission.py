@@ -68,6 +68,7 @@ def test_every_example_pod_is_admitted_with_the_default_service_account_token(gp
 
 
 def test_pods_of_a_job_and_of_a_deployment_are_admitted_as_their_controllers_create_them(gpusharing: GpuSharing) -> None:
+    gpusharing.require_controllers()
     namespace = gpusharing.namespace("e2e-controllers")
     for name in EXAMPLE_JOBS:
         job = example(name)

@@ -67,6 +67,7 @@ def evictions_refused(gpusharing: GpuSharing) -> float:
 
 
 def test_exhaustion_is_an_event_on_the_namespace_and_evicts_within_disruption_budgets(gpusharing: GpuSharing) -> None:
+    gpusharing.require_controllers()
     namespace = gpusharing.namespace("e2e-evict")
     gpusharing.set_budget(namespace, gpu_minutes=1, evict=True)
     pod = gpu_pod(gpusharing, namespace, "train", labels={"app": "train"})
