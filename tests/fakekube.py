@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes import client
 
+from demo.jsonhttp import reply_json
 from gpusharing.contract import ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
@@ -141,12 +142,7 @@ class FakeKube:
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
-        payload = json.dumps(answer).encode()
-        handler.send_response(code)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
+        reply_json(handler, code, answer)
 
     def _answer(self, method: str, path: str, query: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":

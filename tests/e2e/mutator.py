@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from demo.jsonhttp import reply_json
 from gpusharing.certs import make_serving_certificate
 
 LABEL = "e2e.gpusharing.io/mutate"
@@ -48,12 +49,7 @@ class Mutator:
                 patch = mutation(review["request"]["object"])
                 if patch:
                     response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
-                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                reply_json(self, 200, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 
             def log_message(self, *args: Any) -> None:
                 pass
