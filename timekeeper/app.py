@@ -50,7 +50,7 @@ def create_app(
     clock: Clock = utc_now,
     background: bool = True,
 ) -> Flask:
-    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
+    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
     config = config or TimekeeperConfig.from_env()
     if kube is None:
         kube = kube_api(config)
@@ -248,13 +248,14 @@ def create_app(
 
 OFF_CLUSTER = (
     "TIMEKEEPER_AUTH=tokenreview checks tokens with the Kubernetes API, and there is no in-cluster ServiceAccount "
-    "here: set TIMEKEEPER_KUBECONFIG, or off-cluster TIMEKEEPER_AUTH=static with TIMEKEEPER_STATIC_TOKENS_FILE "
-    "(TIMEKEEPER_AUTH=none for a local demo)"
+    "here: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or off-cluster TIMEKEEPER_AUTH=static with "
+    "TIMEKEEPER_STATIC_TOKENS_FILE (TIMEKEEPER_AUTH=none for a local demo)"
 )
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:
-    """The Kubernetes API of TIMEKEEPER_KUBECONFIG or of the cluster the timekeeper runs in; None when neither.
+    """The Kubernetes API of the kubeconfig (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) or of the cluster the timekeeper
+    runs in; None when neither.
 
     ConfigError, one line saying what to set, when tokenreview has no API or the kubeconfig cannot be read.
     """
@@ -269,7 +270,7 @@ def kube_api(config: TimekeeperConfig) -> KubeApi | None:
         raise
     except (yaml.YAMLError, TypeError, AttributeError, ValueError) as exc:  # the client's reading of a malformed file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"TIMEKEEPER_KUBECONFIG={config.kubeconfig} is not a kubeconfig: {first}") from None
+        raise ConfigError(f"the kubeconfig {config.kubeconfig} (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: {first}") from None
 
 
 def _flag(raw: str, name: str) -> bool:

@@ -118,13 +118,14 @@ class Demoter:
         if event is not None:
             reason, message, warning = event
             try:
-                self.kube.record_event(status.namespace, reason, message, warning)
+                recorded = self.kube.record_event(status.namespace, reason, message, warning)
             except KubeUnavailable as exc:
                 log.warning("%s; will try again", exc, extra=fields)
                 return  # not claimed: the next pass records it
-            metrics.EVENTS.labels(reason).inc()
-            done.events.append((status.namespace, reason))
-            fields["event"] = reason
+            if recorded:
+                metrics.EVENTS.labels(reason).inc()
+                done.events.append((status.namespace, reason))
+                fields["event"] = reason
         if self.budgets.claim_transition(status.namespace, status.state) is not None:
             log.info("namespace %s: %s -> %s%s", status.namespace, previous, status.state,
                      f" ({event[1]})" if event else "", extra=fields)

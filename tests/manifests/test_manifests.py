@@ -17,27 +17,15 @@ import yaml
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.certs import write_overlay
 from tests.gpusharing.test_request import INVALID
+from tests.kustomize import MANIFESTS, PASSWORD, installable_manifests, kustomize
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
 
 
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    rendered = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
-    return [doc for doc in yaml.safe_load_all(rendered) if doc]
-
-
-PASSWORD = "0123456789abcdef0123456789abcdef"
-
-
 @pytest.fixture(scope="module")
 def installable(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """manifests/ as an installer has it: with the database.env README's first step writes."""
-    copy = tmp_path_factory.mktemp("install") / "manifests"
-    shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("local-certs", "database.env"))
-    (copy / "database.env").write_text(f"password={PASSWORD}\n")
-    return copy
+    return installable_manifests(tmp_path_factory.mktemp("install"))
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +177,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "pods", "list"),
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
+        ("", "namespaces", "get"),
     }
     bound = {s["name"] for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
     assert "gpusharing-webhook" not in bound

@@ -19,7 +19,7 @@ from tests.timekeeper.conftest import ADMIN, METER
 from timekeeper.app import OFF_CLUSTER
 from timekeeper.schema import schema_problem
 
-OFF_CLUSTER_ENV = {"KUBERNETES_SERVICE_HOST": ""}
+OFF_CLUSTER_ENV = {"KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": "", "TIMEKEEPER_KUBECONFIG": ""}
 
 
 @pytest.fixture
@@ -36,9 +36,10 @@ def migrated(sqlite_template: Path, tmp_path: Path) -> str:
         ({"TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": "{tmp}/missing"},
          "TIMEKEEPER_STATIC_TOKENS_FILE={tmp}/missing: cannot read it: No such file or directory"),
         ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/missing"},
-         "cannot configure the Kubernetes API from TIMEKEEPER_KUBECONFIG={tmp}/missing: Invalid kube-config file. No configuration found."),
+         "cannot configure the Kubernetes API from the kubeconfig {tmp}/missing (TIMEKEEPER_KUBECONFIG, else KUBECONFIG): "
+         "Invalid kube-config file. No configuration found."),
         ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/not-yaml"},
-         "TIMEKEEPER_KUBECONFIG={tmp}/not-yaml is not a kubeconfig: while parsing a flow node"),
+         "the kubeconfig {tmp}/not-yaml (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: while parsing a flow node"),
         ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_DATABASE_URL": "mysql://tk:secret@db/tk"},
          "TIMEKEEPER_DATABASE_URL=mysql://tk:***@db/tk: the timekeeper speaks SQLite and PostgreSQL only: use sqlite:///PATH or "
          "postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE"),
