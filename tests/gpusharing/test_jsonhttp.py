@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from demo.jsonhttp import reply_json
 from demo.processes import free_port
 from gpusharing.jsonhttp import Answer, JsonClient, Unreachable
 
@@ -33,13 +34,8 @@ class EchoServer:
                 self.close_connection = echo.close_after_answer  # as at a keep-alive timeout: without saying so
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
-                payload = json.dumps({"method": self.command, "path": self.path, "body": body,
-                                      "authorization": self.headers.get("Authorization")}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                reply_json(self, 200, {"method": self.command, "path": self.path, "body": body,
+                                       "authorization": self.headers.get("Authorization")})
 
             do_GET = do_POST = _answer  # noqa: N815
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -9,6 +8,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
+from demo.jsonhttp import reply_json
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import WebhookConfig
@@ -32,12 +32,7 @@ class FakeTimekeeper:
                     self.end_headers()
                     return
                 listing = {"items": fake.items} if fake.default is None else {"items": fake.items, "default": fake.default}
-                body = json.dumps(listing).encode()
-                self.send_response(200 if self.path == "/api/v1/budgets" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                reply_json(self, 200 if self.path == "/api/v1/budgets" else 404, listing)
 
             def log_message(self, *args: Any) -> None:
                 pass
