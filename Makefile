@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CONSTRAINTS := constraints.txt
 
-.PHONY: test demo bench clean
+.PHONY: test demo bench clean constraints test-python test-lowest
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -23,5 +24,34 @@ bench: $(STAMP)
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
 
+# Pin what is tested: the newest versions setup.cfg allows, as installed now.
+constraints:
+	rm -rf .venv-constraints
+	$(PYTHON) -m venv .venv-constraints
+	.venv-constraints/bin/pip install --quiet --upgrade pip
+	.venv-constraints/bin/pip install --quiet -e '.[test]'
+	{ sed -n '1,/^[^#]/{/^#/p}' $(CONSTRAINTS); .venv-constraints/bin/pip freeze --exclude-editable; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	rm -rf .venv-constraints
+
+# The suite on another interpreter, in a venv of its own: make test-python PY=/path/to/python3.13
+PY ?= python3
+PY_VENV = .venv-py$(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+test-python:
+	$(PY) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet --upgrade pip
+	$(PY_VENV)/bin/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	$(PY_VENV)/bin/python -m pytest
+
+# The suite on the lower bounds of setup.cfg (each `>=` installed as `==`), so that they are known to work.
+test-lowest:
+	$(PYTHON) -m venv .venv-lowest
+	.venv-lowest/bin/pip install --quiet --upgrade pip
+	.venv-lowest/bin/python -c 'import configparser, re; c = configparser.ConfigParser(); c.read("setup.cfg"); \
+	    wanted = c["options"]["install_requires"].split() + c["options.extras_require"]["test"].split(); \
+	    print("\n".join(re.sub(r"\[.*\]", "", r).replace(">=", "==") for r in wanted if ">=" in r))' > .venv-lowest/lower-bounds.txt
+	.venv-lowest/bin/pip install --quiet -c .venv-lowest/lower-bounds.txt -e '.[test]'
+	.venv-lowest/bin/python -m pytest
+
 clean:
-	rm -rf $(VENV) .demo *.egg-info
+	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info

@@ -24,7 +24,7 @@ import jsonpatch
 import requests
 
 from demo.apiserver import admission_review, example_manifests, example_pod
-from demo.processes import Service, free_port
+from demo.processes import COMMAND, Service, free_port, run_command
 from gpusharing.certs import make_serving_certificate
 
 NAMESPACE = "ml-team"
@@ -95,7 +95,7 @@ class Decisions:
 
 
 def gpusharing(*args: str, env: dict[str, str]) -> str:
-    result = subprocess.run([sys.executable, "-m", "gpusharing.cli", *args], env=env, capture_output=True, text=True, timeout=60)
+    result = run_command(*args, env=env)
     if result.returncode != 0:
         raise SystemExit(f"gpusharing {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout
@@ -133,7 +133,7 @@ def start_meter(pod: dict[str, Any], directory: Path, timekeeper: str, token_fil
         GPUSHARING_METER_TIME_SCALE=str(TIME_SCALE),
     )
     log = open(directory / f"meter-{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "meter"], env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([*COMMAND, "meter"], env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
 
 
 def main() -> int:

@@ -16,6 +16,14 @@ import requests
 START_TIMEOUT_SECONDS = 60  # only stops a broken start from hanging; not a speed check
 
 
+COMMAND = [sys.executable, "-m", "gpusharing.cli"]  # the `gpusharing` command of this interpreter
+
+
+def run_command(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`gpusharing ARGS...` to its end, with `env` over this process's environment; output captured as text."""
+    return subprocess.run([*COMMAND, *args], env={**os.environ, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,7 +55,7 @@ class Service:
 
     def __enter__(self) -> "Service":
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "gpusharing.cli", *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen([*COMMAND, *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         session = requests.Session()
         session.trust_env = False
@@ -55,6 +63,9 @@ class Service:
             try:
                 if session.get(self.ready_url, verify=self.verify, timeout=1).status_code == 200:
                     return self
+            except requests.exceptions.SSLError as refused:  # it answers: waiting longer would change nothing
+                self.stop()
+                raise RuntimeError(f"{self.name} answers, but its TLS certificate was not accepted: {refused}") from None
             except requests.RequestException:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -8,6 +8,7 @@ import datetime
 import ipaddress
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gpusharing.arguments import host_name, namespace, whole_number
 from gpusharing.env import ConfigError
 
 
@@ -39,7 +41,11 @@ class ServingCertificate:
 
 
 def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertificate:
-    """A fresh CA and a certificate signed by it for `names` (DNS names or IP addresses)."""
+    """A fresh CA and a certificate signed by it for `names` (DNS names or IP addresses).
+
+    Both carry what strict verifiers require (OpenSSL's -x509_strict, Python 3.13's default TLS context): key
+    identifiers, critical basicConstraints and keyUsage, and serverAuth for the serving certificate.
+    """
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook CA")])
@@ -52,7 +58,8 @@ def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertif
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(_key_usage(key_cert_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
@@ -67,12 +74,29 @@ def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertif
         .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(digital_signature=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     return ServingCertificate(
         ca_pem=ca.public_bytes(serialization.Encoding.PEM),
         cert_pem=cert.public_bytes(serialization.Encoding.PEM),
         key_pem=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )
+
+
+def _key_usage(digital_signature: bool = False, key_cert_sign: bool = False) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=digital_signature,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=key_cert_sign,
+        crl_sign=key_cert_sign,
+        encipher_only=False,
+        decipher_only=False,
     )
 
 
@@ -86,6 +110,8 @@ def _general_name(name: str) -> x509.GeneralName:
 WEBHOOK_SERVICE = "gpusharing-webhook"
 WEBHOOK_SECRET = "gpusharing-webhook-tls"
 WEBHOOK_CONFIGURATIONS = (("MutatingWebhookConfiguration", 0), ("ValidatingWebhookConfiguration", 0))
+DATABASE_SECRET = "gpusharing-database"
+DATABASE_ENV = "database.env"
 
 
 def service_names(namespace: str) -> list[str]:
@@ -99,9 +125,15 @@ def service_names(namespace: str) -> list[str]:
 
 
 def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> Path:
-    """A kustomize overlay of `base` with the webhook's TLS Secret and the caBundle of both configurations."""
+    """A kustomize overlay of `base` with the webhook's TLS Secret and the caBundle of both configurations, and the
+    database Secret generated from a database.env with a random password (kept when the overlay is written again:
+    PostgreSQL keeps the password it was first started with)."""
     certificate = make_serving_certificate(service_names(namespace), days)
     output.mkdir(parents=True, exist_ok=True)
+    database_env = output / DATABASE_ENV
+    if not database_env.exists():
+        database_env.touch(mode=0o600)
+        database_env.write_text(f"password={secrets.token_hex(24)}\n")
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -126,14 +158,19 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
         "kind": "Kustomization",
         "resources": [os.path.relpath(base.resolve(), output.resolve()), "webhook-tls-secret.yaml"],
         "patches": patches,
+        "secretGenerator": [{"name": DATABASE_SECRET, "namespace": namespace, "envs": [DATABASE_ENV]}],
     }
     (output / "webhook-tls-secret.yaml").touch(mode=0o600)
     (output / "webhook-tls-secret.yaml").write_text(yaml.safe_dump(secret, sort_keys=False))
     (output / "kustomization.yaml").write_text(
-        "# Written by `gpusharing certs`: the webhook's TLS without cert-manager. Apply with kubectl apply -k.\n"
+        "# Written by `gpusharing certs`: the webhook's TLS without cert-manager, and the database password from\n"
+        "# database.env. Apply with kubectl apply -k.\n"
         + yaml.safe_dump(kustomization, sort_keys=False)
     )
     return output
+
+
+MAX_DAYS = 3650  # ten years: beyond it a renewal is forgotten rather than planned
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -141,14 +178,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "certs",
         help="make a CA and the webhook's serving certificate: a kustomize overlay for clusters without cert-manager, "
         "or PEM files for local runs",
+        description="Make a private CA and the webhook's serving certificate (ECDSA P-256, SHA-256).",
+        epilog="examples:\n"
+        "  gpusharing certs --namespace gpusharing-system     # writes manifests/local-certs/, then:\n"
+        "  kubectl apply -k manifests/local-certs\n"
+        "  gpusharing certs --format pem --output /tmp/tls --name localhost --name 127.0.0.1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    certs.add_argument("--namespace", default="gpusharing-system", help="where the webhook runs")
+    certs.add_argument("--namespace", default="gpusharing-system", type=namespace, help="where the webhook runs")
     certs.add_argument("--base", default="manifests/base", type=Path, help="the manifests to overlay")
     certs.add_argument("--output", default="manifests/local-certs", type=Path, help="the overlay's (or PEM files') directory")
-    certs.add_argument("--days", type=int, default=365, help="validity of the CA and the certificate")
+    certs.add_argument("--days", type=whole_number(1, MAX_DAYS), default=365,
+                       help=f"validity of the CA and the certificate, 1 to {MAX_DAYS} (default 365)")
     certs.add_argument("--format", choices=("overlay", "pem"), default="overlay",
                        help="overlay: Secret and caBundle patch over --base; pem: ca.crt, tls.crt, tls.key")
-    certs.add_argument("--name", action="append", default=[], help="with --format pem: a DNS name or IP to certify (repeatable)")
+    certs.add_argument("--name", action="append", default=[], type=host_name,
+                       help="with --format pem: a DNS name or IP to certify (repeatable)")
     certs.set_defaults(run=_certs)
 
 
@@ -161,6 +206,6 @@ def _certs(args: argparse.Namespace) -> int:
     if not (args.base / "kustomization.yaml").is_file():
         raise ConfigError(f"{args.base} holds no kustomization.yaml: give --base the path of manifests/base")
     output = write_overlay(args.namespace, args.base, args.output, args.days)
-    print(f"wrote {output}/ (Secret {WEBHOOK_SECRET} and the caBundle of both webhook configurations)")
+    print(f"wrote {output}/ (Secret {WEBHOOK_SECRET}, the caBundle of both webhook configurations, {DATABASE_ENV})")
     print(f"install with: kubectl apply -k {output}")
     return 0

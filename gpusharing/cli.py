@@ -6,36 +6,67 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from gpusharing.env import ConfigError
+from gpusharing.logs import configure_logging
 
-# Each role's module has register(subparsers); its parsers set `run` to a function taking the parsed args.
+# Each role's module has register(subparsers); its parsers set `run` to a function taking the parsed args. A module
+# may also have global_options(parser): options taken before the command too, as kubectl takes its global flags.
 # Keyed by the commands each one registers, so that a command loads only its own role: the meter runs in every
 # GPU pod under a small memory limit and must not carry the servers' libraries.
 _ROLES = {
     "webhook": "webhook.cli",
     "timekeeper": "timekeeper.cli",
     "db": "timekeeper.cli",
-    "budget": "timekeeper.cli",
+    "budget": "timekeeper.admin",
+    "pods": "timekeeper.admin",
     "meter": "sidecar.cli",
     "certs": "gpusharing.certs",
 }
 
+EXAMPLES = """examples:
+  gpusharing db upgrade && TIMEKEEPER_AUTH=none gpusharing timekeeper serve    # a timekeeper on a laptop
+  gpusharing budget set ml-team --gpu-minutes 6000 --timekeeper http://127.0.0.1:8080 --token "$TOKEN"
+  gpusharing budget ls
+  gpusharing pods --over-memory
+  gpusharing COMMAND --help
+"""
+
+
+def _version() -> str:
+    try:
+        return version("kube-gpusharing")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of `command`'s role alone when it is a known command, else of every role (for help and errors)."""
-    parser = argparse.ArgumentParser(prog="gpusharing", description="Governance for shared GPUs on Kubernetes.")
+    parser = argparse.ArgumentParser(
+        prog="gpusharing",
+        description="Governance for shared GPUs on Kubernetes: the admission webhook, the timekeeper (GPU-minute "
+        "budgets), the metering sidecar, and the commands to run and administer them.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = [_ROLES[command]] if command in _ROLES else dict.fromkeys(_ROLES.values())
-    for module in modules:
-        importlib.import_module(module).register(subparsers)
+    for name in modules:
+        module = importlib.import_module(name)
+        module.register(subparsers)
+        if hasattr(module, "global_options"):
+            module.global_options(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
+    command = next((word for word in argv if word in _ROLES), None)  # global options may come before it
     try:
+        args = build_parser(command).parse_args(argv)
+        configure_logging()
         return int(args.run(args) or 0)
     except ConfigError as exc:
         print(f"gpusharing: {exc}", file=sys.stderr)

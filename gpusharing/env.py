@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 
 
@@ -66,3 +67,29 @@ def env_flag(name: str, default: bool, environ: Mapping[str, str] = os.environ) 
     if raw in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{name}={raw!r} must be true or false")
+
+
+def check_http_url(value: str) -> str:
+    """`value` without a trailing '/'; ConfigError when it is not an http:// or https:// URL with a host."""
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        port_ok = parsed.port is None or parsed.port > 0
+    except ValueError:
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
+        example = f"http://{value}" if "://" not in value and value else "http://127.0.0.1:8080"
+        raise ConfigError(f"{value!r} must be an http:// or https:// URL, e.g. {example}")
+    return value.rstrip("/")
+
+
+def env_url(name: str, default: str | None = None, environ: Mapping[str, str] = os.environ, required: bool = False) -> str | None:
+    """An http(s) URL without a trailing '/'; unset: `default`, or ConfigError when `required`."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        if required:
+            raise ConfigError(f"{name} must be set")
+        return default
+    try:
+        return check_http_url(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}={exc}") from None

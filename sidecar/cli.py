@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,10 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _run(args: argparse.Namespace) -> int:
-    # Imported here so the other roles' commands do not pay for requests and NVML.
+    # Imported here so that the other roles' commands do not load NVML.
     from sidecar.config import MeterConfig
     from sidecar.meter import run_meter
 
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s meter %(levelname)s %(message)s")
     run_meter(MeterConfig.from_env())
     return 0

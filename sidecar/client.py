@@ -6,12 +6,11 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
+from gpusharing.jsonhttp import JsonClient, Unreachable
 from gpusharing.report import MeterReport
 
 CONNECT_TIMEOUT_SECONDS = 3.0
-MAX_MESSAGE_CHARS = 300
+REPORTS_PATH = "/api/v1/reports"
 
 
 class Delivery(enum.Enum):
@@ -28,10 +27,9 @@ class Answer:
 
 
 class TimekeeperClient:
-    def __init__(self, reports_url: str, token_path: Path) -> None:
-        self.reports_url = reports_url
+    def __init__(self, timekeeper_url: str, token_path: Path) -> None:
         self.token_path = token_path
-        self._session = requests.Session()  # keep-alive between reports
+        self._http = JsonClient(timekeeper_url, connect_timeout=CONNECT_TIMEOUT_SECONDS)  # kept alive between reports
 
     def send(self, report: MeterReport, timeout: float) -> Answer:
         try:
@@ -42,38 +40,17 @@ class TimekeeperClient:
         if not token:
             return Answer(Delivery.UNAVAILABLE, f"the token file {self.token_path} is empty")
         try:
-            response = self._session.post(
-                self.reports_url,
-                json=report.to_json(),
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=(min(CONNECT_TIMEOUT_SECONDS, timeout), timeout),
-            )
-        except requests.RequestException as exc:
-            return Answer(Delivery.UNAVAILABLE, f"cannot reach {self.reports_url}: {type(exc).__name__}")
-        detail = _message(response)
-        if response.status_code >= 500:
+            answer = self._http.request("POST", REPORTS_PATH, report.to_json(), token, timeout)
+        except Unreachable as exc:
+            return Answer(Delivery.UNAVAILABLE, str(exc))
+        detail = f"HTTP {answer.status}" + (f": {answer.message}" if answer.message else "")
+        if answer.status >= 500:
             return Answer(Delivery.UNAVAILABLE, detail)
-        if response.status_code >= 400:
+        if answer.status >= 400:
             return Answer(Delivery.REFUSED, detail)
-        state = _json(response).get("state")
+        body = answer.json()
+        state = body.get("state") if isinstance(body, dict) else None
         return Answer(Delivery.ACCEPTED, detail, state if isinstance(state, str) else None)
 
     def close(self) -> None:
-        self._session.close()
-
-
-def _json(response: requests.Response) -> dict[str, object]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _message(response: requests.Response) -> str:
-    """HTTP status and the server's own words, on one line."""
-    body = _json(response)
-    said = next((body[key] for key in ("message", "error", "detail") if isinstance(body.get(key), str)), None)
-    text = said if said is not None else response.text
-    text = " ".join(text.split())[:MAX_MESSAGE_CHARS]
-    return f"HTTP {response.status_code}" + (f": {text}" if text else "")
+        self._http.close()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpusharing.contract import METER_STATE_DIR, METER_TOKEN_DIR, METER_TOKEN_FILE, MeterEnv
-from gpusharing.env import ConfigError, env_float, env_text
+from gpusharing.env import ConfigError, env_float, env_text, env_url
 from gpusharing.report import MAX_GPU_SHARE
 
 TIME_SCALE = "GPUSHARING_METER_TIME_SCALE"
@@ -38,7 +38,7 @@ class MeterConfig:
             pod_name=env_text(MeterEnv.POD_NAME, environ=environ),
             pod_uid=env_text(MeterEnv.POD_UID, environ=environ),
             gpu_share=_positive(MeterEnv.GPU_SHARE, environ, MAX_GPU_SHARE),
-            timekeeper_url=_url(env_text(MeterEnv.TIMEKEEPER_URL, environ=environ)),
+            timekeeper_url=str(env_url(MeterEnv.TIMEKEEPER_URL, environ=environ, required=True)),
             token_path=Path(env_text(MeterEnv.TOKEN_PATH, str(cls.token_path), environ)),
             state_dir=Path(env_text(MeterEnv.STATE_DIR, str(cls.state_dir), environ)),
             interval_seconds=env_float(MeterEnv.INTERVAL, cls.interval_seconds, MIN_INTERVAL_SECONDS, environ),
@@ -47,10 +47,6 @@ class MeterConfig:
             gpu_memory_requested_mib=env_float(MeterEnv.GPU_MEMORY_MIB, 0.0, 0.0, environ) or None,
             gpu_reader=_reader_path(env_text(GPU_READER, DEFAULT_GPU_READER, environ)),
         )
-
-    @property
-    def reports_url(self) -> str:
-        return f"{self.timekeeper_url}/api/v1/reports"
 
 
 def _positive(name: str, environ: Mapping[str, str], maximum: float) -> float:
@@ -65,12 +61,6 @@ def _time_scale(environ: Mapping[str, str]) -> float:
     if not environ.get(TIME_SCALE, "").strip():
         return 1.0
     return _positive(TIME_SCALE, environ, 1e6)
-
-
-def _url(value: str) -> str:
-    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
-        raise ConfigError(f"{MeterEnv.TIMEKEEPER_URL}={value!r} must be an http:// or https:// URL")
-    return value.rstrip("/")
 
 
 def _reader_path(value: str) -> str:

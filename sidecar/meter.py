@@ -171,7 +171,7 @@ def run_meter(config: MeterConfig) -> None:
     except OSError as exc:
         raise ConfigError(f"{MeterEnv.STATE_DIR}={str(config.state_dir)!r}: {exc.strerror or exc}") from None
     gpu = load_reader(config.gpu_reader, config.pod_uid)
-    meter = Meter(config, TimekeeperClient(config.reports_url, config.token_path), StateFile(config.state_dir), gpu)
+    meter = Meter(config, TimekeeperClient(config.timekeeper_url, config.token_path), StateFile(config.state_dir), gpu)
     log.info(
         "metering pod %s/%s (uid %s, GPU share %g) to %s every %gs%s",
         config.namespace,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,3 +15,14 @@ MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 def kustomize(path: Path = MANIFESTS) -> list[dict[str, Any]]:
     rendered = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+PASSWORD = "0123456789abcdef0123456789abcdef"  # the database password of the rendered installs
+
+
+def installable_manifests(directory: Path) -> Path:
+    """A copy of manifests/ in `directory` as an installer has it: with the database.env README's first step writes."""
+    copy = directory / "manifests"
+    shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("local-certs", "database.env"))
+    (copy / "database.env").write_text(f"password={PASSWORD}\n")
+    return copy

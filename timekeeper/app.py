@@ -7,22 +7,32 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+import yaml
 from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
+from gpusharing.env import ConfigError
 from gpusharing.metrics import render_metrics
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
-from timekeeper.budget import BudgetRequestError, budget_from_json, check_namespace, top_up_from_json
+from timekeeper.budget import (
+    BudgetRequestError,
+    BudgetStatus,
+    budget_changes_from_json,
+    budget_from_json,
+    check_namespace,
+    default_budget_json,
+    top_up_from_json,
+)
 from timekeeper.config import TimekeeperConfig
 from timekeeper.db import Database
 from timekeeper.demotion import Demoter
 from timekeeper.kube import KubeApi, KubeUnavailable
 from timekeeper.schema import head_revision, schema_problem
-from timekeeper.store import BudgetStore, Clock, NoBudget, NoLimit, utc_now
+from timekeeper.store import BudgetChange, BudgetStore, Clock, NoBudget, NoLimit, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +52,8 @@ def create_app(
 ) -> Flask:
     """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
     config = config or TimekeeperConfig.from_env()
-    if kube is None and (config.auth == "tokenreview" or config.kubeconfig or KubeApi.in_cluster_available()):
-        kube = KubeApi.from_kubeconfig(config.kubeconfig)
+    if kube is None:
+        kube = kube_api(config)
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)
     if kube is None:
@@ -78,9 +88,17 @@ def create_app(
             raise BudgetRequestError("the body must be a JSON object (Content-Type: application/json)")
         return parsed
 
-    def crossed(over: bool) -> None:
-        if over and demoter is not None:
-            demoter.wake()
+    def crossed(over: bool, status: BudgetStatus, cause: str) -> None:
+        if over:
+            log.info("namespace %s went over its GPU budget: %s", status.namespace, cause,
+                     extra={"namespace": status.namespace, "state": str(status.state)})
+            if demoter is not None:
+                demoter.wake()
+
+    def changed(action: str, who: Caller, status: BudgetStatus) -> None:
+        log.info("namespace %s: budget %s by %s; %s GPU-minutes %s, %s", status.namespace, action, who.name,
+                 "unlimited" if status.gpu_minutes is None else f"{status.gpu_minutes:g}", status.period, status.state,
+                 extra={"namespace": status.namespace, "actor": who.name, "action": action, "state": str(status.state)})
 
     @app.before_request
     def _start_clock() -> None:
@@ -95,30 +113,43 @@ def create_app(
     @app.get("/api/v1/budgets")
     def list_budgets() -> Response:
         caller()
-        return jsonify(items=[status.to_json() for status in budgets.statuses()])
+        default = default_budget_json(budgets.default_gpu_minutes, budgets.default_period)
+        return jsonify(items=[status.to_json() for status in budgets.statuses()], default=default)
 
     @app.get("/api/v1/budgets/<namespace>")
     def get_budget(namespace: str) -> Response:
         caller()
         return jsonify(budgets.status(check_namespace(namespace)).to_json())
 
+    def answer_change(change: BudgetChange, who: Caller) -> tuple[Response, int]:
+        changed("set", who, change.status)
+        crossed(change.crossed, change.status, f"its budget was set by {who.name}")
+        return jsonify(change.status.to_json()), 201 if change.created else 200
+
     @app.put("/api/v1/budgets/<namespace>")
     def put_budget(namespace: str) -> tuple[Response, int]:
         who = admin()
-        change = budgets.set_budget(budget_from_json(namespace, body(), config.default_period), who.name)
-        crossed(change.crossed)
-        return jsonify(change.status.to_json()), 201 if change.created else 200
+        return answer_change(budgets.set_budget(budget_from_json(namespace, body(), config.default_period), who.name), who)
+
+    @app.patch("/api/v1/budgets/<namespace>")
+    def patch_budget(namespace: str) -> tuple[Response, int]:
+        who = admin()
+        return answer_change(budgets.patch_budget(check_namespace(namespace), budget_changes_from_json(body()), who.name), who)
 
     @app.delete("/api/v1/budgets/<namespace>")
     def delete_budget(namespace: str) -> Response:
         who = admin()
-        return jsonify(budgets.remove_budget(check_namespace(namespace), who.name).to_json())
+        status = budgets.remove_budget(check_namespace(namespace), who.name)
+        changed("removal", who, status)
+        return jsonify(status.to_json())
 
     @app.post("/api/v1/budgets/<namespace>/top-ups")
     def post_top_up(namespace: str) -> tuple[Response, int]:
         who = admin()
         gpu_minutes, reason = top_up_from_json(body())
-        return jsonify(budgets.top_up(check_namespace(namespace), gpu_minutes, reason, who.name).to_json()), 201
+        status = budgets.top_up(check_namespace(namespace), gpu_minutes, reason, who.name)
+        changed(f"top-up of {gpu_minutes:g} GPU-minutes ({reason!r})", who, status)
+        return jsonify(status.to_json()), 201
 
     @app.get("/api/v1/budgets/<namespace>/changes")
     def get_changes(namespace: str) -> Response:
@@ -141,7 +172,7 @@ def create_app(
             raise
         finally:
             metrics.REPORTS.labels(outcome).inc()
-        crossed(result.crossed)
+        crossed(result.crossed, result.status, f"the report of pod {report.pod}")
         return jsonify(result.to_json())
 
     @app.get("/api/v1/pods")
@@ -213,6 +244,33 @@ def create_app(
         return jsonify(error="internal error; see the timekeeper's log"), 500
 
     return app
+
+
+OFF_CLUSTER = (
+    "TIMEKEEPER_AUTH=tokenreview checks tokens with the Kubernetes API, and there is no in-cluster ServiceAccount "
+    "here: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or off-cluster TIMEKEEPER_AUTH=static with "
+    "TIMEKEEPER_STATIC_TOKENS_FILE (TIMEKEEPER_AUTH=none for a local demo)"
+)
+
+
+def kube_api(config: TimekeeperConfig) -> KubeApi | None:
+    """The Kubernetes API of the kubeconfig (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) or of the cluster the timekeeper
+    runs in; None when neither.
+
+    ConfigError, one line saying what to set, when tokenreview has no API or the kubeconfig cannot be read.
+    """
+    in_cluster = KubeApi.in_cluster_available()
+    if config.auth == "tokenreview" and not config.kubeconfig and not in_cluster:
+        raise ConfigError(OFF_CLUSTER)
+    if not config.kubeconfig and not in_cluster:
+        return None
+    try:
+        return KubeApi.from_kubeconfig(config.kubeconfig)
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, TypeError, AttributeError, ValueError) as exc:  # the client's reading of a malformed file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"the kubeconfig {config.kubeconfig} (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: {first}") from None
 
 
 def _flag(raw: str, name: str) -> bool:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import NAMESPACE_NAME, BudgetState
 
 UTC = dt.timezone.utc
 # Usage is kept in micro-GPU-seconds (integers) so that sums over any number of reports are exact.
@@ -118,6 +117,12 @@ def state_for(allowance_gpu_minutes: float | None, used_micro_gpu_seconds: int) 
     return BudgetState.IN_BUDGET
 
 
+def default_budget_json(gpu_minutes: float | None, period: Period) -> dict[str, Any]:
+    """The default budget as `GET /api/v1/budgets` tells it: what holds for every namespace the listing leaves out
+    (no budget of its own, no use and no top-up this period), whose state is that of no use at all."""
+    return {"gpuMinutes": gpu_minutes, "period": str(period), "state": str(state_for(gpu_minutes, 0))}
+
+
 def effective_budget(namespace: str, budget: Budget | None, default_gpu_minutes: float | None, default_period: Period) -> Budget:
     """The namespace's own budget, or the default one (unlimited when no default is configured)."""
     if budget is not None:
@@ -138,28 +143,49 @@ class BudgetRequestError(ValueError):
     """A budget or top-up request that must be refused; the message says why."""
 
 
-_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_GPU_MINUTES = 1e12  # far beyond any fleet's month; rejects typos that would read as "unlimited"
 MAX_REASON = 1000
 
 
 def check_namespace(namespace: str) -> str:
-    if not _NAMESPACE.match(namespace):
+    if not NAMESPACE_NAME.match(namespace):
         raise BudgetRequestError(f"{namespace!r} is not a namespace name (lower-case letters, digits and '-', at most 63)")
     return namespace
+
+
+BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaustion": "evict_on_exhaustion"}
 
 
 def budget_from_json(namespace: str, body: object, default_period: Period) -> Budget:
     """A budget from `PUT /api/v1/budgets/{namespace}`: gpuMinutes (a number, or null for unlimited), period, evictOnExhaustion."""
     fields = _object(body, required=("gpuMinutes",), optional=("period", "evictOnExhaustion"))
-    gpu_minutes = None if fields["gpuMinutes"] is None else _minutes(fields["gpuMinutes"], "gpuMinutes", allow_zero=True)
-    period_raw = fields.get("period", default_period.value)
-    if period_raw not in tuple(Period):
-        raise BudgetRequestError(f"period must be one of {', '.join(Period)}, not {period_raw!r}")
-    evict = fields.get("evictOnExhaustion", False)
-    if not isinstance(evict, bool):
-        raise BudgetRequestError("evictOnExhaustion must be true or false")
-    return Budget(check_namespace(namespace), gpu_minutes, Period(period_raw), evict)
+    given = _budget_fields(fields)
+    return Budget(check_namespace(namespace), given["gpu_minutes"], given.get("period", default_period),
+                  given.get("evict_on_exhaustion", False))
+
+
+def budget_changes_from_json(body: object) -> dict[str, Any]:
+    """The changes of `PATCH /api/v1/budgets/{namespace}`: the fields it names, at least one, as Budget's."""
+    changes = _budget_fields(_object(body, required=(), optional=tuple(BUDGET_FIELDS)))
+    if not changes:
+        raise BudgetRequestError(f"name at least one of {', '.join(BUDGET_FIELDS)}")
+    return changes
+
+
+def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    given: dict[str, Any] = {}
+    if "gpuMinutes" in fields:
+        raw = fields["gpuMinutes"]
+        given["gpu_minutes"] = None if raw is None else _minutes(raw, "gpuMinutes", allow_zero=True)
+    if "period" in fields:
+        if fields["period"] not in tuple(Period):
+            raise BudgetRequestError(f"period must be one of {', '.join(Period)}, not {fields['period']!r}")
+        given["period"] = Period(fields["period"])
+    if "evictOnExhaustion" in fields:
+        if not isinstance(fields["evictOnExhaustion"], bool):
+            raise BudgetRequestError("evictOnExhaustion must be true or false")
+        given["evict_on_exhaustion"] = fields["evictOnExhaustion"]
+    return given
 
 
 def top_up_from_json(body: object) -> tuple[float, str]:

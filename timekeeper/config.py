@@ -6,6 +6,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
 from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_text
 from timekeeper.budget import Period
 
@@ -39,7 +42,7 @@ class TimekeeperConfig:
             raise ConfigError("TIMEKEEPER_STATIC_TOKENS_FILE must be set when TIMEKEEPER_AUTH=static")
         raw_default = environ.get("TIMEKEEPER_DEFAULT_GPU_MINUTES", "").strip()
         return cls(
-            database_url=env_text("TIMEKEEPER_DATABASE_URL", DEFAULT_DATABASE_URL, environ),
+            database_url=database_url(env_text("TIMEKEEPER_DATABASE_URL", DEFAULT_DATABASE_URL, environ)),
             auth=auth,
             static_tokens_file=tokens_file,
             default_gpu_minutes=env_float("TIMEKEEPER_DEFAULT_GPU_MINUTES", 0.0, 0.0, environ) if raw_default else None,
@@ -55,3 +58,21 @@ class TimekeeperConfig:
             workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),
             threads=env_int("TIMEKEEPER_THREADS", cls.threads, 1, environ),
         )
+
+
+DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE"
+
+
+def database_url(raw: str, name: str = "TIMEKEEPER_DATABASE_URL") -> str:
+    """The URL as SQLAlchemy takes it; postgres:// and postgresql:// (as providers print them) mean psycopg, the
+    driver installed. ConfigError, without the password, for anything else."""
+    try:
+        url: URL = make_url(raw)
+    except ArgumentError:
+        raise ConfigError(f"{name} is not a database URL: use {DATABASE_URL_FORMS}") from None
+    if url.drivername in ("postgres", "postgresql"):
+        url = url.set(drivername="postgresql+psycopg")
+    if url.drivername not in ("sqlite", "postgresql+psycopg"):
+        shown = url.render_as_string(hide_password=True)
+        raise ConfigError(f"{name}={shown}: the timekeeper speaks SQLite and PostgreSQL only: use {DATABASE_URL_FORMS}")
+    return url.render_as_string(hide_password=False)

@@ -113,19 +113,22 @@ class Demoter:
     def _record_transition(self, status: BudgetStatus, previous: BudgetState, done: DemotionPass) -> None:
         if previous is status.state:
             return
+        fields = {"namespace": status.namespace, "state": str(status.state), "previous_state": str(previous)}
         event = transition_event(status, previous)
         if event is not None:
             reason, message, warning = event
             try:
                 recorded = self.kube.record_event(status.namespace, reason, message, warning)
             except KubeUnavailable as exc:
-                log.warning("%s; will try again", exc)
+                log.warning("%s; will try again", exc, extra=fields)
                 return  # not claimed: the next pass records it
-            log.info("namespace %s: %s", status.namespace, message)
             if recorded:
                 metrics.EVENTS.labels(reason).inc()
                 done.events.append((status.namespace, reason))
-        self.budgets.claim_transition(status.namespace, status.state)
+                fields["event"] = reason
+        if self.budgets.claim_transition(status.namespace, status.state) is not None:
+            log.info("namespace %s: %s -> %s%s", status.namespace, previous, status.state,
+                     f" ({event[1]})" if event else "", extra=fields)
 
     def _evict(self, namespace: str, done: DemotionPass) -> None:
         try:
@@ -140,12 +143,13 @@ class Demoter:
                 log.warning("%s; will try again", exc)
                 continue
             metrics.EVICTIONS.labels(result.value).inc()
+            fields = {"namespace": namespace, "pod": name, "eviction": result.value}
             if result is EvictionResult.EVICTED:
                 done.evicted.append(f"{namespace}/{name}")
-                log.info("evicted pod %s/%s: its namespace is over its GPU budget", namespace, name)
+                log.info("evicted pod %s/%s: its namespace is over its GPU budget", namespace, name, extra=fields)
             elif result is EvictionResult.REFUSED:
                 done.refused.append(f"{namespace}/{name}")
-                log.info("eviction of %s/%s refused by a PodDisruptionBudget; will try again", namespace, name)
+                log.info("eviction of %s/%s refused by a PodDisruptionBudget; will try again", namespace, name, extra=fields)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

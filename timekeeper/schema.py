@@ -40,16 +40,20 @@ def current_revision(engine: Engine) -> str | None:
 def schema_problem(engine: Engine, head: str | None = None) -> str | None:
     """Why the database cannot be served (unreachable, or behind the code's migrations), or None when it can."""
     head = head or head_revision()
+    path = engine.url.database
+    if engine.url.get_backend_name() == "sqlite" and path and path != ":memory:" and not Path(path).exists():
+        # Checked before connecting: SQLite would create an empty file, which looks like a database to the next look.
+        return f"the database file {path} does not exist: run `gpusharing db upgrade` to create it"
     try:
         current = current_revision(engine)
     except SQLAlchemyError as exc:
-        return f"the database is unreachable: {_first_line(exc)}"
+        return f"the database is unreachable: {first_line(exc)}"
     if current != head:
         found = f"at revision {current}" if current else "not migrated"
         return f"the database is {found}, this timekeeper needs revision {head}: run `gpusharing db upgrade`"
     return None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Date, and_, bindparam, case, func, select
@@ -54,7 +54,7 @@ class StatusReads:
     store: BudgetStore
     effective: dict[str, Budget]
     windows: dict[Period, PeriodWindow]
-    listing: bool  # every namespace: those without a budget of their own are listed when they have use
+    listing: bool  # every namespace: those without a budget of their own are listed when they have use or top-ups
     used_rows: Iterable[Any]
     topped_rows: Iterable[Any]
 
@@ -64,10 +64,11 @@ class StatusReads:
         effective = dict(self.effective)
         store = self.store
         if self.listing:
-            default = f"used_{store.default_period}"
-            for namespace, row in used.items():
-                if namespace not in effective and getattr(row, default):
-                    effective[namespace] = effective_budget(namespace, None, store.default_gpu_minutes, store.default_period)
+            kind = store.default_period.value
+            active = {n for n, row in used.items() if getattr(row, f"used_{kind}")}
+            active |= {n for n, row in topped.items() if getattr(row, f"topped_{kind}")}
+            for namespace in active - effective.keys():
+                effective[namespace] = effective_budget(namespace, None, store.default_gpu_minutes, store.default_period)
         result = {}
         for namespace, budget in effective.items():
             kind = budget.period.value
@@ -110,7 +111,7 @@ class BudgetStore:
         return self.statuses_in(conn, [namespace], now)[namespace]
 
     def statuses(self) -> list[BudgetStatus]:
-        """Every namespace with a budget, and every other namespace with use in its (default) period."""
+        """Every namespace with a budget, and every other namespace with use or top-ups in its (default) period."""
         with self.db.read() as conn:
             return sorted(self.statuses_in(conn, None, self.clock()).values(), key=lambda status: status.namespace)
 
@@ -169,10 +170,20 @@ class BudgetStore:
     # -- writes (each in one transaction, with its audit record) --------------------------------------------------
 
     def set_budget(self, budget: Budget, actor: str) -> BudgetChange:
+        """Gives the namespace `budget`, in place of what it had."""
+        return self._set_budget(budget.namespace, lambda _current: budget, actor)
+
+    def patch_budget(self, namespace: str, changes: Mapping[str, Any], actor: str) -> BudgetChange:
+        """Changes only the fields of its budget that `changes` names (Budget's): of its own budget, or of the default
+        one when it has none (the result becomes its own)."""
+        return self._set_budget(namespace, lambda current: replace(current, **changes), actor)
+
+    def _set_budget(self, namespace: str, change: Callable[[Budget], Budget], actor: str) -> BudgetChange:
         now = self.clock()
         with self.db.write() as conn:
-            before = self.status_in(conn, budget.namespace, now, lock=True)
-            existed = conn.execute(select(budgets.c.namespace).where(budgets.c.namespace == budget.namespace)).first()
+            before = self.status_in(conn, namespace, now, lock=True)
+            existed = conn.execute(select(budgets.c.namespace).where(budgets.c.namespace == namespace)).first()
+            budget = change(Budget(namespace, before.gpu_minutes, before.period, before.evict_on_exhaustion))
             values = {
                 "gpu_minutes": budget.gpu_minutes,
                 "period": budget.period.value,

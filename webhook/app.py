@@ -37,16 +37,23 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         except BadReview as exc:
             metrics.BAD_REVIEWS.labels(endpoint).inc()
             return jsonify(error=f"not an AdmissionReview: {exc}"), 400
+        fields = {"request_id": admission.uid, "namespace": admission.namespace, "pod": _pod_name(admission.object),
+                  "operation": admission.operation, "endpoint": endpoint}
         try:
             decision = admit(admission, config, budgets.state_of, mutate)
         except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
-            log.exception("could not decide on %s %s", admission.operation, admission.uid)
+            log.exception("could not decide on %s %s", admission.operation, admission.uid, extra=fields)
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
-        metrics.ADMISSIONS.labels(
-            endpoint, admission.operation, "allowed" if decision.allowed else "denied", decision.dialect
-        ).inc()
+        outcome = "allowed" if decision.allowed else "denied"
+        metrics.ADMISSIONS.labels(endpoint, admission.operation, outcome, decision.dialect).inc()
+        fields.update(decision=outcome, dialect=decision.dialect)
         if not decision.allowed:
-            log.info("denied %s %s/%s: %s", admission.operation, admission.namespace, _pod_name(admission.object), decision.message)
+            log.info("denied %s of pod %s/%s: %s", admission.operation, fields["namespace"], fields["pod"], decision.message,
+                     extra=fields)
+        elif decision.warnings:  # demoted: its namespace is over budget
+            log.info("admitted pod %s/%s demoted: %s", fields["namespace"], fields["pod"], decision.warnings[0], extra=fields)
+        elif decision.patch:
+            log.debug("admitted pod %s/%s (%s)", fields["namespace"], fields["pod"], decision.dialect, extra=fields)
         metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
         return jsonify(review_response(admission, decision)), 200
 

@@ -5,31 +5,54 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import requests
-
 from gpusharing.contract import BudgetState
+from gpusharing.jsonhttp import JsonClient, Unreachable
 
 log = logging.getLogger(__name__)
 
+LISTING_PATH = "/api/v1/budgets"
 
-def states_from_listing(body: object) -> dict[str, BudgetState]:
-    """namespace -> state from the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown."""
+
+@dataclass(frozen=True)
+class BudgetStates:
+    """The timekeeper's listing as the webhook keeps it."""
+
+    listed: Mapping[str, BudgetState]
+    default: BudgetState = BudgetState.UNKNOWN  # the state of every namespace the listing leaves out
+
+    def of(self, namespace: str) -> BudgetState:
+        return self.listed.get(namespace, self.default)
+
+
+def states_from_listing(body: object) -> BudgetStates:
+    """The states in the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown.
+
+    A namespace the listing leaves out is under the default budget with no use: `default.state`. A timekeeper
+    that does not say (before it did) leaves such namespaces unknown.
+    """
     if not isinstance(body, Mapping) or not isinstance(body.get("items"), list):
         raise ValueError("expected an object with an 'items' list")
-    states: dict[str, BudgetState] = {}
+    listed: dict[str, BudgetState] = {}
     for item in body["items"]:
         if isinstance(item, Mapping) and isinstance(item.get("namespace"), str):
-            try:
-                states[item["namespace"]] = BudgetState(item.get("state"))
-            except ValueError:
-                states[item["namespace"]] = BudgetState.UNKNOWN
-    return states
+            listed[item["namespace"]] = _state(item.get("state"))
+    default = body.get("default")
+    return BudgetStates(listed, _state(default.get("state")) if isinstance(default, Mapping) else BudgetState.UNKNOWN)
+
+
+def _state(raw: object) -> BudgetState:
+    try:
+        return BudgetState(raw)
+    except ValueError:
+        return BudgetState.UNKNOWN
 
 
 class BudgetStateCache:
-    """The last known state of every namespace; a namespace never heard of is unknown (treated as in budget)."""
+    """The last known state of every namespace, and of those the timekeeper did not list; before the first answer
+    every namespace is unknown (treated as in budget)."""
 
     def __init__(
         self,
@@ -38,27 +61,28 @@ class BudgetStateCache:
         refresh_seconds: float = 5.0,
         on_refresh: Any = None,
     ):
-        self._url = f"{timekeeper_url}/api/v1/budgets" if timekeeper_url else None
+        self._http = JsonClient(timekeeper_url, timeout=5, connect_timeout=2) if timekeeper_url else None
+        self._url = f"{timekeeper_url}{LISTING_PATH}"
         self._token_file = token_file
         self._refresh_seconds = refresh_seconds
         self._on_refresh = on_refresh  # called with True/False after each attempt (metrics)
-        self._states: dict[str, BudgetState] = {}
-        self._session = requests.Session()
+        self._states = BudgetStates({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def state_of(self, namespace: str) -> BudgetState:
-        return self._states.get(namespace, BudgetState.UNKNOWN)
+        return self._states.of(namespace)
 
     def refresh(self) -> bool:
         """One poll; on failure the last known states stay in force."""
-        if self._url is None:
+        if self._http is None:
             return False
         try:
-            response = self._session.get(self._url, headers=self._headers(), timeout=(2, 5))
-            response.raise_for_status()
-            states = states_from_listing(response.json())
-        except (requests.RequestException, ValueError, OSError) as exc:
+            answer = self._http.request("GET", LISTING_PATH, token=self._token())
+            if answer.status != 200:
+                raise ValueError(f"HTTP {answer.status}: {answer.message}")
+            states = states_from_listing(answer.json())
+        except (Unreachable, ValueError, OSError) as exc:
             log.warning("budget states not refreshed from %s, keeping the last known: %s", self._url, exc)
             self._report(False)
             return False
@@ -67,7 +91,7 @@ class BudgetStateCache:
         return True
 
     def start(self) -> None:
-        if self._url is None or self._thread is not None:
+        if self._http is None or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="budget-state-refresh", daemon=True)
         self._thread.start()
@@ -82,11 +106,11 @@ class BudgetStateCache:
             self.refresh()
             self._stop.wait(self._refresh_seconds)
 
-    def _headers(self) -> dict[str, str]:
+    def _token(self) -> str | None:
         if not self._token_file:
-            return {}
+            return None
         with open(self._token_file, encoding="utf-8") as handle:  # read afresh: the kubelet rotates it
-            return {"Authorization": f"Bearer {handle.read().strip()}"}
+            return handle.read().strip()
 
     def _report(self, ok: bool) -> None:
         if self._on_refresh is not None:

@@ -5,20 +5,29 @@ from __future__ import annotations
 import argparse
 import os
 
+from gpusharing.arguments import whole_number
 from gpusharing.env import ConfigError, env_int, env_text
-from gpusharing.serving import ServerOptions, serve
+from gpusharing.serving import MAX_THREADS, MAX_WORKERS, ServerOptions, serve
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     webhook = subparsers.add_parser("webhook", help="the admission webhook")
     commands = webhook.add_subparsers(dest="webhook_command", required=True, metavar="COMMAND")
-    run = commands.add_parser("serve", help="serve /mutate and /validate over TLS")
+    run = commands.add_parser(
+        "serve",
+        help="serve /mutate and /validate over TLS",
+        description="Serve the admission webhook over TLS. Settings come from GPUSHARING_* variables (README.md).",
+        epilog="example, on loopback with a certificate of its own:\n"
+        "  gpusharing certs --format pem --output tls --name localhost --name 127.0.0.1\n"
+        "  gpusharing webhook serve --host 127.0.0.1 --cert tls/tls.crt --key tls/tls.key",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("--host", default=env_text("GPUSHARING_WEBHOOK_HOST", "0.0.0.0"))
-    run.add_argument("--port", type=int, default=env_int("GPUSHARING_WEBHOOK_PORT", 8443, 1))
+    run.add_argument("--port", type=whole_number(1, 65535), default=env_int("GPUSHARING_WEBHOOK_PORT", 8443, 1))
     run.add_argument("--cert", default=os.environ.get("GPUSHARING_TLS_CERT"), help="PEM certificate (chain)")
     run.add_argument("--key", default=os.environ.get("GPUSHARING_TLS_KEY"), help="PEM private key")
-    run.add_argument("--workers", type=int, default=env_int("GPUSHARING_WEBHOOK_WORKERS", 2, 1))
-    run.add_argument("--threads", type=int, default=env_int("GPUSHARING_WEBHOOK_THREADS", 8, 1))
+    run.add_argument("--workers", type=whole_number(1, MAX_WORKERS), default=env_int("GPUSHARING_WEBHOOK_WORKERS", 2, 1))
+    run.add_argument("--threads", type=whole_number(1, MAX_THREADS), default=env_int("GPUSHARING_WEBHOOK_THREADS", 8, 1))
     run.set_defaults(run=_serve)
 
 

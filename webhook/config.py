@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpusharing.env import env_choice, env_float, env_int, env_list, env_text
+from gpusharing.env import env_choice, env_float, env_int, env_list, env_text, env_url
 from gpusharing.request import GpuModelSettings
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -46,7 +46,7 @@ class WebhookConfig:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "WebhookConfig":
         own_namespace = env_text("GPUSHARING_WEBHOOK_NAMESPACE", "gpusharing-system", environ)
         exempt = env_list("GPUSHARING_EXEMPT_NAMESPACES", DEFAULT_EXEMPT_NAMESPACES, environ)
-        timekeeper_url = environ.get("GPUSHARING_TIMEKEEPER_URL", "").strip().rstrip("/") or None
+        timekeeper_url = env_url("GPUSHARING_TIMEKEEPER_URL", environ=environ)
         unit = env_choice("GPUSHARING_ALIYUN_MEM_UNIT", "GiB", tuple(ALIYUN_UNITS), environ)
         meter_defaults = MeterSpec()
         return cls(
@@ -58,8 +58,8 @@ class WebhookConfig:
                 name=env_text("GPUSHARING_METER_NAME", meter_defaults.name, environ),
                 image=env_text("GPUSHARING_METER_IMAGE", meter_defaults.image, environ),
                 mode=env_choice("GPUSHARING_SIDECAR_MODE", "native", SIDECAR_MODES, environ),
-                timekeeper_url=env_text(
-                    "GPUSHARING_METER_TIMEKEEPER_URL", timekeeper_url or meter_defaults.timekeeper_url, environ
+                timekeeper_url=str(
+                    env_url("GPUSHARING_METER_TIMEKEEPER_URL", timekeeper_url or meter_defaults.timekeeper_url, environ)
                 ),
             ),
             own_namespace=own_namespace,

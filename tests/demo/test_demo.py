@@ -8,11 +8,13 @@ from pathlib import Path
 
 
 def gpusharing_processes() -> set[str]:
-    """Every process running a gpusharing role (Linux /proc)."""
+    """Every process running a gpusharing role with this interpreter (Linux /proc): not those of other checkouts
+    whose suites run on the same machine meanwhile."""
     found = set()
+    ours = [sys.executable.encode(), b"-m", b"gpusharing.cli"]
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"gpusharing.cli" in cmdline.read_bytes():
+            if cmdline.read_bytes().split(b"\0")[:3] == ours:
                 found.add(cmdline.parent.name)
         except OSError:
             pass  # the process ended while we looked

@@ -29,7 +29,7 @@ from demo.processes import Service, free_port
 from gpusharing.certs import make_serving_certificate
 from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
-from tests.kustomize import kustomize
+from tests.kustomize import installable_manifests, kustomize
 
 SYSTEM_NAMESPACE = "gpusharing-system"
 WEBHOOK_REFRESH_SECONDS = 0.2
@@ -66,7 +66,7 @@ class GpuSharing:
         self.directory = directory
         self.api = plane.api_client()
         self.session = plane.admin_session()
-        self.manifests = kustomize()
+        self.manifests = kustomize(installable_manifests(directory))
         self.timekeeper_url = ""
         self.webhook_url = ""
         self._names = itertools.count(1)

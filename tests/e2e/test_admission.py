@@ -35,8 +35,10 @@ def meter_of(pod: dict[str, Any]) -> dict[str, Any]:
     return meter
 
 
-def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state: str = "unknown") -> None:
-    """The pod as the API server stored it carries the webhook's record, the meter and a resolved priority."""
+def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state: str = "unlimited") -> None:
+    """The pod as the API server stored it carries the webhook's record, the meter and a resolved priority.
+
+    The timekeeper runs without a default budget, so a namespace it does not list is unlimited."""
     config = WebhookConfig()
     gpu = parse_gpu_request(pod, config.gpu_model)
     assert gpu is not None

@@ -8,7 +8,7 @@ import pytest
 
 from gpusharing.cli import _ROLES, build_parser
 
-SERVER_LIBRARIES = ("flask", "gunicorn", "sqlalchemy", "alembic", "kubernetes", "cryptography", "prometheus_client")
+SERVER_LIBRARIES = ("flask", "gunicorn", "sqlalchemy", "alembic", "kubernetes", "cryptography", "prometheus_client", "requests")
 
 
 def registered_commands(parser: argparse.ArgumentParser) -> set[str]:
@@ -27,5 +27,6 @@ def test_without_a_known_command_every_role_is_loaded_for_help() -> None:
 
 
 def test_the_meter_loads_none_of_the_servers_libraries() -> None:
-    code = f"import sys; from gpusharing.cli import build_parser; build_parser('meter'); print([m for m in {SERVER_LIBRARIES!r} if m in sys.modules])"
+    code = ("import sys; from gpusharing.cli import build_parser; build_parser('meter'); import sidecar.meter; "
+            f"print([m for m in {SERVER_LIBRARIES!r} if m in sys.modules])")
     assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout == "[]\n"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpusharing.env import ConfigError, env_choice, env_flag, env_float, env_int, env_list, env_text
+from gpusharing.env import ConfigError, env_choice, env_flag, env_float, env_int, env_list, env_text, env_url
 
 
 def test_defaults_when_unset_or_blank() -> None:
@@ -39,3 +39,25 @@ def test_malformed_settings_name_the_variable(read, message: str) -> None:  # ty
     with pytest.raises(ConfigError) as caught:
         read()
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("timekeeper:8080", "U='timekeeper:8080' must be an http:// or https:// URL, e.g. http://timekeeper:8080"),
+        ("ftp://timekeeper", "U='ftp://timekeeper' must be an http:// or https:// URL, e.g. http://127.0.0.1:8080"),
+        ("http://", "U='http://' must be an http:// or https:// URL"),
+        ("http://timekeeper:port", "U='http://timekeeper:port' must be an http:// or https:// URL"),
+    ],
+)
+def test_a_url_without_a_scheme_or_host_is_refused_by_every_role(raw: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        env_url("U", environ={"U": raw})
+    assert str(caught.value).startswith(message)
+
+
+def test_urls_lose_their_trailing_slash_and_may_be_optional_or_required() -> None:
+    assert env_url("U", environ={"U": "https://tk.example:8443/"}) == "https://tk.example:8443"
+    assert env_url("U", "http://d", environ={}) == "http://d"
+    with pytest.raises(ConfigError, match="^U must be set$"):
+        env_url("U", environ={}, required=True)

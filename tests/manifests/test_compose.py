@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import compose_spec
 import pytest
 import yaml
+
+from gpusharing.cli import _ROLES, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,3 +71,28 @@ def test_dockerfile_builds_one_non_root_image_for_every_role() -> None:
     packages = re.findall(r"^    (\w+)$", (ROOT / "setup.cfg").read_text(), re.M)
     for package in packages:
         assert f"COPY {package} {package}" in text, f"the image misses package {package}"
+
+
+def documented_commands(text: str) -> list[list[str]]:
+    """The concrete `gpusharing …` commands in a text (code blocks, inline code, comments), as argument lists."""
+    commands = []
+    for match in re.finditer(r"(?:^|[`\s(])gpusharing ((?:budget|pods|certs|db|timekeeper|webhook|--)[^`\n]*)", text, re.M):
+        line = match.group(1).split(" # ")[0].split(" && ")[0].split(" &")[0].strip().rstrip("`)")
+        if any(mark in line for mark in ("[", "…", "|", "COMMAND")):
+            continue  # a synopsis, not a command
+        args = shlex.split(re.sub(r'"\$\([^)]*\)"|"\$\w+"|\$\w+', "token", line))
+        if not any(re.fullmatch(r"[A-Z]+", arg) for arg in args):  # NS, N, URL: a synopsis, not a command
+            commands.append(args)
+    return commands
+
+
+@pytest.mark.parametrize("document", ["README.md", "docker-compose.yml"])
+def test_every_documented_command_parses(document: str) -> None:
+    """What a new user copies from the documentation must at least be understood by the command."""
+    commands = documented_commands((ROOT / document).read_text())
+    assert len(commands) >= (10 if document == "README.md" else 2)
+    for args in commands:
+        try:
+            build_parser(next((a for a in args if a in _ROLES), None)).parse_args(args)
+        except SystemExit as exited:  # --version, --help: 0
+            assert exited.code == 0, f"{document}: `gpusharing {' '.join(args)}` is refused"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +17,32 @@ import yaml
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.certs import write_overlay
 from tests.gpusharing.test_request import INVALID
-from tests.kustomize import MANIFESTS, kustomize
+from tests.kustomize import MANIFESTS, PASSWORD, installable_manifests, kustomize
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
 
 
 @pytest.fixture(scope="module")
-def objects() -> list[dict[str, Any]]:
-    return kustomize(MANIFESTS)
+def installable(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return installable_manifests(tmp_path_factory.mktemp("install"))
+
+
+@pytest.fixture(scope="module")
+def objects(installable: Path) -> list[dict[str, Any]]:
+    return kustomize(installable)
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
 
 
+def examples() -> list[dict[str, Any]]:
+    return [doc for path in sorted((MANIFESTS / "examples").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
 def test_every_object_validates_strictly(objects: list[dict[str, Any]]) -> None:
-    extra = kustomize(MANIFESTS / "examples") if (MANIFESTS / "examples" / "kustomization.yaml").exists() else [
-        yaml.safe_load(p.read_text()) for p in sorted((MANIFESTS / "examples").glob("*.yaml"))
-    ]
+    extra = examples()
     for obj in objects + extra:
         if obj["apiVersion"].startswith("cert-manager.io/"):
             continue  # a CRD, not in the Kubernetes schema: checked below
@@ -181,12 +192,79 @@ def test_network_policy_opens_only_the_timekeeper_port_to_all_pods(objects: list
     assert [(p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"], p["spec"]["ingress"][0]["ports"][0]["port"]) for p in from_everywhere] == [("gpusharing-timekeeper", 8080)]
 
 
+def database_password(objects: list[dict[str, Any]]) -> str:
+    [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-database-")]
+    return base64.b64decode(secret["data"]["password"]).decode()
+
+
+def test_the_database_password_is_generated_from_database_env_and_reaches_postgres_and_the_timekeeper(
+    objects: list[dict[str, Any]]
+) -> None:
+    assert database_password(objects) == PASSWORD
+    [secret] = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-database")]
+    postgres = find(objects, "StatefulSet", "gpusharing-postgres")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "POSTGRES_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}} in postgres["env"]
+    timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]
+    for container in (timekeeper["initContainers"][0], timekeeper["containers"][0]):
+        names = [e["name"] for e in container["env"]]
+        # Kubernetes expands $(VAR) only from variables defined before.
+        assert names.index("DATABASE_PASSWORD") < names.index("TIMEKEEPER_DATABASE_URL")
+        assert container["env"][names.index("DATABASE_PASSWORD")]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "password"}
+        url = container["env"][names.index("TIMEKEEPER_DATABASE_URL")]["value"]
+        assert url.startswith("postgresql+psycopg://gpusharing:$(DATABASE_PASSWORD)@gpusharing-postgres.")
+    in_base = [doc for path in (MANIFESTS / "base").glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert not [doc for doc in in_base if doc.get("kind") == "Secret"]  # no password in git to edit by hand
+
+
+def test_without_database_env_kustomize_names_the_file_to_write(tmp_path: Path) -> None:
+    shutil.copytree(MANIFESTS, tmp_path / "manifests", ignore=shutil.ignore_patterns("local-certs", "database.env"))
+    rendered = subprocess.run(["kubectl", "kustomize", str(tmp_path / "manifests")], capture_output=True, text=True)
+    assert rendered.returncode != 0 and "database.env" in rendered.stderr
+
+
+def test_an_overlays_images_override_reaches_the_meter_image(installable: Path) -> None:
+    overlay = installable.parent / "registry-overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": ["../manifests"],
+        "images": [{"name": "ghcr.io/kube-gpusharing/gpusharing", "newName": "registry.example.com/gpusharing", "newTag": "0.2.0"}],
+    }))
+    objects = kustomize(overlay)
+    ours = [c for o in objects if o["kind"] in ("Deployment", "StatefulSet")
+            for c in o["spec"]["template"]["spec"].get("initContainers", []) + o["spec"]["template"]["spec"]["containers"]
+            if "gpusharing" in c["image"]]
+    assert len(ours) == 3 and {c["image"] for c in ours} == {"registry.example.com/gpusharing:0.2.0"}
+    webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "GPUSHARING_METER_IMAGE", "value": "registry.example.com/gpusharing:0.2.0"} in webhook["env"]
+    timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]
+    assert [e for e in timekeeper["env"] if e["name"] == "TIMEKEEPER_DATABASE_URL"][0]["value"].startswith("postgresql+psycopg://")
+
+
 def test_certs_overlay_for_clusters_without_cert_manager(tmp_path: Path) -> None:
     overlay = write_overlay("gpusharing-system", MANIFESTS / "base", tmp_path / "local-certs")
+    password = (overlay / "database.env").read_text()
+    assert re.fullmatch(r"password=[0-9a-f]{48}\n", password) and (overlay / "database.env").stat().st_mode & 0o077 == 0
+    assert write_overlay("gpusharing-system", MANIFESTS / "base", tmp_path / "local-certs") == overlay
+    assert (overlay / "database.env").read_text() == password  # kept: PostgreSQL keeps the one it started with
     objects = kustomize(overlay)
+    assert database_password(objects) == password.strip().split("=", 1)[1]
     secret = find(objects, "Secret", "gpusharing-webhook-tls")
     assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         assert find(objects, kind, "gpusharing")["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_readmes_admin_token_comes_from_a_service_account_a_manifest_binds_to_the_budget_admin_role(
+    objects: list[dict[str, Any]]
+) -> None:
+    readme = (MANIFESTS.parent / "README.md").read_text()
+    accounts = set(re.findall(r"kubectl -n gpusharing-system create token ([a-z0-9-]+) --audience gpusharing-timekeeper", readme))
+    assert accounts, "README shows no admin token"
+    created = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in examples() if o["kind"] == "ServiceAccount"}
+    bound = {(s["namespace"], s["name"]) for o in examples() if o["kind"] == "ClusterRoleBinding"
+             and o["roleRef"]["name"] == "gpusharing-budget-admin" for s in o["subjects"] if s["kind"] == "ServiceAccount"}
+    assert find(objects, "ClusterRole", "gpusharing-budget-admin")
+    for account in accounts:
+        assert ("gpusharing-system", account) in created & bound, account

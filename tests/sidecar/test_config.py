@@ -22,7 +22,6 @@ def test_defaults_are_the_webhook_wiring() -> None:
     config = MeterConfig.from_env(ENV)
     assert config.gpu_share == 0.25
     assert config.timekeeper_url == "http://gpusharing-timekeeper:8080"
-    assert config.reports_url == "http://gpusharing-timekeeper:8080/api/v1/reports"
     assert config.token_path == Path("/var/run/secrets/gpusharing/token")
     assert config.state_dir == Path("/var/lib/gpusharing-meter")
     assert config.interval_seconds == 30.0

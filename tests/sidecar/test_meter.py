@@ -49,7 +49,7 @@ def config(tmp_path: Path, receiver: ReportSink) -> MeterConfig:
 
 
 def make_meter(config: MeterConfig, clock: Clock, gpu: fake_gpu.FakeGpu | None = None) -> Meter:
-    return Meter(config, TimekeeperClient(config.reports_url, config.token_path), StateFile(config.state_dir), gpu, clock)
+    return Meter(config, TimekeeperClient(config.timekeeper_url, config.token_path), StateFile(config.state_dir), gpu, clock)
 
 
 def test_retries_double_from_a_quarter_interval_up_to_four_intervals_with_jitter() -> None:

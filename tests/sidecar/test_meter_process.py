@@ -7,6 +7,7 @@ and before the process exited, so the timekeeper's total must lie between share 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,6 +55,17 @@ def test_reports_until_sigterm_then_a_final_report_and_exit_0(timekeeper: Timeke
 
     assert_billed_to_the_end(timekeeper, meter, stopped)
     assert "(final)" in meter.log()
+
+
+def test_with_json_logs_each_line_is_an_object_with_time_level_and_the_pod(timekeeper: Timekeeper, meters: Meters) -> None:
+    meter = meters(timekeeper.url, "json-logs", GPUSHARING_LOG_FORMAT="json").start()
+    meter.wait_for_log("report 1 accepted")
+    assert_billed_to_the_end(timekeeper, meter, meter.terminate())
+    entries = [json.loads(line) for line in meter.log().splitlines()]
+    assert {e["logger"] for e in entries} >= {"sidecar.meter"} and all(e["time"].endswith("Z") for e in entries)
+    started = next(e for e in entries if e["message"].startswith("metering pod"))
+    assert started["level"] == "info" and "json-logs/json-logs-pod" in started["message"]
+    assert any(e["level"] == "info" and e["message"].startswith("report") and "(final)" in e["message"] for e in entries)
 
 
 def test_an_outage_of_several_intervals_is_billed_in_full_when_the_timekeeper_is_back(tmp_path: Path, meters: Meters) -> None:

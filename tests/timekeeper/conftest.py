@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from jsonschema import Draft202012Validator
 from sqlalchemy import create_engine, text
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 import timekeeper
 from tests.fakekube import FakeKube
@@ -130,6 +133,9 @@ class SpecClient:
     def post(self, path: str, **kwargs: Any) -> Any:
         return self.request("POST", path, **kwargs)
 
+    def patch(self, path: str, **kwargs: Any) -> Any:
+        return self.request("PATCH", path, **kwargs)
+
     def delete(self, path: str, **kwargs: Any) -> Any:
         return self.request("DELETE", path, **kwargs)
 
@@ -175,3 +181,20 @@ def app(make_app: AppFactory) -> Flask:
 def api(app: Flask) -> SpecClient:
     """The API as the admin; `api.as_(token)` for anyone else."""
     return SpecClient(app.test_client(), ADMIN)
+
+
+@contextmanager
+def served(app: Flask) -> Iterator[str]:
+    """The app over HTTP on loopback (a thread of this process); its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_Unlogged)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+
+
+class _Unlogged(WSGIRequestHandler):
+    def log_request(self, *args: Any, **kwargs: Any) -> None:
+        pass  # the development server's access lines: nothing a test reads

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from flask import Flask
 
+from gpusharing.contract import BudgetState
 from gpusharing.report import MeterReport
-from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient
+from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
 from timekeeper.accounting import ReportQueue
+from timekeeper.budget import Period
 from timekeeper.ledger import MICROS_PER_SECOND
+from webhook.budget import BudgetStateCache
 
 
 def report(seq: int, gpu_seconds: float, pod: str = "trainer", namespace: str = "team-a", **extra: Any) -> dict[str, Any]:
@@ -33,7 +37,7 @@ def test_set_get_and_list_a_budget(api: SpecClient) -> None:
     assert changed.status_code == 200
     assert changed.json["period"] == "daily" and changed.json["evictOnExhaustion"] is False
     assert api.as_(READER).get("/api/v1/budgets/team-a").json == changed.json
-    assert api.as_(METER).get("/api/v1/budgets").json == {"items": [changed.json]}
+    assert api.as_(METER).get("/api/v1/budgets").json["items"] == [changed.json]
 
 
 def test_reports_are_charged_exactly_once(api: SpecClient) -> None:
@@ -110,6 +114,70 @@ def test_the_listing_holds_namespaces_with_use_but_no_budget(make_app: AppFactor
     ]
 
 
+@pytest.mark.parametrize(
+    ("default_gpu_minutes", "state"), [(None, "unlimited"), (0.0, "over-budget"), (600.0, "in-budget")]
+)
+def test_the_listing_tells_the_default_budget_and_the_state_of_a_namespace_it_leaves_out(
+    make_app: AppFactory, default_gpu_minutes: float | None, state: str
+) -> None:
+    api = SpecClient(make_app(default_gpu_minutes=default_gpu_minutes, default_period=Period.WEEKLY).test_client(), ADMIN)
+    listing = api.get("/api/v1/budgets").json
+    assert listing == {"items": [], "default": {"gpuMinutes": default_gpu_minutes, "period": "weekly", "state": state}}
+    assert api.get("/api/v1/budgets/newteam").json["state"] == state
+
+
+def test_the_listing_holds_a_namespace_topped_up_under_the_default_before_any_use(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(default_gpu_minutes=0.0).test_client(), ADMIN)
+    api.post("/api/v1/budgets/newteam/top-ups", json={"gpuMinutes": 30, "reason": "first experiments"})
+    [item] = api.get("/api/v1/budgets").json["items"]
+    assert (item["namespace"], item["gpuMinutes"], item["topUpGpuMinutes"], item["state"]) == ("newteam", 0.0, 30.0, "in-budget")
+
+
+def test_the_webhook_sees_every_namespace_as_the_timekeeper_does(make_app: AppFactory, tmp_path: Path) -> None:
+    """The webhook's cache against the real listing: with a default of 0 a new namespace is over budget at admission."""
+    app = make_app(default_gpu_minutes=0.0)
+    api = SpecClient(app.test_client(), ADMIN)
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 60})
+    api.post("/api/v1/budgets/topped/top-ups", json={"gpuMinutes": 1, "reason": "x"})
+    (tmp_path / "token").write_text(READER)
+    with served(app) as url:
+        cache = BudgetStateCache(url, str(tmp_path / "token"))
+        assert cache.refresh()
+        for namespace in ("team-a", "topped", "newteam"):
+            assert str(cache.state_of(namespace)) == api.get(f"/api/v1/budgets/{namespace}").json["state"], namespace
+        assert cache.state_of("newteam") is BudgetState.OVER_BUDGET
+
+
+def test_patch_changes_only_what_it_names_and_starts_from_the_default(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(default_gpu_minutes=600.0, default_period=Period.WEEKLY).test_client(), ADMIN)
+    created = api.patch("/api/v1/budgets/team-a", json={"evictOnExhaustion": True})
+    assert created.status_code == 201
+    assert (created.json["gpuMinutes"], created.json["period"], created.json["evictOnExhaustion"]) == (600.0, "weekly", True)
+    changed = api.patch("/api/v1/budgets/team-a", json={"gpuMinutes": 90})
+    assert changed.status_code == 200
+    assert (changed.json["gpuMinutes"], changed.json["period"], changed.json["evictOnExhaustion"]) == (90.0, "weekly", True)
+    unlimited = api.patch("/api/v1/budgets/team-a", json={"gpuMinutes": None, "period": "daily"}).json
+    assert (unlimited["state"], unlimited["period"], unlimited["evictOnExhaustion"]) == ("unlimited", "daily", True)
+    assert [c["action"] for c in api.get("/api/v1/budgets/team-a/changes").json["items"]] == ["set", "set", "set"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "name at least one of gpuMinutes, period, evictOnExhaustion"),
+        ({"period": "yearly"}, "period must be one of daily, weekly, monthly, none, not 'yearly'"),
+        ({"evictOnExhaustion": "yes"}, "evictOnExhaustion must be true or false"),
+        ({"gpuMinutes": -1}, "gpuMinutes must be a finite number, at least 0"),
+        ({"reason": "x"}, "unknown field(s): reason"),
+    ],
+)
+def test_a_bad_patch_is_refused_and_changes_nothing(api: SpecClient, body: dict[str, Any], message: str) -> None:
+    answer = api.patch("/api/v1/budgets/team-a", json=body)
+    assert answer.status_code == 400 and message in answer.json["error"]
+    assert api.get("/api/v1/budgets").json["items"] == []
+    assert api.as_(READER).patch("/api/v1/budgets/team-a", json={"gpuMinutes": 1}).status_code == 403
+
+
 def test_a_budget_without_period_never_renews(api: SpecClient, clock: Clock) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "none"})
     api.as_(METER).post("/api/v1/reports", json=report(1, 120))
@@ -176,7 +244,7 @@ def test_every_budget_change_is_audited_with_who_when_before_and_after(api: Spec
 def test_bad_reports_are_refused_with_a_message_and_change_nothing(api: SpecClient, body: object, message: str) -> None:
     answer = api.as_(METER).post("/api/v1/reports", json=body)
     assert answer.status_code == 400 and message in answer.json["error"]
-    assert api.get("/api/v1/budgets").json == {"items": []}
+    assert api.get("/api/v1/budgets").json["items"] == []
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
@@ -280,7 +348,7 @@ def test_metrics_show_budgets_reports_and_memory_overruns(app: Flask, api: SpecC
 def test_unknown_paths_and_methods_answer_json_errors(api: SpecClient) -> None:
     missing = api.client.get("/api/v1/nothing")
     assert missing.status_code == 404 and missing.get_json()["error"]
-    wrong = api.client.patch("/api/v1/budgets/team-a")
+    wrong = api.client.post("/api/v1/budgets/team-a")
     assert wrong.status_code == 405 and wrong.get_json()["error"]
 
 

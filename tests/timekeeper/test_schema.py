@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
+from demo.processes import run_command
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
 from timekeeper.app import create_app
@@ -30,6 +29,7 @@ def test_the_migrations_make_exactly_the_models_tables(database_url: str) -> Non
 
 
 def test_an_unmigrated_database_is_named_as_such(tmp_path: Path) -> None:
+    (tmp_path / "empty.sqlite").touch()
     engine = create_engine(f"sqlite:///{tmp_path / 'empty.sqlite'}")
     assert schema_problem(engine) == (
         f"the database is not migrated, this timekeeper needs revision {head_revision()}: run `gpusharing db upgrade`"
@@ -37,7 +37,16 @@ def test_an_unmigrated_database_is_named_as_such(tmp_path: Path) -> None:
     engine.dispose()
 
 
+def test_a_missing_sqlite_file_is_named_and_not_created_by_looking(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'missing.sqlite'}")
+    assert schema_problem(engine) == (
+        f"the database file {tmp_path / 'missing.sqlite'} does not exist: run `gpusharing db upgrade` to create it"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_readyz_is_503_with_the_reason_when_the_database_is_behind_or_gone(tmp_path: Path, postgres: PostgresServer) -> None:
+    (tmp_path / "empty.sqlite").touch()
     behind = create_app(TimekeeperConfig(database_url=f"sqlite:///{tmp_path / 'empty.sqlite'}", auth="none"), background=False)
     answer = SpecClient(behind.test_client()).get("/readyz")
     assert answer.status_code == 503 and "not migrated" in answer.json["reason"]
@@ -50,21 +59,20 @@ def test_readyz_is_503_with_the_reason_when_the_database_is_behind_or_gone(tmp_p
 
 
 def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, "-m", "gpusharing.cli", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=60)
+    return run_command(*args, cwd=cwd, env={"PYTHONPATH": str(REPO), **env})
 
 
 def test_db_upgrade_works_from_any_directory_and_serve_refuses_until_it_ran(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'tk.sqlite'}"
+    url = "sqlite:///tk.sqlite"  # the default's form: a file in the working directory
     refused = cli("timekeeper", "serve", "--port", "1", cwd=tmp_path, TIMEKEEPER_DATABASE_URL=url, TIMEKEEPER_AUTH="none")
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        f"gpusharing: not serving: the database is not migrated, this timekeeper needs revision {head_revision()}: "
-        "run `gpusharing db upgrade`"
+        "gpusharing: not serving: the database file tk.sqlite does not exist: run `gpusharing db upgrade` to create it"
     ]
+    assert list(tmp_path.iterdir()) == []  # serve left nothing behind that could pass for a database
     upgraded = cli("db", "upgrade", cwd=tmp_path, TIMEKEEPER_DATABASE_URL=url)
     assert upgraded.returncode == 0, upgraded.stderr
-    assert schema_problem(create_engine(url)) is None
+    assert schema_problem(create_engine(f"sqlite:///{tmp_path / 'tk.sqlite'}")) is None
 
 
 def test_upgrading_twice_changes_nothing(database_url: str) -> None:

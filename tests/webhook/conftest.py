@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -9,16 +8,18 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
+from demo.jsonhttp import reply_json
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import WebhookConfig
 
 
 class FakeTimekeeper:
-    """The timekeeper's `GET /api/v1/budgets`, over real HTTP on loopback; `items` and `up` are set by tests."""
+    """The timekeeper's `GET /api/v1/budgets`, over real HTTP on loopback; `items`, `default` and `up` are set by tests."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
+        self.default: dict[str, Any] | None = None  # None: a timekeeper from before the listing told its default
         self.up = True
         self.authorizations: list[str | None] = []
         fake = self
@@ -30,12 +31,8 @@ class FakeTimekeeper:
                     self.send_response(503)
                     self.end_headers()
                     return
-                body = json.dumps({"items": fake.items}).encode()
-                self.send_response(200 if self.path == "/api/v1/budgets" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                listing = {"items": fake.items} if fake.default is None else {"items": fake.items, "default": fake.default}
+                reply_json(self, 200 if self.path == "/api/v1/budgets" else 404, listing)
 
             def log_message(self, *args: Any) -> None:
                 pass

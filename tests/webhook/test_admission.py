@@ -13,6 +13,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from gpusharing.env import ConfigError
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import MeterSpec, WebhookConfig
@@ -370,3 +371,8 @@ def test_a_forged_record_does_not_let_a_foreign_meter_in(client: FlaskClient) ->
     pod["spec"]["initContainers"] = [{"name": "gpusharing-meter", "image": "evil:1", "restartPolicy": "Always"}]
     response = review(client, admission_review(pod))
     assert response["allowed"] is False and "reserved for the GPU metering sidecar" in response["status"]["message"]
+
+
+def test_a_timekeeper_url_without_a_scheme_is_refused_as_the_meter_would() -> None:
+    with pytest.raises(ConfigError, match="^GPUSHARING_TIMEKEEPER_URL='timekeeper:8080' must be an http"):
+        WebhookConfig.from_env({"GPUSHARING_TIMEKEEPER_URL": "timekeeper:8080"})

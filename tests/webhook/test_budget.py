@@ -25,6 +25,26 @@ def test_states_are_read_from_the_listing(timekeeper: FakeTimekeeper) -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("default", "unlisted"),
+    [
+        ({"gpuMinutes": 0, "period": "monthly", "state": "over-budget"}, BudgetState.OVER_BUDGET),  # 0 allows nothing
+        ({"gpuMinutes": 600, "period": "weekly", "state": "in-budget"}, BudgetState.IN_BUDGET),
+        ({"gpuMinutes": None, "period": "monthly", "state": "unlimited"}, BudgetState.UNLIMITED),
+        (None, BudgetState.UNKNOWN),  # a timekeeper that does not tell its default
+    ],
+)
+def test_the_default_budget_applies_to_every_namespace_the_listing_leaves_out(
+    timekeeper: FakeTimekeeper, default: dict[str, object] | None, unlisted: BudgetState
+) -> None:
+    timekeeper.set_states(heavy="over-budget", light="in-budget")
+    timekeeper.default = default
+    cache = BudgetStateCache(timekeeper.url)
+    assert cache.refresh()
+    assert (cache.state_of("newteam"), cache.state_of("heavy"), cache.state_of("light")) == (
+        unlisted, BudgetState.OVER_BUDGET, BudgetState.IN_BUDGET)
+
+
 def test_last_known_states_stay_in_force_when_the_timekeeper_is_down(timekeeper: FakeTimekeeper) -> None:
     timekeeper.set_states(a="over-budget")
     cache = BudgetStateCache(timekeeper.url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ import requests
 import trustme
 
 from demo.apiserver import admission_review, example_pod
-from demo.processes import free_port
+from demo.processes import Service, free_port
 from tests.webhook.conftest import FakeTimekeeper
 
 
@@ -129,3 +130,38 @@ def test_a_renewed_certificate_is_served_without_a_restart(webhook: str, tls: di
     assert answer.status_code == 200
     with pytest.raises(requests.exceptions.SSLError):
         requests.get(f"{webhook}/livez", verify=tls["ca"], timeout=2)
+
+
+def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str], timekeeper: FakeTimekeeper, tmp_path: Path) -> None:
+    timekeeper.set_states(greedy="over-budget")
+    port = free_port()
+    log = tmp_path / "webhook.log"
+    env = {"GPUSHARING_LOG_FORMAT": "json", "GPUSHARING_TIMEKEEPER_URL": timekeeper.url, "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.2"}
+    args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", tls["cert"], "--key", tls["key"], "--workers", "2"]
+    invalid = example_pod("vcuda-fraction.yaml")
+    invalid["spec"]["containers"][0]["resources"]["limits"]["tencent.com/vcuda-core"] = "150"
+    denied = admission_review(invalid)
+    with Service("webhook", args, f"https://127.0.0.1:{port}/readyz", env=env, verify=tls["ca"], log_path=log):
+        answer = requests.post(f"https://127.0.0.1:{port}/mutate", json=denied, verify=tls["ca"], timeout=5).json()
+        assert answer["response"]["allowed"] is False
+
+        def demotes() -> bool:
+            review = admission_review(example_pod("kai-fraction.yaml", "greedy"))
+            response = requests.post(f"https://127.0.0.1:{port}/mutate", json=review, verify=tls["ca"], timeout=5).json()
+            return bool(response["response"].get("warnings"))
+
+        deadline = time.monotonic() + 20
+        while not demotes():
+            assert time.monotonic() < deadline, "the over-budget state never reached a worker"
+            time.sleep(0.1)
+
+    entries = [json.loads(line) for line in log.read_text().splitlines()]  # every line is JSON, gunicorn's too
+    request = denied["request"]
+    [line] = [e for e in entries if e.get("request_id") == request["uid"]]
+    assert line["level"] == "info" and line["logger"] == "webhook.app"
+    assert (line["decision"], line["namespace"], line["pod"], line["operation"]) == ("denied", "ml-team", invalid["metadata"]["name"], "CREATE")
+    assert "vcuda-core" in line["message"]
+    assert any(e.get("decision") == "allowed" and e.get("namespace") == "greedy" and "demoted" in e["message"] for e in entries)
+    # gunicorn's own lines take the same form, and the line came from one of the workers it booted.
+    booted = {e["pid"] for e in entries if e["logger"] == "gunicorn.error" and e["message"].startswith("Booting worker")}
+    assert len(booted) == 2 and line["pid"] in booted

@@ -1,0 +1,62 @@
+"""Command-line argument types whose refusals say what to give instead (argparse prints them as usage errors)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import re
+from collections.abc import Callable
+
+from gpusharing.contract import NAMESPACE_NAME
+from gpusharing.env import ConfigError, check_http_url
+
+_DNS_NAME = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$")
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{raw} must be from {low:,} to {high:,}")
+        return value
+
+    return parse
+
+
+def namespace(raw: str) -> str:
+    if not NAMESPACE_NAME.match(raw):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a namespace name: lower-case letters, digits and '-', at most 63")
+    return raw
+
+
+def host_name(raw: str) -> str:
+    """A DNS name or an IP address, as a certificate names its server."""
+    try:
+        ipaddress.ip_address(raw)
+        return raw
+    except ValueError:
+        pass
+    if len(raw) > 253 or not _DNS_NAME.match(raw):
+        raise argparse.ArgumentTypeError(f"{raw!r} is neither a DNS name (lower-case) nor an IP address")
+    return raw
+
+
+def gpu_minutes(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of GPU-minutes: give a finite number, 0 or more")
+    return value
+
+
+def http_url(raw: str) -> str:
+    try:
+        return check_http_url(raw)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -1,0 +1,114 @@
+"""`gpusharing timekeeper serve` and `gpusharing db upgrade` as real processes: a bad setting is one line before any
+worker starts, and what the timekeeper does to namespaces and pods is in its log."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import create_engine
+
+from demo.processes import Service, free_port, run_command
+from tests.fakekube import FakeKube
+from tests.postgres import PostgresServer
+from tests.timekeeper.conftest import ADMIN, METER
+from timekeeper.app import OFF_CLUSTER
+from timekeeper.schema import schema_problem
+
+OFF_CLUSTER_ENV = {"KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": "", "TIMEKEEPER_KUBECONFIG": ""}
+
+
+@pytest.fixture
+def migrated(sqlite_template: Path, tmp_path: Path) -> str:
+    path = tmp_path / "timekeeper.sqlite"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({}, OFF_CLUSTER),  # the default, tokenreview, where there is no cluster
+        ({"TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": "{tmp}/missing"},
+         "TIMEKEEPER_STATIC_TOKENS_FILE={tmp}/missing: cannot read it: No such file or directory"),
+        ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/missing"},
+         "cannot configure the Kubernetes API from the kubeconfig {tmp}/missing (TIMEKEEPER_KUBECONFIG, else KUBECONFIG): "
+         "Invalid kube-config file. No configuration found."),
+        ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/not-yaml"},
+         "the kubeconfig {tmp}/not-yaml (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: while parsing a flow node"),
+        ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_DATABASE_URL": "mysql://tk:secret@db/tk"},
+         "TIMEKEEPER_DATABASE_URL=mysql://tk:***@db/tk: the timekeeper speaks SQLite and PostgreSQL only: use sqlite:///PATH or "
+         "postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE"),
+    ],
+)
+def test_a_bad_setting_stops_serve_before_any_worker_with_one_line_saying_what_to_set(
+    settings: dict[str, str], message: str, migrated: str, tmp_path: Path
+) -> None:
+    (tmp_path / "not-yaml").write_text("clusters: [")
+    env = {**OFF_CLUSTER_ENV, "TIMEKEEPER_DATABASE_URL": migrated, **{k: v.format(tmp=tmp_path) for k, v in settings.items()}}
+    result = run_command("timekeeper", "serve", "--host", "127.0.0.1", "--port", str(free_port()), env=env)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [f"gpusharing: {message.format(tmp=tmp_path)}"]
+
+
+def test_db_upgrade_takes_a_postgres_url_as_providers_print_it(postgres: PostgresServer) -> None:
+    url = postgres.create_database("provider_url")
+    upgraded = run_command("db", "upgrade", "--database-url", url.replace("postgresql+psycopg://", "postgres://"))
+    assert upgraded.returncode == 0, upgraded.stderr
+    engine = create_engine(url)
+    assert schema_problem(engine) is None
+    engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgres://tk:secret@127.0.0.1:{port}/tk", "cannot migrate the database postgresql+psycopg://tk:***@127.0.0.1:{port}/tk: "),
+        ("sqlite:///{tmp}/no/such/directory/tk.sqlite", "cannot migrate the database sqlite:///{tmp}/no/such/directory/tk.sqlite: "
+                                                        "unable to open database file"),
+        ("not a url", "--database-url is not a database URL: use sqlite:///PATH or postgresql+psycopg://"),
+    ],
+)
+def test_db_upgrade_of_a_database_it_cannot_reach_is_one_line_without_the_password(url: str, message: str, tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    result = run_command("db", "upgrade", "--database-url", url.format(port=port, tmp=tmp_path))
+    assert result.returncode == 2
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("gpusharing:")]
+    assert line.startswith(f"gpusharing: {message.format(port=port, tmp=tmp_path)}") and "secret" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_crossing_a_transition_and_an_eviction_each_leave_an_info_line(
+    migrated: str, tokens_file: str, fake_kube: FakeKube, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(fake_kube.kubeconfig())
+    pod = fake_kube.add_pod("team-a", "train-0")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"TIMEKEEPER_DATABASE_URL": migrated, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
+           "TIMEKEEPER_KUBECONFIG": str(kubeconfig), "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.2", "GPUSHARING_LOG_FORMAT": "json"}
+    log = tmp_path / "timekeeper.log"
+    with Service("timekeeper", ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port)], f"{url}/readyz", env=env, log_path=log):
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        set_ = requests.put(f"{url}/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True}, headers=admin, timeout=10)
+        assert set_.status_code == 201
+        report = {"podUid": pod["metadata"]["uid"], "namespace": "team-a", "pod": "train-0", "gpuShare": 1, "seq": 1, "gpuSeconds": 90}
+        answer = requests.post(f"{url}/api/v1/reports", json=report, headers={"Authorization": f"Bearer {METER}"}, timeout=10)
+        assert answer.json()["state"] == "over-budget"
+        deadline = time.monotonic() + 30
+        while ("team-a", "train-0") not in fake_kube.evicted:
+            assert time.monotonic() < deadline, "the pod was never evicted"
+            time.sleep(0.05)
+
+    entries = [json.loads(line) for line in log.read_text().splitlines()]  # every line is JSON, gunicorn's too
+    info = [e for e in entries if e["level"] == "info" and e.get("namespace") == "team-a"]
+    assert any(e.get("actor") == "alice" and e["message"].startswith("namespace team-a: budget set by alice") for e in info)
+    assert any(e["message"] == "namespace team-a went over its GPU budget: the report of pod train-0" for e in info)
+    assert any(e.get("state") == "over-budget" and e.get("event") == "GPUBudgetExhausted" for e in info)
+    assert any(e.get("pod") == "train-0" and e.get("eviction") == "evicted" and e["message"].startswith("evicted pod team-a/train-0")
+               for e in info)
