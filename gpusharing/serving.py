@@ -31,6 +31,9 @@ GC_THRESHOLDS = (20_000, 20, 20)
 
 MAX_WORKERS = 64
 MAX_THREADS = 1024
+# On SIGTERM a worker stops accepting and finishes the requests it has (admissions; reports, each answered once its
+# batch has committed) for up to this long. The manifests' terminationGracePeriodSeconds leave room for it.
+GRACEFUL_TIMEOUT_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class _Server(BaseApplication):  # type: ignore[misc]
             "threads": o.threads,
             "keepalive": o.keepalive,
             "timeout": o.timeout,
-            "graceful_timeout": 10,
+            "graceful_timeout": GRACEFUL_TIMEOUT_SECONDS,
             "accesslog": "-" if o.access_log else None,
             "errorlog": "-",
             "loglevel": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),

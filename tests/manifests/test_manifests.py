@@ -268,3 +268,14 @@ def test_the_readmes_admin_token_comes_from_a_service_account_a_manifest_binds_t
     assert find(objects, "ClusterRole", "gpusharing-budget-admin")
     for account in accounts:
         assert ("gpusharing-system", account) in created & bound, account
+
+
+def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classes(objects: list[dict[str, Any]]) -> None:
+    env = {e["name"]: e.get("value") for e in find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (expression,) = find(objects, kind, "gpusharing")["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+        assert expression["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), "gpusharing-system"]
+    for variable in ("GPUSHARING_PRIORITY_CLASS_IN_BUDGET", "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"):
+        assert find(objects, "PriorityClass", env[variable])
+    timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", "value": env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"]} in timekeeper
