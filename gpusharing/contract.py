@@ -17,6 +17,10 @@ NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
 
+# The header that carries a token to the timekeeper through the API server's service proxy, which consumes the
+# Authorization header (the caller's credentials for the API server) and drops it before proxying.
+TIMEKEEPER_TOKEN_HEADER = "X-Timekeeper-Authorization"
+
 
 class BudgetState(StrEnum):
     IN_BUDGET = "in-budget"

@@ -12,6 +12,7 @@ from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
+from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER
 from gpusharing.env import ConfigError
 from gpusharing.metrics import render_metrics
 from gpusharing.report import MeterReport, ReportError
@@ -75,7 +76,7 @@ def create_app(
     app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, reports=reports, demoter=demoter, database=db)
 
     def caller() -> Caller:
-        return auth.caller(request.headers.get("Authorization"))
+        return auth.caller(request.headers.get("Authorization") or request.headers.get(TIMEKEEPER_TOKEN_HEADER))
 
     def admin() -> Caller:
         who = caller()
