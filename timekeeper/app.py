@@ -160,19 +160,22 @@ def create_app(
     @app.post("/api/v1/reports")
     def post_report() -> Response:
         outcome = "rejected"
+        report: MeterReport | None = None
         try:
             who = caller()
             report = MeterReport.from_json(request.get_json(silent=True))
             result = reports.submit(report, auth.report_terms(who, report))
             outcome = result.outcome.value
-        except Unauthenticated:
-            outcome = "unauthenticated"
-            raise
-        except Forbidden:
-            outcome = "forbidden"
+        except (Unauthenticated, Forbidden, ReportError) as refused:
+            outcome = {Unauthenticated: "unauthenticated", Forbidden: "forbidden"}.get(type(refused), "rejected")
+            # The pod and namespace only once the report parsed: before, they are whatever a client sent.
+            fields = {"decision": outcome} | ({"namespace": report.namespace, "pod": report.pod} if report else {})
+            log.warning("report refused (%s): %s", outcome, refused, extra=fields)
             raise
         finally:
             metrics.REPORTS.labels(outcome).inc()
+        log.debug("report %d of pod %s/%s: %s", report.seq, report.namespace, report.pod, outcome,
+                  extra={"namespace": report.namespace, "pod": report.pod, "decision": outcome})
         crossed(result.crossed, result.status, f"the report of pod {report.pod}")
         return jsonify(result.to_json())
 

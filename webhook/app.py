@@ -36,6 +36,8 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
             admission = parse_review(request.get_json(force=True, silent=True))
         except BadReview as exc:
             metrics.BAD_REVIEWS.labels(endpoint).inc()
+            log.warning("refused a body on /%s that is not an AdmissionReview: %s", endpoint, exc,
+                        extra={"endpoint": endpoint, "decision": "bad-review"})
             return jsonify(error=f"not an AdmissionReview: {exc}"), 400
         fields = {"request_id": admission.uid, "namespace": admission.namespace, "pod": _pod_name(admission.object),
                   "operation": admission.operation, "endpoint": endpoint}
