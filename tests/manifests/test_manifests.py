@@ -17,7 +17,7 @@ import yaml
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.certs import write_overlay
 from tests.gpusharing.test_request import INVALID
-from tests.kustomize import MANIFESTS, PASSWORD, installable_manifests, kustomize
+from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, installable_manifests, kustomize
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
@@ -218,7 +218,7 @@ def test_the_database_password_is_generated_from_database_env_and_reaches_postgr
 
 def test_without_database_env_kustomize_names_the_file_to_write(tmp_path: Path) -> None:
     shutil.copytree(MANIFESTS, tmp_path / "manifests", ignore=shutil.ignore_patterns("local-certs", "database.env"))
-    rendered = subprocess.run(["kubectl", "kustomize", str(tmp_path / "manifests")], capture_output=True, text=True)
+    rendered = subprocess.run([KUBECTL, "kustomize", str(tmp_path / "manifests")], capture_output=True, text=True)
     assert rendered.returncode != 0 and "database.env" in rendered.stderr
 
 

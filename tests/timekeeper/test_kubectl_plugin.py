@@ -17,6 +17,7 @@ from flask import Flask
 
 from gpusharing.cli import main
 from tests.fakekube import FakeKube
+from tests.kustomize import KUBECTL
 from tests.timekeeper.conftest import ADMIN, METER, READER, served
 
 SERVICE = ("gpusharing-system", "http:gpusharing-timekeeper:8080")
@@ -159,8 +160,8 @@ def test_kubectl_runs_the_installed_plugin(cluster: FakeKube, tmp_path: Path) ->
     bin_dir = Path(sys.executable).parent
     assert (bin_dir / "kubectl-gpusharing").exists()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    listed = subprocess.run(["kubectl", "plugin", "list"], capture_output=True, text=True, env=env)
+    listed = subprocess.run([KUBECTL, "plugin", "list"], capture_output=True, text=True, env=env)
     assert str(bin_dir / "kubectl-gpusharing") in listed.stdout
-    ran = subprocess.run(["kubectl", "gpusharing", "budget", "ls", "-o", "json"], capture_output=True, text=True, env=env, timeout=60)
+    ran = subprocess.run([KUBECTL, "gpusharing", "budget", "ls", "-o", "json"], capture_output=True, text=True, env=env, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["items"] == []
