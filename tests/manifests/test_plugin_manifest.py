@@ -53,14 +53,18 @@ def test_the_manifest_names_this_versions_archive_and_its_sha256() -> None:
 
 
 def test_the_archives_launcher_runs_the_installed_plugin(tmp_path: Path) -> None:
-    with tarfile.open(fileobj=io.BytesIO(build.archive())) as tar:
-        tar.extractall(tmp_path, filter="data")
+    launcher = tmp_path / "kubectl-gpusharing"
+    with tarfile.open(fileobj=io.BytesIO(build.archive())) as tar:  # (extractall's filter needs Python 3.11.4)
+        member = tar.extractfile("kubectl-gpusharing")
+        assert member is not None
+        launcher.write_bytes(member.read())
+    launcher.chmod(0o755)
     env = {**os.environ, "GPUSHARING_PYTHON": sys.executable}
-    ran = subprocess.run([str(tmp_path / "kubectl-gpusharing"), "--version"], capture_output=True, text=True, env=env)
+    ran = subprocess.run([str(launcher), "--version"], capture_output=True, text=True, env=env)
     assert (ran.returncode, ran.stdout.split()[:2]) == (0, ["kubectl", "gpusharing"])
     bare_python = tmp_path / "python-without-packages"  # isolated, no site-packages: the package is not there
     bare_python.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
     bare_python.chmod(0o755)
-    bare = subprocess.run([str(tmp_path / "kubectl-gpusharing"), "budget", "ls"], capture_output=True, text=True,
+    bare = subprocess.run([str(launcher), "budget", "ls"], capture_output=True, text=True,
                           env={**env, "GPUSHARING_PYTHON": str(bare_python)})
     assert bare.returncode == 2 and bare.stderr.count("\n") == 1 and "pip install kube-gpusharing" in bare.stderr

@@ -210,7 +210,7 @@ def test_the_default_url_refused_says_how_to_reach_a_cluster(capsys: pytest.Capt
 def test_version_and_help_with_examples() -> None:
     version = run_command("--version")
     assert version.returncode == 0 and version.stdout.startswith("gpusharing 0.")
-    for command in ([], ["budget"], ["budget", "set"], ["pods"], ["certs"], ["timekeeper", "serve"], ["db", "upgrade"],
-                    ["webhook", "serve"]):
+    for command in ([], ["budget"], ["budget", "set"], ["pods"], ["explain"], ["certs"], ["timekeeper", "serve"],
+                    ["db", "upgrade"], ["webhook", "serve"]):
         helped = run_command(*command, "--help")
         assert helped.returncode == 0 and "example" in helped.stdout, command

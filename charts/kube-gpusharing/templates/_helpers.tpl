@@ -56,7 +56,7 @@ http://gpusharing-timekeeper.{{ .Release.Namespace }}.svc:8080
 {{/*
 The CEL of the webhook configurations' matchConditions: a pod reaches the webhook only when one of its containers
 asks for a GPU in some dialect (or takes the meter's reserved name), or it carries a KAI Scheduler annotation.
-The same expressions as manifests/base/webhook-configurations.yaml (tests/charts compares them).
+The same expressions as manifests/base/webhook-configurations.yaml (tests/manifests/test_chart.py compares them).
 */}}
 {{- define "gpusharing.asksForAGpu" -}}
 {{- $keys := "['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'tencent.com/vcuda-core', 'tencent.com/vcuda-memory', 'aliyun.com/gpu-mem']" -}}
