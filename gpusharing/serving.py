@@ -29,6 +29,10 @@ from gpusharing.metrics import MULTIPROC_ENV
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
+# An app's extensions[ON_STOP]: what its worker calls, once it has finished its requests in flight, before it exits
+# (background threads that must finish what they hold: the timekeeper's report batches and demotion pass).
+ON_STOP = "gpusharing.on_stop"
+
 MAX_WORKERS = 64
 MAX_THREADS = 1024
 # On SIGTERM a worker stops accepting and finishes the requests it has (admissions; reports, each answered once its
@@ -71,6 +75,7 @@ class _Server(BaseApplication):  # type: ignore[misc]
             "loglevel": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
             "logger_class": _Logs,
             "child_exit": _child_exit,
+            "worker_exit": _worker_exit,
             "post_worker_init": _settle_garbage_collector,
         }
         # gunicorn >= 25.1 opens a control socket at one path per user ($XDG_RUNTIME_DIR or ~/.gunicorn): a second
@@ -128,6 +133,11 @@ class _ReloadingContext:
 def _settle_garbage_collector(_worker: Any) -> None:
     gc.freeze()  # the app, its modules and settings: alive as long as the worker, never garbage
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def _worker_exit(_server: Any, worker: Any) -> None:
+    for stop in getattr(getattr(worker, "wsgi", None), "extensions", {}).get(ON_STOP, []):
+        stop()
 
 
 def _child_exit(_server: Any, worker: Any) -> None:

@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER
 from gpusharing.env import ConfigError
 from gpusharing.metrics import render_metrics
+from gpusharing.serving import ON_STOP
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
@@ -74,6 +75,9 @@ def create_app(
     app = Flask("timekeeper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, reports=reports, demoter=demoter, database=db)
+    # On SIGTERM, once the requests in flight are answered: the demotion pass under way finishes (its evictions and
+    # Events recorded as done), then the report queue, already empty, closes.
+    app.extensions[ON_STOP] = [*([demoter.stop] if demoter is not None else []), reports.close]
 
     def caller() -> Caller:
         return auth.caller(request.headers.get("Authorization") or request.headers.get(TIMEKEEPER_TOKEN_HEADER))
