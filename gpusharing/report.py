@@ -6,9 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpusharing.share import MAX_GPU_SHARE
+
 # Nothing a pod does can be worth more than this many GPU-seconds in one report: 1,000 GPUs for ten years.
 MAX_GPU_SECONDS = 1000 * 10 * 365 * 24 * 3600
-MAX_GPU_SHARE = 1000
 MAX_SEQ = 2**62
 
 

@@ -13,7 +13,8 @@ from gpusharing.contract import (
     ANNOTATION_PREFIX,
     BudgetState,
 )
-from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, format_share, parse_gpu_request
+from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, parse_gpu_request
+from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
 from webhook.config import WebhookConfig
 from webhook.meter import (
