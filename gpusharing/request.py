@@ -13,6 +13,7 @@ from decimal import Context, Decimal, localcontext
 from enum import StrEnum
 from typing import Any
 
+from gpusharing.messages import shortened
 from gpusharing.quantity import (
     MAX_DIGITS,
     MAX_EXPONENT,
@@ -48,7 +49,6 @@ KAI_ANNOTATIONS = (KAI_FRACTION, KAI_MEMORY, KAI_NUM_DEVICES, KAI_CONTAINER_NAME
 # a share is only rounded once, upwards, by format_share.
 _SHARE_ARITHMETIC = Context(prec=4 * (MAX_DIGITS + MAX_EXPONENT))
 MAX_ERRORS_SHOWN = 10  # a pod with thousands of broken containers gets a message of reasonable length
-MAX_VALUE_SHOWN = 64  # characters of a value or name quoted back in a message
 _TOO_MANY_DEVICES = f"more than {MAX_GPU_SHARE}, the most GPUs one pod may be billed for"
 
 class Dialect(StrEnum):
@@ -152,13 +152,6 @@ class _Container:
     def subject(self) -> str:
         kind = "container" if self.role is ContainerRole.REGULAR else "init container"
         return f'{kind} "{shortened(self.name)}"'
-
-
-def shortened(text: str) -> str:
-    """Text quoted back to the pod's author, cut short: a refusal must not be as large as what it refuses."""
-    if len(text) <= MAX_VALUE_SHOWN:
-        return text
-    return f"{text[:MAX_VALUE_SHOWN]}… ({len(text)} characters)"
 
 
 class _Errors(list[GpuRequestError]):
