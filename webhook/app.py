@@ -7,9 +7,12 @@ import time
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from gpusharing.jsonbody import JsonBodyError, read_json
+from gpusharing.messages import shortened
 from gpusharing.metrics import render_metrics
+from gpusharing.request import as_mapping
 from webhook import metrics
 from webhook.admission import BadReview, Decision, parse_review, review_response
 from webhook.budget import BudgetStateCache
@@ -17,6 +20,9 @@ from webhook.config import WebhookConfig
 from webhook.policy import admit
 
 log = logging.getLogger(__name__)
+
+# The API server sends at most 3 MiB per object (its request limit), and an UPDATE's review holds two.
+MAX_REVIEW_BYTES = 8 * 1024 * 1024
 
 
 def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None) -> Flask:
@@ -28,25 +34,27 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         budgets.start()
     app = Flask("webhook")
     app.config["GPUSHARING"] = config
+    app.config["MAX_CONTENT_LENGTH"] = MAX_REVIEW_BYTES
     app.extensions["budgets"] = budgets
 
     def review(endpoint: str, mutate: bool) -> tuple[Response, int]:
         started = time.perf_counter()
         try:
-            admission = parse_review(request.get_json(force=True, silent=True))
-        except BadReview as exc:
+            admission = parse_review(read_json(request.get_data(cache=False)))
+        except (BadReview, JsonBodyError) as exc:
             metrics.BAD_REVIEWS.labels(endpoint).inc()
             return jsonify(error=f"not an AdmissionReview: {exc}"), 400
         try:
             decision = admit(admission, config, budgets.state_of, mutate)
         except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
-            log.exception("could not decide on %s %s", admission.operation, admission.uid)
+            log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid))
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
         metrics.ADMISSIONS.labels(
             endpoint, admission.operation, "allowed" if decision.allowed else "denied", decision.dialect
         ).inc()
         if not decision.allowed:
-            log.info("denied %s %s/%s: %s", admission.operation, admission.namespace, _pod_name(admission.object), decision.message)
+            where = f"{shortened(admission.namespace)}/{_pod_name(admission.object)}"
+            log.info("denied %s %s: %s", admission.operation, where, decision.message)
         metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
         return jsonify(review_response(admission, decision)), 200
 
@@ -72,6 +80,10 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         body, content_type = render_metrics()
         return Response(body, content_type=content_type)
 
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:
+        return jsonify(error=f"not an AdmissionReview: the body is larger than the {MAX_REVIEW_BYTES} bytes the webhook reads"), 413
+
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
         return jsonify(error=exc.description), exc.code or 500
@@ -80,5 +92,7 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
 
 
 def _pod_name(pod: dict[str, Any] | None) -> str:
-    metadata = (pod or {}).get("metadata") or {}
-    return str(metadata.get("name") or metadata.get("generateName") or "?")
+    """The pod's name for a log line, whatever its metadata holds (the pod is being denied: it may be anything)."""
+    metadata = as_mapping(as_mapping(pod).get("metadata"))
+    name = metadata.get("name") or metadata.get("generateName")
+    return shortened(name) if isinstance(name, str) else "?"

@@ -13,6 +13,7 @@ from gpusharing.contract import (
     ANNOTATION_PREFIX,
     BudgetState,
 )
+from gpusharing.quantity import QuantityError, parse_whole_quantity
 from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, parse_gpu_request
 from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
@@ -116,10 +117,12 @@ def _meter_list(config: WebhookConfig) -> str:
 def _earlier_meter(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any] | None:
     """The meter the webhook injected for the record annotations the pod carries, if it carries them."""
     annotations = _annotations(pod)
-    share, memory = annotations.get(ANNOTATION_GPU_SHARE), annotations.get(ANNOTATION_GPU_MEMORY)
-    if not isinstance(share, str) or not isinstance(memory, str) or not memory.isdigit():
+    share = annotations.get(ANNOTATION_GPU_SHARE)
+    try:
+        memory_mib = parse_whole_quantity(annotations.get(ANNOTATION_GPU_MEMORY))
+    except QuantityError:
         return None
-    return meter_container(config.meter, share, int(memory))
+    return meter_container(config.meter, share, memory_mib) if isinstance(share, str) else None
 
 
 def _check_meter(
