@@ -34,13 +34,13 @@ def read_json(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
             parse_constant=_not_a_number,
         )
     except RecursionError:
-        raise JsonBodyError(f"it is nested more than {max_depth} levels deep") from None
+        raise JsonBodyError(f"the body is nested more than {max_depth} levels deep") from None
     except JsonBodyError:
         raise
     except ValueError as exc:  # malformed JSON, or bytes that are not UTF-8
-        raise JsonBodyError(f"it is not JSON: {exc}") from None
+        raise JsonBodyError(f"the body is not JSON: {exc}") from None
     if not _nested_within(value, max_depth):
-        raise JsonBodyError(f"it is nested more than {max_depth} levels deep")
+        raise JsonBodyError(f"the body is nested more than {max_depth} levels deep")
     return value
 
 

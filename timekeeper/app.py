@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from gpusharing.jsonbody import JsonBodyError, read_json
 from gpusharing.metrics import render_metrics
+from gpusharing.names import InvalidName, check_namespace
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
-from timekeeper.budget import BudgetRequestError, budget_from_json, check_namespace, top_up_from_json
+from timekeeper.budget import BudgetRequestError, budget_from_json, top_up_from_json
 from timekeeper.config import TimekeeperConfig
 from timekeeper.db import Database
 from timekeeper.demotion import Demoter
@@ -73,10 +76,9 @@ def create_app(
         return who
 
     def body() -> Any:
-        parsed = request.get_json(silent=True)
-        if parsed is None:
-            raise BudgetRequestError("the body must be a JSON object (Content-Type: application/json)")
-        return parsed
+        if not request.is_json:
+            raise JsonBodyError("the body is not JSON (Content-Type: application/json)")
+        return read_json(request.get_data(cache=False))
 
     def crossed(over: bool) -> None:
         if over and demoter is not None:
@@ -130,7 +132,7 @@ def create_app(
         outcome = "rejected"
         try:
             who = caller()
-            report = MeterReport.from_json(request.get_json(silent=True))
+            report = MeterReport.from_json(body())
             result = reports.submit(report, auth.report_terms(who, report))
             outcome = result.outcome.value
         except Unauthenticated:
@@ -179,8 +181,14 @@ def create_app(
 
     @app.errorhandler(ReportError)
     @app.errorhandler(BudgetRequestError)
+    @app.errorhandler(InvalidName)
+    @app.errorhandler(JsonBodyError)
     def bad_request(exc: ValueError) -> tuple[Response, int]:
         return jsonify(error=str(exc)), 400
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:
+        return jsonify(error=f"the body is larger than the {MAX_BODY_BYTES} bytes the timekeeper reads"), 413
 
     @app.errorhandler(NoBudget)
     def no_budget(exc: NoBudget) -> tuple[Response, int]:
@@ -222,6 +230,6 @@ def _flag(raw: str, name: str) -> bool:
 
 
 def _limit(raw: str) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PODS:
+    if not re.fullmatch(r"[0-9]{1,6}", raw) or not 1 <= int(raw) <= MAX_PODS:
         raise BudgetRequestError(f"limit must be a whole number from 1 to {MAX_PODS}, not {raw!r}")
     return int(raw)

@@ -26,10 +26,10 @@ def test_ordinary_json_is_read_as_json() -> None:
         (b'{"n": 1e999}', "1e999 is not a finite number"),
         (b'{"n": NaN}', "NaN is not a finite number"),
         (b'{"n": -Infinity}', "-Infinity is not a finite number"),
-        (b"[" * 100_000 + b"]" * 100_000, f"it is nested more than {MAX_DEPTH} levels deep"),
-        (nested(MAX_DEPTH + 2).encode(), f"it is nested more than {MAX_DEPTH} levels deep"),
-        (b"{", "it is not JSON: Expecting property name enclosed in double quotes"),
-        (b'"\xff"', "it is not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, f"the body is nested more than {MAX_DEPTH} levels deep"),
+        (nested(MAX_DEPTH + 2).encode(), f"the body is nested more than {MAX_DEPTH} levels deep"),
+        (b"{", "the body is not JSON: Expecting property name enclosed in double quotes"),
+        (b'"\xff"', "the body is not JSON"),
     ],
 )
 def test_what_is_refused_and_why(body: bytes, message: str) -> None:

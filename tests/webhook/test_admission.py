@@ -250,8 +250,8 @@ def test_update_may_not_change_the_record_but_may_change_other_annotations(clien
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"not json", "not an AdmissionReview: it is not JSON: Expecting value"),
-        (b"[" * 100_000 + b"]" * 100_000, "not an AdmissionReview: it is nested more than 100 levels deep"),
+        (b"not json", "not an AdmissionReview: the body is not JSON: Expecting value"),
+        (b"[" * 100_000 + b"]" * 100_000, "not an AdmissionReview: the body is nested more than 100 levels deep"),
         (b'{"kind": "AdmissionReview", "kind": "AdmissionReview"}', "the key 'kind' appears twice in one object"),
         (b"[]", "expected a JSON AdmissionReview object"),
         (b'{"kind": "Pod", "apiVersion": "v1"}', "expected kind AdmissionReview"),
