@@ -11,6 +11,7 @@ from gpusharing.share import MAX_GPU_SHARE
 # Nothing a pod does can be worth more than this many GPU-seconds in one report: 1,000 GPUs for ten years.
 MAX_GPU_SECONDS = 1000 * 10 * 365 * 24 * 3600
 MAX_SEQ = 2**62
+MAX_GPU_MEMORY_MIB = 10**9
 
 
 class ReportError(ValueError):
@@ -67,9 +68,9 @@ class MeterReport:
             seq=_integer(body, "seq", 0, MAX_SEQ),
             gpu_seconds=_number(body, "gpuSeconds", 0, MAX_GPU_SECONDS),
             final=_flag(body, "final"),
-            gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, 10**9),
+            gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, MAX_GPU_MEMORY_MIB),
             gpu_utilization_percent=_optional_number(body, "gpuUtilizationPercent", 0, 100),
-            gpu_memory_requested_mib=_optional_number(body, "gpuMemoryRequestedMiB", 0, 10**9),
+            gpu_memory_requested_mib=_optional_number(body, "gpuMemoryRequestedMiB", 0, MAX_GPU_MEMORY_MIB),
         )
 
 

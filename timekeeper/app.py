@@ -18,7 +18,7 @@ from gpusharing.names import InvalidName, check_namespace
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
-from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
+from timekeeper.auth import Authenticator, Caller, Forbidden, StaticTokens, Unauthenticated, load_static_tokens
 from timekeeper.budget import BudgetRequestError, budget_from_json, top_up_from_json
 from timekeeper.config import TimekeeperConfig
 from timekeeper.db import Database
@@ -51,7 +51,7 @@ def create_app(
         log.warning(NO_AUTH_WARNING)
     if kube is None:
         log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
-    tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else {}
+    tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
