@@ -168,6 +168,8 @@ def create_app(
 
     @app.get("/metrics")
     def prometheus() -> Response:
+        if config.metrics_auth == "token":
+            caller()
         payload, content_type = render_metrics(collector)
         return Response(payload, content_type=content_type)
 

@@ -10,6 +10,7 @@ from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_text
 from timekeeper.budget import Period
 
 AUTH_MODES = ("tokenreview", "static", "none")
+METRICS_AUTH = ("none", "token")
 DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
 
 
@@ -24,6 +25,7 @@ class TimekeeperConfig:
     kubeconfig: str | None = None  # None: the in-cluster ServiceAccount
     demotion_interval_seconds: float = 10.0  # how often refused evictions are retried and states reconciled
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
+    metrics_auth: str = "none"  # token: /metrics needs a token, as the budget listing does (it shows as much)
     db_pool_size: int = 10
     sqlite_busy_timeout_ms: int = 10_000
     host: str = "0.0.0.0"
@@ -48,6 +50,7 @@ class TimekeeperConfig:
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or None,
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
+            metrics_auth=env_choice("TIMEKEEPER_METRICS_AUTH", cls.metrics_auth, METRICS_AUTH, environ),
             db_pool_size=env_int("TIMEKEEPER_DB_POOL_SIZE", 10, 1, environ),
             sqlite_busy_timeout_ms=env_int("TIMEKEEPER_SQLITE_BUSY_TIMEOUT_MS", 10_000, 0, environ),
             host=env_text("TIMEKEEPER_HOST", cls.host, environ),

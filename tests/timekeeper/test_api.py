@@ -317,6 +317,14 @@ def test_metrics_show_budgets_reports_and_memory_overruns(app: Flask, api: SpecC
         assert line in text
 
 
+def test_metrics_may_require_a_token(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(metrics_auth="token").test_client())
+    refused = api.get("/metrics")
+    assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer")
+    assert api.as_("wrong").get("/metrics").status_code == 401
+    assert "gpusharing_timekeeper_reports_total" in api.as_(READER).get("/metrics").data.decode()
+
+
 def test_unknown_paths_and_methods_answer_json_errors(api: SpecClient) -> None:
     missing = api.client.get("/api/v1/nothing")
     assert missing.status_code == 404 and missing.get_json()["error"]
