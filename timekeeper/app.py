@@ -12,6 +12,7 @@ from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from gpusharing.env import load_code
 from gpusharing.jsonbody import JsonBodyError, read_json
 from gpusharing.metrics import render_metrics
 from gpusharing.names import InvalidName, check_namespace
@@ -20,12 +21,12 @@ from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, StaticTokens, Unauthenticated, load_static_tokens
 from timekeeper.budget import BudgetRequestError, budget_from_json, top_up_from_json
-from timekeeper.config import TimekeeperConfig
+from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.db import Database
 from timekeeper.demotion import Demoter
 from timekeeper.kube import KubeApi, KubeUnavailable
 from timekeeper.schema import head_revision, schema_problem
-from timekeeper.store import BudgetStore, Clock, NoBudget, NoLimit, utc_now
+from timekeeper.store import BudgetStore, Clock, NoBudget, NoLimit
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,16 @@ NO_AUTH_WARNING = (
 def create_app(
     config: TimekeeperConfig | None = None,
     kube: KubeApi | None = None,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
     background: bool = True,
 ) -> Flask:
-    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
+    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG or the in-cluster API, `clock` to TIMEKEEPER_CLOCK,
+    `background` runs the demoter loop."""
     config = config or TimekeeperConfig.from_env()
+    if clock is None:
+        clock = load_code("TIMEKEEPER_CLOCK", config.clock)
+        if config.clock != DEFAULT_CLOCK:
+            log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
     if kube is None and (config.auth == "tokenreview" or config.kubeconfig or KubeApi.in_cluster_available()):
         kube = KubeApi.from_kubeconfig(config.kubeconfig)
     if config.auth == "none":

@@ -9,7 +9,7 @@ from typing import Any
 
 import requests
 
-from gpusharing.env import ConfigError
+from gpusharing.env import ConfigError, load_code
 from gpusharing.serving import ServerOptions, serve
 from timekeeper.budget import Period
 
@@ -74,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Fail at start, in one line, rather than in every worker.
     if config.static_tokens_file:
         load_static_tokens(config.static_tokens_file)
+    load_code("TIMEKEEPER_CLOCK", config.clock)
     database = Database.from_config(config)
     problem = schema_problem(database.engine)
     database.dispose()

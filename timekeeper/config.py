@@ -6,10 +6,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_text
+from gpusharing.env import ConfigError, env_choice, env_code, env_float, env_int, env_text
 from timekeeper.budget import Period
 
 AUTH_MODES = ("tokenreview", "static", "none")
+DEFAULT_CLOCK = "timekeeper.store:utc_now"
 METRICS_AUTH = ("none", "token")
 DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
 
@@ -32,6 +33,7 @@ class TimekeeperConfig:
     port: int = 8080
     workers: int = 2
     threads: int = 32  # request threads mostly wait for their report's transaction; more of them, bigger batches
+    clock: str = DEFAULT_CLOCK  # module:function giving the time; TESTS ONLY change it, to move time across periods
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TimekeeperConfig":
@@ -57,4 +59,5 @@ class TimekeeperConfig:
             port=env_int("TIMEKEEPER_PORT", cls.port, 1, environ),
             workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),
             threads=env_int("TIMEKEEPER_THREADS", cls.threads, 1, environ),
+            clock=env_code("TIMEKEEPER_CLOCK", DEFAULT_CLOCK, environ),
         )
