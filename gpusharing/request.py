@@ -48,6 +48,7 @@ KAI_ANNOTATIONS = (KAI_FRACTION, KAI_MEMORY, KAI_NUM_DEVICES, KAI_CONTAINER_NAME
 # Inputs are bounded (gpusharing.quantity), so shares are sums of products that fit this precision whole:
 # a share is only rounded once, upwards, by format_share.
 _SHARE_ARITHMETIC = Context(prec=4 * (MAX_DIGITS + MAX_EXPONENT))
+MAX_CONTAINERS = 1000  # init containers and containers of one pod: far beyond any real pod, and read in milliseconds
 MAX_ERRORS_SHOWN = 10  # a pod with thousands of broken containers gets a message of reasonable length
 _TOO_MANY_DEVICES = f"more than {MAX_GPU_SHARE}, the most GPUs one pod may be billed for"
 
@@ -171,6 +172,10 @@ def parse_gpu_request(pod: Mapping[str, Any], settings: GpuModelSettings = GpuMo
 def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuModelSettings) -> GpuRequest | None:
     errors = _Errors()
     spec = as_mapping(pod.get("spec"))
+    count = sum(len(as_list(spec.get(list_name))) for list_name in ("initContainers", "containers"))
+    if count > MAX_CONTAINERS:
+        errors.add("pod", "", None, f"has {count} containers and init containers, more than the {MAX_CONTAINERS} the webhook reads")
+        raise InvalidGpuRequest(errors)
     annotations = as_mapping(as_mapping(pod.get("metadata")).get("annotations"))
     containers = list(_containers(spec, errors))
     kai_keys = [key for key in KAI_ANNOTATIONS if key in annotations]

@@ -21,8 +21,10 @@ from webhook.policy import admit
 
 log = logging.getLogger(__name__)
 
-# The API server sends at most 3 MiB per object (its request limit), and an UPDATE's review holds two.
-MAX_REVIEW_BYTES = 8 * 1024 * 1024
+# A pod is at most 1.5 MiB once stored (etcd's request limit): an UPDATE's review, which holds the pod twice, fits
+# in 3 MiB with room to spare, and a larger CREATE could not be stored anyway. Reading a body costs about a second
+# of CPU per 8 MiB of hostile JSON (millions of tiny objects), so the bound is also a bound on time and memory.
+MAX_REVIEW_BYTES = 3 * 1024 * 1024
 
 
 def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None) -> Flask:

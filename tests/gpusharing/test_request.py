@@ -374,3 +374,9 @@ def test_a_refusal_of_many_containers_lists_ten_rules_and_counts_the_rest() -> N
         parse_gpu_request(pod(*broken))
     assert len(caught.value.errors) == 25
     assert str(caught.value).count("must be a whole number of GPUs") == 10 and str(caught.value).endswith("; and 15 more")
+
+
+def test_a_pod_of_more_containers_than_the_webhook_reads_is_refused_at_once() -> None:
+    many = pod(*[container(f"c{i}") for i in range(900)], init=tuple(container(f"i{i}") for i in range(101)))
+    assert errors_of(many) == ["pod: has 1001 containers and init containers, more than the 1000 the webhook reads"]
+    assert parse_gpu_request(pod(*[container(f"c{i}") for i in range(1000)])) is None

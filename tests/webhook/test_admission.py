@@ -298,10 +298,10 @@ def test_a_denied_pod_whose_metadata_is_not_an_object_is_denied_not_a_500(
 
 def test_a_body_larger_than_the_webhook_reads_is_413(client: FlaskClient) -> None:
     body = json.dumps(admission_review(gpu_pod())).encode()
-    padded = body[:-1] + b', "padding": "' + b"x" * (8 * 1024 * 1024) + b'"}'
+    padded = body[:-1] + b', "padding": "' + b"x" * (3 * 1024 * 1024) + b'"}'
     answer = client.post("/mutate", data=padded, content_type="application/json")
     assert answer.status_code == 413
-    assert answer.get_json()["error"] == "not an AdmissionReview: the body is larger than the 8388608 bytes the webhook reads"
+    assert answer.get_json()["error"] == "not an AdmissionReview: the body is larger than the 3145728 bytes the webhook reads"
     assert client.post("/mutate", data=body, content_type="application/json").status_code == 200
 
 
