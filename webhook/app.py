@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ from gpusharing.jsonbody import JsonBodyError, read_json
 from gpusharing.messages import shortened
 from gpusharing.metrics import render_metrics
 from gpusharing.request import as_mapping
+from gpusharing.serving import release_memory
 from webhook import metrics
 from webhook.admission import BadReview, Decision, parse_review, review_response
 from webhook.budget import BudgetStateCache
@@ -25,6 +27,9 @@ log = logging.getLogger(__name__)
 # in 3 MiB with room to spare, and a larger CREATE could not be stored anyway. Reading a body costs about a second
 # of CPU per 8 MiB of hostile JSON (millions of tiny objects), so the bound is also a bound on time and memory.
 MAX_REVIEW_BYTES = 3 * 1024 * 1024
+# JSON makes up to thirty times its size in Python objects; bodies above this are read one at a time per worker,
+# so that a worker holds the objects of one large body at most, whatever number of them arrive together.
+LARGE_REVIEW_BYTES = 256 * 1024
 
 
 def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None) -> Flask:
@@ -38,11 +43,22 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
     app.config["GPUSHARING"] = config
     app.config["MAX_CONTENT_LENGTH"] = MAX_REVIEW_BYTES
     app.extensions["budgets"] = budgets
+    large_reviews = threading.Lock()
 
     def review(endpoint: str, mutate: bool) -> tuple[Response, int]:
         started = time.perf_counter()
+        body = request.get_data(cache=False)
+        if len(body) <= LARGE_REVIEW_BYTES:
+            return answer(endpoint, mutate, body, started)
+        with large_reviews:
+            try:
+                return answer(endpoint, mutate, body, started)
+            finally:
+                release_memory()
+
+    def answer(endpoint: str, mutate: bool, body: bytes, started: float) -> tuple[Response, int]:
         try:
-            admission = parse_review(read_json(request.get_data(cache=False)))
+            admission = parse_review(read_json(body))
         except (BadReview, JsonBodyError) as exc:
             metrics.BAD_REVIEWS.labels(endpoint).inc()
             return jsonify(error=f"not an AdmissionReview: {exc}"), 400

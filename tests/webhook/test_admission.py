@@ -305,6 +305,14 @@ def test_a_body_larger_than_the_webhook_reads_is_413(client: FlaskClient) -> Non
     assert client.post("/mutate", data=body, content_type="application/json").status_code == 200
 
 
+def test_a_large_pod_is_read_like_any_other(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    pod["metadata"]["annotations"]["example.com/blob"] = "x" * (1400 * 1024)  # a pod's size limit once stored
+    _, mutated = admitted(client, pod)
+    assert mutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "0.3"
+    assert review(client, admission_review(mutated), "/validate")["allowed"] is True
+
+
 @pytest.mark.parametrize(
     ("where", "key", "value", "message"),
     [

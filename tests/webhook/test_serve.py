@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -9,13 +10,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 import trustme
 
-from demo.apiserver import admission_review, example_pod
-from demo.processes import free_port
+from demo.apiserver import admission_review, api_server_pod, example_pod
+from demo.processes import child_pids, free_port
 from tests.webhook.conftest import FakeTimekeeper
 
 
@@ -32,7 +34,8 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture
-def webhook(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[str]:
+def webhook_process(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`gpusharing webhook serve` with two workers: its URL and its process (the gunicorn master)."""
     timekeeper.set_states(greedy="over-budget")
     port = free_port()
     env = {**os.environ, "GPUSHARING_TIMEKEEPER_URL": timekeeper.url, "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.2"}
@@ -52,9 +55,14 @@ def webhook(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[str]:
                 process.kill()
                 pytest.fail(f"webhook did not start: {process.communicate()[1]}")
             time.sleep(0.1)
-    yield url
+    yield url, process
     process.terminate()
     assert process.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def webhook(webhook_process: tuple[str, subprocess.Popen[str]]) -> str:
+    return webhook_process[0]
 
 
 def test_reviews_over_tls_with_keep_alive_and_metrics_merged_across_workers(webhook: str, tls: dict[str, str]) -> None:
@@ -129,3 +137,47 @@ def test_a_renewed_certificate_is_served_without_a_restart(webhook: str, tls: di
     assert answer.status_code == 200
     with pytest.raises(requests.exceptions.SSLError):
         requests.get(f"{webhook}/livez", verify=tls["ca"], timeout=2)
+
+
+def hostile_review(where: str, key: str, value: object) -> dict[str, Any]:
+    pod = api_server_pod({"metadata": {"name": "p", "annotations": {key: value} if where == "annotation" else {}},
+                          "spec": {"containers": [{"name": "main", "image": "cuda",
+                                                   "resources": {"limits": {key: value}} if where == "limits" else {}}]}})
+    return admission_review(pod)
+
+
+PATHOLOGICAL = {
+    "gpu-memory 1e999999": (json.dumps(hostile_review("annotation", "gpu-memory", "1e999999")).encode(), 200),
+    "gpu-memory 1e300000": (json.dumps(hostile_review("annotation", "gpu-memory", "1e300000")).encode(), 200),
+    "gpu-fraction 1e-999999999": (json.dumps(hostile_review("annotation", "gpu-fraction", "1e-999999999")).encode(), 200),
+    "nvidia.com/gpu 1e28": (json.dumps(hostile_review("limits", "nvidia.com/gpu", "1e28")).encode(), 200),
+    "a 5,000-digit gpu-mem": (json.dumps(hostile_review("limits", "aliyun.com/gpu-mem", "9" * 5000)).encode(), 200),
+    "100,000 [": (b"[" * 100_000, 400),
+    "100,000 deep": (b"[" * 100_000 + b"]" * 100_000, 400),
+    "metadata a string, denied": (json.dumps(hostile_review("limits", "nvidia.com/gpu", "x")).replace(
+        '"metadata": {"name": "p", "annotations": {}, "namespace": "ml-team", "creationTimestamp": null}', '"metadata": "p"').encode(), 200),
+    "a 400-digit integer": (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "n": ' + b"9" * 400 + b"}", 400),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
+def test_a_pathological_review_is_answered_within_a_second_and_no_worker_dies(
+    webhook_process: tuple[str, subprocess.Popen[str]], tls: dict[str, str], name: str
+) -> None:
+    url, process = webhook_process
+    workers = child_pids(process.pid)
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = tls["ca"]
+    body, status = PATHOLOGICAL[name]
+    for endpoint in ("/mutate", "/validate"):
+        started = time.perf_counter()
+        answer = session.post(f"{url}{endpoint}", data=body, headers={"Content-Type": "application/json"}, timeout=30)
+        elapsed = time.perf_counter() - started
+        assert answer.status_code == status, answer.text
+        if status == 200:
+            assert answer.json()["response"]["allowed"] is False and answer.json()["response"]["status"]["code"] == 422
+        else:
+            assert answer.json()["error"].startswith("not an AdmissionReview: ")
+        assert elapsed < 1.0, f"{name} took {elapsed:.2f} s"  # the issue's guard for one pathological input
+    assert child_pids(process.pid) == workers  # no worker killed by gunicorn's timeout, none restarted
