@@ -46,6 +46,9 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: Budget
     except InvalidGpuRequest as exc:
         return Decision.deny(422, f"invalid GPU request: {exc}")
     dialect = str(gpu.dialect) if gpu else "none"
+    shape = _shape_problem(pod) if gpu else None
+    if shape:
+        return Decision.deny(400, f"not a pod the GPU-sharing webhook can patch: {shape}", dialect)
     record = _record(gpu, config) if gpu else {}
     # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
     # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
@@ -59,6 +62,19 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: Budget
         problem = _check_record_matches(pod, record)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
     return _mutation(pod, config, record, budget_state(request.namespace), request.namespace, dialect)
+
+
+def _shape_problem(pod: dict[str, Any]) -> str | None:
+    """What keeps the webhook's patch from applying to `pod` (a decoded Pod never has it; a raw body may)."""
+    if not isinstance(pod.get("metadata"), dict):
+        return "metadata must be an object"
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return "spec must be an object"
+    for list_name in ("initContainers", "containers", "volumes"):
+        if list_name in spec and not isinstance(spec[list_name], list):
+            return f"spec.{list_name} must be a list"
+    return None
 
 
 def _is_mirror(pod: dict[str, Any]) -> bool:

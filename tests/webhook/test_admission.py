@@ -296,6 +296,21 @@ def test_a_denied_pod_whose_metadata_is_not_an_object_is_denied_not_a_500(
     assert len(denials) == 8 and max(len(line) for line in denials) < 300  # the 100,000-character name is cut short
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [("metadata", None, "metadata must be an object"), ("metadata", [], "metadata must be an object"),
+     ("spec.initContainers", None, "spec.initContainers must be a list"), ("spec.volumes", {}, "spec.volumes must be a list")],
+)
+def test_a_gpu_pod_the_patch_could_not_apply_to_is_denied_not_patched(client: FlaskClient, field: str, value: Any, problem: str) -> None:
+    body = admission_review(gpu_pod())
+    parent, _, key = field.rpartition(".")
+    (body["request"]["object"][parent] if parent else body["request"]["object"])[key] = value
+    for endpoint in ("/mutate", "/validate"):
+        response = review(client, body, endpoint)
+        assert response["allowed"] is False and "patch" not in response
+        assert response["status"] == {"code": 400, "message": f"not a pod the GPU-sharing webhook can patch: {problem}"}
+
+
 def test_a_body_larger_than_the_webhook_reads_is_413(client: FlaskClient) -> None:
     body = json.dumps(admission_review(gpu_pod())).encode()
     padded = body[:-1] + b', "padding": "' + b"x" * (3 * 1024 * 1024) + b'"}'
