@@ -93,11 +93,10 @@ def _match(pattern: re.Pattern[str], value: object, rule: str) -> re.Match[str]:
 
 def _bounded_number(match: re.Match[str]) -> Decimal:
     """The number and exponent of a match, checked against the bounds before they are read."""
-    number = match["number"]
-    exponent = match["exponent"]
-    digits = sum(character.isdigit() for character in number)
-    exponent_digits = exponent.lstrip("+-").lstrip("0") if exponent is not None else ""
-    if digits > MAX_DIGITS or len(exponent_digits) > 2 or (exponent is not None and abs(int(exponent)) > MAX_EXPONENT):
+    number, exponent = match["number"], match["exponent"] or "0"
+    digits = len(number.lstrip("+-").replace(".", "", 1))
+    significant = exponent.lstrip("+-").lstrip("0") or "0"  # a million leading zeros are still read at once
+    if digits > MAX_DIGITS or len(significant) > 2 or int(significant) > MAX_EXPONENT:
         raise QuantityOutOfBounds(f"has too many digits or too large an exponent: {BOUNDS}")
-    value = Decimal(number)
-    return value if exponent is None else _EXACT.scaleb(value, int(exponent))
+    scale = -int(significant) if exponent.startswith("-") else int(significant)
+    return _EXACT.scaleb(Decimal(number), scale)

@@ -11,7 +11,8 @@ from gpusharing.quantity import QuantityError, QuantityOutOfBounds, parse_decima
     ("text", "value"),
     [("3k", 3000), ("1Gi", 2**30), ("500m", Decimal("0.5")), ("1.5", Decimal("1.5")), ("2e3", 2000), (7, 7), ("+4", 4),
      ("1E", 10**18), ("2Ei", 2**61), ("1E3", 1000), ("5e-1", Decimal("0.5")), ("1e+2", 100), (".5", Decimal("0.5")),
-     ("1" * 32, int("1" * 32)), ("1e32", 10**32), ("1e-32", Decimal("1e-32")), ("1e0003", 1000)],
+     ("1" * 32, int("1" * 32)), ("1e32", 10**32), ("1e-32", Decimal("1e-32")), ("1e0003", 1000),
+     ("1e-" + "0" * 1_000_000 + "3", Decimal("0.001")), ("-0", 0)],
 )
 def test_quantities_by_value(text: object, value: Decimal) -> None:
     assert parse_quantity(text) == value
@@ -30,7 +31,10 @@ def test_whole_quantities() -> None:
             parse_whole_quantity(fractional)
 
 
-@pytest.mark.parametrize("text", ["1e999999", "1e-999999999", "1e33", "1e-33", "1" * 33, "0." + "0" * 32 + "1", "1" * 40 + "Ki", 10**32])
+@pytest.mark.parametrize(
+    "text", ["1e999999", "1e-999999999", "1e33", "1e-33", "1" * 33, "0." + "0" * 32 + "1", "1" * 40 + "Ki", 10**32, "1" * 3_000_000,
+             "1e" + "9" * 1_000_000],
+)
 def test_quantities_beyond_the_bounds_are_refused_before_they_are_read(text: object) -> None:
     with pytest.raises(QuantityOutOfBounds, match="at most 32 digits and an exponent from -32 to 32"):
         parse_quantity(text)
