@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import Context, Decimal, localcontext
 from enum import StrEnum
 from typing import Any
 
-from gpusharing.quantity import QuantityError, parse_quantity, parse_whole_quantity
+from gpusharing.messages import shortened
+from gpusharing.quantity import (
+    MAX_DIGITS,
+    MAX_EXPONENT,
+    QuantityError,
+    QuantityOutOfBounds,
+    parse_decimal,
+    parse_quantity,
+    parse_whole_quantity,
+)
+from gpusharing.share import MAX_GPU_SHARE, MIN_GPU_SHARE, format_share
 
 VCUDA_CORE = "tencent.com/vcuda-core"
 VCUDA_MEMORY = "tencent.com/vcuda-memory"
@@ -35,8 +45,12 @@ ALIYUN_KEYS = (ALIYUN_MEMORY,)
 RESOURCE_KEYS = (*GPU_MANAGER_KEYS, NVIDIA_GPU, *HAMI_KEYS, *ALIYUN_KEYS)
 KAI_ANNOTATIONS = (KAI_FRACTION, KAI_MEMORY, KAI_NUM_DEVICES, KAI_CONTAINER_NAME, KAI_CONTAINER_TYPE)
 
-SHARE_PRECISION = Decimal("0.0001")
-
+# Inputs are bounded (gpusharing.quantity), so shares are sums of products that fit this precision whole:
+# a share is only rounded once, upwards, by format_share.
+_SHARE_ARITHMETIC = Context(prec=4 * (MAX_DIGITS + MAX_EXPONENT))
+MAX_CONTAINERS = 1000  # init containers and containers of one pod: far beyond any real pod, and read in milliseconds
+MAX_ERRORS_SHOWN = 10  # a pod with thousands of broken containers gets a message of reasonable length
+_TOO_MANY_DEVICES = f"more than {MAX_GPU_SHARE}, the most GPUs one pod may be billed for"
 
 class Dialect(StrEnum):
     GPU_MANAGER = "gpu-manager"
@@ -113,7 +127,9 @@ class GpuRequestError:
 
 class InvalidGpuRequest(ValueError):
     def __init__(self, errors: list[GpuRequestError]):
-        super().__init__("; ".join(str(e) for e in errors))
+        shown = "; ".join(str(e) for e in errors[:MAX_ERRORS_SHOWN])
+        more = len(errors) - MAX_ERRORS_SHOWN
+        super().__init__(shown + (f"; and {more} more" if more > 0 else ""))
         self.errors = errors
 
 
@@ -126,12 +142,6 @@ def as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def format_share(share: Decimal) -> str:
-    """A share as a short decimal string, rounded up so that nobody is billed less than they hold."""
-    rounded = share.quantize(SHARE_PRECISION, rounding=ROUND_CEILING).normalize()
-    return f"{rounded:f}"
-
-
 @dataclass
 class _Container:
     name: str
@@ -142,12 +152,12 @@ class _Container:
     @property
     def subject(self) -> str:
         kind = "container" if self.role is ContainerRole.REGULAR else "init container"
-        return f'{kind} "{self.name}"'
+        return f'{kind} "{shortened(self.name)}"'
 
 
 class _Errors(list[GpuRequestError]):
     def add(self, subject: str, key: str, value: object, rule: str) -> None:
-        self.append(GpuRequestError(subject, key, None if value is None else str(value), rule))
+        self.append(GpuRequestError(subject, key, None if value is None else shortened(str(value)), rule))
 
 
 def parse_gpu_request(pod: Mapping[str, Any], settings: GpuModelSettings = GpuModelSettings()) -> GpuRequest | None:
@@ -155,8 +165,17 @@ def parse_gpu_request(pod: Mapping[str, Any], settings: GpuModelSettings = GpuMo
 
     Raises InvalidGpuRequest listing every rule the pod breaks.
     """
+    with localcontext(_SHARE_ARITHMETIC):
+        return _parse_gpu_request(pod, settings)
+
+
+def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuModelSettings) -> GpuRequest | None:
     errors = _Errors()
     spec = as_mapping(pod.get("spec"))
+    count = sum(len(as_list(spec.get(list_name))) for list_name in ("initContainers", "containers"))
+    if count > MAX_CONTAINERS:
+        errors.add("pod", "", None, f"has {count} containers and init containers, more than the {MAX_CONTAINERS} the webhook reads")
+        raise InvalidGpuRequest(errors)
     annotations = as_mapping(as_mapping(pod.get("metadata")).get("annotations"))
     containers = list(_containers(spec, errors))
     kai_keys = [key for key in KAI_ANNOTATIONS if key in annotations]
@@ -176,7 +195,11 @@ def parse_gpu_request(pod: Mapping[str, Any], settings: GpuModelSettings = GpuMo
         raise InvalidGpuRequest(errors)
     if not requests:
         return None  # e.g. nvidia.com/gpu: 0
-    return GpuRequest(dialect, tuple(requests), effective_pod_share(requests, [c.name for c in containers]))
+    share = effective_pod_share(requests, [c.name for c in containers])
+    if share > MAX_GPU_SHARE:
+        errors.add("pod", "", None, f"is billed for {format_share(share)} GPUs in all, more than the {MAX_GPU_SHARE} one pod may be")
+        raise InvalidGpuRequest(errors)
+    return GpuRequest(dialect, tuple(requests), share)
 
 
 def effective_pod_share(requests: list[ContainerGpuRequest], order: list[str]) -> Decimal:
@@ -293,12 +316,24 @@ def _whole(
         return None
     try:
         number = parse_whole_quantity(raw)
+    except QuantityOutOfBounds as exc:
+        errors.add(subject, key, raw, str(exc))
+        return None
     except QuantityError:
         number = None
     if number is None or number < low or (high is not None and number > high):
         errors.add(subject, key, raw, rule)
         return None
     return number
+
+
+def _devices(errors: _Errors, subject: str, key: str, raw: str | None, low: int, rule: str) -> int | None:
+    """A whole number of devices, at least `low` and no more than one pod may be billed for."""
+    devices = _whole(errors, subject, key, raw, low, None, rule)
+    if devices is not None and devices > MAX_GPU_SHARE:
+        errors.add(subject, key, raw, f"asks for {devices} GPUs, {_TOO_MANY_DEVICES}")
+        return None
+    return devices
 
 
 def _memory_fraction(memory_mib: int | None, settings: GpuModelSettings) -> Decimal:
@@ -340,6 +375,8 @@ def _parse_gpu_manager(c: _Container, settings: GpuModelSettings, errors: _Error
         errors, c.subject, VCUDA_CORE, core_raw, 1, None,
         "must be a whole number: 1 to 99 (percent of one GPU) or a multiple of 100 (whole GPUs)",
     )
+    if core is not None and core > 100 * MAX_GPU_SHARE:
+        errors.add(c.subject, VCUDA_CORE, core_raw, f"asks for {core / 100:g} GPUs, {_TOO_MANY_DEVICES}")
     if core is not None and core >= 100 and core % 100:
         errors.add(c.subject, VCUDA_CORE, core_raw, "above 99 must be a multiple of 100 (whole GPUs): use 100, 200, ...")
     if core is None or len(errors) > before:
@@ -362,8 +399,8 @@ def _parse_hami(c: _Container, settings: GpuModelSettings, errors: _Errors) -> C
     before = len(errors)
     gpu_raw = c.values.get(NVIDIA_GPU)
     sharing = [key for key in HAMI_KEYS if key in c.values]
-    devices = _whole(errors, c.subject, NVIDIA_GPU, gpu_raw, 1 if sharing else 0, None,
-                     "must be a whole number of devices" + (", at least 1" if sharing else ""))
+    devices = _devices(errors, c.subject, NVIDIA_GPU, gpu_raw, 1 if sharing else 0,
+                       "must be a whole number of devices" + (", at least 1" if sharing else ""))
     memory_mib = _whole(errors, c.subject, HAMI_MEMORY, c.values.get(HAMI_MEMORY), 1, None,
                         "must be a whole number of MiB per device, at least 1")
     percentage = _whole(errors, c.subject, HAMI_MEMORY_PERCENTAGE, c.values.get(HAMI_MEMORY_PERCENTAGE), 0, 100,
@@ -404,7 +441,7 @@ def _parse_aliyun(c: _Container, settings: GpuModelSettings, errors: _Errors) ->
 
 
 def _parse_whole_gpu(c: _Container, settings: GpuModelSettings, errors: _Errors) -> ContainerGpuRequest | None:
-    devices = _whole(errors, c.subject, NVIDIA_GPU, c.values[NVIDIA_GPU], 0, None, "must be a whole number of GPUs")
+    devices = _devices(errors, c.subject, NVIDIA_GPU, c.values[NVIDIA_GPU], 0, "must be a whole number of GPUs")
     if not devices:
         return None
     return _request(c, devices, Decimal(1), None, settings)
@@ -425,8 +462,8 @@ def _parse_kai(
     fraction_raw, memory_raw = annotations.get(KAI_FRACTION), annotations.get(KAI_MEMORY)
     fraction = _kai_fraction(errors, fraction_raw)
     memory_mib = _whole(errors, subject, KAI_MEMORY, memory_raw, 1, None, "must be a whole number of MiB, at least 1")
-    devices = _whole(errors, subject, KAI_NUM_DEVICES, annotations.get(KAI_NUM_DEVICES), 1, None,
-                     "must be a whole number of devices, at least 1")
+    devices = _devices(errors, subject, KAI_NUM_DEVICES, annotations.get(KAI_NUM_DEVICES), 1,
+                       "must be a whole number of devices, at least 1")
     if fraction_raw is not None and memory_raw is not None:
         errors.add(subject, KAI_MEMORY, memory_raw, f"cannot be set together with {KAI_FRACTION}: ask for a fraction or for memory, not both")
     if fraction_raw is None and memory_raw is None:
@@ -451,13 +488,16 @@ def _parse_kai(
 def _kai_fraction(errors: _Errors, raw: object) -> Decimal | None:
     if raw is None:
         return None
-    rule = "must be a decimal number greater than 0 and at most 1"
+    rule = f"must be a decimal number from {MIN_GPU_SHARE} (the smallest share billed) to 1"
     try:
-        fraction = Decimal(str(raw).strip())
-    except InvalidOperation:
+        fraction = parse_decimal(raw)
+    except QuantityOutOfBounds as exc:
+        errors.add("annotation", KAI_FRACTION, raw, str(exc))
+        return None
+    except QuantityError:
         errors.add("annotation", KAI_FRACTION, raw, rule)
         return None
-    if not fraction.is_finite() or not 0 < fraction <= 1:
+    if not MIN_GPU_SHARE <= fraction <= 1:
         errors.add("annotation", KAI_FRACTION, raw, rule)
         return None
     return fraction

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from gpusharing.jsonbody import JsonBodyError, read_json
+from gpusharing.messages import shortened
 from gpusharing.metrics import render_metrics
+from gpusharing.request import as_mapping
+from gpusharing.serving import release_memory
 from webhook import metrics
 from webhook.admission import BadReview, Decision, parse_review, review_response
 from webhook.budget import BudgetStateCache
@@ -17,6 +22,14 @@ from webhook.config import WebhookConfig
 from webhook.policy import admit
 
 log = logging.getLogger(__name__)
+
+# A pod is at most 1.5 MiB once stored (etcd's request limit): an UPDATE's review, which holds the pod twice, fits
+# in 3 MiB with room to spare, and a larger CREATE could not be stored anyway. Reading a body costs about a second
+# of CPU per 8 MiB of hostile JSON (millions of tiny objects), so the bound is also a bound on time and memory.
+MAX_REVIEW_BYTES = 3 * 1024 * 1024
+# JSON makes up to thirty times its size in Python objects; bodies above this are read one at a time per worker,
+# so that a worker holds the objects of one large body at most, whatever number of them arrive together.
+LARGE_REVIEW_BYTES = 256 * 1024
 
 
 def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None) -> Flask:
@@ -28,21 +41,33 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         budgets.start()
     app = Flask("webhook")
     app.config["GPUSHARING"] = config
+    app.config["MAX_CONTENT_LENGTH"] = MAX_REVIEW_BYTES
     app.extensions["budgets"] = budgets
+    large_reviews = threading.Lock()
 
     def review(endpoint: str, mutate: bool) -> tuple[Response, int]:
         started = time.perf_counter()
+        body = request.get_data(cache=False)
+        if len(body) <= LARGE_REVIEW_BYTES:
+            return answer(endpoint, mutate, body, started)
+        with large_reviews:
+            try:
+                return answer(endpoint, mutate, body, started)
+            finally:
+                release_memory()
+
+    def answer(endpoint: str, mutate: bool, body: bytes, started: float) -> tuple[Response, int]:
         try:
-            admission = parse_review(request.get_json(force=True, silent=True))
-        except BadReview as exc:
+            admission = parse_review(read_json(body))
+        except (BadReview, JsonBodyError) as exc:
             metrics.BAD_REVIEWS.labels(endpoint).inc()
             return jsonify(error=f"not an AdmissionReview: {exc}"), 400
-        fields = {"request_id": admission.uid, "namespace": admission.namespace, "pod": _pod_name(admission.object),
+        fields = {"request_id": shortened(admission.uid), "namespace": shortened(admission.namespace), "pod": _pod_name(admission.object),
                   "operation": admission.operation, "endpoint": endpoint}
         try:
             decision = admit(admission, config, budgets.state_of, mutate)
         except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
-            log.exception("could not decide on %s %s", admission.operation, admission.uid, extra=fields)
+            log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
         outcome = "allowed" if decision.allowed else "denied"
         metrics.ADMISSIONS.labels(endpoint, admission.operation, outcome, decision.dialect).inc()
@@ -79,6 +104,10 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         body, content_type = render_metrics()
         return Response(body, content_type=content_type)
 
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:
+        return jsonify(error=f"not an AdmissionReview: the body is larger than the {MAX_REVIEW_BYTES} bytes the webhook reads"), 413
+
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
         return jsonify(error=exc.description), exc.code or 500
@@ -87,5 +116,7 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
 
 
 def _pod_name(pod: dict[str, Any] | None) -> str:
-    metadata = (pod or {}).get("metadata") or {}
-    return str(metadata.get("name") or metadata.get("generateName") or "?")
+    """The pod's name for a log line, whatever its metadata holds (the pod is being denied: it may be anything)."""
+    metadata = as_mapping(as_mapping(pod).get("metadata"))
+    name = metadata.get("name") or metadata.get("generateName")
+    return shortened(name) if isinstance(name, str) else "?"

@@ -13,7 +13,9 @@ from gpusharing.contract import (
     ANNOTATION_PREFIX,
     BudgetState,
 )
-from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, format_share, parse_gpu_request
+from gpusharing.quantity import QuantityError, parse_whole_quantity
+from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, parse_gpu_request
+from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
 from webhook.config import WebhookConfig
 from webhook.meter import meter_container, meter_identity, meter_volumes, token_volume_name, volume_without_server_defaults
@@ -38,6 +40,9 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: Budget
     except InvalidGpuRequest as exc:
         return Decision.deny(422, f"invalid GPU request: {exc}")
     dialect = str(gpu.dialect) if gpu else "none"
+    shape = _shape_problem(pod) if gpu else None
+    if shape:
+        return Decision.deny(400, f"not a pod the GPU-sharing webhook can patch: {shape}", dialect)
     record = _record(gpu, config) if gpu else {}
     # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
     # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
@@ -51,6 +56,19 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: Budget
         problem = _check_record_matches(pod, record)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
     return _mutation(pod, config, record, budget_state(request.namespace), request.namespace, dialect)
+
+
+def _shape_problem(pod: dict[str, Any]) -> str | None:
+    """What keeps the webhook's patch from applying to `pod` (a decoded Pod never has it; a raw body may)."""
+    if not isinstance(pod.get("metadata"), dict):
+        return "metadata must be an object"
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return "spec must be an object"
+    for list_name in ("initContainers", "containers", "volumes"):
+        if list_name in spec and not isinstance(spec[list_name], list):
+            return f"spec.{list_name} must be a list"
+    return None
 
 
 def _is_mirror(pod: dict[str, Any]) -> bool:
@@ -109,10 +127,12 @@ def _meter_list(config: WebhookConfig) -> str:
 def _earlier_meter(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any] | None:
     """The meter the webhook injected for the record annotations the pod carries, if it carries them."""
     annotations = _annotations(pod)
-    share, memory = annotations.get(ANNOTATION_GPU_SHARE), annotations.get(ANNOTATION_GPU_MEMORY)
-    if not isinstance(share, str) or not isinstance(memory, str) or not memory.isdigit():
+    share = annotations.get(ANNOTATION_GPU_SHARE)
+    try:
+        memory_mib = parse_whole_quantity(annotations.get(ANNOTATION_GPU_MEMORY))
+    except QuantityError:
         return None
-    return meter_container(config.meter, share, int(memory))
+    return meter_container(config.meter, share, memory_mib) if isinstance(share, str) else None
 
 
 def _check_meter(

@@ -12,9 +12,9 @@ from gpusharing.request import (
     Dialect,
     GpuModelSettings,
     InvalidGpuRequest,
-    format_share,
     parse_gpu_request,
 )
+from gpusharing.share import format_share
 from demo.apiserver import api_server_pod, example_manifests, example_pod
 
 
@@ -229,15 +229,15 @@ INVALID = [
     # KAI
     (
         pod(container(), annotations={"gpu-fraction": "1.5"}),
-        ['annotation gpu-fraction="1.5": must be a decimal number greater than 0 and at most 1'],
+        ['annotation gpu-fraction="1.5": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
     ),
     (
         pod(container(), annotations={"gpu-fraction": "abc"}),
-        ['annotation gpu-fraction="abc": must be a decimal number greater than 0 and at most 1'],
+        ['annotation gpu-fraction="abc": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
     ),
     (
         pod(container(), annotations={"gpu-fraction": "0"}),
-        ['annotation gpu-fraction="0": must be a decimal number greater than 0 and at most 1'],
+        ['annotation gpu-fraction="0": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
     ),
     (
         pod(container(), annotations={"gpu-memory": "2000.5"}),
@@ -292,6 +292,51 @@ INVALID = [
         pod(container("m"), init=(container("i", limits={"nvidia.com/gpu": "x"}),)),
         ['init container "i": nvidia.com/gpu="x": must be a whole number of GPUs'],
     ),
+    # hostile values: bounded before they are read, refused with the rule
+    (
+        pod(container(), annotations={"gpu-memory": "1e999999"}),
+        ['annotation gpu-memory="1e999999": has too many digits or too large an exponent: at most 32 digits and an exponent from -32 to 32'],
+    ),
+    (
+        pod(container(), annotations={"gpu-fraction": "1e-999999999"}),
+        ['annotation gpu-fraction="1e-999999999": has too many digits or too large an exponent: at most 32 digits and an exponent from -32 to 32'],
+    ),
+    (
+        pod(container(), annotations={"gpu-fraction": "0.00009"}),
+        ['annotation gpu-fraction="0.00009": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
+    ),
+    (
+        pod(container(), annotations={"gpu-fraction": "NaN"}),
+        ['annotation gpu-fraction="NaN": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
+    ),
+    (
+        pod(container(limits={"nvidia.com/gpu": "1e28"})),
+        ['container "main": nvidia.com/gpu="1e28": asks for 10000000000000000000000000000 GPUs, more than 1000, the most GPUs one pod may be billed for'],
+    ),
+    (
+        pod(container(limits={"nvidia.com/gpu": "2k"})),
+        ['container "main": nvidia.com/gpu="2k": asks for 2000 GPUs, more than 1000, the most GPUs one pod may be billed for'],
+    ),
+    (
+        pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1" + "0" * 40})),
+        ['container "main": nvidia.com/gpumem="1' + "0" * 40 + '": has too many digits or too large an exponent: at most 32 digits and an exponent from -32 to 32'],
+    ),
+    (
+        pod(container(limits={"tencent.com/vcuda-core": "200k"})),
+        ['container "main": tencent.com/vcuda-core="200k": asks for 2000 GPUs, more than 1000, the most GPUs one pod may be billed for'],
+    ),
+    (
+        pod(container(), annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "1001"}),
+        ['annotation gpu-fraction-num-devices="1001": asks for 1001 GPUs, more than 1000, the most GPUs one pod may be billed for'],
+    ),
+    (
+        pod(container("a", limits={"nvidia.com/gpu": "600"}), container("b", limits={"nvidia.com/gpu": "600"})),
+        ["pod: is billed for 1200 GPUs in all, more than the 1000 one pod may be"],
+    ),
+    (
+        pod(container("x" * 100, limits={"nvidia.com/gpu": "y" * 100})),
+        ['container "' + "x" * 64 + '… (100 characters)": nvidia.com/gpu="' + "y" * 64 + '… (100 characters)": must be a whole number of GPUs'],
+    ),
 ]
 
 
@@ -308,3 +353,30 @@ def test_limit_and_request_may_be_written_differently_but_equal() -> None:
 def test_malformed_shapes_are_not_a_gpu_request() -> None:
     assert parse_gpu_request({"spec": "nonsense"}) is None
     assert parse_gpu_request({"spec": {"containers": [1, {"resources": []}]}, "metadata": []}) is None
+
+
+def test_the_limit_of_one_pod_is_admitted() -> None:
+    request = parse_gpu_request(pod(container(limits={"nvidia.com/gpu": "1k"})))
+    assert request is not None and format_share(request.share) == "1000"
+
+
+def test_a_tiny_share_is_billed_at_the_smallest_share() -> None:
+    for annotations in ({"gpu-fraction": "0.0001"}, {"gpu-fraction": "0.0001000000000000000000000000001"}, {"gpu-memory": "1"}):
+        request = parse_gpu_request(pod(container(), annotations=annotations))
+        assert request is not None and format_share(request.share) in ("0.0001", "0.0002")
+    exact = parse_gpu_request(pod(container(), annotations={"gpu-fraction": "0.1000000000000000000000000000001"}))
+    assert exact is not None and format_share(exact.share) == "0.1001"  # rounded up once, never down first
+
+
+def test_a_refusal_of_many_containers_lists_ten_rules_and_counts_the_rest() -> None:
+    broken = [container(f"c{i}", limits={"nvidia.com/gpu": "x"}) for i in range(25)]
+    with pytest.raises(InvalidGpuRequest) as caught:
+        parse_gpu_request(pod(*broken))
+    assert len(caught.value.errors) == 25
+    assert str(caught.value).count("must be a whole number of GPUs") == 10 and str(caught.value).endswith("; and 15 more")
+
+
+def test_a_pod_of_more_containers_than_the_webhook_reads_is_refused_at_once() -> None:
+    many = pod(*[container(f"c{i}") for i in range(900)], init=tuple(container(f"i{i}") for i in range(101)))
+    assert errors_of(many) == ["pod: has 1001 containers and init containers, more than the 1000 the webhook reads"]
+    assert parse_gpu_request(pod(*[container(f"c{i}") for i in range(1000)])) is None
