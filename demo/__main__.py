@@ -157,8 +157,9 @@ def main() -> int:
                 "timekeeper",
                 ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(tk_port)],
                 f"{timekeeper}/readyz",
+                # No Kubernetes API: a developer's KUBECONFIG must not lead the demo to their cluster.
                 env={"TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": str(tokens),
-                     "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.5"},
+                     "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.5", "TIMEKEEPER_KUBECONFIG": "", "KUBECONFIG": ""},
             )
         )
         print(f"    serving {timekeeper}")

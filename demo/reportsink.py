@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from demo.jsonhttp import reply_json
+
 
 @dataclass(frozen=True)
 class Received:
@@ -32,12 +34,7 @@ class ReportSink:
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 sink.received.append(Received(time.perf_counter(), body, self.headers.get("Authorization")))
-                payload = json.dumps(sink.answer).encode()
-                self.send_response(sink.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                reply_json(self, sink.status, sink.answer)
 
             def log_message(self, *args: Any) -> None:
                 pass

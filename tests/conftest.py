@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from tests.postgres import PostgresServer, PostgresUnavailable
+
+# The suite never talks to the developer's own cluster: the processes it starts inherit this environment.
+for _variable in ("KUBECONFIG", "TIMEKEEPER_KUBECONFIG"):
+    os.environ.pop(_variable, None)
 
 
 @pytest.fixture(scope="session")

@@ -16,11 +16,13 @@ from typing import Any
 
 from kubernetes import client
 
+from demo.jsonhttp import reply_json
 from gpusharing.contract import ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
+_NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)$")
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -36,6 +38,7 @@ class FakeKube:
         self.up = True
         self.evicted: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
+        self.deleted_namespaces: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.access_reviews: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -109,6 +112,10 @@ class FakeKube:
         self.pods[(namespace, name)] = pod
         return pod
 
+    @staticmethod
+    def namespace_uid(namespace: str) -> str:
+        return str(uuid.uuid5(uuid.NAMESPACE_DNS, namespace))
+
     def pod_token(self, pod: dict[str, Any], service_account: str = "default") -> str:
         """A projected ServiceAccount token bound to `pod`."""
         metadata = pod["metadata"]
@@ -135,12 +142,7 @@ class FakeKube:
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
-        payload = json.dumps(answer).encode()
-        handler.send_response(code)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
+        reply_json(handler, code, answer)
 
     def _answer(self, method: str, path: str, query: str, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
@@ -175,7 +177,14 @@ class FakeKube:
             if "status.phase%3DRunning" in query or "status.phase=Running" in query:
                 items = [p for p in items if p["status"]["phase"] == "Running"]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        if method == "GET" and (match := _NAMESPACE.match(path)) is not None:
+            if match["ns"] in self.deleted_namespaces:
+                return 404, _status(404, "NotFound", f'namespaces "{match["ns"]}" not found')
+            return 200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": match["ns"], "uid": self.namespace_uid(match["ns"])}}
         if method == "POST" and (match := _EVENTS.match(path)) is not None:
+            # The API server's own rule, which once refused every Event the timekeeper wrote.
+            if body["metadata"].get("namespace") != match["ns"] or (body["involvedObject"].get("namespace") or "default") != match["ns"]:
+                return 422, _status(422, "Invalid", "involvedObject.namespace: Invalid value: does not match event.namespace")
             self.events.append(body)
             return 201, body
         return 404, _status(404, "NotFound", f"{method} {path} is not faked")

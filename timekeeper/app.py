@@ -44,8 +44,8 @@ def create_app(
     clock: Clock | None = None,
     background: bool = True,
 ) -> Flask:
-    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG or the in-cluster API, `clock` to TIMEKEEPER_CLOCK,
-    `background` runs the demoter loop."""
+    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `clock` to
+    TIMEKEEPER_CLOCK, `background` runs the demoter loop."""
     config = config or TimekeeperConfig.from_env()
     if clock is None:
         clock = load_code("TIMEKEEPER_CLOCK", config.clock)

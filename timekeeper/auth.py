@@ -177,7 +177,7 @@ class TtlCache(Generic[K, T]):
 class Authenticator:
     def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0):
         if mode == "tokenreview" and kube is None:
-            raise ConfigError("TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or TIMEKEEPER_KUBECONFIG)")
+            raise ConfigError("TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)")
         self.mode = mode
         self._static = static_tokens
         self._kube = kube

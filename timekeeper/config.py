@@ -23,7 +23,7 @@ class TimekeeperConfig:
     default_gpu_minutes: float | None = None  # budget of a namespace without one; None: unlimited
     default_period: Period = Period.MONTHLY
     priority_class_in_budget: str = "gpusharing-in-budget"
-    kubeconfig: str | None = None  # None: the in-cluster ServiceAccount
+    kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
     demotion_interval_seconds: float = 10.0  # how often refused evictions are retried and states reconciled
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
     metrics_auth: str = "none"  # token: /metrics needs a token, as the budget listing does (it shows as much)
@@ -49,7 +49,7 @@ class TimekeeperConfig:
             default_gpu_minutes=env_float("TIMEKEEPER_DEFAULT_GPU_MINUTES", 0.0, 0.0, environ) if raw_default else None,
             default_period=Period(env_choice("TIMEKEEPER_DEFAULT_PERIOD", "monthly", tuple(Period), environ)),
             priority_class_in_budget=env_text("TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", cls.priority_class_in_budget, environ),
-            kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or None,
+            kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
             metrics_auth=env_choice("TIMEKEEPER_METRICS_AUTH", cls.metrics_auth, METRICS_AUTH, environ),

@@ -117,13 +117,14 @@ class Demoter:
         if event is not None:
             reason, message, warning = event
             try:
-                self.kube.record_event(status.namespace, reason, message, warning)
+                recorded = self.kube.record_event(status.namespace, reason, message, warning)
             except KubeUnavailable as exc:
                 log.warning("%s; will try again", exc)
                 return  # not claimed: the next pass records it
-            metrics.EVENTS.labels(reason).inc()
-            done.events.append((status.namespace, reason))
             log.info("namespace %s: %s", status.namespace, message)
+            if recorded:
+                metrics.EVENTS.labels(reason).inc()
+                done.events.append((status.namespace, reason))
         self.budgets.claim_transition(status.namespace, status.state)
 
     def _evict(self, namespace: str, done: DemotionPass) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects live
+REPORTING_COMPONENT = "gpusharing-timekeeper"
 
 
 class KubeUnavailable(RuntimeError):
@@ -68,7 +71,8 @@ class KubeApi:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
-        """The API given by `kubeconfig`, or the in-cluster ServiceAccount when None; ConfigError when neither works."""
+        """The API given by `kubeconfig` (paths joined by ':' are merged, as kubectl does), or the in-cluster
+        ServiceAccount when None; ConfigError when neither works."""
         configuration = client.Configuration()
         try:
             if kubeconfig:
@@ -77,9 +81,9 @@ class KubeApi:
                 kube_config.load_incluster_config(client_configuration=configuration)
         except (kube_config.ConfigException, OSError) as exc:
             where = (
-                f"TIMEKEEPER_KUBECONFIG={kubeconfig}"
+                f"the kubeconfig {kubeconfig} (TIMEKEEPER_KUBECONFIG, else KUBECONFIG)"
                 if kubeconfig
-                else "the in-cluster ServiceAccount (set TIMEKEEPER_KUBECONFIG outside a cluster)"
+                else "the in-cluster ServiceAccount (outside a cluster, set KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
             )
             raise ConfigError(f"cannot configure the Kubernetes API from {where}: {exc}") from None
         return cls(client.ApiClient(configuration))
@@ -131,22 +135,31 @@ class KubeApi:
         )
         return answer if isinstance(answer, EvictionResult) else EvictionResult.EVICTED
 
-    def record_event(self, namespace: str, reason: str, message: str, warning: bool) -> None:
-        """An Event about the namespace itself (`kubectl describe namespace` shows it)."""
+    def record_event(self, namespace: str, reason: str, message: str, warning: bool) -> bool:
+        """An Event about the namespace itself, where `kubectl describe namespace` finds it.
+
+        A Namespace is cluster-scoped, so its Events live in `default` (as a Node's do) and name the namespace's uid,
+        which `kubectl describe` selects on. A namespace deleted meanwhile gets none: False.
+        """
+        answer = self._call(f"read namespace {namespace}", self.core.read_namespace, namespace, answers={404: None})
+        if answer is None or answer.metadata is None:
+            return False
         now = dt.datetime.now(dt.timezone.utc)
         event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{namespace}.gpusharing-{uuid.uuid4().hex[:12]}", namespace=namespace),
-            involved_object=client.V1ObjectReference(api_version="v1", kind="Namespace", name=namespace),
+            metadata=client.V1ObjectMeta(name=f"{namespace}.gpusharing-{uuid.uuid4().hex[:12]}", namespace=EVENT_NAMESPACE),
+            involved_object=client.V1ObjectReference(api_version="v1", kind="Namespace", name=namespace, uid=answer.metadata.uid),
             reason=reason,
             message=message,
             type="Warning" if warning else "Normal",
-            source=client.V1EventSource(component="gpusharing-timekeeper"),
-            reporting_component="gpusharing-timekeeper",
+            source=client.V1EventSource(component=REPORTING_COMPONENT),
+            reporting_component=REPORTING_COMPONENT,
+            reporting_instance=socket.gethostname(),
             first_timestamp=now,
             last_timestamp=now,
             count=1,
         )
-        self._call(f"record an event on namespace {namespace}", self.core.create_namespaced_event, namespace, event)
+        self._call(f"record an event on namespace {namespace}", self.core.create_namespaced_event, EVENT_NAMESPACE, event)
+        return True
 
     def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, **kwargs: Any) -> Any:
         """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return."""

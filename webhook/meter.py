@@ -1,8 +1,14 @@
-"""The metering sidecar the webhook injects into every GPU pod, and how to recognise it afterwards."""
+"""The metering sidecar the webhook injects into every GPU pod, and how to recognise it afterwards.
+
+The meter needs no Kubernetes API access, so the workload's ServiceAccount token never reaches it: the webhook mounts
+an empty read-only directory where that token would go, and the API server's ServiceAccount admission plugin leaves
+a container alone that already mounts something there.
+"""
 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from gpusharing.contract import (
@@ -12,7 +18,19 @@ from gpusharing.contract import (
     TIMEKEEPER_TOKEN_AUDIENCE,
     MeterEnv,
 )
+from gpusharing.request import as_list, as_mapping
 from webhook.config import MeterSpec
+
+# Where the ServiceAccount admission plugin mounts the workload's API token into every container that has no mount there.
+SERVICE_ACCOUNT_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+# What makes the meter the meter: a container under the reserved name is ours only if all of these are exactly
+# what the webhook injects. Other fields are the API server's (defaults such as terminationMessagePath,
+# imagePullPolicy or resizePolicy) or another webhook's business.
+GOVERNING_FIELDS = (
+    "name", "image", "command", "args", "workingDir", "env", "envFrom", "resources", "securityContext", "restartPolicy",
+    "lifecycle",
+)
 
 
 def token_volume_name(spec: MeterSpec) -> str:
@@ -21,6 +39,14 @@ def token_volume_name(spec: MeterSpec) -> str:
 
 def state_volume_name(spec: MeterSpec) -> str:
     return f"{spec.name}-state"
+
+
+def no_api_volume_name(spec: MeterSpec) -> str:
+    return f"{spec.name}-no-api-token"
+
+
+def meter_volume_names(spec: MeterSpec) -> frozenset[str]:
+    return frozenset((token_volume_name(spec), state_volume_name(spec), no_api_volume_name(spec)))
 
 
 def meter_container(spec: MeterSpec, gpu_share: str, gpu_memory_mib: int) -> dict[str, Any]:
@@ -54,6 +80,7 @@ def meter_container(spec: MeterSpec, gpu_share: str, gpu_memory_mib: int) -> dic
         "volumeMounts": [
             {"name": token_volume_name(spec), "mountPath": METER_TOKEN_DIR, "readOnly": True},
             {"name": state_volume_name(spec), "mountPath": METER_STATE_DIR},
+            {"name": no_api_volume_name(spec), "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True},
         ],
     }
     if spec.mode == "native":
@@ -78,6 +105,7 @@ def meter_volumes(spec: MeterSpec) -> list[dict[str, Any]]:
             },
         },
         {"name": state_volume_name(spec), "emptyDir": {"sizeLimit": "1Mi"}},
+        {"name": no_api_volume_name(spec), "emptyDir": {"sizeLimit": "1Ki"}},
     ]
 
 
@@ -85,25 +113,21 @@ def _field_env(name: str, field_path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
 
-# Fields the API server fills in when it defaults a pod after the webhook patched it.
-_CONTAINER_DEFAULTS = {
-    "terminationMessagePath": "/dev/termination-log",
-    "terminationMessagePolicy": "File",
-    "imagePullPolicy": None,  # any value: it follows from the image tag
-}
+def meter_identity(container: dict[str, Any], spec: MeterSpec) -> dict[str, Any]:
+    """What governs a meter container, in the form the webhook writes it: compare two of these to recognise ours.
 
-
-def without_server_defaults(container: dict[str, Any]) -> dict[str, Any]:
-    """The container as the webhook would have written it, so an injected meter can be recognised after defaulting."""
-    result = copy.deepcopy(container)
-    for key, default in _CONTAINER_DEFAULTS.items():
-        if key in result and (default is None or result[key] == default):
-            del result[key]
-    for env in result.get("env") or []:
-        field_ref = (env.get("valueFrom") or {}).get("fieldRef")
-        if field_ref and field_ref.get("apiVersion") == "v1":
-            del field_ref["apiVersion"]
-    return result
+    Mounts of the meter's own volumes count (and where they go); mounts others add, such as a token the API server
+    adds despite the mount that keeps it out, do not.
+    """
+    identity = {key: copy.deepcopy(container[key]) for key in GOVERNING_FIELDS if key in container}
+    for env in as_list(identity.get("env")):
+        field_ref = as_mapping(as_mapping(as_mapping(env).get("valueFrom")).get("fieldRef"))
+        if field_ref.get("apiVersion") == "v1":  # the API server's default
+            del field_ref["apiVersion"]  # type: ignore[attr-defined]
+    own = meter_volume_names(spec)
+    mounts = [m for m in as_list(container.get("volumeMounts")) if as_mapping(m).get("name") in own or not isinstance(m, dict)]
+    identity["volumeMounts"] = sorted(mounts, key=lambda m: json.dumps(m, sort_keys=True, default=str))
+    return identity
 
 
 def volume_without_server_defaults(volume: dict[str, Any]) -> dict[str, Any]:

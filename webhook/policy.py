@@ -18,13 +18,7 @@ from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mappin
 from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
 from webhook.config import WebhookConfig
-from webhook.meter import (
-    meter_container,
-    meter_volumes,
-    token_volume_name,
-    volume_without_server_defaults,
-    without_server_defaults,
-)
+from webhook.meter import meter_container, meter_identity, meter_volumes, token_volume_name, volume_without_server_defaults
 from webhook.patch import JsonPatch, pointer
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
@@ -137,7 +131,8 @@ def _check_meter(
             return f"{reserved}; this pod asks for no GPU"
         expected = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
         list_name, actual = declared[0]
-        if len(declared) > 1 or list_name != _meter_list(config) or without_server_defaults(actual) not in (expected, earlier):
+        ours = [meter_identity(m, config.meter) for m in (expected, earlier) if m is not None]
+        if len(declared) > 1 or list_name != _meter_list(config) or meter_identity(actual, config.meter) not in ours:
             return f"{reserved}; remove it from the pod (the webhook adds it)"
     expected_volumes = {v["name"]: v for v in meter_volumes(config.meter)}
     for volume in as_list(as_mapping(pod.get("spec")).get("volumes")):
@@ -198,7 +193,7 @@ def _inject_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, 
     injected = [(index, c) for name, index, c in _all_containers(pod) if name == list_name and c.get("name") == config.meter.name]
     if injected:  # reinvocation: _check_meter has confirmed it is ours, for this record or an earlier one
         index, current = injected[0]
-        if without_server_defaults(current) != container:
+        if meter_identity(current, config.meter) != meter_identity(container, config.meter):
             patch.remove(pointer("spec", list_name, index))
             patch.add(pointer("spec", list_name, index), container)
         return

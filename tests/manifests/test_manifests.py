@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +13,10 @@ import yaml
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.certs import write_overlay
 from tests.gpusharing.test_request import INVALID
+from tests.kustomize import MANIFESTS, kustomize
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
-
-
-def kustomize(path: Path) -> list[dict[str, Any]]:
-    rendered = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
-    return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +166,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "pods", "list"),
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
+        ("", "namespaces", "get"),
     }
     bound = {s["name"] for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
     assert "gpusharing-webhook" not in bound

@@ -7,7 +7,7 @@ import pytest
 from gpusharing.env import ConfigError
 from sidecar.config import MeterConfig
 from webhook.config import MeterSpec
-from webhook.meter import meter_container
+from webhook.meter import SERVICE_ACCOUNT_TOKEN_DIR, meter_container
 
 ENV = {
     "GPUSHARING_NAMESPACE": "ml",
@@ -96,4 +96,5 @@ def test_reads_the_environment_the_webhook_injects() -> None:
     assert (config.gpu_share, config.gpu_memory_requested_mib) == (0.25, 20480.0)
     assert config.timekeeper_url == MeterSpec().timekeeper_url
     mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
-    assert {str(config.token_path.parent), str(config.state_dir)} == mounts
+    # and nothing at the ServiceAccount token's place but the empty directory that keeps the workload's token out
+    assert {str(config.token_path.parent), str(config.state_dir), SERVICE_ACCOUNT_TOKEN_DIR} == mounts

@@ -40,7 +40,9 @@ def test_crossing_records_one_event_on_the_namespace(api: SpecClient, demoter: D
     assert demoter.run_once().events == [("team-a", "GPUBudgetExhausted")]  # type: ignore[union-attr]
     assert demoter.run_once().events == []  # type: ignore[union-attr]
     (event,) = fake_kube.events
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Namespace", "name": "team-a"}
+    # A Namespace is cluster-scoped: its Events live in `default` and name its uid (what `kubectl describe` selects).
+    assert event["metadata"]["namespace"] == "default"
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Namespace", "name": "team-a", "uid": fake_kube.namespace_uid("team-a")}
     assert event["type"] == "Warning" and event["reason"] == "GPUBudgetExhausted"
     assert "1.0 of 1 GPU-minutes used in the monthly period" in event["message"]
     assert fake_kube.evicted == []  # evictOnExhaustion is off
@@ -165,3 +167,14 @@ def test_eviction_candidates_are_running_gpu_pods_with_the_in_budget_class() -> 
     pods = [pod("b"), pod("a"), pod("low", cls="gpusharing-over-budget"), pod("user-class", cls="research"),
             pod("cpu", gpu=False), pod("done", phase="Succeeded"), pod("going", deleting=True)]
     assert eviction_candidates(pods, "gpusharing-in-budget") == ["a", "b"]
+
+
+def test_a_namespace_deleted_before_its_event_gets_none_and_is_not_tried_again(
+    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+) -> None:
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
+    spend(api, "team-a", 61)
+    fake_kube.deleted_namespaces.add("team-a")
+    assert demoter.run_once().events == []  # type: ignore[union-attr]
+    assert demoter.run_once().events == []  # type: ignore[union-attr]
+    assert fake_kube.events == [] and fake_kube.count("GET", "/api/v1/namespaces/team-a") == 1

@@ -16,6 +16,7 @@ from demo.apiserver import admission_review, api_server_pod, example_manifests, 
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import MeterSpec, WebhookConfig
+from webhook.meter import SERVICE_ACCOUNT_TOKEN_DIR
 
 KUBERNETES_VERSION = "1.37.0"
 
@@ -111,7 +112,7 @@ def test_meter_goes_first_among_existing_init_containers_and_volumes_are_appende
     )
     _, mutated = admitted(client, pod)
     assert [c["name"] for c in mutated["spec"]["initContainers"]] == ["gpusharing-meter", "fetch"]
-    assert [v["name"] for v in mutated["spec"]["volumes"]] == ["data", "gpusharing-meter-token", "gpusharing-meter-state"]
+    assert [v["name"] for v in mutated["spec"]["volumes"]] == ["data", "gpusharing-meter-token", "gpusharing-meter-state", "gpusharing-meter-no-api-token"]
 
 
 def test_sidecar_mode_container_for_older_clusters(budgets: BudgetStateCache) -> None:
@@ -213,6 +214,67 @@ def test_a_tampered_meter_is_refused_even_after_defaulting(client: FlaskClient) 
     meter["env"][3]["value"] = "0.01"  # bill less
     response = review(client, admission_review(mutated), "/validate")
     assert response["allowed"] is False
+
+
+def as_the_api_server_stores_it(pod: dict[str, Any]) -> dict[str, Any]:
+    """What kube-apiserver's own admission plugins and defaulting add after the webhook patched the pod.
+
+    The ServiceAccount plugin mounts the workload's token into every container that has nothing at its path (the
+    meter has), and defaulting fills in per-container fields; tests/e2e sees the same on a real API server.
+    """
+    stored = copy.deepcopy(pod)
+    spec = stored["spec"]
+    spec["volumes"].append({"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}})
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        mounts = container.setdefault("volumeMounts", [])
+        if not any(m["mountPath"] == SERVICE_ACCOUNT_TOKEN_DIR for m in mounts):
+            mounts.append({"name": "kube-api-access-x7k2p", "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True})
+        container.setdefault("terminationMessagePath", "/dev/termination-log")
+        container.setdefault("terminationMessagePolicy", "File")
+        container.setdefault("imagePullPolicy", "IfNotPresent")
+        container.setdefault("resizePolicy", [{"resourceName": "cpu", "restartPolicy": "NotRequired"}])
+        for env in container.get("env", []):
+            if "valueFrom" in env:
+                env["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
+    return stored
+
+
+def test_the_meter_gets_no_api_token_and_is_recognised_after_the_api_servers_own_plugins(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod())
+    meter = meter_of(mutated)
+    blocking = [m for m in meter["volumeMounts"] if m["mountPath"] == SERVICE_ACCOUNT_TOKEN_DIR]
+    assert blocking == [{"name": "gpusharing-meter-no-api-token", "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True}]
+    assert {"name": "gpusharing-meter-no-api-token", "emptyDir": {"sizeLimit": "1Ki"}} in mutated["spec"]["volumes"]
+
+    stored = as_the_api_server_stores_it(mutated)
+    assert review(client, admission_review(stored), "/validate")["allowed"]
+    reinvoked = review(client, admission_review(stored))
+    assert reinvoked["allowed"] and "patch" not in reinvoked
+    # A token mount added to the meter anyway (a plugin that ignores existing mounts) is not the meter's business.
+    meter_of(stored)["volumeMounts"].append({"name": "kube-api-access-x7k2p", "mountPath": "/elsewhere", "readOnly": True})
+    assert review(client, admission_review(stored), "/validate")["allowed"]
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda m: m.update(envFrom=[{"secretRef": {"name": "proxy"}}]), id="envFrom"),
+        pytest.param(lambda m: m.update(command=["sh", "-c", "sleep infinity"]), id="command"),
+        pytest.param(lambda m: m["resources"]["limits"].update(cpu="4"), id="resources"),
+        pytest.param(lambda m: m["securityContext"].update(runAsUser=0), id="securityContext"),
+        pytest.param(lambda m: m.pop("restartPolicy"), id="restartPolicy"),
+        pytest.param(lambda m: m["volumeMounts"].pop(0), id="own mount removed"),
+        pytest.param(lambda m: m["volumeMounts"][1].update(mountPath="/tmp"), id="own mount moved"),
+    ],
+)
+def test_what_governs_the_meter_cannot_be_changed(client: FlaskClient, tamper: Any) -> None:
+    _, mutated = admitted(client, gpu_pod())
+    stored = as_the_api_server_stores_it(mutated)
+    tamper(meter_of(stored))
+    for endpoint in ("/mutate", "/validate"):
+        response = review(client, admission_review(stored), endpoint)
+        assert response["allowed"] is False, endpoint
+        assert "'gpusharing-meter' is reserved for the GPU metering sidecar" in response["status"]["message"]
 
 
 def test_only_the_meter_may_mount_its_token(client: FlaskClient) -> None:

@@ -1,0 +1,220 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager.
+
+The binaries come from the directory in KUBEBUILDER_ASSETS (controller-runtime envtest's convention): the project's
+`../shared/kube/unpack`, `setup-envtest use`, or the `kubernetes-server-linux-amd64` release archive's
+`server/bin` with an etcd beside them. No kubelet and no scheduler run: pods stay Pending, which is all admission
+needs; a test that needs a running pod writes its status itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import trustme
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from kubernetes import client, config as kube_config
+
+from demo.processes import free_port
+
+REQUIRED = ("etcd", "kube-apiserver")
+CONTROLLER_MANAGER = "kube-controller-manager"  # optional: envtest's binaries come without it
+START_TIMEOUT_SECONDS = 90  # only stops a broken start from hanging; not a speed check
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+ADMISSION_PLUGINS = (
+    "NamespaceLifecycle,LimitRanger,ServiceAccount,Priority,DefaultTolerationSeconds,"
+    "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota"
+)
+# What a namespace, a Job, a Deployment and a PodDisruptionBudget need to work as in a cluster.
+CONTROLLERS = (
+    "serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"
+    "root-ca-certificate-publisher-controller,job-controller,deployment-controller,replicaset-controller,"
+    "disruption-controller"
+)
+
+
+class ControlPlaneUnavailable(RuntimeError):
+    """The binaries are missing or a component did not start; the message says which and why."""
+
+
+def missing_binaries(assets: Path) -> list[str]:
+    return [name for name in REQUIRED if not os.access(assets / name, os.X_OK)]
+
+
+@dataclass
+class ControlPlane:
+    directory: Path
+    url: str
+    ca_file: Path
+    admin_kubeconfig: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def runs_controllers(self) -> bool:
+        """Whether kube-controller-manager runs (Jobs, Deployments, ServiceAccounts, PodDisruptionBudget status)."""
+        return CONTROLLER_MANAGER in self.processes
+
+    @classmethod
+    def start(cls, assets: Path) -> "ControlPlane":
+        missing = missing_binaries(assets)
+        if missing:
+            raise ControlPlaneUnavailable(f"KUBEBUILDER_ASSETS={assets} lacks {', '.join(missing)}")
+        # etcd syncs every write: on tmpfs that costs nothing, and the tier stays quick on two cores.
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        directory = Path(tempfile.mkdtemp(prefix="gpusharing-kube-", dir=base))
+        port = free_port()
+        plane = cls(directory, f"https://127.0.0.1:{port}", directory / "ca.crt", directory / "admin.kubeconfig")
+        try:
+            plane._start(assets, port)
+        except BaseException:
+            plane.stop()
+            raise
+        return plane
+
+    def _start(self, assets: Path, port: int) -> None:
+        d = self.directory
+        ca = trustme.CA(organization_name="gpusharing e2e")
+        ca.cert_pem.write_to_path(str(self.ca_file))
+        serving = ca.issue_cert("127.0.0.1", "localhost", "kubernetes", "kubernetes.default.svc", common_name="kube-apiserver")
+        serving.cert_chain_pems[0].write_to_path(str(d / "apiserver.crt"))
+        serving.private_key_pem.write_to_path(str(d / "apiserver.key"))
+        admin = ca.issue_cert("admin", common_name="admin", organization_name="system:masters")
+        admin.cert_chain_pems[0].write_to_path(str(d / "admin.crt"))
+        admin.private_key_pem.write_to_path(str(d / "admin.key"))
+        (d / "client-ca.crt").write_bytes(ca.cert_pem.bytes())
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        (d / "sa.key").write_bytes(
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
+        (d / "sa.pub").write_bytes(
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        )
+        write_kubeconfig(
+            self.admin_kubeconfig,
+            self.url,
+            self.ca_file,
+            {"client-certificate": str(d / "admin.crt"), "client-key": str(d / "admin.key")},
+        )
+
+        etcd_port, peer_port = free_port(), free_port()
+        etcd = f"http://127.0.0.1:{etcd_port}"
+        self._run(
+            "etcd",
+            assets / "etcd",
+            "--data-dir", d / "etcd",
+            "--listen-client-urls", etcd,
+            "--advertise-client-urls", etcd,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--log-level", "warn",
+        )
+        self._run(
+            "kube-apiserver",
+            assets / "kube-apiserver",
+            "--etcd-servers", etcd,
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--cert-dir", d,
+            "--tls-cert-file", d / "apiserver.crt",
+            "--tls-private-key-file", d / "apiserver.key",
+            "--client-ca-file", d / "client-ca.crt",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer", SERVICE_ACCOUNT_ISSUER,
+            "--service-account-key-file", d / "sa.pub",
+            "--service-account-signing-key-file", d / "sa.key",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--enable-admission-plugins={ADMISSION_PLUGINS}",
+            "--profiling=false",
+        )
+        self._wait_ready()
+        if not os.access(assets / CONTROLLER_MANAGER, os.X_OK):
+            return
+        self._run(
+            CONTROLLER_MANAGER,
+            assets / CONTROLLER_MANAGER,
+            "--kubeconfig", self.admin_kubeconfig,
+            "--service-account-private-key-file", d / "sa.key",
+            "--root-ca-file", self.ca_file,
+            "--use-service-account-credentials",
+            f"--controllers={CONTROLLERS}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--concurrent-job-syncs=2",
+        )
+
+    def _run(self, name: str, *argv: object) -> None:
+        log = (self.directory / f"{name}.log").open("wb")
+        env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+        self.processes[name] = subprocess.Popen(
+            [str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def admin_session(self) -> requests.Session:
+        """HTTP to the API server as the cluster admin (a client certificate in system:masters)."""
+        session = requests.Session()
+        session.trust_env = False
+        session.verify = str(self.ca_file)
+        session.cert = (str(self.directory / "admin.crt"), str(self.directory / "admin.key"))
+        return session
+
+    def _wait_ready(self) -> None:
+        session = self.admin_session()
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while True:
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise ControlPlaneUnavailable(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
+            try:
+                if session.get(f"{self.url}/readyz", timeout=2).text == "ok":
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise ControlPlaneUnavailable(f"kube-apiserver not ready in {START_TIMEOUT_SECONDS} s:\n{self.log_tail('kube-apiserver')}")
+            time.sleep(0.2)
+
+    def log_tail(self, name: str, characters: int = 3000) -> str:
+        path = self.directory / f"{name}.log"
+        return path.read_text(errors="replace")[-characters:] if path.exists() else ""
+
+    def api_client(self, kubeconfig: Path | None = None) -> client.ApiClient:
+        configuration = client.Configuration()
+        kube_config.load_kube_config(config_file=str(kubeconfig or self.admin_kubeconfig), client_configuration=configuration)
+        return client.ApiClient(configuration)
+
+    def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def write_kubeconfig(path: Path, server: str, ca_file: Path, user: dict[str, Any]) -> Path:
+    """A kubeconfig with one cluster, one user (a client certificate or a token) and a current context."""
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
+        "users": [{"name": "e2e", "user": user}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
+        "current-context": "e2e",
+    }
+    path.write_text(yaml.safe_dump(document))
+    return path
+
