@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from gpusharing.env import load_code
 from gpusharing.jsonbody import JsonBodyError, read_json
+from gpusharing.kube import in_cluster_available
 from gpusharing.metrics import render_metrics
 from gpusharing.names import InvalidName, check_namespace
 from gpusharing.report import MeterReport, ReportError
@@ -51,7 +52,7 @@ def create_app(
         clock = load_code("TIMEKEEPER_CLOCK", config.clock)
         if config.clock != DEFAULT_CLOCK:
             log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
-    if kube is None and (config.auth == "tokenreview" or config.kubeconfig or KubeApi.in_cluster_available()):
+    if kube is None and (config.auth == "tokenreview" or config.kubeconfig or in_cluster_available()):
         kube = KubeApi.from_kubeconfig(config.kubeconfig)
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)

@@ -166,19 +166,29 @@ def test_v1beta1_is_answered_in_kind(client: FlaskClient) -> None:
 def test_invalid_gpu_request_is_denied_with_the_reason(client: FlaskClient, endpoint: str) -> None:
     pod = gpu_pod()
     for kind in ("limits", "requests"):
-        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpumem-percentage"] = "150"
     response = review(client, admission_review(pod), endpoint)
     assert response["allowed"] is False
     assert response["status"] == {
         "code": 422,
-        "message": "invalid GPU request: container \"infer\": nvidia.com/gpucores=\"150\": must be a whole percentage of each device's compute, 0 to 100",
+        "message": "invalid GPU request: container \"infer\": nvidia.com/gpumem-percentage=\"150\": must be a whole percentage of each device's memory, 0 to 100",
     }
+
+
+def test_how_the_backend_reads_a_pod_comes_back_as_warnings(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    for kind in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
+    response, mutated = admitted(client, pod)
+    assert response["warnings"] == ['container "infer": nvidia.com/gpucores=150 is more than 100: HAMi grants 100 (the whole device\'s compute)']
+    assert mutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"
+    assert "warnings" not in review(client, admission_review(mutated), "/validate")
 
 
 def test_pods_without_gpu_exempt_namespaces_and_mirror_pods_pass_untouched(client: FlaskClient) -> None:
     plain = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}})
     invalid = gpu_pod("kube-system")
-    invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = "150"
+    invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "150"
     mirror = gpu_pod()
     mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] = "abc"
     own = gpu_pod("gpusharing-system")
@@ -370,8 +380,9 @@ def test_a_body_larger_than_the_webhook_reads_is_413(client: FlaskClient) -> Non
 @pytest.mark.parametrize(
     ("where", "key", "value", "message"),
     [
-        ("annotation", "gpu-memory", "1e999999", 'annotation gpu-memory="1e999999": has too many digits or too large an exponent'),
-        ("annotation", "gpu-memory", "1e300000", 'annotation gpu-memory="1e300000": has too many digits or too large an exponent'),
+        # KAI reads gpu-memory as digits only: an exponent is refused before it is read
+        ("annotation", "gpu-memory", "1e999999", 'annotation gpu-memory="1e999999": must be a whole number of MiB above 0, in digits only'),
+        ("annotation", "gpu-memory", "9" * 5000, 'annotation gpu-memory="' + "9" * 64 + "… (5000 characters)\": has too many digits"),
         ("annotation", "gpu-fraction", "1e-999999999", 'annotation gpu-fraction="1e-999999999": has too many digits'),
         ("limits", "nvidia.com/gpu", "2k", 'container "main": nvidia.com/gpu="2k": asks for 2000 GPUs, more than 1000'),
         ("limits", "nvidia.com/gpu", "1e28", 'container "main": nvidia.com/gpu="1e28": asks for 10000000000000000000000000000 GPUs'),
