@@ -264,21 +264,17 @@ def _hami_container(
 def read_aliyun(pod: Mapping[str, Any], containers: list[Container], unit_mib: int, errors: Errors) -> DialectReading:
     reading = DialectReading()
     count_raw = as_mapping(as_mapping(pod.get("metadata")).get("labels")).get(ALIYUN_GPU_COUNT)
-    cards = whole(errors, "label", ALIYUN_GPU_COUNT, count_raw, 1, MAX_GPU_SHARE, "must be a whole number of GPUs, at least 1")
+    cards = whole(errors, "label", ALIYUN_GPU_COUNT, count_raw, 1, MAX_GPU_SHARE, "must be a whole number of GPUs, at least 1") or 1
     unit = "GiB" if unit_mib == 1024 else f"{unit_mib} MiB"
     for c in containers:
         if c.values:
-            ask = _aliyun_container(c, unit, unit_mib, cards or 1, errors)
+            ask = _aliyun_container(c, unit, unit_mib, cards, errors)
             if ask is not None:
                 reading.asks.append(ask)
-    # The extender puts the GPU memory of all the pod's containers on one device (on `cards` devices, evenly).
-    total = sum(a.ask.memory_mib or 0 for a in reading.asks if a.container.role is ContainerRole.REGULAR)
-    if cards and total:
-        if total % cards:
-            errors.add("label", ALIYUN_GPU_COUNT, count_raw,
-                       f"ACK shares {total // unit_mib} {unit} of {ALIYUN_MEMORY} over {cards} GPUs evenly: the memory must divide by the GPU count")
-        else:
-            reading.pod_demands.append((total // cards, Source("pod", ALIYUN_MEMORY, None)))
+    # The extender puts the GPU memory of all the pod's containers on one device (ACK: on `cards` devices, evenly).
+    per_card = sum(a.ask.memory_mib or 0 for a in reading.asks if a.container.role is ContainerRole.REGULAR)
+    if per_card:
+        reading.pod_demands.append((per_card, Source("pod", ALIYUN_MEMORY, None)))
     return reading
 
 
@@ -295,10 +291,14 @@ def _aliyun_container(c: Container, unit: str, unit_mib: int, cards: int, errors
         errors.add(c.subject, ALIYUN_CORE, core_raw, f"needs {ALIYUN_MEMORY}: ACK allocates computing power with GPU memory only")
     if core is not None and cards > 1:
         errors.add(c.subject, ALIYUN_CORE, core_raw, f"cannot be combined with label {ALIYUN_GPU_COUNT}: ACK's multi-GPU sharing shares computing power")
+    if units and units % cards:
+        errors.add(c.subject, ALIYUN_MEMORY, memory_raw,
+                   f"ACK shares it over the {cards} GPUs of label {ALIYUN_GPU_COUNT} evenly: it must divide by {cards}")
     if len(errors) > before or not units:
         return None  # gpushare: 0 GiB is a container without a GPU
     compute = percent(core) if core is not None else None  # without it gpushare isolates memory only
-    return ContainerAsk(c, 1, DeviceAsk(compute, memory_mib=units * unit_mib, source=Source(c.subject, ALIYUN_MEMORY, memory_raw)))
+    memory = DeviceAsk(compute, memory_mib=units // cards * unit_mib, source=Source(c.subject, ALIYUN_MEMORY, memory_raw))
+    return ContainerAsk(c, cards, memory)
 
 
 # ---- NVIDIA device plugin: whole GPUs and MIG slices ---------------------------------------------------------------
@@ -320,7 +320,7 @@ def read_nvidia(containers: list[Container], errors: Errors) -> DialectReading:
                 continue
             count = read_devices(errors, c.subject, key, raw, 0, "must be a whole number of MIG slices")
             if count:
-                reading.asks.append(ContainerAsk(c, count, DeviceAsk(profile.compute, mig=profile)))
+                reading.asks.append(ContainerAsk(c, count, DeviceAsk(None, mig=profile)))
     return reading
 
 

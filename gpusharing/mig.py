@@ -1,9 +1,9 @@
 """NVIDIA Multi-Instance GPU (MIG) slices, as the NVIDIA device plugin names them and as HAMi carves them.
 
-A MIG-capable GPU has 7 compute slices and 8 memory slices (the 4-slice GPUs, A30 and RTX PRO 6000, have as many
-of each, and read the same way below because their memory share always dominates). A profile `<g>g.<n>gb` takes
-g compute slices and the memory slices that hold n GB. Its memory in the name is rounded, so the memory share is
-counted in slices of the device's memory: a slice is billed `max(g/7, memory slices/8)` of a GPU.
+A MIG-capable GPU has 7 compute slices (4 on the A30 and the RTX PRO 6000: the model's `migComputeSlices`) and 8
+memory slices. A profile `<g>g.<n>gb` takes g compute slices and the memory slices that hold n GB. The memory in the
+name is rounded, so the memory share is counted in eighths of the device's memory: a slice is billed
+`max(g / compute slices, memory eighths / 8)` of a GPU.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-COMPUTE_SLICES = 7
 MEMORY_SLICES = 8
 GPU_INSTANCE_SIZES = (1, 2, 3, 4, 7)
 # The device plugin writes the profile's attributes with '.' for '+' (a resource name has no '+'):
 # 1g.10gb+me is nvidia.com/mig-1g.10gb.me. It exposes only profiles whose compute instance spans the GPU instance.
 _RESOURCE = re.compile(r"(?P<g>[0-9]{1,2})g\.(?P<gb>[0-9]{1,4})gb(?P<attributes>\.me|\.me\.all|\.gfx|-me)?")
 _COMPUTE_INSTANCE = re.compile(r"[0-9]{1,2}c\.[0-9]{1,2}g\.[0-9]{1,4}gb.*")
-# NVIDIA's GPU instance profiles in (compute slices, memory slices), smallest memory first: HAMi's dynamic MIG
-# takes the first that holds the request (ties: fewer compute slices).
-_STANDARD_GEOMETRY = ((1, 1), (1, 2), (2, 2), (3, 4), (4, 4), (7, 8))
+# The profiles HAMi's dynamic MIG may carve by default (its chart's migProfileAllowlist: 1g, 2g, 3g and 7g of a
+# 7-slice GPU; 1g, 2g and 4g of a 4-slice one), in (compute slices, memory eighths), smallest memory first: HAMi
+# takes the first that holds the request.
+_HAMI_GEOMETRY = {7: ((1, 1), (2, 2), (3, 4), (7, 8)), 4: ((1, 2), (2, 4), (4, 8))}
 
 
 class InvalidMigProfile(ValueError):
@@ -32,23 +32,22 @@ class InvalidMigProfile(ValueError):
 
 @dataclass(frozen=True)
 class MigSlice:
-    """One MIG GPU instance: its compute slices and its memory, on a device of `device_memory_mib`."""
+    """One MIG GPU instance: its compute slices and its memory."""
 
     compute_slices: int
     memory_mib: int
     profile: str
 
-    def memory_slices(self, device_memory_mib: int) -> int:
-        return min(MEMORY_SLICES, max(1, round(MEMORY_SLICES * self.memory_mib / device_memory_mib)))
+    def compute(self, device_compute_slices: int) -> Decimal:
+        return min(Decimal(1), Decimal(self.compute_slices) / device_compute_slices)
 
-    def share(self, device_memory_mib: int) -> Decimal:
-        compute = Decimal(self.compute_slices) / COMPUTE_SLICES
-        memory = Decimal(self.memory_slices(device_memory_mib)) / MEMORY_SLICES
-        return max(compute, memory)
+    def memory(self, device_memory_mib: int) -> Decimal:
+        """The share of the device's memory, in whole eighths (never none, never more than all)."""
+        eighths = min(MEMORY_SLICES, max(1, round(MEMORY_SLICES * self.memory_mib / device_memory_mib)))
+        return Decimal(eighths) / MEMORY_SLICES
 
-    @property
-    def compute(self) -> Decimal:
-        return Decimal(self.compute_slices) / COMPUTE_SLICES
+    def share(self, device_compute_slices: int, device_memory_mib: int) -> Decimal:
+        return max(self.compute(device_compute_slices), self.memory(device_memory_mib))
 
 
 def is_mig_resource(key: str) -> bool:
@@ -77,11 +76,11 @@ def parse_profile(profile: str) -> MigSlice:
     return MigSlice(int(match["g"]), int(match["gb"]) * 1024, profile)
 
 
-def dynamic_slice(memory_mib: int, device_memory_mib: int) -> MigSlice:
-    """The slice HAMi's dynamic MIG carves for `memory_mib`: the smallest standard profile that holds it."""
+def dynamic_slice(memory_mib: int, device_compute_slices: int, device_memory_mib: int) -> MigSlice:
+    """The slice HAMi's dynamic MIG carves for `memory_mib`: the smallest allowed profile that holds it."""
     needed = math.ceil(MEMORY_SLICES * memory_mib / device_memory_mib)
-    for compute_slices, memory_slices in _STANDARD_GEOMETRY:
-        if memory_slices >= needed:
-            memory = device_memory_mib * memory_slices // MEMORY_SLICES
-            return MigSlice(compute_slices, memory, f"{compute_slices}g.{memory_slices}/{MEMORY_SLICES} of the memory")
+    for compute_slices, eighths in _HAMI_GEOMETRY[device_compute_slices]:
+        if eighths >= needed:
+            memory = device_memory_mib * eighths // MEMORY_SLICES
+            return MigSlice(compute_slices, memory, f"{compute_slices}g.{memory // 1024}gb")
     raise ValueError(f"{memory_mib} MiB is more than a device of {device_memory_mib} MiB")

@@ -38,10 +38,14 @@ def product_label(name: str) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9_. -]", "", name).split())
 
 
+MIG_COMPUTE_SLICES = (7, 4)  # of a MIG-capable GPU: 7, or 4 on the A30 and the RTX PRO 6000
+
+
 @dataclass(frozen=True)
 class GpuModel:
     name: str  # as NVIDIA reports it: "NVIDIA H100 80GB HBM3"
     memory_mib: int
+    mig_compute_slices: int = 7
 
     @property
     def product(self) -> str:
@@ -103,14 +107,16 @@ def catalogue_from(document: object, where: str) -> GpuCatalogue:
 
 
 def _model(entry: Any, where: str) -> GpuModel:
-    if not isinstance(entry, Mapping) or set(entry) != {"name", "memoryMiB"}:
-        raise CatalogueError(f"{where}: expected `name` and `memoryMiB`, got {shortened(str(entry))}")
-    name, memory = entry["name"], entry["memoryMiB"]
+    if not isinstance(entry, Mapping) or not {"name", "memoryMiB"} <= set(entry) <= {"name", "memoryMiB", "migComputeSlices"}:
+        raise CatalogueError(f"{where}: expected `name`, `memoryMiB` and optionally `migComputeSlices`, got {shortened(str(entry))}")
+    name, memory, slices = entry["name"], entry["memoryMiB"], entry.get("migComputeSlices", 7)
     if not isinstance(name, str) or not product_label(name):
         raise CatalogueError(f"{where}: `name` must be the model's name as NVIDIA reports it, got {shortened(str(name))!r}")
     if isinstance(memory, bool) or not isinstance(memory, int) or not 1 <= memory <= 2**30:
         raise CatalogueError(f"{where}: `memoryMiB` of {name!r} must be a whole number of MiB, got {shortened(str(memory))!r}")
-    return GpuModel(name, memory)
+    if slices not in MIG_COMPUTE_SLICES or isinstance(slices, bool):
+        raise CatalogueError(f"{where}: `migComputeSlices` of {name!r} must be 7 or 4, got {shortened(str(slices))!r}")
+    return GpuModel(name, memory, slices)
 
 
 @dataclass(frozen=True)

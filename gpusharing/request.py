@@ -44,7 +44,7 @@ from gpusharing.dra import (
     pod_claims,
 )
 from gpusharing.messages import shortened
-from gpusharing.mig import MEMORY_SLICES, InvalidMigProfile, dynamic_slice, parse_profile
+from gpusharing.mig import InvalidMigProfile, dynamic_slice, parse_profile
 from gpusharing.models import GpuCatalogue, GpuModel, PodModels, describe, pod_models, shipped_catalogue
 from gpusharing.quantity import MAX_DIGITS, MAX_EXPONENT, QuantityError, parse_quantity
 from gpusharing.reading import (
@@ -375,8 +375,8 @@ def _price(ask: ContainerAsk, model: GpuModel) -> ContainerGpuRequest:
     device = ask.ask
     profile = None
     if device.mig is not None:
-        compute = device.mig.compute
-        memory_fraction = Decimal(device.mig.memory_slices(model.memory_mib)) / MEMORY_SLICES
+        compute = device.mig.compute(model.mig_compute_slices)
+        memory_fraction = device.mig.memory(model.memory_mib)
         memory_mib = device.mig.memory_mib
         profile = device.mig.profile
     else:
@@ -389,10 +389,10 @@ def _price(ask: ContainerAsk, model: GpuModel) -> ContainerGpuRequest:
             memory_mib, memory_fraction = model.memory_mib, Decimal(1)
         compute = device.compute if device.compute is not None else memory_fraction
         if device.dynamic_mig:
-            carved = dynamic_slice(memory_mib, model.memory_mib)
-            if device.mig_only or carved.share(model.memory_mib) > max(compute, memory_fraction):
-                compute, memory_mib = carved.compute, carved.memory_mib
-                memory_fraction = Decimal(carved.memory_slices(model.memory_mib)) / MEMORY_SLICES
+            carved = dynamic_slice(memory_mib, model.mig_compute_slices, model.memory_mib)
+            if device.mig_only or carved.share(model.mig_compute_slices, model.memory_mib) > max(compute, memory_fraction):
+                compute, memory_mib = carved.compute(model.mig_compute_slices), carved.memory_mib
+                memory_fraction = carved.memory(model.memory_mib)
                 profile = carved.profile
     share = ask.devices * max(compute, memory_fraction)
     c = ask.container
@@ -449,7 +449,7 @@ def _price_claim(
             devices = alternative.count if alternative.count is not None else settings.dra_devices_per_node
             if alternative.mig_profile is not None:
                 mig = parse_profile(alternative.mig_profile)
-                share = devices * mig.share(model.memory_mib)
+                share = devices * mig.share(model.mig_compute_slices, model.memory_mib)
                 options.append(ClaimGpuRequest(claim, name, alternative.device_class, devices, mig.memory_mib, share, mig.profile))
             else:
                 options.append(ClaimGpuRequest(claim, name, alternative.device_class, devices, model.memory_mib, Decimal(devices)))
