@@ -214,11 +214,15 @@ HAMI_ADMISSION = [
 ]
 
 
+def pod_of(spec: dict[str, Any]) -> dict[str, Any]:
+    p = pod(*spec["containers"], init=tuple(spec.get("initContainers", ())))
+    p["spec"].update({k: v for k, v in spec.items() if k not in ("containers", "initContainers")})
+    return p
+
+
 @pytest.mark.parametrize(("name", "spec", "expected"), HAMI_ADMISSION, ids=[row[0] for row in HAMI_ADMISSION])
 def test_hami_admission(name: str, spec: dict[str, Any], expected: Verdict) -> None:
-    p = pod(*spec.pop("containers"), init=tuple(spec.pop("initContainers", ())))
-    p["spec"].update(spec)
-    assert_verdict(p, expected)
+    assert_verdict(pod_of(spec), expected)
 
 
 # A HAMi installation's own configuration (device ConfigMap `nvidia:`): device_test.go TestGenerateResourceRequests_
