@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+import yaml
+
+from demo.apiserver import EXAMPLES, api_server_pod
 from gpusharing.dra import ClaimSource, ClaimSpec, ClaimUnknown, claim_spec, no_claims
 from gpusharing.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
 from gpusharing.share import format_share
@@ -128,3 +131,15 @@ def test_claim_specs_keep_what_billing_needs() -> None:
     (only,) = spec.requests
     assert [(a.device_class, a.count, a.mig_profile) for a in only.alternatives] == [("mig.nvidia.com", 1, "3g.40gb"), ("gpu.nvidia.com", 1, None)]
     assert claim_spec({"devices": "nonsense"}).requests == ()
+
+
+def test_the_dra_example_is_billed_one_gpu() -> None:
+    template = yaml.safe_load((EXAMPLES / "dra" / "gpu-claim-template.yaml").read_text())
+    pod_manifest = yaml.safe_load((EXAMPLES / "dra" / "gpu-pod.yaml").read_text())
+
+    def example_lookup(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
+        assert (source, name) == (ClaimSource.TEMPLATE, template["metadata"]["name"])
+        return claim_spec(template["spec"]["spec"])
+
+    gpu = parse_gpu_request(api_server_pod(pod_manifest), claims=example_lookup)
+    assert gpu is not None and (str(gpu.dialect), gpu.share, gpu.memory_mib) == ("dra", 1, 81920)

@@ -54,6 +54,9 @@ EXAMPLES = {
     "kai-memory.yaml": ("kai", "0.0245", [("ubuntu", "regular", 1, "0.0245", 2000)]),
     "kai-init-container.yaml": ("kai", "0.5", [("gpu-init", "init", 1, "0.5", 40960)]),
     "kai-non-default-container.yaml": ("kai", "0.5", [("gpu-workload", "regular", 1, "0.5", 40960)]),
+    "mig-slice.yaml": ("mig", "0.1429", [("infer", "regular", 1, "0.1429", 10240)]),
+    "hami-gputype.yaml": ("hami", "0.6956", [("train", "regular", 1, "0.5", 100000)]),
+    "hami-dynamic-mig.yaml": ("hami", "0.2858", [("ubuntu-container", "regular", 2, "0.1429", 10240)]),
 }
 
 
