@@ -10,7 +10,7 @@ import pytest
 from tests.postgres import PostgresServer, PostgresUnavailable
 
 # The suite never talks to the developer's own cluster: the processes it starts inherit this environment.
-for _variable in ("KUBECONFIG", "TIMEKEEPER_KUBECONFIG"):
+for _variable in ("KUBECONFIG", "TIMEKEEPER_KUBECONFIG", "GPUSHARING_KUBECONFIG"):
     os.environ.pop(_variable, None)
 
 

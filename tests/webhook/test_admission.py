@@ -13,6 +13,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from gpusharing.dra import ClaimSource, ClaimSpec, claim_spec
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import MeterSpec, WebhookConfig
@@ -438,3 +439,25 @@ def test_a_forged_record_does_not_let_a_foreign_meter_in(client: FlaskClient) ->
     pod["spec"]["initContainers"] = [{"name": "gpusharing-meter", "image": "evil:1", "restartPolicy": "Always"}]
     response = review(client, admission_review(pod))
     assert response["allowed"] is False and "reserved for the GPU metering sidecar" in response["status"]["message"]
+
+
+def test_a_pod_claiming_a_gpu_is_read_from_the_claims_of_the_reviews_namespace(config: WebhookConfig, budgets: BudgetStateCache) -> None:
+    asked: list[tuple[str, str, str]] = []
+
+    def claims(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
+        asked.append((str(source), namespace, name))
+        return claim_spec({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}})
+
+    client = create_app(config, budgets, claims).test_client()
+    pod = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"}, "spec": {
+        "containers": [{"name": "ctr", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus"}],
+    }})
+    del pod["metadata"]["namespace"]  # the object of a CREATE may come without it: the review names the namespace
+    body = admission_review(pod)
+    body["request"]["namespace"] = "ml-team"
+    response = review(client, body)
+    assert response["allowed"] and asked == [("ResourceClaimTemplate", "ml-team", "two-gpus")]
+    mutated = jsonpatch.apply_patch(pod, patch_of(response))
+    annotations = mutated["metadata"]["annotations"]
+    assert (annotations["gpusharing.io/dialect"], annotations["gpusharing.io/gpu-share"], annotations["gpusharing.io/gpu-memory-mib"]) == ("dra", "2", "163840")
