@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,10 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 HAMI_USE_GPU_TYPE = "nvidia.com/use-gputype"
 SHIPPED_CATALOGUE = Path(__file__).with_name("gpu-models.yaml")
 MAX_MODELS = 1000
+# What a pod may name is read within bounds: a label value has at most 63 characters (the API server refuses longer
+# ones after the webhook), and no pod needs more than a few dozen models.
+MAX_LABEL = 63
+MAX_NAMED = 64
 # GPU feature discovery appends these to the product label: the MIG profile under the single MIG strategy
 # ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"), and SHARED when time-slicing or MPS replicas are not renamed.
 _PRODUCT_SUFFIX = re.compile(r"(?:-MIG-[0-9a-z.+-]+)?(?:-SHARED)?$")
@@ -59,14 +63,19 @@ class GpuCatalogue:
 
     def by_product(self, label: str) -> GpuModel | None:
         """The model a node label names, without the suffixes GPU feature discovery adds."""
-        product = _PRODUCT_SUFFIX.sub("", label, count=1)
-        return next((m for m in self.models if m.product == product), None)
+        if len(label) > MAX_LABEL:
+            return None
+        return self._products.get(_PRODUCT_SUFFIX.sub("", label, count=1))
 
     def by_type(self, types: str) -> list[GpuModel]:
         """The models HAMi's `nvidia.com/use-gputype` allows: a comma-separated list, each entry a case-insensitive
         part of the model's name (HAMi's own rule: "A100" allows every A100)."""
-        wanted = [t.strip().upper() for t in types.split(",") if t.strip()]
+        wanted = [t.strip().upper() for t in types.split(",", MAX_NAMED)[:MAX_NAMED] if t.strip() and len(t) <= MAX_LABEL]
         return [m for m in self.models if any(w in m.name.upper() or w in m.product.upper() for w in wanted)]
+
+    @cached_property
+    def _products(self) -> dict[str, GpuModel]:
+        return {m.product: m for m in self.models}
 
     def with_default_memory(self, memory_mib: int) -> "GpuCatalogue":
         """This catalogue with an unnamed default model of `memory_mib` (GPUSHARING_DEVICE_MEMORY_MIB)."""
@@ -184,7 +193,7 @@ def _term_products(term: Mapping[str, Any]) -> set[str] | None:
         expression = as_mapping(expression)
         values = expression.get("values")
         if expression.get("key") == PRODUCT_LABEL and expression.get("operator") == "In" and isinstance(values, list):
-            these = {v for v in values if isinstance(v, str)}
+            these = {v for v in values[:MAX_NAMED] if isinstance(v, str)}
             found = these if found is None else found & these  # expressions of one term all hold
     return found
 

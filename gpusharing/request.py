@@ -185,8 +185,9 @@ def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuRequestSettings, loo
         raise InvalidGpuRequest(errors)
     annotations = as_mapping(metadata.get("annotations"))
     containers = list(_containers(spec, settings.hami, errors))
-    kai_refusals(annotations, errors)
     dialect = _dialect_in_use(containers, annotations, settings.hami, errors)
+    if dialect in (None, Dialect.WHOLE_GPU, Dialect.MIG):  # `mps` is KAI's only in a pod no other sharing dialect reads
+        kai_refusals(annotations, errors)
     if errors:
         raise InvalidGpuRequest(errors)
     reading = _read(dialect, pod, annotations, containers, settings, errors) if dialect else DialectReading()

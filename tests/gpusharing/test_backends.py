@@ -99,6 +99,11 @@ KAI_VALUES = [
 ]
 
 
+def test_mps_is_kais_only_in_a_pod_no_other_sharing_dialect_reads() -> None:
+    hami = pod(container("main", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "10"}), annotations={"mps": "true"})
+    assert_verdict(hami, "0.1")
+
+
 @pytest.mark.parametrize(("name", "p", "expected"), KAI_VALIDATOR, ids=[row[0] for row in KAI_VALIDATOR])
 def test_kai_validator(name: str, p: dict[str, Any], expected: Verdict) -> None:
     assert_verdict(p, expected)
@@ -481,3 +486,13 @@ def test_gpusharing_device_memory_mib_still_names_the_default_models_memory() ->
     settings = GpuRequestSettings(catalogue=shipped_catalogue().with_default_memory(24576))
     request = parse_gpu_request(pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "12288", "nvidia.com/gpucores": "10"})), settings)
     assert request is not None and request.share == Decimal("0.5") and request.model == "default"
+
+
+def test_what_a_pod_names_of_models_is_read_within_bounds() -> None:
+    # Hostile lists: only the first 64 values of a term or of use-gputype are read, values longer than a label never.
+    p = pod(container("main", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "1"}),
+            annotations={"nvidia.com/use-gputype": ",".join(["V999"] * 100_000 + ["H200"])})
+    p["spec"]["affinity"] = affinity([product_in(*(["Tesla-P4"] * 100_000), "NVIDIA-H200")])
+    p["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H200" + "-" * 100}
+    request = parse_gpu_request(p)
+    assert request is not None and request.model == "NVIDIA A100-SXM4-80GB"

@@ -178,15 +178,19 @@ def test_timekeeper_runs_migrations_before_serving(objects: list[dict[str, Any]]
     assert find(objects, "StatefulSet", "gpusharing-postgres")["spec"]["volumeClaimTemplates"]
 
 
-def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
-    rules = {
+def granted(objects: list[dict[str, Any]], role: str) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every permission a ClusterRole grants."""
+    return {
         (group, resource, verb)
-        for rule in find(objects, "ClusterRole", "gpusharing-timekeeper")["rules"]
+        for rule in find(objects, "ClusterRole", role)["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert rules == {
+
+
+def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
+    assert granted(objects, "gpusharing-timekeeper") == {
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "pods", "get"),
@@ -195,14 +199,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "events", "create"),
         ("", "namespaces", "get"),
     }
-    webhook_rules = {
-        (group, resource, verb)
-        for rule in find(objects, "ClusterRole", "gpusharing-webhook")["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
-    assert webhook_rules == {("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")}
+    assert granted(objects, "gpusharing-webhook") == {("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")}
     bindings = {(o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
     assert {role for role, subject in bindings if subject == "gpusharing-webhook"} == {"gpusharing-webhook"}
     # No token by default; the webhook's own container gets the API's and the timekeeper's, projected.
