@@ -253,3 +253,16 @@ def test_a_later_webhook_that_changes_the_gpu_request_gets_the_pod_billed_for_th
     assert created["metadata"]["annotations"]["gpu-fraction"] == "0.25"
     assert created["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "0.25"
     assert_governed(created)  # one meter, billing 0.25
+
+
+def test_how_the_backend_reads_a_pod_reaches_the_user_as_warnings(gpusharing: GpuSharing) -> None:
+    namespace = gpusharing.namespace("e2e-warnings")
+    pod = example("hami-fraction.yaml")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = 150
+    response = gpusharing.session.post(
+        f"{gpusharing.plane.url}/api/v1/namespaces/{namespace}/pods", json=pod, headers={"Accept": "application/json"}, timeout=60,
+    )
+    assert response.status_code == 201, response.text
+    # The API server sends each admission warning as a Warning header, as kubectl prints them (RFC 7234: 299 - "...").
+    assert '299 - "container \\"infer\\": nvidia.com/gpucores=150 is more than 100: HAMi grants 100' in response.headers["Warning"]
+    assert response.json()["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"
