@@ -350,3 +350,15 @@ def test_a_pod_of_more_containers_than_the_webhook_reads_is_refused_at_once() ->
     many = pod(*[container(f"c{i}") for i in range(900)], init=tuple(container(f"i{i}") for i in range(101)))
     assert errors_of(many) == ["pod: has 1001 containers and init containers, more than the 1000 the webhook reads"]
     assert parse_gpu_request(pod(*[container(f"c{i}") for i in range(1000)])) is None
+
+
+def test_the_memory_record_follows_the_effective_request_rule_as_the_share_does() -> None:
+    # An init container of 40 GiB runs before two regular containers of 8 GiB each: the pod holds 40 GiB at most,
+    # not 56 (the sum earlier versions recorded).
+    warmup = container("warmup", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "50"})
+    app = [container(f"app{i}", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "10"}) for i in range(2)]
+    request = parse_gpu_request(pod(*app, init=(warmup,)))
+    assert request is not None and (request.memory_mib, request.share) == (40960, Decimal("0.5"))
+    sidecar = container("side", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "5"}, restartPolicy="Always")
+    request = parse_gpu_request(pod(*app, init=(sidecar, warmup)))
+    assert request is not None and request.memory_mib == 40960 + 4096  # a native sidecar runs beside the init after it
