@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from gpusharing.env import ConfigError
 from gpusharing.env import load_code
 from gpusharing.jsonbody import JsonBodyError, read_json
+from gpusharing.kube import in_cluster_available
 from gpusharing.metrics import render_metrics
 from gpusharing.names import InvalidName, check_namespace
 from gpusharing.report import MeterReport, ReportError
@@ -274,7 +275,7 @@ def kube_api(config: TimekeeperConfig) -> KubeApi | None:
 
     ConfigError, one line saying what to set, when tokenreview has no API or the kubeconfig cannot be read.
     """
-    in_cluster = KubeApi.in_cluster_available()
+    in_cluster = in_cluster_available()
     if config.auth == "tokenreview" and not config.kubeconfig and not in_cluster:
         raise ConfigError(OFF_CLUSTER)
     if not config.kubeconfig and not in_cluster:
