@@ -21,6 +21,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/webhook_load.py
+	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
 

@@ -30,6 +30,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def child_pids(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (a gunicorn master's workers), from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
 class Service:
     """`gpusharing ARGS...` as a subprocess, ready once `ready_url` answers 200; stopped with SIGTERM on exit.
 

@@ -8,8 +8,8 @@ import math
 import re
 from collections.abc import Callable
 
-from gpusharing.contract import NAMESPACE_NAME
 from gpusharing.env import ConfigError, check_http_url
+from gpusharing.names import InvalidName, check_namespace
 
 _DNS_NAME = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$")
 
@@ -28,9 +28,10 @@ def whole_number(low: int, high: int) -> Callable[[str], int]:
 
 
 def namespace(raw: str) -> str:
-    if not NAMESPACE_NAME.match(raw):
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a namespace name: lower-case letters, digits and '-', at most 63")
-    return raw
+    try:
+        return check_namespace(raw, "")
+    except InvalidName as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
 
 
 def host_name(raw: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 
 ANNOTATION_PREFIX = "gpusharing.io/"
@@ -10,9 +9,6 @@ ANNOTATION_GPU_SHARE = "gpusharing.io/gpu-share"
 ANNOTATION_DIALECT = "gpusharing.io/dialect"
 ANNOTATION_BUDGET_STATE = "gpusharing.io/budget-state"
 ANNOTATION_GPU_MEMORY = "gpusharing.io/gpu-memory-mib"  # GPU memory the pod asked for, all devices together
-
-# A namespace's name (an RFC 1123 label): lower-case letters, digits and '-', at most 63.
-NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import urllib.parse
 from collections.abc import Callable, Mapping
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -93,3 +95,19 @@ def env_url(name: str, default: str | None = None, environ: Mapping[str, str] = 
         return check_http_url(raw)
     except ConfigError as exc:
         raise ConfigError(f"{name}={exc}") from None
+def env_code(name: str, default: str, environ: Mapping[str, str] = os.environ) -> str:
+    """A `module:attribute` path naming code to load later (a seam the tests set), checked for its form now."""
+    value = env_text(name, default, environ)
+    module, _, attribute = value.partition(":")
+    if not module or not attribute:
+        raise ConfigError(f"{name}={value!r} must be module:function")
+    return value
+
+
+def load_code(name: str, path: str) -> Any:
+    """What the `module:attribute` path of setting `name` names; ConfigError naming the setting when it cannot be loaded."""
+    module, _, attribute = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{name}={path!r} cannot be loaded: {exc}") from None

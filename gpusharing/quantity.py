@@ -1,15 +1,26 @@
-"""Kubernetes resource quantities, as the API server serializes them.
+"""Kubernetes resource quantities, as the API server serializes them, and plain decimal numbers, both bounded.
 
 The API server canonicalizes quantities before a webhook sees them: a HAMi ``nvidia.com/gpumem: 3000``
 arrives as ``"3k"``. So a "plain integer" rule has to be checked on the quantity's value, not its text.
+
+Annotations are free text nobody checks before the webhook, and Decimal arithmetic costs time and memory in the
+number of digits a value has: ``"1e999999"`` read as a whole number is a million-digit integer. So the text is
+bounded (digits, exponent) before any arithmetic is done on it, and the arithmetic is then exact.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, Inexact, InvalidOperation
 
-_QUANTITY = re.compile(r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?P<suffix>[a-zA-Z]*|[eE][+-]?[0-9]+)$")
+MAX_DIGITS = 32  # digits of the number, leading and trailing zeros included
+MAX_EXPONENT = 32  # of a decimal exponent (1e32); the largest suffix, Ei, is 2**60
+
+# <sign><digits>[.<digits>] then an exponent (e3, E-2) or a suffix (k, Mi, E); "1E" is one exa, "1e" nothing.
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE](?P<exponent>[+-]?[0-9]+)|(?P<suffix>[a-zA-Z]*))"
+)
+_DECIMAL = re.compile(r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE](?P<exponent>[+-]?[0-9]+))?")
 
 _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
@@ -30,28 +41,34 @@ _SUFFIXES: dict[str, Decimal] = {
     "Ei": Decimal(2**60),
 }
 
+# Bounded inputs fit in this precision whole: a value is never silently rounded while it is read.
+_EXACT = Context(prec=MAX_DIGITS + 40, traps=[InvalidOperation, Inexact])
+
+BOUNDS = f"at most {MAX_DIGITS} digits and an exponent from -{MAX_EXPONENT} to {MAX_EXPONENT}"
+
 
 class QuantityError(ValueError):
-    """The text is not a Kubernetes quantity."""
+    """The text is not a quantity (or number) the services read; the message is the rule it breaks."""
+
+
+class QuantityOutOfBounds(QuantityError):
+    """A well-formed quantity with more digits or a larger exponent than the services read."""
 
 
 def parse_quantity(value: object) -> Decimal:
-    """The exact value of a Kubernetes quantity (``"3k"``, ``"1Gi"``, ``"500m"``, ``2``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise QuantityError("is not a quantity")
-    if isinstance(value, int):
+    """The exact value of a Kubernetes quantity (``"3k"``, ``"1Gi"``, ``"500m"``, ``"1E"``, ``2``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) >= 10**MAX_DIGITS:
+            raise QuantityOutOfBounds(f"is too large a quantity: {BOUNDS}")
         return Decimal(value)
-    match = _QUANTITY.match(value.strip())
-    if not match:
-        raise QuantityError("is not a quantity")
+    match = _match(_QUANTITY, value, "is not a quantity")
+    number = _bounded_number(match)
     suffix = match["suffix"]
-    try:
-        number = Decimal(match["number"])
-        if suffix[:1] in ("e", "E"):
-            return number.scaleb(int(suffix[1:]))
-        return number * _SUFFIXES[suffix]
-    except (KeyError, InvalidOperation, ValueError) as exc:
-        raise QuantityError("is not a quantity") from exc
+    if suffix is None:
+        return number
+    if suffix not in _SUFFIXES:
+        raise QuantityError("is not a quantity")
+    return _EXACT.multiply(number, _SUFFIXES[suffix])
 
 
 def parse_whole_quantity(value: object) -> int:
@@ -60,3 +77,26 @@ def parse_whole_quantity(value: object) -> int:
     if number != number.to_integral_value():
         raise QuantityError("is not a whole number")
     return int(number)
+
+
+def parse_decimal(value: object) -> Decimal:
+    """A plain decimal number, with an optional exponent (``"0.5"``, ``"5e-1"``); no NaN, no infinity, no suffix."""
+    return _bounded_number(_match(_DECIMAL, value, "is not a decimal number"))
+
+
+def _match(pattern: re.Pattern[str], value: object, rule: str) -> re.Match[str]:
+    match = pattern.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise QuantityError(rule)
+    return match
+
+
+def _bounded_number(match: re.Match[str]) -> Decimal:
+    """The number and exponent of a match, checked against the bounds before they are read."""
+    number, exponent = match["number"], match["exponent"] or "0"
+    digits = len(number.lstrip("+-").replace(".", "", 1))
+    significant = exponent.lstrip("+-").lstrip("0") or "0"  # a million leading zeros are still read at once
+    if digits > MAX_DIGITS or len(significant) > 2 or int(significant) > MAX_EXPONENT:
+        raise QuantityOutOfBounds(f"has too many digits or too large an exponent: {BOUNDS}")
+    scale = -int(significant) if exponent.startswith("-") else int(significant)
+    return _EXACT.scaleb(Decimal(number), scale)

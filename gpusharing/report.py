@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpusharing.names import NAMESPACE, POD_NAME, UID
+from gpusharing.share import MAX_GPU_SHARE
+
 # Nothing a pod does can be worth more than this many GPU-seconds in one report: 1,000 GPUs for ten years.
 MAX_GPU_SECONDS = 1000 * 10 * 365 * 24 * 3600
-MAX_GPU_SHARE = 1000
 MAX_SEQ = 2**62
+MAX_GPU_MEMORY_MIB = 10**9
 
 
 class ReportError(ValueError):
@@ -49,7 +51,7 @@ class MeterReport:
 
     @classmethod
     def from_json(cls, body: object) -> "MeterReport":
-        """A report from its JSON body; raises ReportError naming the first thing wrong with it."""
+        """A report from its JSON body; raises ReportError (InvalidName for a name) naming the first thing wrong with it."""
         if not isinstance(body, dict):
             raise ReportError("the report must be a JSON object")
         unknown = sorted(set(body) - set(cls._FIELDS))
@@ -59,23 +61,23 @@ class MeterReport:
         if missing:
             raise ReportError(f"missing field(s): {', '.join(missing)}")
         return cls(
-            pod_uid=_text(body, "podUid"),
-            namespace=_text(body, "namespace"),
-            pod=_text(body, "pod"),
+            pod_uid=UID.check(_text(body, "podUid"), "podUid"),
+            namespace=NAMESPACE.check(_text(body, "namespace"), "namespace"),
+            pod=POD_NAME.check(_text(body, "pod"), "pod"),
             gpu_share=_number(body, "gpuShare", 0, MAX_GPU_SHARE),
             seq=_integer(body, "seq", 0, MAX_SEQ),
             gpu_seconds=_number(body, "gpuSeconds", 0, MAX_GPU_SECONDS),
             final=_flag(body, "final"),
-            gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, 10**9),
+            gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, MAX_GPU_MEMORY_MIB),
             gpu_utilization_percent=_optional_number(body, "gpuUtilizationPercent", 0, 100),
-            gpu_memory_requested_mib=_optional_number(body, "gpuMemoryRequestedMiB", 0, 10**9),
+            gpu_memory_requested_mib=_optional_number(body, "gpuMemoryRequestedMiB", 0, MAX_GPU_MEMORY_MIB),
         )
 
 
 def _text(body: dict[str, Any], key: str) -> str:
     value = body[key]
-    if not isinstance(value, str) or not value or len(value) > 253:
-        raise ReportError(f"{key} must be a non-empty string of at most 253 characters")
+    if not isinstance(value, str) or not value:
+        raise ReportError(f"{key} must be a non-empty string")
     return value
 
 
@@ -83,7 +85,7 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float:
     value = body[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ReportError(f"{key} must be a number")
-    if not math.isfinite(value) or not low <= value <= high:
+    if not low <= value <= high:  # false for NaN too
         raise ReportError(f"{key} must be a finite number from {low} to {high:g}, not {value}")
     return float(value)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import importlib
 import logging
@@ -51,6 +53,9 @@ class ServerOptions:
     keepalive: int = 75  # longer than the API server's idle connection timeout, so connections are reused
     timeout: int = 30
     access_log: bool = False
+    # glibc gives each thread that allocates its own arena (up to 8 per core) and keeps what is freed in each, so
+    # a worker whose threads take turns on large bodies grows to the sum of their peaks; None: glibc's default.
+    malloc_arenas: int | None = None
 
 
 class _Server(BaseApplication):  # type: ignore[misc]
@@ -76,7 +81,7 @@ class _Server(BaseApplication):  # type: ignore[misc]
             "logger_class": _Logs,
             "child_exit": _child_exit,
             "worker_exit": _worker_exit,
-            "post_worker_init": _settle_garbage_collector,
+            "post_worker_init": lambda _worker: _settle_memory(o.malloc_arenas),
         }
         # gunicorn >= 25.1 opens a control socket at one path per user ($XDG_RUNTIME_DIR or ~/.gunicorn): a second
         # server on the host would take it over, and a read-only root filesystem has no ~/.gunicorn. Not used here.
@@ -130,7 +135,29 @@ class _ReloadingContext:
             return self._context
 
 
-def _settle_garbage_collector(_worker: Any) -> None:
+def _glibc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
+_GLIBC = _glibc()
+M_ARENA_MAX = -8  # mallopt's parameter
+
+
+def release_memory() -> None:
+    """Frees now what a large request left: its reference cycles (which, with the thresholds above, could wait
+    long for a full collection) and the free memory the C allocator keeps (glibc keeps it unless trimmed)."""
+    gc.collect()
+    if _GLIBC is not None:
+        _GLIBC.malloc_trim(0)
+
+
+def _settle_memory(arenas: int | None) -> None:
+    if arenas is not None and _GLIBC is not None:
+        _GLIBC.mallopt(M_ARENA_MAX, arenas)
     gc.freeze()  # the app, its modules and settings: alive as long as the worker, never garbage
     gc.set_threshold(*GC_THRESHOLDS)
 

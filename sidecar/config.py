@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpusharing.contract import METER_STATE_DIR, METER_TOKEN_DIR, METER_TOKEN_FILE, MeterEnv
-from gpusharing.env import ConfigError, env_float, env_text, env_url
-from gpusharing.report import MAX_GPU_SHARE
+from gpusharing.env import ConfigError, env_code, env_float, env_text, env_url
+from gpusharing.share import MAX_GPU_SHARE
 
 TIME_SCALE = "GPUSHARING_METER_TIME_SCALE"
 GPU_READER = "GPUSHARING_METER_GPU_READER"
@@ -45,7 +45,7 @@ class MeterConfig:
             time_scale=_time_scale(environ),
             # 0 or unset: not known, so no overrun can be judged (0 would make any use an overrun).
             gpu_memory_requested_mib=env_float(MeterEnv.GPU_MEMORY_MIB, 0.0, 0.0, environ) or None,
-            gpu_reader=_reader_path(env_text(GPU_READER, DEFAULT_GPU_READER, environ)),
+            gpu_reader=env_code(GPU_READER, DEFAULT_GPU_READER, environ),
         )
 
 
@@ -61,10 +61,3 @@ def _time_scale(environ: Mapping[str, str]) -> float:
     if not environ.get(TIME_SCALE, "").strip():
         return 1.0
     return _positive(TIME_SCALE, environ, 1e6)
-
-
-def _reader_path(value: str) -> str:
-    module, _, function = value.partition(":")
-    if not module or not function:
-        raise ConfigError(f"{GPU_READER}={value!r} must be module:function")
-    return value

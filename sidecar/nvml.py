@@ -7,13 +7,12 @@ The meter asks a GpuReader for a reading before each report. `open_reader` gives
 
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpusharing.env import ConfigError
+from gpusharing.env import load_code
 from sidecar.config import GPU_READER
 
 log = logging.getLogger(__name__)
@@ -82,10 +81,5 @@ def open_reader(pod_uid: str) -> GpuReader | None:
 
 def load_reader(path: str, pod_uid: str) -> GpuReader | None:
     """The reader that `module:function` (GPUSHARING_METER_GPU_READER) opens for this pod."""
-    module, _, function = path.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module), function)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{GPU_READER}={path!r} cannot be loaded: {exc}") from None
-    reader: GpuReader | None = factory(pod_uid)
+    reader: GpuReader | None = load_code(GPU_READER, path)(pod_uid)
     return reader

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -10,26 +11,29 @@ from typing import Any
 import yaml
 from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER
 from gpusharing.env import ConfigError
+from gpusharing.env import load_code
+from gpusharing.jsonbody import JsonBodyError, read_json
+from gpusharing.kube import in_cluster_available
 from gpusharing.metrics import render_metrics
-from gpusharing.serving import ON_STOP
+from gpusharing.names import InvalidName, check_namespace
 from gpusharing.report import MeterReport, ReportError
+from gpusharing.serving import ON_STOP
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
-from timekeeper.auth import Authenticator, Caller, Forbidden, Unauthenticated, load_static_tokens
+from timekeeper.auth import Authenticator, Caller, Forbidden, StaticTokens, Unauthenticated, load_static_tokens
 from timekeeper.budget import (
     BudgetRequestError,
     BudgetStatus,
     budget_changes_from_json,
     budget_from_json,
-    check_namespace,
     default_budget_json,
     top_up_from_json,
 )
-from timekeeper.config import TimekeeperConfig
+from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.db import Database
 from timekeeper.demotion import Demoter
 from timekeeper.kube import KubeApi, KubeUnavailable
@@ -49,18 +53,23 @@ NO_AUTH_WARNING = (
 def create_app(
     config: TimekeeperConfig | None = None,
     kube: KubeApi | None = None,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
     background: bool = True,
 ) -> Flask:
-    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `background` runs the demoter loop."""
+    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `clock` to
+    TIMEKEEPER_CLOCK, `background` runs the demoter loop."""
     config = config or TimekeeperConfig.from_env()
+    if clock is None:
+        clock = load_code("TIMEKEEPER_CLOCK", config.clock)
+        if config.clock != DEFAULT_CLOCK:
+            log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
     if kube is None:
         kube = kube_api(config)
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)
     if kube is None:
         log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
-    tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else {}
+    tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
@@ -88,10 +97,9 @@ def create_app(
         return who
 
     def body() -> Any:
-        parsed = request.get_json(silent=True)
-        if parsed is None:
-            raise BudgetRequestError("the body must be a JSON object (Content-Type: application/json)")
-        return parsed
+        if not request.is_json:
+            raise JsonBodyError("the body is not JSON (Content-Type: application/json)")
+        return read_json(request.get_data(cache=False))
 
     def crossed(over: bool, status: BudgetStatus, cause: str) -> None:
         if over:
@@ -167,7 +175,7 @@ def create_app(
         report: MeterReport | None = None
         try:
             who = caller()
-            report = MeterReport.from_json(request.get_json(silent=True))
+            report = MeterReport.from_json(body())
             result = reports.submit(report, auth.report_terms(who, report))
             outcome = result.outcome.value
         except (Unauthenticated, Forbidden, ReportError) as refused:
@@ -205,6 +213,8 @@ def create_app(
 
     @app.get("/metrics")
     def prometheus() -> Response:
+        if config.metrics_auth == "token":
+            caller()
         payload, content_type = render_metrics(collector)
         return Response(payload, content_type=content_type)
 
@@ -218,8 +228,14 @@ def create_app(
 
     @app.errorhandler(ReportError)
     @app.errorhandler(BudgetRequestError)
+    @app.errorhandler(InvalidName)
+    @app.errorhandler(JsonBodyError)
     def bad_request(exc: ValueError) -> tuple[Response, int]:
         return jsonify(error=str(exc)), 400
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:
+        return jsonify(error=f"the body is larger than the {MAX_BODY_BYTES} bytes the timekeeper reads"), 413
 
     @app.errorhandler(NoBudget)
     def no_budget(exc: NoBudget) -> tuple[Response, int]:
@@ -267,7 +283,7 @@ def kube_api(config: TimekeeperConfig) -> KubeApi | None:
 
     ConfigError, one line saying what to set, when tokenreview has no API or the kubeconfig cannot be read.
     """
-    in_cluster = KubeApi.in_cluster_available()
+    in_cluster = in_cluster_available()
     if config.auth == "tokenreview" and not config.kubeconfig and not in_cluster:
         raise ConfigError(OFF_CLUSTER)
     if not config.kubeconfig and not in_cluster:
@@ -288,6 +304,6 @@ def _flag(raw: str, name: str) -> bool:
 
 
 def _limit(raw: str) -> int:
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PODS:
+    if not re.fullmatch(r"[0-9]{1,6}", raw) or not 1 <= int(raw) <= MAX_PODS:
         raise BudgetRequestError(f"limit must be a whole number from 1 to {MAX_PODS}, not {raw!r}")
     return int(raw)

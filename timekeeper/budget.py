@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpusharing.contract import NAMESPACE_NAME, BudgetState
+from gpusharing.contract import BudgetState
+from gpusharing.names import check_namespace
 
 UTC = dt.timezone.utc
 # Usage is kept in micro-GPU-seconds (integers) so that sums over any number of reports are exact.
@@ -147,12 +147,6 @@ MAX_GPU_MINUTES = 1e12  # far beyond any fleet's month; rejects typos that would
 MAX_REASON = 1000
 
 
-def check_namespace(namespace: str) -> str:
-    if not NAMESPACE_NAME.match(namespace):
-        raise BudgetRequestError(f"{namespace!r} is not a namespace name (lower-case letters, digits and '-', at most 63)")
-    return namespace
-
-
 BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaustion": "evict_on_exhaustion"}
 
 
@@ -192,8 +186,9 @@ def top_up_from_json(body: object) -> tuple[float, str]:
     """GPU-minutes and reason from `POST /api/v1/budgets/{namespace}/top-ups`."""
     fields = _object(body, required=("gpuMinutes", "reason"), optional=())
     reason = fields["reason"]
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
-        raise BudgetRequestError(f"reason must be a non-empty string of at most {MAX_REASON} characters")
+    # Printable: no control characters (a database refuses NUL) and no lone surrogates (not UTF-8).
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON or not reason.isprintable():
+        raise BudgetRequestError(f"reason must be a non-empty line of printable text of at most {MAX_REASON} characters")
     return _minutes(fields["gpuMinutes"], "gpuMinutes", allow_zero=False), reason.strip()
 
 
@@ -212,8 +207,8 @@ def _object(body: object, required: tuple[str, ...], optional: tuple[str, ...]) 
 def _minutes(value: object, key: str, allow_zero: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BudgetRequestError(f"{key} must be a number")
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not math.isfinite(value) or not low_ok or value > MAX_GPU_MINUTES:
+    low_ok = value >= 0 if allow_zero else value > 0  # false for NaN too
+    if not low_ok or value > MAX_GPU_MINUTES:
         bound = "at least 0" if allow_zero else "greater than 0"
         raise BudgetRequestError(f"{key} must be a finite number, {bound} and at most {MAX_GPU_MINUTES:g}, not {value}")
     return float(value)

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gpusharing.arguments import whole_number
-from gpusharing.env import ConfigError
+from gpusharing.env import ConfigError, load_code
 from gpusharing.serving import MAX_THREADS, MAX_WORKERS, ServerOptions, serve
 
 
@@ -61,6 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
     if config.static_tokens_file:
         load_static_tokens(config.static_tokens_file)
     kube_api(config)
+    load_code("TIMEKEEPER_CLOCK", config.clock)
     database = Database.from_config(config)
     problem = schema_problem(database.engine)
     database.dispose()

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_text
+from gpusharing.env import ConfigError, env_choice, env_code, env_float, env_int, env_text
 from timekeeper.budget import Period
 
 AUTH_MODES = ("tokenreview", "static", "none")
+DEFAULT_CLOCK = "timekeeper.store:utc_now"
+METRICS_AUTH = ("none", "token")
 DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
 
 
@@ -27,12 +29,14 @@ class TimekeeperConfig:
     kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
     demotion_interval_seconds: float = 10.0  # how often refused evictions are retried and states reconciled
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
+    metrics_auth: str = "none"  # token: /metrics needs a token, as the budget listing does (it shows as much)
     db_pool_size: int = 10
     sqlite_busy_timeout_ms: int = 10_000
     host: str = "0.0.0.0"
     port: int = 8080
     workers: int = 2
     threads: int = 32  # request threads mostly wait for their report's transaction; more of them, bigger batches
+    clock: str = DEFAULT_CLOCK  # module:function giving the time; TESTS ONLY change it, to move time across periods
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TimekeeperConfig":
@@ -51,12 +55,14 @@ class TimekeeperConfig:
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
+            metrics_auth=env_choice("TIMEKEEPER_METRICS_AUTH", cls.metrics_auth, METRICS_AUTH, environ),
             db_pool_size=env_int("TIMEKEEPER_DB_POOL_SIZE", 10, 1, environ),
             sqlite_busy_timeout_ms=env_int("TIMEKEEPER_SQLITE_BUSY_TIMEOUT_MS", 10_000, 0, environ),
             host=env_text("TIMEKEEPER_HOST", cls.host, environ),
             port=env_int("TIMEKEEPER_PORT", cls.port, 1, environ),
             workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),
             threads=env_int("TIMEKEEPER_THREADS", cls.threads, 1, environ),
+            clock=env_code("TIMEKEEPER_CLOCK", DEFAULT_CLOCK, environ),
         )
 
 

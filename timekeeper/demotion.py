@@ -113,22 +113,27 @@ class Demoter:
     def _record_transition(self, status: BudgetStatus, previous: BudgetState, done: DemotionPass) -> None:
         if previous is status.state:
             return
-        fields = {"namespace": status.namespace, "state": str(status.state), "previous_state": str(previous)}
-        event = transition_event(status, previous)
+        # Claimed before the Event is sent, so that two demoters (a lease that ran out under a long pass) never both
+        # send it; given back when it cannot be sent, so that the next pass tries again.
+        claimed = self.budgets.claim_transition(status.namespace, status.state)
+        if claimed is None:
+            return
+        fields = {"namespace": status.namespace, "state": str(status.state), "previous_state": str(claimed)}
+        event = transition_event(status, claimed)
         if event is not None:
             reason, message, warning = event
             try:
                 recorded = self.kube.record_event(status.namespace, reason, message, warning)
             except KubeUnavailable as exc:
+                self.budgets.release_transition(status.namespace, status.state, claimed)
                 log.warning("%s; will try again", exc, extra=fields)
-                return  # not claimed: the next pass records it
+                return
             if recorded:
                 metrics.EVENTS.labels(reason).inc()
                 done.events.append((status.namespace, reason))
                 fields["event"] = reason
-        if self.budgets.claim_transition(status.namespace, status.state) is not None:
-            log.info("namespace %s: %s -> %s%s", status.namespace, previous, status.state,
-                     f" ({event[1]})" if event else "", extra=fields)
+        log.info("namespace %s: %s -> %s%s", status.namespace, claimed, status.state,
+                 f" ({event[1]})" if event else "", extra=fields)
 
     def _evict(self, namespace: str, done: DemotionPass) -> None:
         try:

@@ -287,6 +287,15 @@ class BudgetStore:
             )
             return previous
 
+    def release_transition(self, namespace: str, state: BudgetState, previous: BudgetState) -> None:
+        """Gives back a claim of `state` that could not be acted on: the namespace reads `previous` again."""
+        with self.db.write() as conn:
+            claimed = (namespace_states.c.namespace == namespace) & (namespace_states.c.state == state.value)
+            if previous is BudgetState.UNKNOWN:
+                conn.execute(namespace_states.delete().where(claimed))
+            else:
+                conn.execute(namespace_states.update().where(claimed).values(state=previous.value))
+
     def acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
         """Takes or renews the lease `name` for `holder`; False while another holder's lease runs."""
         now = self.clock()

@@ -10,6 +10,11 @@ from gpusharing.env import ConfigError, env_int, env_text
 from gpusharing.serving import MAX_THREADS, MAX_WORKERS, ServerOptions, serve
 
 
+# Two arenas keep a worker's memory level under large bodies (bench/webhook_memory.py) and measured as fast as
+# glibc's default on the webhook's load (bench/webhook_load.py); see README, "Limits on what a request may cost".
+MALLOC_ARENAS = 2
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     webhook = subparsers.add_parser("webhook", help="the admission webhook")
     commands = webhook.add_subparsers(dest="webhook_command", required=True, metavar="COMMAND")
@@ -39,9 +44,16 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read {path}: no such file")
     from webhook.config import WebhookConfig
 
-    WebhookConfig.from_env()  # fail at start, in one line, on a bad setting rather than in every worker
+    config = WebhookConfig.from_env()  # fail at start, in one line, on a bad setting rather than in every worker
+    if config.kubeconfig:
+        from gpusharing.kube import api_client
+
+        api_client(config.kubeconfig, "GPUSHARING_KUBECONFIG")
     serve(
         "webhook.app:create_app",
-        ServerOptions(host=args.host, port=args.port, workers=args.workers, threads=args.threads, certfile=args.cert, keyfile=args.key),
+        ServerOptions(
+            host=args.host, port=args.port, workers=args.workers, threads=args.threads, certfile=args.cert, keyfile=args.key,
+            malloc_arenas=MALLOC_ARENAS,
+        ),
     )
     return 0

@@ -13,7 +13,10 @@ from gpusharing.contract import (
     ANNOTATION_PREFIX,
     BudgetState,
 )
-from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, format_share, parse_gpu_request
+from gpusharing.quantity import QuantityError, parse_whole_quantity
+from gpusharing.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
+from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, parse_gpu_request
+from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
 from webhook.config import WebhookConfig
 from webhook.meter import meter_container, meter_identity, meter_volumes, token_volume_name, volume_without_server_defaults
@@ -24,8 +27,11 @@ MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 BudgetLookup = Callable[[str], BudgetState]
 
 
-def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: BudgetLookup, mutate: bool) -> Decision:
-    """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint)."""
+def admit(
+    request: AdmissionRequest, config: WebhookConfig, budget_state: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims
+) -> Decision:
+    """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
+    specs of the resource claims a pod names (the webhook's in-memory index)."""
     pod = request.object
     if not request.is_pod or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
         return Decision()
@@ -33,12 +39,18 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: Budget
         return _check_record_unchanged(request.old_object or {}, pod)
     if request.operation != "CREATE":
         return Decision()
+    def in_namespace(source: ClaimSource, _: str, name: str) -> ClaimSpec:
+        return claims(source, request.namespace, name)  # the request's namespace: the pod's may not be set yet
+
     try:
-        gpu = parse_gpu_request(pod, config.gpu_model)
+        gpu = parse_gpu_request(pod, config.gpu_request, in_namespace)
     except InvalidGpuRequest as exc:
         return Decision.deny(422, f"invalid GPU request: {exc}")
     dialect = str(gpu.dialect) if gpu else "none"
-    record = _record(gpu, config) if gpu else {}
+    shape = _shape_problem(pod) if gpu else None
+    if shape:
+        return Decision.deny(400, f"not a pod the GPU-sharing webhook can patch: {shape}", dialect)
+    record = _record(gpu) if gpu else {}
     # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
     # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
     earlier = _earlier_meter(pod, config) if mutate else None
@@ -50,7 +62,22 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_state: Budget
     if not mutate:
         problem = _check_record_matches(pod, record)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
-    return _mutation(pod, config, record, budget_state(request.namespace), request.namespace, dialect)
+    decision = _mutation(pod, config, record, budget_state(request.namespace), request.namespace, dialect)
+    decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
+    return decision
+
+
+def _shape_problem(pod: dict[str, Any]) -> str | None:
+    """What keeps the webhook's patch from applying to `pod` (a decoded Pod never has it; a raw body may)."""
+    if not isinstance(pod.get("metadata"), dict):
+        return "metadata must be an object"
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return "spec must be an object"
+    for list_name in ("initContainers", "containers", "volumes"):
+        if list_name in spec and not isinstance(spec[list_name], list):
+            return f"spec.{list_name} must be a list"
+    return None
 
 
 def _is_mirror(pod: dict[str, Any]) -> bool:
@@ -61,12 +88,12 @@ def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
     return dict(as_mapping(as_mapping(pod.get("metadata")).get("annotations")))
 
 
-def _record(gpu: GpuRequest, config: WebhookConfig) -> dict[str, str]:
+def _record(gpu: GpuRequest) -> dict[str, str]:
     """The annotations that record the webhook's reading of the pod (budget state aside)."""
     return {
         ANNOTATION_GPU_SHARE: format_share(gpu.share),
         ANNOTATION_DIALECT: str(gpu.dialect),
-        ANNOTATION_GPU_MEMORY: str(gpu.memory_mib(config.gpu_model)),
+        ANNOTATION_GPU_MEMORY: str(gpu.memory_mib),
     }
 
 
@@ -109,10 +136,12 @@ def _meter_list(config: WebhookConfig) -> str:
 def _earlier_meter(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any] | None:
     """The meter the webhook injected for the record annotations the pod carries, if it carries them."""
     annotations = _annotations(pod)
-    share, memory = annotations.get(ANNOTATION_GPU_SHARE), annotations.get(ANNOTATION_GPU_MEMORY)
-    if not isinstance(share, str) or not isinstance(memory, str) or not memory.isdigit():
+    share = annotations.get(ANNOTATION_GPU_SHARE)
+    try:
+        memory_mib = parse_whole_quantity(annotations.get(ANNOTATION_GPU_MEMORY))
+    except QuantityError:
         return None
-    return meter_container(config.meter, share, int(memory))
+    return meter_container(config.meter, share, memory_mib) if isinstance(share, str) else None
 
 
 def _check_meter(

@@ -2,8 +2,8 @@
 
 Everything `kubectl kustomize manifests/` renders is created as it is (the cert-manager objects aside: no
 cert-manager runs here), except that the webhook configurations' clientConfig points at the webhook on loopback
-with its CA. The timekeeper runs in `tokenreview` mode with the kubeconfig of its own ServiceAccount (found
-through KUBECONFIG), so the RBAC of manifests/ is what lets it work.
+with its CA. The timekeeper runs in `tokenreview` mode and the webhook watches resource claims, each with the
+kubeconfig of its own ServiceAccount (found through KUBECONFIG), so the RBAC of manifests/ is what lets them work.
 """
 
 from __future__ import annotations
@@ -127,12 +127,20 @@ class GpuSharing:
         paths = certificate.write(self.directory / "webhook-tls")
         token_file = self.directory / "webhook-token"
         token_file.write_text(self.token(SYSTEM_NAMESPACE, "gpusharing-webhook"))
+        kubeconfig = write_kubeconfig(
+            self.directory / "webhook.kubeconfig",
+            self.plane.url,
+            self.plane.ca_file,
+            {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-webhook", audience=None)},
+        )
         port = free_port()
         url = f"https://127.0.0.1:{port}"
         env = {
             "GPUSHARING_TIMEKEEPER_URL": self.timekeeper_url,
             "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(token_file),
             "GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS),
+            "GPUSHARING_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
+            "KUBECONFIG": str(kubeconfig),
         }
         args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
                 "--key", str(paths["key"]), "--workers", "1", "--threads", "4"]
@@ -204,7 +212,8 @@ class GpuSharing:
         return str(answer["status"]["token"])
 
     def create(self, namespace: str, manifest: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """Creates a Pod, Job, Deployment or PodDisruptionBudget; ApiError carries the API server's refusal."""
+        """Creates a Pod, Job, Deployment, PodDisruptionBudget or resource claim (template); ApiError carries the
+        API server's refusal."""
         return self.rest("POST", _collection(manifest, namespace), manifest, {"dryRun": "All"} if dry_run else None)
 
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:

@@ -13,7 +13,8 @@ from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from demo.apiserver import admission_review, example_manifests, example_pod
-from gpusharing.request import Dialect
+from gpusharing.dialects import Dialect
+from gpusharing.dra import ClaimSource
 from tests.gpusharing.test_request import INVALID
 from timekeeper.app import create_app as create_timekeeper
 from timekeeper.config import TimekeeperConfig
@@ -31,6 +32,7 @@ BOUNDED = {  # the label values a webhook metric may take, whatever the pods it 
     "decision": {"allowed", "denied"},
     "dialect": {str(d) for d in Dialect} | {"none"},
     "outcome": {"ok", "failed"},
+    "kind": {str(source) for source in ClaimSource},
 }
 PER_OBJECT_LABELS = {"pod", "uid", "pod_uid", "request_id", "name"}
 

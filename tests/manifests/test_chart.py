@@ -40,14 +40,15 @@ COMBINATIONS = {
         "webhook": {"replicas": 2, "failurePolicy": "Ignore", "exemptNamespaces": ["kube-system", "ml-sandbox"],
                     "env": [{"name": "GPUSHARING_DEVICE_MEMORY_MIB", "value": "40960"}]},
         "meter": {"image": "registry.example.com/gpusharing-meter:0.2.0", "mode": "container"},
-        "timekeeper": {"auth": "none", "staticTokensSecret": "admin-tokens", "defaultBudget": {"gpuMinutes": 0, "period": "weekly"}},
+        "timekeeper": {"auth": "none", "staticTokensSecret": "admin-tokens", "defaultBudget": {"gpuMinutes": 0, "period": "weekly"},
+                       "metricsAuth": "token"},
         "database": {"password": "s3cretPassw0rd", "postgres": {"storageClassName": "fast", "storage": "50Gi"}},
         "priorityClasses": {"inBudget": {"name": "gpu-in-budget", "value": 500}, "overBudget": {"name": "gpu-over-budget", "value": -500}},
         "networkPolicy": {"enabled": False},
         "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
         "tls": {"certManager": False, "selfSignedDays": 730},
-        "metrics": {"serviceMonitor": {"enabled": True}},
+        "metrics": {"serviceMonitor": {"enabled": True, "timekeeperTokenSecret": "prometheus-timekeeper-token"}},
     },
 }
 
@@ -133,9 +134,18 @@ def test_the_schema_refuses_bad_values_and_says_where(values: dict[str, Any], wh
             chart.validate_schema(values)
 
 
-def test_an_external_database_needs_its_secret() -> None:
+def test_an_external_database_needs_its_secret_and_guarded_metrics_a_token_for_prometheus() -> None:
     with pytest.raises(helm.HelmError, match="database.external.secretName is required"):
         render({"database": {"bundled": False}})
+    with pytest.raises(helm.HelmError, match="metrics.serviceMonitor.timekeeperTokenSecret is required"):
+        render({"timekeeper": {"metricsAuth": "token"}, "metrics": {"serviceMonitor": {"enabled": True}}})
+
+
+def test_a_renamed_hami_resource_prefix_reaches_the_match_conditions() -> None:
+    values = {"webhook": {"gpuResourcePrefixes": ["nvidia.com/", "example.com/gpu-"]}}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (condition,) = find(render(values), kind, "gpusharing")["webhooks"][0]["matchConditions"]
+        assert "k.startsWith('example.com/gpu-')" in condition["expression"] and "hami.io/" not in condition["expression"]
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -223,6 +233,9 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
     assert tk_env["TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET"] == "gpu-in-budget"
     assert (tk_env["TIMEKEEPER_AUTH"], tk_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], tk_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("none", "0", "weekly")
     assert tk_env["TIMEKEEPER_STATIC_TOKENS_FILE"] == "/etc/gpusharing/static-tokens/tokens"
+    assert tk_env["TIMEKEEPER_METRICS_AUTH"] == "token"
+    scrape = find(objects, "ServiceMonitor", "gpusharing-timekeeper")["spec"]["endpoints"][0]
+    assert scrape["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-timekeeper-token", "key": "token"}}
     for container in [webhook, *timekeeper]:
         assert container["image"] == "registry.example.com/gpusharing:0.2.0" and container["imagePullPolicy"] == "Always"
     for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gpusharing.cli import _ROLES, build_parser
+from timekeeper.auth import Role, load_static_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,10 +58,11 @@ def test_ports_healthchecks_and_volumes(compose: dict[str, Any]) -> None:
 
 
 def test_static_tokens_match_the_token_files(compose: dict[str, Any]) -> None:
-    roles = dict(line.split() for line in (ROOT / "compose/static-tokens").read_text().splitlines() if line and not line.startswith("#"))
-    assert roles[(ROOT / "compose/meter-token").read_text().strip()] == "meter"
-    assert roles[(ROOT / "compose/reader-token").read_text().strip()] == "reader"
-    assert roles[(ROOT / "compose/admin-token").read_text().strip()] == "admin"
+    tokens = load_static_tokens(str(ROOT / "compose/static-tokens"))
+    callers = {role: tokens.caller((ROOT / f"compose/{role}-token").read_text().strip()) for role in ("meter", "reader", "admin")}
+    assert {role: caller and caller.role for role, caller in callers.items()} == {r: Role(r) for r in callers}
+    meter = compose["services"]["meter"]["environment"]["GPUSHARING_NAMESPACE"]
+    assert callers["meter"] is not None and callers["meter"].namespaces == {meter}  # the meter token reports for its namespace only
     assert compose["services"]["timekeeper"]["environment"]["TIMEKEEPER_AUTH"] == "static"
 
 

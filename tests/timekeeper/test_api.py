@@ -237,6 +237,14 @@ def test_every_budget_change_is_audited_with_who_when_before_and_after(api: Spec
         ({**report(1, 5), "bonusGpuSeconds": 5}, "unknown field(s): bonusGpuSeconds"),
         ({"podUid": "x"}, "missing field(s): namespace, pod, gpuShare, seq, gpuSeconds"),
         ({**report(1, 5), "podUid": ""}, "podUid must be a non-empty string"),
+        ({**report(1, 5), "podUid": "uid\x00"}, "podUid 'uid\\x00' is not a uid"),
+        ({**report(1, 5), "namespace": "ML-Team "}, "namespace 'ML-Team ' is not a namespace name"),
+        ({**report(1, 5), "namespace": ".."}, "namespace '..' is not a namespace name"),
+        ({**report(1, 5), "namespace": "'; DROP TABLE budgets; --"}, "is not a namespace name: lower-case letters"),
+        ({**report(1, 5), "namespace": "a" * 64}, "at most 63 characters"),
+        ({**report(1, 5), "pod": "Trainer"}, "pod 'Trainer' is not a pod name"),
+        ({**report(1, 5), "pod": "trainer..0"}, "is not a pod name"),
+        ({**report(1, 5), "gpuShare": 1001}, "gpuShare must be a finite number from 0 to 1000"),
         ({**report(1, 5), "gpuUtilizationPercent": 140}, "gpuUtilizationPercent must be a finite number from 0 to 100"),
         ([report(1, 5)], "the report must be a JSON object"),
     ],
@@ -247,18 +255,50 @@ def test_bad_reports_are_refused_with_a_message_and_change_nothing(api: SpecClie
     assert api.get("/api/v1/budgets").json["items"] == []
 
 
-@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
-def test_non_finite_numbers_are_refused(api: SpecClient, literal: str) -> None:
+@pytest.mark.parametrize(
+    ("literal", "message"),
+    [
+        ("NaN", "NaN is not a finite number"),
+        ("Infinity", "Infinity is not a finite number"),
+        ("-Infinity", "-Infinity is not a finite number"),
+        ("1e999", "1e999 is not a finite number"),
+        ("9" * 400, "a number has more than 32 characters"),
+        ("5, \"gpuSeconds\": 1e6", "the key 'gpuSeconds' appears twice in one object"),
+    ],
+)
+def test_numbers_are_bounded_and_keys_unique_as_the_body_is_read(api: SpecClient, literal: str, message: str) -> None:
     body = json.dumps(report(1, 5)).replace('"gpuSeconds": 5', f'"gpuSeconds": {literal}')
     answer = api.as_(METER).post("/api/v1/reports", data=body, content_type="application/json")
-    assert answer.status_code == 400 and "gpuSeconds must be a finite number" in answer.json["error"]
+    assert answer.status_code == 400 and message in answer.json["error"]
+    for path in ("/api/v1/budgets/team-a", "/api/v1/budgets/team-a/top-ups"):
+        number = literal.replace("gpuSeconds", "gpuMinutes")
+        budget = json.dumps({"gpuMinutes": 5}).replace('"gpuMinutes": 5', f'"gpuMinutes": {number}')
+        answer = api.request("PUT" if path.endswith("team-a") else "POST", path, data=budget, content_type="application/json")
+        assert answer.status_code == 400 and message.replace("gpuSeconds", "gpuMinutes") in answer.json["error"]
+    assert api.get("/api/v1/budgets").json["items"] == []
 
 
 def test_a_body_that_is_not_json_is_refused(api: SpecClient) -> None:
     answer = api.as_(METER).post("/api/v1/reports", data="seq=1", content_type="application/json")
-    assert answer.status_code == 400 and answer.json == {"error": "the report must be a JSON object"}
+    assert answer.status_code == 400 and answer.json["error"].startswith("the body is not JSON: Expecting value")
     put = api.put("/api/v1/budgets/team-a", data="{", content_type="application/json")
-    assert put.status_code == 400 and "JSON object" in put.json["error"]
+    assert put.status_code == 400 and "the body is not JSON" in put.json["error"]
+    form = api.as_(METER).post("/api/v1/reports", data=json.dumps(report(1, 5)), content_type="text/plain")
+    assert form.status_code == 400 and form.json["error"] == "the body is not JSON (Content-Type: application/json)"
+    deep = api.as_(METER).post("/api/v1/reports", data="[" * 10_000 + "]" * 10_000, content_type="application/json")
+    assert deep.status_code == 400 and deep.json["error"] == "the body is nested more than 100 levels deep"
+    large = api.as_(METER).post("/api/v1/reports", data="[" * 100_000 + "]" * 100_000, content_type="application/json")
+    assert large.status_code == 413 and large.json["error"] == "the body is larger than the 65536 bytes the timekeeper reads"
+
+
+@pytest.mark.parametrize("namespace", ["ML-Team%20", "a%00", "-a", "a" * 64, "a.b"])
+def test_every_endpoint_checks_namespaces_with_the_same_rule(api: SpecClient, namespace: str) -> None:
+    for method, suffix, body in (("GET", "", None), ("PUT", "", {"gpuMinutes": 1}), ("DELETE", "", None),
+                                 ("POST", "/top-ups", {"gpuMinutes": 1, "reason": "r"}), ("GET", "/changes", None)):
+        answer = api.request(method, f"/api/v1/budgets/{namespace}{suffix}", json=body)
+        assert answer.status_code == 400 and "is not a namespace name" in answer.json["error"], (method, suffix)
+    listing = api.get(f"/api/v1/pods?namespace={namespace}")
+    assert listing.status_code == 400 and "is not a namespace name" in listing.json["error"]
 
 
 def test_a_pod_cannot_move_to_another_namespace(api: SpecClient) -> None:
@@ -318,7 +358,7 @@ def test_the_latest_readings_are_kept_and_stale_ones_ignored(api: SpecClient) ->
     assert (pod["seq"], pod["gpuSeconds"], pod["gpuMemoryUsedMiB"]) == (2, 20.0, 9000.0)
 
 
-@pytest.mark.parametrize("query", ["overMemory=yes", "limit=0", "limit=abc", "namespace=Bad_NS"])
+@pytest.mark.parametrize("query", ["overMemory=yes", "limit=0", "limit=abc", "namespace=Bad_NS", "limit=%C2%B2", "limit=" + "9" * 5000])
 def test_bad_pod_queries_get_400(api: SpecClient, query: str) -> None:
     assert api.get(f"/api/v1/pods?{query}").status_code == 400
 
@@ -343,6 +383,14 @@ def test_metrics_show_budgets_reports_and_memory_overruns(app: Flask, api: SpecC
         "gpusharing_timekeeper_request_duration_seconds_bucket",
     ):
         assert line in text
+
+
+def test_metrics_may_require_a_token(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(metrics_auth="token").test_client())
+    refused = api.get("/metrics")
+    assert refused.status_code == 401 and refused.headers["WWW-Authenticate"].startswith("Bearer")
+    assert api.as_("wrong").get("/metrics").status_code == 401
+    assert "gpusharing_timekeeper_reports_total" in api.as_(READER).get("/metrics").data.decode()
 
 
 def test_unknown_paths_and_methods_answer_json_errors(api: SpecClient) -> None:

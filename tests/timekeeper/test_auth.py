@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,8 @@ import pytest
 from gpusharing.env import ConfigError
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import ADMIN, AppFactory, SpecClient
-from timekeeper.auth import Caller, Role, load_static_tokens
-from timekeeper.kube import KubeApi
+from timekeeper.auth import Caller, Role, TtlCache, load_static_tokens
+from timekeeper.kube import KubeApi, KubeUnavailable
 
 
 @pytest.fixture
@@ -143,14 +146,105 @@ def test_a_kubeconfig_points_the_timekeeper_at_an_api_server(make_app: AppFactor
 
 def test_static_token_files(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
-    path.write_text("# comment\n\nt1 admin alice\nt2 reader   # the dashboard\nt3 meter\n")
-    assert load_static_tokens(str(path)) == {
-        "t1": Caller("alice", Role.ADMIN),
-        "t2": Caller("static-reader-line-4", Role.READER),
-        "t3": Caller("static-meter-line-5", Role.METER),
-    }
-    path.write_text("t1 admin\nt2 superuser\n")
-    with pytest.raises(ConfigError, match=r"line 2: expected `TOKEN ROLE \[NAME\]`"):
-        load_static_tokens(str(path))
+    path.write_text(
+        "# comment\n\nt1 admin alice\nt2 reader   # the dashboard\nt3 meter\n"
+        "t4 meter fleet-a namespaces=team-a,team-b\nt5 meter namespaces=team-c\n"
+    )
+    tokens = load_static_tokens(str(path))
+    assert [tokens.caller(t) for t in ("t1", "t2", "t3", "t4", "t5", "t6", "t", "t1 ")] == [
+        Caller("alice", Role.ADMIN),
+        Caller("static-reader-line-4", Role.READER),
+        Caller("static-meter-line-5", Role.METER),
+        Caller("fleet-a", Role.METER, namespaces=frozenset({"team-a", "team-b"})),
+        Caller("static-meter-line-7", Role.METER, namespaces=frozenset({"team-c"})),
+        None, None, None,
+    ]
+    for content, message in (
+        ("t1 admin\nt2 superuser\n", r"line 2: expected `TOKEN ROLE \[NAME\] \[namespaces=NS,...\]`"),
+        ("t1 reader namespaces=team-a\n", "line 1: only a meter token is bound to namespaces"),
+        ("t1 meter namespaces=\n", "line 1: namespaces= names no namespace"),
+        ("t1 meter namespaces=Team_A\n", "line 1: namespace 'Team_A' is not a namespace name"),
+    ):
+        path.write_text(content)
+        with pytest.raises(ConfigError, match=message):
+            load_static_tokens(str(path))
     with pytest.raises(ConfigError, match="cannot read it"):
         load_static_tokens(str(tmp_path / "missing"))
+
+
+def test_a_meter_token_bound_to_namespaces_reports_for_those_only(make_app: AppFactory, tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"{ADMIN} admin alice\nbound meter fleet-a namespaces=team-a,team-b\n")
+    api = SpecClient(make_app(static_tokens_file=str(path)).test_client(), "bound")
+    pod = {"metadata": {"uid": "uid-1", "namespace": "team-a", "name": "trainer"}}
+    assert api.post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.5)).status_code == 200
+    elsewhere = {"metadata": {"uid": "uid-2", "namespace": "team-c", "name": "victim"}}
+    refused = api.post("/api/v1/reports", json=report_of(elsewhere, 1, 60, share=0.5, final=True))
+    assert refused.status_code == 403
+    assert refused.json["error"] == "fleet-a may report for namespace(s) team-a, team-b only, not team-c"
+    assert api.as_(ADMIN).get("/api/v1/budgets/team-c").json["usedGpuMinutes"] == 0.0
+    assert api.get("/api/v1/budgets").status_code == 200  # reads are not bound
+
+
+@pytest.mark.parametrize("share", ["1e999999", "0", "1001", "NaN", "-1", "0.00001", "9" * 5000])
+def test_a_pod_whose_share_annotation_is_out_of_bounds_cannot_report(cluster: tuple[SpecClient, FakeKube], share: str) -> None:
+    api, kube = cluster
+    pod = kube.add_pod("team-a", "odd", share=share)
+    answer = api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.5))
+    assert answer.status_code == 403 and "no valid gpusharing.io/gpu-share annotation (a share from 0.0001 to 1000)" in answer.json["error"]
+
+
+class SlowAnswers:
+    """compute() for the cache: counts its calls, each held until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.release = threading.Event()
+
+    def __call__(self) -> str:
+        self.calls += 1
+        assert self.release.wait(10)
+        return f"answer {self.calls}"
+
+
+def test_concurrent_misses_of_one_key_make_one_call() -> None:
+    cache: TtlCache[str, str] = TtlCache(60)
+    slow = SlowAnswers()
+    asking = threading.Semaphore(0)
+
+    def ask() -> str:
+        asking.release()
+        return cache.get("token", slow)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = [pool.submit(ask) for _ in range(8)]
+        for _ in range(8):
+            assert asking.acquire(timeout=10)
+        time.sleep(0.2)  # lets every thread reach the cache while the first call is held
+        slow.release.set()
+        assert [a.result() for a in answers] == ["answer 1"] * 8
+    assert slow.calls == 1
+
+
+def test_a_failed_call_is_not_kept_and_reaches_every_waiter() -> None:
+    cache: TtlCache[str, str] = TtlCache(60)
+
+    def down() -> str:
+        raise KubeUnavailable("could not review a token: HTTP 503")
+
+    with pytest.raises(KubeUnavailable):
+        cache.get("token", down)
+    assert cache.get("token", lambda: "up") == "up" and len(cache) == 1
+
+
+def test_entries_expire_and_the_oldest_go_first_when_full() -> None:
+    now = [0.0]
+    cache: TtlCache[int, int] = TtlCache(60, max_entries=3, clock=lambda: now[0])
+    for key in range(5):
+        cache.get(key, lambda: key)
+    assert len(cache) == 3 and [cache.get(k, lambda: -1) for k in (2, 3, 4)] == [2, 3, 4]  # 0 and 1 went first
+    assert cache.get(0, lambda: -1) == -1  # computed again
+    now[0] = 61.0
+    assert cache.get(4, lambda: 40) == 40  # expired
+    cache.get(5, lambda: 5)
+    assert len(cache) == 2  # the expired ones were let go as new ones came

@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from gpusharing.contract import BudgetState
+from gpusharing.names import InvalidName
 from timekeeper.budget import (
     EPOCH,
     MICROS_PER_GPU_MINUTE,
@@ -138,7 +139,7 @@ def test_budget_requests() -> None:
     ],
 )
 def test_bad_budget_requests_say_what_is_wrong(namespace: str, body: object, message: str) -> None:
-    with pytest.raises(BudgetRequestError) as refused:
+    with pytest.raises((BudgetRequestError, InvalidName)) as refused:
         budget_from_json(namespace, body, Period.MONTHLY)
     assert message in str(refused.value)
 
@@ -149,7 +150,7 @@ def test_bad_budget_requests_say_what_is_wrong(namespace: str, body: object, mes
         ({"gpuMinutes": 0, "reason": "x"}, "gpuMinutes must be a finite number, greater than 0"),
         ({"gpuMinutes": -5, "reason": "x"}, "greater than 0"),
         ({"gpuMinutes": 5}, "missing field(s): reason"),
-        ({"gpuMinutes": 5, "reason": "  "}, "reason must be a non-empty string"),
+        ({"gpuMinutes": 5, "reason": "  "}, "reason must be a non-empty line of printable text"),
         ({"gpuMinutes": 5, "reason": "x" * 1001}, "at most 1000 characters"),
     ],
 )

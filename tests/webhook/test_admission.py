@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.env import ConfigError
+from gpusharing.dra import ClaimSource, ClaimSpec, claim_spec
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import MeterSpec, WebhookConfig
@@ -168,19 +169,29 @@ def test_v1beta1_is_answered_in_kind(client: FlaskClient) -> None:
 def test_invalid_gpu_request_is_denied_with_the_reason(client: FlaskClient, endpoint: str) -> None:
     pod = gpu_pod()
     for kind in ("limits", "requests"):
-        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpumem-percentage"] = "150"
     response = review(client, admission_review(pod), endpoint)
     assert response["allowed"] is False
     assert response["status"] == {
         "code": 422,
-        "message": "invalid GPU request: container \"infer\": nvidia.com/gpucores=\"150\": must be a whole percentage of each device's compute, 0 to 100",
+        "message": "invalid GPU request: container \"infer\": nvidia.com/gpumem-percentage=\"150\": must be a whole percentage of each device's memory, 0 to 100",
     }
+
+
+def test_how_the_backend_reads_a_pod_comes_back_as_warnings(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    for kind in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
+    response, mutated = admitted(client, pod)
+    assert response["warnings"] == ['container "infer": nvidia.com/gpucores=150 is more than 100: HAMi grants 100 (the whole device\'s compute)']
+    assert mutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"
+    assert "warnings" not in review(client, admission_review(mutated), "/validate")
 
 
 def test_pods_without_gpu_exempt_namespaces_and_mirror_pods_pass_untouched(client: FlaskClient) -> None:
     plain = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}})
     invalid = gpu_pod("kube-system")
-    invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = "150"
+    invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "150"
     mirror = gpu_pod()
     mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] = "abc"
     own = gpu_pod("gpusharing-system")
@@ -314,7 +325,9 @@ def test_update_may_not_change_the_record_but_may_change_other_annotations(clien
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"not json", "expected a JSON AdmissionReview object"),
+        (b"not json", "not an AdmissionReview: the body is not JSON: Expecting value"),
+        (b"[" * 100_000 + b"]" * 100_000, "not an AdmissionReview: the body is nested more than 100 levels deep"),
+        (b'{"kind": "AdmissionReview", "kind": "AdmissionReview"}', "the key 'kind' appears twice in one object"),
         (b"[]", "expected a JSON AdmissionReview object"),
         (b'{"kind": "Pod", "apiVersion": "v1"}', "expected kind AdmissionReview"),
         (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}', "the AdmissionReview has no request"),
@@ -348,6 +361,85 @@ def test_a_body_that_is_not_a_review_is_logged_with_its_endpoint(client: FlaskCl
         assert client.post("/validate", json={"kind": "Pod"}).status_code == 400
     [logged] = caplog.records
     assert (logged.endpoint, logged.decision) == ("validate", "bad-review")  # type: ignore[attr-defined]
+
+
+def test_a_denied_pod_whose_metadata_is_not_an_object_is_denied_not_a_500(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = admission_review(api_server_pod({"metadata": {}, "spec": {"containers": [
+        {"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "x"}}}]}}))
+    caplog.set_level("INFO", "webhook.app")
+    for metadata in ("a string", ["a", "list"], {"name": ["not", "a", "string"]}, {"name": "x" * 100_000}):
+        body["request"]["object"]["metadata"] = metadata
+        for endpoint in ("/mutate", "/validate"):
+            response = review(client, body, endpoint)
+            assert response["allowed"] is False and 'nvidia.com/gpu="x"' in response["status"]["message"]
+    denials = [r.getMessage() for r in caplog.records if r.getMessage().startswith("denied CREATE")]
+    assert len(denials) == 8 and max(len(line) for line in denials) < 300  # the 100,000-character name is cut short
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [("metadata", None, "metadata must be an object"), ("metadata", [], "metadata must be an object"),
+     ("spec.initContainers", None, "spec.initContainers must be a list"), ("spec.volumes", {}, "spec.volumes must be a list")],
+)
+def test_a_gpu_pod_the_patch_could_not_apply_to_is_denied_not_patched(client: FlaskClient, field: str, value: Any, problem: str) -> None:
+    body = admission_review(gpu_pod())
+    parent, _, key = field.rpartition(".")
+    (body["request"]["object"][parent] if parent else body["request"]["object"])[key] = value
+    for endpoint in ("/mutate", "/validate"):
+        response = review(client, body, endpoint)
+        assert response["allowed"] is False and "patch" not in response
+        assert response["status"] == {"code": 400, "message": f"not a pod the GPU-sharing webhook can patch: {problem}"}
+
+
+def test_a_body_larger_than_the_webhook_reads_is_413(client: FlaskClient) -> None:
+    body = json.dumps(admission_review(gpu_pod())).encode()
+    padded = body[:-1] + b', "padding": "' + b"x" * (3 * 1024 * 1024) + b'"}'
+    answer = client.post("/mutate", data=padded, content_type="application/json")
+    assert answer.status_code == 413
+    assert answer.get_json()["error"] == "not an AdmissionReview: the body is larger than the 3145728 bytes the webhook reads"
+    assert client.post("/mutate", data=body, content_type="application/json").status_code == 200
+
+
+def test_a_large_pod_is_read_like_any_other(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    pod["metadata"]["annotations"]["example.com/blob"] = "x" * (1400 * 1024)  # a pod's size limit once stored
+    _, mutated = admitted(client, pod)
+    assert mutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "0.3"
+    assert review(client, admission_review(mutated), "/validate")["allowed"] is True
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value", "message"),
+    [
+        # KAI reads gpu-memory as digits only: an exponent is refused before it is read
+        ("annotation", "gpu-memory", "1e999999", 'annotation gpu-memory="1e999999": must be a whole number of MiB above 0, in digits only'),
+        ("annotation", "gpu-memory", "9" * 5000, 'annotation gpu-memory="' + "9" * 64 + "… (5000 characters)\": has too many digits"),
+        ("annotation", "gpu-fraction", "1e-999999999", 'annotation gpu-fraction="1e-999999999": has too many digits'),
+        ("limits", "nvidia.com/gpu", "2k", 'container "main": nvidia.com/gpu="2k": asks for 2000 GPUs, more than 1000'),
+        ("limits", "nvidia.com/gpu", "1e28", 'container "main": nvidia.com/gpu="1e28": asks for 10000000000000000000000000000 GPUs'),
+        ("limits", "aliyun.com/gpu-mem", "9" * 5000, 'container "main": aliyun.com/gpu-mem="' + "9" * 64 + "… (5000 characters)\": has too many"),
+    ],
+)
+def test_hostile_gpu_requests_are_refused_at_once_naming_the_rule(
+    client: FlaskClient, where: str, key: str, value: str, message: str
+) -> None:
+    resources = {"limits": {key: value}} if where == "limits" else {}
+    annotations = {key: value} if where == "annotation" else {}
+    pod = api_server_pod({"metadata": {"name": "p", "annotations": annotations},
+                          "spec": {"containers": [{"name": "main", "image": "cuda", "resources": resources}]}})
+    for endpoint in ("/mutate", "/validate"):
+        response = review(client, admission_review(pod), endpoint)
+        assert response["allowed"] is False and response["status"]["code"] == 422
+        assert message in response["status"]["message"]
+
+
+def test_a_forged_gpu_memory_record_is_read_within_bounds(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    pod["metadata"]["annotations"].update({"gpusharing.io/gpu-share": "0.3", "gpusharing.io/gpu-memory-mib": "9" * 5000})
+    response = review(client, admission_review(pod))
+    assert response["allowed"] is True  # the record is rewritten; the forged one does not trip the webhook
 
 
 def test_health_and_metrics(client: FlaskClient) -> None:
@@ -384,3 +476,23 @@ def test_a_forged_record_does_not_let_a_foreign_meter_in(client: FlaskClient) ->
 def test_a_timekeeper_url_without_a_scheme_is_refused_as_the_meter_would() -> None:
     with pytest.raises(ConfigError, match="^GPUSHARING_TIMEKEEPER_URL='timekeeper:8080' must be an http"):
         WebhookConfig.from_env({"GPUSHARING_TIMEKEEPER_URL": "timekeeper:8080"})
+def test_a_pod_claiming_a_gpu_is_read_from_the_claims_of_the_reviews_namespace(config: WebhookConfig, budgets: BudgetStateCache) -> None:
+    asked: list[tuple[str, str, str]] = []
+
+    def claims(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
+        asked.append((str(source), namespace, name))
+        return claim_spec({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}})
+
+    client = create_app(config, budgets, claims).test_client()
+    pod = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"}, "spec": {
+        "containers": [{"name": "ctr", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus"}],
+    }})
+    del pod["metadata"]["namespace"]  # the object of a CREATE may come without it: the review names the namespace
+    body = admission_review(pod)
+    body["request"]["namespace"] = "ml-team"
+    response = review(client, body)
+    assert response["allowed"] and asked == [("ResourceClaimTemplate", "ml-team", "two-gpus")]
+    mutated = jsonpatch.apply_patch(pod, patch_of(response))
+    annotations = mutated["metadata"]["annotations"]
+    assert (annotations["gpusharing.io/dialect"], annotations["gpusharing.io/gpu-share"], annotations["gpusharing.io/gpu-memory-mib"]) == ("dra", "2", "163840")

@@ -10,13 +10,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 import trustme
 
-from demo.apiserver import admission_review, example_pod
-from demo.processes import Service, free_port
+from demo.apiserver import admission_review, api_server_pod, example_pod
+from demo.processes import Service, child_pids, free_port
 from tests.webhook.conftest import FakeTimekeeper
 
 
@@ -33,7 +34,8 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture
-def webhook(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[str]:
+def webhook_process(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`gpusharing webhook serve` with two workers: its URL and its process (the gunicorn master)."""
     timekeeper.set_states(greedy="over-budget")
     port = free_port()
     env = {**os.environ, "GPUSHARING_TIMEKEEPER_URL": timekeeper.url, "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.2"}
@@ -47,15 +49,22 @@ def webhook(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[str]:
     while True:
         try:
             requests.get(f"{url}/readyz", verify=tls["ca"], timeout=1).raise_for_status()
-            break
+            if len(child_pids(process.pid)) == 2:  # both workers booted: the tests count them
+                break
         except requests.RequestException:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"webhook did not start: {process.communicate()[1]}")
-            time.sleep(0.1)
-    yield url
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"webhook did not start: {process.communicate()[1]}")
+        time.sleep(0.1)
+    yield url, process
     process.terminate()
     assert process.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def webhook(webhook_process: tuple[str, subprocess.Popen[str]]) -> str:
+    return webhook_process[0]
 
 
 def test_reviews_over_tls_with_keep_alive_and_metrics_merged_across_workers(webhook: str, tls: dict[str, str]) -> None:
@@ -165,3 +174,45 @@ def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str
     # gunicorn's own lines take the same form, and the line came from one of the workers it booted.
     booted = {e["pid"] for e in entries if e["logger"] == "gunicorn.error" and e["message"].startswith("Booting worker")}
     assert len(booted) == 2 and line["pid"] in booted
+def hostile_review(where: str, key: str, value: object) -> dict[str, Any]:
+    pod = api_server_pod({"metadata": {"name": "p", "annotations": {key: value} if where == "annotation" else {}},
+                          "spec": {"containers": [{"name": "main", "image": "cuda",
+                                                   "resources": {"limits": {key: value}} if where == "limits" else {}}]}})
+    return admission_review(pod)
+
+
+PATHOLOGICAL = {
+    "gpu-memory 1e999999": (json.dumps(hostile_review("annotation", "gpu-memory", "1e999999")).encode(), 200),
+    "gpu-memory 1e300000": (json.dumps(hostile_review("annotation", "gpu-memory", "1e300000")).encode(), 200),
+    "gpu-fraction 1e-999999999": (json.dumps(hostile_review("annotation", "gpu-fraction", "1e-999999999")).encode(), 200),
+    "nvidia.com/gpu 1e28": (json.dumps(hostile_review("limits", "nvidia.com/gpu", "1e28")).encode(), 200),
+    "a 5,000-digit gpu-mem": (json.dumps(hostile_review("limits", "aliyun.com/gpu-mem", "9" * 5000)).encode(), 200),
+    "100,000 [": (b"[" * 100_000, 400),
+    "100,000 deep": (b"[" * 100_000 + b"]" * 100_000, 400),
+    "metadata a string, denied": (json.dumps(hostile_review("limits", "nvidia.com/gpu", "x")).replace(
+        '"metadata": {"name": "p", "annotations": {}, "namespace": "ml-team", "creationTimestamp": null}', '"metadata": "p"').encode(), 200),
+    "a 400-digit integer": (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "n": ' + b"9" * 400 + b"}", 400),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
+def test_a_pathological_review_is_answered_within_a_second_and_no_worker_dies(
+    webhook_process: tuple[str, subprocess.Popen[str]], tls: dict[str, str], name: str
+) -> None:
+    url, process = webhook_process
+    workers = child_pids(process.pid)
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = tls["ca"]
+    body, status = PATHOLOGICAL[name]
+    for endpoint in ("/mutate", "/validate"):
+        started = time.perf_counter()
+        answer = session.post(f"{url}{endpoint}", data=body, headers={"Content-Type": "application/json"}, timeout=30)
+        elapsed = time.perf_counter() - started
+        assert answer.status_code == status, answer.text
+        if status == 200:
+            assert answer.json()["response"]["allowed"] is False and answer.json()["response"]["status"]["code"] == 422
+        else:
+            assert answer.json()["error"].startswith("not an AdmissionReview: ")
+        assert elapsed < 1.0, f"{name} took {elapsed:.2f} s"  # the issue's guard for one pathological input
+    assert child_pids(process.pid) == workers  # no worker killed by gunicorn's timeout, none restarted

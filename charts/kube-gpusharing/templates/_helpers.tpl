@@ -55,16 +55,22 @@ http://gpusharing-timekeeper.{{ .Release.Namespace }}.svc:8080
 
 {{/*
 The CEL of the webhook configurations' matchConditions: a pod reaches the webhook only when one of its containers
-asks for a GPU in some dialect (or takes the meter's reserved name), or it carries a KAI Scheduler annotation.
-The same expressions as manifests/base/webhook-configurations.yaml (tests/manifests/test_chart.py compares them).
+may ask for a GPU in some dialect (a resource under one of webhook.gpuResourcePrefixes) or takes the meter's
+reserved name, or it carries a KAI Scheduler annotation, or it has resource claims. The same expressions as
+manifests/base/webhook-configurations.yaml for the default prefixes (tests/manifests/test_chart.py compares them).
 */}}
 {{- define "gpusharing.asksForAGpu" -}}
-{{- $keys := "['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores', 'tencent.com/vcuda-core', 'tencent.com/vcuda-memory', 'aliyun.com/gpu-mem']" -}}
+{{- $prefixes := list -}}
+{{- range .Values.webhook.gpuResourcePrefixes -}}
+{{- $prefixes = append $prefixes (printf "k.startsWith('%s')" .) -}}
+{{- end -}}
+{{- $anyPrefix := join " || " $prefixes -}}
 {{- $clauses := list -}}
 {{- range list "containers" "initContainers" -}}
-{{- $clauses = append $clauses (printf "(has(object.spec.%s) && object.spec.%s.exists(c, c.name == 'gpusharing-meter' || (has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k in %s)) || (has(c.resources.requests) && c.resources.requests.exists(k, k in %s))))))" . . $keys $keys) -}}
+{{- $clauses = append $clauses (printf "(has(object.spec.%s) && object.spec.%s.exists(c, c.name == 'gpusharing-meter' || (has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, %s)) || (has(c.resources.requests) && c.resources.requests.exists(k, %s))))))" . . $anyPrefix $anyPrefix) -}}
 {{- end -}}
-{{- $clauses = append $clauses "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k in ['gpu-fraction', 'gpu-memory', 'gpu-fraction-num-devices', 'gpu-fraction-container-name', 'gpu-fraction-container-type']))" -}}
+{{- $clauses = append $clauses "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k in ['gpu-fraction', 'gpu-memory', 'gpu-fraction-num-devices', 'mps']))" -}}
+{{- $clauses = append $clauses "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)" -}}
 {{- join " || " $clauses -}}
 {{- end }}
 

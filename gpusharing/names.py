@@ -1,0 +1,44 @@
+"""Kubernetes names, checked as the API server checks them: a namespace is a DNS-1123 label, a pod's name a
+DNS-1123 subdomain. One check for every endpoint, so that what one accepts another can look up."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpusharing.messages import shortened
+
+
+class InvalidName(ValueError):
+    """Not a name Kubernetes would give; the message says which rule it breaks."""
+
+
+@dataclass(frozen=True)
+class NameRule:
+    kind: str
+    pattern: re.Pattern[str]
+    max_length: int
+    rule: str
+
+    def check(self, name: str, what: str) -> str:
+        """`name`, or InvalidName saying that `what` (the field or parameter) breaks the rule."""
+        if len(name) > self.max_length or not self.pattern.fullmatch(name):
+            raise InvalidName(f"{what} {shortened(name)!r} is not a {self.kind}: {self.rule}, at most {self.max_length} characters")
+        return name
+
+
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+NAMESPACE = NameRule(
+    "namespace name", re.compile(_LABEL), 63,
+    "lower-case letters, digits and '-', beginning and ending with a letter or digit (a DNS-1123 label)",
+)
+POD_NAME = NameRule(
+    "pod name", re.compile(rf"{_LABEL}(?:\.{_LABEL})*"), 253,
+    "lower-case letters, digits, '-' and '.', each part beginning and ending with a letter or digit (a DNS-1123 subdomain)",
+)
+# A Kubernetes uid is a UUID; in static mode the meter's is free, but plain text a database takes.
+UID = NameRule("uid", re.compile(r"[A-Za-z0-9][-A-Za-z0-9._:]*"), 253, "letters, digits, '-', '.', '_' and ':', beginning with a letter or digit")
+
+
+def check_namespace(name: str, what: str = "namespace") -> str:
+    return NAMESPACE.check(name, what)
