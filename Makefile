@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 
-.PHONY: test demo bench clean constraints test-python test-lowest
+.PHONY: test demo bench clean constraints test-python test-lowest plugin
 
 $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
+
+# The archive krew's manifest (plugins/gpusharing.yaml) points at; prints its sha256.
+plugin:
+	$(PYTHON) plugins/build.py dist
 
 # Pin what is tested: the newest versions setup.cfg allows, as installed now.
 constraints:
@@ -55,4 +59,4 @@ test-lowest:
 	.venv-lowest/bin/python -m pytest
 
 clean:
-	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info
+	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info dist

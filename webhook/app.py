@@ -70,6 +70,8 @@ def create_app(
             admission = parse_review(read_json(body))
         except (BadReview, JsonBodyError) as exc:
             metrics.BAD_REVIEWS.labels(endpoint).inc()
+            log.warning("refused a body on /%s that is not an AdmissionReview: %s", endpoint, exc,
+                        extra={"endpoint": endpoint, "decision": "bad-review"})
             return jsonify(error=f"not an AdmissionReview: {exc}"), 400
         fields = {"request_id": shortened(admission.uid), "namespace": shortened(admission.namespace), "pod": _pod_name(admission.object),
                   "operation": admission.operation, "endpoint": endpoint}

@@ -16,6 +16,7 @@ LATENCY = Histogram(
     "Time to answer one admission review.",
     ["endpoint"],
     buckets=LATENCY_BUCKETS,
+    unit="seconds",
 )
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
 BUDGET_REFRESHES = Counter(

@@ -84,10 +84,11 @@ class GpuSharing:
         for configuration in self.webhook_configurations():
             self.rest("POST", _collection(configuration), configuration)
 
-    def webhook_configurations(self, url: str | None = None) -> list[dict[str, Any]]:
-        """The project's webhook configurations, their clientConfig pointed at `url` (default: the loopback webhook)."""
+    def webhook_configurations(self, url: str | None = None, objects: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The webhook configurations of `objects` (default: the manifests'), their clientConfig pointed at `url`
+        (default: the loopback webhook)."""
         configurations = []
-        for configuration in (o for o in self.manifests if o["kind"].endswith("WebhookConfiguration")):
+        for configuration in (o for o in (self.manifests if objects is None else objects) if o["kind"].endswith("WebhookConfiguration")):
             configuration = copy.deepcopy(configuration)
             for webhook in configuration["webhooks"]:
                 path = webhook["clientConfig"]["service"]["path"]
@@ -166,6 +167,20 @@ class GpuSharing:
         if response.status_code >= 300:
             raise ApiError(response.status_code, response.json().get("message", response.text))
         return response.json()
+
+    def stored(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The cluster-scoped object of `obj`'s kind and name as the API server holds it."""
+        return dict(self.rest("GET", f"{_collection(obj)}/{obj['metadata']['name']}"))
+
+    def replace(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Creates a cluster-scoped object, or replaces the one of its name; ApiError carries the API server's refusal."""
+        query = {"dryRun": "All"} if dry_run else None
+        path = f"{_collection(obj)}/{obj['metadata']['name']}"
+        if self._exists(path):
+            current = self.stored(obj)["metadata"]["resourceVersion"]
+            replacement = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current}}
+            return dict(self.rest("PUT", path, replacement, query))
+        return dict(self.rest("POST", _collection(obj), obj, query))
 
     def namespace(self, prefix: str) -> str:
         """A new namespace of its own for one test, with its default ServiceAccount ready."""
@@ -270,12 +285,7 @@ class GpuSharing:
 
 
 def _collection(manifest: dict[str, Any], namespace: str | None = None) -> str:
-    group_version, kind = manifest["apiVersion"], manifest["kind"]
-    plural = {
-        "Pod": "pods", "Job": "jobs", "Deployment": "deployments", "PodDisruptionBudget": "poddisruptionbudgets",
-        "ResourceClaimTemplate": "resourceclaimtemplates", "ResourceClaim": "resourceclaims", "DeviceClass": "deviceclasses",
-        "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
-    }[kind]
+    group_version, kind = manifest["apiVersion"], manifest["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "es" if kind.endswith("s") else kind + "s"
     prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"

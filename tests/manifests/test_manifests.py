@@ -18,7 +18,7 @@ from demo.apiserver import admission_review, api_server_pod, example_manifests, 
 from gpusharing.certs import write_overlay
 from tests.gpusharing import test_backends as backends, test_dra as dra
 from tests.gpusharing.test_request import INVALID
-from tests.kustomize import MANIFESTS, PASSWORD, installable_manifests, kustomize
+from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, installable_manifests, kustomize
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
@@ -256,7 +256,7 @@ def test_the_database_password_is_generated_from_database_env_and_reaches_postgr
 
 def test_without_database_env_kustomize_names_the_file_to_write(tmp_path: Path) -> None:
     shutil.copytree(MANIFESTS, tmp_path / "manifests", ignore=shutil.ignore_patterns("local-certs", "database.env"))
-    rendered = subprocess.run(["kubectl", "kustomize", str(tmp_path / "manifests")], capture_output=True, text=True)
+    rendered = subprocess.run([KUBECTL, "kustomize", str(tmp_path / "manifests")], capture_output=True, text=True)
     assert rendered.returncode != 0 and "database.env" in rendered.stderr
 
 
@@ -306,3 +306,14 @@ def test_the_readmes_admin_token_comes_from_a_service_account_a_manifest_binds_t
     assert find(objects, "ClusterRole", "gpusharing-budget-admin")
     for account in accounts:
         assert ("gpusharing-system", account) in created & bound, account
+
+
+def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classes(objects: list[dict[str, Any]]) -> None:
+    env = {e["name"]: e.get("value") for e in find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (expression,) = find(objects, kind, "gpusharing")["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+        assert expression["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), "gpusharing-system"]
+    for variable in ("GPUSHARING_PRIORITY_CLASS_IN_BUDGET", "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"):
+        assert find(objects, "PriorityClass", env[variable])
+    timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", "value": env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"]} in timekeeper

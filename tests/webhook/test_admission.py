@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import logging
 from typing import Any
 
 import jsonpatch
@@ -353,6 +354,13 @@ def test_malformed_pod_shapes_never_give_a_500(client: FlaskClient) -> None:
         body["request"]["object"] = obj
         for endpoint in ("/mutate", "/validate"):
             assert client.post(endpoint, json=body).status_code == 200
+
+
+def test_a_body_that_is_not_a_review_is_logged_with_its_endpoint(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="webhook.app"):
+        assert client.post("/validate", json={"kind": "Pod"}).status_code == 400
+    [logged] = caplog.records
+    assert (logged.endpoint, logged.decision) == ("validate", "bad-review")  # type: ignore[attr-defined]
 
 
 def test_a_denied_pod_whose_metadata_is_not_an_object_is_denied_not_a_500(
