@@ -35,6 +35,7 @@ from timekeeper.ledger import (
 from timekeeper.db import Statements
 from timekeeper.models import namespace_usage, pod_ledgers
 from timekeeper.store import BudgetStore
+from timekeeper.usage import Labels, PodCharge, UsageLedger, pod_charge
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ReportTerms:
 
     share: float
     requested_memory_mib: float | None  # None: the pod's request of GPU memory is not known
+    labels: Labels = ()  # the pod's, as usage reports may group by them
 
 
 @dataclass(frozen=True)
@@ -108,13 +110,15 @@ class _Accepted:
     report: MeterReport
     cumulative: int  # billed, micro-GPU-seconds
     readings: dict[str, Any]
+    labels: Labels
 
 
 class ReportLedger:
     def __init__(self, budgets: BudgetStore, stale_seconds: float = 900.0):
         self.budgets = budgets
         self.db = budgets.db
-        self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as holding memory
+        self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as running
+        self.usage = UsageLedger(self.db)
         # Built once: constructing statements per report would cost more than running them.
         lock = (
             select(pod_ledgers.c.pod_uid, pod_ledgers.c.namespace, pod_ledgers.c.last_seq,
@@ -148,7 +152,8 @@ class ReportLedger:
             except ReportError as refused:
                 results[index] = refused
                 continue
-            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now)))
+            labels = () if terms is None else terms.labels
+            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now), labels))
         if accepted:
             results.update(self._account(accepted, now))
         return [results[index] for index in range(len(reports))]
@@ -159,6 +164,7 @@ class ReportLedger:
         accounted: dict[int, tuple[str, Accounting]] = {}
         advanced: dict[str, dict[str, Any]] = {}
         charges: dict[str, int] = defaultdict(int)
+        pod_charges: dict[str, PodCharge] = defaultdict(lambda: PodCharge(0))
         with self.db.pipeline() as conn:
             # The budgets travel with the lock; they are needed after the charges.
             budget_rows = self.budgets.budget_rows(conn, {item.report.namespace for item in accepted})
@@ -175,6 +181,7 @@ class ReportLedger:
                 ledgers[report.pod_uid] = (namespace, accounting.ledger)
                 accounted[item.index] = (namespace, accounting)
                 charges[namespace] += accounting.charge_micro_gpu_seconds
+                pod_charges[report.pod_uid] += pod_charge(accounting.charge_micro_gpu_seconds, report.gpu_utilization_percent)
                 if accounting.outcome is Outcome.CHARGED:
                     advanced[report.pod_uid] = {
                         "pod_uid": report.pod_uid,
@@ -190,6 +197,7 @@ class ReportLedger:
             charged = [{"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]]
             if charged:
                 self._charge.execute(conn, charged)
+            self.usage.charge(conn, day, pod_charges)
             # Read after the charges, in the same transaction; sent with them and the commit.
             reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
         statuses = reads.statuses() if reads else {}
@@ -211,6 +219,7 @@ class ReportLedger:
         uids = sorted({item.report.pod_uid for item in accepted})
         rows = {row.pod_uid: row for row in conn.execute(self._lock, {"uids": uids})}
         new = {}
+        labels: dict[str, Labels] = {}
         for item in accepted:
             report = item.report
             if report.pod_uid not in rows and report.pod_uid not in new:
@@ -224,24 +233,27 @@ class ReportLedger:
                     "first_report_at": now,
                     **item.readings,
                 }
+                labels[report.pod_uid] = item.labels
         if new:
             # Another transaction may open the same pod at once: one insert wins, and both lock the winner's row.
             self._open.execute(conn, [new[uid] for uid in sorted(new)])
+            self.usage.label(conn, labels)
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
         return {uid: (row.namespace, PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)) for uid, row in rows.items()}
 
-    def pods(self, namespace: str | None = None, over_memory: bool = False, limit: int = 500) -> list[PodRecord]:
-        """Pods from the ledger; over_memory: only running pods whose GPU memory exceeds what they requested."""
+    def pods(
+        self, namespace: str | None = None, over_memory: bool = False, limit: int = 500, running: bool = False
+    ) -> list[PodRecord]:
+        """Pods from the ledger; running: only pods not ended and heard from lately; over_memory: only running pods
+        whose GPU memory exceeds what they requested."""
         query = select(pod_ledgers).order_by(pod_ledgers.c.namespace, pod_ledgers.c.pod).limit(limit)
         if namespace is not None:
             query = query.where(pod_ledgers.c.namespace == namespace)
-        if over_memory:
+        if running or over_memory:
             fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
-            query = query.where(
-                pod_ledgers.c.gpu_memory_used_mib > pod_ledgers.c.gpu_memory_requested_mib,
-                pod_ledgers.c.final.is_(False),
-                pod_ledgers.c.last_report_at >= fresh_since,
-            )
+            query = query.where(pod_ledgers.c.final.is_(False), pod_ledgers.c.last_report_at >= fresh_since)
+        if over_memory:
+            query = query.where(pod_ledgers.c.gpu_memory_used_mib > pod_ledgers.c.gpu_memory_requested_mib)
         with self.db.read() as conn:
             return [PodRecord(**row._mapping) for row in conn.execute(query)]
 

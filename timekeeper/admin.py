@@ -1,4 +1,4 @@
-"""`gpusharing budget …` and `gpusharing pods`: the timekeeper's API from the command line.
+"""`gpusharing budget …`, `gpusharing pods` and `gpusharing usage`: the timekeeper's API from the command line.
 
 --timekeeper and --token are accepted before the command or anywhere after it, as kubectl takes its global flags.
 Every failure is one line on stderr that says what to do, and exit status 1.
@@ -7,6 +7,7 @@ Every failure is one line on stderr that says what to do, and exit status 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from gpusharing.arguments import gpu_minutes, http_url, namespace, whole_number
 from gpusharing.env import env_url
 from gpusharing.jsonhttp import JsonClient, Unreachable
 from timekeeper.budget import Period
+from timekeeper.usage import UsageRequestError, usage_csv, usage_request
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV, TOKEN_ENV = "TIMEKEEPER_URL", "TIMEKEEPER_TOKEN"
@@ -43,7 +45,16 @@ examples:
   gpusharing pods --over-memory               # running pods using more GPU memory than they asked for
   gpusharing pods --namespace ml-team --limit 20
 """,
+    "usage": """from is the first UTC day counted, to the first day not counted. Idle GPU-minutes (billed, but the GPU was
+idle) are shown where the meter reads utilisation; they are never billed.
+
+examples:
+  gpusharing usage --from 2026-11-01 --to 2026-12-01                     # per namespace, as a table
+  gpusharing usage --from 2026-11-01 --to 2026-12-01 --by namespace,day -o csv > november.csv
+  gpusharing usage --from 2026-11-01 --to 2026-12-01 --by label:team,pod --namespace ml-team -o json
+""",
 }
+USAGE_OUTPUTS = ("table", "csv", "json")
 
 
 def global_options(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +108,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     pods.add_argument("--over-memory", action="store_true", help="only running pods using more GPU memory than they asked for")
     pods.add_argument("--limit", type=whole_number(1, MAX_PODS), default=500, help=f"at most this many (1 to {MAX_PODS:,}, default 500)")
     pods.set_defaults(run=_pods)
+
+    usage = subparsers.add_parser("usage", help="GPU usage between two days, grouped, as a table, CSV or JSON", epilog=EXAMPLES["usage"], **sub)
+    usage.add_argument("--from", dest="start", required=True, metavar="YYYY-MM-DD", help="the first UTC day counted")
+    usage.add_argument("--to", dest="end", required=True, metavar="YYYY-MM-DD", help="the first UTC day not counted")
+    usage.add_argument("--by", default="namespace", metavar="KEYS",
+                       help="comma-separated: namespace, day, pod, label:KEY (default namespace)")
+    usage.add_argument("--namespace", type=namespace, help="only this namespace's pods")
+    usage.add_argument("-o", "--output", choices=USAGE_OUTPUTS, default="table", help="table (default), csv or json")
+    usage.set_defaults(run=_usage)
 
 
 def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -216,6 +236,36 @@ def _pods(api: _Timekeeper, args: argparse.Namespace) -> None:
     ]
     columns = ["POD", "SHARE", "GPU-MINUTES", "MEMORY USED", "REQUESTED", "OVER", "GPU UTIL", "LAST REPORT", "ENDED"]
     print(format_table(columns, rows))
+
+
+@_command
+def _usage(api: _Timekeeper, args: argparse.Namespace) -> None:
+    try:
+        usage_request(args.start, args.end, args.by, args.namespace)  # refused here, before any request, when malformed
+    except UsageRequestError as exc:
+        raise _Refused(str(exc)) from None
+    query = {"from": args.start, "to": args.end, "groupBy": args.by, **({"namespace": args.namespace} if args.namespace else {})}
+    report = api.call("GET", "usage", query=query)
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+    elif args.output == "csv":
+        print(usage_csv(report["fields"], report["items"]), end="")
+    else:
+        print(format_usage(report))
+
+
+def format_usage(report: dict[str, Any]) -> str:
+    """The report's groups and a total line, in GPU-minutes."""
+    fields = report["fields"]
+    rows = [[*("-" if item[field] is None else str(item[field]) for field in fields), *_usage_amounts(item)]
+            for item in report["items"]]
+    rows.append(["TOTAL", *[""] * (len(fields) - 1), *_usage_amounts(report["total"])])
+    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "IDLE GPU-MINUTES"], rows)
+
+
+def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
+    idle = amounts["idleGpuMinutes"]
+    return [_minutes(amounts["gpuMinutes"]), "-" if idle is None else _minutes(idle)]
 
 
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]

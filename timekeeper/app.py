@@ -37,6 +37,7 @@ from timekeeper.demotion import Demoter
 from timekeeper.kube import KubeApi, KubeUnavailable
 from timekeeper.schema import head_revision, schema_problem
 from timekeeper.store import BudgetChange, BudgetStore, Clock, NoBudget, NoLimit, utc_now
+from timekeeper.usage import UsageRequestError, usage_csv, usage_request
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,19 @@ def create_app(
         pods = ledger.pods(check_namespace(namespace) if namespace else None, over_memory, limit)
         return jsonify(items=[pod.to_json() for pod in pods])
 
+    @app.get("/api/v1/usage")
+    def get_usage() -> Response:
+        caller()
+        args = request.args
+        namespace = args.get("namespace")
+        asked = usage_request(args.get("from"), args.get("to"), args.get("groupBy"), check_namespace(namespace) if namespace else None)
+        report = ledger.usage.report(asked)
+        if request.accept_mimetypes.best_match(["application/json", "text/csv"]) == "text/csv":
+            filename = f"gpu-usage-{asked.start}-{asked.end}.csv"
+            return Response(usage_csv(report.fields, (row.to_json() for row in report.rows)), content_type="text/csv; charset=utf-8",
+                            headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+        return jsonify(report.to_json())
+
     @app.get("/livez")
     def livez() -> Response:
         return jsonify(status="ok")
@@ -219,6 +233,7 @@ def create_app(
         return jsonify(error=str(exc)), 403
 
     @app.errorhandler(ReportError)
+    @app.errorhandler(UsageRequestError)
     @app.errorhandler(BudgetRequestError)
     @app.errorhandler(InvalidName)
     @app.errorhandler(JsonBodyError)

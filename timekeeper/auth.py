@@ -33,6 +33,7 @@ from gpusharing.report import MAX_GPU_MEMORY_MIB, MeterReport
 from gpusharing.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting import ReportTerms
 from timekeeper.kube import Identity, KubeApi
+from timekeeper.usage import recorded_labels
 
 ADMIN_VERB = "update"
 ADMIN_RESOURCE = "budgets"
@@ -251,7 +252,8 @@ class Authenticator:
                 f"pod {namespace}/{name} has no valid {ANNOTATION_GPU_SHARE} annotation (a share from {MIN_GPU_SHARE} to "
                 f"{MAX_GPU_SHARE}): it was not admitted by the GPU-sharing webhook"
             )
-        return ReportTerms(share, _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB))
+        memory = _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB)
+        return ReportTerms(share, memory, recorded_labels(pod.metadata.labels))
 
 
 def _annotated_number(raw: str | None, low: Decimal | int, high: Decimal | int) -> float | None:

@@ -6,14 +6,17 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpusharing.contract import BudgetState
 from gpusharing.metrics import LATENCY_BUCKETS
+from timekeeper.budget import MICROS_PER_GPU_MINUTE
 
 if TYPE_CHECKING:
     from timekeeper.accounting import ReportLedger
+
+MAX_RUNNING_PODS = 10_000
 
 REPORTS = Counter(
     "gpusharing_timekeeper_reports",
@@ -39,7 +42,7 @@ class LedgerCollector(Collector):
     def __init__(self, ledger: "ReportLedger"):
         self.ledger = ledger
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         budget = GaugeMetricFamily(
             "gpusharing_timekeeper_budget_gpu_minutes", "Budget plus this period's top-ups (absent: unlimited).", labels=["namespace"]
         )
@@ -65,6 +68,19 @@ class LedgerCollector(Collector):
             "GPU memory a running pod uses beyond what it requested (MiB); only pods that overrun are listed.",
             labels=["namespace", "pod"],
         )
-        for pod in self.ledger.pods(over_memory=True, limit=10_000):
+        for pod in self.ledger.pods(over_memory=True, limit=MAX_RUNNING_PODS):
             over.add_metric([pod.namespace, pod.pod], pod.memory_over_request_mib or 0.0)
-        yield from (budget, used, remaining, state, over)
+        # Running pods by the labels OpenCost and kube-state-metrics use, so that cost tools charge the fraction of a
+        # GPU a pod is billed for instead of the whole device (README: "Usage in cost tools").
+        pod_labels = ["namespace", "pod", "uid"]
+        share = GaugeMetricFamily(
+            "gpusharing_timekeeper_pod_billed_gpu_share", "The share of a GPU a running pod is billed for.", labels=pod_labels
+        )
+        minutes = CounterMetricFamily(
+            "gpusharing_timekeeper_pod_billed_gpu_minutes", "GPU-minutes a running pod was charged since it started.",
+            labels=pod_labels,
+        )
+        for pod in self.ledger.pods(running=True, limit=MAX_RUNNING_PODS):
+            share.add_metric([pod.namespace, pod.pod, pod.pod_uid], pod.billed_share)
+            minutes.add_metric([pod.namespace, pod.pod, pod.pod_uid], pod.micro_gpu_seconds / MICROS_PER_GPU_MINUTE)
+        yield from (budget, used, remaining, state, over, share, minutes)

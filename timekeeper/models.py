@@ -104,6 +104,28 @@ class NamespaceUsageRow(Base):
     micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
 
 
+class PodUsageRow(Base):
+    """A pod's charges per UTC day (the day they were received, as in namespace_usage): what usage reports sum."""
+
+    __tablename__ = "pod_usage"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True, index=True)
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+    metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # the part charged with a utilisation reading
+    idle_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # of the metered part, what the GPU left idle
+
+
+class PodLabelRow(Base):
+    """The labels a pod had when the timekeeper first read it (bounded: timekeeper.usage.recorded_labels)."""
+
+    __tablename__ = "pod_labels"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    key: Mapped[str] = mapped_column(String(317), primary_key=True)
+    value: Mapped[str] = mapped_column(String(63))
+
+
 class NamespaceStateRow(Base):
     """The last state the demoter acted on (recorded an Event for), so each transition is acted on once."""
 
@@ -130,4 +152,6 @@ budget_changes = BudgetChangeRow.__table__
 pod_ledgers = PodLedgerRow.__table__
 namespace_usage = NamespaceUsageRow.__table__
 namespace_states = NamespaceStateRow.__table__
+pod_usage = PodUsageRow.__table__
+pod_labels = PodLabelRow.__table__
 leases = LeaseRow.__table__
