@@ -6,6 +6,10 @@ accounted against its pod's ledger in the order received, and the growth is adde
 the UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby
 serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows are always
 locked in the same order (ledgers by uid, then usage by namespace), so concurrent transactions cannot deadlock.
+
+The pod ledgers count raw GPU-seconds (share × time: what exactly-once is about); each charge is weighted by the
+billing weight of the GPU model it is billed as when it is made, and the namespaces' usage, which budgets count,
+grows by the weighted charge. Both are kept per pod, day and model for usage reports (timekeeper.usage).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from timekeeper.ledger import (
 from timekeeper.db import Statements
 from timekeeper.models import namespace_usage, pod_ledgers
 from timekeeper.store import BudgetStore
-from timekeeper.usage import Labels, PodCharge, UsageLedger, pod_charge
+from gpusharing.models import GpuCatalogue, shipped_catalogue
+from timekeeper.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
+from timekeeper.weights import WeightLog, billing_model
 
 
 @dataclass(frozen=True)
@@ -45,12 +51,14 @@ class ReportTerms:
     share: float
     requested_memory_mib: float | None  # None: the pod's request of GPU memory is not known
     labels: Labels = ()  # the pod's, as usage reports may group by them
+    model: str | None = None  # the GPU model the webhook recorded on the pod
 
 
 @dataclass(frozen=True)
 class ReportResult:
     outcome: Outcome
-    charged_micro_gpu_seconds: int
+    charged_micro_gpu_seconds: int  # raw
+    billed_micro_gpu_seconds: int  # weighted: what the budget counted
     status: BudgetStatus  # the namespace's, after the report
     crossed: bool  # this report put the namespace over budget
 
@@ -60,6 +68,7 @@ class ReportResult:
             "state": str(self.status.state),
             "outcome": str(self.outcome),
             "chargedGpuSeconds": self.charged_micro_gpu_seconds / MICROS_PER_SECOND,
+            "billedGpuSeconds": self.billed_micro_gpu_seconds / MICROS_PER_SECOND,
         }
 
 
@@ -111,12 +120,20 @@ class _Accepted:
     cumulative: int  # billed, micro-GPU-seconds
     readings: dict[str, Any]
     labels: Labels
+    model: str | None  # recorded by the webhook
 
 
 class ReportLedger:
-    def __init__(self, budgets: BudgetStore, stale_seconds: float = 900.0):
+    def __init__(
+        self, budgets: BudgetStore, stale_seconds: float = 900.0,
+        catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
+    ):
         self.budgets = budgets
         self.db = budgets.db
+        self.catalogue = catalogue or shipped_catalogue()
+        self.catalogue_source = catalogue_source
+        self.weights = WeightLog(self.db)
+        self._weights_recorded = False
         self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as running
         self.usage = UsageLedger(self.db)
         # Built once: constructing statements per report would cost more than running them.
@@ -144,6 +161,9 @@ class ReportLedger:
         Each report gets its result, or the ReportError that refused it (a refused report changes nothing).
         """
         now = self.budgets.clock()
+        if not self._weights_recorded:  # before anything is billed at them; a failure fails the batch, as the database's
+            self.weights.record(self.catalogue, now, self.catalogue_source)
+            self._weights_recorded = True
         results: dict[int, ReportResult | ReportError] = {}
         accepted: list[_Accepted] = []
         for index, (report, terms) in enumerate(reports):
@@ -152,8 +172,8 @@ class ReportLedger:
             except ReportError as refused:
                 results[index] = refused
                 continue
-            labels = () if terms is None else terms.labels
-            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now), labels))
+            labels, model = ((), None) if terms is None else (terms.labels, terms.model)
+            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now), labels, model))
         if accepted:
             results.update(self._account(accepted, now))
         return [results[index] for index in range(len(reports))]
@@ -164,7 +184,8 @@ class ReportLedger:
         accounted: dict[int, tuple[str, Accounting]] = {}
         advanced: dict[str, dict[str, Any]] = {}
         charges: dict[str, int] = defaultdict(int)
-        pod_charges: dict[str, PodCharge] = defaultdict(lambda: PodCharge(0))
+        pod_charges: dict[tuple[str, str], PodCharge] = defaultdict(lambda: NO_CHARGE)
+        billed: dict[int, int] = {}
         with self.db.pipeline() as conn:
             # The budgets travel with the lock; they are needed after the charges.
             budget_rows = self.budgets.budget_rows(conn, {item.report.namespace for item in accepted})
@@ -180,8 +201,11 @@ class ReportLedger:
                 accounting = account(ledger, report.seq, item.cumulative, report.final)
                 ledgers[report.pod_uid] = (namespace, accounting.ledger)
                 accounted[item.index] = (namespace, accounting)
-                charges[namespace] += accounting.charge_micro_gpu_seconds
-                pod_charges[report.pod_uid] += pod_charge(accounting.charge_micro_gpu_seconds, report.gpu_utilization_percent)
+                model = billing_model(self.catalogue, report.gpu_model, item.model)
+                charge = pod_charge(accounting.charge_micro_gpu_seconds, model.billing_weight, report.gpu_utilization_percent)
+                pod_charges[report.pod_uid, model.name] += charge
+                charges[namespace] += charge.weighted_micro_gpu_seconds
+                billed[item.index] = charge.weighted_micro_gpu_seconds
                 if accounting.outcome is Outcome.CHARGED:
                     advanced[report.pod_uid] = {
                         "pod_uid": report.pod_uid,
@@ -207,6 +231,7 @@ class ReportLedger:
             results[index] = ReportResult(
                 accounting.outcome,
                 accounting.charge_micro_gpu_seconds,
+                billed[index],
                 status,
                 crossed_into_over_budget(before, status.state),
             )

@@ -45,12 +45,13 @@ examples:
   gpusharing pods --over-memory               # running pods using more GPU memory than they asked for
   gpusharing pods --namespace ml-team --limit 20
 """,
-    "usage": """from is the first UTC day counted, to the first day not counted. Idle GPU-minutes (billed, but the GPU was
-idle) are shown where the meter reads utilisation; they are never billed.
+    "usage": """from is the first UTC day counted, to the first day not counted. GPU-minutes are share x time; billed
+GPU-minutes are weighted by the GPU models' billing weights (what budgets count). Idle GPU-minutes (paid for while
+the GPU was idle) are shown where the meter reads utilisation; they are never billed.
 
 examples:
   gpusharing usage --from 2026-11-01 --to 2026-12-01                     # per namespace, as a table
-  gpusharing usage --from 2026-11-01 --to 2026-12-01 --by namespace,day -o csv > november.csv
+  gpusharing usage --from 2026-11-01 --to 2026-12-01 --by namespace,model -o csv > november.csv
   gpusharing usage --from 2026-11-01 --to 2026-12-01 --by label:team,pod --namespace ml-team -o json
 """,
 }
@@ -113,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     usage.add_argument("--from", dest="start", required=True, metavar="YYYY-MM-DD", help="the first UTC day counted")
     usage.add_argument("--to", dest="end", required=True, metavar="YYYY-MM-DD", help="the first UTC day not counted")
     usage.add_argument("--by", default="namespace", metavar="KEYS",
-                       help="comma-separated: namespace, day, pod, label:KEY (default namespace)")
+                       help="comma-separated: namespace, day, model, pod, label:KEY (default namespace)")
     usage.add_argument("--namespace", type=namespace, help="only this namespace's pods")
     usage.add_argument("-o", "--output", choices=USAGE_OUTPUTS, default="table", help="table (default), csv or json")
     usage.set_defaults(run=_usage)
@@ -260,12 +261,12 @@ def format_usage(report: dict[str, Any]) -> str:
     rows = [[*("-" if item[field] is None else str(item[field]) for field in fields), *_usage_amounts(item)]
             for item in report["items"]]
     rows.append(["TOTAL", *[""] * (len(fields) - 1), *_usage_amounts(report["total"])])
-    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "IDLE GPU-MINUTES"], rows)
+    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "BILLED GPU-MINUTES", "IDLE GPU-MINUTES"], rows)
 
 
 def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
     idle = amounts["idleGpuMinutes"]
-    return [_minutes(amounts["gpuMinutes"]), "-" if idle is None else _minutes(idle)]
+    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle)]
 
 
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]

@@ -20,6 +20,7 @@ from gpusharing.kube import in_cluster_available
 from gpusharing.metrics import render_metrics
 from gpusharing.names import InvalidName, check_namespace
 from gpusharing.report import MeterReport, ReportError
+from gpusharing.weights import weight_number
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, StaticTokens, Unauthenticated, load_static_tokens
@@ -72,7 +73,7 @@ def create_app(
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
-    ledger = ReportLedger(budgets)
+    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
     reports = ReportQueue(ledger)
     demoter = Demoter(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds) if kube else None
     if demoter is not None and background:
@@ -205,6 +206,16 @@ def create_app(
             return Response(usage_csv(report.fields, (row.to_json() for row in report.rows)), content_type="text/csv; charset=utf-8",
                             headers={"Content-Disposition": f'attachment; filename="{filename}"'})
         return jsonify(report.to_json())
+
+    @app.get("/api/v1/gpu-models")
+    def get_gpu_models() -> Response:
+        caller()
+        catalogue = config.catalogue
+        return jsonify(
+            items=[{"name": m.name, "memoryMiB": m.memory_mib, "billingWeight": weight_number(m.billing_weight)} for m in catalogue.models],
+            default=catalogue.default.name,
+            changes=[change.to_json() for change in ledger.weights.history()],
+        )
 
     @app.get("/livez")
     def livez() -> Response:

@@ -77,10 +77,13 @@ class LedgerCollector(Collector):
             "gpusharing_timekeeper_pod_billed_gpu_share", "The share of a GPU a running pod is billed for.", labels=pod_labels
         )
         minutes = CounterMetricFamily(
-            "gpusharing_timekeeper_pod_billed_gpu_minutes", "GPU-minutes a running pod was charged since it started.",
+            "gpusharing_timekeeper_pod_billed_gpu_minutes",
+            "Weighted GPU-minutes (x the GPU model's billing weight) a running pod was charged since it started.",
             labels=pod_labels,
         )
-        for pod in self.ledger.pods(running=True, limit=MAX_RUNNING_PODS):
+        running = self.ledger.pods(running=True, limit=MAX_RUNNING_PODS)
+        billed = self.ledger.usage.billed([pod.pod_uid for pod in running])
+        for pod in running:
             share.add_metric([pod.namespace, pod.pod, pod.pod_uid], pod.billed_share)
-            minutes.add_metric([pod.namespace, pod.pod, pod.pod_uid], pod.micro_gpu_seconds / MICROS_PER_GPU_MINUTE)
+            minutes.add_metric([pod.namespace, pod.pod, pod.pod_uid], billed.get(pod.pod_uid, 0) / MICROS_PER_GPU_MINUTE)
         yield from (budget, used, remaining, state, over, share, minutes)

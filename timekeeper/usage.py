@@ -1,9 +1,10 @@
 """Usage reports: what each pod was charged per UTC day, summed over any days and grouped as finance asks.
 
 Every charge the ledger accepts is also added to its pod's row of the day it was received on (the day the
-namespace's usage grows too), with the part of it the GPU left idle when the meter reads utilisation. A report sums
-those rows between two dates, grouped by namespace, day, pod or one of the labels the pod had at its first report;
-the sums are of integers (micro-GPU-seconds), so a report is exact however it is grouped.
+namespace's usage grows too) and of the GPU model it was billed as: raw (share × time), weighted (× the model's
+billing weight at the time), and the part of it the GPU left idle when the meter reads utilisation. A report sums
+those rows between two dates, grouped by namespace, day, model, pod or one of the labels the pod had at its first
+report; the sums are of integers (micro-GPU-seconds), so a report is exact however it is grouped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy import and_, func, select
 from timekeeper.budget import MICROS_PER_GPU_MINUTE
 from timekeeper.db import Database, Statements
 from timekeeper.ledger import MICROS_PER_SECOND
+from gpusharing.weights import weighted
 from timekeeper.models import pod_labels, pod_ledgers, pod_usage
 
 # A pod's author chooses its labels: only this many are recorded (the first in key order), each a valid Kubernetes
@@ -37,7 +39,7 @@ MAX_LABEL_KEY = 253 + 1 + 63
 MAX_DAYS = 3660  # ten years in one report
 MAX_GROUP_KEYS = 4
 MAX_ROWS = 100_000
-GROUP_KEYS = ("namespace", "day", "pod")
+GROUP_KEYS = ("namespace", "day", "model", "pod")
 LABEL_PREFIX = "label:"
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
@@ -67,33 +69,32 @@ def is_label_key(key: str) -> bool:
 
 @dataclass(frozen=True)
 class PodCharge:
-    """What one pod was charged on one day, micro-GPU-seconds: all of it, the part with a utilisation reading, and
-    of that part what the GPU left idle."""
+    """What one pod was charged, micro-GPU-seconds: raw (share × time), weighted (what budgets count), the raw
+    part with a utilisation reading, and of that part what the GPU left idle."""
 
     micro_gpu_seconds: int
+    weighted_micro_gpu_seconds: int
     metered_micro_gpu_seconds: int = 0
     idle_micro_gpu_seconds: int = 0
 
     def __add__(self, other: "PodCharge") -> "PodCharge":
-        return PodCharge(
-            self.micro_gpu_seconds + other.micro_gpu_seconds,
-            self.metered_micro_gpu_seconds + other.metered_micro_gpu_seconds,
-            self.idle_micro_gpu_seconds + other.idle_micro_gpu_seconds,
-        )
+        return PodCharge(*(getattr(self, column) + getattr(other, column) for column in _CHARGED))
 
 
-def pod_charge(charge_micro: int, utilization_percent: float | None) -> PodCharge:
-    """A charge and its idle part: billed share × time × (1 − utilisation), in whole micro-GPU-seconds.
+NO_CHARGE = PodCharge(0, 0)
 
-    The utilisation is taken to a thousandth of a percent, so that the idle part is integer arithmetic.
-    """
+
+def pod_charge(charge_micro: int, billing_weight: int, utilization_percent: float | None) -> PodCharge:
+    """A raw charge, weighted, and its idle part: billed share × time × (1 − utilisation), in whole
+    micro-GPU-seconds. The utilisation is taken to a thousandth of a percent, so that all is integer arithmetic."""
+    billed = weighted(charge_micro, billing_weight)
     if utilization_percent is None:
-        return PodCharge(charge_micro)
+        return PodCharge(charge_micro, billed)
     busy = round(utilization_percent * 1000)
-    return PodCharge(charge_micro, charge_micro, charge_micro * (100_000 - busy) // 100_000)
+    return PodCharge(charge_micro, billed, charge_micro, charge_micro * (100_000 - busy) // 100_000)
 
 
-_CHARGED = ("micro_gpu_seconds", "metered_micro_gpu_seconds", "idle_micro_gpu_seconds")
+_CHARGED = ("micro_gpu_seconds", "weighted_micro_gpu_seconds", "metered_micro_gpu_seconds", "idle_micro_gpu_seconds")
 
 
 class UsageLedger:
@@ -103,20 +104,20 @@ class UsageLedger:
         self.db = db
         self._charge = db.bulk_insert(
             pod_usage,
-            ["pod_uid", "day", *_CHARGED],
+            ["pod_uid", "day", "model", *_CHARGED],
             lambda insert: insert.on_conflict_do_update(
-                index_elements=[pod_usage.c.pod_uid, pod_usage.c.day],
+                index_elements=[pod_usage.c.pod_uid, pod_usage.c.day, pod_usage.c.model],
                 set_={column: pod_usage.c[column] + insert.excluded[column] for column in _CHARGED},
             ),
         )
         self._label = db.bulk_insert(pod_labels, ["pod_uid", "key", "value"], lambda insert: insert.on_conflict_do_nothing())
 
-    def charge(self, conn: Statements, day: dt.date, charges: Mapping[str, PodCharge]) -> None:
-        """Adds each pod's charge to its row of `day`, in pod uid order (the order every transaction locks in)."""
+    def charge(self, conn: Statements, day: dt.date, charges: Mapping[tuple[str, str], PodCharge]) -> None:
+        """Adds each (pod uid, model)'s charge to its row of `day`, in that order (the order every transaction locks in)."""
         rows = [
-            {"pod_uid": uid, "day": day, **{column: getattr(charges[uid], column) for column in _CHARGED}}
-            for uid in sorted(charges)
-            if charges[uid].micro_gpu_seconds
+            {"pod_uid": uid, "day": day, "model": model, **{column: getattr(charges[uid, model], column) for column in _CHARGED}}
+            for uid, model in sorted(charges)
+            if charges[uid, model].micro_gpu_seconds
         ]
         if rows:
             self._charge.execute(conn, rows)
@@ -127,6 +128,16 @@ class UsageLedger:
         if rows:
             self._label.execute(conn, rows)
 
+    def billed(self, pod_uids: Sequence[str]) -> dict[str, int]:
+        """Each pod's weighted micro-GPU-seconds so far."""
+        query = (
+            select(pod_usage.c.pod_uid, func.sum(pod_usage.c.weighted_micro_gpu_seconds))
+            .where(pod_usage.c.pod_uid.in_(pod_uids))
+            .group_by(pod_usage.c.pod_uid)
+        )
+        with self.db.read() as conn:
+            return {uid: int(total) for uid, total in conn.execute(query)}
+
     def report(self, request: "UsageRequest") -> "UsageReport":
         columns: dict[str, Any] = {}
         source: Any = pod_usage.join(pod_ledgers, pod_ledgers.c.pod_uid == pod_usage.c.pod_uid)
@@ -135,6 +146,8 @@ class UsageLedger:
                 columns["namespace"] = pod_ledgers.c.namespace
             elif key == "day":
                 columns["day"] = pod_usage.c.day
+            elif key == "model":
+                columns["model"] = pod_usage.c.model
             elif key == "pod":
                 columns.update(namespace=pod_ledgers.c.namespace, pod=pod_ledgers.c.pod, podUid=pod_ledgers.c.pod_uid)
             else:
@@ -238,6 +251,8 @@ def _amounts(charge: PodCharge) -> dict[str, Any]:
     return {
         "gpuSeconds": charge.micro_gpu_seconds / MICROS_PER_SECOND,
         "gpuMinutes": charge.micro_gpu_seconds / MICROS_PER_GPU_MINUTE,
+        "billedGpuSeconds": charge.weighted_micro_gpu_seconds / MICROS_PER_SECOND,
+        "billedGpuMinutes": charge.weighted_micro_gpu_seconds / MICROS_PER_GPU_MINUTE,
         "meteredGpuMinutes": metered / MICROS_PER_GPU_MINUTE,
         "idleGpuMinutes": charge.idle_micro_gpu_seconds / MICROS_PER_GPU_MINUTE if metered else None,
     }
@@ -251,7 +266,7 @@ class UsageReport:
 
     @property
     def total(self) -> PodCharge:
-        return sum((row.charge for row in self.rows), PodCharge(0))
+        return sum((row.charge for row in self.rows), NO_CHARGE)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -264,7 +279,7 @@ class UsageReport:
         }
 
 
-AMOUNT_COLUMNS = ("gpuSeconds", "gpuMinutes", "meteredGpuMinutes", "idleGpuMinutes")
+AMOUNT_COLUMNS = ("gpuSeconds", "gpuMinutes", "billedGpuSeconds", "billedGpuMinutes", "meteredGpuMinutes", "idleGpuMinutes")
 
 
 def usage_csv(fields: Sequence[str], items: Iterable[Mapping[str, Any]]) -> str:
