@@ -150,7 +150,8 @@ def _model(entry: Any, where: str) -> GpuModel:
             f"{where}: expected `name`, `memoryMiB` and optionally `migComputeSlices` and `billingWeight`, got {shortened(str(entry))}"
         )
     name, memory, slices = entry["name"], entry["memoryMiB"], entry.get("migComputeSlices", 7)
-    if not isinstance(name, str) or not product_label(name):
+    # Beginning with a letter or digit, as NVIDIA's names do: usage reports' CSV cells then never read as formulas.
+    if not isinstance(name, str) or not product_label(name) or not name[:1].isalnum() or not name.isprintable():
         raise CatalogueError(f"{where}: `name` must be the model's name as NVIDIA reports it, got {shortened(str(name))!r}")
     if isinstance(memory, bool) or not isinstance(memory, int) or not 1 <= memory <= 2**30:
         raise CatalogueError(f"{where}: `memoryMiB` of {name!r} must be a whole number of MiB, got {shortened(str(memory))!r}")

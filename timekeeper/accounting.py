@@ -5,7 +5,8 @@ locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite: one writer 
 accounted against its pod's ledger in the order received, and the growth is added to the namespaces' usage of
 the UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby
 serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows are always
-locked in the same order (ledgers by uid, then usage by namespace), so concurrent transactions cannot deadlock.
+locked in the same order (ledgers by uid, then usage by namespace, then pods' daily usage by uid), so concurrent
+transactions cannot deadlock.
 
 The pod ledgers count raw GPU-seconds (share × time: what exactly-once is about); each charge is weighted by the
 billing weight of the GPU model it is billed as when it is made, and the namespaces' usage, which budgets count,
@@ -25,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, select
 
+from gpusharing.models import GpuCatalogue, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
 from timekeeper.budget import BudgetStatus, crossed_into_over_budget, iso_utc, state_for, usage_day
 from timekeeper.ledger import (
@@ -39,7 +41,6 @@ from timekeeper.ledger import (
 from timekeeper.db import Statements
 from timekeeper.models import namespace_usage, pod_ledgers
 from timekeeper.store import BudgetStore
-from gpusharing.models import GpuCatalogue, shipped_catalogue
 from timekeeper.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
 from timekeeper.weights import WeightLog, billing_model
 

@@ -82,6 +82,8 @@ BAD: list[tuple[Any, str]] = [
     ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": 1e300}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
     ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": float("nan")}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
     ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": True}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
+    ({"default": "x", "models": [{"name": "=HYPERLINK(\"x\")", "memoryMiB": 1}]}, "f: models[0]: `name` must be the model's name as NVIDIA reports it"),
+    ({"default": "x", "models": [{"name": "Tesla\tT4", "memoryMiB": 1}]}, "f: models[0]: `name` must be the model's name as NVIDIA reports it"),
     ({"default": "x", "models": [{"name": "!!", "memoryMiB": 1}]}, "f: models[0]: `name` must be the model's name as NVIDIA reports it"),
     ({"default": "y", "models": [{"name": "x", "memoryMiB": 1}]}, "f: `default` must be the name of one of the models, got 'y'"),
     ({"default": "a b", "models": [{"name": "a b", "memoryMiB": 1}, {"name": "a  b", "memoryMiB": 2}]}, "f: 'a  b' and 'a b' are the same model (a-b)"),
