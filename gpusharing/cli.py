@@ -22,6 +22,7 @@ _ROLES = {
     "budget": "timekeeper.admin",
     "pods": "timekeeper.admin",
     "explain": "timekeeper.admin",
+    "usage": "timekeeper.admin",
     "meter": "sidecar.cli",
     "certs": "gpusharing.certs",
 }
@@ -31,6 +32,7 @@ EXAMPLES = """examples:
   gpusharing budget set ml-team --gpu-minutes 6000 --timekeeper http://127.0.0.1:8080 --token "$TOKEN"
   gpusharing budget ls
   gpusharing pods --over-memory
+  gpusharing usage --from 2026-11-01 --to 2026-12-01 --by namespace,day -o csv
   gpusharing COMMAND --help
 """
 

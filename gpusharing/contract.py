@@ -9,6 +9,7 @@ ANNOTATION_GPU_SHARE = "gpusharing.io/gpu-share"
 ANNOTATION_DIALECT = "gpusharing.io/dialect"
 ANNOTATION_BUDGET_STATE = "gpusharing.io/budget-state"
 ANNOTATION_GPU_MEMORY = "gpusharing.io/gpu-memory-mib"  # GPU memory the pod asked for, all devices together
+ANNOTATION_GPU_MODEL = "gpusharing.io/gpu-model"  # the catalogue's model the pod was read on: what it is billed as
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"

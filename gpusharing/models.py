@@ -17,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from gpusharing.env import ConfigError, env_int
 from gpusharing.messages import shortened
 from gpusharing.reading import as_list, as_mapping
+from gpusharing.weights import UNIT_WEIGHT, WeightError, parse_weight
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 HAMI_USE_GPU_TYPE = "nvidia.com/use-gputype"
@@ -50,6 +52,7 @@ class GpuModel:
     name: str  # as NVIDIA reports it: "NVIDIA H100 80GB HBM3"
     memory_mib: int
     mig_compute_slices: int = 7
+    billing_weight: int = UNIT_WEIGHT  # thousandths (gpusharing.weights): what a GPU-second on it is billed as
 
     @property
     def product(self) -> str:
@@ -77,6 +80,14 @@ class GpuCatalogue:
     def _products(self) -> dict[str, GpuModel]:
         return {m.product: m for m in self.models}
 
+    def by_name(self, name: str) -> GpuModel | None:
+        """The model NVIDIA's name (as NVML reports it, or as the webhook recorded it) or its product label names."""
+        return self._names.get(name) or self.by_product(product_label(name[:MAX_LABEL * 2]))
+
+    @cached_property
+    def _names(self) -> dict[str, GpuModel]:
+        return {m.name: m for m in self.models}
+
     def with_default_memory(self, memory_mib: int) -> "GpuCatalogue":
         """This catalogue with an unnamed default model of `memory_mib` (GPUSHARING_DEVICE_MEMORY_MIB)."""
         return GpuCatalogue(self.models, GpuModel("default", memory_mib))
@@ -88,6 +99,24 @@ def load_catalogue(path: Path) -> GpuCatalogue:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise CatalogueError(f"cannot read {path}: {exc}") from None
     return catalogue_from(document, str(path))
+
+
+def catalogue_from_env(environ: Mapping[str, str]) -> GpuCatalogue:
+    """GPUSHARING_GPU_MODELS_FILE, else the shipped catalogue, whose default model GPUSHARING_DEVICE_MEMORY_MIB
+    (the setting of earlier versions) may replace by one of that memory. The webhook and the timekeeper read the
+    same file: the one divides memory by its models, the other bills by their weights."""
+    path = environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()
+    memory = environ.get("GPUSHARING_DEVICE_MEMORY_MIB", "").strip()
+    if path and memory:
+        raise ConfigError("set GPUSHARING_GPU_MODELS_FILE or GPUSHARING_DEVICE_MEMORY_MIB, not both: the catalogue names its default model")
+    if path:
+        try:
+            return load_catalogue(Path(path))
+        except CatalogueError as exc:
+            raise ConfigError(f"GPUSHARING_GPU_MODELS_FILE: {exc}") from None
+    if memory:
+        return shipped_catalogue().with_default_memory(env_int("GPUSHARING_DEVICE_MEMORY_MIB", 0, 1, environ))
+    return shipped_catalogue()
 
 
 @cache
@@ -116,16 +145,23 @@ def catalogue_from(document: object, where: str) -> GpuCatalogue:
 
 
 def _model(entry: Any, where: str) -> GpuModel:
-    if not isinstance(entry, Mapping) or not {"name", "memoryMiB"} <= set(entry) <= {"name", "memoryMiB", "migComputeSlices"}:
-        raise CatalogueError(f"{where}: expected `name`, `memoryMiB` and optionally `migComputeSlices`, got {shortened(str(entry))}")
+    if not isinstance(entry, Mapping) or not {"name", "memoryMiB"} <= set(entry) <= {"name", "memoryMiB", "migComputeSlices", "billingWeight"}:
+        raise CatalogueError(
+            f"{where}: expected `name`, `memoryMiB` and optionally `migComputeSlices` and `billingWeight`, got {shortened(str(entry))}"
+        )
     name, memory, slices = entry["name"], entry["memoryMiB"], entry.get("migComputeSlices", 7)
-    if not isinstance(name, str) or not product_label(name):
+    # Beginning with a letter or digit, as NVIDIA's names do: usage reports' CSV cells then never read as formulas.
+    if not isinstance(name, str) or not product_label(name) or not name[:1].isalnum() or not name.isprintable():
         raise CatalogueError(f"{where}: `name` must be the model's name as NVIDIA reports it, got {shortened(str(name))!r}")
     if isinstance(memory, bool) or not isinstance(memory, int) or not 1 <= memory <= 2**30:
         raise CatalogueError(f"{where}: `memoryMiB` of {name!r} must be a whole number of MiB, got {shortened(str(memory))!r}")
     if slices not in MIG_COMPUTE_SLICES or isinstance(slices, bool):
         raise CatalogueError(f"{where}: `migComputeSlices` of {name!r} must be 7 or 4, got {shortened(str(slices))!r}")
-    return GpuModel(name, memory, slices)
+    try:
+        weight = parse_weight(entry.get("billingWeight", 1))
+    except WeightError as exc:
+        raise CatalogueError(f"{where}: `billingWeight` of {name!r} {exc}") from None
+    return GpuModel(name, memory, slices, weight)
 
 
 @dataclass(frozen=True)

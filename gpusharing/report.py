@@ -12,6 +12,7 @@ from gpusharing.share import MAX_GPU_SHARE
 MAX_GPU_SECONDS = 1000 * 10 * 365 * 24 * 3600
 MAX_SEQ = 2**62
 MAX_GPU_MEMORY_MIB = 10**9
+MAX_GPU_MODEL = 96  # NVIDIA's model names are a few dozen characters
 
 
 class ReportError(ValueError):
@@ -30,6 +31,7 @@ class MeterReport:
     gpu_memory_used_mib: float | None = None  # NVML, when a GPU is visible to the meter
     gpu_utilization_percent: float | None = None
     gpu_memory_requested_mib: float | None = None  # what the webhook recorded the pod asked for
+    gpu_model: str | None = None  # NVML's name of the device; the timekeeper bills by it when its catalogue has it
 
     _FIELDS = {
         "podUid": "pod_uid",
@@ -42,8 +44,9 @@ class MeterReport:
         "gpuMemoryUsedMiB": "gpu_memory_used_mib",
         "gpuUtilizationPercent": "gpu_utilization_percent",
         "gpuMemoryRequestedMiB": "gpu_memory_requested_mib",
+        "gpuModel": "gpu_model",
     }
-    _OPTIONAL = frozenset({"final", "gpuMemoryUsedMiB", "gpuUtilizationPercent", "gpuMemoryRequestedMiB"})
+    _OPTIONAL = frozenset({"final", "gpuMemoryUsedMiB", "gpuUtilizationPercent", "gpuMemoryRequestedMiB", "gpuModel"})
 
     def to_json(self) -> dict[str, Any]:
         body = {key: getattr(self, attr) for key, attr in self._FIELDS.items()}
@@ -71,6 +74,7 @@ class MeterReport:
             gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, MAX_GPU_MEMORY_MIB),
             gpu_utilization_percent=_optional_number(body, "gpuUtilizationPercent", 0, 100),
             gpu_memory_requested_mib=_optional_number(body, "gpuMemoryRequestedMiB", 0, MAX_GPU_MEMORY_MIB),
+            gpu_model=_model(body.get("gpuModel")),
         )
 
 
@@ -98,6 +102,14 @@ def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int:
     value = body[key]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ReportError(f"{key} must be a whole number from {low} to {high}")
+    return value
+
+
+def _model(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_GPU_MODEL or not value.isprintable():
+        raise ReportError(f"gpuModel must be the GPU's name as NVML gives it: printable, 1 to {MAX_GPU_MODEL} characters")
     return value
 
 

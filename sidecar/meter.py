@@ -85,6 +85,7 @@ class Meter:
             gpu_memory_used_mib=reading.memory_used_mib if reading else None,
             gpu_utilization_percent=reading.utilization_percent if reading else None,
             gpu_memory_requested_mib=self.config.gpu_memory_requested_mib,
+            gpu_model=reading.model if reading else None,
         )
 
     def report(self, final: bool, timeout: float) -> Answer:

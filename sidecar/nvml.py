@@ -24,6 +24,7 @@ MIB = 1024 * 1024
 class GpuReading:
     memory_used_mib: float  # device memory held by this pod's processes, all devices together
     utilization_percent: float  # busiest device this pod's processes run on; 0 when none runs
+    model: str | None = None  # NVIDIA's name of the first device this pod's processes run on; None when none runs
 
 
 class GpuReader(Protocol):
@@ -43,6 +44,7 @@ class NvmlReader:
         nvml = self._nvml
         memory_bytes = 0
         utilizations: list[float] = []
+        models: list[str] = []
         try:
             for index in range(nvml.nvmlDeviceGetCount()):
                 device = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -50,13 +52,14 @@ class NvmlReader:
                 if ours:
                     memory_bytes += sum(p.usedGpuMemory or 0 for p in ours)  # None: the driver will not say
                     utilizations.append(float(nvml.nvmlDeviceGetUtilizationRates(device).gpu))
+                    models.append(_text(nvml.nvmlDeviceGetName(device)))
         except nvml.NVMLError as exc:
             if str(exc) != self._last_error:  # one line per kind of failure, not one per report
                 log.warning("cannot read the GPU through NVML (%s): this report carries no GPU figures", exc)
                 self._last_error = str(exc)
             return None
         self._last_error = None
-        return GpuReading(memory_used_mib=memory_bytes / MIB, utilization_percent=max(utilizations, default=0.0))
+        return GpuReading(memory_bytes / MIB, max(utilizations, default=0.0), models[0] if models else None)
 
     def _in_pod(self, pid: int) -> bool:
         try:
@@ -64,6 +67,10 @@ class NvmlReader:
         except OSError:  # gone, or in a PID namespace the meter cannot see
             return False
         return any(marker in cgroups for marker in self._markers)
+
+
+def _text(name: str | bytes) -> str:
+    return name.decode(errors="replace") if isinstance(name, bytes) else name  # bytes from nvidia-ml-py before 11.515
 
 
 def open_reader(pod_uid: str) -> GpuReader | None:

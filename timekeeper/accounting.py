@@ -5,7 +5,12 @@ locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite: one writer 
 accounted against its pod's ledger in the order received, and the growth is added to the namespaces' usage of
 the UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby
 serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows are always
-locked in the same order (ledgers by uid, then usage by namespace), so concurrent transactions cannot deadlock.
+locked in the same order (ledgers by uid, then usage by namespace, then pods' daily usage by uid), so concurrent
+transactions cannot deadlock.
+
+The pod ledgers count raw GPU-seconds (share × time: what exactly-once is about); each charge is weighted by the
+billing weight of the GPU model it is billed as when it is made, and the namespaces' usage, which budgets count,
+grows by the weighted charge. Both are kept per pod, day and model for usage reports (timekeeper.usage).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, select
 
+from gpusharing.models import GpuCatalogue, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
 from timekeeper.budget import BudgetStatus, crossed_into_over_budget, iso_utc, state_for, usage_day
 from timekeeper.ledger import (
@@ -35,6 +41,8 @@ from timekeeper.ledger import (
 from timekeeper.db import Statements
 from timekeeper.models import namespace_usage, pod_ledgers
 from timekeeper.store import BudgetStore
+from timekeeper.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
+from timekeeper.weights import WeightLog, billing_model
 
 
 @dataclass(frozen=True)
@@ -43,12 +51,15 @@ class ReportTerms:
 
     share: float
     requested_memory_mib: float | None  # None: the pod's request of GPU memory is not known
+    labels: Labels = ()  # the pod's, as usage reports may group by them
+    model: str | None = None  # the GPU model the webhook recorded on the pod
 
 
 @dataclass(frozen=True)
 class ReportResult:
     outcome: Outcome
-    charged_micro_gpu_seconds: int
+    charged_micro_gpu_seconds: int  # raw
+    billed_micro_gpu_seconds: int  # weighted: what the budget counted
     status: BudgetStatus  # the namespace's, after the report
     crossed: bool  # this report put the namespace over budget
 
@@ -58,6 +69,7 @@ class ReportResult:
             "state": str(self.status.state),
             "outcome": str(self.outcome),
             "chargedGpuSeconds": self.charged_micro_gpu_seconds / MICROS_PER_SECOND,
+            "billedGpuSeconds": self.billed_micro_gpu_seconds / MICROS_PER_SECOND,
         }
 
 
@@ -108,13 +120,23 @@ class _Accepted:
     report: MeterReport
     cumulative: int  # billed, micro-GPU-seconds
     readings: dict[str, Any]
+    labels: Labels
+    model: str | None  # recorded by the webhook
 
 
 class ReportLedger:
-    def __init__(self, budgets: BudgetStore, stale_seconds: float = 900.0):
+    def __init__(
+        self, budgets: BudgetStore, stale_seconds: float = 900.0,
+        catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
+    ):
         self.budgets = budgets
         self.db = budgets.db
-        self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as holding memory
+        self.catalogue = catalogue or shipped_catalogue()
+        self.catalogue_source = catalogue_source
+        self.weights = WeightLog(self.db)
+        self._weights_recorded = False
+        self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as running
+        self.usage = UsageLedger(self.db)
         # Built once: constructing statements per report would cost more than running them.
         lock = (
             select(pod_ledgers.c.pod_uid, pod_ledgers.c.namespace, pod_ledgers.c.last_seq,
@@ -140,6 +162,9 @@ class ReportLedger:
         Each report gets its result, or the ReportError that refused it (a refused report changes nothing).
         """
         now = self.budgets.clock()
+        if not self._weights_recorded:  # before anything is billed at them; a failure fails the batch, as the database's
+            self.weights.record(self.catalogue, now, self.catalogue_source)
+            self._weights_recorded = True
         results: dict[int, ReportResult | ReportError] = {}
         accepted: list[_Accepted] = []
         for index, (report, terms) in enumerate(reports):
@@ -148,7 +173,8 @@ class ReportLedger:
             except ReportError as refused:
                 results[index] = refused
                 continue
-            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now)))
+            labels, model = ((), None) if terms is None else (terms.labels, terms.model)
+            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now), labels, model))
         if accepted:
             results.update(self._account(accepted, now))
         return [results[index] for index in range(len(reports))]
@@ -159,6 +185,8 @@ class ReportLedger:
         accounted: dict[int, tuple[str, Accounting]] = {}
         advanced: dict[str, dict[str, Any]] = {}
         charges: dict[str, int] = defaultdict(int)
+        pod_charges: dict[tuple[str, str], PodCharge] = defaultdict(lambda: NO_CHARGE)
+        billed: dict[int, int] = {}
         with self.db.pipeline() as conn:
             # The budgets travel with the lock; they are needed after the charges.
             budget_rows = self.budgets.budget_rows(conn, {item.report.namespace for item in accepted})
@@ -174,7 +202,11 @@ class ReportLedger:
                 accounting = account(ledger, report.seq, item.cumulative, report.final)
                 ledgers[report.pod_uid] = (namespace, accounting.ledger)
                 accounted[item.index] = (namespace, accounting)
-                charges[namespace] += accounting.charge_micro_gpu_seconds
+                model = billing_model(self.catalogue, report.gpu_model, item.model)
+                charge = pod_charge(accounting.charge_micro_gpu_seconds, model.billing_weight, report.gpu_utilization_percent)
+                pod_charges[report.pod_uid, model.name] += charge
+                charges[namespace] += charge.weighted_micro_gpu_seconds
+                billed[item.index] = charge.weighted_micro_gpu_seconds
                 if accounting.outcome is Outcome.CHARGED:
                     advanced[report.pod_uid] = {
                         "pod_uid": report.pod_uid,
@@ -190,6 +222,7 @@ class ReportLedger:
             charged = [{"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]]
             if charged:
                 self._charge.execute(conn, charged)
+            self.usage.charge(conn, day, pod_charges)
             # Read after the charges, in the same transaction; sent with them and the commit.
             reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
         statuses = reads.statuses() if reads else {}
@@ -199,6 +232,7 @@ class ReportLedger:
             results[index] = ReportResult(
                 accounting.outcome,
                 accounting.charge_micro_gpu_seconds,
+                billed[index],
                 status,
                 crossed_into_over_budget(before, status.state),
             )
@@ -211,6 +245,7 @@ class ReportLedger:
         uids = sorted({item.report.pod_uid for item in accepted})
         rows = {row.pod_uid: row for row in conn.execute(self._lock, {"uids": uids})}
         new = {}
+        labels: dict[str, Labels] = {}
         for item in accepted:
             report = item.report
             if report.pod_uid not in rows and report.pod_uid not in new:
@@ -224,24 +259,27 @@ class ReportLedger:
                     "first_report_at": now,
                     **item.readings,
                 }
+                labels[report.pod_uid] = item.labels
         if new:
             # Another transaction may open the same pod at once: one insert wins, and both lock the winner's row.
             self._open.execute(conn, [new[uid] for uid in sorted(new)])
+            self.usage.label(conn, labels)
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
         return {uid: (row.namespace, PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)) for uid, row in rows.items()}
 
-    def pods(self, namespace: str | None = None, over_memory: bool = False, limit: int = 500) -> list[PodRecord]:
-        """Pods from the ledger; over_memory: only running pods whose GPU memory exceeds what they requested."""
+    def pods(
+        self, namespace: str | None = None, over_memory: bool = False, limit: int = 500, running: bool = False
+    ) -> list[PodRecord]:
+        """Pods from the ledger; running: only pods not ended and heard from lately; over_memory: only running pods
+        whose GPU memory exceeds what they requested."""
         query = select(pod_ledgers).order_by(pod_ledgers.c.namespace, pod_ledgers.c.pod).limit(limit)
         if namespace is not None:
             query = query.where(pod_ledgers.c.namespace == namespace)
-        if over_memory:
+        if running or over_memory:
             fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
-            query = query.where(
-                pod_ledgers.c.gpu_memory_used_mib > pod_ledgers.c.gpu_memory_requested_mib,
-                pod_ledgers.c.final.is_(False),
-                pod_ledgers.c.last_report_at >= fresh_since,
-            )
+            query = query.where(pod_ledgers.c.final.is_(False), pod_ledgers.c.last_report_at >= fresh_since)
+        if over_memory:
+            query = query.where(pod_ledgers.c.gpu_memory_used_mib > pod_ledgers.c.gpu_memory_requested_mib)
         with self.db.read() as conn:
             return [PodRecord(**row._mapping) for row in conn.execute(query)]
 

@@ -26,12 +26,14 @@ from gpusharing.env import env_url
 from gpusharing.jsonhttp import Answer, JsonClient, Unreachable
 from timekeeper.budget import Period
 from timekeeper.cluster import BUDGET_ADMIN, SYSTEM_NAMESPACE, Cluster, status_message
+from timekeeper.usage import UsageRequestError, usage_csv, usage_request
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV, TOKEN_ENV = "TIMEKEEPER_URL", "TIMEKEEPER_TOKEN"
 PERIODS = tuple(period.value for period in Period)
 MAX_PODS = 10_000
-OUTPUTS = ("table", "wide", "json", "yaml")
+OUTPUTS = ("table", "wide", "json", "yaml", "csv")  # csv: usage reports only
+BAD_ARGUMENTS = 2  # the exit status of arguments or settings that cannot be used (argparse's own)
 NOT_FOUND = 3  # the exit status when what was named does not exist
 
 EXAMPLES = {
@@ -61,6 +63,15 @@ the kubeconfig's context, and its namespace's budget and the pod's metered use f
 examples:
   kubectl gpusharing explain pod/train-0 -n ml-team
   kubectl gpusharing explain train-0 -o yaml
+""",
+    "usage": """from is the first UTC day counted, to the first day not counted. GPU-minutes are share x time; billed
+GPU-minutes are weighted by the GPU models' billing weights (what budgets count). Idle GPU-minutes (paid for while
+the GPU was idle) are shown where the meter reads utilisation; they are never billed.
+
+examples:
+  gpusharing usage --from 2026-11-01 --to 2026-12-01                     # per namespace, as a table
+  gpusharing usage --from 2026-11-01 --to 2026-12-01 --by namespace,model -o csv > november.csv
+  gpusharing usage --from 2026-11-01 --to 2026-12-01 --by label:team,pod --namespace ml-team -o json
 """,
 }
 
@@ -120,6 +131,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                                     epilog=EXAMPLES["explain"], **sub)
     explain.add_argument("pod", type=pod_name, metavar="pod/NAME")
     explain.set_defaults(run=_explain)
+    usage = subparsers.add_parser("usage", help="GPU usage between two days, grouped, as a table, CSV or JSON", epilog=EXAMPLES["usage"], **sub)
+    usage.add_argument("--from", dest="start", required=True, metavar="YYYY-MM-DD", help="the first UTC day counted")
+    usage.add_argument("--to", dest="end", required=True, metavar="YYYY-MM-DD", help="the first UTC day not counted")
+    usage.add_argument("--by", default="namespace", metavar="KEYS",
+                       help="comma-separated: namespace, day, model, pod, label:KEY (default namespace)")
+    usage.set_defaults(run=_usage)
 
 
 def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -135,7 +152,7 @@ def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument("-n", "--namespace", dest="selected_namespace", type=namespace, default=default, metavar="NS",
                         help="only this namespace (explain: the pod's; default the context's)")
     parser.add_argument("-A", "--all-namespaces", action="store_true", default=default, help="every namespace (the default of ls and pods)")
-    parser.add_argument("-o", "--output", choices=OUTPUTS, default=default, help="table (default), wide, json or yaml")
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default=default, help="table (default), wide, json, yaml, or csv (usage)")
 
 
 def pod_name(raw: str) -> str:
@@ -156,6 +173,10 @@ class _Refused(Exception):
 
 class _NotFound(_Refused):
     exit_status = NOT_FOUND
+
+
+class _BadArguments(_Refused):
+    exit_status = BAD_ARGUMENTS
 
 
 class _Timekeeper:
@@ -259,6 +280,8 @@ def _command(run: Callable[[_Timekeeper, argparse.Namespace], None], cluster_nee
 def _emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> None:
     """The API's objects as -o json or yaml, else the table (wide with -o wide)."""
     output = getattr(args, "output", None) or "table"
+    if output == "csv":
+        raise _BadArguments("-o csv is for usage reports (gpusharing usage): use -o json or yaml")
     if output == "json":
         print(json.dumps(data, indent=2))
     elif output == "yaml":
@@ -436,6 +459,35 @@ def _new_pods(state: str) -> str:
 def _fields(lines: list[tuple[str, str]]) -> str:
     width = max(len(name) for name, _ in lines) + 2
     return "\n".join(f"{name + ':':<{width}}{value}" for name, value in lines)
+
+
+@_command
+def _usage(api: _Timekeeper, args: argparse.Namespace) -> None:
+    namespace = _namespace_filter(args)
+    try:
+        usage_request(args.start, args.end, args.by, namespace)  # refused here, before any request, when malformed
+    except UsageRequestError as exc:
+        raise _Refused(str(exc)) from None
+    query = {"from": args.start, "to": args.end, "groupBy": args.by, **({"namespace": namespace} if namespace else {})}
+    report = api.call("GET", "usage", query=query)
+    if getattr(args, "output", None) == "csv":
+        print(usage_csv(report["fields"], report["items"]), end="")
+    else:
+        _emit(args, report, lambda wide: format_usage(report))
+
+
+def format_usage(report: dict[str, Any]) -> str:
+    """The report's groups and a total line, in GPU-minutes."""
+    fields = report["fields"]
+    rows = [[*("-" if item[field] is None else str(item[field]) for field in fields), *_usage_amounts(item)]
+            for item in report["items"]]
+    rows.append(["TOTAL", *[""] * (len(fields) - 1), *_usage_amounts(report["total"])])
+    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "BILLED GPU-MINUTES", "IDLE GPU-MINUTES"], rows)
+
+
+def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
+    idle = amounts["idleGpuMinutes"]
+    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle)]
 
 
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]

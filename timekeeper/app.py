@@ -22,6 +22,7 @@ from gpusharing.metrics import render_metrics
 from gpusharing.names import InvalidName, check_namespace
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.serving import ON_STOP
+from gpusharing.weights import weight_number
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, StaticTokens, Unauthenticated, load_static_tokens
@@ -39,6 +40,7 @@ from timekeeper.demotion import Demoter
 from timekeeper.kube import KubeApi, KubeUnavailable
 from timekeeper.schema import head_revision, schema_problem
 from timekeeper.store import BudgetChange, BudgetStore, Clock, NoBudget, NoLimit, utc_now
+from timekeeper.usage import UsageRequestError, usage_csv, usage_request
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ def create_app(
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
-    ledger = ReportLedger(budgets)
+    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
     reports = ReportQueue(ledger)
     demoter = Demoter(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds) if kube else None
     if demoter is not None and background:
@@ -200,6 +202,29 @@ def create_app(
         pods = ledger.pods(check_namespace(namespace) if namespace else None, over_memory, limit)
         return jsonify(items=[pod.to_json() for pod in pods])
 
+    @app.get("/api/v1/usage")
+    def get_usage() -> Response:
+        caller()
+        args = request.args
+        namespace = args.get("namespace")
+        asked = usage_request(args.get("from"), args.get("to"), args.get("groupBy"), check_namespace(namespace) if namespace else None)
+        report = ledger.usage.report(asked)
+        if request.accept_mimetypes.best_match(["application/json", "text/csv"]) == "text/csv":
+            filename = f"gpu-usage-{asked.start}-{asked.end}.csv"
+            return Response(usage_csv(report.fields, (row.to_json() for row in report.rows)), content_type="text/csv; charset=utf-8",
+                            headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+        return jsonify(report.to_json())
+
+    @app.get("/api/v1/gpu-models")
+    def get_gpu_models() -> Response:
+        caller()
+        catalogue = config.catalogue
+        return jsonify(
+            items=[{"name": m.name, "memoryMiB": m.memory_mib, "billingWeight": weight_number(m.billing_weight)} for m in catalogue.models],
+            default=catalogue.default.name,
+            changes=[change.to_json() for change in ledger.weights.history()],
+        )
+
     @app.get("/livez")
     def livez() -> Response:
         return jsonify(status="ok")
@@ -227,6 +252,7 @@ def create_app(
         return jsonify(error=str(exc)), 403
 
     @app.errorhandler(ReportError)
+    @app.errorhandler(UsageRequestError)
     @app.errorhandler(BudgetRequestError)
     @app.errorhandler(InvalidName)
     @app.errorhandler(JsonBodyError)

@@ -25,14 +25,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_SHARE
+from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
 from gpusharing.env import ConfigError
 from gpusharing.names import NAMESPACE, InvalidName
 from gpusharing.quantity import QuantityError, parse_decimal
-from gpusharing.report import MAX_GPU_MEMORY_MIB, MeterReport
+from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport
 from gpusharing.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting import ReportTerms
 from timekeeper.kube import Identity, KubeApi
+from timekeeper.usage import recorded_labels
 
 ADMIN_VERB = "update"
 ADMIN_RESOURCE = "budgets"
@@ -251,7 +252,10 @@ class Authenticator:
                 f"pod {namespace}/{name} has no valid {ANNOTATION_GPU_SHARE} annotation (a share from {MIN_GPU_SHARE} to "
                 f"{MAX_GPU_SHARE}): it was not admitted by the GPU-sharing webhook"
             )
-        return ReportTerms(share, _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB))
+        memory = _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB)
+        model = annotations.get(ANNOTATION_GPU_MODEL)
+        model = model if isinstance(model, str) and len(model) <= MAX_GPU_MODEL else None  # else: the default model's
+        return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model)
 
 
 def _annotated_number(raw: str | None, low: Decimal | int, high: Decimal | int) -> float | None:

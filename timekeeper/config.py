@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from gpusharing.env import ConfigError, env_choice, env_code, env_float, env_int, env_text
+from gpusharing.models import GpuCatalogue, catalogue_from_env, shipped_catalogue
 from timekeeper.budget import Period
 
 AUTH_MODES = ("tokenreview", "static", "none")
@@ -37,6 +38,8 @@ class TimekeeperConfig:
     workers: int = 2
     threads: int = 32  # request threads mostly wait for their report's transaction; more of them, bigger batches
     clock: str = DEFAULT_CLOCK  # module:function giving the time; TESTS ONLY change it, to move time across periods
+    catalogue: GpuCatalogue = field(default_factory=shipped_catalogue)  # the webhook's: models' billing weights
+    catalogue_source: str = "the shipped catalogue"  # recorded in the weights' audit log
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TimekeeperConfig":
@@ -63,6 +66,8 @@ class TimekeeperConfig:
             workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),
             threads=env_int("TIMEKEEPER_THREADS", cls.threads, 1, environ),
             clock=env_code("TIMEKEEPER_CLOCK", DEFAULT_CLOCK, environ),
+            catalogue=catalogue_from_env(environ),
+            catalogue_source=environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()[:253] or cls.catalogue_source,
         )
 
 

@@ -6,18 +6,19 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpusharing.contract import BudgetState
 from gpusharing.metrics import LATENCY_BUCKETS
+from timekeeper.ledger import MICROS_PER_SECOND
 
 if TYPE_CHECKING:
     from timekeeper.accounting import ReportLedger
 
 MIB = 1024 * 1024
-# The per-pod series are those of pods overrunning their GPU memory right now, at most this many (bounded cardinality).
-MAX_OVERRUNNING_PODS = 10_000
+# The per-pod series (pods overrunning their GPU memory, running pods) are at most this many each: bounded cardinality.
+MAX_RUNNING_PODS = 10_000
 
 REPORTS = Counter(
     "gpusharing_timekeeper_reports",
@@ -44,7 +45,7 @@ class LedgerCollector(Collector):
     def __init__(self, ledger: "ReportLedger"):
         self.ledger = ledger
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         # Prometheus' base units: GPU-seconds (budgets are set in GPU-minutes), bytes (meters report MiB).
         budget = GaugeMetricFamily(
             "gpusharing_timekeeper_budget_gpu_seconds", "Budget plus this period's top-ups (absent: unlimited).",
@@ -73,6 +74,22 @@ class LedgerCollector(Collector):
             "GPU memory a running pod uses beyond what it requested; only pods that overrun are listed.",
             labels=["namespace", "pod"], unit="bytes",
         )
-        for pod in self.ledger.pods(over_memory=True, limit=MAX_OVERRUNNING_PODS):
+        for pod in self.ledger.pods(over_memory=True, limit=MAX_RUNNING_PODS):
             over.add_metric([pod.namespace, pod.pod], (pod.memory_over_request_mib or 0.0) * MIB)
-        yield from (budget, used, remaining, state, over)
+        # Running pods by the labels OpenCost and kube-state-metrics use, so that cost tools charge the fraction of a
+        # GPU a pod is billed for instead of the whole device (README: "Usage in cost tools").
+        pod_labels = ["namespace", "pod", "uid"]
+        share = GaugeMetricFamily(
+            "gpusharing_timekeeper_pod_billed_gpu_share", "The share of a GPU a running pod is billed for.", labels=pod_labels
+        )
+        seconds = CounterMetricFamily(
+            "gpusharing_timekeeper_pod_billed_gpu_seconds",
+            "Weighted GPU-seconds (x the GPU model's billing weight) a running pod was charged since it started.",
+            labels=pod_labels, unit="gpu_seconds",
+        )
+        running = self.ledger.pods(running=True, limit=MAX_RUNNING_PODS)
+        billed = self.ledger.usage.billed([pod.pod_uid for pod in running])
+        for pod in running:
+            share.add_metric([pod.namespace, pod.pod, pod.pod_uid], pod.billed_share)
+            seconds.add_metric([pod.namespace, pod.pod, pod.pod_uid], billed.get(pod.pod_uid, 0) / MICROS_PER_SECOND)
+        yield from (budget, used, remaining, state, over, share, seconds)

@@ -95,13 +95,52 @@ class PodLedgerRow(Base):
 
 
 class NamespaceUsageRow(Base):
-    """A namespace's charges per UTC day: every period is made of whole days, so any period's use is a sum."""
+    """A namespace's charges per UTC day: every period is made of whole days, so any period's use is a sum.
+
+    Weighted by the GPU models' billing weights (what budgets count); the raw GPU-seconds are in pod_usage.
+    """
 
     __tablename__ = "namespace_usage"
 
     namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
     micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+
+
+class PodUsageRow(Base):
+    """A pod's charges per UTC day (the day they were received, as in namespace_usage): what usage reports sum."""
+
+    __tablename__ = "pod_usage"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True, index=True)
+    model: Mapped[str] = mapped_column(String(96), primary_key=True)  # the catalogue's model it was billed as
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # raw: share x time
+    weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # x the model's billing weight then
+    metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # the part charged with a utilisation reading
+    idle_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # of the metered part, what the GPU left idle
+
+
+class PodLabelRow(Base):
+    """The labels a pod had when the timekeeper first read it (bounded: timekeeper.usage.recorded_labels)."""
+
+    __tablename__ = "pod_labels"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    key: Mapped[str] = mapped_column(String(317), primary_key=True)
+    value: Mapped[str] = mapped_column(String(63))
+
+
+class GpuModelWeightRow(Base):
+    """The audit log of billing weights: a row each time a model's weight takes effect (and for each model at first)."""
+
+    __tablename__ = "gpu_model_weights"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(96))
+    billing_weight: Mapped[int] = mapped_column(Integer)  # thousandths (gpusharing.weights)
+    changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    source: Mapped[str] = mapped_column(String(253))  # the catalogue file it was read from
 
 
 class NamespaceStateRow(Base):
@@ -130,4 +169,7 @@ budget_changes = BudgetChangeRow.__table__
 pod_ledgers = PodLedgerRow.__table__
 namespace_usage = NamespaceUsageRow.__table__
 namespace_states = NamespaceStateRow.__table__
+pod_usage = PodUsageRow.__table__
+pod_labels = PodLabelRow.__table__
+gpu_model_weights = GpuModelWeightRow.__table__
 leases = LeaseRow.__table__

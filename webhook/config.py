@@ -6,10 +6,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pathlib import Path
 
 from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_list, env_text, env_url
-from gpusharing.models import CatalogueError, GpuCatalogue, load_catalogue, shipped_catalogue
+from gpusharing.models import catalogue_from_env
 from gpusharing.request import DEFAULT_DRA_GPU_CLASSES, GpuRequestSettings, HamiSettings
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -55,7 +54,7 @@ class WebhookConfig:
         meter_defaults = MeterSpec()
         return cls(
             gpu_request=GpuRequestSettings(
-                catalogue=_catalogue(environ),
+                catalogue=catalogue_from_env(environ),
                 aliyun_memory_unit_mib=ALIYUN_UNITS[unit],
                 hami=_hami(environ),
                 dra_gpu_classes=frozenset(env_list("GPUSHARING_DRA_GPU_DEVICE_CLASSES", tuple(sorted(DEFAULT_DRA_GPU_CLASSES)), environ)),
@@ -80,23 +79,6 @@ class WebhookConfig:
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
             kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
         )
-
-
-def _catalogue(environ: Mapping[str, str]) -> GpuCatalogue:
-    """GPUSHARING_GPU_MODELS_FILE, else the shipped catalogue, whose default model GPUSHARING_DEVICE_MEMORY_MIB
-    (the setting of earlier versions) may replace by one of that memory."""
-    path = environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()
-    memory = environ.get("GPUSHARING_DEVICE_MEMORY_MIB", "").strip()
-    if path and memory:
-        raise ConfigError("set GPUSHARING_GPU_MODELS_FILE or GPUSHARING_DEVICE_MEMORY_MIB, not both: the catalogue names its default model")
-    if path:
-        try:
-            return load_catalogue(Path(path))
-        except CatalogueError as exc:
-            raise ConfigError(f"GPUSHARING_GPU_MODELS_FILE: {exc}") from None
-    if memory:
-        return shipped_catalogue().with_default_memory(env_int("GPUSHARING_DEVICE_MEMORY_MIB", 0, 1, environ))
-    return shipped_catalogue()
 
 
 def _hami(environ: Mapping[str, str]) -> HamiSettings:

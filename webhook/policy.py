@@ -9,6 +9,7 @@ from gpusharing.contract import (
     ANNOTATION_BUDGET_STATE,
     ANNOTATION_DIALECT,
     ANNOTATION_GPU_MEMORY,
+    ANNOTATION_GPU_MODEL,
     ANNOTATION_GPU_SHARE,
     ANNOTATION_PREFIX,
     BudgetState,
@@ -94,6 +95,7 @@ def _record(gpu: GpuRequest) -> dict[str, str]:
         ANNOTATION_GPU_SHARE: format_share(gpu.share),
         ANNOTATION_DIALECT: str(gpu.dialect),
         ANNOTATION_GPU_MEMORY: str(gpu.memory_mib),
+        ANNOTATION_GPU_MODEL: gpu.model,
     }
 
 

@@ -46,6 +46,7 @@ def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state:
     assert annotations["gpusharing.io/gpu-share"] == format_share(gpu.share)
     assert annotations["gpusharing.io/dialect"] == str(gpu.dialect)
     assert annotations["gpusharing.io/gpu-memory-mib"] == str(gpu.memory_mib)
+    assert annotations["gpusharing.io/gpu-model"] == gpu.model  # what the timekeeper bills it as without NVML
     assert annotations["gpusharing.io/budget-state"] == state
     spec = pod["spec"]
     assert spec["priorityClassName"] == priority_class

@@ -35,6 +35,11 @@ BOUNDED = {  # the label values a webhook metric may take, whatever the pods it 
     "kind": {str(source) for source in ClaimSource},
 }
 PER_OBJECT_LABELS = {"pod", "uid", "pod_uid", "request_id", "name"}
+PER_POD_FAMILIES = {
+    "gpusharing_timekeeper_pod_gpu_memory_over_request_bytes": {"pod"},
+    "gpusharing_timekeeper_pod_billed_gpu_share": {"pod", "uid"},
+    "gpusharing_timekeeper_pod_billed_gpu_seconds": {"pod", "uid"},
+}
 
 
 def exposition(tmp_path: Path) -> str:
@@ -87,6 +92,7 @@ def test_metric_names_units_and_labels_follow_the_conventions(tmp_path: Path) ->
                 for label, value in sample.labels.items():
                     if label != "le":
                         assert value in BOUNDED[label], f"{family.name}{{{label}={value!r}}}"
-        else:  # the timekeeper's per-pod series: only pods overrunning their GPU memory now (at most 10,000)
-            assert "pod" not in labels or family.name == "gpusharing_timekeeper_pod_gpu_memory_over_request_bytes"
-            assert not labels & (PER_OBJECT_LABELS - {"pod"}), family.name
+        else:  # the timekeeper's per-pod series (at most 10,000 each): pods overrunning their GPU memory now, and
+            # running pods by the labels cost tools join on (namespace, pod, uid)
+            allowed = PER_POD_FAMILIES.get(family.name, set())
+            assert not labels & PER_OBJECT_LABELS - allowed, family.name

@@ -54,16 +54,36 @@ def test_a_catalogue_file_of_ones_own(tmp_path: Path) -> None:
     path.write_text("default: NVIDIA L4\nmodels:\n- name: NVIDIA L4\n  memoryMiB: 23034\n- name: NVIDIA A30\n  memoryMiB: 24576\n  migComputeSlices: 4\n")
     catalogue = load_catalogue(path)
     assert (catalogue.default.product, catalogue.default.memory_mib, len(catalogue.models)) == ("NVIDIA-L4", 23034, 2)
+    assert [m.billing_weight for m in catalogue.models] == [1000, 1000]  # a weight of 1 unless the file says
+
+
+def test_billing_weights_are_kept_in_thousandths_and_models_found_by_nvidias_name_or_label(tmp_path: Path) -> None:
+    path = tmp_path / "gpu-models.yaml"
+    path.write_text("default: Tesla T4\nmodels:\n- name: Tesla T4\n  memoryMiB: 15360\n"
+                    "- name: NVIDIA H100 80GB HBM3\n  memoryMiB: 81559\n  billingWeight: 4\n"
+                    "- name: NVIDIA L4\n  memoryMiB: 23034\n  billingWeight: 1.375\n")
+    catalogue = load_catalogue(path)
+    assert [m.billing_weight for m in catalogue.models] == [1000, 4000, 1375]
+    assert catalogue.by_name("NVIDIA H100 80GB HBM3") is catalogue.by_name("NVIDIA-H100-80GB-HBM3") is catalogue.models[1]
+    assert catalogue.by_name("NVIDIA B200") is None and catalogue.by_name("x" * 10_000) is None
 
 
 BAD: list[tuple[Any, str]] = [
     ([], "f: expected a mapping with `default` and `models` only"),
     ({"default": "x", "models": [], "weights": {}}, "f: expected a mapping with `default` and `models` only"),
     ({"default": "x", "models": []}, "f: `models` must be a list of 1 to 1000 models"),
-    ({"default": "x", "models": [{"name": "x"}]}, "f: models[0]: expected `name`, `memoryMiB` and optionally `migComputeSlices`"),
+    ({"default": "x", "models": [{"name": "x"}]}, "f: models[0]: expected `name`, `memoryMiB` and optionally `migComputeSlices` and `billingWeight`"),
     ({"default": "x", "models": [{"name": "x", "memoryMiB": "80Gi"}]}, "f: models[0]: `memoryMiB` of 'x' must be a whole number of MiB, got '80Gi'"),
     ({"default": "x", "models": [{"name": "x", "memoryMiB": 0}]}, "f: models[0]: `memoryMiB` of 'x' must be a whole number of MiB"),
     ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "migComputeSlices": 3}]}, "f: models[0]: `migComputeSlices` of 'x' must be 7 or 4"),
+    ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": 0}]}, "f: models[0]: `billingWeight` of 'x' must be a number from 0.001 to 1000"),
+    ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": 1.0005}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
+    ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": "4"}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
+    ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": 1e300}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
+    ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": float("nan")}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
+    ({"default": "x", "models": [{"name": "x", "memoryMiB": 1, "billingWeight": True}]}, "f: models[0]: `billingWeight` of 'x' must be a number"),
+    ({"default": "x", "models": [{"name": "=HYPERLINK(\"x\")", "memoryMiB": 1}]}, "f: models[0]: `name` must be the model's name as NVIDIA reports it"),
+    ({"default": "x", "models": [{"name": "Tesla\tT4", "memoryMiB": 1}]}, "f: models[0]: `name` must be the model's name as NVIDIA reports it"),
     ({"default": "x", "models": [{"name": "!!", "memoryMiB": 1}]}, "f: models[0]: `name` must be the model's name as NVIDIA reports it"),
     ({"default": "y", "models": [{"name": "x", "memoryMiB": 1}]}, "f: `default` must be the name of one of the models, got 'y'"),
     ({"default": "a b", "models": [{"name": "a b", "memoryMiB": 1}, {"name": "a  b", "memoryMiB": 2}]}, "f: 'a  b' and 'a b' are the same model (a-b)"),

@@ -10,8 +10,8 @@ VALID = {"podUid": "4f1c", "namespace": "ml", "pod": "train-0", "gpuShare": 0.5,
 
 
 def test_round_trip() -> None:
-    report = MeterReport.from_json({**VALID, "final": True, "gpuMemoryUsedMiB": 1200, "gpuUtilizationPercent": 40})
-    assert report.final and report.gpu_memory_used_mib == 1200
+    report = MeterReport.from_json({**VALID, "final": True, "gpuMemoryUsedMiB": 1200, "gpuUtilizationPercent": 40, "gpuModel": "Tesla T4"})
+    assert report.final and report.gpu_memory_used_mib == 1200 and report.gpu_model == "Tesla T4"
     assert MeterReport.from_json(report.to_json()) == report
 
 
@@ -29,6 +29,10 @@ def test_round_trip() -> None:
         ({"final": "yes"}, "final must be true or false"),
         ({"gpuUtilizationPercent": 120}, "gpuUtilizationPercent must be a finite number"),
         ({"bonusMinutes": 10}, "unknown field(s): bonusMinutes"),
+        ({"gpuModel": ""}, "gpuModel must be the GPU's name as NVML gives it"),
+        ({"gpuModel": "x" * 97}, "gpuModel must be the GPU's name as NVML gives it"),
+        ({"gpuModel": "Tesla\nT4"}, "gpuModel must be the GPU's name as NVML gives it"),
+        ({"gpuModel": 4}, "gpuModel must be the GPU's name as NVML gives it"),
     ],
 )
 def test_refused(change: dict, message: str) -> None:

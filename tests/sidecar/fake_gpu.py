@@ -4,11 +4,12 @@ from sidecar.nvml import GpuReading
 
 MEMORY_USED_MIB = 30720.0  # more than the 20480 MiB the tests say the pod requested: an overrun
 UTILIZATION_PERCENT = 87.0
+MODEL = "NVIDIA H100 80GB HBM3"
 
 
 class FakeGpu:
     def read(self) -> GpuReading:
-        return GpuReading(memory_used_mib=MEMORY_USED_MIB, utilization_percent=UTILIZATION_PERCENT)
+        return GpuReading(memory_used_mib=MEMORY_USED_MIB, utilization_percent=UTILIZATION_PERCENT, model=MODEL)
 
 
 def open_reader(pod_uid: str) -> FakeGpu:

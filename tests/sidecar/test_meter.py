@@ -96,12 +96,13 @@ def test_a_report_carries_the_requested_memory_and_the_gpu_reading(config: Meter
         "gpuMemoryUsedMiB": fake_gpu.MEMORY_USED_MIB,
         "gpuUtilizationPercent": fake_gpu.UTILIZATION_PERCENT,
         "gpuMemoryRequestedMiB": 20480.0,
+        "gpuModel": fake_gpu.MODEL,
     }
 
 
 def test_without_a_gpu_reader_a_report_has_no_gpu_fields(config: MeterConfig) -> None:
     body = make_meter(config, Clock(START)).build_report(1, final=False).to_json()
-    assert not {"gpuMemoryUsedMiB", "gpuUtilizationPercent", "gpuMemoryRequestedMiB"} & set(body)
+    assert not {"gpuMemoryUsedMiB", "gpuUtilizationPercent", "gpuMemoryRequestedMiB", "gpuModel"} & set(body)
 
 
 def test_each_report_is_sent_with_the_token_as_it_is_now(config: MeterConfig, receiver: ReportSink) -> None:

@@ -37,6 +37,9 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, device: int) -> SimpleNamespace:  # noqa: N802
         return SimpleNamespace(gpu=self.devices[device][1], memory=0)
 
+    def nvmlDeviceGetName(self, device: int) -> str | bytes:  # noqa: N802
+        return ("NVIDIA H100 80GB HBM3", b"Tesla T4", "NVIDIA A10")[device]
+
 
 @pytest.fixture
 def proc(tmp_path: Path) -> Path:
@@ -55,7 +58,7 @@ def proc(tmp_path: Path) -> Path:
 def test_counts_only_this_pods_processes(proc: Path) -> None:
     nvml = FakeNvml([([(10, 2048 * MIB), (20, 4096 * MIB)], 35), ([(11, 1024 * MIB), (99, 8192 * MIB)], 90), ([(20, MIB)], 100)])
     reading = NvmlReader(nvml, UID, proc).read()
-    assert reading == GpuReading(memory_used_mib=3072.0, utilization_percent=90.0)
+    assert reading == GpuReading(memory_used_mib=3072.0, utilization_percent=90.0, model="NVIDIA H100 80GB HBM3")
 
 
 def test_a_pod_without_gpu_processes_uses_nothing(proc: Path) -> None:
@@ -65,7 +68,12 @@ def test_a_pod_without_gpu_processes_uses_nothing(proc: Path) -> None:
 
 def test_memory_the_driver_does_not_disclose_counts_as_none(proc: Path) -> None:
     nvml = FakeNvml([([(10, None), (11, 512 * MIB)], 10)])
-    assert NvmlReader(nvml, UID, proc).read() == GpuReading(memory_used_mib=512.0, utilization_percent=10.0)
+    assert NvmlReader(nvml, UID, proc).read() == GpuReading(memory_used_mib=512.0, utilization_percent=10.0, model="NVIDIA H100 80GB HBM3")
+
+
+def test_the_model_is_the_first_device_the_pod_runs_on_as_nvml_names_it(proc: Path) -> None:
+    nvml = FakeNvml([([(20, MIB)], 100), ([(11, MIB)], 40), ([(10, MIB)], 60)])
+    assert NvmlReader(nvml, UID, proc).read() == GpuReading(memory_used_mib=2.0, utilization_percent=60.0, model="Tesla T4")
 
 
 def test_an_nvml_failure_gives_no_reading_and_one_log_line(proc: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -76,7 +84,7 @@ def test_an_nvml_failure_gives_no_reading_and_one_log_line(proc: Path, caplog: p
         assert [reader.read(), reader.read(), reader.read()] == [None, None, None]
     assert caplog.text.count("GPU is lost") == 1
     nvml.failure = None
-    assert reader.read() == GpuReading(memory_used_mib=1.0, utilization_percent=50.0)
+    assert reader.read() == GpuReading(memory_used_mib=1.0, utilization_percent=50.0, model="NVIDIA H100 80GB HBM3")
 
 
 @pytest.mark.skipif(fake_gpu.nvidia_driver_present(), reason="an NVIDIA driver is present: see test_with_a_driver")
@@ -98,7 +106,7 @@ def test_with_a_driver_the_reader_reads() -> None:
 def test_the_reader_is_chosen_by_module_and_function() -> None:
     reader = load_reader("tests.sidecar.fake_gpu:open_reader", UID)
     assert isinstance(reader, fake_gpu.FakeGpu)
-    assert reader.read() == GpuReading(fake_gpu.MEMORY_USED_MIB, fake_gpu.UTILIZATION_PERCENT)
+    assert reader.read() == GpuReading(fake_gpu.MEMORY_USED_MIB, fake_gpu.UTILIZATION_PERCENT, fake_gpu.MODEL)
 
 
 @pytest.mark.parametrize("path", ["tests.sidecar.no_such_module:open_reader", "tests.sidecar.fake_gpu:no_such_function"])

@@ -81,12 +81,15 @@ def test_concurrent_duplicated_reordered_reports_are_accounted_exactly_once(
         headers = {"Authorization": f"Bearer {ADMIN}"}
         statuses = {s["namespace"]: s for s in requests.get(f"{second.url}/api/v1/budgets", headers=headers, timeout=10).json()["items"]}
         pods = requests.get(f"{first.url}/api/v1/pods?limit=1000", headers=headers, timeout=10).json()["items"]
+        usage = requests.get(f"{first.url}/api/v1/usage?from=2020-01-01&to=2030-01-01&groupBy=pod", headers=headers,
+                             timeout=10).json()["items"]  # these processes run on the real clock
         # Each process's /metrics merges its workers' counters: together they counted every report once.
         counted = sum(reports_counted(requests.get(f"{tk.url}/metrics", timeout=10).text) for tk in (first, second))
 
     assert len(charged) == len(stream) == counted
     assert round(sum(charged) * 1_000_000) == sum(truth.values())
     assert {p["podUid"]: p["gpuSeconds"] for p in pods} == pod_truth
+    assert {p["podUid"]: p["gpuSeconds"] for p in usage} == pod_truth  # each pod's daily rows, charged exactly once too
     assert all(p["seq"] == REPORTS_PER_POD and p["final"] for p in pods)
     for namespace, micro in truth.items():
         assert abs(statuses[namespace]["usedGpuMinutes"] - micro / 60_000_000) < 1e-6

@@ -87,6 +87,7 @@ def test_record_annotations_are_added_without_touching_the_users(client: FlaskCl
         "gpusharing.io/gpu-share": "0.3",
         "gpusharing.io/dialect": "hami",
         "gpusharing.io/gpu-memory-mib": "3000",
+        "gpusharing.io/gpu-model": "NVIDIA A100-SXM4-80GB",  # the catalogue's default: the pod names no model
         "gpusharing.io/budget-state": "in-budget",
     }
     # Keys are escaped per RFC 6901.
