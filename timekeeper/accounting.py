@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 
 from gpusharing.report import MeterReport, ReportError
-from timekeeper.budget import BudgetStatus, crossed_into_over_budget, iso_utc, state_for, usage_day
+from timekeeper.budget import BudgetStatus, crossed, iso_utc, usage_day
 from timekeeper.ledger import (
     MICROS_PER_SECOND,
     NEW_POD,
@@ -50,7 +50,7 @@ class ReportResult:
     outcome: Outcome
     charged_micro_gpu_seconds: int
     status: BudgetStatus  # the namespace's, after the report
-    crossed: bool  # this report put the namespace over budget
+    crossed: bool  # this report moved the namespace's state, or past a warning threshold
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -193,14 +193,14 @@ class ReportLedger:
             # Read after the charges, in the same transaction; sent with them and the commit.
             reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
         statuses = reads.statuses() if reads else {}
+        earlier = reads.statuses(minus=charges) if reads else {}
         for index, (namespace, accounting) in accounted.items():
             status = statuses[namespace]
-            before = state_for(status.allowance_gpu_minutes, status.used_micro_gpu_seconds - charges[namespace])
             results[index] = ReportResult(
                 accounting.outcome,
                 accounting.charge_micro_gpu_seconds,
                 status,
-                crossed_into_over_budget(before, status.state),
+                crossed(earlier[namespace], status),
             )
         return results
 

@@ -27,7 +27,12 @@ LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 EVICTIONS = Counter("gpusharing_timekeeper_evictions", "Evictions asked of the API server, by result.", ["result"])
-EVENTS = Counter("gpusharing_timekeeper_events", "Events recorded on namespaces, by reason.", ["reason"])
+EVENTS = Counter("gpusharing_timekeeper_events", "Events recorded on namespaces and budget resources, by reason.", ["reason"])
+WARNINGS = Counter(
+    "gpusharing_timekeeper_budget_warnings",
+    "Budgets that reached a warning threshold (each once per period), by the highest threshold reached.",
+    ["threshold"],
+)
 
 
 class LedgerCollector(Collector):

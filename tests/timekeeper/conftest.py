@@ -110,6 +110,8 @@ def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppF
 
     yield make
     for app in apps:
+        if app.extensions["controller"] is not None:
+            app.extensions["controller"].stop()
         app.extensions["reports"].close()
         app.extensions["database"].dispose()
 
