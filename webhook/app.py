@@ -65,7 +65,7 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         fields = {"request_id": shortened(admission.uid), "namespace": shortened(admission.namespace), "pod": _pod_name(admission.object),
                   "operation": admission.operation, "endpoint": endpoint}
         try:
-            decision = admit(admission, config, budgets.state_of, mutate)
+            decision = admit(admission, config, budgets.budget_of, mutate)
         except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
             log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
@@ -75,8 +75,9 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         if not decision.allowed:
             log.info("denied %s of pod %s/%s: %s", admission.operation, fields["namespace"], fields["pod"], decision.message,
                      extra=fields)
-        elif decision.warnings:  # demoted: its namespace is over budget
-            log.info("admitted pod %s/%s demoted: %s", fields["namespace"], fields["pod"], decision.warnings[0], extra=fields)
+        elif decision.warnings:  # demoted (its namespace is over budget), or near its budget
+            log.info("admitted pod %s/%s%s: %s", fields["namespace"], fields["pod"],
+                     " demoted" if budgets.state_of(admission.namespace).demoted else "", "; ".join(decision.warnings), extra=fields)
         elif decision.patch:
             log.debug("admitted pod %s/%s (%s)", fields["namespace"], fields["pod"], decision.dialect, extra=fields)
         metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
