@@ -180,8 +180,9 @@ class Controller:
                 if not status_differs(obj.get("status"), wanted):
                     continue
                 metadata = obj["metadata"]
+                gone = {key: None for key in obj.get("status") or {} if key not in wanted}  # a merge patch removes by null
                 try:
-                    self.kube.patch_custom_status(w.resource, metadata.get("namespace"), metadata["name"], wanted)
+                    self.kube.patch_custom_status(w.resource, metadata.get("namespace"), metadata["name"], {**wanted, **gone})
                 except KubeUnavailable as exc:
                     log.warning("%s; will try again", exc)
                     continue
