@@ -222,6 +222,8 @@ def hierarchy_problem(budgets: Mapping[str, Budget], name: str, parent: str | No
         return None
     if not is_group(parent):
         return f"the parent {parent!r} of {name} is a namespace: a parent is a group budget (a name with a dot, e.g. team.vision)"
+    if parent == name:
+        return f"{name} cannot be its own parent: {name} -> {name} is a cycle"
     if parent not in budgets:
         return f"the parent of {name} is {parent}, which has no budget: set the group's budget first" if parent_must_exist else None
     chain = [parent]
@@ -232,10 +234,10 @@ def hierarchy_problem(budgets: Mapping[str, Budget], name: str, parent: str | No
         if above is None or above in chain:
             break
         chain.append(above)
-    below = _height(budgets, name)
-    if len(chain) + below > MAX_ANCESTORS:
-        return (f"{name} cannot have the parent {parent}: {len(chain) + below} levels of budgets above a namespace, "
-                f"more than {MAX_ANCESTORS}")
+    # A group is itself above the namespaces below it, with the groups between them.
+    levels = len(chain) + (1 + _height(budgets, name) if is_group(name) else 0)
+    if levels > MAX_ANCESTORS:
+        return f"{name} cannot have the parent {parent}: {levels} levels of budgets above a namespace, more than {MAX_ANCESTORS}"
     return None
 
 
