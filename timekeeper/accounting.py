@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 
 from gpusharing.report import MeterReport, ReportError
 from timekeeper.budget import BudgetStatus, crossed, iso_utc, usage_day
@@ -229,6 +229,25 @@ class ReportLedger:
             self._open.execute(conn, [new[uid] for uid in sorted(new)])
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
         return {uid: (row.namespace, PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)) for uid, row in rows.items()}
+
+    def top_pods(self, limit: int) -> list[PodRecord]:
+        """The running pods (not final, heard from recently) that were billed the most GPU time."""
+        fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
+        query = (select(pod_ledgers).where(pod_ledgers.c.final.is_(False), pod_ledgers.c.last_report_at >= fresh_since)
+                 .order_by(pod_ledgers.c.micro_gpu_seconds.desc(), pod_ledgers.c.pod_uid).limit(limit))
+        with self.db.read() as conn:
+            return [PodRecord(**row._mapping) for row in conn.execute(query)]
+
+    def silent_meters(self, silent_seconds: float, gone_seconds: float) -> int:
+        """Pods whose meter went quiet: not final, last heard from between `gone_seconds` and `silent_seconds` ago."""
+        now = self.budgets.clock()
+        query = select(func.count()).select_from(pod_ledgers).where(
+            pod_ledgers.c.final.is_(False),
+            pod_ledgers.c.last_report_at < now - dt.timedelta(seconds=silent_seconds),
+            pod_ledgers.c.last_report_at >= now - dt.timedelta(seconds=gone_seconds),
+        )
+        with self.db.read() as conn:
+            return int(conn.execute(query).scalar_one())
 
     def pods(self, namespace: str | None = None, over_memory: bool = False, limit: int = 500) -> list[PodRecord]:
         """Pods from the ledger; over_memory: only running pods whose GPU memory exceeds what they requested."""

@@ -380,11 +380,30 @@ def test_metrics_show_budgets_reports_and_memory_overruns(app: Flask, api: SpecC
         'gpusharing_timekeeper_used_gpu_minutes{namespace="team-a"} 3.0',
         'gpusharing_timekeeper_remaining_gpu_minutes{namespace="team-a"} 0.0',
         'gpusharing_timekeeper_budget_state{namespace="team-a",state="over-budget"} 1.0',
+        'gpusharing_timekeeper_budget_state{namespace="team-a",state="warning"} 0.0',
+        'gpusharing_timekeeper_budget_info{kind="namespace",limited_by="team-a",namespace="team-a",parent=""} 1.0',
+        'gpusharing_timekeeper_pod_gpu_minutes{namespace="team-a",pod="trainer"} 3.0',
+        "gpusharing_timekeeper_meters_silent 0.0",
         'gpusharing_timekeeper_pod_gpu_memory_over_request_mib{namespace="team-a",pod="trainer"} 1024.0',
         'gpusharing_timekeeper_reports_total{outcome="duplicate"}',
         "gpusharing_timekeeper_request_duration_seconds_bucket",
     ):
         assert line in text
+
+
+def test_meters_gone_quiet_are_counted_and_let_go_after_an_hour(app: Flask, api: SpecClient, clock: Clock) -> None:
+    meter = api.as_(METER)
+    meter.post("/api/v1/reports", json=report(1, 30, pod="quiet"))
+    meter.post("/api/v1/reports", json=report(1, 30, pod="done", final=True))
+
+    def silent() -> str:
+        return next(line for line in api.get("/metrics").data.decode().splitlines() if line.startswith("gpusharing_timekeeper_meters_silent "))
+
+    assert silent().endswith(" 0.0")
+    clock.advance(minutes=3)
+    assert silent().endswith(" 1.0")  # the finished pod is not silent, the other is
+    clock.advance(minutes=60)
+    assert silent().endswith(" 0.0")
 
 
 def test_metrics_may_require_a_token(make_app: AppFactory) -> None:
