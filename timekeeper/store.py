@@ -296,7 +296,7 @@ class BudgetStore:
         if row is not None and row.managed_by and owner is None:
             raise Managed(
                 f"the budget of {namespace} is managed by the {row.managed_by} resource: change it with kubectl "
-                "(the REST API and `gpusharing budget` may only top it up)"
+                "(through the REST API and the command line it may only be topped up)"
             )
 
     def _status_or_none(self, conn: Connection, namespace: str, now: dt.datetime, lock: bool) -> BudgetStatus | None:
