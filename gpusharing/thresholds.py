@@ -26,7 +26,7 @@ def check_warning_thresholds(raw: object, what: str = "warningThresholds") -> tu
 
 def period_phrase(period: str, period_start: str) -> str:
     """'for November', 'for the week of 16 November', 'for 23 November'; '' for a budget that never renews."""
-    start = dt.datetime.strptime(period_start, "%Y-%m-%dT%H:%M:%SZ")
+    start = dt.datetime.fromisoformat(period_start)  # not strptime: the webhook words warnings in a thread
     if period == "monthly":
         return f" for {start:%B}"
     if period == "weekly":

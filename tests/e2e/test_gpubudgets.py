@@ -105,6 +105,9 @@ def test_a_gpubudget_owns_its_namespaces_budget_its_status_follows_use_hierarchy
     on_resource = gpusharing.rest("GET", f"/api/v1/namespaces/{namespace}/events",
                                   query={"fieldSelector": "involvedObject.kind=GPUBudget,reason=GPUBudgetWarning"})["items"]
     assert len(on_resource) == 1
+    # Many passes later, the budget was written into the ledger once: unchanged resources are not written again.
+    changes = gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{namespace}/changes", admin).json()["items"]
+    assert [(c["action"], c["actor"]) for c in changes] == [("set", f"GPUBudget {namespace}/budget")]
     probe = yaml.safe_load((EXAMPLES / "kai-fraction.yaml").read_text())
     probe["metadata"]["name"] = "warned"
     wait_for(lambda: gpusharing.webhook_state(namespace, probe) == "warning", "the webhook's poll to see the warning")
