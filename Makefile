@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 PROMTOOL := $(BIN)/promtool
 
-.PHONY: test demo bench clean constraints test-python test-lowest tools
+.PHONY: test demo bench clean constraints test-python test-lowest plugin tools
 
 $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
+
+# The archive krew's manifest (plugins/gpusharing.yaml) points at; prints its sha256.
+plugin:
+	$(PYTHON) plugins/build.py dist
 
 # Pin what is tested: the newest versions setup.cfg allows, as installed now.
 constraints:
@@ -67,4 +71,4 @@ test-lowest:
 	.venv-lowest/bin/python -m pytest
 
 clean:
-	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info
+	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info dist

@@ -174,7 +174,9 @@ def main() -> int:
                 ["webhook", "serve", "--host", "127.0.0.1", "--port", str(wh_port), "--cert", str(paths["cert"]), "--key", str(paths["key"])],
                 f"{webhook}/readyz",
                 env={"GPUSHARING_TIMEKEEPER_URL": timekeeper, "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(directory / "reader-token"),
-                     "GPUSHARING_BUDGET_REFRESH_SECONDS": str(REFRESH_SECONDS)},
+                     "GPUSHARING_BUDGET_REFRESH_SECONDS": str(REFRESH_SECONDS),
+                     # No Kubernetes API either: the webhook reads no resource claims.
+                     "GPUSHARING_KUBECONFIG": "", "KUBECONFIG": ""},
                 verify=str(paths["ca"]),
             )
         )

@@ -74,7 +74,8 @@ class Service:
         session.trust_env = False
         while True:
             try:
-                if session.get(self.ready_url, verify=self.verify, timeout=1).status_code == 200:
+                # Connection: close, else the server, once told to stop, lingers on the idle kept-alive connection.
+                if session.get(self.ready_url, verify=self.verify, timeout=1, headers={"Connection": "close"}).status_code == 200:
                     return self
             except requests.exceptions.SSLError as refused:  # it answers: waiting longer would change nothing
                 self.stop()

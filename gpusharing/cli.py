@@ -21,6 +21,7 @@ _ROLES = {
     "db": "timekeeper.cli",
     "budget": "timekeeper.admin",
     "pods": "timekeeper.admin",
+    "explain": "timekeeper.admin",
     "meter": "sidecar.cli",
     "certs": "gpusharing.certs",
 }
@@ -41,10 +42,10 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, prog: str = "gpusharing") -> argparse.ArgumentParser:
     """The parser of `command`'s role alone when it is a known command, else of every role (for help and errors)."""
     parser = argparse.ArgumentParser(
-        prog="gpusharing",
+        prog=prog,
         description="Governance for shared GPUs on Kubernetes: the admission webhook, the timekeeper (GPU-minute "
         "budgets), the metering sidecar, and the commands to run and administer them.",
         epilog=EXAMPLES,
@@ -61,11 +62,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "gpusharing", plugin: bool = False) -> int:
+    """`plugin`: run as `kubectl gpusharing`, which finds the timekeeper through the kubeconfig when given no URL."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((word for word in argv if word in _ROLES), None)  # global options may come before it
     try:
-        args = build_parser(command).parse_args(argv)
+        args = build_parser(command, prog).parse_args(argv)
+        args.plugin = plugin
         configure_logging()
         return int(args.run(args) or 0)
     except ConfigError as exc:
@@ -73,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def kubectl_plugin() -> int:
+    """The `kubectl-gpusharing` command, which kubectl runs as `kubectl gpusharing`."""
+    return main(prog="kubectl gpusharing", plugin=True)
 
 
 if __name__ == "__main__":

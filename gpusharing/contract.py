@@ -13,6 +13,10 @@ ANNOTATION_GPU_MEMORY = "gpusharing.io/gpu-memory-mib"  # GPU memory the pod ask
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
 
+# The header that carries a token to the timekeeper through the API server's service proxy, which consumes the
+# Authorization header (the caller's credentials for the API server) and drops it before proxying.
+TIMEKEEPER_TOKEN_HEADER = "X-Timekeeper-Authorization"
+
 
 class BudgetState(StrEnum):
     IN_BUDGET = "in-budget"

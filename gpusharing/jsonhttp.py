@@ -52,8 +52,21 @@ class Answer:
 class JsonClient:
     """Requests to one server (`base_url`, http or https), over one connection kept alive between them."""
 
-    def __init__(self, base_url: str, timeout: float = 10.0, connect_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 10.0,
+        connect_timeout: float | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        headers: dict[str, str] | None = None,
+        token_header: str = "Authorization",
+    ) -> None:
+        """`ssl_context` for https (default: the system's CAs), `headers` sent with every request, the token of each
+        request sent as `token_header: Bearer TOKEN`."""
         self.base_url = check_http_url(base_url)
+        self._ssl_context = ssl_context
+        self._headers = dict(headers or {})
+        self._token_header = token_header
         parts = urllib.parse.urlsplit(self.base_url)
         self._https = parts.scheme == "https"
         self.host = parts.hostname or ""
@@ -73,13 +86,13 @@ class JsonClient:
         query: dict[str, str] | None = None,
     ) -> Answer:
         """One request; `body` is sent as JSON. Raises Unreachable when no answer comes, whatever its status."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self._headers}
         payload = None
         if body is not None:
             payload = json.dumps(body, allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
         if token:
-            headers["Authorization"] = f"Bearer {token}"
+            headers[self._token_header] = f"Bearer {token}"
         target = self._prefix + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         wait = self.timeout if timeout is None else timeout
         try:
@@ -108,7 +121,7 @@ class JsonClient:
             connect = min(timeout, self.connect_timeout or timeout)
             if self._https:
                 connection = http.client.HTTPSConnection(self.host, self.port, timeout=connect,
-                                                         context=ssl.create_default_context())
+                                                         context=self._ssl_context or ssl.create_default_context())
             else:
                 connection = http.client.HTTPConnection(self.host, self.port, timeout=connect)
             self._connection = connection

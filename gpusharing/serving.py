@@ -31,8 +31,15 @@ from gpusharing.metrics import MULTIPROC_ENV
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
+# An app's extensions[ON_STOP]: what its worker calls, once it has finished its requests in flight, before it exits
+# (background threads that must finish what they hold: the timekeeper's report batches and demotion pass).
+ON_STOP = "gpusharing.on_stop"
+
 MAX_WORKERS = 64
 MAX_THREADS = 1024
+# On SIGTERM a worker stops accepting and finishes the requests it has (admissions; reports, each answered once its
+# batch has committed) for up to this long. The manifests' terminationGracePeriodSeconds leave room for it.
+GRACEFUL_TIMEOUT_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -67,12 +74,13 @@ class _Server(BaseApplication):  # type: ignore[misc]
             "threads": o.threads,
             "keepalive": o.keepalive,
             "timeout": o.timeout,
-            "graceful_timeout": 10,
+            "graceful_timeout": GRACEFUL_TIMEOUT_SECONDS,
             "accesslog": "-" if o.access_log else None,
             "errorlog": "-",
             "loglevel": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower(),
             "logger_class": _Logs,
             "child_exit": _child_exit,
+            "worker_exit": _worker_exit,
             "post_worker_init": lambda _worker: _settle_memory(o.malloc_arenas),
         }
         # gunicorn >= 25.1 opens a control socket at one path per user ($XDG_RUNTIME_DIR or ~/.gunicorn): a second
@@ -152,6 +160,11 @@ def _settle_memory(arenas: int | None) -> None:
         _GLIBC.mallopt(M_ARENA_MAX, arenas)
     gc.freeze()  # the app, its modules and settings: alive as long as the worker, never garbage
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def _worker_exit(_server: Any, worker: Any) -> None:
+    for stop in getattr(getattr(worker, "wsgi", None), "extensions", {}).get(ON_STOP, []):
+        stop()
 
 
 def _child_exit(_server: Any, worker: Any) -> None:

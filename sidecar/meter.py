@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from gpusharing.contract import MeterEnv
 from gpusharing.env import ConfigError
+from gpusharing.logs import add_context
 from gpusharing.report import MeterReport
 from sidecar.client import Answer, Delivery, TimekeeperClient
 from sidecar.config import MeterConfig
@@ -166,6 +167,7 @@ class StopSignals:
 
 def run_meter(config: MeterConfig) -> None:
     stop = StopSignals()
+    add_context(namespace=config.namespace, pod=config.pod_name, pod_uid=config.pod_uid)
     try:
         config.state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from tests.postgres import PostgresServer, PostgresUnavailable
 
 # The suite never talks to the developer's own cluster: the processes it starts inherit this environment.
-for _variable in ("KUBECONFIG", "TIMEKEEPER_KUBECONFIG"):
+for _variable in ("KUBECONFIG", "TIMEKEEPER_KUBECONFIG", "GPUSHARING_KUBECONFIG"):
     os.environ.pop(_variable, None)
 # The fuzz tests share one app across examples (a database per example would cost more than the example).
 _SHARED_APP = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

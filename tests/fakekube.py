@@ -1,15 +1,20 @@
 """An HTTP-level fake of the Kubernetes API on 127.0.0.1, for the official `kubernetes` client.
 
 It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), pod eviction, events and
-the controller's Lease (with resourceVersion conflicts, as the API server answers them). Tests set its state (tokens, admins, pods, refused evictions) and read what was asked of it.
+the controller's Lease (with resourceVersion conflicts, as the API server answers them); and what `kubectl gpusharing`
+asks: TokenRequest, and the service proxy to the timekeeper, which drops the Authorization header as the real API
+server does. Tests set its state (tokens, admins, pods, refused evictions, where the proxy leads) and read what was
+asked of it.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import secrets
 import threading
+import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,6 +29,10 @@ _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
+_TOKEN_REQUEST = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/serviceaccounts/(?P<name>[^/]+)/token$")
+_SERVICE_PROXY = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<service>[^/]+)/proxy(?P<rest>/.*)?$")
+# The headers the service proxy passes on to the Service (the Authorization header is the API server's own).
+_PROXIED_HEADERS = ("Accept", "Content-Type", "X-Timekeeper-Authorization")
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -45,6 +54,11 @@ class FakeKube:
         self.access_reviews: list[dict[str, Any]] = []
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self._versions = iter(range(1, 1 << 62))
+        self.service_account_tokens: dict[tuple[str, str], str] = {}  # (namespace, name) -> what TokenRequest returns
+        self.token_requests: list[dict[str, Any]] = []
+        self.services: dict[tuple[str, str], str] = {}  # (namespace, "scheme:name:port") -> the URL the proxy leads to
+        self.proxied: list[dict[str, str]] = []  # the headers of every proxied request, as the Service got them
+        self.caller_token = "kubectl-user"  # the bearer token the API server accepts from a kubeconfig's user
         self._lock = threading.Lock()
         fake = self
 
@@ -62,6 +76,9 @@ class FakeKube:
 
             def do_PUT(self) -> None:  # noqa: N802
                 fake._handle(self, "PUT")
+
+            def do_PATCH(self) -> None:  # noqa: N802
+                fake._handle(self, "PATCH")
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -142,16 +159,56 @@ class FakeKube:
 
     # -- the server side -------------------------------------------------------------------------------------------
 
+    def user_kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
+        """A kubeconfig of a user of this fake API server (a bearer token), its context in `namespace`."""
+        return {
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake-user",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "someone", "user": {"token": self.caller_token}}],
+            "contexts": [{"name": "fake-user", "context": {"cluster": "fake", "user": "someone", "namespace": namespace}}],
+        }
+
     def _handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
-        body = json.loads(handler.rfile.read(length) or b"null") if length else None
+        raw = handler.rfile.read(length) if length else b""
         path, _, query = handler.path.partition("?")
+        if (proxy := _SERVICE_PROXY.match(path)) is not None:
+            with self._lock:
+                self.requests.append((method, path))
+            reply_json(handler, *self._proxy(handler, method, proxy, query, raw))
+            return
+        body = json.loads(raw or b"null") if length else None
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
         reply_json(handler, code, answer)
 
+    def _proxy(self, handler: BaseHTTPRequestHandler, method: str, match: re.Match[str], query: str, raw: bytes) -> tuple[int, Any]:
+        """The service proxy: the caller authenticated (then its Authorization header dropped), the request passed
+        on to the Service's URL; 503 as the real one answers for a Service without endpoints."""
+        if handler.headers.get("Authorization") != f"Bearer {self.caller_token}":
+            return 401, _status(401, "Unauthorized", "Unauthorized")
+        target = self.services.get((match["ns"], urllib.parse.unquote(match["service"])))
+        if target is None:
+            return 503, _status(503, "ServiceUnavailable", f'no endpoints available for service "{match["service"]}"')
+        headers = {name: handler.headers[name] for name in _PROXIED_HEADERS if handler.headers.get(name)}
+        self.proxied.append(headers)
+        parts = urllib.parse.urlsplit(target)
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+        try:
+            connection.request(method, (match["rest"] or "/") + (f"?{query}" if query else ""), body=raw or None, headers=headers)
+            answer = connection.getresponse()
+            return answer.status, json.loads(answer.read() or b"null")
+        finally:
+            connection.close()
+
     def _answer(self, method: str, path: str, query: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if method == "POST" and (match := _TOKEN_REQUEST.match(path)) is not None:
+            self.token_requests.append({"namespace": match["ns"], "name": match["name"], **body["spec"]})
+            token = self.service_account_tokens.get((match["ns"], match["name"]))
+            if token is None:
+                return 403, _status(403, "Forbidden", f'serviceaccounts "{match["name"]}" is forbidden: User "someone" cannot create resource "serviceaccounts/token"')
+            return 201, {**body, "status": {"token": token, "expirationTimestamp": "2030-01-01T00:00:00Z"}}
         if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
             user = self.users.get(body["spec"]["token"])
             audiences = body["spec"].get("audiences") or []

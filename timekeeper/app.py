@@ -13,13 +13,15 @@ from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER, BudgetState
 from gpusharing.env import ConfigError
 from gpusharing.env import load_code
 from gpusharing.jsonbody import JsonBodyError, read_json
+from gpusharing.kube import in_cluster_available
 from gpusharing.metrics import render_metrics
 from gpusharing.names import InvalidName, check_budget_name, check_namespace
 from gpusharing.report import MeterReport, ReportError
+from gpusharing.serving import ON_STOP
 from timekeeper import metrics
 from timekeeper.accounting import ReportLedger, ReportQueue
 from timekeeper.auth import Authenticator, Caller, Forbidden, StaticTokens, Unauthenticated, load_static_tokens
@@ -85,9 +87,12 @@ def create_app(
     app = Flask("timekeeper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, reports=reports, controller=controller, database=db)
+    # On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its evictions and
+    # Events recorded as done) and it gives up its Lease, then the report queue, already empty, closes.
+    app.extensions[ON_STOP] = [*([controller.stop] if controller is not None else []), reports.close]
 
     def caller() -> Caller:
-        return auth.caller(request.headers.get("Authorization"))
+        return auth.caller(request.headers.get("Authorization") or request.headers.get(TIMEKEEPER_TOKEN_HEADER))
 
     def admin() -> Caller:
         who = caller()
@@ -177,19 +182,22 @@ def create_app(
     @app.post("/api/v1/reports")
     def post_report() -> Response:
         outcome = "rejected"
+        report: MeterReport | None = None
         try:
             who = caller()
             report = MeterReport.from_json(body())
             result = reports.submit(report, auth.report_terms(who, report))
             outcome = result.outcome.value
-        except Unauthenticated:
-            outcome = "unauthenticated"
-            raise
-        except Forbidden:
-            outcome = "forbidden"
+        except (Unauthenticated, Forbidden, ReportError) as refused:
+            outcome = {Unauthenticated: "unauthenticated", Forbidden: "forbidden"}.get(type(refused), "rejected")
+            # The pod and namespace only once the report parsed: before, they are whatever a client sent.
+            fields = {"decision": outcome} | ({"namespace": report.namespace, "pod": report.pod} if report else {})
+            log.warning("report refused (%s): %s", outcome, refused, extra=fields)
             raise
         finally:
             metrics.REPORTS.labels(outcome).inc()
+        log.debug("report %d of pod %s/%s: %s", report.seq, report.namespace, report.pod, outcome,
+                  extra={"namespace": report.namespace, "pod": report.pod, "decision": outcome})
         crossing(result.crossed, result.status, f"the report of pod {report.pod}")
         return jsonify(result.to_json())
 
@@ -287,7 +295,7 @@ def kube_api(config: TimekeeperConfig) -> KubeApi | None:
 
     ConfigError, one line saying what to set, when tokenreview has no API or the kubeconfig cannot be read.
     """
-    in_cluster = KubeApi.in_cluster_available()
+    in_cluster = in_cluster_available()
     if config.auth == "tokenreview" and not config.kubeconfig and not in_cluster:
         raise ConfigError(OFF_CLUSTER)
     if not config.kubeconfig and not in_cluster:

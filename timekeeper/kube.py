@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
 import socket
 import uuid
 from collections.abc import Mapping
@@ -12,11 +11,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from kubernetes import client, config as kube_config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
-from gpusharing.env import ConfigError
+from gpusharing.kube import api_client
 
 log = logging.getLogger(__name__)
 
@@ -94,26 +93,8 @@ class KubeApi:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
-        """The API given by `kubeconfig` (paths joined by ':' are merged, as kubectl does), or the in-cluster
-        ServiceAccount when None; ConfigError when neither works."""
-        configuration = client.Configuration()
-        try:
-            if kubeconfig:
-                kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            else:
-                kube_config.load_incluster_config(client_configuration=configuration)
-        except (kube_config.ConfigException, OSError) as exc:
-            where = (
-                f"the kubeconfig {kubeconfig} (TIMEKEEPER_KUBECONFIG, else KUBECONFIG)"
-                if kubeconfig
-                else "the in-cluster ServiceAccount (outside a cluster, set KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
-            )
-            raise ConfigError(f"cannot configure the Kubernetes API from {where}: {exc}") from None
-        return cls(client.ApiClient(configuration))
-
-    @staticmethod
-    def in_cluster_available() -> bool:
-        return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        """The API given by `kubeconfig`, or the in-cluster ServiceAccount when None; ConfigError when neither works."""
+        return cls(api_client(kubeconfig, "TIMEKEEPER_KUBECONFIG"))
 
     def review_token(self, token: str) -> Identity | None:
         """The token's identity, or None when TokenReview does not authenticate it for the timekeeper's audience."""

@@ -15,6 +15,10 @@ from gpusharing.metrics import LATENCY_BUCKETS
 if TYPE_CHECKING:
     from timekeeper.accounting import ReportLedger
 
+MIB = 1024 * 1024
+# The per-pod series are those of pods overrunning their GPU memory right now, at most this many (bounded cardinality).
+MAX_OVERRUNNING_PODS = 10_000
+
 REPORTS = Counter(
     "gpusharing_timekeeper_reports",
     "Meter reports answered, by outcome (charged, duplicate, regressed, after-final, rejected, unauthenticated, forbidden).",
@@ -25,6 +29,7 @@ LATENCY = Histogram(
     "Time to answer one API request.",
     ["endpoint"],
     buckets=LATENCY_BUCKETS,
+    unit="seconds",
 )
 EVICTIONS = Counter("gpusharing_timekeeper_evictions", "Evictions asked of the API server, by result.", ["result"])
 EVENTS = Counter("gpusharing_timekeeper_events", "Events recorded on namespaces and budget resources, by reason.", ["reason"])
@@ -51,14 +56,17 @@ class LedgerCollector(Collector):
         self.ledger = ledger
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        # Prometheus' base units: GPU-seconds (budgets are set in GPU-minutes), bytes (meters report MiB).
         budget = GaugeMetricFamily(
-            "gpusharing_timekeeper_budget_gpu_minutes", "Budget plus this period's top-ups (absent: unlimited).", labels=["namespace"]
+            "gpusharing_timekeeper_budget_gpu_seconds", "Budget plus this period's top-ups (absent: unlimited).",
+            labels=["namespace"], unit="gpu_seconds",
         )
         used = GaugeMetricFamily(
-            "gpusharing_timekeeper_used_gpu_minutes", "GPU-minutes used in the current period.", labels=["namespace"]
+            "gpusharing_timekeeper_used_gpu_seconds", "GPU time used in the current period.", labels=["namespace"], unit="gpu_seconds"
         )
         remaining = GaugeMetricFamily(
-            "gpusharing_timekeeper_remaining_gpu_minutes", "GPU-minutes left in the current period.", labels=["namespace"]
+            "gpusharing_timekeeper_remaining_gpu_seconds", "GPU time left in the current period.", labels=["namespace"],
+            unit="gpu_seconds",
         )
         state = GaugeMetricFamily(
             "gpusharing_timekeeper_budget_state", "1 for the namespace's current (effective) state.", labels=["namespace", "state"]
@@ -70,30 +78,30 @@ class LedgerCollector(Collector):
         )
         for status in self.ledger.budgets.statuses():
             ns = status.namespace
-            used.add_metric([ns], status.used_gpu_minutes)
+            used.add_metric([ns], status.used_gpu_minutes * 60)
             if status.allowance_gpu_minutes is not None:
-                budget.add_metric([ns], status.allowance_gpu_minutes)
-                remaining.add_metric([ns], status.remaining_gpu_minutes or 0.0)
+                budget.add_metric([ns], status.allowance_gpu_minutes * 60)
+                remaining.add_metric([ns], (status.remaining_gpu_minutes or 0.0) * 60)
             for candidate in (BudgetState.IN_BUDGET, BudgetState.WARNING, BudgetState.OVER_BUDGET, BudgetState.UNLIMITED):
                 state.add_metric([ns, candidate.value], 1.0 if status.state is candidate else 0.0)
             info.add_metric([ns, status.kind, status.parent or "", status.limited_by or ""], 1.0)
         top = GaugeMetricFamily(
-            "gpusharing_timekeeper_pod_gpu_minutes",
-            f"GPU-minutes billed to each of the {TOP_PODS} running pods that used the most (cumulative, since each started).",
-            labels=["namespace", "pod"],
+            "gpusharing_timekeeper_pod_gpu_seconds",
+            f"GPU time billed to each of the {TOP_PODS} running pods that used the most (cumulative, since each started).",
+            labels=["namespace", "pod"], unit="gpu_seconds",
         )
         for pod in self.ledger.top_pods(TOP_PODS):
-            top.add_metric([pod.namespace, pod.pod], pod.micro_gpu_seconds / 60_000_000)
+            top.add_metric([pod.namespace, pod.pod], pod.micro_gpu_seconds / 1_000_000)
         silent = GaugeMetricFamily(
             "gpusharing_timekeeper_meters_silent",
             f"Pods whose meter reported within the last hour, not their final report, and nothing for {SILENT_AFTER_SECONDS} s.",
         )
         silent.add_metric([], float(self.ledger.silent_meters(SILENT_AFTER_SECONDS, GONE_AFTER_SECONDS)))
         over = GaugeMetricFamily(
-            "gpusharing_timekeeper_pod_gpu_memory_over_request_mib",
-            "GPU memory a running pod uses beyond what it requested (MiB); only pods that overrun are listed.",
-            labels=["namespace", "pod"],
+            "gpusharing_timekeeper_pod_gpu_memory_over_request_bytes",
+            "GPU memory a running pod uses beyond what it requested; only pods that overrun are listed.",
+            labels=["namespace", "pod"], unit="bytes",
         )
-        for pod in self.ledger.pods(over_memory=True, limit=10_000):
-            over.add_metric([pod.namespace, pod.pod], pod.memory_over_request_mib or 0.0)
+        for pod in self.ledger.pods(over_memory=True, limit=MAX_OVERRUNNING_PODS):
+            over.add_metric([pod.namespace, pod.pod], (pod.memory_over_request_mib or 0.0) * MIB)
         yield from (budget, used, remaining, state, info, top, silent, over)

@@ -10,7 +10,10 @@ from typing import Any
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from gpusharing.dra import ClaimLookup, ClaimSource, ClaimSpec, ClaimUnknown, no_claims
+from gpusharing.env import ConfigError
 from gpusharing.jsonbody import JsonBodyError, read_json
+from gpusharing.kube import api_client, in_cluster_available
 from gpusharing.messages import shortened
 from gpusharing.metrics import render_metrics
 from gpusharing.request import as_mapping
@@ -18,6 +21,7 @@ from gpusharing.serving import release_memory
 from webhook import metrics
 from webhook.admission import BadReview, Decision, parse_review, review_response
 from webhook.budget import BudgetStateCache
+from webhook.claims import ClaimIndex
 from webhook.config import WebhookConfig
 from webhook.policy import admit
 
@@ -32,18 +36,23 @@ MAX_REVIEW_BYTES = 3 * 1024 * 1024
 LARGE_REVIEW_BYTES = 256 * 1024
 
 
-def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None) -> Flask:
+def create_app(
+    config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None, claims: ClaimLookup | None = None
+) -> Flask:
     config = config or WebhookConfig.from_env()
     if budgets is None:
         budgets = BudgetStateCache(
             config.timekeeper_url, config.timekeeper_token_file, config.budget_refresh_seconds, metrics.record_budget_refresh
         )
         budgets.start()
+    if claims is None:
+        claims = watched_claims(config.kubeconfig)
     app = Flask("webhook")
     app.config["GPUSHARING"] = config
     app.config["MAX_CONTENT_LENGTH"] = MAX_REVIEW_BYTES
     app.extensions["budgets"] = budgets
     large_reviews = threading.Lock()
+    app.extensions["claims"] = claims
 
     def review(endpoint: str, mutate: bool) -> tuple[Response, int]:
         started = time.perf_counter()
@@ -61,11 +70,13 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
             admission = parse_review(read_json(body))
         except (BadReview, JsonBodyError) as exc:
             metrics.BAD_REVIEWS.labels(endpoint).inc()
+            log.warning("refused a body on /%s that is not an AdmissionReview: %s", endpoint, exc,
+                        extra={"endpoint": endpoint, "decision": "bad-review"})
             return jsonify(error=f"not an AdmissionReview: {exc}"), 400
         fields = {"request_id": shortened(admission.uid), "namespace": shortened(admission.namespace), "pod": _pod_name(admission.object),
                   "operation": admission.operation, "endpoint": endpoint}
         try:
-            decision = admit(admission, config, budgets.budget_of, mutate)
+            decision = admit(admission, config, budgets.budget_of, mutate, claims)
         except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
             log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
@@ -114,6 +125,30 @@ def create_app(config: WebhookConfig | None = None, budgets: BudgetStateCache | 
         return jsonify(error=exc.description), exc.code or 500
 
     return app
+
+
+def watched_claims(kubeconfig: str | None) -> ClaimLookup:
+    """The lookup of resource claims: an index fed by a watch when the Kubernetes API can be reached (KUBECONFIG or
+    in-cluster), else one that refuses every claim, saying why."""
+    if not kubeconfig and not in_cluster_available():
+        return no_claims
+    try:
+        kube = api_client(kubeconfig, "GPUSHARING_KUBECONFIG")
+    except ConfigError as exc:
+        if kubeconfig:
+            raise
+        log.error("resource claims are not read, so pods that claim devices are refused: %s", exc)
+        return _unreadable(f"the webhook cannot read resource claims: {exc}")
+    index = ClaimIndex(kube, metrics.record_claim_sync)
+    index.start()
+    return index.lookup
+
+
+def _unreadable(reason: str) -> ClaimLookup:
+    def lookup(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
+        raise ClaimUnknown(reason)
+
+    return lookup
 
 
 def _pod_name(pod: dict[str, Any] | None) -> str:

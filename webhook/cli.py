@@ -44,7 +44,11 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read {path}: no such file")
     from webhook.config import WebhookConfig
 
-    WebhookConfig.from_env()  # fail at start, in one line, on a bad setting rather than in every worker
+    config = WebhookConfig.from_env()  # fail at start, in one line, on a bad setting rather than in every worker
+    if config.kubeconfig:
+        from gpusharing.kube import api_client
+
+        api_client(config.kubeconfig, "GPUSHARING_KUBECONFIG")
     serve(
         "webhook.app:create_app",
         ServerOptions(

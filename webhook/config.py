@@ -6,8 +6,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpusharing.env import env_choice, env_float, env_int, env_list, env_text, env_url
-from gpusharing.request import GpuModelSettings
+from pathlib import Path
+
+from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_list, env_text, env_url
+from gpusharing.models import CatalogueError, GpuCatalogue, load_catalogue, shipped_catalogue
+from gpusharing.request import DEFAULT_DRA_GPU_CLASSES, GpuRequestSettings, HamiSettings
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 SIDECAR_MODES = ("native", "container")
@@ -32,7 +35,7 @@ class MeterSpec:
 
 @dataclass(frozen=True)
 class WebhookConfig:
-    gpu_model: GpuModelSettings = field(default_factory=GpuModelSettings)
+    gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)
     meter: MeterSpec = field(default_factory=MeterSpec)
     own_namespace: str = "gpusharing-system"
     exempt_namespaces: frozenset[str] = frozenset((*DEFAULT_EXEMPT_NAMESPACES, "gpusharing-system"))
@@ -41,6 +44,7 @@ class WebhookConfig:
     timekeeper_url: str | None = None  # where budget states are polled from; None: every namespace is unknown
     timekeeper_token_file: str | None = None
     budget_refresh_seconds: float = 5.0
+    kubeconfig: str | None = None  # where resource claims are watched from; None: in-cluster, if in a cluster
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "WebhookConfig":
@@ -50,9 +54,12 @@ class WebhookConfig:
         unit = env_choice("GPUSHARING_ALIYUN_MEM_UNIT", "GiB", tuple(ALIYUN_UNITS), environ)
         meter_defaults = MeterSpec()
         return cls(
-            gpu_model=GpuModelSettings(
-                device_memory_mib=env_int("GPUSHARING_DEVICE_MEMORY_MIB", 81920, 1, environ),
+            gpu_request=GpuRequestSettings(
+                catalogue=_catalogue(environ),
                 aliyun_memory_unit_mib=ALIYUN_UNITS[unit],
+                hami=_hami(environ),
+                dra_gpu_classes=frozenset(env_list("GPUSHARING_DRA_GPU_DEVICE_CLASSES", tuple(sorted(DEFAULT_DRA_GPU_CLASSES)), environ)),
+                dra_devices_per_node=env_int("GPUSHARING_DRA_DEVICES_PER_NODE", 8, 1, environ),
             ),
             meter=MeterSpec(
                 name=env_text("GPUSHARING_METER_NAME", meter_defaults.name, environ),
@@ -71,4 +78,40 @@ class WebhookConfig:
             timekeeper_url=timekeeper_url,
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
+            kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
         )
+
+
+def _catalogue(environ: Mapping[str, str]) -> GpuCatalogue:
+    """GPUSHARING_GPU_MODELS_FILE, else the shipped catalogue, whose default model GPUSHARING_DEVICE_MEMORY_MIB
+    (the setting of earlier versions) may replace by one of that memory."""
+    path = environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()
+    memory = environ.get("GPUSHARING_DEVICE_MEMORY_MIB", "").strip()
+    if path and memory:
+        raise ConfigError("set GPUSHARING_GPU_MODELS_FILE or GPUSHARING_DEVICE_MEMORY_MIB, not both: the catalogue names its default model")
+    if path:
+        try:
+            return load_catalogue(Path(path))
+        except CatalogueError as exc:
+            raise ConfigError(f"GPUSHARING_GPU_MODELS_FILE: {exc}") from None
+    if memory:
+        return shipped_catalogue().with_default_memory(env_int("GPUSHARING_DEVICE_MEMORY_MIB", 0, 1, environ))
+    return shipped_catalogue()
+
+
+def _hami(environ: Mapping[str, str]) -> HamiSettings:
+    """HAMi's own configuration, under the names of its Helm chart's values."""
+    defaults = HamiSettings()
+    hami = HamiSettings(
+        count=env_text("GPUSHARING_HAMI_RESOURCE_NAME", defaults.count, environ),
+        memory=env_text("GPUSHARING_HAMI_RESOURCE_MEM", defaults.memory, environ),
+        memory_percentage=env_text("GPUSHARING_HAMI_RESOURCE_MEM_PERCENTAGE", defaults.memory_percentage, environ),
+        cores=env_text("GPUSHARING_HAMI_RESOURCE_CORES", defaults.cores, environ),
+        memory_factor=env_int("GPUSHARING_HAMI_MEMORY_FACTOR", defaults.memory_factor, 1, environ),
+        default_memory_mib=env_int("GPUSHARING_HAMI_DEFAULT_MEMORY_MIB", defaults.default_memory_mib, 0, environ),
+        scheduler_name=env_text("GPUSHARING_HAMI_SCHEDULER_NAME", defaults.scheduler_name, environ),
+    )
+    names = (hami.count, hami.memory, hami.memory_percentage, hami.cores)
+    if len(set(names)) < len(names):
+        raise ConfigError("GPUSHARING_HAMI_RESOURCE_NAME, _MEM, _MEM_PERCENTAGE and _CORES must be four different resource names")
+    return hami

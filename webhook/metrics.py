@@ -16,12 +16,23 @@ LATENCY = Histogram(
     "Time to answer one admission review.",
     ["endpoint"],
     buckets=LATENCY_BUCKETS,
+    unit="seconds",
 )
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
 BUDGET_REFRESHES = Counter(
     "gpusharing_webhook_budget_refreshes", "Polls of the timekeeper's budget states, by outcome.", ["outcome"]
 )
 
+CLAIM_SYNCS = Counter(
+    "gpusharing_webhook_claim_syncs",
+    "Lists and watches of ResourceClaimTemplates and ResourceClaims, by kind and outcome.",
+    ["kind", "outcome"],
+)
+
 
 def record_budget_refresh(ok: bool) -> None:
     BUDGET_REFRESHES.labels("ok" if ok else "failed").inc()
+
+
+def record_claim_sync(kind: str, ok: bool) -> None:
+    CLAIM_SYNCS.labels(kind, "ok" if ok else "failed").inc()

@@ -11,9 +11,9 @@ from gpusharing.contract import (
     ANNOTATION_GPU_MEMORY,
     ANNOTATION_GPU_SHARE,
     ANNOTATION_PREFIX,
-    BudgetState,
 )
 from gpusharing.quantity import QuantityError, parse_whole_quantity
+from gpusharing.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, parse_gpu_request
 from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
@@ -27,8 +27,11 @@ MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 BudgetLookup = Callable[[str], NamespaceBudget]
 
 
-def admit(request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool) -> Decision:
-    """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint)."""
+def admit(
+    request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims
+) -> Decision:
+    """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
+    specs of the resource claims a pod names (the webhook's in-memory index)."""
     pod = request.object
     if not request.is_pod or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
         return Decision()
@@ -36,15 +39,18 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLoo
         return _check_record_unchanged(request.old_object or {}, pod)
     if request.operation != "CREATE":
         return Decision()
+    def in_namespace(source: ClaimSource, _: str, name: str) -> ClaimSpec:
+        return claims(source, request.namespace, name)  # the request's namespace: the pod's may not be set yet
+
     try:
-        gpu = parse_gpu_request(pod, config.gpu_model)
+        gpu = parse_gpu_request(pod, config.gpu_request, in_namespace)
     except InvalidGpuRequest as exc:
         return Decision.deny(422, f"invalid GPU request: {exc}")
     dialect = str(gpu.dialect) if gpu else "none"
     shape = _shape_problem(pod) if gpu else None
     if shape:
         return Decision.deny(400, f"not a pod the GPU-sharing webhook can patch: {shape}", dialect)
-    record = _record(gpu, config) if gpu else {}
+    record = _record(gpu) if gpu else {}
     # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
     # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
     earlier = _earlier_meter(pod, config) if mutate else None
@@ -56,7 +62,9 @@ def admit(request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLoo
     if not mutate:
         problem = _check_record_matches(pod, record)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
-    return _mutation(pod, config, record, budget_of(request.namespace), request.namespace, dialect)
+    decision = _mutation(pod, config, record, budget_of(request.namespace), request.namespace, dialect)
+    decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
+    return decision
 
 
 def _shape_problem(pod: dict[str, Any]) -> str | None:
@@ -80,12 +88,12 @@ def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
     return dict(as_mapping(as_mapping(pod.get("metadata")).get("annotations")))
 
 
-def _record(gpu: GpuRequest, config: WebhookConfig) -> dict[str, str]:
+def _record(gpu: GpuRequest) -> dict[str, str]:
     """The annotations that record the webhook's reading of the pod (budget state aside)."""
     return {
         ANNOTATION_GPU_SHARE: format_share(gpu.share),
         ANNOTATION_DIALECT: str(gpu.dialect),
-        ANNOTATION_GPU_MEMORY: str(gpu.memory_mib(config.gpu_model)),
+        ANNOTATION_GPU_MEMORY: str(gpu.memory_mib),
     }
 
 

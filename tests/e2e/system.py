@@ -2,8 +2,8 @@
 
 Everything `kubectl kustomize manifests/` renders is created as it is (the cert-manager objects aside: no
 cert-manager runs here), except that the webhook configurations' clientConfig points at the webhook on loopback
-with its CA. The timekeeper runs in `tokenreview` mode with the kubeconfig of its own ServiceAccount (found
-through KUBECONFIG), so the RBAC of manifests/ is what lets it work.
+with its CA. The timekeeper runs in `tokenreview` mode and the webhook watches resource claims, each with the
+kubeconfig of its own ServiceAccount (found through KUBECONFIG), so the RBAC of manifests/ is what lets them work.
 """
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ class GpuSharing:
         for configuration in self.webhook_configurations():
             self.rest("POST", _collection(configuration), configuration)
 
-    def webhook_configurations(self, url: str | None = None) -> list[dict[str, Any]]:
-        """The project's webhook configurations, their clientConfig pointed at `url` (default: the loopback webhook)."""
+    def webhook_configurations(self, url: str | None = None, objects: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The webhook configurations of `objects` (default: the manifests'), their clientConfig pointed at `url`
+        (default: the loopback webhook)."""
         configurations = []
-        for configuration in (o for o in self.manifests if o["kind"].endswith("WebhookConfiguration")):
+        for configuration in (o for o in (self.manifests if objects is None else objects) if o["kind"].endswith("WebhookConfiguration")):
             configuration = copy.deepcopy(configuration)
             for webhook in configuration["webhooks"]:
                 path = webhook["clientConfig"]["service"]["path"]
@@ -130,12 +131,20 @@ class GpuSharing:
         paths = certificate.write(self.directory / "webhook-tls")
         token_file = self.directory / "webhook-token"
         token_file.write_text(self.token(SYSTEM_NAMESPACE, "gpusharing-webhook"))
+        kubeconfig = write_kubeconfig(
+            self.directory / "webhook.kubeconfig",
+            self.plane.url,
+            self.plane.ca_file,
+            {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-webhook", audience=None)},
+        )
         port = free_port()
         url = f"https://127.0.0.1:{port}"
         env = {
             "GPUSHARING_TIMEKEEPER_URL": self.timekeeper_url,
             "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(token_file),
             "GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS),
+            "GPUSHARING_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
+            "KUBECONFIG": str(kubeconfig),
         }
         args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
                 "--key", str(paths["key"]), "--workers", "1", "--threads", "4"]
@@ -162,6 +171,20 @@ class GpuSharing:
         if response.status_code >= 300:
             raise ApiError(response.status_code, response.json().get("message", response.text))
         return response.json()
+
+    def stored(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The cluster-scoped object of `obj`'s kind and name as the API server holds it."""
+        return dict(self.rest("GET", f"{_collection(obj)}/{obj['metadata']['name']}"))
+
+    def replace(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Creates a cluster-scoped object, or replaces the one of its name; ApiError carries the API server's refusal."""
+        query = {"dryRun": "All"} if dry_run else None
+        path = f"{_collection(obj)}/{obj['metadata']['name']}"
+        if self._exists(path):
+            current = self.stored(obj)["metadata"]["resourceVersion"]
+            replacement = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current}}
+            return dict(self.rest("PUT", path, replacement, query))
+        return dict(self.rest("POST", _collection(obj), obj, query))
 
     def namespace(self, prefix: str) -> str:
         """A new namespace of its own for one test, with its default ServiceAccount ready."""
@@ -193,7 +216,8 @@ class GpuSharing:
         return str(answer["status"]["token"])
 
     def create(self, namespace: str, manifest: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """Creates a Pod, Job, Deployment or PodDisruptionBudget; ApiError carries the API server's refusal."""
+        """Creates a Pod, Job, Deployment, PodDisruptionBudget or resource claim (template); ApiError carries the
+        API server's refusal."""
         return self.rest("POST", _collection(manifest, namespace), manifest, {"dryRun": "All"} if dry_run else None)
 
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
@@ -265,11 +289,7 @@ class GpuSharing:
 
 
 def _collection(manifest: dict[str, Any], namespace: str | None = None) -> str:
-    group_version, kind = manifest["apiVersion"], manifest["kind"]
-    plural = {
-        "Pod": "pods", "Job": "jobs", "Deployment": "deployments", "PodDisruptionBudget": "poddisruptionbudgets",
-        "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
-    }[kind]
+    group_version, kind = manifest["apiVersion"], manifest["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "es" if kind.endswith("s") else kind + "s"
     prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"

@@ -13,6 +13,7 @@ import yaml
 
 from demo.apiserver import EXAMPLES
 from demo.processes import free_port
+from gpusharing.dra import ClaimLookup, no_claims
 from gpusharing.request import format_share, parse_gpu_request
 from tests.e2e.mutator import ADDED_LABEL, LABEL, Mutator
 from tests.e2e.system import ApiError, GpuSharing, wait_for
@@ -35,17 +36,16 @@ def meter_of(pod: dict[str, Any]) -> dict[str, Any]:
     return meter
 
 
-def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state: str = "unlimited") -> None:
-    """The pod as the API server stored it carries the webhook's record, the meter and a resolved priority.
-
-    The timekeeper runs without a default budget, so a namespace it does not list is unlimited."""
-    config = WebhookConfig()
-    gpu = parse_gpu_request(pod, config.gpu_model)
+def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state: str = "unlimited", claims: ClaimLookup = no_claims) -> None:
+    """The pod as the API server stored it carries the webhook's record (as `parse_gpu_request` reads it, with the
+    claims `claims` finds), the meter and a resolved priority. The timekeeper runs without a default budget, so a
+    namespace it does not list is unlimited."""
+    gpu = parse_gpu_request(pod, WebhookConfig().gpu_request, claims)
     assert gpu is not None
     annotations = pod["metadata"]["annotations"]
     assert annotations["gpusharing.io/gpu-share"] == format_share(gpu.share)
     assert annotations["gpusharing.io/dialect"] == str(gpu.dialect)
-    assert annotations["gpusharing.io/gpu-memory-mib"] == str(gpu.memory_mib(config.gpu_model))
+    assert annotations["gpusharing.io/gpu-memory-mib"] == str(gpu.memory_mib)
     assert annotations["gpusharing.io/budget-state"] == state
     spec = pod["spec"]
     assert spec["priorityClassName"] == priority_class
@@ -260,3 +260,16 @@ def test_a_later_webhook_that_changes_the_gpu_request_gets_the_pod_billed_for_th
     assert created["metadata"]["annotations"]["gpu-fraction"] == "0.25"
     assert created["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "0.25"
     assert_governed(created)  # one meter, billing 0.25
+
+
+def test_how_the_backend_reads_a_pod_reaches_the_user_as_warnings(gpusharing: GpuSharing) -> None:
+    namespace = gpusharing.namespace("e2e-warnings")
+    pod = example("hami-fraction.yaml")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = 150
+    response = gpusharing.session.post(
+        f"{gpusharing.plane.url}/api/v1/namespaces/{namespace}/pods", json=pod, headers={"Accept": "application/json"}, timeout=60,
+    )
+    assert response.status_code == 201, response.text
+    # The API server sends each admission warning as a Warning header, as kubectl prints them (RFC 7234: 299 - "...").
+    assert '299 - "container \\"infer\\": nvidia.com/gpucores=150 is more than 100: HAMi grants 100' in response.headers["Warning"]
+    assert response.json()["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from gpusharing.models import shipped_catalogue
 from gpusharing.request import (
     ContainerRole,
     Dialect,
-    GpuModelSettings,
+    GpuRequestSettings,
     InvalidGpuRequest,
     parse_gpu_request,
 )
@@ -34,7 +35,7 @@ def container(name: str = "main", limits: dict[str, Any] | None = None, requests
     return {"name": name, "image": "ubuntu:22.04", "resources": resources, **extra}
 
 
-def errors_of(p: dict[str, Any], settings: GpuModelSettings = GpuModelSettings()) -> list[str]:
+def errors_of(p: dict[str, Any], settings: GpuRequestSettings = GpuRequestSettings()) -> list[str]:
     with pytest.raises(InvalidGpuRequest) as caught:
         parse_gpu_request(p, settings)
     return [str(e) for e in caught.value.errors]
@@ -45,7 +46,7 @@ def errors_of(p: dict[str, Any], settings: GpuModelSettings = GpuModelSettings()
 EXAMPLES = {
     # file: (dialect, billed share, [(container, role, devices, compute fraction, memory MiB per device)])
     "vcuda-fraction.yaml": ("gpu-manager", "0.5", [("nvidia", "regular", 1, "0.5", 15 * 256)]),
-    "vcuda-whole.yaml": ("gpu-manager", "2", [("trainer", "regular", 2, "1", None)]),
+    "vcuda-whole.yaml": ("gpu-manager", "2", [("trainer", "regular", 2, "1", 81920)]),
     "job-fraction.yaml": ("gpu-manager", "0.25", [("eval", "regular", 1, "0.25", 8 * 256)]),
     "hami-fraction.yaml": ("hami", "0.3", [("infer", "regular", 1, "0.3", 3000)]),
     "aliyun-gpu-mem.yaml": ("aliyun-gpushare", "0.0625", [("gpushare-test-pod", "regular", 1, "0.0625", 5 * 1024)]),
@@ -53,6 +54,9 @@ EXAMPLES = {
     "kai-memory.yaml": ("kai", "0.0245", [("ubuntu", "regular", 1, "0.0245", 2000)]),
     "kai-init-container.yaml": ("kai", "0.5", [("gpu-init", "init", 1, "0.5", 40960)]),
     "kai-non-default-container.yaml": ("kai", "0.5", [("gpu-workload", "regular", 1, "0.5", 40960)]),
+    "mig-slice.yaml": ("mig", "0.1429", [("infer", "regular", 1, "0.1429", 10240)]),
+    "hami-gputype.yaml": ("hami", "0.6956", [("train", "regular", 1, "0.5", 100000)]),
+    "hami-dynamic-mig.yaml": ("hami", "0.2858", [("ubuntu-container", "regular", 2, "0.1429", 10240)]),
 }
 
 
@@ -112,13 +116,13 @@ def test_memory_fraction_bills_when_larger_than_compute() -> None:
 
 
 def test_device_memory_is_configurable() -> None:
-    settings = GpuModelSettings(device_memory_mib=24576)
+    settings = GpuRequestSettings(catalogue=shipped_catalogue().with_default_memory(24576))
     request = parse_gpu_request(pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "12288", "nvidia.com/gpucores": "10"})), settings)
     assert request is not None and request.share == Decimal("0.5")
 
 
 def test_aliyun_unit_can_be_mib() -> None:
-    settings = GpuModelSettings(aliyun_memory_unit_mib=1)
+    settings = GpuRequestSettings(aliyun_memory_unit_mib=1)
     request = parse_gpu_request(pod(container(limits={"aliyun.com/gpu-mem": "8192"})), settings)
     assert request is not None and request.containers[0].memory_mib == 8192 and request.share == Decimal("0.1")
 
@@ -129,11 +133,9 @@ def test_kai_num_devices() -> None:
     assert (request.containers[0].devices, request.share) == (4, 1)
 
 
-def test_kai_legacy_container_type_picks_first_init_container() -> None:
-    request = parse_gpu_request(
-        pod(container("app"), init=(container("load"),), annotations={"gpu-fraction": "0.5", "gpu-fraction-container-type": "InitContainer"})
-    )
-    assert request is not None and request.containers[0].container == "load"
+def test_kai_gives_an_init_container_the_fraction_by_its_name() -> None:
+    request = parse_gpu_request(pod(container("app"), init=(container("load"),), annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "load"}))
+    assert request is not None and (request.containers[0].container, request.containers[0].role) == ("load", ContainerRole.INIT)
 
 
 def test_requests_alone_are_read() -> None:
@@ -172,6 +174,9 @@ def test_native_sidecars_declared_after_an_init_container_do_not_add_to_it() -> 
 
 # ---- invalid requests: the exact messages ---------------------------------------------------------------------------
 
+KAI_FRACTION_RULE = "must be a decimal number above 0 and below 1 (a whole GPU is nvidia.com/gpu: 1), at least 0.0001 (the smallest share billed)"
+KAI_MEMORY_RULE = "must be a whole number of MiB above 0, in digits only (KAI reads it as an unsigned integer)"
+
 INVALID = [
     # gpu-manager
     (
@@ -184,38 +189,31 @@ INVALID = [
     ),
     (
         pod(container(limits={"tencent.com/vcuda-memory": "4"})),
-        ['container "main": tencent.com/vcuda-memory="4": needs tencent.com/vcuda-core: gpu-manager cannot give GPU memory without GPU compute'],
+        ['container "main": tencent.com/vcuda-memory="4": needs tencent.com/vcuda-core above 0: gpu-manager cannot give GPU memory without GPU compute'],
     ),
     (
         pod(container(limits={"tencent.com/vcuda-core": "500m", "tencent.com/vcuda-memory": "1.5"})),
         [
-            'container "main": tencent.com/vcuda-memory="1.5": must be a whole number of 256 MiB units, at least 1',
+            'container "main": tencent.com/vcuda-memory="1.5": must be a whole number of 256 MiB units',
             'container "main": tencent.com/vcuda-core="500m": must be a whole number: 1 to 99 (percent of one GPU) or a multiple of 100 (whole GPUs)',
         ],
     ),
     (
         pod(container(limits={"tencent.com/vcuda-core": "-1", "tencent.com/vcuda-memory": "abc"})),
         [
-            'container "main": tencent.com/vcuda-memory="abc": must be a whole number of 256 MiB units, at least 1',
+            'container "main": tencent.com/vcuda-memory="abc": must be a whole number of 256 MiB units',
             'container "main": tencent.com/vcuda-core="-1": must be a whole number: 1 to 99 (percent of one GPU) or a multiple of 100 (whole GPUs)',
         ],
     ),
     (
         pod(container(limits={"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "400"})),
-        ['container "main": tencent.com/vcuda-memory="400": asks for 102400 MiB, more than a device has (81920 MiB, GPUSHARING_DEVICE_MEMORY_MIB)'],
+        ['container "main": tencent.com/vcuda-memory="400": asks for 102400 MiB, more than a device has (NVIDIA A100-SXM4-80GB (81920 MiB), '
+         "the default GPU model; a pod names its own by nvidia.com/gpu.product or HAMi's nvidia.com/use-gputype)"],
     ),
     # HAMi
     (
-        pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"})),
-        ['container "main": nvidia.com/gpucores="150": must be a whole percentage of each device\'s compute, 0 to 100'],
-    ),
-    (
         pod(container(limits={"nvidia.com/gpu": "1.5", "nvidia.com/gpumem": "1024"})),
-        ['container "main": nvidia.com/gpu="1.5": must be a whole number of devices, at least 1'],
-    ),
-    (
-        pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024", "nvidia.com/gpumem-percentage": "50"})),
-        ['container "main": nvidia.com/gpumem-percentage="50": cannot be set together with nvidia.com/gpumem: give memory in MiB or as a percentage, not both'],
+        ['container "main": nvidia.com/gpu="1.5": must be a whole number of devices'],
     ),
     (
         pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "101"})),
@@ -223,49 +221,21 @@ INVALID = [
     ),
     # Aliyun
     (
-        pod(container(limits={"aliyun.com/gpu-mem": "0"})),
-        ['container "main": aliyun.com/gpu-mem="0": must be a whole number of GiB, at least 1'],
+        pod(container(limits={"aliyun.com/gpu-mem": "0.5"})),
+        ['container "main": aliyun.com/gpu-mem="0.5": must be a whole number of GiB'],
     ),
-    # KAI
-    (
-        pod(container(), annotations={"gpu-fraction": "1.5"}),
-        ['annotation gpu-fraction="1.5": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
-    ),
+    # KAI (the rules of its own validator: tests/gpusharing/test_backends.py)
     (
         pod(container(), annotations={"gpu-fraction": "abc"}),
-        ['annotation gpu-fraction="abc": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
-    ),
-    (
-        pod(container(), annotations={"gpu-fraction": "0"}),
-        ['annotation gpu-fraction="0": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
-    ),
-    (
-        pod(container(), annotations={"gpu-memory": "2000.5"}),
-        ['annotation gpu-memory="2000.5": must be a whole number of MiB, at least 1'],
+        [f'annotation gpu-fraction="abc": {KAI_FRACTION_RULE}'],
     ),
     (
         pod(container(), annotations={"gpu-fraction": "0.5", "gpu-memory": "2000"}),
         ['annotation gpu-memory="2000": cannot be set together with gpu-fraction: ask for a fraction or for memory, not both'],
     ),
     (
-        pod(container(), annotations={"gpu-fraction-num-devices": "2"}),
-        ['annotation gpu-fraction-num-devices="2": only applies with gpu-fraction or gpu-memory'],
-    ),
-    (
-        pod(container(), annotations={"gpu-fraction": "0.5", "gpu-fraction-num-devices": "0"}),
-        ['annotation gpu-fraction-num-devices="0": must be a whole number of devices, at least 1'],
-    ),
-    (
         pod(container("app"), annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "trainer"}),
         ['annotation gpu-fraction-container-name="trainer": names no container or init container of this pod (it has "app")'],
-    ),
-    (
-        pod(container("app"), annotations={"gpu-fraction": "0.5", "gpu-fraction-container-type": "Sidecar"}),
-        ['annotation gpu-fraction-container-type="Sidecar": must be InitContainer or RegularContainer'],
-    ),
-    (
-        pod(container("app"), annotations={"gpu-fraction": "0.5", "gpu-fraction-container-name": "app", "gpu-fraction-container-type": "InitContainer"}),
-        ['annotation gpu-fraction-container-name="app": names a container, but gpu-fraction-container-type is InitContainer'],
     ),
     (
         pod(container("app", limits={"nvidia.com/gpu": "1"}), annotations={"gpu-fraction": "0.5"}),
@@ -295,7 +265,7 @@ INVALID = [
     # hostile values: bounded before they are read, refused with the rule
     (
         pod(container(), annotations={"gpu-memory": "1e999999"}),
-        ['annotation gpu-memory="1e999999": has too many digits or too large an exponent: at most 32 digits and an exponent from -32 to 32'],
+        [f'annotation gpu-memory="1e999999": {KAI_MEMORY_RULE}'],
     ),
     (
         pod(container(), annotations={"gpu-fraction": "1e-999999999"}),
@@ -303,11 +273,11 @@ INVALID = [
     ),
     (
         pod(container(), annotations={"gpu-fraction": "0.00009"}),
-        ['annotation gpu-fraction="0.00009": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
+        [f'annotation gpu-fraction="0.00009": {KAI_FRACTION_RULE}'],
     ),
     (
         pod(container(), annotations={"gpu-fraction": "NaN"}),
-        ['annotation gpu-fraction="NaN": must be a decimal number from 0.0001 (the smallest share billed) to 1'],
+        [f'annotation gpu-fraction="NaN": {KAI_FRACTION_RULE}'],
     ),
     (
         pod(container(limits={"nvidia.com/gpu": "1e28"})),
@@ -380,3 +350,15 @@ def test_a_pod_of_more_containers_than_the_webhook_reads_is_refused_at_once() ->
     many = pod(*[container(f"c{i}") for i in range(900)], init=tuple(container(f"i{i}") for i in range(101)))
     assert errors_of(many) == ["pod: has 1001 containers and init containers, more than the 1000 the webhook reads"]
     assert parse_gpu_request(pod(*[container(f"c{i}") for i in range(1000)])) is None
+
+
+def test_the_memory_record_follows_the_effective_request_rule_as_the_share_does() -> None:
+    # An init container of 40 GiB runs before two regular containers of 8 GiB each: the pod holds 40 GiB at most,
+    # not 56 (the sum earlier versions recorded).
+    warmup = container("warmup", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "50"})
+    app = [container(f"app{i}", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "10"}) for i in range(2)]
+    request = parse_gpu_request(pod(*app, init=(warmup,)))
+    assert request is not None and (request.memory_mib, request.share) == (40960, Decimal("0.5"))
+    sidecar = container("side", limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "5"}, restartPolicy="Always")
+    request = parse_gpu_request(pod(*app, init=(sidecar, warmup)))
+    assert request is not None and request.memory_mib == 40960 + 4096  # a native sidecar runs beside the init after it

@@ -78,7 +78,7 @@ def test_dockerfile_builds_one_non_root_image_for_every_role() -> None:
 def documented_commands(text: str) -> list[list[str]]:
     """The concrete `gpusharing …` commands in a text (code blocks, inline code, comments), as argument lists."""
     commands = []
-    for match in re.finditer(r"(?:^|[`\s(])gpusharing ((?:budget|pods|certs|db|timekeeper|webhook|--)[^`\n]*)", text, re.M):
+    for match in re.finditer(r"(?:^|[`\s(])gpusharing ((?:budget|pods|explain|certs|db|timekeeper|webhook|--)[^`\n]*)", text, re.M):
         line = match.group(1).split(" # ")[0].split(" && ")[0].split(" &")[0].strip().rstrip("`)")
         if any(mark in line for mark in ("[", "…", "|", "COMMAND")):
             continue  # a synopsis, not a command

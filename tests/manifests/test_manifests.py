@@ -16,8 +16,9 @@ import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.certs import write_overlay
+from tests.gpusharing import test_backends as backends, test_dra as dra
 from tests.gpusharing.test_request import INVALID
-from tests.kustomize import MANIFESTS, PASSWORD, installable_manifests, kustomize
+from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, installable_manifests, kustomize
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
@@ -120,6 +121,26 @@ NO_GPU = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name":
 NO_RESOURCES = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"}, "spec": {"containers": [{"name": "bare", "image": "busybox:1.36"}]}})
 
 
+def backend_pods() -> list[tuple[str, dict[str, Any]]]:
+    """The pods of the backends' rule tables that the webhook bills or refuses: each must reach it."""
+    pods: list[tuple[str, dict[str, Any]]] = []
+    pods += [(name, p) for name, p, expected in backends.KAI_VALIDATOR if expected is not None]
+    pods += [(name, backends.pod_of(spec)) for name, spec, _ in backends.HAMI_ADMISSION]
+    for name, annotations, expected in backends.KAI_VALUES:
+        if expected is not None:
+            pods.append((name, backends.pod(backends.container("main"), annotations=annotations)))
+    for table in (backends.HAMI_REQUESTS, backends.GPU_MANAGER):
+        pods += [(row[0], backends.pod(backends.container("main", limits=row[1]))) for row in table if row[-1] is not None]
+    for name, limits, _, expected in backends.ALIYUN:
+        if expected is not None:
+            pods.append((name, backends.pod(*[backends.container(f"c{i}", limits=each) for i, each in enumerate(limits)])))
+    for name, resource, _, _ in backends.MIG:
+        pods.append((name, backends.pod(backends.container("main", limits={resource: "1"}))))
+    for name, templates, _, _ in dra.CLAIMS:
+        pods.append((name, dra.claiming(*templates)))
+    return pods
+
+
 @pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
 def test_match_conditions_let_every_gpu_pod_through_and_no_other(objects: list[dict[str, Any]], kind: str) -> None:
     matches = match_conditions(objects, kind)
@@ -127,7 +148,13 @@ def test_match_conditions_let_every_gpu_pod_through_and_no_other(objects: list[d
         assert matches(example_pod(name)), name
     for pod, _ in INVALID:  # every invalid request must reach the webhook to be refused
         assert matches(pod)
+    for name, pod in backend_pods():
+        assert matches(pod), name
+    renamed = backends.pod(backends.container("main", limits={"hami.io/gpu": "1"}))
+    assert matches(renamed)
     assert not matches(NO_GPU) and not matches(NO_RESOURCES)
+    assert not matches(api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "amd"},
+                                       "spec": {"containers": [{"name": "c", "image": "rocm", "resources": {"limits": {"amd.com/gpu": "1"}}}]}}))
     impostor = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [{"name": "gpusharing-meter", "image": "evil:1"}]}})
     assert matches(impostor)
 
@@ -179,15 +206,19 @@ def test_timekeeper_runs_migrations_before_serving(objects: list[dict[str, Any]]
     assert find(objects, "StatefulSet", "gpusharing-postgres")["spec"]["volumeClaimTemplates"]
 
 
-def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
-    rules = {
+def granted(objects: list[dict[str, Any]], role: str) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every permission a ClusterRole grants."""
+    return {
         (group, resource, verb)
-        for rule in find(objects, "ClusterRole", "gpusharing-timekeeper")["rules"]
+        for rule in find(objects, "ClusterRole", role)["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert rules == {
+
+
+def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
+    assert granted(objects, "gpusharing-timekeeper") == {
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "pods", "get"),
@@ -204,9 +235,16 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
     viewer = find(objects, "ClusterRole", "gpusharing-gpubudget-viewer")
     assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert {verb for rule in viewer["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}  # never more
-    bound = {s["name"] for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
-    assert "gpusharing-webhook" not in bound
+    assert granted(objects, "gpusharing-webhook") == {("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")}
+    bindings = {(o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
+    assert {role for role, subject in bindings if subject == "gpusharing-webhook"} == {"gpusharing-webhook"}
+    # No token by default; the webhook's own container gets the API's and the timekeeper's, projected.
     assert find(objects, "ServiceAccount", "gpusharing-webhook")["automountServiceAccountToken"] is False
+    pod = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (api_token,) = [v for v in pod["volumes"] if v["name"] == "kube-api-token"]
+    (token_source,) = [s["serviceAccountToken"] for s in api_token["projected"]["sources"] if "serviceAccountToken" in s]
+    assert "audience" not in token_source and token_source["expirationSeconds"] <= 3600
 
 
 def test_network_policy_opens_only_the_timekeeper_port_to_all_pods(objects: list[dict[str, Any]]) -> None:
@@ -243,7 +281,7 @@ def test_the_database_password_is_generated_from_database_env_and_reaches_postgr
 
 def test_without_database_env_kustomize_names_the_file_to_write(tmp_path: Path) -> None:
     shutil.copytree(MANIFESTS, tmp_path / "manifests", ignore=shutil.ignore_patterns("local-certs", "database.env"))
-    rendered = subprocess.run(["kubectl", "kustomize", str(tmp_path / "manifests")], capture_output=True, text=True)
+    rendered = subprocess.run([KUBECTL, "kustomize", str(tmp_path / "manifests")], capture_output=True, text=True)
     assert rendered.returncode != 0 and "database.env" in rendered.stderr
 
 
@@ -293,3 +331,14 @@ def test_the_readmes_admin_token_comes_from_a_service_account_a_manifest_binds_t
     assert find(objects, "ClusterRole", "gpusharing-budget-admin")
     for account in accounts:
         assert ("gpusharing-system", account) in created & bound, account
+
+
+def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classes(objects: list[dict[str, Any]]) -> None:
+    env = {e["name"]: e.get("value") for e in find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (expression,) = find(objects, kind, "gpusharing")["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+        assert expression["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), "gpusharing-system"]
+    for variable in ("GPUSHARING_PRIORITY_CLASS_IN_BUDGET", "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"):
+        assert find(objects, "PriorityClass", env[variable])
+    timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", "value": env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"]} in timekeeper

@@ -107,4 +107,4 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(monitoring: l
     expressions += [v["query"]["query"] for v in board["templating"]["list"] if isinstance(v.get("query"), dict)]
     used = {name for expr in expressions for name in re.findall(r"\b(gpusharing_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[-+*/<>=,]|\s+(?:and|unless|or)\b)", expr)}
     assert used and used <= exported_metrics(), used - exported_metrics()
-    assert {"gpusharing_timekeeper_pod_gpu_minutes", "gpusharing_timekeeper_remaining_gpu_minutes"} <= used
+    assert {"gpusharing_timekeeper_pod_gpu_seconds", "gpusharing_timekeeper_remaining_gpu_seconds"} <= used

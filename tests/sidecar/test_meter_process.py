@@ -66,6 +66,9 @@ def test_with_json_logs_each_line_is_an_object_with_time_level_and_the_pod(timek
     started = next(e for e in entries if e["message"].startswith("metering pod"))
     assert started["level"] == "info" and "json-logs/json-logs-pod" in started["message"]
     assert any(e["level"] == "info" and e["message"].startswith("report") and "(final)" in e["message"] for e in entries)
+    metering = [e for e in entries if e["logger"].startswith("sidecar.")]
+    assert metering and all((e["namespace"], e["pod"], e["pod_uid"]) == ("json-logs", "json-logs-pod", "uid-json-logs")
+                            for e in metering)  # every line names the pod, for a log collector
 
 
 def test_an_outage_of_several_intervals_is_billed_in_full_when_the_timekeeper_is_back(tmp_path: Path, meters: Meters) -> None:

@@ -376,15 +376,15 @@ def test_metrics_show_budgets_reports_and_memory_overruns(app: Flask, api: SpecC
     api.as_(METER).post("/api/v1/reports", json=report(1, 180))
     text = api.as_(None).get("/metrics").data.decode()
     for line in (
-        'gpusharing_timekeeper_budget_gpu_minutes{namespace="team-a"} 2.0',
-        'gpusharing_timekeeper_used_gpu_minutes{namespace="team-a"} 3.0',
-        'gpusharing_timekeeper_remaining_gpu_minutes{namespace="team-a"} 0.0',
+        'gpusharing_timekeeper_budget_gpu_seconds{namespace="team-a"} 120.0',
+        'gpusharing_timekeeper_used_gpu_seconds{namespace="team-a"} 180.0',
+        'gpusharing_timekeeper_remaining_gpu_seconds{namespace="team-a"} 0.0',
         'gpusharing_timekeeper_budget_state{namespace="team-a",state="over-budget"} 1.0',
         'gpusharing_timekeeper_budget_state{namespace="team-a",state="warning"} 0.0',
         'gpusharing_timekeeper_budget_info{kind="namespace",limited_by="team-a",namespace="team-a",parent=""} 1.0',
-        'gpusharing_timekeeper_pod_gpu_minutes{namespace="team-a",pod="trainer"} 3.0',
+        'gpusharing_timekeeper_pod_gpu_seconds{namespace="team-a",pod="trainer"} 180.0',
         "gpusharing_timekeeper_meters_silent 0.0",
-        'gpusharing_timekeeper_pod_gpu_memory_over_request_mib{namespace="team-a",pod="trainer"} 1024.0',
+        'gpusharing_timekeeper_pod_gpu_memory_over_request_bytes{namespace="team-a",pod="trainer"} 1.073741824e+09',
         'gpusharing_timekeeper_reports_total{outcome="duplicate"}',
         "gpusharing_timekeeper_request_duration_seconds_bucket",
     ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,11 +53,14 @@ def test_a_report_with_zero_share_but_time_is_refused(cluster: tuple[SpecClient,
     assert answer.status_code == 400 and "gpuShare is 0" in answer.json["error"]
 
 
-def test_a_token_reports_for_its_own_pod_only(cluster: tuple[SpecClient, FakeKube]) -> None:
+def test_a_token_reports_for_its_own_pod_only(cluster: tuple[SpecClient, FakeKube], caplog: pytest.LogCaptureFixture) -> None:
     api, kube = cluster
     mine, other = kube.add_pod("team-a", "mine"), kube.add_pod("team-b", "other")
-    answer = api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=report_of(other, 1, 60, share=0.5))
+    with caplog.at_level(logging.WARNING, logger="timekeeper.app"):
+        answer = api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=report_of(other, 1, 60, share=0.5))
     assert answer.status_code == 403
+    [logged] = [r for r in caplog.records if r.getMessage().startswith("report refused (forbidden)")]
+    assert (logged.namespace, logged.pod, logged.decision) == ("team-b", "other", "forbidden")  # type: ignore[attr-defined]
     assert f"the token belongs to pod {mine['metadata']['uid']} in namespace team-a" in answer.json["error"]
     spoofed = {**report_of(mine, 1, 60, share=0.5), "namespace": "team-b"}
     assert api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=spoofed).status_code == 403

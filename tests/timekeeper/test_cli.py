@@ -143,7 +143,7 @@ def test_server_refusals_are_sentences_that_say_what_to_do(url: str, capsys: pyt
         "'update' on resource 'budgets' in API group 'gpusharing.io'\n"
     )
     code, _, err = run(capsys, "budget", "rm", "nobody", "--timekeeper", url, "--token", ADMIN)
-    assert (code, err) == (1, "gpusharing: the timekeeper refused (404): namespace nobody has no budget of its own\n")
+    assert (code, err) == (3, "gpusharing: the timekeeper refused (404): namespace nobody has no budget of its own\n")
     code, _, err = run(capsys, "budget", "ls", "--timekeeper", url)
     assert (code, err) == (1, "gpusharing: the timekeeper refused (401): a bearer token is required (Authorization: Bearer "
                               "TOKEN): give a token with --token or TIMEKEEPER_TOKEN\n")
@@ -204,15 +204,15 @@ def test_the_default_url_refused_says_how_to_reach_a_cluster(capsys: pytest.Capt
     monkeypatch.setattr("timekeeper.admin.DEFAULT_URL", f"http://127.0.0.1:{free_port()}")
     code, _, err = run(capsys, "budget", "ls")
     assert code == 1 and err.rstrip().endswith(
-        "(give its URL with --timekeeper or TIMEKEEPER_URL; on a cluster, first "
-        "`kubectl -n gpusharing-system port-forward svc/gpusharing-timekeeper 8080`)")
+        "(give its URL with --timekeeper or TIMEKEEPER_URL; on a cluster, use `kubectl gpusharing`, which reaches it "
+        "through the API server, or `kubectl -n gpusharing-system port-forward svc/gpusharing-timekeeper 8080`)")
 
 
 def test_version_and_help_with_examples() -> None:
     version = run_command("--version")
     assert version.returncode == 0 and version.stdout.startswith("gpusharing 0.")
-    for command in ([], ["budget"], ["budget", "set"], ["pods"], ["certs"], ["timekeeper", "serve"], ["db", "upgrade"],
-                    ["webhook", "serve"]):
+    for command in ([], ["budget"], ["budget", "set"], ["pods"], ["explain"], ["certs"], ["timekeeper", "serve"],
+                    ["db", "upgrade"], ["webhook", "serve"]):
         helped = run_command(*command, "--help")
         assert helped.returncode == 0 and "example" in helped.stdout, command
 

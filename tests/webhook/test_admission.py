@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import logging
 from typing import Any
 
 import jsonpatch
@@ -15,6 +16,7 @@ from flask.testing import FlaskClient
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from tests.webhook.conftest import FakeTimekeeper
 from gpusharing.env import ConfigError
+from gpusharing.dra import ClaimSource, ClaimSpec, claim_spec
 from webhook.app import create_app
 from webhook.budget import BudgetStateCache
 from webhook.config import MeterSpec, WebhookConfig
@@ -193,19 +195,29 @@ def test_v1beta1_is_answered_in_kind(client: FlaskClient) -> None:
 def test_invalid_gpu_request_is_denied_with_the_reason(client: FlaskClient, endpoint: str) -> None:
     pod = gpu_pod()
     for kind in ("limits", "requests"):
-        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpumem-percentage"] = "150"
     response = review(client, admission_review(pod), endpoint)
     assert response["allowed"] is False
     assert response["status"] == {
         "code": 422,
-        "message": "invalid GPU request: container \"infer\": nvidia.com/gpucores=\"150\": must be a whole percentage of each device's compute, 0 to 100",
+        "message": "invalid GPU request: container \"infer\": nvidia.com/gpumem-percentage=\"150\": must be a whole percentage of each device's memory, 0 to 100",
     }
+
+
+def test_how_the_backend_reads_a_pod_comes_back_as_warnings(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    for kind in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
+    response, mutated = admitted(client, pod)
+    assert response["warnings"] == ['container "infer": nvidia.com/gpucores=150 is more than 100: HAMi grants 100 (the whole device\'s compute)']
+    assert mutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"
+    assert "warnings" not in review(client, admission_review(mutated), "/validate")
 
 
 def test_pods_without_gpu_exempt_namespaces_and_mirror_pods_pass_untouched(client: FlaskClient) -> None:
     plain = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}})
     invalid = gpu_pod("kube-system")
-    invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = "150"
+    invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "150"
     mirror = gpu_pod()
     mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] = "abc"
     own = gpu_pod("gpusharing-system")
@@ -370,6 +382,13 @@ def test_malformed_pod_shapes_never_give_a_500(client: FlaskClient) -> None:
             assert client.post(endpoint, json=body).status_code == 200
 
 
+def test_a_body_that_is_not_a_review_is_logged_with_its_endpoint(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="webhook.app"):
+        assert client.post("/validate", json={"kind": "Pod"}).status_code == 400
+    [logged] = caplog.records
+    assert (logged.endpoint, logged.decision) == ("validate", "bad-review")  # type: ignore[attr-defined]
+
+
 def test_a_denied_pod_whose_metadata_is_not_an_object_is_denied_not_a_500(
     client: FlaskClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -420,8 +439,9 @@ def test_a_large_pod_is_read_like_any_other(client: FlaskClient) -> None:
 @pytest.mark.parametrize(
     ("where", "key", "value", "message"),
     [
-        ("annotation", "gpu-memory", "1e999999", 'annotation gpu-memory="1e999999": has too many digits or too large an exponent'),
-        ("annotation", "gpu-memory", "1e300000", 'annotation gpu-memory="1e300000": has too many digits or too large an exponent'),
+        # KAI reads gpu-memory as digits only: an exponent is refused before it is read
+        ("annotation", "gpu-memory", "1e999999", 'annotation gpu-memory="1e999999": must be a whole number of MiB above 0, in digits only'),
+        ("annotation", "gpu-memory", "9" * 5000, 'annotation gpu-memory="' + "9" * 64 + "… (5000 characters)\": has too many digits"),
         ("annotation", "gpu-fraction", "1e-999999999", 'annotation gpu-fraction="1e-999999999": has too many digits'),
         ("limits", "nvidia.com/gpu", "2k", 'container "main": nvidia.com/gpu="2k": asks for 2000 GPUs, more than 1000'),
         ("limits", "nvidia.com/gpu", "1e28", 'container "main": nvidia.com/gpu="1e28": asks for 10000000000000000000000000000 GPUs'),
@@ -482,3 +502,23 @@ def test_a_forged_record_does_not_let_a_foreign_meter_in(client: FlaskClient) ->
 def test_a_timekeeper_url_without_a_scheme_is_refused_as_the_meter_would() -> None:
     with pytest.raises(ConfigError, match="^GPUSHARING_TIMEKEEPER_URL='timekeeper:8080' must be an http"):
         WebhookConfig.from_env({"GPUSHARING_TIMEKEEPER_URL": "timekeeper:8080"})
+def test_a_pod_claiming_a_gpu_is_read_from_the_claims_of_the_reviews_namespace(config: WebhookConfig, budgets: BudgetStateCache) -> None:
+    asked: list[tuple[str, str, str]] = []
+
+    def claims(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
+        asked.append((str(source), namespace, name))
+        return claim_spec({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}})
+
+    client = create_app(config, budgets, claims).test_client()
+    pod = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"}, "spec": {
+        "containers": [{"name": "ctr", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus"}],
+    }})
+    del pod["metadata"]["namespace"]  # the object of a CREATE may come without it: the review names the namespace
+    body = admission_review(pod)
+    body["request"]["namespace"] = "ml-team"
+    response = review(client, body)
+    assert response["allowed"] and asked == [("ResourceClaimTemplate", "ml-team", "two-gpus")]
+    mutated = jsonpatch.apply_patch(pod, patch_of(response))
+    annotations = mutated["metadata"]["annotations"]
+    assert (annotations["gpusharing.io/dialect"], annotations["gpusharing.io/gpu-share"], annotations["gpusharing.io/gpu-memory-mib"]) == ("dra", "2", "163840")

@@ -20,13 +20,15 @@ from hypothesis import strategies as st
 
 from demo.apiserver import admission_review
 from gpusharing.contract import ANNOTATION_GPU_SHARE, ANNOTATION_PREFIX
-from gpusharing.request import KAI_ANNOTATIONS, RESOURCE_KEYS
+from gpusharing.dialects import ALIYUN_KEYS, GPU_MANAGER_KEYS, KAI_ANNOTATIONS, NVIDIA_GPU, HamiSettings
 from gpusharing.share import MAX_GPU_SHARE, MIN_GPU_SHARE, SHARE_PRECISION
 from tests.hostile import JSON_VALUES, NUMBER_TEXT
 from webhook.app import MAX_REVIEW_BYTES
 
 NAMES = st.text("abcdefghij-", min_size=1, max_size=8)
 VALUES = st.one_of(NUMBER_TEXT, NUMBER_TEXT, st.integers(-(10**40), 10**40), JSON_VALUES)
+# Every resource a dialect reads, as a default installation names them, and a MIG slice.
+RESOURCE_KEYS = (*GPU_MANAGER_KEYS, NVIDIA_GPU, *HamiSettings().sharing_keys, *ALIYUN_KEYS, "nvidia.com/mig-1g.10gb")
 ANNOTATION_KEYS = st.sampled_from([*KAI_ANNOTATIONS, ANNOTATION_GPU_SHARE, f"{ANNOTATION_PREFIX}gpu-memory-mib", "team", "a~b/c"])
 MAX_MESSAGE = 10 * (4 * 64 + 200)  # ten rules shown, each quoting at most two values cut short
 
