@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
+PROMTOOL := $(BIN)/promtool
 
-.PHONY: test demo bench clean constraints test-python test-lowest plugin
+.PHONY: test demo bench clean constraints test-python test-lowest plugin tools
 
 $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +14,19 @@ $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/python -m pytest
+
+# promtool, which tests/manifests/test_monitoring.py checks the alerts with: the machine's, else the binary alone
+# from Debian's prometheus package (not the server). Without it those tests are skipped, and fail under CI=true.
+tools: $(STAMP)
+	@$(MAKE) --no-print-directory $(PROMTOOL) || echo "promtool could not be installed: the alert tests will be skipped"
+
+$(PROMTOOL): | $(STAMP)
+	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; else \
+	  tmp=$$(mktemp -d) && cd $$tmp && \
+	  { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } && \
+	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(CURDIR)/$@ && rm -rf $$tmp; fi
 
 demo: $(STAMP)
 	$(BIN)/python -m demo

@@ -9,7 +9,8 @@ import re
 from collections.abc import Callable
 
 from gpusharing.env import ConfigError, check_http_url
-from gpusharing.names import InvalidName, check_namespace
+from gpusharing.names import GROUP, InvalidName, check_budget_name, check_namespace
+from gpusharing.thresholds import check_warning_thresholds
 
 _DNS_NAME = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$")
 
@@ -32,6 +33,30 @@ def namespace(raw: str) -> str:
         return check_namespace(raw, "")
     except InvalidName as exc:
         raise argparse.ArgumentTypeError(str(exc).strip()) from None
+
+
+def budget_name(raw: str) -> str:
+    """A namespace, or a group budget's name (team.vision)."""
+    try:
+        return check_budget_name(raw, "")
+    except InvalidName as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
+
+
+def group_name(raw: str) -> str:
+    try:
+        return GROUP.check(raw, "")
+    except InvalidName as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
+
+
+def percents(raw: str) -> tuple[int, ...]:
+    """Warning thresholds: whole percents joined by commas ('80,95'; '' for none)."""
+    try:
+        return check_warning_thresholds([int(part) for part in raw.split(",") if part.strip()], "the thresholds")
+    except ValueError as exc:
+        message = str(exc) if "thresholds" in str(exc) else f"{raw!r} is not a list of whole percents joined by commas"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def host_name(raw: str) -> str:

@@ -21,6 +21,7 @@ TIMEKEEPER_TOKEN_HEADER = "X-Timekeeper-Authorization"
 
 class BudgetState(StrEnum):
     IN_BUDGET = "in-budget"
+    WARNING = "warning"  # in budget, above a warning threshold of its own or of an ancestor's budget
     OVER_BUDGET = "over-budget"
     UNLIMITED = "unlimited"  # the timekeeper's word for a namespace without a limit
     UNKNOWN = "unknown"  # the webhook's word for a namespace it has not heard of

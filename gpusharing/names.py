@@ -40,5 +40,24 @@ POD_NAME = NameRule(
 UID = NameRule("uid", re.compile(r"[A-Za-z0-9][-A-Za-z0-9._:]*"), 253, "letters, digits, '-', '.', '_' and ':', beginning with a letter or digit")
 
 
+# A group budget (a team, a department: a parent of namespaces' budgets) is named with at least one dot, so that it
+# can never be a namespace (a label has none) and can be a cluster-scoped object's name (a ClusterGPUBudget's).
+# At most 63 characters, as a namespace, so that one column holds both.
+GROUP = NameRule(
+    "group budget name", re.compile(rf"{_LABEL}(?:\.{_LABEL})+"), 63,
+    "DNS-1123 labels joined by '.', at least two of them (e.g. team.vision)",
+)
+
+
 def check_namespace(name: str, what: str = "namespace") -> str:
     return NAMESPACE.check(name, what)
+
+
+def is_group(name: str) -> bool:
+    """Whether a budget's name is a group's (a namespace's has no dot)."""
+    return "." in name
+
+
+def check_budget_name(name: str, what: str = "budget name") -> str:
+    """A namespace, or a group budget's name (one with a dot); InvalidName saying which rule it breaks."""
+    return (GROUP if is_group(name) else NAMESPACE).check(name, what)

@@ -1,9 +1,10 @@
 """An HTTP-level fake of the Kubernetes API on 127.0.0.1, for the official `kubernetes` client.
 
-It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), pod eviction and
-events; and what `kubectl gpusharing` asks: TokenRequest, and the service proxy to the timekeeper, which drops
-the Authorization header as the real API server does. Tests set its state (tokens, admins, pods, refused
-evictions, where the proxy leads) and read what was asked of it.
+It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), pod eviction, events and
+the controller's Lease (with resourceVersion conflicts, as the API server answers them); and what `kubectl gpusharing`
+asks: TokenRequest, and the service proxy to the timekeeper, which drops the Authorization header as the real API
+server does. Tests set its state (tokens, admins, pods, refused evictions, where the proxy leads) and read what was
+asked of it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<e
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)$")
+_LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
 _TOKEN_REQUEST = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/serviceaccounts/(?P<name>[^/]+)/token$")
 _SERVICE_PROXY = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<service>[^/]+)/proxy(?P<rest>/.*)?$")
 # The headers the service proxy passes on to the Service (the Authorization header is the API server's own).
@@ -44,11 +46,14 @@ class FakeKube:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.refuse_evictions: set[tuple[str, str]] = set()  # answered 429, as a PodDisruptionBudget would
         self.up = True
+        self.events_up = True  # False: Events alone answer 503 (the API server's storage of them failing)
         self.evicted: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
         self.deleted_namespaces: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.access_reviews: list[dict[str, Any]] = []
+        self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self._versions = iter(range(1, 1 << 62))
         self.service_account_tokens: dict[tuple[str, str], str] = {}  # (namespace, name) -> what TokenRequest returns
         self.token_requests: list[dict[str, Any]] = []
         self.services: dict[tuple[str, str], str] = {}  # (namespace, "scheme:name:port") -> the URL the proxy leads to
@@ -236,14 +241,31 @@ class FakeKube:
             if "status.phase%3DRunning" in query or "status.phase=Running" in query:
                 items = [p for p in items if p["status"]["phase"] == "Running"]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        if (match := _LEASES.match(path)) is not None:
+            return self._lease(method, match["ns"], match["name"] or (body or {}).get("metadata", {}).get("name"), body)
         if method == "GET" and (match := _NAMESPACE.match(path)) is not None:
             if match["ns"] in self.deleted_namespaces:
                 return 404, _status(404, "NotFound", f'namespaces "{match["ns"]}" not found')
             return 200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": match["ns"], "uid": self.namespace_uid(match["ns"])}}
         if method == "POST" and (match := _EVENTS.match(path)) is not None:
+            if not self.events_up:
+                return 503, _status(503, "ServiceUnavailable", "events are down")
             # The API server's own rule, which once refused every Event the timekeeper wrote.
             if body["metadata"].get("namespace") != match["ns"] or (body["involvedObject"].get("namespace") or "default") != match["ns"]:
                 return 422, _status(422, "Invalid", "involvedObject.namespace: Invalid value: does not match event.namespace")
             self.events.append(body)
             return 201, body
         return 404, _status(404, "NotFound", f"{method} {path} is not faked")
+
+    def _lease(self, method: str, namespace: str, name: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """A Lease's get, create and update, each update refused (409) unless it carries the current resourceVersion."""
+        key, lease = (namespace, name), self.leases.get((namespace, name))
+        if method == "GET":
+            return (200, lease) if lease else (404, _status(404, "NotFound", f'leases "{name}" not found'))
+        if method == "POST" and lease is None or method == "PUT" and lease is not None:
+            if method == "PUT" and body["metadata"].get("resourceVersion") != lease["metadata"]["resourceVersion"]:
+                return 409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
+            stored = {**body, "metadata": {**body["metadata"], "namespace": namespace, "resourceVersion": str(next(self._versions))}}
+            self.leases[key] = stored
+            return (201 if method == "POST" else 200), stored
+        return (409, _status(409, "AlreadyExists", f'leases "{name}" already exists')) if lease else (404, _status(404, "NotFound", name))

@@ -24,11 +24,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 
 from gpusharing.models import GpuCatalogue, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
-from timekeeper.budget import BudgetStatus, crossed_into_over_budget, iso_utc, state_for, usage_day
+from timekeeper.budget import BudgetStatus, crossed, iso_utc, usage_day
 from timekeeper.ledger import (
     MICROS_PER_SECOND,
     NEW_POD,
@@ -61,7 +61,7 @@ class ReportResult:
     charged_micro_gpu_seconds: int  # raw
     billed_micro_gpu_seconds: int  # weighted: what the budget counted
     status: BudgetStatus  # the namespace's, after the report
-    crossed: bool  # this report put the namespace over budget
+    crossed: bool  # this report moved the namespace's state, or past a warning threshold
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -226,15 +226,15 @@ class ReportLedger:
             # Read after the charges, in the same transaction; sent with them and the commit.
             reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
         statuses = reads.statuses() if reads else {}
+        earlier = reads.statuses(minus=charges) if reads else {}
         for index, (namespace, accounting) in accounted.items():
             status = statuses[namespace]
-            before = state_for(status.allowance_gpu_minutes, status.used_micro_gpu_seconds - charges[namespace])
             results[index] = ReportResult(
                 accounting.outcome,
                 accounting.charge_micro_gpu_seconds,
                 billed[index],
                 status,
-                crossed_into_over_budget(before, status.state),
+                crossed(earlier[namespace], status),
             )
         return results
 
@@ -266,6 +266,25 @@ class ReportLedger:
             self.usage.label(conn, labels)
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
         return {uid: (row.namespace, PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)) for uid, row in rows.items()}
+
+    def top_pods(self, limit: int) -> list[PodRecord]:
+        """The running pods (not final, heard from recently) that were billed the most GPU time."""
+        fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
+        query = (select(pod_ledgers).where(pod_ledgers.c.final.is_(False), pod_ledgers.c.last_report_at >= fresh_since)
+                 .order_by(pod_ledgers.c.micro_gpu_seconds.desc(), pod_ledgers.c.pod_uid).limit(limit))
+        with self.db.read() as conn:
+            return [PodRecord(**row._mapping) for row in conn.execute(query)]
+
+    def silent_meters(self, silent_seconds: float, gone_seconds: float) -> int:
+        """Pods whose meter went quiet: not final, last heard from between `gone_seconds` and `silent_seconds` ago."""
+        now = self.budgets.clock()
+        query = select(func.count()).select_from(pod_ledgers).where(
+            pod_ledgers.c.final.is_(False),
+            pod_ledgers.c.last_report_at < now - dt.timedelta(seconds=silent_seconds),
+            pod_ledgers.c.last_report_at >= now - dt.timedelta(seconds=gone_seconds),
+        )
+        with self.db.read() as conn:
+            return int(conn.execute(query).scalar_one())
 
     def pods(
         self, namespace: str | None = None, over_memory: bool = False, limit: int = 500, running: bool = False

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpusharing.arguments import gpu_minutes, http_url, namespace, whole_number
+from gpusharing.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
 from gpusharing.contract import ANNOTATION_PREFIX
 from gpusharing.env import env_url
 from gpusharing.jsonhttp import Answer, JsonClient, Unreachable
@@ -42,6 +42,9 @@ EXAMPLES = {
   gpusharing budget set ml-team --gpu-minutes 6000 --period monthly --evict-on-exhaustion
   gpusharing budget top-up ml-team 120 --reason "paper deadline"
   gpusharing budget changes ml-team
+  gpusharing budget set team.vision --gpu-minutes 20000           # a group budget (a name with a dot)
+  gpusharing budget set ml-team --parent team.vision              # ml-team rolls up to it
+  gpusharing budget tree
   gpusharing budget ls --timekeeper http://127.0.0.1:8080 --token "$TOKEN"
 """,
     "set": """Changes only what it names; the rest stays as it was (for a namespace without a budget of its own: as the
@@ -52,6 +55,8 @@ examples:
   gpusharing budget set ml-team --period weekly --evict-on-exhaustion
   gpusharing budget set ml-team --no-evict-on-exhaustion
   gpusharing budget set ops --unlimited                            # exempt from the default budget
+  gpusharing budget set ml-team --parent team.vision --warning-thresholds 75,90
+  gpusharing budget set team.vision --gpu-minutes 20000            # a group's budget: a name with a dot
 """,
     "pods": """examples:
   gpusharing pods --over-memory               # running pods using more GPU memory than they asked for
@@ -91,35 +96,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     actions = budget.add_subparsers(dest="budget_command", required=True, metavar="COMMAND")
 
-    set_ = actions.add_parser("set", help="change a namespace's budget: only what is named", epilog=EXAMPLES["set"], **sub)
-    set_.add_argument("namespace", type=namespace)
+    set_ = actions.add_parser("set", help="change a namespace's or a group's budget: only what is named", epilog=EXAMPLES["set"], **sub)
+    set_.add_argument("namespace", type=budget_name, metavar="NAME", help="a namespace, or a group (team.vision)")
     limit = set_.add_mutually_exclusive_group()
     limit.add_argument("--gpu-minutes", type=gpu_minutes, help="GPU-minutes per period (0 allows nothing)")
     limit.add_argument("--unlimited", action="store_true", help="no limit (exempt from the default budget)")
     set_.add_argument("--period", choices=PERIODS, help="when the budget renews (UTC): daily, weekly, monthly or none")
     set_.add_argument("--evict-on-exhaustion", action=argparse.BooleanOptionalAction,
                       help="evict the namespace's running GPU pods once it is over budget (or not)")
+    parent = set_.add_mutually_exclusive_group()
+    parent.add_argument("--parent", type=group_name, help="the group budget this one rolls up to (e.g. team.vision)")
+    parent.add_argument("--no-parent", action="store_true", help="roll up to no group")
+    set_.add_argument("--warning-thresholds", type=percents, metavar="P,P",
+                      help="percents of the budget that warn, once per period (default 80,95; '' for none)")
     set_.set_defaults(run=_budget_set)
 
-    get = actions.add_parser("get", help="show a namespace's status", **sub)
-    get.add_argument("namespace", type=namespace)
+    get = actions.add_parser("get", help="show a namespace's or a group's status", **sub)
+    get.add_argument("namespace", type=budget_name, metavar="NAME")
     get.set_defaults(run=_budget_get)
 
-    ls = actions.add_parser("ls", help="list every namespace with a budget or use, and the default budget", **sub)
+    ls = actions.add_parser("ls", help="list every budget (namespaces' and groups') and the default budget", **sub)
     ls.set_defaults(run=_budget_ls)
 
-    top_up = actions.add_parser("top-up", help="add GPU-minutes to a namespace's current period", **sub)
-    top_up.add_argument("namespace", type=namespace)
+    tree = actions.add_parser("tree", help="the budgets as their hierarchy: groups above their namespaces", **sub)
+    tree.set_defaults(run=_budget_tree)
+
+    top_up = actions.add_parser("top-up", help="add GPU-minutes to a namespace's or a group's current period", **sub)
+    top_up.add_argument("namespace", type=budget_name, metavar="NAME")
     top_up.add_argument("gpu_minutes", type=gpu_minutes, metavar="GPU_MINUTES")
     top_up.add_argument("--reason", required=True, help="why: recorded in the audit log")
     top_up.set_defaults(run=_budget_top_up)
 
-    rm = actions.add_parser("rm", help="remove a namespace's budget (the default applies again)", **sub)
-    rm.add_argument("namespace", type=namespace)
+    rm = actions.add_parser("rm", help="remove a namespace's budget (the default applies again) or a group's", **sub)
+    rm.add_argument("namespace", type=budget_name, metavar="NAME")
     rm.set_defaults(run=_budget_rm)
 
     changes = actions.add_parser("changes", help="the audit log of a namespace's budget: every set, top-up and removal", **sub)
-    changes.add_argument("namespace", type=namespace)
+    changes.add_argument("namespace", type=budget_name, metavar="NAME")
     changes.set_defaults(run=_budget_changes)
 
     pods = subparsers.add_parser("pods", help="GPU pods as the meters report them: share, GPU time, memory", epilog=EXAMPLES["pods"], **sub)
@@ -226,6 +239,8 @@ class _Timekeeper:
             raise _NotFound(f"the timekeeper refused (404): {answer.message or answer.reason}")
         if answer.status >= 400:
             raise _Refused(f"the timekeeper refused ({answer.status}): {answer.message or answer.reason}")
+        if answer.status == 204:
+            return None
         body_read = answer.json()
         if body_read is None:
             raise _Refused(f"{self.url} answered {answer.status} without JSON: is it the timekeeper's URL?")
@@ -303,8 +318,13 @@ def _budget_set(api: _Timekeeper, args: argparse.Namespace) -> None:
         changes["period"] = args.period
     if args.evict_on_exhaustion is not None:
         changes["evictOnExhaustion"] = args.evict_on_exhaustion
+    if args.parent or args.no_parent:
+        changes["parent"] = args.parent
+    if args.warning_thresholds is not None:
+        changes["warningThresholds"] = list(args.warning_thresholds)
     if not changes:
-        raise _Refused("nothing to set: give --gpu-minutes N, --unlimited, --period or --[no-]evict-on-exhaustion")
+        raise _Refused("nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
+                       "--parent, --no-parent or --warning-thresholds")
     status = api.call("PATCH", f"budgets/{args.namespace}", changes)
     _emit(args, status, lambda wide: format_statuses([status], wide))
 
@@ -340,8 +360,17 @@ def _budget_top_up(api: _Timekeeper, args: argparse.Namespace) -> None:
 
 
 @_command
+def _budget_tree(api: _Timekeeper, args: argparse.Namespace) -> None:
+    listing = api.call("GET", "budgets")
+    _emit(args, listing, lambda _wide: format_tree(listing["items"]))
+
+
+@_command
 def _budget_rm(api: _Timekeeper, args: argparse.Namespace) -> None:
     status = api.call("DELETE", f"budgets/{args.namespace}")
+    if status is None:
+        _emit(args, {"removed": args.namespace}, lambda _wide: f"removed the group budget {args.namespace}")
+        return
     _emit(args, status, lambda wide: f"removed the budget of {args.namespace}; it now has the default:\n{format_statuses([status], wide)}")
 
 
@@ -504,6 +533,37 @@ def format_statuses(items: Sequence[dict[str, Any]], wide: bool = False) -> str:
                "yes" if item.get("evictOnExhaustion") else "no", item.get("periodEnd") or "never"]
         rows.append(row + ([item.get("periodStart") or "-", _minutes(item.get("topUpGpuMinutes") or 0)] if wide else []))
     return format_table(STATUS_COLUMNS + (["PERIOD START", "TOP-UPS"] if wide else []), rows)
+
+
+TREE_COLUMNS = ["BUDGET", "GPU-MINUTES", "USED", "PERCENT", "STATE", "OWN STATE", "PERIOD", "MANAGED BY"]
+
+
+def format_tree(items: Sequence[dict[str, Any]]) -> str:
+    """The budgets as a tree: each group above the budgets that name it as parent; a budget whose parent is not
+    listed (it has no budget) is a root, marked so."""
+    names = {item["namespace"] for item in items}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for item in items:
+        parent = item.get("parent")
+        children.setdefault(parent if parent in names else None, []).append(item)
+    rows: list[list[str]] = []
+
+    def walk(item: dict[str, Any], prefix: str, branch: str, seen: frozenset[str]) -> None:
+        allowance = None if item.get("gpuMinutes") is None else item["gpuMinutes"] + (item.get("topUpGpuMinutes") or 0)
+        percent = item.get("percentUsed")
+        missing = f" (parent {item['parent']}: no budget)" if item.get("parent") and item["parent"] not in names else ""
+        rows.append([f"{prefix}{branch}{item['namespace']}{missing}", _budget(allowance), _minutes(item["usedGpuMinutes"]),
+                     "-" if percent is None else f"{percent:.0f} %", item["state"], item.get("ownState", item["state"]),
+                     item["period"], item.get("managedBy") or "-"])
+        below = sorted(children.get(item["namespace"], []), key=lambda child: child["namespace"])
+        inner = prefix + ("" if not branch else "│  " if branch == "├─ " else "   ")
+        for index, child in enumerate(below):
+            if child["namespace"] not in seen:  # never a loop, whatever the listing says
+                walk(child, inner, "└─ " if index == len(below) - 1 else "├─ ", seen | {child["namespace"]})
+
+    for root in sorted(children.get(None, []), key=lambda item: item["namespace"]):
+        walk(root, "", "", frozenset({root["namespace"]}))
+    return format_table(TREE_COLUMNS, rows)
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

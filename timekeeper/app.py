@@ -13,13 +13,13 @@ from flask import Flask, Response, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER
+from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER, BudgetState
 from gpusharing.env import ConfigError
 from gpusharing.env import load_code
 from gpusharing.jsonbody import JsonBodyError, read_json
 from gpusharing.kube import in_cluster_available
 from gpusharing.metrics import render_metrics
-from gpusharing.names import InvalidName, check_namespace
+from gpusharing.names import InvalidName, check_budget_name, check_namespace
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.serving import ON_STOP
 from gpusharing.weights import weight_number
@@ -36,10 +36,10 @@ from timekeeper.budget import (
 )
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.db import Database
-from timekeeper.demotion import Demoter
+from timekeeper.controller import Controller
 from timekeeper.kube import KubeApi, KubeUnavailable
 from timekeeper.schema import head_revision, schema_problem
-from timekeeper.store import BudgetChange, BudgetStore, Clock, NoBudget, NoLimit, utc_now
+from timekeeper.store import BudgetChange, BudgetStore, Clock, HierarchyConflict, Managed, NoBudget, NoLimit, utc_now
 from timekeeper.usage import UsageRequestError, usage_csv, usage_request
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def create_app(
     background: bool = True,
 ) -> Flask:
     """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `clock` to
-    TIMEKEEPER_CLOCK, `background` runs the demoter loop."""
+    TIMEKEEPER_CLOCK, `background` runs the controller's loop."""
     config = config or TimekeeperConfig.from_env()
     if clock is None:
         clock = load_code("TIMEKEEPER_CLOCK", config.clock)
@@ -77,18 +77,21 @@ def create_app(
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
     reports = ReportQueue(ledger)
-    demoter = Demoter(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds) if kube else None
-    if demoter is not None and background:
-        demoter.start()
+    controller = (
+        Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds, config.lease_namespace)
+        if kube else None
+    )
+    if controller is not None and background:
+        controller.start()
     head = head_revision()
     collector = metrics.LedgerCollector(ledger)
 
     app = Flask("timekeeper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, reports=reports, demoter=demoter, database=db)
-    # On SIGTERM, once the requests in flight are answered: the demotion pass under way finishes (its evictions and
-    # Events recorded as done), then the report queue, already empty, closes.
-    app.extensions[ON_STOP] = [*([demoter.stop] if demoter is not None else []), reports.close]
+    app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, reports=reports, controller=controller, database=db)
+    # On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its evictions and
+    # Events recorded as done) and it gives up its Lease, then the report queue, already empty, closes.
+    app.extensions[ON_STOP] = [*([controller.stop] if controller is not None else []), reports.close]
 
     def caller() -> Caller:
         return auth.caller(request.headers.get("Authorization") or request.headers.get(TIMEKEEPER_TOKEN_HEADER))
@@ -103,12 +106,15 @@ def create_app(
             raise JsonBodyError("the body is not JSON (Content-Type: application/json)")
         return read_json(request.get_data(cache=False))
 
-    def crossed(over: bool, status: BudgetStatus, cause: str) -> None:
-        if over:
+    def crossing(crossed: bool, status: BudgetStatus, cause: str) -> None:
+        """Wakes the controller when a change moved a state or passed a warning threshold."""
+        if not crossed:
+            return
+        if status.state is BudgetState.OVER_BUDGET:
             log.info("namespace %s went over its GPU budget: %s", status.namespace, cause,
                      extra={"namespace": status.namespace, "state": str(status.state)})
-            if demoter is not None:
-                demoter.wake()
+        if controller is not None:
+            controller.wake()
 
     def changed(action: str, who: Caller, status: BudgetStatus) -> None:
         log.info("namespace %s: budget %s by %s; %s GPU-minutes %s, %s", status.namespace, action, who.name,
@@ -131,45 +137,49 @@ def create_app(
         default = default_budget_json(budgets.default_gpu_minutes, budgets.default_period)
         return jsonify(items=[status.to_json() for status in budgets.statuses()], default=default)
 
-    @app.get("/api/v1/budgets/<namespace>")
-    def get_budget(namespace: str) -> Response:
+    @app.get("/api/v1/budgets/<name>")
+    def get_budget(name: str) -> Response:
         caller()
-        return jsonify(budgets.status(check_namespace(namespace)).to_json())
+        return jsonify(budgets.status(check_budget_name(name)).to_json())
 
     def answer_change(change: BudgetChange, who: Caller) -> tuple[Response, int]:
         changed("set", who, change.status)
-        crossed(change.crossed, change.status, f"its budget was set by {who.name}")
+        crossing(change.crossed, change.status, f"its budget was set by {who.name}")
         return jsonify(change.status.to_json()), 201 if change.created else 200
 
-    @app.put("/api/v1/budgets/<namespace>")
-    def put_budget(namespace: str) -> tuple[Response, int]:
+    @app.put("/api/v1/budgets/<name>")
+    def put_budget(name: str) -> tuple[Response, int]:
         who = admin()
-        return answer_change(budgets.set_budget(budget_from_json(namespace, body(), config.default_period), who.name), who)
+        return answer_change(budgets.set_budget(budget_from_json(name, body(), config.default_period), who.name), who)
 
-    @app.patch("/api/v1/budgets/<namespace>")
-    def patch_budget(namespace: str) -> tuple[Response, int]:
+    @app.patch("/api/v1/budgets/<name>")
+    def patch_budget(name: str) -> tuple[Response, int]:
         who = admin()
-        return answer_change(budgets.patch_budget(check_namespace(namespace), budget_changes_from_json(body()), who.name), who)
+        return answer_change(budgets.patch_budget(check_budget_name(name), budget_changes_from_json(body()), who.name), who)
 
-    @app.delete("/api/v1/budgets/<namespace>")
-    def delete_budget(namespace: str) -> Response:
+    @app.delete("/api/v1/budgets/<name>")
+    def delete_budget(name: str) -> Response | tuple[str, int]:
         who = admin()
-        status = budgets.remove_budget(check_namespace(namespace), who.name)
-        changed("removal", who, status)
+        status = budgets.remove_budget(check_budget_name(name), who.name)
+        log.info("%s: budget removed by %s", name, who.name, extra={"namespace": name, "actor": who.name, "action": "removal"})
+        if status is None:  # a group: nothing applies in its place
+            return "", 204
+        crossing(True, status, f"its budget was removed by {who.name}")
         return jsonify(status.to_json())
 
-    @app.post("/api/v1/budgets/<namespace>/top-ups")
-    def post_top_up(namespace: str) -> tuple[Response, int]:
+    @app.post("/api/v1/budgets/<name>/top-ups")
+    def post_top_up(name: str) -> tuple[Response, int]:
         who = admin()
         gpu_minutes, reason = top_up_from_json(body())
-        status = budgets.top_up(check_namespace(namespace), gpu_minutes, reason, who.name)
+        status = budgets.top_up(check_budget_name(name), gpu_minutes, reason, who.name)
         changed(f"top-up of {gpu_minutes:g} GPU-minutes ({reason!r})", who, status)
+        crossing(True, status, f"a top-up by {who.name}")
         return jsonify(status.to_json()), 201
 
-    @app.get("/api/v1/budgets/<namespace>/changes")
-    def get_changes(namespace: str) -> Response:
+    @app.get("/api/v1/budgets/<name>/changes")
+    def get_changes(name: str) -> Response:
         caller()
-        return jsonify(items=budgets.changes(check_namespace(namespace)))
+        return jsonify(items=budgets.changes(check_budget_name(name)))
 
     @app.post("/api/v1/reports")
     def post_report() -> Response:
@@ -190,7 +200,7 @@ def create_app(
             metrics.REPORTS.labels(outcome).inc()
         log.debug("report %d of pod %s/%s: %s", report.seq, report.namespace, report.pod, outcome,
                   extra={"namespace": report.namespace, "pod": report.pod, "decision": outcome})
-        crossed(result.crossed, result.status, f"the report of pod {report.pod}")
+        crossing(result.crossed, result.status, f"the report of pod {report.pod}")
         return jsonify(result.to_json())
 
     @app.get("/api/v1/pods")
@@ -268,7 +278,9 @@ def create_app(
         return jsonify(error=str(exc)), 404
 
     @app.errorhandler(NoLimit)
-    def no_limit(exc: NoLimit) -> tuple[Response, int]:
+    @app.errorhandler(Managed)
+    @app.errorhandler(HierarchyConflict)
+    def conflict(exc: Exception) -> tuple[Response, int]:
         return jsonify(error=str(exc)), 409
 
     @app.errorhandler(KubeUnavailable)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from gpusharing.contract import BudgetState
-from gpusharing.names import check_namespace
+from gpusharing.names import InvalidName, check_budget_name, is_group
+from gpusharing.thresholds import DEFAULT_WARNING_THRESHOLDS, check_warning_thresholds
 
 UTC = dt.timezone.utc
 # Usage is kept in micro-GPU-seconds (integers) so that sums over any number of reports are exact.
@@ -55,18 +57,31 @@ def usage_day(at: dt.datetime) -> dt.date:
     return at.astimezone(UTC).date()
 
 
+# Ancestors above a namespace's budget (a team, a department, an organisation, ...): bounds every walk up a chain.
+MAX_ANCESTORS = 4
+# How bad a state is: a namespace's effective state is the worst of its own budget's and its ancestors'.
+SEVERITY = {BudgetState.UNKNOWN: 0, BudgetState.UNLIMITED: 1, BudgetState.IN_BUDGET: 2, BudgetState.WARNING: 3,
+            BudgetState.OVER_BUDGET: 4}
+
+
 @dataclass(frozen=True)
 class Budget:
-    """What an admin set for a namespace; gpu_minutes None means no limit."""
+    """What an admin set for a namespace, or for a group (`namespace` is then the group's name, e.g. team.vision);
+    gpu_minutes None means no limit."""
 
     namespace: str
     gpu_minutes: float | None
     period: Period
     evict_on_exhaustion: bool = False
+    parent: str | None = None  # a group budget's name
+    warning_thresholds: tuple[int, ...] = DEFAULT_WARNING_THRESHOLDS
 
 
 @dataclass(frozen=True)
 class BudgetStatus:
+    """A budget in its current period. `used` is the namespace's use, or for a group its descendants' use summed
+    in the group's own period; `ancestors` (parent first) carry their own use, and decide the effective `state`."""
+
     namespace: str
     gpu_minutes: float | None
     period: Period
@@ -74,6 +89,10 @@ class BudgetStatus:
     used_micro_gpu_seconds: int
     top_up_gpu_minutes: float
     evict_on_exhaustion: bool
+    parent: str | None = None
+    warning_thresholds: tuple[int, ...] = DEFAULT_WARNING_THRESHOLDS
+    managed_by: str | None = None  # the GPUBudget or ClusterGPUBudget that owns it (the REST API may not change it)
+    ancestors: tuple[BudgetStatus, ...] = ()
 
     @property
     def used_gpu_minutes(self) -> float:
@@ -90,12 +109,55 @@ class BudgetStatus:
         return None if allowance is None else max(0.0, allowance - self.used_gpu_minutes)
 
     @property
+    def percent_used(self) -> float | None:
+        """Use as a percent of the allowance; None when unlimited, 100 for a budget of 0 (it allows nothing)."""
+        allowance = self.allowance_gpu_minutes
+        if allowance is None:
+            return None
+        return 100.0 if allowance <= 0 else 100.0 * self.used_gpu_minutes / allowance
+
+    @property
+    def crossed_thresholds(self) -> tuple[int, ...]:
+        """The warning thresholds this period's use has reached."""
+        return crossed_thresholds(self.allowance_gpu_minutes, self.used_micro_gpu_seconds, self.warning_thresholds)
+
+    @property
+    def own_state(self) -> BudgetState:
+        """The state of this budget alone."""
+        return state_for(self.allowance_gpu_minutes, self.used_micro_gpu_seconds, self.warning_thresholds)
+
+    @property
     def state(self) -> BudgetState:
-        return state_for(self.allowance_gpu_minutes, self.used_micro_gpu_seconds)
+        """The effective state: the worst of its own and its ancestors' (over budget when any of them is)."""
+        return max((status.own_state for status in (self, *self.ancestors)), key=SEVERITY.__getitem__)
+
+    @property
+    def limited_by(self) -> str | None:
+        """The budget (this one, or the nearest ancestor) whose own state is the effective state; None when unlimited."""
+        state = self.state
+        if state is BudgetState.UNLIMITED:
+            return None
+        return next(status.namespace for status in (self, *self.ancestors) if status.own_state is state)
+
+    @property
+    def kind(self) -> str:
+        return "group" if is_group(self.namespace) else "namespace"
+
+    def warning_json(self) -> dict[str, Any]:
+        """What the webhook and the Events say of a budget above a warning threshold (gpusharing.thresholds)."""
+        return {
+            "budget": self.namespace,
+            "percentUsed": round(self.percent_used or 0.0, 1),
+            "gpuMinutes": self.allowance_gpu_minutes,
+            "period": str(self.period),
+            "periodStart": iso_utc(self.window.start),
+        }
 
     def to_json(self) -> dict[str, Any]:
+        percent = self.percent_used
         return {
             "namespace": self.namespace,
+            "kind": self.kind,
             "gpuMinutes": self.gpu_minutes,
             "period": str(self.period),
             "periodStart": iso_utc(self.window.start),
@@ -103,18 +165,128 @@ class BudgetStatus:
             "usedGpuMinutes": self.used_gpu_minutes,
             "remainingGpuMinutes": self.remaining_gpu_minutes,
             "topUpGpuMinutes": self.top_up_gpu_minutes,
+            "percentUsed": None if percent is None else round(percent, 1),
             "evictOnExhaustion": self.evict_on_exhaustion,
+            "warningThresholds": list(self.warning_thresholds),
+            "parent": self.parent,
+            "ancestors": [status.namespace for status in self.ancestors],
+            "managedBy": self.managed_by,
+            "ownState": str(self.own_state),
             "state": str(self.state),
+            "limitedBy": self.limited_by,
+            "warnings": [status.warning_json() for status in (self, *self.ancestors) if status.own_state is BudgetState.WARNING],
         }
 
 
-def state_for(allowance_gpu_minutes: float | None, used_micro_gpu_seconds: int) -> BudgetState:
-    """Over budget once the use reaches the allowance (budget plus top-ups); a zero budget allows nothing."""
+def state_for(
+    allowance_gpu_minutes: float | None, used_micro_gpu_seconds: int, warning_thresholds: tuple[int, ...] = ()
+) -> BudgetState:
+    """Over budget once the use reaches the allowance (budget plus top-ups; a zero budget allows nothing); a warning
+    from the lowest warning threshold on."""
     if allowance_gpu_minutes is None:
         return BudgetState.UNLIMITED
     if used_micro_gpu_seconds >= allowance_gpu_minutes * MICROS_PER_GPU_MINUTE:
         return BudgetState.OVER_BUDGET
+    if crossed_thresholds(allowance_gpu_minutes, used_micro_gpu_seconds, warning_thresholds[:1]):
+        return BudgetState.WARNING
     return BudgetState.IN_BUDGET
+
+
+def crossed_thresholds(
+    allowance_gpu_minutes: float | None, used_micro_gpu_seconds: int, warning_thresholds: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The thresholds (percent of the allowance) that the use has reached; none when unlimited."""
+    if allowance_gpu_minutes is None:
+        return ()
+    allowance = allowance_gpu_minutes * MICROS_PER_GPU_MINUTE
+    return tuple(t for t in warning_thresholds if used_micro_gpu_seconds * 100 >= t * allowance)
+
+
+def ancestry(budgets: Mapping[str, Budget], name: str) -> list[str]:
+    """The names above `name`, parent first, as far as they have budgets; at most MAX_ANCESTORS, never a loop."""
+    chain: list[str] = []
+    parent = budgets[name].parent if name in budgets else None
+    while parent is not None and parent in budgets and parent != name and parent not in chain and len(chain) < MAX_ANCESTORS:
+        chain.append(parent)
+        parent = budgets[parent].parent
+    return chain
+
+
+def hierarchy_problem(budgets: Mapping[str, Budget], name: str, parent: str | None, parent_must_exist: bool = True) -> str | None:
+    """Why `name` may not have `parent` among `budgets` (the other budgets' parents as they are), or None.
+
+    A parent is a group budget; no budget is its own ancestor; no chain is longer than MAX_ANCESTORS above a
+    namespace, counting the groups below `name` too.
+    """
+    if parent is None:
+        return None
+    if not is_group(parent):
+        return f"the parent {parent!r} of {name} is a namespace: a parent is a group budget (a name with a dot, e.g. team.vision)"
+    if parent == name:
+        return f"{name} cannot be its own parent: {name} -> {name} is a cycle"
+    if parent not in budgets:
+        return f"the parent of {name} is {parent}, which has no budget: set the group's budget first" if parent_must_exist else None
+    chain = [parent]
+    while True:
+        if chain[-1] == name:
+            return f"{name} cannot have the parent {parent}: {' -> '.join([name, *chain])} is a cycle"
+        above = budgets[chain[-1]].parent if chain[-1] in budgets else None
+        if above is None or above in chain:
+            break
+        chain.append(above)
+    # A group is itself above the namespaces below it, with the groups between them.
+    levels = len(chain) + (1 + _height(budgets, name) if is_group(name) else 0)
+    if levels > MAX_ANCESTORS:
+        return f"{name} cannot have the parent {parent}: {levels} levels of budgets above a namespace, more than {MAX_ANCESTORS}"
+    return None
+
+
+def _height(budgets: Mapping[str, Budget], name: str, depth: int = 0) -> int:
+    """How many levels of group budgets lie below `name` (0 for a namespace or a group without children)."""
+    if depth > MAX_ANCESTORS:
+        return depth
+    children = [child for child, budget in budgets.items() if budget.parent == name and child != name]
+    return max((1 + _height(budgets, child, depth + 1) for child in children), default=0)
+
+
+UsageByPeriod = Mapping[str, Mapping[Period, int]]  # name -> kind of period -> micro-GPU-seconds in its current one
+TopUpsByPeriod = Mapping[str, Mapping[Period, float]]
+
+
+def roll_up(
+    budgets: Mapping[str, Budget],
+    used: UsageByPeriod,
+    topped: TopUpsByPeriod,
+    windows: Mapping[Period, PeriodWindow],
+    managed_by: Mapping[str, str] | None = None,
+) -> dict[str, BudgetStatus]:
+    """Every budget's status: a namespace's use is its own, a group's the sum of its descendants' in the group's
+    own period; each status carries its ancestors' (Slurm's Grp* limits: a namespace is over budget when it or any
+    ancestor is). A parent without a budget is no ancestor."""
+    chains = {name: ancestry(budgets, name) for name in budgets}
+    group_used: dict[str, int] = {}
+    for name, chain in chains.items():
+        if is_group(name):
+            continue
+        for ancestor in chain:
+            kind = budgets[ancestor].period
+            group_used[ancestor] = group_used.get(ancestor, 0) + used.get(name, {}).get(kind, 0)
+    alone = {
+        name: BudgetStatus(
+            name,
+            budget.gpu_minutes,
+            budget.period,
+            windows[budget.period],
+            group_used.get(name, 0) if is_group(name) else used.get(name, {}).get(budget.period, 0),
+            topped.get(name, {}).get(budget.period, 0.0),
+            budget.evict_on_exhaustion,
+            budget.parent,
+            budget.warning_thresholds,
+            (managed_by or {}).get(name),
+        )
+        for name, budget in budgets.items()
+    }
+    return {name: replace(status, ancestors=tuple(alone[a] for a in chains[name])) for name, status in alone.items()}
 
 
 def default_budget_json(gpu_minutes: float | None, period: Period) -> dict[str, Any]:
@@ -130,8 +302,10 @@ def effective_budget(namespace: str, budget: Budget | None, default_gpu_minutes:
     return Budget(namespace, default_gpu_minutes, default_period)
 
 
-def crossed_into_over_budget(before: BudgetState, after: BudgetState) -> bool:
-    return before is not BudgetState.OVER_BUDGET and after is BudgetState.OVER_BUDGET
+def crossed(before: BudgetStatus, after: BudgetStatus) -> bool:
+    """Whether the change from `before` to `after` deserves the controller's attention at once: the effective state
+    changed, or the budget reached a warning threshold it had not."""
+    return before.state is not after.state or before.crossed_thresholds != after.crossed_thresholds
 
 
 def iso_utc(at: dt.datetime) -> str:
@@ -147,15 +321,18 @@ MAX_GPU_MINUTES = 1e12  # far beyond any fleet's month; rejects typos that would
 MAX_REASON = 1000
 
 
-BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaustion": "evict_on_exhaustion"}
+BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaustion": "evict_on_exhaustion",
+                 "parent": "parent", "warningThresholds": "warning_thresholds"}
 
 
-def budget_from_json(namespace: str, body: object, default_period: Period) -> Budget:
-    """A budget from `PUT /api/v1/budgets/{namespace}`: gpuMinutes (a number, or null for unlimited), period, evictOnExhaustion."""
-    fields = _object(body, required=("gpuMinutes",), optional=("period", "evictOnExhaustion"))
+def budget_from_json(name: str, body: object, default_period: Period) -> Budget:
+    """A budget from `PUT /api/v1/budgets/{name}`: gpuMinutes (a number, or null for unlimited), period,
+    evictOnExhaustion, parent, warningThresholds."""
+    fields = _object(body, required=("gpuMinutes",), optional=tuple(key for key in BUDGET_FIELDS if key != "gpuMinutes"))
     given = _budget_fields(fields)
-    return Budget(check_namespace(namespace), given["gpu_minutes"], given.get("period", default_period),
-                  given.get("evict_on_exhaustion", False))
+    return Budget(check_budget_name(name), given["gpu_minutes"], given.get("period", default_period),
+                  given.get("evict_on_exhaustion", False), given.get("parent"),
+                  given.get("warning_thresholds", DEFAULT_WARNING_THRESHOLDS))
 
 
 def budget_changes_from_json(body: object) -> dict[str, Any]:
@@ -179,6 +356,21 @@ def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(fields["evictOnExhaustion"], bool):
             raise BudgetRequestError("evictOnExhaustion must be true or false")
         given["evict_on_exhaustion"] = fields["evictOnExhaustion"]
+    if "parent" in fields:
+        parent = fields["parent"]
+        if parent is not None and not isinstance(parent, str):
+            raise BudgetRequestError("parent must be a group budget's name (e.g. team.vision), or null for none")
+        if parent is not None and not is_group(parent):
+            raise BudgetRequestError(f"parent {parent!r} is a namespace's name: a parent is a group budget (a name with a dot, e.g. team.vision)")
+        try:
+            given["parent"] = None if parent is None else check_budget_name(parent, "parent")
+        except InvalidName as exc:
+            raise BudgetRequestError(str(exc)) from None
+    if "warningThresholds" in fields:
+        try:
+            given["warning_thresholds"] = check_warning_thresholds(fields["warningThresholds"])
+        except ValueError as exc:
+            raise BudgetRequestError(str(exc)) from None
     return given
 
 

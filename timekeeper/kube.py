@@ -61,12 +61,35 @@ class EvictionResult(StrEnum):
     GONE = "gone"  # the pod no longer exists
 
 
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an Event is about: an object and where its Events live."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    namespace: str | None = None  # None: cluster-scoped (its Events live in EVENT_NAMESPACE)
+
+
+@dataclass(frozen=True)
+class CustomResource:
+    """A custom resource's plural, as the API serves it."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient):
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.authentication = client.AuthenticationV1Api(api_client)
         self.authorization = client.AuthorizationV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
@@ -125,10 +148,18 @@ class KubeApi:
         answer = self._call(f"read namespace {namespace}", self.core.read_namespace, namespace, answers={404: None})
         if answer is None or answer.metadata is None:
             return False
+        self.record_object_event(ObjectRef("v1", "Namespace", namespace, answer.metadata.uid), reason, message, warning)
+        return True
+
+    def record_object_event(self, about: ObjectRef, reason: str, message: str, warning: bool) -> None:
+        """An Event about `about`, in its namespace (a cluster-scoped object's in `default`)."""
+        where = about.namespace or EVENT_NAMESPACE
         now = dt.datetime.now(dt.timezone.utc)
         event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{namespace}.gpusharing-{uuid.uuid4().hex[:12]}", namespace=EVENT_NAMESPACE),
-            involved_object=client.V1ObjectReference(api_version="v1", kind="Namespace", name=namespace, uid=answer.metadata.uid),
+            metadata=client.V1ObjectMeta(name=f"{about.name}.gpusharing-{uuid.uuid4().hex[:12]}", namespace=where),
+            involved_object=client.V1ObjectReference(
+                api_version=about.api_version, kind=about.kind, name=about.name, uid=about.uid, namespace=about.namespace
+            ),
             reason=reason,
             message=message,
             type="Warning" if warning else "Normal",
@@ -139,8 +170,43 @@ class KubeApi:
             last_timestamp=now,
             count=1,
         )
-        self._call(f"record an event on namespace {namespace}", self.core.create_namespaced_event, EVENT_NAMESPACE, event)
-        return True
+        self._call(f"record an event on {about.kind} {about.name}", self.core.create_namespaced_event, where, event)
+
+    # -- the controller's Lease --------------------------------------------------------------------------------------
+
+    def read_lease(self, namespace: str, name: str) -> client.V1Lease | None:
+        return self._call(f"read lease {namespace}/{name}", self.coordination.read_namespaced_lease, name, namespace,
+                          answers={404: None})
+
+    def create_lease(self, namespace: str, lease: client.V1Lease) -> bool:
+        """False when another process created it first (409)."""
+        created = self._call(f"create lease {namespace}/{lease.metadata.name}", self.coordination.create_namespaced_lease,
+                             namespace, lease, answers={409: None})
+        return created is not None
+
+    def replace_lease(self, namespace: str, name: str, lease: client.V1Lease) -> client.V1Lease | None:
+        """The Lease written; None when it changed since it was read (409: another process wrote first)."""
+        return self._call(f"update lease {namespace}/{name}", self.coordination.replace_namespaced_lease, name, namespace,
+                          lease, answers={409: None})
+
+    # -- custom resources (GPUBudget, ClusterGPUBudget) ------------------------------------------------------------
+
+    def list_custom(self, resource: CustomResource) -> dict[str, Any] | None:
+        """Every object of the resource, in every namespace, with the list's resourceVersion; None when the API
+        does not serve it (its CRD is not installed)."""
+        return self._call(f"list {resource.plural}", self.custom.list_cluster_custom_object, resource.group,
+                          resource.version, resource.plural, answers={404: None})
+
+    def patch_custom_status(self, resource: CustomResource, namespace: str | None, name: str, status: dict[str, Any]) -> None:
+        """Merges `status` into the object's status subresource; an object deleted meanwhile is left alone."""
+        body = {"status": status}
+        what = f"update the status of {resource.plural} {f'{namespace}/' if namespace else ''}{name}"
+        if resource.namespaced:
+            self._call(what, self.custom.patch_namespaced_custom_object_status, resource.group, resource.version,
+                       namespace, resource.plural, name, body, answers={404: None})
+        else:
+            self._call(what, self.custom.patch_cluster_custom_object_status, resource.group, resource.version,
+                       resource.plural, name, body, answers={404: None})
 
     def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, **kwargs: Any) -> Any:
         """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return."""

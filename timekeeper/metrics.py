@@ -33,11 +33,22 @@ LATENCY = Histogram(
     unit="seconds",
 )
 EVICTIONS = Counter("gpusharing_timekeeper_evictions", "Evictions asked of the API server, by result.", ["result"])
-EVENTS = Counter("gpusharing_timekeeper_events", "Events recorded on namespaces, by reason.", ["reason"])
+EVENTS = Counter("gpusharing_timekeeper_events", "Events recorded on namespaces and budget resources, by reason.", ["reason"])
+WARNINGS = Counter(
+    "gpusharing_timekeeper_budget_warnings",
+    "Budgets that reached a warning threshold (each once per period), by the highest threshold reached.",
+    ["threshold"],
+)
+
+
+TOP_PODS = 20  # the pods shown by GPU time: a bounded number of series, whatever the number of pods
+SILENT_AFTER_SECONDS = 120  # meters report every 30 s: a running pod not heard from this long is silent
+GONE_AFTER_SECONDS = 3600  # ... and one not heard from this long (killed without its final report) is let go
 
 
 class LedgerCollector(Collector):
-    """Per-namespace budget gauges and per-pod memory overruns, computed from the database at each scrape.
+    """Per-budget gauges (namespaces' and groups'), the pods using the most GPU time, silent meters and per-pod
+    memory overruns, computed from the database at each scrape.
 
     Read from the database rather than kept in each worker, so that every worker and every replica agrees.
     """
@@ -59,7 +70,12 @@ class LedgerCollector(Collector):
             unit="gpu_seconds",
         )
         state = GaugeMetricFamily(
-            "gpusharing_timekeeper_budget_state", "1 for the namespace's current state.", labels=["namespace", "state"]
+            "gpusharing_timekeeper_budget_state", "1 for the namespace's current (effective) state.", labels=["namespace", "state"]
+        )
+        info = GaugeMetricFamily(
+            "gpusharing_timekeeper_budget_info",
+            "1 per budget: its kind (namespace or group), parent and the budget that limits it ('' for none).",
+            labels=["namespace", "kind", "parent", "limited_by"],
         )
         for status in self.ledger.budgets.statuses():
             ns = status.namespace
@@ -67,8 +83,21 @@ class LedgerCollector(Collector):
             if status.allowance_gpu_minutes is not None:
                 budget.add_metric([ns], status.allowance_gpu_minutes * 60)
                 remaining.add_metric([ns], (status.remaining_gpu_minutes or 0.0) * 60)
-            for candidate in (BudgetState.IN_BUDGET, BudgetState.OVER_BUDGET, BudgetState.UNLIMITED):
+            for candidate in (BudgetState.IN_BUDGET, BudgetState.WARNING, BudgetState.OVER_BUDGET, BudgetState.UNLIMITED):
                 state.add_metric([ns, candidate.value], 1.0 if status.state is candidate else 0.0)
+            info.add_metric([ns, status.kind, status.parent or "", status.limited_by or ""], 1.0)
+        top = GaugeMetricFamily(
+            "gpusharing_timekeeper_pod_gpu_seconds",
+            f"GPU time billed to each of the {TOP_PODS} running pods that used the most (cumulative, since each started).",
+            labels=["namespace", "pod"], unit="gpu_seconds",
+        )
+        for pod in self.ledger.top_pods(TOP_PODS):
+            top.add_metric([pod.namespace, pod.pod], pod.micro_gpu_seconds / 1_000_000)
+        silent = GaugeMetricFamily(
+            "gpusharing_timekeeper_meters_silent",
+            f"Pods whose meter reported within the last hour, not their final report, and nothing for {SILENT_AFTER_SECONDS} s.",
+        )
+        silent.add_metric([], float(self.ledger.silent_meters(SILENT_AFTER_SECONDS, GONE_AFTER_SECONDS)))
         over = GaugeMetricFamily(
             "gpusharing_timekeeper_pod_gpu_memory_over_request_bytes",
             "GPU memory a running pod uses beyond what it requested; only pods that overrun are listed.",
@@ -92,4 +121,4 @@ class LedgerCollector(Collector):
         for pod in running:
             share.add_metric([pod.namespace, pod.pod, pod.pod_uid], pod.billed_share)
             seconds.add_metric([pod.namespace, pod.pod, pod.pod_uid], billed.get(pod.pod_uid, 0) / MICROS_PER_SECOND)
-        yield from (budget, used, remaining, state, over, share, seconds)
+        yield from (budget, used, remaining, state, info, top, silent, over, share, seconds)

@@ -41,12 +41,17 @@ class Base(DeclarativeBase):
 
 
 class BudgetRow(Base):
+    """A namespace's budget, or a group's (`namespace` then holds the group's name, e.g. team.vision)."""
+
     __tablename__ = "budgets"
 
     namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
     gpu_minutes: Mapped[float | None] = mapped_column(Float)  # NULL: explicitly unlimited
     period: Mapped[str] = mapped_column(String(16))
     evict_on_exhaustion: Mapped[bool] = mapped_column(Boolean, default=False)
+    parent: Mapped[str | None] = mapped_column(String(63))  # a group budget's name
+    warning_thresholds: Mapped[str] = mapped_column(String(32))  # percents, comma-separated ("80,95"; "" for none)
+    managed_by: Mapped[str | None] = mapped_column(String(253))  # "GPUBudget ns/name" or "ClusterGPUBudget name"
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
@@ -144,7 +149,7 @@ class GpuModelWeightRow(Base):
 
 
 class NamespaceStateRow(Base):
-    """The last state the demoter acted on (recorded an Event for), so each transition is acted on once."""
+    """The last state the controller acted on (recorded an Event for), so each transition is acted on once."""
 
     __tablename__ = "namespace_states"
 
@@ -153,14 +158,15 @@ class NamespaceStateRow(Base):
     changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
 
-class LeaseRow(Base):
-    """Which timekeeper process runs the demoter (one at a time, across workers and replicas)."""
+class BudgetWarningRow(Base):
+    """The warning thresholds a budget reached in a period, each warned of once (an Event, a counter)."""
 
-    __tablename__ = "leases"
+    __tablename__ = "budget_warnings"
 
-    name: Mapped[str] = mapped_column(String(63), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(253))
-    expires_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
+    period_start: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True)
+    threshold: Mapped[int] = mapped_column(Integer, primary_key=True)
+    warned_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
 
 budgets = BudgetRow.__table__
@@ -172,4 +178,4 @@ namespace_states = NamespaceStateRow.__table__
 pod_usage = PodUsageRow.__table__
 pod_labels = PodLabelRow.__table__
 gpu_model_weights = GpuModelWeightRow.__table__
-leases = LeaseRow.__table__
+budget_warnings = BudgetWarningRow.__table__

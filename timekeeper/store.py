@@ -11,19 +11,30 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Date, and_, bindparam, case, func, select
 
 from gpusharing.contract import BudgetState
+from gpusharing.names import is_group
 from timekeeper.budget import (
     UTC,
     Budget,
     BudgetStatus,
     Period,
     PeriodWindow,
-    crossed_into_over_budget,
+    crossed,
     effective_budget,
+    hierarchy_problem,
     iso_utc,
     period_window,
+    roll_up,
 )
 from timekeeper.db import Database, Statements
-from timekeeper.models import UtcDateTime, budget_changes, budgets, leases, namespace_states, namespace_usage, top_ups
+from timekeeper.models import (
+    UtcDateTime,
+    budget_changes,
+    budget_warnings,
+    budgets,
+    namespace_states,
+    namespace_usage,
+    top_ups,
+)
 
 Clock = Callable[[], dt.datetime]
 
@@ -37,52 +48,61 @@ class NoLimit(ValueError):
 
 
 class NoBudget(LookupError):
-    """The namespace has no budget of its own."""
+    """The namespace (or group) has no budget of its own."""
+
+
+class Managed(RuntimeError):
+    """The budget is owned by a GPUBudget or ClusterGPUBudget: the REST API may not change it."""
+
+
+class HierarchyConflict(RuntimeError):
+    """The change would break the hierarchy (a parent without a budget, a cycle, too deep, a group with children)."""
 
 
 @dataclass(frozen=True)
 class BudgetChange:
     status: BudgetStatus
     created: bool  # the namespace had no budget of its own before
-    crossed: bool  # the change put the namespace over budget
+    crossed: bool  # the change moved the namespace's state, or past a warning threshold
 
 
 @dataclass
 class StatusReads:
-    """The reads of BudgetStore.read_use, made into statuses once their rows are in."""
+    """The reads of BudgetStore.read_use, made into statuses once their rows are in (each row is read once: a
+    pipeline's rows can be)."""
 
     store: BudgetStore
-    effective: dict[str, Budget]
+    own: dict[str, Any]  # name -> budget row, of the names asked for (or of all)
+    wanted: Collection[str] | None  # None: every namespace `statuses` lists
     windows: dict[Period, PeriodWindow]
-    listing: bool  # every namespace: those without a budget of their own are listed when they have use or top-ups
     used_rows: Iterable[Any]
     topped_rows: Iterable[Any]
+    other_budget_rows: Iterable[Any] = ()  # the rest of the hierarchy, when the names asked for are part of one
+    _read: tuple[dict[str, Any], dict[str, dict[Period, int]], dict[str, dict[Period, float]]] | None = None
 
-    def statuses(self) -> dict[str, BudgetStatus]:
-        used = {row.namespace: row for row in self.used_rows}
-        topped = {row.namespace: row for row in self.topped_rows}
-        effective = dict(self.effective)
+    def statuses(self, minus: Mapping[str, int] | None = None) -> dict[str, BudgetStatus]:
+        """The statuses; `minus`: as they were before these charges (micro-GPU-seconds by namespace, all of today)."""
+        if self._read is None:
+            rows = {**self.own, **{row.namespace: row for row in self.other_budget_rows}}
+            used = {row.namespace: {k: int(getattr(row, f"used_{k}") or 0) for k in Period} for row in self.used_rows}
+            topped = {row.namespace: {k: float(getattr(row, f"topped_{k}") or 0.0) for k in Period} for row in self.topped_rows}
+            self._read = (rows, used, topped)
+        rows, used, topped = self._read
+        if minus:  # today's charges lie in every kind of period's current one
+            used = {name: {kind: value - minus.get(name, 0) for kind, value in use.items()} for name, use in used.items()}
         store = self.store
-        if self.listing:
-            kind = store.default_period.value
-            active = {n for n, row in used.items() if getattr(row, f"used_{kind}")}
-            active |= {n for n, row in topped.items() if getattr(row, f"topped_{kind}")}
-            for namespace in active - effective.keys():
-                effective[namespace] = effective_budget(namespace, None, store.default_gpu_minutes, store.default_period)
-        result = {}
-        for namespace, budget in effective.items():
-            kind = budget.period.value
-            use, top_up = used.get(namespace), topped.get(namespace)
-            result[namespace] = BudgetStatus(
-                namespace,
-                budget.gpu_minutes,
-                budget.period,
-                self.windows[budget.period],
-                int(getattr(use, f"used_{kind}") or 0) if use else 0,
-                float(getattr(top_up, f"topped_{kind}") or 0.0) if top_up else 0.0,
-                budget.evict_on_exhaustion,
-            )
-        return result
+        budgets_by_name = {name: _budget(row) for name, row in rows.items()}
+        if self.wanted is None:
+            kind = store.default_period
+            wanted = set(budgets_by_name)
+            wanted |= {n for n, use in used.items() if use.get(kind)} | {n for n, top in topped.items() if top.get(kind)}
+        else:
+            wanted = set(self.wanted)
+        for name in wanted - budgets_by_name.keys():
+            budgets_by_name[name] = effective_budget(name, None, store.default_gpu_minutes, store.default_period)
+        managed = {name: row.managed_by for name, row in rows.items() if row.managed_by}
+        statuses = roll_up(budgets_by_name, used, topped, self.windows, managed)
+        return {name: statuses[name] for name in wanted}
 
 
 class BudgetStore:
@@ -101,22 +121,26 @@ class BudgetStore:
     # -- reads ---------------------------------------------------------------------------------------------------
 
     def status(self, namespace: str) -> BudgetStatus:
+        """A namespace's status (the default budget's when it has none), or a group's (NoBudget when it has none)."""
         with self.db.read() as conn:
             return self.status_in(conn, namespace, self.clock())
 
     def status_in(self, conn: Connection, namespace: str, now: dt.datetime, lock: bool = False) -> BudgetStatus:
-        """The namespace's status as seen by `conn` (lock: hold its budget row until the transaction ends)."""
+        """The status as seen by `conn` (lock: hold its budget row until the transaction ends)."""
         if lock and not self.db.is_sqlite:
             conn.execute(select(budgets.c.namespace).where(budgets.c.namespace == namespace).with_for_update())
-        return self.statuses_in(conn, [namespace], now)[namespace]
+        reads = self.read_use(conn, self.budget_rows(conn, [namespace]), [namespace], now)
+        if is_group(namespace) and namespace not in reads.own:
+            raise NoBudget(f"there is no group budget {namespace}")
+        return reads.statuses()[namespace]
 
     def statuses(self) -> list[BudgetStatus]:
-        """Every namespace with a budget, and every other namespace with use or top-ups in its (default) period."""
+        """Every budget (namespaces' and groups'), and every other namespace with use or top-ups in its (default) period."""
         with self.db.read() as conn:
             return sorted(self.statuses_in(conn, None, self.clock()).values(), key=lambda status: status.namespace)
 
     def statuses_in(self, conn: Statements, namespaces: Collection[str] | None, now: dt.datetime) -> dict[str, BudgetStatus]:
-        """The statuses of `namespaces` (None: of every namespace `statuses` lists), in three statements."""
+        """The statuses of `namespaces` (None: of every namespace `statuses` lists)."""
         return self.read_use(conn, self.budget_rows(conn, namespaces), namespaces, now).statuses()
 
     def budget_rows(self, conn: Statements, namespaces: Collection[str] | None) -> Iterable[Any]:
@@ -128,26 +152,36 @@ class BudgetStore:
     def read_use(
         self, conn: Statements, budget_rows: Iterable[Any], namespaces: Collection[str] | None, now: dt.datetime
     ) -> StatusReads:
-        """Sends the reads of the namespaces' use and top-ups in their current periods; StatusReads.statuses() has the result.
+        """Sends the reads of the use and top-ups in the current periods; StatusReads.statuses() has the result.
 
-        Use is kept per UTC day, so one pass over the days since the earliest period start in use gives every
-        namespace's use in its own period, whatever that period is.
+        Use is kept per UTC day, so one pass over the days since the earliest period start gives every namespace's
+        use in every kind of period. Names that are part of a hierarchy (a group, or a budget with a parent) need
+        the whole of it: then every budget, use and top-up is read, as for the listing.
         """
-        own = {row.namespace: _budget(row) for row in budget_rows}
-        effective = {
-            namespace: effective_budget(namespace, own.get(namespace), self.default_gpu_minutes, self.default_period)
-            for namespace in (namespaces if namespaces is not None else own)
-        }
-        kinds = {budget.period for budget in effective.values()} | {self.default_period}
+        own = {row.namespace: row for row in budget_rows}
         windows = {kind: period_window(kind, now) for kind in Period}
-        earliest = min(windows[kind].start for kind in kinds)
+        earliest = min(window.start for window in windows.values())
         parameters = {**_window_parameters(windows), "earliest_day": earliest.date(), "earliest_start": earliest}
-        if namespaces is None:
+        whole = namespaces is None or any(row.parent for row in own.values()) or any(is_group(n) for n in namespaces)
+        if whole:
+            others = conn.execute(_BUDGETS) if namespaces is not None else ()
             used, topped = conn.execute(_USAGE, parameters), conn.execute(_TOP_UPS, parameters)
         else:
-            parameters["namespaces"] = sorted(namespaces)
+            others = ()
+            parameters["namespaces"] = sorted(namespaces)  # type: ignore[arg-type]
             used, topped = conn.execute(_USAGE_OF, parameters), conn.execute(_TOP_UPS_OF, parameters)
-        return StatusReads(self, effective, windows, listing=namespaces is None, used_rows=used, topped_rows=topped)
+        return StatusReads(self, own, namespaces, windows, used, topped, others)
+
+    def budgets(self) -> dict[str, Budget]:
+        """Every budget, namespaces' and groups'."""
+        with self.db.read() as conn:
+            return {row.namespace: _budget(row) for row in conn.execute(_BUDGETS)}
+
+    def managed(self) -> dict[str, str]:
+        """The budgets that resources own: name -> the resource (`GPUBudget ns/name`, `ClusterGPUBudget name`)."""
+        with self.db.read() as conn:
+            query = select(budgets.c.namespace, budgets.c.managed_by).where(budgets.c.managed_by.is_not(None))
+            return {row.namespace: row.managed_by for row in conn.execute(query)}
 
     def changes(self, namespace: str) -> list[dict[str, object]]:
         """The audit log of one namespace, oldest first."""
@@ -169,25 +203,39 @@ class BudgetStore:
 
     # -- writes (each in one transaction, with its audit record) --------------------------------------------------
 
-    def set_budget(self, budget: Budget, actor: str) -> BudgetChange:
-        """Gives the namespace `budget`, in place of what it had."""
-        return self._set_budget(budget.namespace, lambda _current: budget, actor)
+    def set_budget(self, budget: Budget, actor: str, owner: str | None = None) -> BudgetChange:
+        """Gives the namespace (or group) `budget`, in place of what it had. `owner`: the resource that owns it
+        (the controller's writes); without one, a budget a resource owns is refused (Managed)."""
+        return self._set_budget(budget.namespace, lambda _current: budget, actor, owner)
 
     def patch_budget(self, namespace: str, changes: Mapping[str, Any], actor: str) -> BudgetChange:
         """Changes only the fields of its budget that `changes` names (Budget's): of its own budget, or of the default
         one when it has none (the result becomes its own)."""
-        return self._set_budget(namespace, lambda current: replace(current, **changes), actor)
+        return self._set_budget(namespace, lambda current: replace(current, **changes), actor, None)
 
-    def _set_budget(self, namespace: str, change: Callable[[Budget], Budget], actor: str) -> BudgetChange:
+    def _set_budget(self, namespace: str, change: Callable[[Budget], Budget], actor: str, owner: str | None) -> BudgetChange:
         now = self.clock()
         with self.db.write() as conn:
-            before = self.status_in(conn, namespace, now, lock=True)
-            existed = conn.execute(select(budgets.c.namespace).where(budgets.c.namespace == namespace)).first()
-            budget = change(Budget(namespace, before.gpu_minutes, before.period, before.evict_on_exhaustion))
+            if lock := not self.db.is_sqlite:  # every budget: the hierarchy is checked against all of them
+                conn.execute(select(budgets.c.namespace).with_for_update())
+            rows = {row.namespace: row for row in conn.execute(_BUDGETS)}
+            existed = rows.get(namespace)
+            self._check_owner(existed, namespace, owner)
+            before = self._status_or_none(conn, namespace, now, lock)
+            current = _budget(existed) if existed is not None else Budget(
+                namespace, self.default_gpu_minutes, self.default_period)
+            budget = change(current)
+            others = {name: _budget(row) for name, row in rows.items() if name != namespace}
+            problem = hierarchy_problem(others, namespace, budget.parent, parent_must_exist=owner is None)
+            if problem:
+                raise HierarchyConflict(problem)
             values = {
                 "gpu_minutes": budget.gpu_minutes,
                 "period": budget.period.value,
                 "evict_on_exhaustion": budget.evict_on_exhaustion,
+                "parent": budget.parent,
+                "warning_thresholds": ",".join(map(str, budget.warning_thresholds)),
+                "managed_by": owner,
                 "updated_at": now,
             }
             conn.execute(
@@ -196,27 +244,39 @@ class BudgetStore:
                 .on_conflict_do_update(index_elements=[budgets.c.namespace], set_=values)
             )
             after = self.status_in(conn, budget.namespace, now)
-            self._audit(conn, budget.namespace, "set", actor, now, before if existed else None, after)
-        return BudgetChange(after, existed is None, crossed_into_over_budget(before.state, after.state))
+            self._audit(conn, budget.namespace, "set", actor, now, before if existed is not None else None, after)
+        return BudgetChange(after, existed is None, before is None or crossed(before, after))
 
-    def remove_budget(self, namespace: str, actor: str) -> BudgetStatus:
-        """Removes the namespace's own budget (the default applies again); raises NoBudget when it has none."""
+    def remove_budget(self, namespace: str, actor: str, owner: str | None = None) -> BudgetStatus | None:
+        """Removes the budget (a namespace gets the default again; None for a group); NoBudget when it has none.
+
+        `owner`: the resource that owned it (the controller's removal); without one, a budget a resource owns is
+        refused (Managed), and so is a group with children (HierarchyConflict). A group's children removed by its
+        resource keep naming it, and have no ancestor there until it is back.
+        """
         now = self.clock()
         with self.db.write() as conn:
+            row = conn.execute(_BUDGETS_OF, {"namespaces": [namespace]}).first()
+            if row is None:
+                raise NoBudget(f"{'group' if is_group(namespace) else 'namespace'} {namespace} has no budget of its own")
+            self._check_owner(row, namespace, owner)
+            children = sorted(r.namespace for r in conn.execute(select(budgets.c.namespace).where(budgets.c.parent == namespace)))
+            if children and owner is None:
+                raise HierarchyConflict(f"{namespace} is the parent of {', '.join(children[:10])}: give them another parent first")
             before = self.status_in(conn, namespace, now, lock=True)
-            if conn.execute(budgets.delete().where(budgets.c.namespace == namespace)).rowcount == 0:
-                raise NoBudget(f"namespace {namespace} has no budget of its own")
-            after = self.status_in(conn, namespace, now)
+            conn.execute(budgets.delete().where(budgets.c.namespace == namespace))
+            after = None if is_group(namespace) else self.status_in(conn, namespace, now)
             self._audit(conn, namespace, "remove", actor, now, before, None)
         return after
 
     def top_up(self, namespace: str, gpu_minutes: float, reason: str, actor: str) -> BudgetStatus:
-        """Adds GPU-minutes to the namespace's current period; raises NoLimit when its budget is unlimited."""
+        """Adds GPU-minutes to the current period of a namespace's (or group's) budget, whoever owns it; raises NoLimit
+        when it is unlimited."""
         now = self.clock()
         with self.db.write() as conn:
             before = self.status_in(conn, namespace, now, lock=True)
             if before.gpu_minutes is None:
-                raise NoLimit(f"namespace {namespace} has no limit on GPU-minutes: a top-up would change nothing")
+                raise NoLimit(f"{namespace} has no limit on GPU-minutes: a top-up would change nothing")
             conn.execute(
                 top_ups.insert().values(
                     namespace=namespace,
@@ -230,6 +290,20 @@ class BudgetStore:
             after = self.status_in(conn, namespace, now)
             self._audit(conn, namespace, "top-up", actor, now, before, after, {"gpuMinutes": gpu_minutes, "reason": reason})
         return after
+
+    @staticmethod
+    def _check_owner(row: Any, namespace: str, owner: str | None) -> None:
+        if row is not None and row.managed_by and owner is None:
+            raise Managed(
+                f"the budget of {namespace} is managed by the {row.managed_by} resource: change it with kubectl "
+                "(through the REST API and the command line it may only be topped up)"
+            )
+
+    def _status_or_none(self, conn: Connection, namespace: str, now: dt.datetime, lock: bool) -> BudgetStatus | None:
+        try:
+            return self.status_in(conn, namespace, now, lock=lock)
+        except NoBudget:  # a new group
+            return None
 
     def _audit(
         self,
@@ -254,16 +328,16 @@ class BudgetStore:
             )
         )
 
-    # -- demotion bookkeeping -------------------------------------------------------------------------------------
+    # -- the controller's bookkeeping -----------------------------------------------------------------------------------
 
     def acted_states(self) -> dict[str, BudgetState]:
         with self.db.read() as conn:
             return {row.namespace: BudgetState(row.state) for row in conn.execute(select(namespace_states))}
 
     def claim_transition(self, namespace: str, state: BudgetState) -> BudgetState | None:
-        """Records that the demoter acts on `state`; returns the state it acted on before, or None when unchanged.
+        """Records that the controller acts on `state`; returns the state it acted on before, or None when unchanged.
 
-        The first demoter to record a transition acts on it; any other finds it recorded and does nothing.
+        The first controller to record a transition acts on it; any other finds it recorded and does nothing.
         """
         now = self.clock()
         with self.db.write() as conn:
@@ -296,25 +370,33 @@ class BudgetStore:
             else:
                 conn.execute(namespace_states.update().where(claimed).values(state=previous.value))
 
-    def acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
-        """Takes or renews the lease `name` for `holder`; False while another holder's lease runs."""
+    def claim_warnings(self, namespace: str, period_start: dt.datetime, thresholds: Iterable[int]) -> list[int]:
+        """Records that the thresholds are warned of in this period; returns those no one had recorded yet.
+
+        The first controller to record a threshold warns of it; any other finds it recorded and does nothing.
+        """
         now = self.clock()
-        expires = now + dt.timedelta(seconds=seconds)
+        claimed = []
         with self.db.write() as conn:
-            taken = conn.execute(
-                leases.update()
-                .where(leases.c.name == name, (leases.c.holder == holder) | (leases.c.expires_at < now))
-                .values(holder=holder, expires_at=expires)
-            ).rowcount
-            if taken:
-                return True
-            inserted = conn.execute(
-                self.db.insert(leases)
-                .values(name=name, holder=holder, expires_at=expires)
-                .on_conflict_do_nothing()
-                .returning(leases.c.name)
-            ).first()
-            return inserted is not None
+            for threshold in sorted(set(thresholds)):
+                inserted = conn.execute(
+                    self.db.insert(budget_warnings)
+                    .values(namespace=namespace, period_start=period_start, threshold=threshold, warned_at=now)
+                    .on_conflict_do_nothing()
+                    .returning(budget_warnings.c.threshold)
+                ).first()
+                if inserted is not None:
+                    claimed.append(threshold)
+        return claimed
+
+    def release_warnings(self, namespace: str, period_start: dt.datetime, thresholds: Iterable[int]) -> None:
+        """Gives back claimed thresholds whose warning could not be sent, so that the next pass tries again."""
+        with self.db.write() as conn:
+            conn.execute(budget_warnings.delete().where(
+                budget_warnings.c.namespace == namespace,
+                budget_warnings.c.period_start == period_start,
+                budget_warnings.c.threshold.in_(list(thresholds)),
+            ))
 
 
 def _per_period(value: Any, in_period: Callable[[Period], ColumnElement[bool]], prefix: str) -> list[Any]:
@@ -361,4 +443,5 @@ def _window_parameters(windows: dict[Period, PeriodWindow]) -> dict[str, object]
 
 
 def _budget(row: Any) -> Budget:
-    return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion))  # type: ignore[attr-defined]
+    thresholds = tuple(int(t) for t in row.warning_thresholds.split(",") if t)
+    return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion), row.parent, thresholds)

@@ -17,7 +17,7 @@ from gpusharing.kube import api_client, in_cluster_available
 from gpusharing.messages import shortened
 from gpusharing.metrics import render_metrics
 from gpusharing.request import as_mapping
-from gpusharing.serving import release_memory
+from gpusharing.serving import ON_STOP, release_memory
 from webhook import metrics
 from webhook.admission import BadReview, Decision, parse_review, review_response
 from webhook.budget import BudgetStateCache
@@ -51,8 +51,10 @@ def create_app(
     app.config["GPUSHARING"] = config
     app.config["MAX_CONTENT_LENGTH"] = MAX_REVIEW_BYTES
     app.extensions["budgets"] = budgets
-    large_reviews = threading.Lock()
     app.extensions["claims"] = claims
+    # A stopping worker ends its poller first, so no line of it is cut off by the exit (or written unformatted).
+    app.extensions[ON_STOP] = [budgets.stop]
+    large_reviews = threading.Lock()
 
     def review(endpoint: str, mutate: bool) -> tuple[Response, int]:
         started = time.perf_counter()
@@ -76,7 +78,7 @@ def create_app(
         fields = {"request_id": shortened(admission.uid), "namespace": shortened(admission.namespace), "pod": _pod_name(admission.object),
                   "operation": admission.operation, "endpoint": endpoint}
         try:
-            decision = admit(admission, config, budgets.state_of, mutate, claims)
+            decision = admit(admission, config, budgets.budget_of, mutate, claims)
         except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
             log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
@@ -86,8 +88,9 @@ def create_app(
         if not decision.allowed:
             log.info("denied %s of pod %s/%s: %s", admission.operation, fields["namespace"], fields["pod"], decision.message,
                      extra=fields)
-        elif decision.warnings:  # demoted: its namespace is over budget
-            log.info("admitted pod %s/%s demoted: %s", fields["namespace"], fields["pod"], decision.warnings[0], extra=fields)
+        elif decision.warnings:  # demoted (its namespace is over budget), or near its budget
+            log.info("admitted pod %s/%s%s: %s", fields["namespace"], fields["pod"],
+                     " demoted" if budgets.state_of(admission.namespace).demoted else "", "; ".join(decision.warnings), extra=fields)
         elif decision.patch:
             log.debug("admitted pod %s/%s (%s)", fields["namespace"], fields["pod"], decision.dialect, extra=fields)
         metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpusharing.contract import BudgetState
 from gpusharing.jsonhttp import JsonClient, Unreachable
+from gpusharing.thresholds import usage_warning
 
 log = logging.getLogger(__name__)
 
@@ -17,30 +18,57 @@ LISTING_PATH = "/api/v1/budgets"
 
 
 @dataclass(frozen=True)
+class NamespaceBudget:
+    """What admission needs of a namespace's budget: its effective state (over budget through an ancestor too),
+    and the warnings every GPU pod admitted there gets (its own budget's or an ancestor's, above a threshold)."""
+
+    state: BudgetState
+    warnings: tuple[str, ...] = ()
+
+
+UNKNOWN = NamespaceBudget(BudgetState.UNKNOWN)
+
+
+@dataclass(frozen=True)
 class BudgetStates:
-    """The timekeeper's listing as the webhook keeps it."""
+    """The timekeeper's listing as the webhook keeps it: one dictionary lookup per admission."""
 
-    listed: Mapping[str, BudgetState]
-    default: BudgetState = BudgetState.UNKNOWN  # the state of every namespace the listing leaves out
+    listed: Mapping[str, NamespaceBudget]
+    default: NamespaceBudget = UNKNOWN  # every namespace the listing leaves out
 
-    def of(self, namespace: str) -> BudgetState:
+    def of(self, namespace: str) -> NamespaceBudget:
         return self.listed.get(namespace, self.default)
 
 
 def states_from_listing(body: object) -> BudgetStates:
-    """The states in the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown.
+    """The states and warnings in the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown,
+    and warnings the webhook cannot read are left out. The sentences are made here, once per poll.
 
     A namespace the listing leaves out is under the default budget with no use: `default.state`. A timekeeper
-    that does not say (before it did) leaves such namespaces unknown.
+    that does not say (before it did) leaves such namespaces unknown. Group budgets (names with a dot) are listed
+    too; no namespace has such a name, so they are never looked up.
     """
     if not isinstance(body, Mapping) or not isinstance(body.get("items"), list):
         raise ValueError("expected an object with an 'items' list")
-    listed: dict[str, BudgetState] = {}
+    listed: dict[str, NamespaceBudget] = {}
     for item in body["items"]:
         if isinstance(item, Mapping) and isinstance(item.get("namespace"), str):
-            listed[item["namespace"]] = _state(item.get("state"))
+            namespace = item["namespace"]
+            listed[namespace] = NamespaceBudget(_state(item.get("state")), _warnings(namespace, item.get("warnings")))
     default = body.get("default")
-    return BudgetStates(listed, _state(default.get("state")) if isinstance(default, Mapping) else BudgetState.UNKNOWN)
+    return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN)
+
+
+def _warnings(namespace: str, raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list):
+        return ()
+    warnings = []
+    for warning in raw:
+        try:
+            warnings.append(usage_warning(namespace, warning))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(warnings)
 
 
 def _state(raw: object) -> BudgetState:
@@ -71,6 +99,9 @@ class BudgetStateCache:
         self._thread: threading.Thread | None = None
 
     def state_of(self, namespace: str) -> BudgetState:
+        return self._states.of(namespace).state
+
+    def budget_of(self, namespace: str) -> NamespaceBudget:
         return self._states.of(namespace)
 
     def refresh(self) -> bool:
@@ -103,7 +134,10 @@ class BudgetStateCache:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.refresh()
+            try:
+                self.refresh()
+            except Exception:  # an unforeseen failure must not end the polling: the states would never change again
+                log.exception("budget states not refreshed from %s, keeping the last known", self._url)
             self._stop.wait(self._refresh_seconds)
 
     def _token(self) -> str | None:
@@ -113,5 +147,6 @@ class BudgetStateCache:
             return handle.read().strip()
 
     def _report(self, ok: bool) -> None:
-        if self._on_refresh is not None:
+        # A stopping worker's metrics files may already be gone: a poll that ends after stop() counts nothing.
+        if self._on_refresh is not None and not self._stop.is_set():
             self._on_refresh(ok)

@@ -12,24 +12,24 @@ from gpusharing.contract import (
     ANNOTATION_GPU_MODEL,
     ANNOTATION_GPU_SHARE,
     ANNOTATION_PREFIX,
-    BudgetState,
 )
 from gpusharing.quantity import QuantityError, parse_whole_quantity
 from gpusharing.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.request import GpuRequest, InvalidGpuRequest, as_list, as_mapping, parse_gpu_request
 from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
+from webhook.budget import NamespaceBudget
 from webhook.config import WebhookConfig
 from webhook.meter import meter_container, meter_identity, meter_volumes, token_volume_name, volume_without_server_defaults
 from webhook.patch import JsonPatch, pointer
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 
-BudgetLookup = Callable[[str], BudgetState]
+BudgetLookup = Callable[[str], NamespaceBudget]
 
 
 def admit(
-    request: AdmissionRequest, config: WebhookConfig, budget_state: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims
+    request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims
 ) -> Decision:
     """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
     specs of the resource claims a pod names (the webhook's in-memory index)."""
@@ -63,7 +63,7 @@ def admit(
     if not mutate:
         problem = _check_record_matches(pod, record)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
-    decision = _mutation(pod, config, record, budget_state(request.namespace), request.namespace, dialect)
+    decision = _mutation(pod, config, record, budget_of(request.namespace), request.namespace, dialect)
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
 
@@ -175,10 +175,13 @@ def _check_meter(
 
 
 def _mutation(
-    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], state: BudgetState, namespace: str, dialect: str
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str
 ) -> Decision:
     patch = JsonPatch()
-    warnings: list[str] = []
+    state = budget.state
+    # Above a warning threshold (its own budget's or an ancestor's): every GPU pod admitted says so, and
+    # `kubectl apply` prints it.
+    warnings: list[str] = list(budget.warnings)
     metadata = as_mapping(pod.get("metadata"))
     spec = as_mapping(pod.get("spec"))
 

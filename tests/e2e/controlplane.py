@@ -35,11 +35,12 @@ ADMISSION_PLUGINS = (
     "NamespaceLifecycle,LimitRanger,ServiceAccount,Priority,DefaultTolerationSeconds,"
     "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota"
 )
-# What a namespace, a Job, a Deployment and a PodDisruptionBudget need to work as in a cluster.
+# What a namespace, a Job, a Deployment, a PodDisruptionBudget and the aggregated roles (view, edit, admin) need to
+# work as in a cluster.
 CONTROLLERS = (
     "serviceaccount-controller,serviceaccount-token-controller,namespace-controller,"
     "root-ca-certificate-publisher-controller,job-controller,deployment-controller,replicaset-controller,"
-    "disruption-controller"
+    "disruption-controller,clusterrole-aggregation-controller"
 )
 
 

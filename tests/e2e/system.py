@@ -78,6 +78,10 @@ class GpuSharing:
         for obj in self.manifests:
             if not obj["apiVersion"].startswith("cert-manager.io/") and not obj["kind"].endswith("WebhookConfiguration"):
                 utils.create_from_dict(self.api, obj)
+        for crd in (o for o in self.manifests if o["kind"] == "CustomResourceDefinition"):
+            path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+            wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True"
+                                 for c in self.rest("GET", path).get("status", {}).get("conditions", [])), f"{path} established")
         self.timekeeper_url = self._start_timekeeper()
         self.webhook_url, ca_pem = self._start_webhook()
         self.ca_bundle = base64.b64encode(ca_pem).decode()

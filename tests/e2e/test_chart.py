@@ -15,8 +15,8 @@ from tests.e2e.test_admission import EXAMPLE_PODS, assert_governed, example
 from tests.helm import render
 from tests.manifests.test_chart import COMBINATIONS, CUSTOM_RESOURCES
 
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "MutatingWebhookConfiguration",
-                  "ValidatingWebhookConfiguration"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "CustomResourceDefinition",
+                  "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
 
 
 @pytest.mark.parametrize("combination", ["defaults", "without cert-manager", "external database", "everything changed"])

@@ -45,9 +45,26 @@ def examples() -> list[dict[str, Any]]:
 def test_every_object_validates_strictly(objects: list[dict[str, Any]]) -> None:
     extra = examples()
     for obj in objects + extra:
-        if obj["apiVersion"].startswith("cert-manager.io/"):
-            continue  # a CRD, not in the Kubernetes schema: checked below
+        if obj["apiVersion"].startswith(("cert-manager.io/", "gpusharing.io/")):
+            continue  # custom resources, not in the Kubernetes schema: checked below (and gpusharing.io's by the e2e tier)
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_gpubudget_examples_match_their_crds_schema(objects: list[dict[str, Any]]) -> None:
+    """The CRDs' structural schema, as JSON Schema (their CEL rules run on the real API server: tests/e2e)."""
+    from jsonschema import Draft4Validator
+
+    crds = {o["spec"]["names"]["kind"]: o for o in objects if o["kind"] == "CustomResourceDefinition"}
+    assert set(crds) == {"GPUBudget", "ClusterGPUBudget"}
+    found = [o for o in examples() if o["apiVersion"] == "gpusharing.io/v1alpha1"]
+    assert {o["kind"] for o in found} == set(crds)
+    for obj in found:
+        (version,) = crds[obj["kind"]]["spec"]["versions"]
+        assert version["served"] and version["storage"] and version["subresources"] == {"status": {}}
+        Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(obj)
+        columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+        assert columns == ["Budget", "Used", "Remaining", "Percent", "State", "Period End", "Age"]
+    assert crds["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
 
 
 def test_cert_manager_issues_the_certificate_and_injects_the_ca(objects: list[dict[str, Any]]) -> None:
@@ -209,7 +226,15 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
         ("", "namespaces", "get"),
+        *{("gpusharing.io", resource, verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("get", "list", "watch")},
+        *{("gpusharing.io", f"{resource}/status", verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("update", "patch")},
     }
+    (election,) = [o for o in objects if o["kind"] == "Role"]
+    assert election["metadata"]["namespace"] == "gpusharing-system"
+    assert election["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+    viewer = find(objects, "ClusterRole", "gpusharing-gpubudget-viewer")
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {verb for rule in viewer["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}  # never more
     assert granted(objects, "gpusharing-webhook") == {("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")}
     bindings = {(o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
     assert {role for role, subject in bindings if subject == "gpusharing-webhook"} == {"gpusharing-webhook"}

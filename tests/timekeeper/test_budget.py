@@ -100,7 +100,7 @@ def test_top_ups_add_to_the_allowance_and_remaining_never_goes_below_zero() -> N
     status = BudgetStatus("team-a", 100.0, Period.MONTHLY, window, 130 * MICROS_PER_GPU_MINUTE, 50.0, False)
     assert status.allowance_gpu_minutes == 150.0
     assert status.remaining_gpu_minutes == 20.0
-    assert status.state is BudgetState.IN_BUDGET
+    assert status.state is BudgetState.WARNING and status.crossed_thresholds == (80,)  # 87 % of 150, not 130 % of 100
     spent = BudgetStatus("team-a", 100.0, Period.MONTHLY, window, 170 * MICROS_PER_GPU_MINUTE, 50.0, False)
     assert spent.remaining_gpu_minutes == 0.0 and spent.state is BudgetState.OVER_BUDGET
     assert spent.to_json()["periodStart"] == "2026-05-01T00:00:00Z" and spent.to_json()["periodEnd"] == "2026-06-01T00:00:00Z"

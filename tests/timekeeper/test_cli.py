@@ -104,7 +104,8 @@ def test_set_changes_only_what_it_names_and_a_new_budget_takes_the_servers_defau
         assert row("--unlimited") == ["team-a", "unlimited", "0.0", "-", "unlimited", "weekly", "no"]
         code, _, err = run(capsys, "budget", "set", "team-a", *admin)
         assert code == 1
-        assert err == "gpusharing: nothing to set: give --gpu-minutes N, --unlimited, --period or --[no-]evict-on-exhaustion\n"
+        assert err == ("gpusharing: nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
+                       "--parent, --no-parent or --warning-thresholds\n")
         code, out, _ = run(capsys, "budget", "ls", *admin)
         assert out.splitlines()[-1] == "any other namespace: 600.0 daily (in-budget)"
 
@@ -158,7 +159,7 @@ def test_server_refusals_are_sentences_that_say_what_to_do(url: str, capsys: pyt
         (["set", "team-a", "--gpu-minutes", "-3"], "argument --gpu-minutes: '-3' is not a number of GPU-minutes"),
         (["set", "team-a", "--period", "yearly"], "argument --period: invalid choice: 'yearly' (choose from 'daily', 'weekly', 'monthly', 'none')"),
         (["set", "team-a", "--gpu-minutes", "5", "--unlimited"], "argument --unlimited: not allowed with argument --gpu-minutes"),
-        (["set", "Team_A", "--unlimited"], "argument namespace: 'Team_A' is not a namespace name"),
+        (["set", "Team_A", "--unlimited"], "argument NAME: 'Team_A' is not a namespace name"),
         (["top-up", "team-a", "inf", "--reason", "x"], "argument GPU_MINUTES: 'inf' is not a number of GPU-minutes"),
         (["ls", "--timekeeper", "127.0.0.1:8080"], "argument --timekeeper: '127.0.0.1:8080' must be an http:// or https:// URL, "
                                                    "e.g. http://127.0.0.1:8080"),
@@ -214,3 +215,34 @@ def test_version_and_help_with_examples() -> None:
                     ["db", "upgrade"], ["webhook", "serve"]):
         helped = run_command(*command, "--help")
         assert helped.returncode == 0 and "example" in helped.stdout, command
+
+
+def test_groups_parents_thresholds_and_the_tree(url: str, capsys: pytest.CaptureFixture[str], app: Flask) -> None:
+    admin = ("--timekeeper", url, "--token", ADMIN)
+    assert run(capsys, "budget", "set", "org.acme", "--gpu-minutes", "1000", *admin)[0] == 0
+    assert run(capsys, "budget", "set", "team.vision", "--gpu-minutes", "100", "--parent", "org.acme", *admin)[0] == 0
+    assert run(capsys, "budget", "set", "ml-team", "--gpu-minutes", "10", "--parent", "team.vision",
+               "--warning-thresholds", "50,90", *admin)[0] == 0
+    assert run(capsys, "budget", "set", "cv-team", "--gpu-minutes", "10", "--parent", "team.vision", *admin)[0] == 0
+    assert run(capsys, "budget", "set", "solo", "--gpu-minutes", "10", *admin)[0] == 0
+    report(app, "ml-team", 6 * 60)
+    code, out, _ = run(capsys, "budget", "tree", *admin)
+    assert code == 0
+    assert [line.split()[:1] + line.split()[-4:-2] for line in out.splitlines()[1:]] == [
+        ["org.acme", "in-budget", "in-budget"],
+        ["└─", "in-budget", "in-budget"],  # team.vision: 6 of 100
+        ["├─", "in-budget", "in-budget"],  # cv-team
+        ["└─", "warning", "warning"],  # ml-team: 60 % of its 10, its 50 % threshold
+        ["solo", "in-budget", "in-budget"],
+    ]
+    assert "\n└─ team.vision" in out and "\n   ├─ cv-team" in out and "\n   └─ ml-team" in out
+    code, _, err = run(capsys, "budget", "set", "ml-team", "--warning-thresholds", "90,50", *admin)
+    assert code == 2 and "strictly increasing" in err
+    code, _, err = run(capsys, "budget", "set", "ml-team", "--parent", "vision", *admin)
+    assert code == 2 and "is not a group budget name" in err
+    code, _, err = run(capsys, "budget", "rm", "team.vision", *admin)
+    assert code == 1 and "team.vision is the parent of cv-team, ml-team: give them another parent first" in err
+    assert run(capsys, "budget", "set", "ml-team", "--no-parent", *admin)[0] == 0
+    assert run(capsys, "budget", "set", "cv-team", "--no-parent", *admin)[0] == 0
+    code, out, _ = run(capsys, "budget", "rm", "team.vision", *admin)
+    assert code == 0 and out.strip() == "removed the group budget team.vision"

@@ -10,7 +10,8 @@ from flask import Flask
 
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient
-from timekeeper.demotion import Demoter, eviction_candidates
+from timekeeper.controller import Controller
+from timekeeper.demotion import eviction_candidates
 from timekeeper.kube import KubeApi
 
 
@@ -20,9 +21,9 @@ def app(make_app: AppFactory, fake_kube: FakeKube) -> Flask:
 
 
 @pytest.fixture
-def demoter(app: Flask) -> Demoter:
-    demoter: Demoter = app.extensions["demoter"]
-    return demoter
+def demoter(app: Flask) -> Controller:
+    controller: Controller = app.extensions["controller"]
+    return controller
 
 
 def spend(api: SpecClient, namespace: str, gpu_seconds: float, seq: int = 1) -> dict[str, Any]:
@@ -32,7 +33,7 @@ def spend(api: SpecClient, namespace: str, gpu_seconds: float, seq: int = 1) -> 
     return answer
 
 
-def test_crossing_records_one_event_on_the_namespace(api: SpecClient, demoter: Demoter, fake_kube: FakeKube) -> None:
+def test_crossing_records_one_event_on_the_namespace(api: SpecClient, demoter: Controller, fake_kube: FakeKube) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
     spend(api, "team-a", 30)
     assert demoter.run_once().events == []  # type: ignore[union-attr]
@@ -49,7 +50,7 @@ def test_crossing_records_one_event_on_the_namespace(api: SpecClient, demoter: D
 
 
 def test_running_in_budget_gpu_pods_are_evicted_and_the_rest_left_alone(
-    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+    api: SpecClient, demoter: Controller, fake_kube: FakeKube
 ) -> None:
     for name in ("trainer-1", "trainer-2"):
         fake_kube.add_pod("team-a", name)
@@ -66,7 +67,7 @@ def test_running_in_budget_gpu_pods_are_evicted_and_the_rest_left_alone(
 
 
 def test_an_eviction_a_disruption_budget_refuses_is_retried_later_never_forced(
-    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+    api: SpecClient, demoter: Controller, fake_kube: FakeKube
 ) -> None:
     fake_kube.add_pod("team-a", "guarded")
     fake_kube.refuse_evictions.add(("team-a", "guarded"))
@@ -80,7 +81,7 @@ def test_an_eviction_a_disruption_budget_refuses_is_retried_later_never_forced(
     assert fake_kube.count("DELETE", "/api/v1") == 0
 
 
-def test_a_top_up_promotes_back_and_stops_evictions(api: SpecClient, demoter: Demoter, fake_kube: FakeKube) -> None:
+def test_a_top_up_promotes_back_and_stops_evictions(api: SpecClient, demoter: Controller, fake_kube: FakeKube) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
     spend(api, "team-a", 90)
     demoter.run_once()
@@ -100,7 +101,7 @@ def test_a_raised_budget_and_a_new_period_promote_back(api: SpecClient, clock: C
     assert api.get("/api/v1/budgets/team-a").json["state"] == "in-budget"
 
 
-def test_lowering_a_budget_below_use_demotes(api: SpecClient, demoter: Demoter, fake_kube: FakeKube) -> None:
+def test_lowering_a_budget_below_use_demotes(api: SpecClient, demoter: Controller, fake_kube: FakeKube) -> None:
     spend(api, "team-a", 600)
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 5, "evictOnExhaustion": True})
     fake_kube.add_pod("team-a", "trainer")
@@ -121,7 +122,7 @@ def test_a_re_created_pod_is_never_free(api: SpecClient) -> None:
 
 
 def test_the_background_demoter_acts_as_soon_as_a_report_crosses(app: Flask, api: SpecClient, fake_kube: FakeKube) -> None:
-    demoter: Demoter = app.extensions["demoter"]
+    demoter: Controller = app.extensions["controller"]
     demoter.interval = 3600.0  # only the wake-up can explain a prompt pass
     fake_kube.add_pod("team-a", "trainer")
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
@@ -138,8 +139,8 @@ def test_the_background_demoter_acts_as_soon_as_a_report_crosses(app: Flask, api
 
 
 def test_one_demoter_at_a_time(make_app: AppFactory, fake_kube: FakeKube, api: SpecClient) -> None:
-    first: Demoter = make_app(kube=KubeApi(fake_kube.api_client())).extensions["demoter"]
-    second: Demoter = make_app(kube=KubeApi(fake_kube.api_client())).extensions["demoter"]
+    first: Controller = make_app(kube=KubeApi(fake_kube.api_client())).extensions["controller"]
+    second: Controller = make_app(kube=KubeApi(fake_kube.api_client())).extensions["controller"]
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 0})
     assert first.run_once() is not None
     assert second.run_once() is None  # the lease is the first's until it lapses
@@ -147,12 +148,14 @@ def test_one_demoter_at_a_time(make_app: AppFactory, fake_kube: FakeKube, api: S
 
 
 def test_an_unreachable_api_server_leaves_the_event_for_the_next_pass(
-    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+    api: SpecClient, demoter: Controller, fake_kube: FakeKube
 ) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 0, "evictOnExhaustion": True})
     fake_kube.up = False
+    assert demoter.run_once() is None  # no API, no lease: no one leads
+    fake_kube.up, fake_kube.events_up = True, False
     assert demoter.run_once().events == []  # type: ignore[union-attr]
-    fake_kube.up = True
+    fake_kube.events_up = True
     assert demoter.run_once().events == [("team-a", "GPUBudgetExhausted")]  # type: ignore[union-attr]
 
 
@@ -170,7 +173,7 @@ def test_eviction_candidates_are_running_gpu_pods_with_the_in_budget_class() -> 
 
 
 def test_a_namespace_deleted_before_its_event_gets_none_and_is_not_tried_again(
-    api: SpecClient, demoter: Demoter, fake_kube: FakeKube
+    api: SpecClient, demoter: Controller, fake_kube: FakeKube
 ) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
     spend(api, "team-a", 61)

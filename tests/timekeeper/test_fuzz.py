@@ -91,7 +91,7 @@ def test_any_report_is_answered_as_documented_and_charges_add_up(api: SpecClient
     if answer.status_code == 200:
         assert 0 <= answer.json["chargedGpuSeconds"] <= MAX_GPU_SECONDS
         charged.append(answer.json["chargedGpuSeconds"])
-    used = sum(item["usedGpuMinutes"] * 60 for item in api.get("/api/v1/budgets").json["items"])
+    used = sum(item["usedGpuMinutes"] * 60 for item in api.get("/api/v1/budgets").json["items"] if item["kind"] == "namespace")
     ledgers = api.get("/api/v1/pods?limit=10000").json["items"]
     assert used == pytest.approx(sum(charged), rel=1e-9, abs=1e-6)
     assert sum(pod["gpuSeconds"] for pod in ledgers) == pytest.approx(sum(charged), rel=1e-9, abs=1e-6)
@@ -105,8 +105,8 @@ def test_any_budget_request_is_answered_as_documented(api: SpecClient, namespace
     answer = (api.post(f"{path}/top-ups", data=data, content_type="application/json") if top_up
               else api.put(path, data=data, content_type="application/json"))
     event(str(answer.status_code))
-    assert answer.status_code in (200, 201, 400, 409), answer.json
+    assert answer.status_code in (200, 201, 400, 404, 409), answer.json  # 404: a top-up of a group without a budget
     if answer.status_code in (200, 201):
         assert api.get(path).json == answer.json  # the status after the change, as a read sees it
     for read in (path, f"{path}/changes", f"/api/v1/pods?namespace={quote(namespace, safe='', errors='surrogatepass')}"):
-        assert api.get(read).status_code in (200, 400)
+        assert api.get(read).status_code in (200, 400, 404)

@@ -14,6 +14,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from tests.webhook.conftest import FakeTimekeeper
 from gpusharing.env import ConfigError
 from gpusharing.dra import ClaimSource, ClaimSpec, claim_spec
 from webhook.app import create_app
@@ -145,6 +146,31 @@ def test_over_budget_demotes_with_a_warning(client: FlaskClient) -> None:
         "preempted by pods of namespaces within budget (its priority class 'research-high' was replaced)"
     ]
     assert "patch" not in review(client, admission_review(mutated))
+
+
+def warning_entry(budget: str, percent: float) -> dict[str, Any]:
+    return {"budget": budget, "percentUsed": percent, "gpuMinutes": 6000, "period": "monthly", "periodStart": "2026-11-01T00:00:00Z"}
+
+
+def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
+    config: WebhookConfig, timekeeper: FakeTimekeeper
+) -> None:
+    timekeeper.items = [
+        {"namespace": "ml-team", "state": "warning", "warnings": [warning_entry("ml-team", 86.4)]},
+        {"namespace": "cv-team", "state": "warning", "warnings": [warning_entry("team.vision", 97), {"budget": "x"}]},
+        {"namespace": "team.vision", "state": "warning", "warnings": [warning_entry("team.vision", 97)]},
+    ]
+    budgets = BudgetStateCache(timekeeper.url)
+    assert budgets.refresh()
+    client = create_app(config, budgets).test_client()
+    response, mutated = admitted(client, gpu_pod("ml-team", priorityClassName="research-high"))
+    assert mutated["spec"]["priorityClassName"] == "research-high"  # in budget: the user's class stays
+    assert mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "warning"
+    assert response["warnings"] == ["namespace ml-team has used 86 % of its 6000 GPU-minutes for November"]
+    response, _ = admitted(client, gpu_pod("cv-team"))
+    # An ancestor's warning reaches its namespaces; an entry the webhook cannot read is left out.
+    assert response["warnings"] == ["namespace cv-team is part of team.vision, which has used 97 % of its 6000 GPU-minutes for November"]
+    assert "patch" not in review(client, admission_review(mutated))  # the warning changes nothing on reinvocation
 
 
 def test_namespace_never_heard_of_is_unknown_and_in_budget(client: FlaskClient) -> None:

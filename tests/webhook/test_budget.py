@@ -99,3 +99,25 @@ def _wait_for(condition, timeout: float = 10.0) -> None:  # type: ignore[no-unty
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.02)
+
+
+def test_an_unforeseen_failure_does_not_end_the_polling(timekeeper: FakeTimekeeper) -> None:
+    cache = BudgetStateCache(timekeeper.url, refresh_seconds=0.01)
+    polls: list[int] = []
+    real_refresh = cache.refresh
+
+    def refresh() -> bool:
+        polls.append(1)
+        if len(polls) == 1:
+            raise RuntimeError("a bug in one poll")
+        return real_refresh()
+
+    cache.refresh = refresh  # type: ignore[method-assign]
+    cache.start()
+    try:
+        deadline = time.monotonic() + 30  # only stops a broken test from hanging
+        while len(polls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        cache.stop()
+    assert len(polls) >= 3

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from gpusharing.contract import BudgetState
 from demo.apiserver import admission_review, api_server_pod
 from webhook.admission import parse_review
+from webhook.budget import NamespaceBudget
 from webhook.config import MeterSpec, WebhookConfig
 from webhook.policy import admit
 
@@ -54,14 +55,14 @@ def gpu_pods(draw: st.DrawFn) -> dict[str, Any]:
 @given(pod=gpu_pods(), state=st.sampled_from(list(BudgetState)), mode=st.sampled_from(["native", "container"]))
 def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: str) -> None:
     config = WebhookConfig(meter=MeterSpec(mode=mode))
-    first = admit(parse_review(admission_review(pod)), config, lambda _ns: state, mutate=True)
+    first = admit(parse_review(admission_review(pod)), config, lambda _ns: NamespaceBudget(state), mutate=True)
     assert first.allowed, first.message
     assert first.patch
     mutated = jsonpatch.apply_patch(pod, first.patch)
 
-    second = admit(parse_review(admission_review(mutated)), config, lambda _ns: state, mutate=True)
+    second = admit(parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=True)
     assert second.allowed and second.patch == []
-    assert admit(parse_review(admission_review(mutated)), config, lambda _ns: state, mutate=False).allowed
+    assert admit(parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=False).allowed
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -69,5 +70,5 @@ def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: s
 def test_mutated_pod_is_valid_against_the_kubernetes_schema(pod: dict[str, Any], state: BudgetState) -> None:
     import kubernetes_validate
 
-    decision = admit(parse_review(admission_review(pod)), WebhookConfig(), lambda _ns: state, mutate=True)
+    decision = admit(parse_review(admission_review(pod)), WebhookConfig(), lambda _ns: NamespaceBudget(state), mutate=True)
     kubernetes_validate.validate(jsonpatch.apply_patch(pod, decision.patch), KUBERNETES_VERSION, strict=True)

@@ -3,8 +3,8 @@ part), the labels pods had at their first report, and the history of the models'
 
 namespace_usage keeps counting what budgets count, now weighted GPU-seconds (the same as before at weight 1).
 
-Revision ID: 0002_usage_reports
-Revises: 0001_initial
+Revision ID: 0003_usage_reports
+Revises: 0002_hierarchy_warnings
 Create Date: 2026-11-23
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_usage_reports"
-down_revision = "0001_initial"
+revision = "0003_usage_reports"
+down_revision = "0002_hierarchy_warnings"
 branch_labels = None
 depends_on = None
 

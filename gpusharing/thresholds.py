@@ -1,0 +1,48 @@
+"""The sentence that warns a namespace before its GPU budget runs out: the timekeeper writes it into Events and the
+webhook into the warnings `kubectl apply` prints, so both say it alike."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_WARNING_THRESHOLDS = (80, 95)  # percent of a budget (with this period's top-ups)
+MAX_WARNING_THRESHOLDS = 5
+
+
+def check_warning_thresholds(raw: object, what: str = "warningThresholds") -> tuple[int, ...]:
+    """Whole percents strictly increasing within 1..99, at most MAX_WARNING_THRESHOLDS; ValueError saying why."""
+    rule = (f"{what} must be a list of at most {MAX_WARNING_THRESHOLDS} whole percents from 1 to 99, strictly "
+            "increasing (e.g. [80, 95]; [] for none)")
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_WARNING_THRESHOLDS:
+        raise ValueError(rule)
+    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 < t < 100 for t in raw):
+        raise ValueError(rule)
+    if any(a >= b for a, b in zip(raw, raw[1:])):
+        raise ValueError(rule)
+    return tuple(raw)
+
+
+def period_phrase(period: str, period_start: str) -> str:
+    """'for November', 'for the week of 16 November', 'for 23 November'; '' for a budget that never renews."""
+    start = dt.datetime.fromisoformat(period_start)  # not strptime: the webhook words warnings in a thread
+    if period == "monthly":
+        return f" for {start:%B}"
+    if period == "weekly":
+        return f" for the week of {start.day} {start:%B}"
+    if period == "daily":
+        return f" for {start.day} {start:%B}"
+    return ""
+
+
+def usage_warning(namespace: str, warning: Mapping[str, Any]) -> str:
+    """The warning for `namespace` from one entry of a status' `warnings` (its own budget's, or an ancestor's).
+
+    e.g. `namespace ml-team has used 86 % of its 6000 GPU-minutes for November`.
+    """
+    used = f"{int(warning['percentUsed'])} % of its {warning['gpuMinutes']:g} GPU-minutes"
+    when = period_phrase(str(warning["period"]), str(warning["periodStart"]))
+    if warning["budget"] == namespace:
+        return f"{'group' if '.' in namespace else 'namespace'} {namespace} has used {used}{when}"
+    return f"namespace {namespace} is part of {warning['budget']}, which has used {used}{when}"
