@@ -9,6 +9,7 @@ import configparser
 import copy
 import datetime
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ COMBINATIONS = {
     "cert-manager with a ClusterIssuer": {"tls": {"issuerRef": {"kind": "ClusterIssuer", "name": "company-ca"}}},
     "external database": {"database": {"bundled": False, "external": {"secretName": "gpusharing-database-url"}}},
     "service monitors": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}},
+    "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+                               "grafanaDashboard": {"enabled": True}}},
     "everything changed": {
         "namespace": {"create": True},
         "image": {"repository": "registry.example.com/gpusharing", "tag": "0.2.0", "pullPolicy": "Always"},
@@ -254,6 +257,26 @@ def test_the_grace_periods_outlast_the_pre_stop_sleep_and_gunicorns_graceful_tim
         spec = find(render(), "Deployment", name)["spec"]["template"]["spec"]
         sleep = spec["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
         assert spec["terminationGracePeriodSeconds"] > sleep + GRACEFUL_TIMEOUT_SECONDS
+
+
+def test_the_alerts_and_the_dashboard_are_those_of_the_monitoring_component(tmp_path: Path) -> None:
+    objects = render(COMBINATIONS["monitoring"])
+    component = kustomize_monitoring(tmp_path)
+    rule, expected_rule = (find(o, "PrometheusRule", "gpusharing") for o in (objects, component))
+    assert rule["spec"] == expected_rule["spec"] and rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dashboard, expected_dashboard = (find(o, "ConfigMap", "gpusharing-dashboard") for o in (objects, component))
+    assert json.loads(dashboard["data"]["gpusharing-budgets.json"]) == json.loads(expected_dashboard["data"]["gpusharing-budgets.json"])
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert not [o for o in render() if o["kind"] in ("PrometheusRule", "ConfigMap")]
+
+
+def kustomize_monitoring(directory: Path) -> list[dict[str, Any]]:
+    """The optional monitoring component of manifests/, as an overlay would include it."""
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "components": [os.path.relpath(MANIFESTS / "monitoring", directory)],  # kustomize takes no absolute path
+    }))
+    return kustomize(directory)
 
 
 def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
