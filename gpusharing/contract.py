@@ -10,6 +10,9 @@ ANNOTATION_DIALECT = "gpusharing.io/dialect"
 ANNOTATION_BUDGET_STATE = "gpusharing.io/budget-state"
 ANNOTATION_GPU_MEMORY = "gpusharing.io/gpu-memory-mib"  # GPU memory the pod asked for, all devices together
 ANNOTATION_GPU_MODEL = "gpusharing.io/gpu-model"  # the catalogue's model the pod was read on: what it is billed as
+# Under safe admission: the id of the webhook's reservation for the pod, by which the timekeeper's listing says it
+# has counted the pod's commitment (and the webhook gives its local reservation up).
+ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
@@ -29,6 +32,25 @@ class BudgetState(StrEnum):
     @property
     def demoted(self) -> bool:
         return self is BudgetState.OVER_BUDGET
+
+
+class AdmissionMode(StrEnum):
+    """How a budget admits GPU pods (Slurm's AccountingStorageEnforce=safe, per budget)."""
+
+    OPEN = "open"  # by the budget's state alone
+    SAFE = "safe"  # a pod with a deadline must fit in what is left uncommitted; a pod without one as under open
+    STRICT = "strict"  # as safe, and a pod without a deadline is refused
+
+    @property
+    def checks_commitments(self) -> bool:
+        return self is not AdmissionMode.OPEN
+
+
+class Shortfall(StrEnum):
+    """What safe admission does with a pod the uncommitted budget cannot cover."""
+
+    DEMOTE = "demote"  # the over-budget priority class, as a namespace over budget gets
+    REFUSE = "refuse"
 
 
 class MeterEnv:
