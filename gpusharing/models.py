@@ -84,6 +84,11 @@ class GpuCatalogue:
         """The model NVIDIA's name (as NVML reports it, or as the webhook recorded it) or its product label names."""
         return self._names.get(name) or self.by_product(product_label(name[:MAX_LABEL * 2]))
 
+    def weight_of(self, name: str | None) -> int:
+        """The billing weight of the model a pod was recorded on (the default model's for a name the catalogue lacks)."""
+        model = self.by_name(name) if name else None
+        return (model or self.default).billing_weight
+
     @cached_property
     def _names(self) -> dict[str, GpuModel]:
         return {m.name: m for m in self.models}

@@ -23,6 +23,8 @@ from webhook.admission import BadReview, Decision, parse_review, review_response
 from webhook.budget import BudgetStateCache
 from webhook.claims import ClaimIndex
 from webhook.config import WebhookConfig
+from webhook.jobs import JobIndex, JobLookup, no_jobs
+from webhook.reservations import Reservations
 from webhook.policy import admit
 
 log = logging.getLogger(__name__)
@@ -37,16 +39,19 @@ LARGE_REVIEW_BYTES = 256 * 1024
 
 
 def create_app(
-    config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None, claims: ClaimLookup | None = None
+    config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None, claims: ClaimLookup | None = None,
+    jobs: JobLookup | None = None,
 ) -> Flask:
     config = config or WebhookConfig.from_env()
     if budgets is None:
         budgets = BudgetStateCache(
-            config.timekeeper_url, config.timekeeper_token_file, config.budget_refresh_seconds, metrics.record_budget_refresh
+            config.timekeeper_url, config.timekeeper_token_file, config.budget_refresh_seconds, metrics.record_budget_refresh,
+            Reservations(config.admission_slices, config.reservation_seconds),
         )
         budgets.start()
-    if claims is None:
-        claims = watched_claims(config.kubeconfig)
+    if claims is None or jobs is None:
+        watched = watched_indexes(config.kubeconfig)
+        claims, jobs = claims or watched[0], jobs or watched[1]
     app = Flask("webhook")
     app.config["GPUSHARING"] = config
     app.config["MAX_CONTENT_LENGTH"] = MAX_REVIEW_BYTES
@@ -78,7 +83,7 @@ def create_app(
         fields = {"request_id": shortened(admission.uid), "namespace": shortened(admission.namespace), "pod": _pod_name(admission.object),
                   "operation": admission.operation, "endpoint": endpoint}
         try:
-            decision = admit(admission, config, budgets.budget_of, mutate, claims)
+            decision = admit(admission, config, budgets.budget_of, mutate, claims, jobs, budgets.reserve)
         except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
             log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
@@ -129,21 +134,23 @@ def create_app(
     return app
 
 
-def watched_claims(kubeconfig: str | None) -> ClaimLookup:
-    """The lookup of resource claims: an index fed by a watch when the Kubernetes API can be reached (KUBECONFIG or
-    in-cluster), else one that refuses every claim, saying why."""
+def watched_indexes(kubeconfig: str | None) -> tuple[ClaimLookup, JobLookup]:
+    """The lookups of resource claims and of Jobs' deadlines: indexes fed by watches when the Kubernetes API can be
+    reached (KUBECONFIG or in-cluster); else claims are all refused, saying why, and no Job is known."""
     if not kubeconfig and not in_cluster_available():
-        return no_claims
+        return no_claims, no_jobs
     try:
         kube = api_client(kubeconfig, "GPUSHARING_KUBECONFIG")
     except ConfigError as exc:
         if kubeconfig:
             raise
-        log.error("resource claims are not read, so pods that claim devices are refused: %s", exc)
-        return _unreadable(f"the webhook cannot read resource claims: {exc}")
-    index = ClaimIndex(kube, metrics.record_claim_sync)
-    index.start()
-    return index.lookup
+        log.error("resource claims and Jobs are not read, so pods that claim devices are refused: %s", exc)
+        return _unreadable(f"the webhook cannot read resource claims: {exc}"), no_jobs
+    claims = ClaimIndex(kube, metrics.record_claim_sync)
+    claims.start()
+    jobs = JobIndex(kube, metrics.record_job_sync)
+    jobs.start()
+    return claims.lookup, jobs.lookup
 
 
 def _unreadable(reason: str) -> ClaimLookup:

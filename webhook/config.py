@@ -43,7 +43,11 @@ class WebhookConfig:
     timekeeper_url: str | None = None  # where budget states are polled from; None: every namespace is unknown
     timekeeper_token_file: str | None = None
     budget_refresh_seconds: float = 5.0
-    kubeconfig: str | None = None  # where resource claims are watched from; None: in-cluster, if in a cluster
+    kubeconfig: str | None = None  # where resource claims and Jobs are watched from; None: in-cluster, if in a cluster
+    # Safe admission: the webhook processes (replicas x workers) that share each namespace's uncommitted budget,
+    # and how long a reservation waits for the timekeeper to count its pod.
+    admission_slices: int = 1
+    reservation_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "WebhookConfig":
@@ -78,6 +82,8 @@ class WebhookConfig:
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
             kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
+            admission_slices=env_int("GPUSHARING_ADMISSION_SLICES", 1, 1, environ),
+            reservation_seconds=env_float("GPUSHARING_RESERVATION_SECONDS", 300.0, 1.0, environ),
         )
 
 

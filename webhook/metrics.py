@@ -34,5 +34,16 @@ def record_budget_refresh(ok: bool) -> None:
     BUDGET_REFRESHES.labels("ok" if ok else "failed").inc()
 
 
+JOB_SYNCS = Counter(
+    "gpusharing_webhook_job_syncs",
+    "Lists and watches of Jobs (whose deadlines safe admission carries onto their pods), by outcome.",
+    ["outcome"],
+)
+
+
 def record_claim_sync(kind: str, ok: bool) -> None:
     CLAIM_SYNCS.labels(kind, "ok" if ok else "failed").inc()
+
+
+def record_job_sync(ok: bool) -> None:
+    JOB_SYNCS.labels("ok" if ok else "failed").inc()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
 from gpusharing.contract import (
+    ANNOTATION_ADMISSION_ID,
     ANNOTATION_BUDGET_STATE,
     ANNOTATION_DIALECT,
     ANNOTATION_GPU_MEMORY,
@@ -20,6 +22,9 @@ from gpusharing.share import format_share
 from webhook.admission import AdmissionRequest, Decision
 from webhook.budget import NamespaceBudget
 from webhook.config import WebhookConfig
+from webhook.jobs import JobLookup, no_jobs
+from webhook.reservations import Grant
+from webhook.safe import Reserve, SafeAdmission, safe_admission
 from webhook.meter import meter_container, meter_identity, meter_volumes, token_volume_name, volume_without_server_defaults
 from webhook.patch import JsonPatch, pointer
 
@@ -29,10 +34,12 @@ BudgetLookup = Callable[[str], NamespaceBudget]
 
 
 def admit(
-    request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims
+    request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims,
+    jobs: JobLookup = no_jobs, reserve: Reserve | None = None,
 ) -> Decision:
     """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
-    specs of the resource claims a pod names (the webhook's in-memory index)."""
+    specs of the resource claims a pod names and `jobs` the deadlines of Jobs (the webhook's in-memory indexes);
+    `reserve` holds safe admission's reservations (None: none are held, each pod is checked alone)."""
     pod = request.object
     if not request.is_pod or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
         return Decision()
@@ -63,9 +70,25 @@ def admit(
     if not mutate:
         problem = _check_record_matches(pod, record)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
-    decision = _mutation(pod, config, record, budget_of(request.namespace), request.namespace, dialect)
+    budget = budget_of(request.namespace)
+    safe = SafeAdmission()
+    if not budget.state.demoted:
+        weight = config.gpu_request.catalogue.weight_of(gpu.model)
+        safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
+                              reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc))
+    if safe.refuse:
+        return Decision.deny(403, safe.refuse, dialect)
+    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe)
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
+
+
+def _checked_alone(budget: NamespaceBudget) -> Reserve:
+    def reserve(namespace: str, admission_id: str, micro_gpu_seconds: int) -> Grant:
+        left = budget.uncommitted.micro_gpu_seconds if budget.uncommitted is not None else 0
+        return Grant(micro_gpu_seconds <= left, left)
+
+    return reserve
 
 
 def _shape_problem(pod: dict[str, Any]) -> str | None:
@@ -175,17 +198,20 @@ def _check_meter(
 
 
 def _mutation(
-    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
+    safe: SafeAdmission,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
     # Above a warning threshold (its own budget's or an ancestor's): every GPU pod admitted says so, and
     # `kubectl apply` prints it.
-    warnings: list[str] = list(budget.warnings)
+    warnings: list[str] = [*budget.warnings, *safe.warnings]
     metadata = as_mapping(pod.get("metadata"))
     spec = as_mapping(pod.get("spec"))
 
     wanted = {**record, ANNOTATION_BUDGET_STATE: str(state)}
+    if safe.admission_id:
+        wanted[ANNOTATION_ADMISSION_ID] = safe.admission_id
     annotations = metadata.get("annotations")
     if not isinstance(annotations, dict):
         patch.add(pointer("metadata", "annotations"), wanted)
@@ -194,11 +220,15 @@ def _mutation(
             if annotations.get(key) != value:
                 patch.add(pointer("metadata", "annotations", key), value)
 
+    if safe.deadline_seconds is not None:  # the Job's deadline, carried onto its pod
+        patch.add(pointer("spec", "activeDeadlineSeconds"), safe.deadline_seconds)
+
     current_class = spec.get("priorityClassName")
-    if state.demoted:
+    if state.demoted or safe.short:
         wanted_class = config.priority_class_over_budget
+        why = safe.short or f"namespace {namespace!r} is over its GPU budget"
         warnings.append(
-            f"namespace {namespace!r} is over its GPU budget: the pod gets priority class {wanted_class!r} "
+            f"{why}: the pod gets priority class {wanted_class!r} "
             "and may be preempted by pods of namespaces within budget"
             + (f" (its priority class {current_class!r} was replaced)" if current_class not in (None, wanted_class) else "")
         )

@@ -8,7 +8,7 @@ import pytest
 
 from gpusharing.dra import ClaimSource, ClaimUnknown
 from gpusharing.env import ConfigError
-from webhook.app import watched_claims
+from webhook.app import watched_indexes
 from webhook.config import WebhookConfig
 
 
@@ -73,13 +73,16 @@ def test_the_api_is_found_through_its_own_setting_then_kubeconfig_then_in_cluste
     assert WebhookConfig.from_env(environ).kubeconfig == kubeconfig
 
 
-def test_outside_a_cluster_without_a_kubeconfig_claims_are_refused_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outside_a_cluster_without_a_kubeconfig_claims_are_refused_saying_why_and_no_job_is_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    lookup = watched_claims(None)
+    claims, jobs = watched_indexes(None)
     with pytest.raises(ClaimUnknown, match="it has no access to the Kubernetes API"):
-        lookup(ClaimSource.TEMPLATE, "ml-team", "single-gpu")
+        claims(ClaimSource.TEMPLATE, "ml-team", "single-gpu")
+    assert jobs("ml-team", "train", "uid-1") is None
 
 
 def test_a_kubeconfig_that_cannot_be_read_stops_the_webhook(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot configure the Kubernetes API from the kubeconfig .*missing \(GPUSHARING_KUBECONFIG, else KUBECONFIG\)"):
-        watched_claims(str(tmp_path / "missing"))
+        watched_indexes(str(tmp_path / "missing"))
