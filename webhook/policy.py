@@ -71,11 +71,9 @@ def admit(
         problem = _check_record_matches(pod, record)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
     budget = budget_of(request.namespace)
-    safe = SafeAdmission()
-    if not budget.state.demoted:
-        weight = config.gpu_request.catalogue.weight_of(gpu.model)
-        safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
-                              reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc))
+    weight = config.gpu_request.catalogue.weight_of(gpu.model)
+    safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
+                          reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc))
     if safe.refuse:
         return Decision.deny(403, safe.refuse, dialect)
     decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe)

@@ -41,7 +41,7 @@ def safe_admission(
     pod: Mapping[str, Any], namespace: str, share: float, weight: int, budget: NamespaceBudget,
     jobs: JobLookup, reserve: Reserve, now: dt.datetime,
 ) -> SafeAdmission:
-    """Safe admission's verdict on a GPU pod of a namespace whose budget is not over (`budget.state`)."""
+    """Safe admission's verdict on a GPU pod (a namespace over budget demotes it anyway: nothing is reserved)."""
     if not budget.admission.checks_commitments:
         return SafeAdmission()
     own = pod_deadline_seconds(pod)
@@ -58,6 +58,8 @@ def safe_admission(
                 f"namespace {namespace!r} admits only GPU pods with a deadline (its budget's admission is strict): set "
                 "spec.activeDeadlineSeconds on the pod, or on its Job"))
         return SafeAdmission()
+    if budget.state.demoted:
+        return SafeAdmission(carried)
     if not budget.commitments_known:
         return SafeAdmission(carried, warnings=[
             f"namespace {namespace!r} has safe admission, but the webhook does not know what its running pods have "
