@@ -82,7 +82,7 @@ class WebhookConfig:
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
             kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
-            admission_slices=env_int("GPUSHARING_ADMISSION_SLICES", 1, 1, environ),
+            admission_slices=env_int("GPUSHARING_WEBHOOK_REPLICAS", 1, 1, environ) * env_int("GPUSHARING_WEBHOOK_WORKERS", 1, 1, environ),
             reservation_seconds=env_float("GPUSHARING_RESERVATION_SECONDS", 300.0, 1.0, environ),
         )
 

@@ -197,6 +197,12 @@ def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
                 assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def test_the_webhook_knows_how_many_replicas_share_each_uncommitted_budget(objects: list[dict[str, Any]]) -> None:
+    deployment = find(objects, "Deployment", "gpusharing-webhook")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPUSHARING_WEBHOOK_REPLICAS"] == str(deployment["spec"]["replicas"])
+
+
 def test_timekeeper_runs_migrations_before_serving(objects: list[dict[str, Any]]) -> None:
     deployment = find(objects, "Deployment", "gpusharing-timekeeper")
     assert deployment["spec"]["replicas"] == 2
@@ -223,6 +229,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "pods", "get"),
         ("", "pods", "list"),
+        ("", "pods", "watch"),  # safe admission: what the running pods' deadlines commit
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
         ("", "namespaces", "get"),
@@ -235,7 +242,10 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
     viewer = find(objects, "ClusterRole", "gpusharing-gpubudget-viewer")
     assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert {verb for rule in viewer["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}  # never more
-    assert granted(objects, "gpusharing-webhook") == {("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")}
+    assert granted(objects, "gpusharing-webhook") == {
+        *{("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")},
+        ("batch", "jobs", "list"), ("batch", "jobs", "watch"),  # Jobs' deadlines, carried onto their pods
+    }
     bindings = {(o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
     assert {role for role, subject in bindings if subject == "gpusharing-webhook"} == {"gpusharing-webhook"}
     # No token by default; the webhook's own container gets the API's and the timekeeper's, projected.

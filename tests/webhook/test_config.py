@@ -86,3 +86,12 @@ def test_outside_a_cluster_without_a_kubeconfig_claims_are_refused_saying_why_an
 def test_a_kubeconfig_that_cannot_be_read_stops_the_webhook(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot configure the Kubernetes API from the kubeconfig .*missing \(GPUSHARING_KUBECONFIG, else KUBECONFIG\)"):
         watched_indexes(str(tmp_path / "missing"))
+
+
+def test_safe_admission_splits_each_uncommitted_budget_among_replicas_times_workers() -> None:
+    assert WebhookConfig.from_env({}).admission_slices == 1
+    config = WebhookConfig.from_env({"GPUSHARING_WEBHOOK_REPLICAS": "3", "GPUSHARING_WEBHOOK_WORKERS": "2",
+                                     "GPUSHARING_RESERVATION_SECONDS": "120"})
+    assert (config.admission_slices, config.reservation_seconds) == (6, 120.0)
+    with pytest.raises(ConfigError, match="GPUSHARING_WEBHOOK_REPLICAS"):
+        WebhookConfig.from_env({"GPUSHARING_WEBHOOK_REPLICAS": "0"})
