@@ -149,12 +149,13 @@ class BudgetStateCache:
     def budget_of(self, namespace: str) -> NamespaceBudget:
         return self._states.of(namespace)
 
-    def reserve(self, namespace: str, admission_id: str, micro_gpu_seconds: int) -> Grant:
-        """Safe admission's reservation of a pod's commitment against what the namespace has left uncommitted now."""
+    def reserve(self, namespace: str, admission_id: str, micro_gpu_seconds: int, hold: bool = True) -> Grant:
+        """Safe admission's reservation of a pod's commitment against what the namespace has left uncommitted now
+        (`hold` False: only whether it would be granted)."""
         with self.reservations.lock:
             uncommitted = self._states.of(namespace).uncommitted
             left = uncommitted.micro_gpu_seconds if uncommitted is not None else 0
-            return self.reservations.reserve(namespace, admission_id, micro_gpu_seconds, left)
+            return self.reservations.reserve(namespace, admission_id, micro_gpu_seconds, left, hold)
 
     def swap(self, states: BudgetStates) -> None:
         """Puts a listing in force, and gives up the reservations it counts, at once (no pod sees one without the other)."""

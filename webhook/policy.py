@@ -73,7 +73,7 @@ def admit(
     budget = budget_of(request.namespace)
     weight = config.gpu_request.catalogue.weight_of(gpu.model)
     safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
-                          reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc))
+                          reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc), request.dry_run)
     if safe.refuse:
         return Decision.deny(403, safe.refuse, dialect)
     decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe)
@@ -82,7 +82,7 @@ def admit(
 
 
 def _checked_alone(budget: NamespaceBudget) -> Reserve:
-    def reserve(namespace: str, admission_id: str, micro_gpu_seconds: int) -> Grant:
+    def reserve(namespace: str, admission_id: str, micro_gpu_seconds: int, hold: bool) -> Grant:
         left = budget.uncommitted.micro_gpu_seconds if budget.uncommitted is not None else 0
         return Grant(micro_gpu_seconds <= left, left)
 

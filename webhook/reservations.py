@@ -40,9 +40,9 @@ class Reservations:
         self.lock = threading.Lock()  # held by the budget cache while it swaps in a listing and settles
         self._held: dict[str, dict[str, _Reservation]] = {}
 
-    def reserve(self, namespace: str, admission_id: str, micro_gpu_seconds: int, uncommitted: int) -> Grant:
+    def reserve(self, namespace: str, admission_id: str, micro_gpu_seconds: int, uncommitted: int, hold: bool = True) -> Grant:
         """Reserves the pod's commitment if this process's slice of `uncommitted`, less its reservations, covers it
-        (the caller holds `lock`, and read `uncommitted` under it)."""
+        (the caller holds `lock`, and read `uncommitted` under it); `hold` False only answers (a dry run)."""
         now = self.clock()
         held = self._held.setdefault(namespace, {})
         earlier = held.get(admission_id)
@@ -51,7 +51,8 @@ class Reservations:
         available = uncommitted // self.slices - sum(r.micro_gpu_seconds for r in held.values())
         if micro_gpu_seconds > available:
             return Grant(False, max(0, available))
-        held[admission_id] = _Reservation(micro_gpu_seconds, now)
+        if hold:
+            held[admission_id] = _Reservation(micro_gpu_seconds, now)
         return Grant(True, available)
 
     def settle(self, counted: Mapping[str, frozenset[str]]) -> None:

@@ -23,7 +23,7 @@ from webhook.reservations import Grant
 CARRY_SLACK_SECONDS = 60
 _ADMISSION_ID = re.compile(r"[0-9a-f]{16}")
 
-Reserve = Callable[[str, str, int], Grant]  # namespace, admission id, micro-GPU-seconds
+Reserve = Callable[[str, str, int, bool], Grant]  # namespace, admission id, micro-GPU-seconds, hold (False: dry run)
 
 
 @dataclass
@@ -39,9 +39,10 @@ class SafeAdmission:
 
 def safe_admission(
     pod: Mapping[str, Any], namespace: str, share: float, weight: int, budget: NamespaceBudget,
-    jobs: JobLookup, reserve: Reserve, now: dt.datetime,
+    jobs: JobLookup, reserve: Reserve, now: dt.datetime, dry_run: bool = False,
 ) -> SafeAdmission:
-    """Safe admission's verdict on a GPU pod (a namespace over budget demotes it anyway: nothing is reserved)."""
+    """Safe admission's verdict on a GPU pod (a namespace over budget demotes it anyway: nothing is reserved; nor
+    for a dry run, which creates no pod)."""
     if not budget.admission.checks_commitments:
         return SafeAdmission()
     own = pod_deadline_seconds(pod)
@@ -69,7 +70,7 @@ def safe_admission(
     existing = as_mapping(as_mapping(pod.get("metadata")).get("annotations")).get(ANNOTATION_ADMISSION_ID)
     admission_id = existing if isinstance(existing, str) and _ADMISSION_ID.fullmatch(existing) else secrets.token_hex(8)
     needed = commitment(share, weight, deadline)
-    grant = reserve(namespace, admission_id, needed)
+    grant = reserve(namespace, admission_id, needed, not dry_run)
     if grant.granted:
         return SafeAdmission(carried, admission_id)
     why = shortfall_message(namespace, budget, share, weight, deadline, needed, grant.available)

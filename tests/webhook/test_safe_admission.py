@@ -41,7 +41,7 @@ def budget(mode: AdmissionMode = AdmissionMode.SAFE, uncommitted_minutes: float 
     return NamespaceBudget(BudgetState.IN_BUDGET, (), mode, shortfall, known, left)
 
 
-def checked_alone(namespace: str, admission_id: str, micro: int) -> Grant:
+def checked_alone(namespace: str, admission_id: str, micro: int, hold: bool) -> Grant:
     return Grant(micro <= 10 * MINUTE, 10 * MINUTE)
 
 
@@ -130,9 +130,9 @@ def test_a_reinvoked_webhook_keeps_the_pods_admission_id() -> None:
     reservations = Reservations()
     reserved: list[str] = []
 
-    def reserve(namespace: str, admission_id: str, micro: int) -> Grant:
+    def reserve(namespace: str, admission_id: str, micro: int, hold: bool) -> Grant:
         reserved.append(admission_id)
-        return reservations.reserve(namespace, admission_id, micro, 10 * MINUTE)
+        return reservations.reserve(namespace, admission_id, micro, 10 * MINUTE, hold)
 
     first = decide(pod(1200), budget(), reserve=reserve)
     again = decide(pod(1200, annotations={ANNOTATION_ADMISSION_ID: str(first.admission_id)}), budget(), reserve=reserve)
@@ -157,6 +157,14 @@ def test_a_burst_of_concurrent_reservations_never_overruns_the_uncommitted_budge
     for thread in threads:
         thread.join()
     assert granted.count(True) == 40 and reservations.held("ml") == 100 * MINUTE
+
+
+def test_a_dry_run_is_answered_without_holding_anything() -> None:
+    reservations = Reservations()
+    with reservations.lock:
+        assert reservations.reserve("ml", "a" * 16, 10 * MINUTE, 10 * MINUTE, hold=False).granted
+        assert reservations.reserve("ml", "b" * 16, 10 * MINUTE, 10 * MINUTE).granted
+        assert not reservations.reserve("ml", "c" * 16, 1, 10 * MINUTE, hold=False).granted
 
 
 def test_each_webhook_process_reserves_against_its_own_slice() -> None:
