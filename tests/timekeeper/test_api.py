@@ -33,7 +33,7 @@ def test_set_get_and_list_a_budget(api: SpecClient) -> None:
         "usedGpuMinutes": 0.0, "remainingGpuMinutes": 6000.0, "topUpGpuMinutes": 0.0, "percentUsed": 0.0,
         "evictOnExhaustion": True, "state": "in-budget", "ownState": "in-budget", "limitedBy": "team-a",
         "kind": "namespace", "parent": None, "ancestors": [], "managedBy": None, "warningThresholds": [80, 95],
-        "warnings": [],
+        "admission": "open", "onShortfall": "demote", "warnings": [],
     }
     changed = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "daily"})
     assert changed.status_code == 200
