@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from gpusharing.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
-from gpusharing.contract import ANNOTATION_PREFIX
+from gpusharing.contract import ANNOTATION_PREFIX, AdmissionMode, Shortfall
 from gpusharing.env import env_url
 from gpusharing.jsonhttp import Answer, JsonClient, Unreachable
 from timekeeper.budget import Period
@@ -31,6 +31,8 @@ from timekeeper.usage import UsageRequestError, usage_csv, usage_request
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV, TOKEN_ENV = "TIMEKEEPER_URL", "TIMEKEEPER_TOKEN"
 PERIODS = tuple(period.value for period in Period)
+ADMISSION_MODES = tuple(mode.value for mode in AdmissionMode)
+SHORTFALLS = tuple(shortfall.value for shortfall in Shortfall)
 MAX_PODS = 10_000
 OUTPUTS = ("table", "wide", "json", "yaml", "csv")  # csv: usage reports only
 BAD_ARGUMENTS = 2  # the exit status of arguments or settings that cannot be used (argparse's own)
@@ -56,6 +58,7 @@ examples:
   gpusharing budget set ml-team --no-evict-on-exhaustion
   gpusharing budget set ops --unlimited                            # exempt from the default budget
   gpusharing budget set ml-team --parent team.vision --warning-thresholds 75,90
+  gpusharing budget set ml-team --admission safe --on-shortfall refuse   # README, Safe admission
   gpusharing budget set team.vision --gpu-minutes 20000            # a group's budget: a name with a dot
 """,
     "pods": """examples:
@@ -109,6 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parent.add_argument("--no-parent", action="store_true", help="roll up to no group")
     set_.add_argument("--warning-thresholds", type=percents, metavar="P,P",
                       help="percents of the budget that warn, once per period (default 80,95; '' for none)")
+    set_.add_argument("--admission", choices=ADMISSION_MODES,
+                      help="how GPU pods are admitted (README, Safe admission): open (the default), safe or strict")
+    set_.add_argument("--on-shortfall", choices=SHORTFALLS,
+                      help="what safe admission does with a pod the budget cannot cover: demote (the default) or refuse")
     set_.set_defaults(run=_budget_set)
 
     get = actions.add_parser("get", help="show a namespace's or a group's status", **sub)
@@ -322,9 +329,13 @@ def _budget_set(api: _Timekeeper, args: argparse.Namespace) -> None:
         changes["parent"] = args.parent
     if args.warning_thresholds is not None:
         changes["warningThresholds"] = list(args.warning_thresholds)
+    if args.admission is not None:
+        changes["admission"] = args.admission
+    if args.on_shortfall is not None:
+        changes["onShortfall"] = args.on_shortfall
     if not changes:
         raise _Refused("nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
-                       "--parent, --no-parent or --warning-thresholds")
+                       "--parent, --no-parent, --warning-thresholds, --admission or --on-shortfall")
     status = api.call("PATCH", f"budgets/{args.namespace}", changes)
     _emit(args, status, lambda wide: format_statuses([status], wide))
 
@@ -531,8 +542,9 @@ def format_statuses(items: Sequence[dict[str, Any]], wide: bool = False) -> str:
         row = [item["namespace"], _budget(allowance), _minutes(item["usedGpuMinutes"]),
                "-" if remaining is None else _minutes(remaining), item["state"], item["period"],
                "yes" if item.get("evictOnExhaustion") else "no", item.get("periodEnd") or "never"]
-        rows.append(row + ([item.get("periodStart") or "-", _minutes(item.get("topUpGpuMinutes") or 0)] if wide else []))
-    return format_table(STATUS_COLUMNS + (["PERIOD START", "TOP-UPS"] if wide else []), rows)
+        rows.append(row + ([item.get("periodStart") or "-", _minutes(item.get("topUpGpuMinutes") or 0),
+                            item.get("admission") or "-", item.get("onShortfall") or "-"] if wide else []))
+    return format_table(STATUS_COLUMNS + (["PERIOD START", "TOP-UPS", "ADMISSION", "ON SHORTFALL"] if wide else []), rows)
 
 
 TREE_COLUMNS = ["BUDGET", "GPU-MINUTES", "USED", "PERCENT", "STATE", "OWN STATE", "PERIOD", "MANAGED BY"]
@@ -588,7 +600,9 @@ def _terms(status: dict[str, Any] | None) -> str:
     if status is None:
         return "-"
     evict = ", evict" if status.get("evictOnExhaustion") else ""
-    return f"{_budget(status.get('gpuMinutes'))} {status.get('period')}{evict}"
+    admission = status.get("admission") or AdmissionMode.OPEN
+    safe = f", {admission} admission ({status.get('onShortfall')} on shortfall)" if admission != AdmissionMode.OPEN else ""
+    return f"{_budget(status.get('gpuMinutes'))} {status.get('period')}{evict}{safe}"
 
 
 def _before(change: dict[str, Any]) -> str:

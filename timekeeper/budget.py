@@ -6,9 +6,9 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
 from gpusharing.names import InvalidName, check_budget_name, is_group
 from gpusharing.thresholds import DEFAULT_WARNING_THRESHOLDS, check_warning_thresholds
 
@@ -75,6 +75,9 @@ class Budget:
     evict_on_exhaustion: bool = False
     parent: str | None = None  # a group budget's name
     warning_thresholds: tuple[int, ...] = DEFAULT_WARNING_THRESHOLDS
+    # Safe admission's settings: they act on a namespace's own budget; a group's may carry them, to no effect.
+    admission: AdmissionMode = AdmissionMode.OPEN
+    on_shortfall: Shortfall = Shortfall.DEMOTE
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class BudgetStatus:
     warning_thresholds: tuple[int, ...] = DEFAULT_WARNING_THRESHOLDS
     managed_by: str | None = None  # the GPUBudget or ClusterGPUBudget that owns it (the REST API may not change it)
     ancestors: tuple[BudgetStatus, ...] = ()
+    admission: AdmissionMode = AdmissionMode.OPEN
+    on_shortfall: Shortfall = Shortfall.DEMOTE
 
     @property
     def used_gpu_minutes(self) -> float:
@@ -168,6 +173,8 @@ class BudgetStatus:
             "percentUsed": None if percent is None else round(percent, 1),
             "evictOnExhaustion": self.evict_on_exhaustion,
             "warningThresholds": list(self.warning_thresholds),
+            "admission": str(self.admission),
+            "onShortfall": str(self.on_shortfall),
             "parent": self.parent,
             "ancestors": [status.namespace for status in self.ancestors],
             "managedBy": self.managed_by,
@@ -283,6 +290,8 @@ def roll_up(
             budget.parent,
             budget.warning_thresholds,
             (managed_by or {}).get(name),
+            admission=budget.admission,
+            on_shortfall=budget.on_shortfall,
         )
         for name, budget in budgets.items()
     }
@@ -322,17 +331,16 @@ MAX_REASON = 1000
 
 
 BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaustion": "evict_on_exhaustion",
-                 "parent": "parent", "warningThresholds": "warning_thresholds"}
+                 "parent": "parent", "warningThresholds": "warning_thresholds", "admission": "admission",
+                 "onShortfall": "on_shortfall"}
 
 
 def budget_from_json(name: str, body: object, default_period: Period) -> Budget:
     """A budget from `PUT /api/v1/budgets/{name}`: gpuMinutes (a number, or null for unlimited), period,
-    evictOnExhaustion, parent, warningThresholds."""
+    evictOnExhaustion, parent, warningThresholds, admission, onShortfall."""
     fields = _object(body, required=("gpuMinutes",), optional=tuple(key for key in BUDGET_FIELDS if key != "gpuMinutes"))
     given = _budget_fields(fields)
-    return Budget(check_budget_name(name), given["gpu_minutes"], given.get("period", default_period),
-                  given.get("evict_on_exhaustion", False), given.get("parent"),
-                  given.get("warning_thresholds", DEFAULT_WARNING_THRESHOLDS))
+    return replace(Budget(check_budget_name(name), given["gpu_minutes"], default_period), **given)
 
 
 def budget_changes_from_json(body: object) -> dict[str, Any]:
@@ -349,9 +357,7 @@ def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
         raw = fields["gpuMinutes"]
         given["gpu_minutes"] = None if raw is None else _minutes(raw, "gpuMinutes", allow_zero=True)
     if "period" in fields:
-        if fields["period"] not in tuple(Period):
-            raise BudgetRequestError(f"period must be one of {', '.join(Period)}, not {fields['period']!r}")
-        given["period"] = Period(fields["period"])
+        given["period"] = _one_of(fields["period"], "period", Period)
     if "evictOnExhaustion" in fields:
         if not isinstance(fields["evictOnExhaustion"], bool):
             raise BudgetRequestError("evictOnExhaustion must be true or false")
@@ -371,7 +377,20 @@ def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
             given["warning_thresholds"] = check_warning_thresholds(fields["warningThresholds"])
         except ValueError as exc:
             raise BudgetRequestError(str(exc)) from None
+    if "admission" in fields:
+        given["admission"] = _one_of(fields["admission"], "admission", AdmissionMode)
+    if "onShortfall" in fields:
+        given["on_shortfall"] = _one_of(fields["onShortfall"], "onShortfall", Shortfall)
     return given
+
+
+Choice = TypeVar("Choice", bound=StrEnum)
+
+
+def _one_of(value: object, key: str, choices: type[Choice]) -> Choice:
+    if not isinstance(value, str) or value not in tuple(choices):
+        raise BudgetRequestError(f"{key} must be one of {', '.join(choices)}, not {value!r}")
+    return choices(value)
 
 
 def top_up_from_json(body: object) -> tuple[float, str]:

@@ -8,6 +8,8 @@ from sqlalchemy import BigInteger, Boolean, Date, DateTime, Float, Integer, Meta
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from gpusharing.contract import AdmissionMode, Shortfall
+
 UTC = dt.timezone.utc
 
 
@@ -52,6 +54,8 @@ class BudgetRow(Base):
     parent: Mapped[str | None] = mapped_column(String(63))  # a group budget's name
     warning_thresholds: Mapped[str] = mapped_column(String(32))  # percents, comma-separated ("80,95"; "" for none)
     managed_by: Mapped[str | None] = mapped_column(String(253))  # "GPUBudget ns/name" or "ClusterGPUBudget name"
+    admission: Mapped[str] = mapped_column(String(8), server_default=AdmissionMode.OPEN.value)  # an AdmissionMode
+    on_shortfall: Mapped[str] = mapped_column(String(8), server_default=Shortfall.DEMOTE.value)  # a Shortfall
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 

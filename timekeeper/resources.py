@@ -19,7 +19,7 @@ from kubernetes import watch
 
 from gpusharing.contract import BudgetState
 from gpusharing.names import InvalidName, check_budget_name, is_group
-from timekeeper.budget import Budget, BudgetRequestError, BudgetStatus, Period, budget_from_json, iso_utc
+from timekeeper.budget import BUDGET_FIELDS, Budget, BudgetRequestError, BudgetStatus, Period, budget_from_json, iso_utc
 from timekeeper.kube import CustomResource, KubeApi, KubeUnavailable, ObjectRef
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def budget_from_resource(obj: Mapping[str, Any]) -> Budget:
     unlimited = spec.get("unlimited") is True
     if unlimited == ("gpuMinutes" in spec):
         raise BudgetRequestError("set either spec.gpuMinutes or spec.unlimited: true")
-    body = {key: spec[key] for key in ("gpuMinutes", "period", "evictOnExhaustion", "parent", "warningThresholds") if key in spec}
+    body = {key: spec[key] for key in BUDGET_FIELDS if key in spec}
     body["gpuMinutes"] = None if unlimited else spec["gpuMinutes"]
     return budget_from_json(name, body, Period.MONTHLY)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Date, and_, bindparam, case, func, select
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
 from gpusharing.names import is_group
 from timekeeper.budget import (
     UTC,
@@ -235,6 +235,8 @@ class BudgetStore:
                 "evict_on_exhaustion": budget.evict_on_exhaustion,
                 "parent": budget.parent,
                 "warning_thresholds": ",".join(map(str, budget.warning_thresholds)),
+                "admission": budget.admission.value,
+                "on_shortfall": budget.on_shortfall.value,
                 "managed_by": owner,
                 "updated_at": now,
             }
@@ -444,4 +446,5 @@ def _window_parameters(windows: dict[Period, PeriodWindow]) -> dict[str, object]
 
 def _budget(row: Any) -> Budget:
     thresholds = tuple(int(t) for t in row.warning_thresholds.split(",") if t)
-    return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion), row.parent, thresholds)
+    return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion), row.parent, thresholds,
+                  AdmissionMode(row.admission), Shortfall(row.on_shortfall))

@@ -134,6 +134,27 @@ def test_a_gpubudget_owns_its_namespaces_budget_its_status_follows_use_hierarchy
     gpusharing.rest("DELETE", f"{GROUP}/clustergpubudgets/{group}")
 
 
+def test_a_gpubudgets_safe_admission_settings_reach_the_timekeeper(gpusharing: GpuSharing) -> None:
+    namespace = gpusharing.namespace("e2e-gb-admission")
+    path = budget_path(namespace)
+    assert 'supported values: "open", "safe", "strict"' in refusal(
+        gpusharing, path, gpu_budget(namespace, gpuMinutes=10, admission="unsafe"))
+    assert 'supported values: "demote", "refuse"' in refusal(
+        gpusharing, path, gpu_budget(namespace, gpuMinutes=10, onShortfall="evict"))
+    created = gpusharing.rest("POST", path, gpu_budget(namespace, gpuMinutes=10, admission="safe"))
+    assert (created["spec"]["admission"], created["spec"]["onShortfall"]) == ("safe", "demote")  # the schema's default
+    admin = gpusharing.budget_admin_token()
+
+    def ledger() -> tuple[str, str] | None:
+        budget = gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{namespace}", admin).json()
+        return (budget["admission"], budget["onShortfall"]) if budget["managedBy"] else None
+
+    assert wait_for(ledger, "the GPUBudget in the ledger") == ("safe", "demote")
+    gpusharing.rest("PATCH", f"{path}/budget", {"spec": {"admission": "strict", "onShortfall": "refuse"}}, patch="merge")
+    wait_for(lambda: ledger() == ("strict", "refuse"), "the edited settings in the ledger")
+    gpusharing.rest("DELETE", f"{path}/budget")
+
+
 def test_kubectl_get_gpubudgets_reads_as_a_budget_report(gpusharing: GpuSharing) -> None:
     namespace = gpusharing.namespace("e2e-kubectl")
     path = f"{budget_path(namespace)}/budget"

@@ -16,6 +16,7 @@ import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.certs import write_overlay
+from gpusharing.contract import AdmissionMode, Shortfall
 from tests.gpusharing import test_backends as backends, test_dra as dra
 from tests.gpusharing.test_request import INVALID
 from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, installable_manifests, kustomize
@@ -65,6 +66,23 @@ def test_the_gpubudget_examples_match_their_crds_schema(objects: list[dict[str, 
         columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
         assert columns == ["Budget", "Used", "Remaining", "Percent", "State", "Period End", "Age"]
     assert crds["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
+
+
+def test_the_crds_take_safe_admissions_settings_as_the_contract_names_them(objects: list[dict[str, Any]]) -> None:
+    from jsonschema import Draft4Validator
+
+    for crd in (o for o in objects if o["kind"] == "CustomResourceDefinition"):
+        (version,) = crd["spec"]["versions"]
+        schema = version["schema"]["openAPIV3Schema"]
+        spec = schema["properties"]["spec"]["properties"]
+        assert (spec["admission"]["enum"], spec["admission"]["default"]) == (list(AdmissionMode), AdmissionMode.OPEN)
+        assert (spec["onShortfall"]["enum"], spec["onShortfall"]["default"]) == (list(Shortfall), Shortfall.DEMOTE)
+        obj = {"apiVersion": "gpusharing.io/v1alpha1", "kind": crd["spec"]["names"]["kind"], "metadata": {"name": "x.y"}}
+        Draft4Validator(schema).validate({**obj, "spec": {"gpuMinutes": 1, "admission": "strict", "onShortfall": "refuse"}})
+        for key, value in (("admission", "unsafe"), ("onShortfall", "evict"), ("admission", "Safe")):
+            errors = Draft4Validator(schema).iter_errors({**obj, "spec": {"gpuMinutes": 1, key: value}})
+            assert [error.message for error in errors] == [f"{value!r} is not one of {spec[key]['enum']}"]
+        assert {"name": "Admission", "type": "string", "jsonPath": ".spec.admission", "priority": 1} in version["additionalPrinterColumns"]
 
 
 def test_cert_manager_issues_the_certificate_and_injects_the_ca(objects: list[dict[str, Any]]) -> None:

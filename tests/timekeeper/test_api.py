@@ -33,7 +33,7 @@ def test_set_get_and_list_a_budget(api: SpecClient) -> None:
         "usedGpuMinutes": 0.0, "remainingGpuMinutes": 6000.0, "topUpGpuMinutes": 0.0, "percentUsed": 0.0,
         "evictOnExhaustion": True, "state": "in-budget", "ownState": "in-budget", "limitedBy": "team-a",
         "kind": "namespace", "parent": None, "ancestors": [], "managedBy": None, "warningThresholds": [80, 95],
-        "warnings": [],
+        "admission": "open", "onShortfall": "demote", "warnings": [],
     }
     changed = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "daily"})
     assert changed.status_code == 200
@@ -163,12 +163,41 @@ def test_patch_changes_only_what_it_names_and_starts_from_the_default(make_app: 
     assert [c["action"] for c in api.get("/api/v1/budgets/team-a/changes").json["items"]] == ["set", "set", "set"]
 
 
+def test_safe_admissions_settings_are_kept_read_changed_and_audited(api: SpecClient) -> None:
+    created = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 60, "admission": "safe", "onShortfall": "refuse"})
+    assert created.status_code == 201 and (created.json["admission"], created.json["onShortfall"]) == ("safe", "refuse")
+    assert api.as_(READER).get("/api/v1/budgets/team-a").json == created.json
+    assert api.as_(METER).get("/api/v1/budgets").json["items"] == [created.json]
+    stricter = api.patch("/api/v1/budgets/team-a", json={"admission": "strict"}).json
+    assert (stricter["admission"], stricter["onShortfall"], stricter["gpuMinutes"]) == ("strict", "refuse", 60.0)
+    demoting = api.patch("/api/v1/budgets/team-a", json={"onShortfall": "demote"}).json
+    assert (demoting["admission"], demoting["onShortfall"]) == ("strict", "demote")
+    # A PUT says the whole budget: what it leaves out is the default again.
+    reset = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 60}).json
+    assert (reset["admission"], reset["onShortfall"]) == ("open", "demote")
+    changes = api.get("/api/v1/budgets/team-a/changes").json["items"]
+    assert [(c["before"] or {}).get("admission") for c in changes] == [None, "safe", "strict", "strict"]
+    assert [c["after"]["onShortfall"] for c in changes] == ["refuse", "refuse", "demote", "demote"]
+    group = api.put("/api/v1/budgets/team.vision", json={"gpuMinutes": 600, "admission": "safe"})
+    assert group.status_code == 201 and group.json["admission"] == "safe"
+
+
+def test_a_namespace_without_a_budget_of_its_own_admits_openly(make_app: AppFactory) -> None:
+    api = SpecClient(make_app(default_gpu_minutes=600.0).test_client(), ADMIN)
+    default = api.get("/api/v1/budgets/team-a").json
+    assert (default["admission"], default["onShortfall"]) == ("open", "demote")
+    patched = api.patch("/api/v1/budgets/team-a", json={"admission": "safe"})
+    assert patched.status_code == 201 and (patched.json["admission"], patched.json["gpuMinutes"]) == ("safe", 600.0)
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
         ({}, "name at least one of gpuMinutes, period, evictOnExhaustion"),
         ({"period": "yearly"}, "period must be one of daily, weekly, monthly, none, not 'yearly'"),
         ({"evictOnExhaustion": "yes"}, "evictOnExhaustion must be true or false"),
+        ({"admission": "x"}, "admission must be one of open, safe, strict, not 'x'"),
+        ({"onShortfall": True}, "onShortfall must be one of demote, refuse, not True"),
         ({"gpuMinutes": -1}, "gpuMinutes must be a finite number, at least 0"),
         ({"reason": "x"}, "unknown field(s): reason"),
     ],
@@ -313,6 +342,10 @@ def test_a_pod_cannot_move_to_another_namespace(api: SpecClient) -> None:
 def test_bad_budget_requests_get_400(api: SpecClient) -> None:
     bad = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": -1})
     assert bad.status_code == 400 and "gpuMinutes must be a finite number" in bad.json["error"]
+    unsafe = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "admission": "unsafe"})
+    assert unsafe.status_code == 400 and unsafe.json["error"] == "admission must be one of open, safe, strict, not 'unsafe'"
+    shortfall = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "onShortfall": "wait"})
+    assert shortfall.status_code == 400 and shortfall.json["error"] == "onShortfall must be one of demote, refuse, not 'wait'"
     assert api.put("/api/v1/budgets/Not_A_Namespace", json={"gpuMinutes": 1}).status_code == 400
     assert api.get("/api/v1/budgets/team-a").json["gpuMinutes"] is None
 

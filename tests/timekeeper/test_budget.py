@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
 from gpusharing.names import InvalidName
 from timekeeper.budget import (
     EPOCH,
@@ -16,6 +16,7 @@ from timekeeper.budget import (
     BudgetStatus,
     Period,
     PeriodWindow,
+    budget_changes_from_json,
     budget_from_json,
     effective_budget,
     period_window,
@@ -120,6 +121,20 @@ def test_budget_requests() -> None:
     assert budget_from_json("team-a", {"gpuMinutes": None}, Period.WEEKLY) == Budget("team-a", None, Period.WEEKLY, False)
 
 
+def test_safe_admissions_settings_default_to_open_and_demote_and_are_taken_as_given() -> None:
+    plain = budget_from_json("team-a", {"gpuMinutes": 10}, Period.MONTHLY)
+    assert (plain.admission, plain.on_shortfall) == (AdmissionMode.OPEN, Shortfall.DEMOTE)
+    safe = budget_from_json("team-a", {"gpuMinutes": 10, "admission": "safe", "onShortfall": "refuse"}, Period.MONTHLY)
+    assert safe == Budget("team-a", 10.0, Period.MONTHLY, admission=AdmissionMode.SAFE, on_shortfall=Shortfall.REFUSE)
+    grouped = budget_from_json("team.vision", {"gpuMinutes": 10, "admission": "strict"}, Period.MONTHLY)
+    assert grouped.admission is AdmissionMode.STRICT  # a group may carry it (it acts on namespaces' own budgets)
+    assert budget_changes_from_json({"onShortfall": "refuse"}) == {"on_shortfall": Shortfall.REFUSE}
+    assert budget_changes_from_json({"admission": "open"}) == {"admission": AdmissionMode.OPEN}
+    window = period_window(Period.MONTHLY, at("2026-05-05T00:00:00"))
+    status = BudgetStatus("team-a", 10.0, Period.MONTHLY, window, 0, 0.0, False, admission=AdmissionMode.SAFE)
+    assert (status.to_json()["admission"], status.to_json()["onShortfall"]) == ("safe", "demote")
+
+
 @pytest.mark.parametrize(
     ("namespace", "body", "message"),
     [
@@ -134,6 +149,11 @@ def test_budget_requests() -> None:
         ("team-a", {"gpuMinutes": 1e13}, "at most 1e+12"),
         ("team-a", {"gpuMinutes": 1, "period": "yearly"}, "period must be one of daily, weekly, monthly, none, not 'yearly'"),
         ("team-a", {"gpuMinutes": 1, "evictOnExhaustion": "yes"}, "evictOnExhaustion must be true or false"),
+        ("team-a", {"gpuMinutes": 1, "admission": "x"}, "admission must be one of open, safe, strict, not 'x'"),
+        ("team-a", {"gpuMinutes": 1, "admission": "SAFE"}, "admission must be one of open, safe, strict, not 'SAFE'"),
+        ("team-a", {"gpuMinutes": 1, "admission": None}, "admission must be one of open, safe, strict, not None"),
+        ("team-a", {"gpuMinutes": 1, "onShortfall": "evict"}, "onShortfall must be one of demote, refuse, not 'evict'"),
+        ("team-a", {"gpuMinutes": 1, "onShortfall": ["refuse"]}, "onShortfall must be one of demote, refuse, not ['refuse']"),
         ("Team_A", {"gpuMinutes": 1}, "'Team_A' is not a namespace name"),
         ("a" * 64, {"gpuMinutes": 1}, "is not a namespace name"),
     ],

@@ -3,6 +3,7 @@ it can go wrong said in one line."""
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterator
 
@@ -105,9 +106,37 @@ def test_set_changes_only_what_it_names_and_a_new_budget_takes_the_servers_defau
         code, _, err = run(capsys, "budget", "set", "team-a", *admin)
         assert code == 1
         assert err == ("gpusharing: nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
-                       "--parent, --no-parent or --warning-thresholds\n")
+                       "--parent, --no-parent, --warning-thresholds, --admission or --on-shortfall\n")
         code, out, _ = run(capsys, "budget", "ls", *admin)
         assert out.splitlines()[-1] == "any other namespace: 600.0 daily (in-budget)"
+
+
+def test_set_takes_safe_admissions_settings_and_wide_and_the_audit_log_show_them(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    admin = ("--timekeeper", url, "--token", ADMIN)
+
+    def wide(*args: str) -> list[str]:
+        code, out, err = run(capsys, "budget", "set", "team-a", *args, *admin, "-o", "wide")
+        assert (code, err) == (0, "")
+        header, row = out.splitlines()
+        assert header.split()[-3:] == ["ADMISSION", "ON", "SHORTFALL"]
+        return row.split()[-2:]
+
+    assert wide("--gpu-minutes", "60", "--admission", "safe") == ["safe", "demote"]
+    assert wide("--on-shortfall", "refuse") == ["safe", "refuse"]
+    assert wide("--admission", "strict", "--on-shortfall", "demote") == ["strict", "demote"]
+    assert wide("--admission", "open") == ["open", "demote"]
+    code, out, _ = run(capsys, "budget", "get", "team-a", "-o", "json", *admin)
+    assert code == 0 and '"admission": "open"' in out and '"onShortfall": "demote"' in out
+    code, out, _ = run(capsys, "budget", "changes", "team-a", *admin)
+    assert code == 0
+    assert [re.split(r"\s{2,}", line)[3:] for line in out.splitlines()[1:]] == [
+        ["(default)", "60.0 monthly, safe admission (demote on shortfall)"],
+        ["60.0 monthly, safe admission (demote on shortfall)", "60.0 monthly, safe admission (refuse on shortfall)"],
+        ["60.0 monthly, safe admission (refuse on shortfall)", "60.0 monthly, strict admission (demote on shortfall)"],
+        ["60.0 monthly, strict admission (demote on shortfall)", "60.0 monthly"],
+    ]
 
 
 def test_the_audit_log_and_the_pods_are_reachable(url: str, capsys: pytest.CaptureFixture[str], app: Flask) -> None:
@@ -159,6 +188,8 @@ def test_server_refusals_are_sentences_that_say_what_to_do(url: str, capsys: pyt
         (["set", "team-a", "--gpu-minutes", "-3"], "argument --gpu-minutes: '-3' is not a number of GPU-minutes"),
         (["set", "team-a", "--period", "yearly"], "argument --period: invalid choice: 'yearly' (choose from 'daily', 'weekly', 'monthly', 'none')"),
         (["set", "team-a", "--gpu-minutes", "5", "--unlimited"], "argument --unlimited: not allowed with argument --gpu-minutes"),
+        (["set", "team-a", "--admission", "unsafe"], "argument --admission: invalid choice: 'unsafe' (choose from 'open', 'safe', 'strict')"),
+        (["set", "team-a", "--on-shortfall", "evict"], "argument --on-shortfall: invalid choice: 'evict' (choose from 'demote', 'refuse')"),
         (["set", "Team_A", "--unlimited"], "argument NAME: 'Team_A' is not a namespace name"),
         (["top-up", "team-a", "inf", "--reason", "x"], "argument GPU_MINUTES: 'inf' is not a number of GPU-minutes"),
         (["ls", "--timekeeper", "127.0.0.1:8080"], "argument --timekeeper: '127.0.0.1:8080' must be an http:// or https:// URL, "
@@ -169,7 +200,7 @@ def test_bad_arguments_are_one_usage_line(capsys: pytest.CaptureFixture[str], ar
     code, out, err = run(capsys, "budget", *args)
     assert (code, out) == (2, "")
     assert err.splitlines()[-1].split(": error: ", 1)[1].startswith(message)
-    assert "Period." not in err
+    assert "Period." not in err and "AdmissionMode." not in err and "Shortfall." not in err
 
 
 def test_an_unreachable_timekeeper_is_told_apart_from_an_unknown_host(

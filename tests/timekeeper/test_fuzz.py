@@ -69,6 +69,8 @@ BUDGET_FIELDS = {
     "gpuMinutes": st.one_of(number_field(0, 1e12), number_field(0, 1e12), NUMBER_LITERALS, JSON_VALUES.map(json_text)),
     "period": st.sampled_from(["monthly", "daily", "weekly", "none", "yearly"]).map(json_text) | JSON_VALUES.map(json_text),
     "evictOnExhaustion": st.booleans().map(json_text) | JSON_VALUES.map(json_text),
+    "admission": st.sampled_from(["open", "safe", "strict", "Safe"]).map(json_text) | JSON_VALUES.map(json_text),
+    "onShortfall": st.sampled_from(["demote", "refuse", "evict"]).map(json_text) | JSON_VALUES.map(json_text),
     "reason": st.one_of(st.just("more"), st.text(max_size=20), HOSTILE_TEXT).map(json_text) | JSON_VALUES.map(json_text),
 }
 # Any text but what routing resolves before the timekeeper sees it ("", ".", "..", a "/").

@@ -80,7 +80,9 @@ def test_output_formats_and_namespaces(cluster: FakeKube, capsys: pytest.Capture
     code, out, _ = plugin(capsys, "budget", "ls", "-n", "team-b", "-A")  # -A wins, as with kubectl
     assert code == 0 and [line.split()[0] for line in out.splitlines()[1:3]] == ["team-a", "team-b"]
     code, out, _ = plugin(capsys, "budget", "get", "team-a", "-o", "wide")
-    assert code == 0 and out.splitlines()[0].endswith("PERIOD END            PERIOD START          TOP-UPS")
+    header, row = out.splitlines()
+    assert code == 0 and header.endswith("PERIOD END            PERIOD START          TOP-UPS  ADMISSION  ON SHORTFALL")
+    assert row.split()[-2:] == ["open", "demote"]
     code, out, _ = plugin(capsys, "pods", "-o", "wide", "-n", "team-a")
     assert code == 0 and out.split()[-4:] == ["UID", "REPORTS", "FIRST", "REPORT"]
 

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 from pathlib import Path
 
+import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect
 
 from demo.processes import run_command
+from gpusharing.contract import AdmissionMode, Shortfall
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
 from timekeeper.app import create_app
+from timekeeper.budget import Budget, Period
 from timekeeper.config import TimekeeperConfig
-from timekeeper.models import Base
-from timekeeper.schema import head_revision, schema_problem, upgrade
+from timekeeper.db import Database
+from timekeeper.models import Base, budgets
+from timekeeper.schema import alembic_config, head_revision, schema_problem, upgrade
+from timekeeper.store import BudgetStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,3 +85,25 @@ def test_db_upgrade_works_from_any_directory_and_serve_refuses_until_it_ran(tmp_
 def test_upgrading_twice_changes_nothing(database_url: str) -> None:
     upgrade(database_url)
     assert schema_problem(create_engine(database_url)) is None
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
+    else:
+        url = request.getfixturevalue("postgres").create_database("before_safe_admission")
+    upgrade(url, "0003_usage_reports")
+    engine = create_engine(url)
+    now = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+    with engine.begin() as conn:  # the columns of 0003 alone
+        conn.execute(budgets.insert().values(namespace="team-a", gpu_minutes=60.0, period="weekly", evict_on_exhaustion=True,
+                                             parent=None, warning_thresholds="80", managed_by=None, created_at=now, updated_at=now))
+    upgrade(url)
+    database = Database(url)
+    kept = Budget("team-a", 60.0, Period.WEEKLY, True, None, (80,), admission=AdmissionMode.OPEN, on_shortfall=Shortfall.DEMOTE)
+    assert BudgetStore(database).budgets() == {"team-a": kept}
+    database.dispose()
+    command.downgrade(alembic_config(url), "0003_usage_reports")
+    assert {"admission", "on_shortfall"}.isdisjoint(c["name"] for c in inspect(engine).get_columns("budgets"))
+    engine.dispose()
