@@ -34,6 +34,7 @@ from timekeeper.budget import (
     default_budget_json,
     top_up_from_json,
 )
+from timekeeper.commitments import PodCommitments, listing_json, watched_pods
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.db import Database
 from timekeeper.controller import Controller
@@ -57,9 +58,11 @@ def create_app(
     kube: KubeApi | None = None,
     clock: Clock | None = None,
     background: bool = True,
+    commitments: PodCommitments | None = None,
 ) -> Flask:
     """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `clock` to
-    TIMEKEEPER_CLOCK, `background` runs the controller's loop."""
+    TIMEKEEPER_CLOCK, `background` runs the controller's loop and follows the cluster's GPU pods (`commitments`,
+    for safe admission)."""
     config = config or TimekeeperConfig.from_env()
     if clock is None:
         clock = load_code("TIMEKEEPER_CLOCK", config.clock)
@@ -83,6 +86,8 @@ def create_app(
     )
     if controller is not None and background:
         controller.start()
+    if commitments is None and kube is not None and background:
+        commitments = watched_pods(kube, config.catalogue, clock, metrics.record_pod_sync)
     head = head_revision()
     collector = metrics.LedgerCollector(ledger)
 
@@ -91,7 +96,14 @@ def create_app(
     app.extensions.update(timekeeper_config=config, budgets=budgets, ledger=ledger, reports=reports, controller=controller, database=db)
     # On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its evictions and
     # Events recorded as done) and it gives up its Lease, then the report queue, already empty, closes.
-    app.extensions[ON_STOP] = [*([controller.stop] if controller is not None else []), reports.close]
+    app.extensions[ON_STOP] = [*([controller.stop] if controller is not None else []), reports.close,
+                               *([commitments.stop] if commitments is not None else [])]
+
+    def committed() -> dict[str, Any] | None:
+        return None if commitments is None else commitments.by_namespace()
+
+    def status_json(status: BudgetStatus) -> Response:
+        return jsonify(listing_json([status], committed())[0])
 
     def caller() -> Caller:
         return auth.caller(request.headers.get("Authorization") or request.headers.get(TIMEKEEPER_TOKEN_HEADER))
@@ -135,17 +147,17 @@ def create_app(
     def list_budgets() -> Response:
         caller()
         default = default_budget_json(budgets.default_gpu_minutes, budgets.default_period)
-        return jsonify(items=[status.to_json() for status in budgets.statuses()], default=default)
+        return jsonify(items=listing_json(budgets.statuses(), committed()), default=default)
 
     @app.get("/api/v1/budgets/<name>")
     def get_budget(name: str) -> Response:
         caller()
-        return jsonify(budgets.status(check_budget_name(name)).to_json())
+        return status_json(budgets.status(check_budget_name(name)))
 
     def answer_change(change: BudgetChange, who: Caller) -> tuple[Response, int]:
         changed("set", who, change.status)
         crossing(change.crossed, change.status, f"its budget was set by {who.name}")
-        return jsonify(change.status.to_json()), 201 if change.created else 200
+        return status_json(change.status), 201 if change.created else 200
 
     @app.put("/api/v1/budgets/<name>")
     def put_budget(name: str) -> tuple[Response, int]:
@@ -165,7 +177,7 @@ def create_app(
         if status is None:  # a group: nothing applies in its place
             return "", 204
         crossing(True, status, f"its budget was removed by {who.name}")
-        return jsonify(status.to_json())
+        return status_json(status)
 
     @app.post("/api/v1/budgets/<name>/top-ups")
     def post_top_up(name: str) -> tuple[Response, int]:
@@ -174,7 +186,7 @@ def create_app(
         status = budgets.top_up(check_budget_name(name), gpu_minutes, reason, who.name)
         changed(f"top-up of {gpu_minutes:g} GPU-minutes ({reason!r})", who, status)
         crossing(True, status, f"a top-up by {who.name}")
-        return jsonify(status.to_json()), 201
+        return status_json(status), 201
 
     @app.get("/api/v1/budgets/<name>/changes")
     def get_changes(name: str) -> Response:

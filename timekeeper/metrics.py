@@ -39,6 +39,15 @@ WARNINGS = Counter(
     "Budgets that reached a warning threshold (each once per period), by the highest threshold reached.",
     ["threshold"],
 )
+POD_SYNCS = Counter(
+    "gpusharing_timekeeper_pod_syncs",
+    "Lists and watches of the cluster's GPU pods (for safe admission's commitments), by outcome.",
+    ["outcome"],
+)
+
+
+def record_pod_sync(ok: bool) -> None:
+    POD_SYNCS.labels("ok" if ok else "failed").inc()
 
 
 TOP_PODS = 20  # the pods shown by GPU time: a bounded number of series, whatever the number of pods

@@ -23,6 +23,7 @@ import timekeeper
 from tests.fakekube import FakeKube
 from tests.postgres import PostgresServer
 from timekeeper.app import create_app
+from timekeeper.commitments import PodCommitments
 from timekeeper.config import TimekeeperConfig
 from timekeeper.kube import KubeApi
 from timekeeper.models import Base
@@ -102,9 +103,9 @@ def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppF
     """create_app on the test's database; static tokens unless told otherwise; the demoter runs when tests say so."""
     apps: list[Flask] = []
 
-    def make(kube: KubeApi | None = None, **settings: Any) -> Flask:
+    def make(kube: KubeApi | None = None, commitments: PodCommitments | None = None, **settings: Any) -> Flask:
         config = TimekeeperConfig(**{"database_url": database_url, "auth": "static", "static_tokens_file": tokens_file, **settings})
-        app = create_app(config, kube=kube, clock=clock, background=False)
+        app = create_app(config, kube=kube, clock=clock, background=False, commitments=commitments)
         apps.append(app)
         return app
 

@@ -1,0 +1,107 @@
+"""What running pods commit of their budgets (Slurm's GrpTRESRunMins), and what the listing says is left uncommitted."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE, AdmissionMode
+from gpusharing.models import GpuCatalogue, GpuModel
+from timekeeper.budget import Budget, Period, period_window, roll_up
+from timekeeper.commitments import (
+    CommittedPod,
+    NamespaceCommitments,
+    commitments_by_namespace,
+    committed_pod,
+    listing_json,
+)
+
+UTC = dt.timezone.utc
+NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+MINUTE = 60_000_000
+CATALOGUE = GpuCatalogue((GpuModel("NVIDIA H100 80GB HBM3", 81559, billing_weight=2500),), GpuModel("default", 81920))
+
+
+def pod(share: str | None = "0.5", deadline: Any = 1200, phase: str = "Pending", started: str | None = None,
+        model: str | None = None, admission_id: str | None = "a" * 16) -> dict[str, Any]:
+    annotations = {k: v for k, v in ((ANNOTATION_GPU_SHARE, share), (ANNOTATION_GPU_MODEL, model),
+                                     (ANNOTATION_ADMISSION_ID, admission_id)) if v is not None}
+    spec: dict[str, Any] = {"containers": []}
+    if deadline is not None:
+        spec["activeDeadlineSeconds"] = deadline
+    status: dict[str, Any] = {"phase": phase}
+    if started:
+        status["startTime"] = started
+    return {"metadata": {"namespace": "ml", "name": "p", "annotations": annotations}, "spec": spec, "status": status}
+
+
+def test_a_pod_not_started_commits_its_whole_deadline() -> None:
+    committed = committed_pod(pod(), CATALOGUE)
+    assert committed == CommittedPod("ml", 0.5, 1000, 1200, None, "a" * 16)
+    assert committed.committed(NOW) == 10 * MINUTE  # 0.5 GPU x 1200 s
+
+
+def test_a_running_pod_commits_what_its_deadline_leaves_it_at_its_models_weight() -> None:
+    committed = committed_pod(pod(started="2026-11-23T11:50:00Z", model="NVIDIA H100 80GB HBM3"), CATALOGUE)
+    assert committed is not None
+    assert committed.committed(NOW) == 2.5 * 0.5 * 600 * 1_000_000  # 10 minutes run, 10 left, weight 2.5
+    assert committed.committed(NOW + dt.timedelta(hours=1)) == 0  # past its deadline: the kubelet has ended it
+
+
+def test_pods_that_commit_nothing_are_not_kept() -> None:
+    assert committed_pod(pod(deadline=None), CATALOGUE) is None  # no deadline: nothing it can be held to
+    assert committed_pod(pod(phase="Succeeded"), CATALOGUE) is None
+    assert committed_pod(pod(phase="Failed"), CATALOGUE) is None
+    assert committed_pod(pod(share=None), CATALOGUE) is None  # not admitted by the webhook
+    for hostile in ("lots", "1e999", "0", "-1"):
+        assert committed_pod(pod(share=hostile), CATALOGUE) is None
+    for hostile in (0, -1, True, "600"):
+        assert committed_pod(pod(deadline=hostile), CATALOGUE) is None
+
+
+def test_commitments_are_summed_per_namespace_with_the_admissions_counted() -> None:
+    pods = [CommittedPod("ml", 1.0, 1000, 60, None, "b" * 16), CommittedPod("ml", 0.5, 1000, 120, None, None),
+            CommittedPod("cv", 2.0, 1000, 30, None, "c" * 16)]
+    assert commitments_by_namespace(pods, NOW) == {
+        "ml": NamespaceCommitments(2 * MINUTE, ("b" * 16,)),
+        "cv": NamespaceCommitments(MINUTE, ("c" * 16,)),
+    }
+
+
+def statuses(used: dict[str, int], **budgets: Budget) -> list[Any]:
+    windows = {kind: period_window(kind, NOW) for kind in Period}
+    rolled = roll_up(budgets, {ns: {Period.MONTHLY: micro} for ns, micro in used.items()}, {}, windows)
+    return [rolled[name] for name in sorted(rolled)]
+
+
+def test_the_listing_says_what_is_left_uncommitted_of_the_tightest_budget_above_a_namespace() -> None:
+    listed = listing_json(
+        statuses(
+            {"ml": 40 * MINUTE, "cv": 50 * MINUTE},
+            ml=Budget("ml", 100.0, Period.MONTHLY, parent="team.a", admission=AdmissionMode.SAFE),
+            cv=Budget("cv", 100.0, Period.MONTHLY, parent="team.a"),
+            **{"team.a": Budget("team.a", 120.0, Period.MONTHLY)},
+        ),
+        {"ml": NamespaceCommitments(20 * MINUTE, ("a" * 16,)), "cv": NamespaceCommitments(5 * MINUTE, ("b" * 16,))},
+    )
+    ml = next(item for item in listed if item["namespace"] == "ml")
+    # Its own budget leaves 100 - 40 - 20 = 40; the team's 120 - 90 - 25 = 5.
+    assert ml["committedGpuMinutes"] == 20.0
+    assert ml["uncommitted"] == {"microGpuSeconds": 5 * MINUTE, "gpuMinutes": 5.0, "budget": "team.a",
+                                 "remainingGpuMinutes": 30.0, "committedGpuMinutes": 25.0}
+    assert ml["admissionIds"] == ["a" * 16]
+    cv = next(item for item in listed if item["namespace"] == "cv")
+    assert cv["admissionIds"] == []  # an open budget: the webhook reserves nothing there
+
+
+def test_the_listing_says_when_commitments_are_not_known_and_when_nothing_limits_them() -> None:
+    unknown = listing_json(statuses({}, ml=Budget("ml", 100.0, Period.MONTHLY, admission=AdmissionMode.SAFE)), None)
+    assert (unknown[0]["committedGpuMinutes"], unknown[0]["uncommitted"]) == (None, None)
+    unlimited = listing_json(statuses({}, ml=Budget("ml", None, Period.MONTHLY, admission=AdmissionMode.SAFE)), {})
+    assert (unlimited[0]["committedGpuMinutes"], unlimited[0]["uncommitted"]) == (0.0, None)
+
+
+def test_what_is_uncommitted_never_goes_below_zero() -> None:
+    listed = listing_json(statuses({"ml": 90 * MINUTE}, ml=Budget("ml", 100.0, Period.MONTHLY, admission=AdmissionMode.SAFE)),
+                          {"ml": NamespaceCommitments(30 * MINUTE, ())})
+    assert listed[0]["uncommitted"]["microGpuSeconds"] == 0
