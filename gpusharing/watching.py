@@ -81,6 +81,8 @@ class WatchedObjects(Generic[T]):
                 for _ in self._follow(version):
                     failures = 0
             except Exception as exc:  # the API may be down, forbid us, or time out: keep what we have, try again
+                if self._stop.is_set():  # stop() ended the watch under way
+                    return
                 wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
                 log.warning("%s not followed (%s); the last known stay in force, retrying in %s s", self.kind, _reason(exc), wait)
@@ -103,7 +105,8 @@ class WatchedObjects(Generic[T]):
 
     def _follow(self, version: str) -> Iterator[None]:
         """Applies watch events until the watch ends; raises (to relist) on an expired version or a broken stream."""
-        self._watch = stream = watch.Watch()
+        # Events as plain dicts: no model classes to build (nor to lack: this client has none for resource.k8s.io/v1).
+        self._watch = stream = watch.Watch(return_type="object")
         while not self._stop.is_set():
             for event in stream.stream(
                 self._list_all, resource_version=version, timeout_seconds=WATCH_SECONDS,
