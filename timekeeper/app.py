@@ -89,7 +89,7 @@ def create_app(
     if commitments is None and kube is not None and background:
         commitments = watched_pods(kube, config.catalogue, clock, metrics.record_pod_sync)
     head = head_revision()
-    collector = metrics.LedgerCollector(ledger)
+    collector = metrics.LedgerCollector(ledger, commitments)
 
     app = Flask("timekeeper")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES

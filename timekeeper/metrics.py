@@ -15,6 +15,7 @@ from timekeeper.ledger import MICROS_PER_SECOND
 
 if TYPE_CHECKING:
     from timekeeper.accounting import ReportLedger
+    from timekeeper.commitments import PodCommitments
 
 MIB = 1024 * 1024
 # The per-pod series (pods overrunning their GPU memory, running pods) are at most this many each: bounded cardinality.
@@ -62,8 +63,9 @@ class LedgerCollector(Collector):
     Read from the database rather than kept in each worker, so that every worker and every replica agrees.
     """
 
-    def __init__(self, ledger: "ReportLedger"):
+    def __init__(self, ledger: "ReportLedger", commitments: "PodCommitments | None" = None):
         self.ledger = ledger
+        self.commitments = commitments
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         # Prometheus' base units: GPU-seconds (budgets are set in GPU-minutes), bytes (meters report MiB).
@@ -130,4 +132,12 @@ class LedgerCollector(Collector):
         for pod in running:
             share.add_metric([pod.namespace, pod.pod, pod.pod_uid], pod.billed_share)
             seconds.add_metric([pod.namespace, pod.pod, pod.pod_uid], billed.get(pod.pod_uid, 0) / MICROS_PER_SECOND)
-        yield from (budget, used, remaining, state, info, top, silent, over, share, seconds)
+        committed = GaugeMetricFamily(
+            "gpusharing_timekeeper_committed_gpu_seconds",
+            "Weighted GPU time the namespace's pods with a deadline can still use (safe admission's commitments).",
+            labels=["namespace"], unit="gpu_seconds",
+        )
+        by_namespace = self.commitments.by_namespace() if self.commitments is not None else None
+        for ns, commitment in sorted((by_namespace or {}).items()):
+            committed.add_metric([ns], commitment.micro_gpu_seconds / MICROS_PER_SECOND)
+        yield from (budget, used, remaining, state, info, top, silent, over, share, seconds, committed)

@@ -42,6 +42,7 @@ class Decision:
     patch: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     dialect: str = "none"  # for metrics
+    safe_admission: str | None = None  # for metrics: safe admission's outcome, when it checked the pod
 
     @classmethod
     def deny(cls, code: int, message: str, dialect: str = "none") -> "Decision":

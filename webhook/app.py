@@ -89,13 +89,15 @@ def create_app(
             decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
         outcome = "allowed" if decision.allowed else "denied"
         metrics.ADMISSIONS.labels(endpoint, admission.operation, outcome, decision.dialect).inc()
+        if decision.safe_admission is not None:
+            metrics.SAFE_ADMISSIONS.labels(decision.safe_admission).inc()
         fields.update(decision=outcome, dialect=decision.dialect)
         if not decision.allowed:
             log.info("denied %s of pod %s/%s: %s", admission.operation, fields["namespace"], fields["pod"], decision.message,
                      extra=fields)
         elif decision.warnings:  # demoted (its namespace is over budget), or near its budget
             log.info("admitted pod %s/%s%s: %s", fields["namespace"], fields["pod"],
-                     " demoted" if budgets.state_of(admission.namespace).demoted else "", "; ".join(decision.warnings), extra=fields)
+                     " demoted" if budgets.state_of(admission.namespace).demoted or decision.safe_admission == "demoted" else "", "; ".join(decision.warnings), extra=fields)
         elif decision.patch:
             log.debug("admitted pod %s/%s (%s)", fields["namespace"], fields["pod"], decision.dialect, extra=fields)
         metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)

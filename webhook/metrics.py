@@ -34,6 +34,11 @@ def record_budget_refresh(ok: bool) -> None:
     BUDGET_REFRESHES.labels("ok" if ok else "failed").inc()
 
 
+SAFE_ADMISSIONS = Counter(
+    "gpusharing_webhook_safe_admissions",
+    "GPU pods of namespaces under safe or strict admission, by verdict (reserved, demoted, refused, no-deadline, unchecked).",
+    ["verdict"],
+)
 JOB_SYNCS = Counter(
     "gpusharing_webhook_job_syncs",
     "Lists and watches of Jobs (whose deadlines safe admission carries onto their pods), by outcome.",

@@ -75,8 +75,11 @@ def admit(
     safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
                           reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc), request.dry_run)
     if safe.refuse:
-        return Decision.deny(403, safe.refuse, dialect)
+        refused = Decision.deny(403, safe.refuse, dialect)
+        refused.safe_admission = safe.outcome
+        return refused
     decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe)
+    decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
 

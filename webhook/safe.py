@@ -23,6 +23,10 @@ from webhook.reservations import Grant
 CARRY_SLACK_SECONDS = 60
 _ADMISSION_ID = re.compile(r"[0-9a-f]{16}")
 
+# reserved: admitted in budget, its commitment reserved; demoted or refused: a shortfall; no-deadline: admitted as
+# under open admission (safe) or refused (strict); unchecked: the timekeeper has not said what is committed.
+VERDICTS = ("reserved", "demoted", "refused", "no-deadline", "unchecked")
+
 Reserve = Callable[[str, str, int, bool], Grant]  # namespace, admission id, micro-GPU-seconds, hold (False: dry run)
 
 
@@ -35,6 +39,7 @@ class SafeAdmission:
     short: str | None = None  # why the uncommitted budget does not cover the pod
     refuse: str | None = None  # why the pod is refused
     warnings: list[str] = field(default_factory=list)
+    outcome: str | None = None  # for metrics, one of VERDICTS (None: not checked)
 
 
 def safe_admission(
@@ -57,14 +62,14 @@ def safe_admission(
         if budget.admission is AdmissionMode.STRICT:
             return SafeAdmission(refuse=(
                 f"namespace {namespace!r} admits only GPU pods with a deadline (its budget's admission is strict): set "
-                "spec.activeDeadlineSeconds on the pod, or on its Job"))
-        return SafeAdmission()
+                "spec.activeDeadlineSeconds on the pod, or on its Job"), outcome="no-deadline")
+        return SafeAdmission(outcome="no-deadline")
     if budget.state.demoted:
         return SafeAdmission(carried)
     if not budget.commitments_known:
         return SafeAdmission(carried, warnings=[
             f"namespace {namespace!r} has safe admission, but the webhook does not know what its running pods have "
-            "committed (the timekeeper has not said yet): the pod is admitted by the budget's state alone"])
+            "committed (the timekeeper has not said yet): the pod is admitted by the budget's state alone"], outcome="unchecked")
     if budget.uncommitted is None:  # no budget above the namespace has a limit
         return SafeAdmission(carried)
     existing = as_mapping(as_mapping(pod.get("metadata")).get("annotations")).get(ANNOTATION_ADMISSION_ID)
@@ -72,11 +77,11 @@ def safe_admission(
     needed = commitment(share, weight, deadline)
     grant = reserve(namespace, admission_id, needed, not dry_run)
     if grant.granted:
-        return SafeAdmission(carried, admission_id)
+        return SafeAdmission(carried, admission_id, outcome="reserved")
     why = shortfall_message(namespace, budget, share, weight, deadline, needed, grant.available)
     if budget.on_shortfall is Shortfall.REFUSE:
-        return SafeAdmission(carried, refuse=why)
-    return SafeAdmission(carried, short=why)
+        return SafeAdmission(carried, refuse=why, outcome="refused")
+    return SafeAdmission(carried, short=why, outcome="demoted")
 
 
 def shortfall_message(

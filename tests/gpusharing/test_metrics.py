@@ -22,6 +22,7 @@ from timekeeper.metrics import LedgerCollector
 from timekeeper.schema import upgrade
 from webhook.app import create_app as create_webhook
 from webhook.budget import BudgetStateCache
+from webhook.safe import VERDICTS
 from webhook.config import WebhookConfig
 
 NAME = re.compile(r"^gpusharing_(webhook|timekeeper)_[a-z][a-z0-9_]*[a-z0-9]$")
@@ -33,6 +34,7 @@ BOUNDED = {  # the label values a webhook metric may take, whatever the pods it 
     "dialect": {str(d) for d in Dialect} | {"none"},
     "outcome": {"ok", "failed"},
     "kind": {str(source) for source in ClaimSource},
+    "verdict": set(VERDICTS),
 }
 PER_OBJECT_LABELS = {"pod", "uid", "pod_uid", "request_id", "name"}
 PER_POD_FAMILIES = {

@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from prometheus_client import REGISTRY
 
 from demo.apiserver import admission_review, api_server_pod
 from gpusharing.contract import ANNOTATION_ADMISSION_ID
@@ -20,6 +21,7 @@ from gpusharing.dra import no_claims
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, SpecClient, served
 from tests.webhook.test_admission import patch_of
 from timekeeper.commitments import CommittedPod, PodCommitments, committed_pod
+from timekeeper.metrics import LedgerCollector
 from webhook.app import create_app as create_webhook
 from webhook.budget import BudgetStateCache
 from webhook.config import WebhookConfig
@@ -41,8 +43,8 @@ class PodIndex:
 
 
 class System:
-    def __init__(self, timekeeper: SpecClient, pods: PodIndex, webhook: Any, cache: BudgetStateCache):
-        self.timekeeper, self.pods, self.webhook, self.cache = timekeeper, pods, webhook, cache
+    def __init__(self, timekeeper: SpecClient, pods: PodIndex, webhook: Any, cache: BudgetStateCache, metrics: LedgerCollector):
+        self.timekeeper, self.pods, self.webhook, self.cache, self.metrics = timekeeper, pods, webhook, cache, metrics
         self.created = 0
 
     def burst(self, count: int, deadline: int) -> list[dict[str, Any]]:
@@ -84,6 +86,15 @@ class System:
         return self.timekeeper.get(f"/api/v1/budgets/{NAMESPACE}").json["uncommitted"]["gpuMinutes"]
 
 
+def verdicts(verdict: str) -> float:
+    return REGISTRY.get_sample_value("gpusharing_webhook_safe_admissions_total", {"verdict": verdict}) or 0.0
+
+
+def committed_gauge(system: System) -> dict[str, float]:
+    (family,) = [f for f in system.metrics.collect() if f.name == "gpusharing_timekeeper_committed_gpu_seconds"]
+    return {sample.labels["namespace"]: sample.value for sample in family.samples}
+
+
 def in_budget(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in results if r["response"]["allowed"] and r["pod"]["spec"].get("priorityClassName") != OVER_BUDGET_CLASS]
 
@@ -91,14 +102,15 @@ def in_budget(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.fixture
 def system(make_app: AppFactory, tmp_path: Path) -> Iterator[System]:
     pods = PodIndex()
-    app = make_app(commitments=PodCommitments(pods, lambda: dt.datetime.now(dt.timezone.utc)))  # type: ignore[arg-type]
+    commitments = PodCommitments(pods, lambda: dt.datetime.now(dt.timezone.utc))  # type: ignore[arg-type]
+    app = make_app(commitments=commitments)
     timekeeper = SpecClient(app.test_client(), ADMIN)
     token = tmp_path / "token"
     token.write_text(READER)
     with served(app) as url:
         cache = BudgetStateCache(url, str(token), reservations=Reservations())
         webhook = create_webhook(WebhookConfig(timekeeper_url=url), cache, no_claims, no_jobs)
-        yield System(timekeeper, pods, webhook, cache)
+        yield System(timekeeper, pods, webhook, cache, LedgerCollector(app.extensions["ledger"], commitments))
 
 
 def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: System) -> None:
@@ -111,9 +123,11 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     assert system.uncommitted_minutes() == 40.0
     assert system.cache.refresh()
 
+    reserved, demoted_before = verdicts("reserved"), verdicts("demoted")
     first = system.burst(40, deadline=120)  # each commits 2 GPU-minutes
     admitted = in_budget(first)
     assert len(admitted) == 20 and all(r["response"]["allowed"] for r in first)
+    assert (verdicts("reserved") - reserved, verdicts("demoted") - demoted_before) == (20, 20)
     demoted = [r for r in first if r not in admitted]
     assert all(ANNOTATION_ADMISSION_ID not in r["pod"]["metadata"]["annotations"] for r in demoted)
     assert "cannot cover this pod's deadline: the pod commits 2.00 GPU-minutes (1 GPU x weight 1 x 120 s), and its " \
@@ -126,6 +140,7 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     # Once it has, the listing counts them and the webhook gives its reservations up: still nothing is left.
     system.created_in_cluster(admitted)
     assert system.uncommitted_minutes() == 0.0
+    assert committed_gauge(system) == {NAMESPACE: 60 * 60.0}  # 20 + 40 GPU-minutes, in GPU-seconds
     assert system.cache.refresh() and system.cache.reservations.held(NAMESPACE) == 0
     assert in_budget(system.burst(5, deadline=60)) == []
 

@@ -74,7 +74,7 @@ def test_a_budget_that_refuses_on_shortfall_refuses_the_pod() -> None:
 
 
 def test_a_pod_without_a_deadline_is_admitted_as_before_under_safe_and_refused_under_strict() -> None:
-    assert decide(pod(), budget()) == SafeAdmission()
+    assert decide(pod(), budget()) == SafeAdmission(outcome="no-deadline")
     refused = decide(pod(), budget(AdmissionMode.STRICT)).refuse
     assert refused == ("namespace 'ml' admits only GPU pods with a deadline (its budget's admission is strict): set "
                        "spec.activeDeadlineSeconds on the pod, or on its Job")
