@@ -102,8 +102,13 @@ def create_app(
     def committed() -> dict[str, Any] | None:
         return None if commitments is None else commitments.by_namespace()
 
+    def listed(statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
+        """Statuses with their commitments (a group's count the pods of all the namespaces below it)."""
+        now_committed = committed()
+        return listing_json(statuses, now_committed, budgets.budgets() if now_committed else {})
+
     def status_json(status: BudgetStatus) -> Response:
-        return jsonify(listing_json([status], committed())[0])
+        return jsonify(listed([status])[0])
 
     def caller() -> Caller:
         return auth.caller(request.headers.get("Authorization") or request.headers.get(TIMEKEEPER_TOKEN_HEADER))
@@ -147,7 +152,7 @@ def create_app(
     def list_budgets() -> Response:
         caller()
         default = default_budget_json(budgets.default_gpu_minutes, budgets.default_period)
-        return jsonify(items=listing_json(budgets.statuses(), committed()), default=default)
+        return jsonify(items=listed(budgets.statuses()), default=default)
 
     @app.get("/api/v1/budgets/<name>")
     def get_budget(name: str) -> Response:

@@ -23,7 +23,7 @@ from gpusharing.quantity import QuantityError, parse_decimal
 from gpusharing.reading import as_mapping
 from gpusharing.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from gpusharing.watching import WatchedObjects
-from timekeeper.budget import MICROS_PER_GPU_MINUTE, BudgetStatus
+from timekeeper.budget import MICROS_PER_GPU_MINUTE, Budget, BudgetStatus, ancestry
 from timekeeper.kube import KubeApi
 
 ENDED_PHASES = ("Succeeded", "Failed")
@@ -136,21 +136,20 @@ def uncommitted_json(
     }
 
 
-def group_commitments(statuses: Iterable[BudgetStatus], committed: Mapping[str, NamespaceCommitments]) -> dict[str, int]:
+def group_commitments(budgets: Mapping[str, Budget], committed: Mapping[str, NamespaceCommitments]) -> dict[str, int]:
     """What the pods below each group committed (a namespace's commitments count in every ancestor's)."""
     groups: dict[str, int] = defaultdict(int)
-    for status in statuses:
-        own = committed.get(status.namespace)
-        if own is not None:
-            for ancestor in status.ancestors:
-                groups[ancestor.namespace] += own.micro_gpu_seconds
+    for namespace, own in committed.items():
+        for ancestor in ancestry(budgets, namespace):
+            groups[ancestor] += own.micro_gpu_seconds
     return groups
 
 
-def listing_json(statuses: Iterable[BudgetStatus], committed: Mapping[str, NamespaceCommitments] | None) -> list[dict[str, Any]]:
-    """Budget statuses as the API lists them, each with its commitments."""
-    statuses = list(statuses)
-    groups = group_commitments(statuses, committed) if committed is not None else {}
+def listing_json(
+    statuses: Iterable[BudgetStatus], committed: Mapping[str, NamespaceCommitments] | None, budgets: Mapping[str, Budget]
+) -> list[dict[str, Any]]:
+    """Budget statuses as the API answers them, each with its commitments (`budgets`: all of them, the hierarchy)."""
+    groups = group_commitments(budgets, committed) if committed is not None else {}
     return [{**status.to_json(), **uncommitted_json(status, committed, groups)} for status in statuses]
 
 

@@ -68,40 +68,38 @@ def test_commitments_are_summed_per_namespace_with_the_admissions_counted() -> N
     }
 
 
-def statuses(used: dict[str, int], **budgets: Budget) -> list[Any]:
+def listed(used: dict[str, int], committed: dict[str, NamespaceCommitments] | None, **budgets: Budget) -> list[dict[str, Any]]:
     windows = {kind: period_window(kind, NOW) for kind in Period}
     rolled = roll_up(budgets, {ns: {Period.MONTHLY: micro} for ns, micro in used.items()}, {}, windows)
-    return [rolled[name] for name in sorted(rolled)]
+    return listing_json([rolled[name] for name in sorted(rolled)], committed, budgets)
 
 
 def test_the_listing_says_what_is_left_uncommitted_of_the_tightest_budget_above_a_namespace() -> None:
-    listed = listing_json(
-        statuses(
-            {"ml": 40 * MINUTE, "cv": 50 * MINUTE},
-            ml=Budget("ml", 100.0, Period.MONTHLY, parent="team.a", admission=AdmissionMode.SAFE),
-            cv=Budget("cv", 100.0, Period.MONTHLY, parent="team.a"),
-            **{"team.a": Budget("team.a", 120.0, Period.MONTHLY)},
-        ),
+    items = listed(
+        {"ml": 40 * MINUTE, "cv": 50 * MINUTE},
         {"ml": NamespaceCommitments(20 * MINUTE, ("a" * 16,)), "cv": NamespaceCommitments(5 * MINUTE, ("b" * 16,))},
+        ml=Budget("ml", 100.0, Period.MONTHLY, parent="team.a", admission=AdmissionMode.SAFE),
+        cv=Budget("cv", 100.0, Period.MONTHLY, parent="team.a"),
+        **{"team.a": Budget("team.a", 120.0, Period.MONTHLY)},
     )
-    ml = next(item for item in listed if item["namespace"] == "ml")
+    ml = next(item for item in items if item["namespace"] == "ml")
     # Its own budget leaves 100 - 40 - 20 = 40; the team's 120 - 90 - 25 = 5.
     assert ml["committedGpuMinutes"] == 20.0
     assert ml["uncommitted"] == {"microGpuSeconds": 5 * MINUTE, "gpuMinutes": 5.0, "budget": "team.a",
                                  "remainingGpuMinutes": 30.0, "committedGpuMinutes": 25.0}
     assert ml["admissionIds"] == ["a" * 16]
-    cv = next(item for item in listed if item["namespace"] == "cv")
+    cv = next(item for item in items if item["namespace"] == "cv")
     assert cv["admissionIds"] == []  # an open budget: the webhook reserves nothing there
 
 
 def test_the_listing_says_when_commitments_are_not_known_and_when_nothing_limits_them() -> None:
-    unknown = listing_json(statuses({}, ml=Budget("ml", 100.0, Period.MONTHLY, admission=AdmissionMode.SAFE)), None)
+    unknown = listed({}, None, ml=Budget("ml", 100.0, Period.MONTHLY, admission=AdmissionMode.SAFE))
     assert (unknown[0]["committedGpuMinutes"], unknown[0]["uncommitted"]) == (None, None)
-    unlimited = listing_json(statuses({}, ml=Budget("ml", None, Period.MONTHLY, admission=AdmissionMode.SAFE)), {})
+    unlimited = listed({}, {}, ml=Budget("ml", None, Period.MONTHLY, admission=AdmissionMode.SAFE))
     assert (unlimited[0]["committedGpuMinutes"], unlimited[0]["uncommitted"]) == (0.0, None)
 
 
 def test_what_is_uncommitted_never_goes_below_zero() -> None:
-    listed = listing_json(statuses({"ml": 90 * MINUTE}, ml=Budget("ml", 100.0, Period.MONTHLY, admission=AdmissionMode.SAFE)),
-                          {"ml": NamespaceCommitments(30 * MINUTE, ())})
-    assert listed[0]["uncommitted"]["microGpuSeconds"] == 0
+    items = listed({"ml": 90 * MINUTE}, {"ml": NamespaceCommitments(30 * MINUTE, ())},
+                   ml=Budget("ml", 100.0, Period.MONTHLY, admission=AdmissionMode.SAFE))
+    assert items[0]["uncommitted"]["microGpuSeconds"] == 0

@@ -159,6 +159,14 @@ def test_a_burst_of_concurrent_reservations_never_overruns_the_uncommitted_budge
     assert granted.count(True) == 40 and reservations.held("ml") == 100 * MINUTE
 
 
+def test_a_reinvocation_that_changed_the_pods_request_replaces_its_reservation() -> None:
+    reservations = Reservations()
+    with reservations.lock:
+        assert reservations.reserve("ml", "a" * 16, 4 * MINUTE, 10 * MINUTE).granted
+        assert reservations.reserve("ml", "a" * 16, 10 * MINUTE, 10 * MINUTE) == Grant(True, 10 * MINUTE)
+    assert reservations.held("ml") == 10 * MINUTE
+
+
 def test_a_dry_run_is_answered_without_holding_anything() -> None:
     reservations = Reservations()
     with reservations.lock:
