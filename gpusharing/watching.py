@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # the API server ends a watch after this; the thread resumes from where it was
 BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
+LIST_PAGE = 500  # objects per list request, as client-go's informers ask
 
 Key = tuple[str, str]  # namespace, name
 T = TypeVar("T")
@@ -90,18 +91,25 @@ class WatchedObjects(Generic[T]):
                 self._stop.wait(wait)
 
     def _relist(self) -> str:
-        response = self._list_all(_preload_content=False, _request_timeout=60)
-        body = json.loads(response.data)
-        items = {}
-        for obj in body.get("items", []):
-            value = self._extract(obj)
-            if value is not None:
-                items[key_of(obj)] = value
+        """Lists every object, a page at a time (as informers do: a large cluster's pods are never one body)."""
+        items: dict[Key, T] = {}
+        page: dict[str, Any] = {}
+        while True:
+            response = self._list_all(limit=LIST_PAGE, _preload_content=False, _request_timeout=60, **page)
+            body = json.loads(response.data)
+            for obj in body.get("items", []):
+                value = self._extract(obj)
+                if value is not None:
+                    items[key_of(obj)] = value
+            metadata = as_mapping(body.get("metadata"))
+            if not metadata.get("continue"):
+                break
+            page = {"_continue": metadata["continue"]}
         self.items = items  # one reference swap: readers never see a half-built table
         self._report(True)
         self._changed()
         log.info("%d %s listed", len(items), self.kind)
-        return str(as_mapping(body.get("metadata")).get("resourceVersion", ""))
+        return str(metadata.get("resourceVersion", ""))
 
     def _follow(self, version: str) -> Iterator[None]:
         """Applies watch events until the watch ends; raises (to relist) on an expired version or a broken stream."""
