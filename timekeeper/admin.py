@@ -542,9 +542,13 @@ def format_statuses(items: Sequence[dict[str, Any]], wide: bool = False) -> str:
         row = [item["namespace"], _budget(allowance), _minutes(item["usedGpuMinutes"]),
                "-" if remaining is None else _minutes(remaining), item["state"], item["period"],
                "yes" if item.get("evictOnExhaustion") else "no", item.get("periodEnd") or "never"]
+        committed, uncommitted = item.get("committedGpuMinutes"), item.get("uncommitted")
         rows.append(row + ([item.get("periodStart") or "-", _minutes(item.get("topUpGpuMinutes") or 0),
-                            item.get("admission") or "-", item.get("onShortfall") or "-"] if wide else []))
-    return format_table(STATUS_COLUMNS + (["PERIOD START", "TOP-UPS", "ADMISSION", "ON SHORTFALL"] if wide else []), rows)
+                            item.get("admission") or "-", item.get("onShortfall") or "-",
+                            "-" if committed is None else _minutes(committed),
+                            "-" if not uncommitted else _minutes(uncommitted["gpuMinutes"])] if wide else []))
+    wide_columns = ["PERIOD START", "TOP-UPS", "ADMISSION", "ON SHORTFALL", "COMMITTED", "UNCOMMITTED"]
+    return format_table(STATUS_COLUMNS + (wide_columns if wide else []), rows)
 
 
 TREE_COLUMNS = ["BUDGET", "GPU-MINUTES", "USED", "PERCENT", "STATE", "OWN STATE", "PERIOD", "MANAGED BY"]

@@ -81,8 +81,8 @@ def test_output_formats_and_namespaces(cluster: FakeKube, capsys: pytest.Capture
     assert code == 0 and [line.split()[0] for line in out.splitlines()[1:3]] == ["team-a", "team-b"]
     code, out, _ = plugin(capsys, "budget", "get", "team-a", "-o", "wide")
     header, row = out.splitlines()
-    assert code == 0 and header.endswith("PERIOD END            PERIOD START          TOP-UPS  ADMISSION  ON SHORTFALL")
-    assert row.split()[-2:] == ["open", "demote"]
+    assert code == 0 and header.endswith("TOP-UPS  ADMISSION  ON SHORTFALL  COMMITTED  UNCOMMITTED")
+    assert row.split()[-4:] == ["open", "demote", "-", "-"]
     code, out, _ = plugin(capsys, "pods", "-o", "wide", "-n", "team-a")
     assert code == 0 and out.split()[-4:] == ["UID", "REPORTS", "FIRST", "REPORT"]
 

@@ -20,6 +20,7 @@ from gpusharing.contract import ANNOTATION_ADMISSION_ID
 from gpusharing.dra import no_claims
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, SpecClient, served
 from tests.webhook.test_admission import patch_of
+from timekeeper.admin import format_statuses
 from timekeeper.commitments import CommittedPod, PodCommitments, committed_pod
 from timekeeper.metrics import LedgerCollector
 from webhook.app import create_app as create_webhook
@@ -141,6 +142,8 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     system.created_in_cluster(admitted)
     assert system.uncommitted_minutes() == 0.0
     assert committed_gauge(system) == {NAMESPACE: 60 * 60.0}  # 20 + 40 GPU-minutes, in GPU-seconds
+    wide = format_statuses([system.timekeeper.get(f"/api/v1/budgets/{NAMESPACE}").json], wide=True).splitlines()
+    assert wide[0].split()[-2:] == ["COMMITTED", "UNCOMMITTED"] and wide[1].split()[-4:] == ["safe", "demote", "60.0", "0.0"]
     assert system.cache.refresh() and system.cache.reservations.held(NAMESPACE) == 0
     assert in_budget(system.burst(5, deadline=60)) == []
 
