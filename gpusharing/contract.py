@@ -13,6 +13,8 @@ ANNOTATION_GPU_MODEL = "gpusharing.io/gpu-model"  # the catalogue's model the po
 # Under safe admission: the id of the webhook's reservation for the pod, by which the timekeeper's listing says it
 # has counted the pod's commitment (and the webhook gives its local reservation up).
 ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
+# Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
+ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"

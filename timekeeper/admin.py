@@ -466,6 +466,8 @@ def format_explanation(explanation: dict[str, Any]) -> str:
         ("GPU share", f"{record.get('gpu-share', '-')} of a GPU, billed per second the pod runs"),
         ("GPU memory", f"{record.get('gpu-memory-mib', '-')} MiB asked for"),
         ("Admitted", f"{record.get('budget-state', 'unknown')}: {_admission_reason(record.get('budget-state'))}"),
+        *([("Safe admission", f"{record['safe-admission']}: {_safe_admission_reason(record['safe-admission'])}")]
+          if "safe-admission" in record else []),
         ("Priority class", priority),
         ("Meter", pod["meter"] or "none (the pod runs unmetered)"),
     ]
@@ -488,6 +490,15 @@ def _admission_reason(state: str | None) -> str:
         "unlimited": "its namespace had no limit: the in-budget class unless the pod named its own",
         "unknown": "the webhook had not heard from the timekeeper yet: treated as in budget",
     }.get(state or "", "the webhook recorded no budget state")
+
+
+def _safe_admission_reason(verdict: str) -> str:
+    return {
+        "reserved": "what is left uncommitted of its namespace's budget covered the pod to its deadline",
+        "demoted": "what is left uncommitted did not cover the pod to its deadline: demoted to the over-budget class",
+        "no-deadline": "the pod has no deadline: admitted by its namespace's state alone",
+        "unchecked": "the webhook did not know what the namespace's pods had committed: admitted by its state alone",
+    }.get(verdict, "a verdict this version does not know")
 
 
 def _new_pods(state: str) -> str:

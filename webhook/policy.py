@@ -8,6 +8,7 @@ from typing import Any
 
 from gpusharing.contract import (
     ANNOTATION_ADMISSION_ID,
+    ANNOTATION_SAFE_ADMISSION,
     ANNOTATION_BUDGET_STATE,
     ANNOTATION_DIALECT,
     ANNOTATION_GPU_MEMORY,
@@ -213,6 +214,8 @@ def _mutation(
     wanted = {**record, ANNOTATION_BUDGET_STATE: str(state)}
     if safe.admission_id:
         wanted[ANNOTATION_ADMISSION_ID] = safe.admission_id
+    if safe.outcome:
+        wanted[ANNOTATION_SAFE_ADMISSION] = safe.outcome
     annotations = metadata.get("annotations")
     if not isinstance(annotations, dict):
         patch.add(pointer("metadata", "annotations"), wanted)

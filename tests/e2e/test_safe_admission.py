@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from demo.apiserver import EXAMPLES
-from gpusharing.contract import ANNOTATION_ADMISSION_ID
+from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_SAFE_ADMISSION
 from tests.e2e.system import ApiError, GpuSharing, wait_for
 
 
@@ -61,6 +61,7 @@ def test_pods_are_admitted_while_their_deadlines_fit_the_uncommitted_budget(gpus
     second = gpusharing.create(namespace, half_gpu_pod("second", 600))
     for pod in (first, second):
         assert len(pod["metadata"]["annotations"][ANNOTATION_ADMISSION_ID]) == 16
+        assert pod["metadata"]["annotations"][ANNOTATION_SAFE_ADMISSION] == "reserved"
         assert pod["spec"]["priorityClassName"] == "gpusharing-in-budget"
     message = str(refusal(gpusharing, namespace, half_gpu_pod("third", 600)))
     assert f'denied the request: namespace \'{namespace}\' cannot cover this pod\'s deadline: the pod commits 5.00 ' \
@@ -92,6 +93,7 @@ def test_a_demoting_budget_admits_what_it_cannot_cover_at_the_over_budget_class(
     pod = gpusharing.create(namespace, probe)
     assert pod["spec"]["priorityClassName"] == "gpusharing-over-budget"
     assert ANNOTATION_ADMISSION_ID not in pod["metadata"]["annotations"]  # nothing reserved for it
+    assert pod["metadata"]["annotations"][ANNOTATION_SAFE_ADMISSION] == "demoted"
     assert pod["metadata"]["annotations"]["gpusharing.io/budget-state"] == "in-budget"  # the namespace is not over budget
 
 

@@ -149,6 +149,14 @@ def test_explain_says_why_a_pod_got_its_share_class_and_state(cluster: FakeKube,
     assert code == 0 and explained["pod"]["record"]["gpu-share"] == "0.5" and explained["namespace"]["state"] == "over-budget"
     assert explained["metering"]["podUid"] == pod["metadata"]["uid"]
 
+    # A pod that safe admission demoted: its namespace was in budget, but not with room for its deadline.
+    short = cluster.add_pod("team-a", "train-1", share="0.5", priority_class="gpusharing-over-budget", memory_mib="40960")
+    short["metadata"]["annotations"].update({"gpusharing.io/budget-state": "in-budget", "gpusharing.io/safe-admission": "demoted"})
+    code, out, _ = plugin(capsys, "explain", "pod/train-1")
+    fields = dict(line.split(":", 1) for line in out.splitlines())
+    assert code == 0 and fields["Safe admission"].strip() == (
+        "demoted: what is left uncommitted did not cover the pod to its deadline: demoted to the over-budget class")
+
     cluster.add_pod("team-a", "web", share=None)
     code, out, _ = plugin(capsys, "explain", "pods/web")
     assert code == 0 and "Governed:" in out and "no gpusharing.io/ record" in out
