@@ -8,13 +8,13 @@ from typing import Any
 
 from gpusharing.contract import (
     ANNOTATION_ADMISSION_ID,
-    ANNOTATION_SAFE_ADMISSION,
     ANNOTATION_BUDGET_STATE,
     ANNOTATION_DIALECT,
     ANNOTATION_GPU_MEMORY,
     ANNOTATION_GPU_MODEL,
     ANNOTATION_GPU_SHARE,
     ANNOTATION_PREFIX,
+    ANNOTATION_SAFE_ADMISSION,
 )
 from gpusharing.quantity import QuantityError, parse_whole_quantity
 from gpusharing.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims

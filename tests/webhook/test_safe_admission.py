@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+
+import jsonpatch
 from typing import Any
 
 from demo.apiserver import admission_review, api_server_pod
@@ -218,3 +220,24 @@ def test_a_namespace_over_budget_demotes_a_pod_with_a_deadline_and_strict_still_
     assert ANNOTATION_ADMISSION_ID not in json.dumps(decision.patch)  # nothing reserved: the pod is demoted anyway
     refused = admit(parse_review(admission_review(pod())), WebhookConfig(), lambda _: over, mutate=True)
     assert not refused.allowed and refused.code == 403 and "admits only GPU pods with a deadline" in str(refused.message)
+
+
+def test_a_reinvoked_webhook_patches_nothing_more_and_reserves_nothing_more() -> None:
+    """The pod the webhook patched, sent back (reinvocationPolicy: IfNeeded), is answered with no patch."""
+    reservations = Reservations()
+
+    def reserve(namespace: str, admission_id: str, micro: int, hold: bool) -> Grant:
+        with reservations.lock:
+            return reservations.reserve(namespace, admission_id, micro, 100 * MINUTE, hold)
+
+    def jobs(namespace: str, name: str, uid: str) -> JobDeadline:
+        return JobDeadline(uid, 1800, dt.datetime.now(UTC) - dt.timedelta(seconds=600))
+
+    safe = budget(AdmissionMode.STRICT, 100.0)
+    first = admit(parse_review(admission_review(pod(owner=JOB))), WebhookConfig(), lambda _: safe, True, jobs=jobs, reserve=reserve)
+    patched = jsonpatch.apply_patch(pod(owner=JOB), first.patch)
+    assert 1190 <= patched["spec"]["activeDeadlineSeconds"] <= 1200
+    assert patched["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "reserved"
+    again = admit(parse_review(admission_review(patched)), WebhookConfig(), lambda _: safe, True, jobs=jobs, reserve=reserve)
+    assert again.allowed and again.patch == []
+    assert reservations.held("ml") == commitment(1.0, WEIGHT, patched["spec"]["activeDeadlineSeconds"])
