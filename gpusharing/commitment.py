@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpusharing.reading import as_mapping
-from gpusharing.weights import weighted
+from gpusharing.weights import MICROS_PER_SECOND, weighted
 
-MICROS_PER_SECOND = 1_000_000
 # activeDeadlineSeconds is an int64 the API server checks only after the webhook: a pod may claim anything. No pod
 # runs longer than this, and a bound keeps every product below small integers.
 MAX_DEADLINE_SECONDS = 10 * 365 * 24 * 3600

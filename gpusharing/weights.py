@@ -10,6 +10,7 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 
 MILLI = 1000
+MICROS_PER_SECOND = 1_000_000  # GPU time is counted in whole micro-GPU-seconds, so that sums of any length are exact
 UNIT_WEIGHT = MILLI  # a weight of 1: today's GPU-minutes
 MAX_WEIGHT = 1000
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpusharing.report import MAX_GPU_SECONDS, MeterReport, ReportError
-
-MICROS_PER_SECOND = 1_000_000
+from gpusharing.weights import MICROS_PER_SECOND
 
 
 class Outcome(StrEnum):

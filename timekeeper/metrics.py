@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from gpusharing.contract import BudgetState
 from gpusharing.metrics import LATENCY_BUCKETS
-from timekeeper.ledger import MICROS_PER_SECOND
+from gpusharing.weights import MICROS_PER_SECOND
 
 if TYPE_CHECKING:
     from timekeeper.accounting import ReportLedger

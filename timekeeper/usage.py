@@ -22,7 +22,7 @@ from sqlalchemy import and_, func, select
 
 from timekeeper.budget import MICROS_PER_GPU_MINUTE
 from timekeeper.db import Database, Statements
-from timekeeper.ledger import MICROS_PER_SECOND
+from gpusharing.weights import MICROS_PER_SECOND
 from gpusharing.weights import weighted
 from timekeeper.models import pod_labels, pod_ledgers, pod_usage
 

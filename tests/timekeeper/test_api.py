@@ -15,7 +15,7 @@ from gpusharing.report import MeterReport
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
 from timekeeper.accounting import ReportQueue
 from timekeeper.budget import Period
-from timekeeper.ledger import MICROS_PER_SECOND
+from gpusharing.weights import MICROS_PER_SECOND
 from webhook.budget import BudgetStateCache
 
 
