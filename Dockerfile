@@ -3,6 +3,7 @@ FROM python:3.12-slim AS build
 WORKDIR /src
 COPY pyproject.toml setup.cfg README.md ./
 COPY gpusharing gpusharing
+COPY admin admin
 COPY webhook webhook
 COPY timekeeper timekeeper
 COPY sidecar sidecar

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from demo.reportsink import ReportSink
 
+
 @dataclass
 class Run:
     first_report_s: float

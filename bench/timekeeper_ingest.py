@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.postgres import PostgresServer  # noqa: E402
 from tests.timekeeper.process import TimekeeperProcess  # noqa: E402
-from timekeeper.schema import upgrade  # noqa: E402
+from timekeeper.database.schema import upgrade  # noqa: E402
 
 TOKEN = "bench-meter-token"
 NAMESPACES = 20
@@ -139,7 +139,6 @@ def _client(
     for w in workers:
         w.join()
     results.put((latencies, errors))
-
 
 
 def measure(port: int, threads: int, rate: float | None, seconds: float) -> dict[str, float]:

@@ -29,8 +29,7 @@ from typing import Any
 
 from demo.apiserver import admission_review, example_manifests, example_pod
 from demo.processes import Service, free_port
-from gpusharing.certs import make_serving_certificate
-
+from gpusharing.serving.certs import make_serving_certificate
 
 NAMESPACE = "ml-team"  # the example pods'
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -24,7 +23,7 @@ import requests
 
 from demo.apiserver import admission_review, api_server_pod, example_pod
 from demo.processes import Service, child_pids, free_port
-from gpusharing.certs import make_serving_certificate
+from gpusharing.serving.certs import make_serving_certificate
 
 MIB = 1024 * 1024
 

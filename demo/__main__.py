@@ -25,7 +25,7 @@ import requests
 
 from demo.apiserver import admission_review, example_manifests, example_pod
 from demo.processes import COMMAND, Service, free_port, run_command
-from gpusharing.certs import make_serving_certificate
+from gpusharing.serving.certs import make_serving_certificate
 
 NAMESPACE = "ml-team"
 BUDGET_GPU_MINUTES = 3

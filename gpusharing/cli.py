@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from gpusharing.env import ConfigError
-from gpusharing.logs import configure_logging
+from gpusharing.serving.logs import configure_logging
+from gpusharing.settings.env import ConfigError
 
 # Each role's module has register(subparsers); its parsers set `run` to a function taking the parsed args. A module
 # may also have global_options(parser): options taken before the command too, as kubectl takes its global flags.
@@ -19,12 +19,12 @@ _ROLES = {
     "webhook": "webhook.cli",
     "timekeeper": "timekeeper.cli",
     "db": "timekeeper.cli",
-    "budget": "timekeeper.admin",
-    "pods": "timekeeper.admin",
-    "explain": "timekeeper.admin",
-    "usage": "timekeeper.admin",
+    "budget": "admin.commands",
+    "pods": "admin.commands",
+    "explain": "admin.commands",
+    "usage": "admin.commands",
     "meter": "sidecar.cli",
-    "certs": "gpusharing.certs",
+    "certs": "gpusharing.serving.certs",
 }
 
 EXAMPLES = """examples:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpusharing.reading import as_mapping
-from gpusharing.weights import MICROS_PER_SECOND, weighted
+from gpusharing.gpu.reading import as_mapping
+from gpusharing.units.weights import MICROS_PER_SECOND, weighted
 
 # activeDeadlineSeconds is an int64 the API server checks only after the webhook: a pod may claim anything. No pod
 # runs longer than this, and a bound keeps every product below small integers.

@@ -55,6 +55,15 @@ class Shortfall(StrEnum):
     REFUSE = "refuse"
 
 
+class Period(StrEnum):
+    """How often a budget renews: at UTC midnights, Mondays, first days of months, or never."""
+
+    DAILY = "daily"
+    WEEKLY = "weekly"  # ISO weeks: Monday 00:00 UTC to the next Monday
+    MONTHLY = "monthly"
+    NONE = "none"  # the budget never renews
+
+
 class MeterEnv:
     """Environment variables the webhook gives the meter container (and the meter reads)."""
 

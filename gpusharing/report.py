@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusharing.names import NAMESPACE, POD_NAME, UID
-from gpusharing.share import MAX_GPU_SHARE
+from gpusharing.units.share import MAX_GPU_SHARE
 
 # Nothing a pod does can be worth more than this many GPU-seconds in one report: 1,000 GPUs for ten years.
 MAX_GPU_SECONDS = 1000 * 10 * 365 * 24 * 3600

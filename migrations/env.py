@@ -1,11 +1,11 @@
-"""Alembic's entry point: the URL comes from timekeeper.schema.alembic_config (never from an alembic.ini)."""
+"""Alembic's entry point: the URL comes from timekeeper.database.schema.alembic_config (never from an alembic.ini)."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from timekeeper.models import Base
+from timekeeper.database.tables import Base
 
 config = context.config
 url = config.attributes.get("database_url") or config.get_main_option("sqlalchemy.url")

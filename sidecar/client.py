@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpusharing.jsonhttp import JsonClient, Unreachable
 from gpusharing.report import MeterReport
+from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 
 CONNECT_TIMEOUT_SECONDS = 3.0
 REPORTS_PATH = "/api/v1/reports"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpusharing.contract import METER_STATE_DIR, METER_TOKEN_DIR, METER_TOKEN_FILE, MeterEnv
-from gpusharing.env import ConfigError, env_code, env_float, env_text, env_url
-from gpusharing.share import MAX_GPU_SHARE
+from gpusharing.settings.env import ConfigError, env_code, env_float, env_text, env_url
+from gpusharing.units.share import MAX_GPU_SHARE
 
 TIME_SCALE = "GPUSHARING_METER_TIME_SCALE"
 GPU_READER = "GPUSHARING_METER_GPU_READER"

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 
 from gpusharing.contract import MeterEnv
-from gpusharing.env import ConfigError
-from gpusharing.logs import add_context
 from gpusharing.report import MeterReport
+from gpusharing.serving.logs import add_context
+from gpusharing.settings.env import ConfigError
 from sidecar.client import Answer, Delivery, TimekeeperClient
 from sidecar.config import MeterConfig
 from sidecar.nvml import GpuReader, load_reader

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpusharing.env import load_code
+from gpusharing.settings.env import load_code
 from sidecar.config import GPU_READER
 
 log = logging.getLogger(__name__)

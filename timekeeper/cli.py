@@ -1,13 +1,13 @@
-"""`gpusharing timekeeper serve` and `gpusharing db upgrade` (the admin's commands are in timekeeper.admin)."""
+"""`gpusharing timekeeper serve` and `gpusharing db upgrade` (the admin's commands are in admin.commands)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from gpusharing.arguments import whole_number
-from gpusharing.env import ConfigError, load_code
-from gpusharing.serving import MAX_THREADS, MAX_WORKERS, ServerOptions, serve
+from gpusharing.serving.server import MAX_THREADS, MAX_WORKERS, ServerOptions, serve
+from gpusharing.settings.arguments import whole_number
+from gpusharing.settings.env import ConfigError, load_code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -47,11 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from timekeeper.app import NO_AUTH_WARNING, kube_api
-    from timekeeper.auth import load_static_tokens
+    from timekeeper.api.auth import load_static_tokens
     from timekeeper.config import TimekeeperConfig
-    from timekeeper.db import Database
-    from timekeeper.schema import schema_problem
+    from timekeeper.database.connection import Database
+    from timekeeper.database.schema import schema_problem
+    from timekeeper.services import NO_AUTH_WARNING, kube_api
 
     config = TimekeeperConfig.from_env()
     overrides = {key: getattr(args, key) for key in ("host", "port", "workers", "threads") if getattr(args, key) is not None}
@@ -82,7 +82,7 @@ def _upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from timekeeper.config import TimekeeperConfig, database_url
-    from timekeeper.schema import first_line, upgrade
+    from timekeeper.database.schema import first_line, upgrade
 
     url = database_url(args.database_url, "--database-url") if args.database_url else TimekeeperConfig.from_env().database_url
     try:

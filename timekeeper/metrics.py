@@ -10,12 +10,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpusharing.contract import BudgetState
-from gpusharing.metrics import LATENCY_BUCKETS
-from gpusharing.weights import MICROS_PER_SECOND
+from gpusharing.serving.metrics import LATENCY_BUCKETS
+from gpusharing.units.weights import MICROS_PER_SECOND
 
 if TYPE_CHECKING:
-    from timekeeper.accounting import ReportLedger
-    from timekeeper.commitments import PodCommitments
+    from timekeeper.accounting.reports import ReportLedger
+    from timekeeper.cluster.pods import PodCommitments
 
 MIB = 1024 * 1024
 # The per-pod series (pods overrunning their GPU memory, running pods) are at most this many each: bounded cardinality.

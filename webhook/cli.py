@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpusharing.arguments import whole_number
-from gpusharing.env import ConfigError, env_int, env_text
-from gpusharing.serving import MAX_THREADS, MAX_WORKERS, ServerOptions, serve
-
+from gpusharing.serving.server import MAX_THREADS, MAX_WORKERS, ServerOptions, serve
+from gpusharing.settings.arguments import whole_number
+from gpusharing.settings.env import ConfigError, env_int, env_text
 
 # Two arenas keep a worker's memory level under large bodies (bench/webhook_memory.py) and measured as fast as
 # glibc's default on the webhook's load (bench/webhook_load.py); see README, "Limits on what a request may cost".
@@ -48,7 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
     os.environ["GPUSHARING_WEBHOOK_WORKERS"] = str(args.workers)
     config = WebhookConfig.from_env()  # fail at start, in one line, on a bad setting rather than in every worker
     if config.kubeconfig:
-        from gpusharing.kube import api_client
+        from gpusharing.kube.client import api_client
 
         api_client(config.kubeconfig, "GPUSHARING_KUBECONFIG")
     serve(

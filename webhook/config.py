@@ -6,10 +6,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
-from gpusharing.env import ConfigError, env_choice, env_float, env_int, env_list, env_text, env_url
-from gpusharing.models import catalogue_from_env
-from gpusharing.request import DEFAULT_DRA_GPU_CLASSES, GpuRequestSettings, HamiSettings
+from gpusharing.gpu.catalogue import catalogue_from_env
+from gpusharing.gpu.request import DEFAULT_DRA_GPU_CLASSES, GpuRequestSettings, HamiSettings
+from gpusharing.settings.env import ConfigError, env_choice, env_float, env_int, env_list, env_text, env_url
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 SIDECAR_MODES = ("native", "container")

@@ -1,10 +1,10 @@
-"""The webhook's Prometheus metrics (merged across gunicorn workers by gpusharing.metrics)."""
+"""The webhook's Prometheus metrics (merged across gunicorn workers by gpusharing.serving.metrics)."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from gpusharing.metrics import LATENCY_BUCKETS
+from gpusharing.serving.metrics import LATENCY_BUCKETS
 
 ADMISSIONS = Counter(
     "gpusharing_webhook_admissions",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from demo.processes import Service, free_port
-from gpusharing.certs import make_serving_certificate
+from gpusharing.serving.certs import make_serving_certificate
 
 
 def test_a_server_whose_certificate_is_refused_is_said_to_be_so_at_once(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.jsonhttp import reply_json
-from gpusharing.certs import make_serving_certificate
+from gpusharing.serving.certs import make_serving_certificate
 
 LABEL = "e2e.gpusharing.io/mutate"
 ADDED_LABEL = "e2e.gpusharing.io/touched"

@@ -26,8 +26,8 @@ import requests
 from kubernetes import utils
 
 from demo.processes import Service, free_port
-from gpusharing.certs import make_serving_certificate
 from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
+from gpusharing.serving.certs import make_serving_certificate
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
 from tests.kustomize import installable_manifests, kustomize
 

@@ -13,13 +13,13 @@ import yaml
 
 from demo.apiserver import EXAMPLES
 from demo.processes import free_port
-from gpusharing.dra import ClaimLookup, no_claims
-from gpusharing.request import format_share, parse_gpu_request
+from gpusharing.gpu.dra import ClaimLookup, no_claims
+from gpusharing.gpu.request import format_share, parse_gpu_request
 from tests.e2e.mutator import ADDED_LABEL, LABEL, Mutator
 from tests.e2e.system import ApiError, GpuSharing, wait_for
 from tests.gpusharing.test_request import INVALID
+from webhook.admission.meter import SERVICE_ACCOUNT_TOKEN_DIR
 from webhook.config import WebhookConfig
-from webhook.meter import SERVICE_ACCOUNT_TOKEN_DIR
 
 METER = "gpusharing-meter"
 IN_BUDGET, OVER_BUDGET = "gpusharing-in-budget", "gpusharing-over-budget"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from demo.apiserver import EXAMPLES
-from gpusharing.dra import ClaimSource, ClaimSpec, ClaimUnknown, claim_spec
+from gpusharing.gpu.dra import ClaimSource, ClaimSpec, ClaimUnknown, claim_spec
 from tests.e2e.system import ApiError, GpuSharing, wait_for
 from tests.e2e.test_admission import assert_governed
 

@@ -17,8 +17,8 @@ from demo.apiserver import EXAMPLES
 from tests.e2e.controlplane import write_kubeconfig
 from tests.e2e.system import SYSTEM_NAMESPACE, ApiError, GpuSharing, wait_for
 from tests.e2e.test_timekeeper import events, gpu_pod
-from timekeeper.kube import KubeApi
-from timekeeper.leader import LEASE_NAME, LeaderElection
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
 
 GROUP = "/apis/gpusharing.io/v1alpha1"
 

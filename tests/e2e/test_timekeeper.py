@@ -10,7 +10,7 @@ import requests
 import yaml
 
 from demo.apiserver import EXAMPLES
-from tests.e2e.system import ApiError, GpuSharing, wait_for
+from tests.e2e.system import GpuSharing, wait_for
 
 
 def gpu_pod(gpusharing: GpuSharing, namespace: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from gpusharing.dialects import HamiSettings
-from gpusharing.models import shipped_catalogue
-from gpusharing.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
-from gpusharing.share import format_share
+from gpusharing.gpu.catalogue import shipped_catalogue
+from gpusharing.gpu.dialects import HamiSettings
+from gpusharing.gpu.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
+from gpusharing.units.share import format_share
 from tests.gpusharing.test_request import container, pod
 
 Verdict = str | None  # the billed share ("0.5"), None for a pod without a GPU, or "refused: <part of the message>"

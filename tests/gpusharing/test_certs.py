@@ -13,8 +13,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gpusharing.certs import make_serving_certificate
 from gpusharing.cli import main
+from gpusharing.serving.certs import make_serving_certificate
 
 
 @pytest.fixture(scope="module")

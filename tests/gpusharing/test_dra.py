@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 import yaml
 
 from demo.apiserver import EXAMPLES, api_server_pod
-from gpusharing.dra import ClaimSource, ClaimSpec, ClaimUnknown, claim_spec, no_claims
-from gpusharing.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
-from gpusharing.share import format_share
+from gpusharing.gpu.dra import ClaimSource, ClaimSpec, ClaimUnknown, claim_spec, no_claims
+from gpusharing.gpu.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
+from gpusharing.units.share import format_share
 from tests.gpusharing.test_request import container, pod
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpusharing.env import ConfigError, env_choice, env_flag, env_float, env_int, env_list, env_text, env_url
+from gpusharing.settings.env import ConfigError, env_choice, env_flag, env_float, env_int, env_list, env_text, env_url
 
 
 def test_defaults_when_unset_or_blank() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from demo.apiserver import admission_review, example_pod
 from demo.processes import Service, free_port, run_command
-from gpusharing.certs import make_serving_certificate
+from gpusharing.serving.certs import make_serving_certificate
 
 STOP_SECONDS = 30  # only stops a broken test from hanging; not a speed check
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusharing.jsonbody import MAX_DEPTH, JsonBodyError, read_json
+from gpusharing.serving.jsonbody import MAX_DEPTH, JsonBodyError, read_json
 
 
 def nested(depth: int) -> str:

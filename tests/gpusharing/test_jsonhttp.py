@@ -14,7 +14,7 @@ import pytest
 
 from demo.jsonhttp import reply_json
 from demo.processes import free_port
-from gpusharing.jsonhttp import Answer, JsonClient, Unreachable
+from gpusharing.serving.jsonhttp import Answer, JsonClient, Unreachable
 
 
 class EchoServer:

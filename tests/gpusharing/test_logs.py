@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from demo.processes import run_command
-from gpusharing.env import ConfigError
-from gpusharing.logs import JsonFormatter, TextFormatter, configure_logging
+from gpusharing.serving.logs import JsonFormatter, TextFormatter, configure_logging
+from gpusharing.settings.env import ConfigError
 
 
 def record(message: str, *args: object, level: int = logging.INFO, **extra: object) -> logging.LogRecord:

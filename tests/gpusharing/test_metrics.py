@@ -13,16 +13,16 @@ from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from demo.apiserver import admission_review, example_manifests, example_pod
-from gpusharing.dialects import Dialect
-from gpusharing.dra import ClaimSource
+from gpusharing.gpu.dialects import Dialect
+from gpusharing.gpu.dra import ClaimSource
 from tests.gpusharing.test_request import INVALID
 from timekeeper.app import create_app as create_timekeeper
 from timekeeper.config import TimekeeperConfig
+from timekeeper.database.schema import upgrade
 from timekeeper.metrics import LedgerCollector
-from timekeeper.schema import upgrade
+from webhook.admission.safe import VERDICTS
 from webhook.app import create_app as create_webhook
-from webhook.budget import BudgetStateCache
-from webhook.safe import VERDICTS
+from webhook.caches.budgets import BudgetStateCache
 from webhook.config import WebhookConfig
 
 NAME = re.compile(r"^gpusharing_(webhook|timekeeper)_[a-z][a-z0-9_]*[a-z0-9]$")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpusharing.models import CatalogueError, catalogue_from, load_catalogue, product_label, shipped_catalogue
+from gpusharing.gpu.catalogue import CatalogueError, catalogue_from, load_catalogue, product_label, shipped_catalogue
 
 
 def test_the_shipped_catalogue_has_the_common_datacenter_gpus_with_nvmls_memory() -> None:

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpusharing.quantity import QuantityError, QuantityOutOfBounds, parse_decimal, parse_quantity, parse_whole_quantity
+from gpusharing.units.quantity import QuantityError, QuantityOutOfBounds, parse_decimal, parse_quantity, parse_whole_quantity
 
 
 @pytest.mark.parametrize(

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from gpusharing.models import shipped_catalogue
-from gpusharing.request import (
+from demo.apiserver import api_server_pod, example_manifests, example_pod
+from gpusharing.gpu.catalogue import shipped_catalogue
+from gpusharing.gpu.request import (
     ContainerRole,
     Dialect,
     GpuRequestSettings,
     InvalidGpuRequest,
     parse_gpu_request,
 )
-from gpusharing.share import format_share
-from demo.apiserver import api_server_pod, example_manifests, example_pod
+from gpusharing.units.share import format_share
 
 
 def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (), annotations: dict[str, str] | None = None) -> dict[str, Any]:

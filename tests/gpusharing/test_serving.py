@@ -1,4 +1,4 @@
-"""gunicorn as the services run it (gpusharing.serving): what each worker is set up with, and two servers on one host."""
+"""gunicorn as the services run it (gpusharing.serving.server): what each worker is set up with, and two servers on one host."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import pytest
 import requests
 
 from demo.processes import free_port
-from gpusharing.serving import GC_THRESHOLDS
+from gpusharing.serving.server import GC_THRESHOLDS
 
 
 @contextmanager
 def probe_server(env: dict[str, str] | None = None) -> Iterator[str]:
-    """tests/gpusharing/gc_app.py under gpusharing.serving.serve, one worker; its URL once it answers."""
+    """tests/gpusharing/gc_app.py under gpusharing.serving.server.serve, one worker; its URL once it answers."""
     port = free_port()
-    program = ("from gpusharing.serving import ServerOptions, serve; "
+    program = ("from gpusharing.serving.server import ServerOptions, serve; "
                f"serve('tests.gpusharing.gc_app:create_app', ServerOptions(host='127.0.0.1', port={port}, workers=1))")
     server = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               env={**os.environ, **(env or {})})

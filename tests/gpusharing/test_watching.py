@@ -6,8 +6,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from gpusharing import watching
-from gpusharing.watching import WatchedObjects
+from gpusharing.kube import watching
+from gpusharing.kube.watching import WatchedObjects
 
 
 def test_a_list_is_read_a_page_at_a_time_and_only_what_is_extracted_is_kept(monkeypatch: Any) -> None:

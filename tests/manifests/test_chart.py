@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import configparser
-import copy
 import datetime
 import json
 import os
@@ -251,7 +250,7 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
 
 
 def test_the_grace_periods_outlast_the_pre_stop_sleep_and_gunicorns_graceful_timeout() -> None:
-    from gpusharing.serving import GRACEFUL_TIMEOUT_SECONDS
+    from gpusharing.serving.server import GRACEFUL_TIMEOUT_SECONDS
 
     for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
         spec = find(render(), "Deployment", name)["spec"]["template"]["spec"]

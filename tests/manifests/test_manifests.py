@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
-from gpusharing.certs import write_overlay
 from gpusharing.contract import AdmissionMode, Shortfall
-from tests.gpusharing import test_backends as backends, test_dra as dra
+from gpusharing.serving.certs import write_overlay
+from tests.gpusharing import test_backends as backends
+from tests.gpusharing import test_dra as dra
 from tests.gpusharing.test_request import INVALID
 from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, installable_manifests, kustomize
 

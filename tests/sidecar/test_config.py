@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from gpusharing.env import ConfigError
+from gpusharing.settings.env import ConfigError
 from sidecar.config import MeterConfig
+from webhook.admission.meter import SERVICE_ACCOUNT_TOKEN_DIR, meter_container
 from webhook.config import MeterSpec
-from webhook.meter import SERVICE_ACCOUNT_TOKEN_DIR, meter_container
 
 ENV = {
     "GPUSHARING_NAMESPACE": "ml",

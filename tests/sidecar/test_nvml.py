@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpusharing.env import ConfigError
+from gpusharing.settings.env import ConfigError
 from sidecar.nvml import MIB, GpuReading, NvmlReader, load_reader, open_reader
 from tests.sidecar import fake_gpu
 

@@ -23,13 +23,13 @@ import timekeeper
 from tests.fakekube import FakeKube
 from tests.postgres import PostgresServer
 from timekeeper.app import create_app
-from timekeeper.commitments import PodCommitments
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.pods import PodCommitments
 from timekeeper.config import TimekeeperConfig
-from timekeeper.kube import KubeApi
-from timekeeper.models import Base
-from timekeeper.schema import upgrade
+from timekeeper.database.schema import upgrade
+from timekeeper.database.tables import Base
 
-SPEC = yaml.safe_load((Path(timekeeper.__file__).parent / "openapi.yaml").read_text())
+SPEC = yaml.safe_load((Path(timekeeper.__file__).parent / "api" / "openapi.yaml").read_text())
 UTC = dt.timezone.utc
 ADMIN, READER, METER = "admin-token", "reader-token", "meter-token"
 

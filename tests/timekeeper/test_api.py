@@ -12,11 +12,11 @@ from flask import Flask
 
 from gpusharing.contract import BudgetState
 from gpusharing.report import MeterReport
+from gpusharing.units.weights import MICROS_PER_SECOND
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
-from timekeeper.accounting import ReportQueue
-from timekeeper.budget import Period
-from gpusharing.weights import MICROS_PER_SECOND
-from webhook.budget import BudgetStateCache
+from timekeeper.accounting.reports import ReportQueue
+from timekeeper.budgets.status import Period
+from webhook.caches.budgets import BudgetStateCache
 
 
 def report(seq: int, gpu_seconds: float, pod: str = "trainer", namespace: str = "team-a", **extra: Any) -> dict[str, Any]:

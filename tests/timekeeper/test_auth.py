@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gpusharing.env import ConfigError
+from gpusharing.settings.env import ConfigError
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import ADMIN, AppFactory, SpecClient
-from timekeeper.auth import Caller, Role, TtlCache, load_static_tokens
-from timekeeper.kube import KubeApi, KubeUnavailable
+from timekeeper.api.auth import Caller, Role, TtlCache, load_static_tokens
+from timekeeper.cluster.kube import KubeApi, KubeUnavailable
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_a_report_with_zero_share_but_time_is_refused(cluster: tuple[SpecClient,
 def test_a_token_reports_for_its_own_pod_only(cluster: tuple[SpecClient, FakeKube], caplog: pytest.LogCaptureFixture) -> None:
     api, kube = cluster
     mine, other = kube.add_pod("team-a", "mine"), kube.add_pod("team-b", "other")
-    with caplog.at_level(logging.WARNING, logger="timekeeper.app"):
+    with caplog.at_level(logging.WARNING, logger="timekeeper.api"):
         answer = api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=report_of(other, 1, 60, share=0.5))
     assert answer.status_code == 403
     [logged] = [r for r in caplog.records if r.getMessage().startswith("report refused (forbidden)")]

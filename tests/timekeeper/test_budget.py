@@ -8,21 +8,21 @@ import pytest
 
 from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
 from gpusharing.names import InvalidName
-from timekeeper.budget import (
-    EPOCH,
+from timekeeper.budgets.periods import EPOCH, period_window, usage_day
+from timekeeper.budgets.requests import (
+    BudgetRequestError,
+    budget_changes_from_json,
+    budget_from_json,
+    top_up_from_json,
+)
+from timekeeper.budgets.status import (
     MICROS_PER_GPU_MINUTE,
     Budget,
-    BudgetRequestError,
     BudgetStatus,
     Period,
     PeriodWindow,
-    budget_changes_from_json,
-    budget_from_json,
     effective_budget,
-    period_window,
     state_for,
-    top_up_from_json,
-    usage_day,
 )
 
 UTC = dt.timezone.utc

@@ -13,7 +13,7 @@ from flask import Flask
 from demo.processes import free_port, run_command
 from gpusharing.cli import main
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, served
-from timekeeper.budget import Period
+from timekeeper.budgets.status import Period
 
 
 @pytest.fixture(autouse=True)
@@ -233,7 +233,7 @@ def test_url_and_token_come_from_the_environment(url: str, capsys: pytest.Captur
 
 
 def test_the_default_url_refused_says_how_to_reach_a_cluster(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("timekeeper.admin.DEFAULT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setattr("admin.client.DEFAULT_URL", f"http://127.0.0.1:{free_port()}")
     code, _, err = run(capsys, "budget", "ls")
     assert code == 1 and err.rstrip().endswith(
         "(give its URL with --timekeeper or TIMEKEEPER_URL; on a cluster, use `kubectl gpusharing`, which reaches it "

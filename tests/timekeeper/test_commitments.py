@@ -6,15 +6,17 @@ import datetime as dt
 from typing import Any
 
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE, AdmissionMode
-from gpusharing.models import GpuCatalogue, GpuModel
-from timekeeper.budget import Budget, Period, period_window, roll_up
-from timekeeper.commitments import (
+from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel
+from timekeeper.budgets.commitments import (
     CommittedPod,
     NamespaceCommitments,
     commitments_by_namespace,
     committed_pod,
     listing_json,
 )
+from timekeeper.budgets.hierarchy import roll_up
+from timekeeper.budgets.periods import period_window
+from timekeeper.budgets.status import Budget, Period
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

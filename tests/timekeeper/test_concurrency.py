@@ -17,7 +17,7 @@ import requests
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import ADMIN, METER
 from tests.timekeeper.process import TimekeeperProcess
-from timekeeper.schema import upgrade
+from timekeeper.database.schema import upgrade
 
 NAMESPACES = 5
 PODS_PER_NAMESPACE = 8

@@ -16,9 +16,9 @@ from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import METER, SpecClient
 from timekeeper.app import create_app
 from timekeeper.config import TimekeeperConfig
-from timekeeper.db import Database
-from timekeeper.models import pod_ledgers
-from timekeeper.schema import upgrade
+from timekeeper.database.connection import Database
+from timekeeper.database.schema import upgrade
+from timekeeper.database.tables import pod_ledgers
 
 UTC = dt.timezone.utc
 OPENED = dt.datetime(2028, 2, 29, 12, 0, tzinfo=UTC)

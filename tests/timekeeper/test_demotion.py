@@ -10,9 +10,9 @@ from flask import Flask
 
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient
-from timekeeper.controller import Controller
-from timekeeper.demotion import eviction_candidates
-from timekeeper.kube import KubeApi
+from timekeeper.cluster.controller import Controller
+from timekeeper.cluster.demotion import eviction_candidates
+from timekeeper.cluster.kube import KubeApi
 
 
 @pytest.fixture

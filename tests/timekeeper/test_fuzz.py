@@ -7,7 +7,6 @@ The `ci` profile draws the same few examples on every run; HYPOTHESIS_PROFILE=lo
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from gpusharing.report import MAX_GPU_SECONDS
-from gpusharing.share import MAX_GPU_SHARE
+from gpusharing.units.share import MAX_GPU_SHARE
 from tests.hostile import JSON_VALUES, NUMBER_LITERALS, json_objects, json_text
 from tests.timekeeper.conftest import METER, SpecClient
 

@@ -1,4 +1,4 @@
-"""Hierarchies and warning thresholds: the plain arithmetic of timekeeper.budget and gpusharing.thresholds, the
+"""Hierarchies and warning thresholds: the plain arithmetic of timekeeper.budgets.status and gpusharing.thresholds, the
 leader election against the fake API, and the API on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -11,17 +11,11 @@ from gpusharing.contract import BudgetState
 from gpusharing.thresholds import check_warning_thresholds, usage_warning
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import METER, SpecClient
-from timekeeper.budget import (
-    MICROS_PER_GPU_MINUTE,
-    Budget,
-    Period,
-    hierarchy_problem,
-    period_window,
-    roll_up,
-    state_for,
-)
-from timekeeper.kube import KubeApi
-from timekeeper.leader import LeaderElection
+from timekeeper.budgets.hierarchy import hierarchy_problem, roll_up
+from timekeeper.budgets.periods import period_window
+from timekeeper.budgets.status import MICROS_PER_GPU_MINUTE, Budget, Period, state_for
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.leader import LeaderElection
 
 NOW = dt.datetime(2026, 11, 23, 10, 0, tzinfo=dt.timezone.utc)
 WINDOWS = {kind: period_window(kind, NOW) for kind in Period}

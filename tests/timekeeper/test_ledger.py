@@ -7,7 +7,7 @@ import random
 import pytest
 
 from gpusharing.report import MeterReport, ReportError
-from timekeeper.ledger import NEW_POD, Accounting, Outcome, PodLedger, account, billed_micro_gpu_seconds
+from timekeeper.accounting.ledger import NEW_POD, Accounting, Outcome, PodLedger, account, billed_micro_gpu_seconds
 
 
 def report(seq: int, gpu_seconds: float, share: float = 0.5, final: bool = False) -> MeterReport:

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from gpusharing.contract import AdmissionMode, Shortfall
-from timekeeper.budget import Budget, BudgetRequestError, Period
-from timekeeper.resources import budget_from_resource
+from timekeeper.budgets.requests import BudgetRequestError
+from timekeeper.budgets.status import Budget, Period
+from timekeeper.cluster.resources import budget_from_resource
 
 
 def gpu_budget(**spec: Any) -> dict[str, Any]:

@@ -18,14 +18,14 @@ import pytest
 import requests
 from sqlalchemy import create_engine, select
 
-from gpusharing.env import ConfigError
+from gpusharing.settings.env import ConfigError
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import ADMIN, METER
 from tests.timekeeper.fake_clock import FileClock
 from tests.timekeeper.process import TimekeeperProcess
 from timekeeper.app import create_app
 from timekeeper.config import TimekeeperConfig
-from timekeeper.models import namespace_usage, pod_ledgers
+from timekeeper.database.tables import namespace_usage, pod_ledgers
 
 UTC = dt.timezone.utc
 BOUNDARY = dt.datetime(2028, 3, 1, tzinfo=UTC)  # the end of a leap February

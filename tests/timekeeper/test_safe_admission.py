@@ -15,26 +15,27 @@ import jsonpatch
 import pytest
 from prometheus_client import REGISTRY
 
+from admin.commands import format_statuses
 from demo.apiserver import admission_review, api_server_pod
 from gpusharing.contract import ANNOTATION_ADMISSION_ID
-from gpusharing.dra import no_claims
+from gpusharing.gpu.dra import no_claims
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, SpecClient, served
 from tests.webhook.test_admission import patch_of
-from timekeeper.admin import format_statuses
-from timekeeper.commitments import CommittedPod, PodCommitments, committed_pod
+from timekeeper.budgets.commitments import CommittedPod, committed_pod
+from timekeeper.cluster.pods import PodCommitments
 from timekeeper.metrics import LedgerCollector
 from webhook.app import create_app as create_webhook
-from webhook.budget import BudgetStateCache
+from webhook.caches.budgets import BudgetStateCache
+from webhook.caches.jobs import no_jobs
+from webhook.caches.reservations import Reservations
 from webhook.config import WebhookConfig
-from webhook.jobs import no_jobs
-from webhook.reservations import Reservations
 
 NAMESPACE = "ml"
 OVER_BUDGET_CLASS = WebhookConfig().priority_class_over_budget
 
 
 class PodIndex:
-    """The timekeeper's pods, as its watch would keep them (`items` of gpusharing.watching.WatchedObjects)."""
+    """The timekeeper's pods, as its watch would keep them (`items` of gpusharing.kube.watching.WatchedObjects)."""
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, str], CommittedPod] = {}

@@ -17,12 +17,12 @@ from gpusharing.contract import AdmissionMode, Shortfall
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
 from timekeeper.app import create_app
-from timekeeper.budget import Budget, Period
+from timekeeper.budgets.status import Budget, Period
+from timekeeper.budgets.store import BudgetStore
 from timekeeper.config import TimekeeperConfig
-from timekeeper.db import Database
-from timekeeper.models import Base, budgets
-from timekeeper.schema import alembic_config, head_revision, schema_problem, upgrade
-from timekeeper.store import BudgetStore
+from timekeeper.database.connection import Database
+from timekeeper.database.schema import alembic_config, head_revision, schema_problem, upgrade
+from timekeeper.database.tables import Base, budgets
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from demo.processes import Service, free_port, run_command
 from tests.fakekube import FakeKube
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import ADMIN, METER
-from timekeeper.app import OFF_CLUSTER
-from timekeeper.schema import schema_problem
+from timekeeper.database.schema import schema_problem
+from timekeeper.services import OFF_CLUSTER
 
 OFF_CLUSTER_ENV = {"KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": "", "TIMEKEEPER_KUBECONFIG": ""}
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpusharing.contract import ANNOTATION_GPU_MODEL
-from gpusharing.models import GpuCatalogue, load_catalogue
+from gpusharing.gpu.catalogue import GpuCatalogue, load_catalogue
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient
 from tests.timekeeper.test_api import report
@@ -109,7 +109,7 @@ def test_a_weight_change_applies_from_then_on_never_before_and_is_audited(
 def test_without_nvml_the_model_the_webhook_recorded_is_billed(
     make_app: AppFactory, fake_kube: FakeKube, tmp_path: Path
 ) -> None:
-    from timekeeper.kube import KubeApi
+    from timekeeper.cluster.kube import KubeApi
 
     models, source = catalogue(tmp_path)
     api = SpecClient(make_app(kube=KubeApi(fake_kube.api_client()), auth="tokenreview", catalogue=models,

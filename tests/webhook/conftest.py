@@ -10,7 +10,7 @@ from flask.testing import FlaskClient
 
 from demo.jsonhttp import reply_json
 from webhook.app import create_app
-from webhook.budget import BudgetStateCache
+from webhook.caches.budgets import BudgetStateCache
 from webhook.config import WebhookConfig
 
 

@@ -14,13 +14,13 @@ import pytest
 from flask.testing import FlaskClient
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from gpusharing.gpu.dra import ClaimSource, ClaimSpec, claim_spec
+from gpusharing.settings.env import ConfigError
 from tests.webhook.conftest import FakeTimekeeper
-from gpusharing.env import ConfigError
-from gpusharing.dra import ClaimSource, ClaimSpec, claim_spec
+from webhook.admission.meter import SERVICE_ACCOUNT_TOKEN_DIR
 from webhook.app import create_app
-from webhook.budget import BudgetStateCache
+from webhook.caches.budgets import BudgetStateCache
 from webhook.config import MeterSpec, WebhookConfig
-from webhook.meter import SERVICE_ACCOUNT_TOKEN_DIR
 
 KUBERNETES_VERSION = "1.37.0"
 
@@ -384,7 +384,7 @@ def test_malformed_pod_shapes_never_give_a_500(client: FlaskClient) -> None:
 
 
 def test_a_body_that_is_not_a_review_is_logged_with_its_endpoint(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="webhook.app"):
+    with caplog.at_level(logging.WARNING, logger="webhook.api.reviews"):
         assert client.post("/validate", json={"kind": "Pod"}).status_code == 400
     [logged] = caplog.records
     assert (logged.endpoint, logged.decision) == ("validate", "bad-review")  # type: ignore[attr-defined]
@@ -395,7 +395,7 @@ def test_a_denied_pod_whose_metadata_is_not_an_object_is_denied_not_a_500(
 ) -> None:
     body = admission_review(api_server_pod({"metadata": {}, "spec": {"containers": [
         {"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "x"}}}]}}))
-    caplog.set_level("INFO", "webhook.app")
+    caplog.set_level("INFO", "webhook.api.reviews")
     for metadata in ("a string", ["a", "list"], {"name": ["not", "a", "string"]}, {"name": "x" * 100_000}):
         body["request"]["object"]["metadata"] = metadata
         for endpoint in ("/mutate", "/validate"):

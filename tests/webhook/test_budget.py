@@ -9,7 +9,7 @@ import pytest
 
 from gpusharing.contract import BudgetState
 from tests.webhook.conftest import FakeTimekeeper
-from webhook.budget import BudgetStateCache, states_from_listing
+from webhook.caches.budgets import BudgetStateCache, states_from_listing
 
 
 def test_states_are_read_from_the_listing(timekeeper: FakeTimekeeper) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusharing.dra import ClaimSource, ClaimUnknown
-from gpusharing.env import ConfigError
+from gpusharing.gpu.dra import ClaimSource, ClaimUnknown
+from gpusharing.settings.env import ConfigError
 from webhook.app import watched_indexes
 from webhook.config import WebhookConfig
 

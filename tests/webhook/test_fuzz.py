@@ -1,5 +1,5 @@
 """Fuzz: any review, or any body at all, gets an answer that parses, never a 5xx; what is admitted is billed within
-the documented bounds (gpusharing.share), mutated once, and admitted again by /validate.
+the documented bounds (gpusharing.units.share), mutated once, and admitted again by /validate.
 
 The `ci` profile draws the same few examples on every run; HYPOTHESIS_PROFILE=long draws thousands of fresh ones.
 """
@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from demo.apiserver import admission_review
 from gpusharing.contract import ANNOTATION_GPU_SHARE, ANNOTATION_PREFIX
-from gpusharing.dialects import ALIYUN_KEYS, GPU_MANAGER_KEYS, KAI_ANNOTATIONS, NVIDIA_GPU, HamiSettings
-from gpusharing.share import MAX_GPU_SHARE, MIN_GPU_SHARE, SHARE_PRECISION
+from gpusharing.gpu.dialects import ALIYUN_KEYS, GPU_MANAGER_KEYS, KAI_ANNOTATIONS, NVIDIA_GPU, HamiSettings
+from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE, SHARE_PRECISION
 from tests.hostile import JSON_VALUES, NUMBER_TEXT
-from webhook.app import MAX_REVIEW_BYTES
+from webhook.api.reviews import MAX_REVIEW_BYTES
 
 NAMES = st.text("abcdefghij-", min_size=1, max_size=8)
 VALUES = st.one_of(NUMBER_TEXT, NUMBER_TEXT, st.integers(-(10**40), 10**40), JSON_VALUES)

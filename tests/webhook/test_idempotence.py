@@ -8,12 +8,12 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpusharing.contract import BudgetState
 from demo.apiserver import admission_review, api_server_pod
-from webhook.admission import parse_review
-from webhook.budget import NamespaceBudget
+from gpusharing.contract import BudgetState
+from webhook.admission.policy import admit
+from webhook.admission.review import parse_review
+from webhook.caches.budgets import NamespaceBudget
 from webhook.config import MeterSpec, WebhookConfig
-from webhook.policy import admit
 
 KUBERNETES_VERSION = "1.37.0"
 

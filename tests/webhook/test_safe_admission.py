@@ -6,20 +6,20 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+from typing import Any
 
 import jsonpatch
-from typing import Any
 
 from demo.apiserver import admission_review, api_server_pod
 from gpusharing.commitment import commitment
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, AdmissionMode, BudgetState, Shortfall
-from webhook.admission import parse_review
-from webhook.budget import NamespaceBudget, Uncommitted, states_from_listing
+from webhook.admission.policy import admit
+from webhook.admission.review import parse_review
+from webhook.admission.safe import SafeAdmission, safe_admission
+from webhook.caches.budgets import NamespaceBudget, Uncommitted, states_from_listing
+from webhook.caches.jobs import JobDeadline, job_deadline, no_jobs, owning_job
+from webhook.caches.reservations import Grant, Reservations
 from webhook.config import WebhookConfig
-from webhook.jobs import JobDeadline, job_deadline, no_jobs, owning_job
-from webhook.policy import admit
-from webhook.reservations import Grant, Reservations
-from webhook.safe import SafeAdmission, safe_admission
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -167,7 +167,7 @@ def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str
     entries = [json.loads(line) for line in log.read_text().splitlines()]  # every line is JSON, gunicorn's too
     request = denied["request"]
     [line] = [e for e in entries if e.get("request_id") == request["uid"]]
-    assert line["level"] == "info" and line["logger"] == "webhook.app"
+    assert line["level"] == "info" and line["logger"] == "webhook.api.reviews"
     assert (line["decision"], line["namespace"], line["pod"], line["operation"]) == ("denied", "ml-team", invalid["metadata"]["name"], "CREATE")
     assert "vcuda-core" in line["message"]
     assert any(e.get("decision") == "allowed" and e.get("namespace") == "greedy" and "demoted" in e["message"] for e in entries)

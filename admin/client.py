@@ -1,0 +1,126 @@
+"""The timekeeper's API as the command line reaches it: directly by URL, or through the API server's service proxy of a
+kubeconfig's context; every refusal a sentence for the user, with the exit status it deserves."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from admin.cluster import SYSTEM_NAMESPACE, Cluster, status_message
+from gpusharing.serving.jsonhttp import Answer, JsonClient, Unreachable
+from gpusharing.settings.env import env_url
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+URL_ENV = "TIMEKEEPER_URL"
+
+
+TOKEN_ENV = "TIMEKEEPER_TOKEN"
+
+
+BAD_ARGUMENTS = 2  # the exit status of arguments or settings that cannot be used (argparse's own)
+
+
+NOT_FOUND = 3  # the exit status when what was named does not exist
+
+
+class Refused(Exception):
+    """A server could not be reached or refused the request; the message is a sentence for the user."""
+
+    exit_status = 1
+
+
+class NotFound(Refused):
+    exit_status = NOT_FOUND
+
+
+class BadArguments(Refused):
+    exit_status = BAD_ARGUMENTS
+
+
+class TimekeeperClient:
+    """The API as the options and the environment say where it is and who asks; the cluster of the kubeconfig's
+    context when a kubectl plugin runs, or --kubeconfig or --context is given."""
+
+    def __init__(self, args: argparse.Namespace, cluster_needed: bool = False) -> None:
+        option = lambda name: getattr(args, name, None)  # noqa: E731 (options absent from a parser read as not given)
+        self.system_namespace = option("system_namespace") or SYSTEM_NAMESPACE
+        self.cluster: Cluster | None = None
+        if cluster_needed or option("plugin") or option("kubeconfig") or option("context"):
+            kubeconfig = option("kubeconfig") or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            self.cluster = Cluster.from_kubeconfig(os.path.expanduser(kubeconfig), option("context"))
+        url = option("timekeeper") or env_url(URL_ENV)
+        if url or self.cluster is None:
+            self.url = str(url or DEFAULT_URL)
+            self._http = JsonClient(self.url)
+        else:
+            self.url = f"the service proxy of {self.cluster.server} (context {self.cluster.context})"
+            self._http = self.cluster.timekeeper(self.system_namespace)
+        self.token = option("token") or os.environ.get(TOKEN_ENV, "").strip() or None
+        self._no_token = ""
+        if self.token is None and self.cluster is not None:
+            self.token, self._no_token = self._cluster_token(self.cluster)
+
+    def _cluster_token(self, cluster: Cluster) -> tuple[str | None, str]:
+        try:
+            return cluster.timekeeper_token(self.system_namespace)
+        except Unreachable as exc:
+            raise Refused(f"cannot reach the API server {cluster.server}: {exc}") from None
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None) -> Any:
+        try:
+            answer = self._http.request(method, f"/api/v1/{path}", body, self.token, query=query)
+        except Unreachable as exc:
+            raise Refused(f"cannot reach the timekeeper at {self.url}: {exc}{self._where_hint(exc)}") from None
+        if _is_kubernetes_status(answer):  # the API server's answer, not the timekeeper's
+            raise Refused(f"the API server did not reach the timekeeper ({answer.status}): {status_message(answer)}"
+                           f"{self._proxy_hint(answer)}")
+        if answer.status == 401:
+            if self.token is None:
+                hint = "give a token with --token or TIMEKEEPER_TOKEN" + (f" ({self._no_token})" if self._no_token else "")
+            else:
+                hint = "the token given (--token or TIMEKEEPER_TOKEN) was not accepted"
+            raise Refused(f"the timekeeper refused (401): {answer.message}: {hint}")
+        if answer.status == 404:
+            raise NotFound(f"the timekeeper refused (404): {answer.message or answer.reason}")
+        if answer.status >= 400:
+            raise Refused(f"the timekeeper refused ({answer.status}): {answer.message or answer.reason}")
+        if answer.status == 204:
+            return None
+        body_read = answer.json()
+        if body_read is None:
+            raise Refused(f"{self.url} answered {answer.status} without JSON: is it the timekeeper's URL?")
+        return body_read
+
+    def _where_hint(self, exc: Unreachable) -> str:
+        if "connection refused" in str(exc) and self.url == DEFAULT_URL:
+            return (f" (give its URL with --timekeeper or {URL_ENV}; on a cluster, use `kubectl gpusharing`, which "
+                    "reaches it through the API server, or `kubectl -n gpusharing-system port-forward "
+                    "svc/gpusharing-timekeeper 8080`)")
+        return ""
+
+    def _proxy_hint(self, answer: Answer) -> str:
+        if answer.status in (404, 503):
+            return (f": is kube-gpusharing installed in namespace {self.system_namespace} (--system-namespace) and its "
+                    "timekeeper running?")
+        return ""
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod as the API server of the kubeconfig's context has it."""
+        assert self.cluster is not None
+        try:
+            answer = self.cluster.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except Unreachable as exc:
+            raise Refused(f"cannot reach the API server {self.cluster.server}: {exc}") from None
+        if answer.status == 404:
+            raise NotFound(f"pod {name} not found in namespace {namespace}")
+        if answer.status >= 400:
+            raise Refused(f"the API server refused ({answer.status}): {status_message(answer)}")
+        return dict(answer.json())
+
+
+def _is_kubernetes_status(answer: Answer) -> bool:
+    body = answer.json()
+    return answer.status >= 400 and isinstance(body, dict) and body.get("kind") == "Status"

@@ -1,0 +1,233 @@
+"""What the commands print: tables (wide with -o wide), a pod's explanation, usage reports, or the API's objects as
+JSON or YAML."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import yaml
+
+from admin.client import BadArguments
+from gpusharing.contract import ANNOTATION_PREFIX, AdmissionMode
+
+
+def emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> None:
+    """The API's objects as -o json or yaml, else the table (wide with -o wide)."""
+    output = getattr(args, "output", None) or "table"
+    if output == "csv":
+        raise BadArguments("-o csv is for usage reports (gpusharing usage): use -o json or yaml")
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
+    else:
+        print(table(output == "wide"))
+
+
+def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
+    """What governs a pod, from the API server's copy: the webhook's record, the priority it got, its meter."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    record = {k[len(ANNOTATION_PREFIX):]: v for k, v in (metadata.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    meters = [("native sidecar", c) for c in spec.get("initContainers") or [] if c.get("name") == "gpusharing-meter"]
+    meters += [("container", c) for c in spec.get("containers") or [] if c.get("name") == "gpusharing-meter"]
+    return {
+        "namespace": metadata.get("namespace"), "name": metadata.get("name"), "uid": metadata.get("uid"),
+        "phase": (pod.get("status") or {}).get("phase"), "governed": bool(record), "record": record,
+        "priorityClassName": spec.get("priorityClassName"), "priority": spec.get("priority"),
+        "meter": meters[0][0] if meters else None,
+    }
+
+
+def format_explanation(explanation: dict[str, Any]) -> str:
+    pod, status, metering = explanation["pod"], explanation["namespace"], explanation["metering"]
+    lines = [("Pod", f"{pod['namespace']}/{pod['name']} ({pod['phase'] or 'no phase'})")]
+    if not pod["governed"]:
+        lines.append(("Governed", "no: the pod carries no gpusharing.io/ record, so it asked for no GPU when it was "
+                                  "admitted (or the webhook was not in its path)"))
+        return _fields(lines)
+    record = pod["record"]
+    priority = pod["priorityClassName"] or "none"
+    if pod["priority"] is not None:
+        priority += f" (priority {pod['priority']})"
+    lines += [
+        ("Dialect", record.get("dialect", "-")),
+        ("GPU share", f"{record.get('gpu-share', '-')} of a GPU, billed per second the pod runs"),
+        ("GPU memory", f"{record.get('gpu-memory-mib', '-')} MiB asked for"),
+        ("Admitted", f"{record.get('budget-state', 'unknown')}: {_admission_reason(record.get('budget-state'))}"),
+        *([("Safe admission", f"{record['safe-admission']}: {_safe_admission_reason(record['safe-admission'])}")]
+          if "safe-admission" in record else []),
+        ("Priority class", priority),
+        ("Meter", pod["meter"] or "none (the pod runs unmetered)"),
+    ]
+    if status is not None:
+        allowance = "unlimited" if status.get("gpuMinutes") is None else _minutes(status["gpuMinutes"] + (status.get("topUpGpuMinutes") or 0))
+        lines.append(("Namespace now", f"{status['state']}: {_minutes(status['usedGpuMinutes'])} of {allowance} GPU-minutes "
+                                       f"used this {status['period']} period (ends {status.get('periodEnd') or 'never'})"))
+        lines.append(("New GPU pods", _new_pods(status["state"])))
+    if status is not None:
+        lines.append(("Metered", "no report yet" if metering is None else
+                      f"{_minutes(metering['gpuSeconds'] / 60)} GPU-minutes, last report {metering['lastReportAt']}"
+                      + (" (final)" if metering.get("final") else "")))
+    return _fields(lines)
+
+
+def _admission_reason(state: str | None) -> str:
+    return {
+        "in-budget": "its namespace was within budget: the in-budget class unless the pod named its own",
+        "over-budget": "its namespace was over budget: demoted to the over-budget class (preempted first, preempts no one)",
+        "unlimited": "its namespace had no limit: the in-budget class unless the pod named its own",
+        "unknown": "the webhook had not heard from the timekeeper yet: treated as in budget",
+    }.get(state or "", "the webhook recorded no budget state")
+
+
+def _safe_admission_reason(verdict: str) -> str:
+    return {
+        "reserved": "what is left uncommitted of its namespace's budget covered the pod to its deadline",
+        "demoted": "what is left uncommitted did not cover the pod to its deadline: demoted to the over-budget class",
+        "no-deadline": "the pod has no deadline: admitted by its namespace's state alone",
+        "unchecked": "the webhook did not know what the namespace's pods had committed: admitted by its state alone",
+    }.get(verdict, "a verdict this version does not know")
+
+
+def _new_pods(state: str) -> str:
+    if state == "over-budget":
+        return "get the over-budget class until a top-up, a raised budget or the next period"
+    return "get the in-budget class unless they name their own"
+
+
+def _fields(lines: list[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in lines) + 2
+    return "\n".join(f"{name + ':':<{width}}{value}" for name, value in lines)
+
+
+def format_usage(report: dict[str, Any]) -> str:
+    """The report's groups and a total line, in GPU-minutes."""
+    fields = report["fields"]
+    rows = [[*("-" if item[field] is None else str(item[field]) for field in fields), *_usage_amounts(item)]
+            for item in report["items"]]
+    rows.append(["TOTAL", *[""] * (len(fields) - 1), *_usage_amounts(report["total"])])
+    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "BILLED GPU-MINUTES", "IDLE GPU-MINUTES"], rows)
+
+
+def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
+    idle = amounts["idleGpuMinutes"]
+    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle)]
+
+
+STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]
+
+
+def format_statuses(items: Sequence[dict[str, Any]], wide: bool = False) -> str:
+    """One row per namespace, in GPU-minutes; the budget includes this period's top-ups (wide: shown apart too)."""
+    rows = []
+    for item in items:
+        allowance = None if item.get("gpuMinutes") is None else item["gpuMinutes"] + (item.get("topUpGpuMinutes") or 0)
+        remaining = item.get("remainingGpuMinutes")
+        row = [item["namespace"], _budget(allowance), _minutes(item["usedGpuMinutes"]),
+               "-" if remaining is None else _minutes(remaining), item["state"], item["period"],
+               "yes" if item.get("evictOnExhaustion") else "no", item.get("periodEnd") or "never"]
+        committed, uncommitted = item.get("committedGpuMinutes"), item.get("uncommitted")
+        rows.append(row + ([item.get("periodStart") or "-", _minutes(item.get("topUpGpuMinutes") or 0),
+                            item.get("admission") or "-", item.get("onShortfall") or "-",
+                            "-" if committed is None else _minutes(committed),
+                            "-" if not uncommitted else _minutes(uncommitted["gpuMinutes"])] if wide else []))
+    wide_columns = ["PERIOD START", "TOP-UPS", "ADMISSION", "ON SHORTFALL", "COMMITTED", "UNCOMMITTED"]
+    return format_table(STATUS_COLUMNS + (wide_columns if wide else []), rows)
+
+
+TREE_COLUMNS = ["BUDGET", "GPU-MINUTES", "USED", "PERCENT", "STATE", "OWN STATE", "PERIOD", "MANAGED BY"]
+
+
+def format_listing(listing: dict[str, Any], wide: bool = False) -> str:
+    """`budget ls`: the statuses, then what any other namespace has (the default budget)."""
+    lines = [format_statuses(listing["items"], wide)]
+    default = listing.get("default")
+    if isinstance(default, dict):
+        lines.append(f"\nany other namespace: {_budget(default.get('gpuMinutes'))} {default.get('period')} ({default.get('state')})")
+    return "\n".join(lines)
+
+
+def format_changes(changes: Sequence[dict[str, Any]]) -> str:
+    rows = [[change["changedAt"], change["action"], change["actor"], _before(change), _after(change)] for change in changes]
+    return format_table(["CHANGED AT", "ACTION", "BY", "BEFORE", "AFTER"], rows)
+
+
+def format_pods(pods: Sequence[dict[str, Any]], wide: bool = False) -> str:
+    rows = []
+    for pod in pods:
+        row = [f"{pod['namespace']}/{pod['pod']}", f"{pod['gpuShare']:g}", _minutes(pod["gpuSeconds"] / 60),
+               _mib(pod["gpuMemoryUsedMiB"]), _mib(pod["gpuMemoryRequestedMiB"]), _mib(pod["gpuMemoryOverRequestMiB"]),
+               "-" if pod["gpuUtilizationPercent"] is None else f"{pod['gpuUtilizationPercent']:g}%",
+               pod["lastReportAt"], "yes" if pod["final"] else "no"]
+        rows.append(row + ([pod["podUid"], str(pod["seq"]), pod["firstReportAt"]] if wide else []))
+    columns = ["POD", "SHARE", "GPU-MINUTES", "MEMORY USED", "REQUESTED", "OVER", "GPU UTIL", "LAST REPORT", "ENDED"]
+    return format_table(columns + (["UID", "REPORTS", "FIRST REPORT"] if wide else []), rows)
+
+
+def format_tree(items: Sequence[dict[str, Any]]) -> str:
+    """The budgets as a tree: each group above the budgets that name it as parent; a budget whose parent is not
+    listed (it has no budget) is a root, marked so."""
+    names = {item["namespace"] for item in items}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for item in items:
+        parent = item.get("parent")
+        children.setdefault(parent if parent in names else None, []).append(item)
+    rows: list[list[str]] = []
+
+    def walk(item: dict[str, Any], prefix: str, branch: str, seen: frozenset[str]) -> None:
+        allowance = None if item.get("gpuMinutes") is None else item["gpuMinutes"] + (item.get("topUpGpuMinutes") or 0)
+        percent = item.get("percentUsed")
+        missing = f" (parent {item['parent']}: no budget)" if item.get("parent") and item["parent"] not in names else ""
+        rows.append([f"{prefix}{branch}{item['namespace']}{missing}", _budget(allowance), _minutes(item["usedGpuMinutes"]),
+                     "-" if percent is None else f"{percent:.0f} %", item["state"], item.get("ownState", item["state"]),
+                     item["period"], item.get("managedBy") or "-"])
+        below = sorted(children.get(item["namespace"], []), key=lambda child: child["namespace"])
+        inner = prefix + ("" if not branch else "│  " if branch == "├─ " else "   ")
+        for index, child in enumerate(below):
+            if child["namespace"] not in seen:  # never a loop, whatever the listing says
+                walk(child, inner, "└─ " if index == len(below) - 1 else "├─ ", seen | {child["namespace"]})
+
+    for root in sorted(children.get(None, []), key=lambda item: item["namespace"]):
+        walk(root, "", "", frozenset({root["namespace"]}))
+    return format_table(TREE_COLUMNS, rows)
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    table = [list(columns), *[list(row) for row in rows]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in table)
+
+
+def _budget(gpu_minutes: float | None) -> str:
+    return "unlimited" if gpu_minutes is None else _minutes(gpu_minutes)
+
+
+def _minutes(value: float) -> str:
+    return f"{value:,.1f}"
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} MiB"
+
+
+def _terms(status: dict[str, Any] | None) -> str:
+    if status is None:
+        return "-"
+    evict = ", evict" if status.get("evictOnExhaustion") else ""
+    admission = status.get("admission") or AdmissionMode.OPEN
+    safe = f", {admission} admission ({status.get('onShortfall')} on shortfall)" if admission != AdmissionMode.OPEN else ""
+    return f"{_budget(status.get('gpuMinutes'))} {status.get('period')}{evict}{safe}"
+
+
+def _before(change: dict[str, Any]) -> str:
+    return "(default)" if change["before"] is None and change["action"] == "set" else _terms(change["before"])
+
+
+def _after(change: dict[str, Any]) -> str:
+    after = change["after"]
+    if change["action"] == "top-up" and after is not None:
+        return f"+{_minutes(after['gpuMinutes'])}: {after.get('reason', '')}"
+    return "(default)" if after is None else _terms(after)

@@ -1,0 +1,33 @@
+"""Reaching the Kubernetes API through the official client, as the services find it: a kubeconfig, else in-cluster."""
+
+from __future__ import annotations
+
+import os
+
+from kubernetes import client
+from kubernetes import config as kube_config
+
+from gpusharing.settings.env import ConfigError
+
+
+def in_cluster_available() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def api_client(kubeconfig: str | None, setting: str) -> client.ApiClient:
+    """The API given by `kubeconfig` (paths joined by ':' are merged, as kubectl does), or the in-cluster
+    ServiceAccount when None; ConfigError naming `setting` (the service's own kubeconfig variable) when neither works."""
+    configuration = client.Configuration()
+    try:
+        if kubeconfig:
+            kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            kube_config.load_incluster_config(client_configuration=configuration)
+    except (kube_config.ConfigException, OSError) as exc:
+        where = (
+            f"the kubeconfig {kubeconfig} ({setting}, else KUBECONFIG)"
+            if kubeconfig
+            else f"the in-cluster ServiceAccount (outside a cluster, set KUBECONFIG or {setting})"
+        )
+        raise ConfigError(f"cannot configure the Kubernetes API from {where}: {exc}") from None
+    return client.ApiClient(configuration)

@@ -1,0 +1,152 @@
+"""Objects of one kind, kept in memory by a LIST and then a WATCH (the informer pattern, without client-go).
+
+A background thread lists the kind once, follows the watch from the list's resourceVersion, and lists again when the
+watch expires or breaks. Only what the caller extracts from each object is kept, so memory follows what is needed,
+not the objects' size. Readers on other threads see each entry before or after a change, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+from gpusharing.gpu.reading import as_mapping
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 300  # the API server ends a watch after this; the thread resumes from where it was
+BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
+LIST_PAGE = 500  # objects per list request, as client-go's informers ask
+
+Key = tuple[str, str]  # namespace, name
+T = TypeVar("T")
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    metadata = as_mapping(obj.get("metadata"))
+    return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+
+
+class WatchedObjects(Generic[T]):
+    """`extract(obj)` of every object a `list_for_all_namespaces` call of the official client serves (None: not kept).
+
+    `items` is None until the first list succeeded. `on_sync(ok)` is told of each list or watch that succeeded or
+    failed (metrics); `on_change()` of every change to the items.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        list_all: Callable[..., Any],
+        extract: Callable[[Mapping[str, Any]], T | None],
+        on_sync: Callable[[bool], None] | None = None,
+        on_change: Callable[[], None] | None = None,
+    ):
+        self.kind = kind
+        self._list_all = list_all
+        self._extract = extract
+        self._on_sync = on_sync
+        self._on_change = on_change
+        self.items: dict[Key, T] | None = None
+        self._stop = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def synced(self) -> bool:
+        return self.items is not None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"watch-{self.kind}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                version = self._relist()
+                failures = 0
+                for _ in self._follow(version):
+                    failures = 0
+            except Exception as exc:  # the API may be down, forbid us, or time out: keep what we have, try again
+                if self._stop.is_set():  # stop() ended the watch under way
+                    return
+                wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
+                failures += 1
+                log.warning("%s not followed (%s); the last known stay in force, retrying in %s s", self.kind, _reason(exc), wait)
+                self._report(False)
+                self._stop.wait(wait)
+
+    def _relist(self) -> str:
+        """Lists every object, a page at a time (as informers do: a large cluster's pods are never one body)."""
+        items: dict[Key, T] = {}
+        page: dict[str, Any] = {}
+        while True:
+            response = self._list_all(limit=LIST_PAGE, _preload_content=False, _request_timeout=60, **page)
+            body = json.loads(response.data)
+            for obj in body.get("items", []):
+                value = self._extract(obj)
+                if value is not None:
+                    items[key_of(obj)] = value
+            metadata = as_mapping(body.get("metadata"))
+            if not metadata.get("continue"):
+                break
+            page = {"_continue": metadata["continue"]}
+        self.items = items  # one reference swap: readers never see a half-built table
+        self._report(True)
+        self._changed()
+        log.info("%d %s listed", len(items), self.kind)
+        return str(metadata.get("resourceVersion", ""))
+
+    def _follow(self, version: str) -> Iterator[None]:
+        """Applies watch events until the watch ends; raises (to relist) on an expired version or a broken stream."""
+        # Events as plain dicts: no model classes to build (nor to lack: this client has none for resource.k8s.io/v1).
+        self._watch = stream = watch.Watch(return_type="object")
+        while not self._stop.is_set():
+            for event in stream.stream(
+                self._list_all, resource_version=version, timeout_seconds=WATCH_SECONDS,
+                allow_watch_bookmarks=True, _request_timeout=WATCH_SECONDS + 30,
+            ):
+                kind, obj = event["type"], as_mapping(event["raw_object"])
+                version = str(as_mapping(obj.get("metadata")).get("resourceVersion", version))
+                items = self.items
+                assert items is not None
+                # One dict operation at a time: a reader on another thread sees the entry before or after.
+                if kind in ("ADDED", "MODIFIED"):
+                    value = self._extract(obj)
+                    if value is not None:
+                        items[key_of(obj)] = value
+                    else:
+                        items.pop(key_of(obj), None)
+                elif kind == "DELETED":
+                    items.pop(key_of(obj), None)
+                if kind != "BOOKMARK":
+                    self._changed()
+                yield
+
+    def _report(self, ok: bool) -> None:
+        if self._on_sync is not None:
+            self._on_sync(ok)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status}: {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,32 @@
+"""Prometheus exposition that stays right when gunicorn runs several worker processes.
+
+``gpusharing.serving.server`` points PROMETHEUS_MULTIPROC_DIR at a fresh directory before the workers start;
+each worker then writes its samples there, and /metrics merges them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.registry import Collector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# Request latencies of the services, from half a millisecond (an admission) to a second (a stalled database).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def render_metrics(*extra: Collector) -> tuple[bytes, str]:
+    """The exposition body and its content type; `extra` collectors are computed at scrape time."""
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry = REGISTRY
+    if extra:
+        scraped = CollectorRegistry()
+        for collector in extra:
+            scraped.register(collector)
+        return generate_latest(registry) + generate_latest(scraped), CONTENT_TYPE_LATEST
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,302 @@
+"""Usage reports: what each pod was charged per UTC day, summed over any days and grouped as finance asks.
+
+Every charge the ledger accepts is also added to its pod's row of the day it was received on (the day the
+namespace's usage grows too) and of the GPU model it was billed as: raw (share × time), weighted (× the model's
+billing weight at the time), and the part of it the GPU left idle when the meter reads utilisation. A report sums
+those rows between two dates, grouped by namespace, day, model, pod or one of the labels the pod had at its first
+report; the sums are of integers (micro-GPU-seconds), so a report is exact however it is grouped.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import heapq
+import io
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, func, select
+
+from gpusharing.units.weights import MICROS_PER_SECOND, weighted
+from timekeeper.budgets.status import MICROS_PER_GPU_MINUTE
+from timekeeper.database.connection import Database, Statements
+from timekeeper.database.tables import pod_labels, pod_ledgers, pod_usage
+
+# A pod's author chooses its labels: only this many are recorded (the first in key order), each a valid Kubernetes
+# label. Their characters (letters, digits, '-', '_', '.', '/') cannot begin a spreadsheet formula in the CSV.
+MAX_RECORDED_LABELS = 16
+MAX_LABEL_VALUE = 63
+_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_DNS_SUBDOMAIN = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+LABEL_KEY = re.compile(rf"(?:(?={_DNS_SUBDOMAIN}/)[-a-z0-9.]{{1,253}}/)?{_LABEL_NAME}")
+LABEL_VALUE = re.compile(rf"(?:{_LABEL_NAME})?")
+MAX_LABEL_KEY = 253 + 1 + 63
+
+MAX_DAYS = 3660  # ten years in one report
+MAX_GROUP_KEYS = 4
+MAX_ROWS = 100_000
+GROUP_KEYS = ("namespace", "day", "model", "pod")
+LABEL_PREFIX = "label:"
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class UsageRequestError(ValueError):
+    """A usage report that cannot be made as asked; the message says what to give instead."""
+
+
+def recorded_labels(labels: object) -> Labels:
+    """The labels of a pod that a usage report may group by: valid ones only, at most MAX_RECORDED_LABELS."""
+    if not isinstance(labels, Mapping):
+        return ()
+    valid = (
+        (key, value)
+        for key, value in labels.items()
+        if isinstance(key, str) and isinstance(value, str) and is_label_key(key)
+        and len(value) <= MAX_LABEL_VALUE and LABEL_VALUE.fullmatch(value)
+    )
+    return tuple(heapq.nsmallest(MAX_RECORDED_LABELS, valid))
+
+
+def is_label_key(key: str) -> bool:
+    return len(key) <= MAX_LABEL_KEY and LABEL_KEY.fullmatch(key) is not None
+
+
+@dataclass(frozen=True)
+class PodCharge:
+    """What one pod was charged, micro-GPU-seconds: raw (share × time), weighted (what budgets count), the raw
+    part with a utilisation reading, and of that part what the GPU left idle."""
+
+    micro_gpu_seconds: int
+    weighted_micro_gpu_seconds: int
+    metered_micro_gpu_seconds: int = 0
+    idle_micro_gpu_seconds: int = 0
+
+    def __add__(self, other: "PodCharge") -> "PodCharge":
+        return PodCharge(*(getattr(self, column) + getattr(other, column) for column in _CHARGED))
+
+
+NO_CHARGE = PodCharge(0, 0)
+
+
+def pod_charge(charge_micro: int, billing_weight: int, utilization_percent: float | None) -> PodCharge:
+    """A raw charge, weighted, and its idle part: billed share × time × (1 − utilisation), in whole
+    micro-GPU-seconds. The utilisation is taken to a thousandth of a percent, so that all is integer arithmetic."""
+    billed = weighted(charge_micro, billing_weight)
+    if utilization_percent is None:
+        return PodCharge(charge_micro, billed)
+    busy = round(utilization_percent * 1000)
+    return PodCharge(charge_micro, billed, charge_micro, charge_micro * (100_000 - busy) // 100_000)
+
+
+_CHARGED = ("micro_gpu_seconds", "weighted_micro_gpu_seconds", "metered_micro_gpu_seconds", "idle_micro_gpu_seconds")
+
+
+class UsageLedger:
+    """Writes pods' daily charges and first labels, in the ledger's transaction; reads usage reports."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._charge = db.bulk_insert(
+            pod_usage,
+            ["pod_uid", "day", "model", *_CHARGED],
+            lambda insert: insert.on_conflict_do_update(
+                index_elements=[pod_usage.c.pod_uid, pod_usage.c.day, pod_usage.c.model],
+                set_={column: pod_usage.c[column] + insert.excluded[column] for column in _CHARGED},
+            ),
+        )
+        self._label = db.bulk_insert(pod_labels, ["pod_uid", "key", "value"], lambda insert: insert.on_conflict_do_nothing())
+
+    def charge(self, conn: Statements, day: dt.date, charges: Mapping[tuple[str, str], PodCharge]) -> None:
+        """Adds each (pod uid, model)'s charge to its row of `day`, in that order (the order every transaction locks in)."""
+        rows = [
+            {"pod_uid": uid, "day": day, "model": model, **{column: getattr(charges[uid, model], column) for column in _CHARGED}}
+            for uid, model in sorted(charges)
+            if charges[uid, model].micro_gpu_seconds
+        ]
+        if rows:
+            self._charge.execute(conn, rows)
+
+    def label(self, conn: Statements, labels: Mapping[str, Labels]) -> None:
+        """Records the labels of pods seen for the first time (a pod's labels are recorded once, never changed)."""
+        rows = [{"pod_uid": uid, "key": key, "value": value} for uid in sorted(labels) for key, value in labels[uid]]
+        if rows:
+            self._label.execute(conn, rows)
+
+    def billed(self, pod_uids: Sequence[str]) -> dict[str, int]:
+        """Each pod's weighted micro-GPU-seconds so far."""
+        query = (
+            select(pod_usage.c.pod_uid, func.sum(pod_usage.c.weighted_micro_gpu_seconds))
+            .where(pod_usage.c.pod_uid.in_(pod_uids))
+            .group_by(pod_usage.c.pod_uid)
+        )
+        with self.db.read() as conn:
+            return {uid: int(total) for uid, total in conn.execute(query)}
+
+    def report(self, request: "UsageRequest") -> "UsageReport":
+        columns: dict[str, Any] = {}
+        source: Any = pod_usage.join(pod_ledgers, pod_ledgers.c.pod_uid == pod_usage.c.pod_uid)
+        for index, key in enumerate(request.group_by):
+            if key == "namespace":
+                columns["namespace"] = pod_ledgers.c.namespace
+            elif key == "day":
+                columns["day"] = pod_usage.c.day
+            elif key == "model":
+                columns["model"] = pod_usage.c.model
+            elif key == "pod":
+                columns.update(namespace=pod_ledgers.c.namespace, pod=pod_ledgers.c.pod, podUid=pod_ledgers.c.pod_uid)
+            else:
+                label = pod_labels.alias(f"label_{index}")
+                source = source.outerjoin(
+                    label, and_(label.c.pod_uid == pod_usage.c.pod_uid, label.c.key == key[len(LABEL_PREFIX):])
+                )
+                columns[key] = label.c.value
+        grouped = [column.label(f"g{index}") for index, column in enumerate(columns.values())]
+        query = (
+            select(*grouped, *(func.sum(pod_usage.c[column]).label(column) for column in _CHARGED))
+            .select_from(source)
+            .where(pod_usage.c.day >= request.start, pod_usage.c.day < request.end)
+            .group_by(*grouped)
+            .order_by(*(column.nulls_last() for column in grouped))  # as PostgreSQL orders; SQLite puts NULL first
+            .limit(MAX_ROWS + 1)
+        )
+        if request.namespace is not None:
+            query = query.where(pod_ledgers.c.namespace == request.namespace)
+        with self.db.read() as conn:
+            rows = conn.execute(query).all()
+        if len(rows) > MAX_ROWS:
+            raise UsageRequestError(
+                f"the report has more than {MAX_ROWS:,} rows: ask for fewer days or group by fewer keys"
+            )
+        fields = list(columns)
+        return UsageReport(
+            request,
+            fields,
+            [
+                UsageRow(
+                    {field: _group_value(row[index]) for index, field in enumerate(fields)},
+                    PodCharge(*(int(getattr(row, column)) for column in _CHARGED)),
+                )
+                for row in rows
+            ],
+        )
+
+
+def _group_value(value: Any) -> str | None:
+    return value.isoformat() if isinstance(value, dt.date) else value
+
+
+@dataclass(frozen=True)
+class UsageRequest:
+    start: dt.date  # the first day counted
+    end: dt.date  # the first day not counted
+    group_by: tuple[str, ...]
+    namespace: str | None = None
+
+
+def usage_request(start: str | None, end: str | None, group_by: str | None, namespace: str | None = None) -> UsageRequest:
+    """The request that `from`, `to` and `groupBy` (as the API and the command line take them) ask for."""
+    first, after = _date(start, "from"), _date(end, "to")
+    if after <= first:
+        raise UsageRequestError(f"to ({after}) must be after from ({first}): to is the first day not counted")
+    if (after - first).days > MAX_DAYS:
+        raise UsageRequestError(f"a report covers at most {MAX_DAYS} days, not {(after - first).days}")
+    return UsageRequest(first, after, _group_keys("namespace" if group_by is None else group_by), namespace)
+
+
+def _date(raw: str | None, name: str) -> dt.date:
+    if raw is None or raw == "":
+        raise UsageRequestError(f"{name} is required: a UTC day, YYYY-MM-DD")
+    try:
+        if not _DATE.fullmatch(raw):
+            raise ValueError
+        return dt.date.fromisoformat(raw)
+    except ValueError:
+        raise UsageRequestError(f"{name} must be a UTC day, YYYY-MM-DD, not {raw[:40]!r}") from None
+
+
+def _group_keys(raw: str) -> tuple[str, ...]:
+    keys = raw.split(",", MAX_GROUP_KEYS)
+    if len(keys) > MAX_GROUP_KEYS:
+        raise UsageRequestError(f"groupBy takes at most {MAX_GROUP_KEYS} keys")
+    for key in keys:
+        if key in GROUP_KEYS:
+            continue
+        if not key.startswith(LABEL_PREFIX) or not is_label_key(key[len(LABEL_PREFIX):]):
+            raise UsageRequestError(
+                f"groupBy keys are {', '.join(GROUP_KEYS)} or {LABEL_PREFIX}KEY with KEY a Kubernetes label key, "
+                f"not {key[:80]!r}"
+            )
+    if len(set(keys)) != len(keys):
+        raise UsageRequestError(f"groupBy names a key twice: {raw[:200]!r}")
+    return tuple(keys)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    group: dict[str, str | None]  # None: the pod has no such label
+    charge: PodCharge
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.group, **_amounts(self.charge)}
+
+
+def _amounts(charge: PodCharge) -> dict[str, Any]:
+    metered = charge.metered_micro_gpu_seconds
+    return {
+        "gpuSeconds": charge.micro_gpu_seconds / MICROS_PER_SECOND,
+        "gpuMinutes": charge.micro_gpu_seconds / MICROS_PER_GPU_MINUTE,
+        "billedGpuSeconds": charge.weighted_micro_gpu_seconds / MICROS_PER_SECOND,
+        "billedGpuMinutes": charge.weighted_micro_gpu_seconds / MICROS_PER_GPU_MINUTE,
+        "meteredGpuMinutes": metered / MICROS_PER_GPU_MINUTE,
+        "idleGpuMinutes": charge.idle_micro_gpu_seconds / MICROS_PER_GPU_MINUTE if metered else None,
+    }
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    request: UsageRequest
+    fields: list[str]  # the grouping columns, in order
+    rows: list[UsageRow]
+
+    @property
+    def total(self) -> PodCharge:
+        return sum((row.charge for row in self.rows), NO_CHARGE)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "from": self.request.start.isoformat(),
+            "to": self.request.end.isoformat(),
+            "groupBy": list(self.request.group_by),
+            "fields": self.fields,
+            "items": [row.to_json() for row in self.rows],
+            "total": _amounts(self.total),
+        }
+
+
+AMOUNT_COLUMNS = ("gpuSeconds", "gpuMinutes", "billedGpuSeconds", "billedGpuMinutes", "meteredGpuMinutes", "idleGpuMinutes")
+
+
+def usage_csv(fields: Sequence[str], items: Iterable[Mapping[str, Any]]) -> str:
+    """A report's items as CSV (the JSON's field names as the header; an absent label or idle figure is empty).
+
+    Made from the JSON items, so that the API and the command line write the same CSV.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*fields, *AMOUNT_COLUMNS])
+    for item in items:
+        writer.writerow([_cell(item.get(column)) for column in (*fields, *AMOUNT_COLUMNS)])
+    return out.getvalue()
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)  # the shortest text that reads back as the same number
+    return str(value)

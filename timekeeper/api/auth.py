@@ -1,0 +1,267 @@
+"""Who may do what: meters report for their own pod, anyone authenticated reads, admins change budgets.
+
+Modes (TIMEKEEPER_AUTH):
+- tokenreview: bearer tokens are verified with the Kubernetes TokenReview API (audience gpusharing-timekeeper).
+  A pod-bound ServiceAccount token may report for that pod only; budget writes need a SubjectAccessReview
+  allowing verb `update` on resource `budgets` in API group `gpusharing.io`. Tokens in
+  TIMEKEEPER_STATIC_TOKENS_FILE, when set, are accepted too.
+- static: only the tokens in TIMEKEEPER_STATIC_TOKENS_FILE: `TOKEN ROLE [NAME] [namespaces=NS,...]` per line, role
+  admin, reader or meter. A meter token may report for any pod (docker-compose has no pod identity to check), or
+  for any pod of the namespaces its line names.
+- none: every request is an admin's; for a local demo only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
+from gpusharing.names import NAMESPACE, InvalidName
+from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport
+from gpusharing.settings.env import ConfigError
+from gpusharing.units.quantity import QuantityError, parse_decimal
+from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
+from timekeeper.accounting.reports import ReportTerms
+from timekeeper.accounting.usage import recorded_labels
+from timekeeper.cluster.kube import Identity, KubeApi
+
+ADMIN_VERB = "update"
+ADMIN_RESOURCE = "budgets"
+ADMIN_GROUP = "gpusharing.io"
+
+T = TypeVar("T")
+NAMESPACES_PREFIX = "namespaces="
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    READER = "reader"
+    METER = "meter"
+
+
+class Unauthenticated(Exception):
+    """401: no credentials, or credentials nobody vouches for."""
+
+
+class Forbidden(Exception):
+    """403: authenticated, but not allowed this."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str  # recorded in the audit log
+    role: Role | None = None  # a static token's role; None for a TokenReview identity
+    identity: Identity | None = None
+    namespaces: frozenset[str] | None = None  # a static meter token bound to these; None: any
+
+
+def token_digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class StaticTokens:
+    """The tokens of TIMEKEEPER_STATIC_TOKENS_FILE, kept as SHA-256 digests.
+
+    A presented token is hashed and its digest looked up: no comparison ever runs over a token's own bytes, so
+    its timing tells nothing about any token (it depends on the digest, which nobody can steer without knowing a
+    token), and no scan over the file's tokens tells which one matched.
+    """
+
+    def __init__(self, callers: dict[str, Caller]):
+        self._by_digest = {token_digest(token): caller for token, caller in callers.items()}
+
+    def caller(self, token: str) -> Caller | None:
+        return self._by_digest.get(token_digest(token))
+
+
+def load_static_tokens(path: str) -> StaticTokens:
+    """The tokens of a `TOKEN ROLE [NAME] [namespaces=NS,...]` file; ConfigError naming the file and line when malformed."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"TIMEKEEPER_STATIC_TOKENS_FILE={path}: cannot read it: {exc.strerror}") from None
+    tokens: dict[str, Caller] = {}
+    for number, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"TIMEKEEPER_STATIC_TOKENS_FILE={path} line {number}"
+        namespaces = _namespaces(words.pop(), where) if words[-1].startswith(NAMESPACES_PREFIX) else None
+        if len(words) not in (2, 3) or words[1] not in tuple(Role):
+            raise ConfigError(
+                f"{where}: expected `TOKEN ROLE [NAME] [{NAMESPACES_PREFIX}NS,...]` with ROLE one of {', '.join(Role)}"
+            )
+        role = Role(words[1])
+        if namespaces is not None and role is not Role.METER:
+            raise ConfigError(f"{where}: only a meter token is bound to namespaces ({NAMESPACES_PREFIX}…)")
+        tokens[words[0]] = Caller(words[2] if len(words) == 3 else f"static-{role}-line-{number}", role, namespaces=namespaces)
+    return StaticTokens(tokens)
+
+
+def _namespaces(word: str, where: str) -> frozenset[str]:
+    names = [name for name in word[len(NAMESPACES_PREFIX):].split(",") if name]
+    if not names:
+        raise ConfigError(f"{where}: {NAMESPACES_PREFIX} names no namespace")
+    try:
+        return frozenset(NAMESPACE.check(name, "namespace") for name in names)
+    except InvalidName as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class TtlCache(Generic[K, T]):
+    """Answers of the API server reused for `seconds`, so that a report every 30 s per pod costs no API call.
+
+    Concurrent misses of one key make one call while the others wait for its answer; a call that fails is not
+    kept (each waiter gets its error, the next miss calls again). Entries go when they expire and, beyond
+    max_entries, oldest first: a flood of new keys pushes out the oldest, never everything at once.
+    """
+
+    def __init__(self, seconds: float, max_entries: int = 50_000, clock: Callable[[], float] = time.monotonic):
+        self._seconds = seconds
+        self._max = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[K, tuple[float, T]] = OrderedDict()  # oldest first: in the order they expire
+        self._pending: dict[K, Future[T]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: K, compute: Callable[[], T]) -> T:
+        with self._lock:
+            now = self._clock()
+            hit = self._entries.get(key)
+            if hit is not None and hit[0] > now:
+                return hit[1]
+            pending = self._pending.get(key)
+            if pending is None:
+                pending = self._pending[key] = Future()
+                computing = True
+            else:
+                computing = False
+        if not computing:
+            return pending.result()
+        try:
+            value = compute()
+        except BaseException as failed:
+            with self._lock:
+                del self._pending[key]
+            pending.set_exception(failed)
+            raise
+        with self._lock:
+            del self._pending[key]
+            self._keep(key, value)
+        pending.set_result(value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _keep(self, key: K, value: T) -> None:
+        now = self._clock()
+        self._entries.pop(key, None)
+        while self._entries and (len(self._entries) >= self._max or next(iter(self._entries.values()))[0] <= now):
+            self._entries.popitem(last=False)
+        self._entries[key] = (now + self._seconds, value)
+
+
+class Authenticator:
+    def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0):
+        if mode == "tokenreview" and kube is None:
+            raise ConfigError("TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)")
+        self.mode = mode
+        self._static = static_tokens
+        self._kube = kube
+        self._reviews: TtlCache[bytes, Identity | None] = TtlCache(cache_seconds)
+        self._grants: TtlCache[tuple[str, tuple[str, ...]], bool] = TtlCache(cache_seconds)
+        # A pod's annotations under gpusharing.io/ cannot change (the webhook refuses it), so they are read once.
+        self._pod_terms: TtlCache[str, ReportTerms] = TtlCache(float("inf"))
+
+    def caller(self, authorization: str | None) -> Caller:
+        if self.mode == "none":
+            return Caller("anonymous", Role.ADMIN)
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("a bearer token is required (Authorization: Bearer TOKEN)")
+        static = self._static.caller(token)
+        if static is not None:
+            return static
+        if self.mode == "static" or self._kube is None:
+            raise Unauthenticated("the bearer token is not known to the timekeeper")
+        kube = self._kube
+        identity = self._reviews.get(token_digest(token), lambda: kube.review_token(token))
+        if identity is None:
+            raise Unauthenticated("the bearer token was not authenticated by the Kubernetes API (TokenReview)")
+        return Caller(identity.username, identity=identity)
+
+    def check_admin(self, caller: Caller) -> None:
+        if caller.role is Role.ADMIN:
+            return
+        identity, kube = caller.identity, self._kube
+        if identity is not None and kube is not None:
+            key = (identity.username, identity.groups)
+            if self._grants.get(key, lambda: kube.may(identity, ADMIN_VERB, ADMIN_RESOURCE, ADMIN_GROUP)):
+                return
+        raise Forbidden(
+            f"{caller.name} may not change budgets: an admin needs verb {ADMIN_VERB!r} on resource "
+            f"{ADMIN_RESOURCE!r} in API group {ADMIN_GROUP!r}"
+        )
+
+    def report_terms(self, caller: Caller, report: MeterReport) -> ReportTerms | None:
+        """Checks that `caller` may send `report`; returns what to trust about the pod (None: the report itself)."""
+        if caller.role in (Role.ADMIN, Role.METER):
+            if caller.namespaces is not None and report.namespace not in caller.namespaces:
+                raise Forbidden(
+                    f"{caller.name} may report for namespace(s) {', '.join(sorted(caller.namespaces))} only, "
+                    f"not {report.namespace}"
+                )
+            return None
+        identity = caller.identity
+        if identity is None:
+            raise Forbidden(f"{caller.name} may not send meter reports")
+        if identity.pod_uid is None or identity.pod_name is None:
+            raise Forbidden(f"{caller.name} is not a pod's ServiceAccount token: only a pod's meter may report for it")
+        if identity.pod_uid != report.pod_uid or identity.service_account_namespace != report.namespace:
+            raise Forbidden(
+                f"the token belongs to pod {identity.pod_uid} in namespace {identity.service_account_namespace}, "
+                f"not to pod {report.pod_uid} in namespace {report.namespace}"
+            )
+        namespace, name = report.namespace, identity.pod_name
+        return self._pod_terms.get(identity.pod_uid, lambda: self._read_terms(namespace, name, report.pod_uid))
+
+    def _read_terms(self, namespace: str, name: str, uid: str) -> ReportTerms:
+        assert self._kube is not None
+        pod = self._kube.read_pod(namespace, name)
+        if pod is None or pod.metadata is None or pod.metadata.uid != uid:
+            raise Forbidden(f"pod {namespace}/{name} with uid {uid} does not exist")
+        annotations = pod.metadata.annotations or {}
+        share = _annotated_number(annotations.get(ANNOTATION_GPU_SHARE), MIN_GPU_SHARE, MAX_GPU_SHARE)
+        if share is None:
+            raise Forbidden(
+                f"pod {namespace}/{name} has no valid {ANNOTATION_GPU_SHARE} annotation (a share from {MIN_GPU_SHARE} to "
+                f"{MAX_GPU_SHARE}): it was not admitted by the GPU-sharing webhook"
+            )
+        memory = _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB)
+        model = annotations.get(ANNOTATION_GPU_MODEL)
+        model = model if isinstance(model, str) and len(model) <= MAX_GPU_MODEL else None  # else: the default model's
+        return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model)
+
+
+def _annotated_number(raw: str | None, low: Decimal | int, high: Decimal | int) -> float | None:
+    """The number an annotation holds, if it is one within [low, high] (read within gpusharing.units.quantity's bounds)."""
+    try:
+        value = parse_decimal(raw)
+    except QuantityError:
+        return None
+    return float(value) if low <= value <= high else None

@@ -1,0 +1,38 @@
+"""What was used and what it cost: usage reports as JSON or CSV (`/api/v1/usage`), and the GPU models' billing
+weights with their history (`/api/v1/gpu-models`)."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify, request
+
+from gpusharing.names import check_namespace
+from gpusharing.units.weights import weight_number
+from timekeeper.accounting.usage import usage_csv, usage_request
+from timekeeper.api.context import caller, services
+
+blueprint = Blueprint("usage", __name__, url_prefix="/api/v1")
+
+
+@blueprint.get("/usage")
+def get_usage() -> Response:
+    caller()
+    args = request.args
+    namespace = args.get("namespace")
+    asked = usage_request(args.get("from"), args.get("to"), args.get("groupBy"), check_namespace(namespace) if namespace else None)
+    report = services().ledger.usage.report(asked)
+    if request.accept_mimetypes.best_match(["application/json", "text/csv"]) == "text/csv":
+        filename = f"gpu-usage-{asked.start}-{asked.end}.csv"
+        return Response(usage_csv(report.fields, (row.to_json() for row in report.rows)), content_type="text/csv; charset=utf-8",
+                        headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+    return jsonify(report.to_json())
+
+
+@blueprint.get("/gpu-models")
+def get_gpu_models() -> Response:
+    caller()
+    catalogue = services().config.catalogue
+    return jsonify(
+        items=[{"name": m.name, "memoryMiB": m.memory_mib, "billingWeight": weight_number(m.billing_weight)} for m in catalogue.models],
+        default=catalogue.default.name,
+        changes=[change.to_json() for change in services().ledger.weights.history()],
+    )

@@ -1,0 +1,112 @@
+"""What budget statuses are read from: the SQL that sums each period's use and top-ups in one pass, and its rows
+made into statuses (the SQL side of timekeeper.budgets.status)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, select
+
+from gpusharing.contract import AdmissionMode, Period, Shortfall
+from timekeeper.budgets.hierarchy import roll_up
+from timekeeper.budgets.periods import PeriodWindow
+from timekeeper.budgets.status import Budget, BudgetStatus, effective_budget
+from timekeeper.database.tables import (
+    UtcDateTime,
+    budgets,
+    namespace_usage,
+    top_ups,
+)
+
+if TYPE_CHECKING:  # the store makes these reads
+    from timekeeper.budgets.store import BudgetStore
+
+
+@dataclass
+class StatusReads:
+    """The reads of BudgetStore.read_use, made into statuses once their rows are in (each row is read once: a
+    pipeline's rows can be)."""
+
+    store: BudgetStore
+    own: dict[str, Any]  # name -> budget row, of the names asked for (or of all)
+    wanted: Collection[str] | None  # None: every namespace `statuses` lists
+    windows: dict[Period, PeriodWindow]
+    used_rows: Iterable[Any]
+    topped_rows: Iterable[Any]
+    other_budget_rows: Iterable[Any] = ()  # the rest of the hierarchy, when the names asked for are part of one
+    _read: tuple[dict[str, Any], dict[str, dict[Period, int]], dict[str, dict[Period, float]]] | None = None
+
+    def statuses(self, minus: Mapping[str, int] | None = None) -> dict[str, BudgetStatus]:
+        """The statuses; `minus`: as they were before these charges (micro-GPU-seconds by namespace, all of today)."""
+        if self._read is None:
+            rows = {**self.own, **{row.namespace: row for row in self.other_budget_rows}}
+            used = {row.namespace: {k: int(getattr(row, f"used_{k}") or 0) for k in Period} for row in self.used_rows}
+            topped = {row.namespace: {k: float(getattr(row, f"topped_{k}") or 0.0) for k in Period} for row in self.topped_rows}
+            self._read = (rows, used, topped)
+        rows, used, topped = self._read
+        if minus:  # today's charges lie in every kind of period's current one
+            used = {name: {kind: value - minus.get(name, 0) for kind, value in use.items()} for name, use in used.items()}
+        store = self.store
+        budgets_by_name = {name: budget_of_row(row) for name, row in rows.items()}
+        if self.wanted is None:
+            kind = store.default_period
+            wanted = set(budgets_by_name)
+            wanted |= {n for n, use in used.items() if use.get(kind)} | {n for n, top in topped.items() if top.get(kind)}
+        else:
+            wanted = set(self.wanted)
+        for name in wanted - budgets_by_name.keys():
+            budgets_by_name[name] = effective_budget(name, None, store.default_gpu_minutes, store.default_period)
+        managed = {name: row.managed_by for name, row in rows.items() if row.managed_by}
+        statuses = roll_up(budgets_by_name, used, topped, self.windows, managed)
+        return {name: statuses[name] for name in wanted}
+
+
+def _per_period(value: Any, in_period: Callable[[Period], ColumnElement[bool]], prefix: str) -> list[Any]:
+    """One sum of `value` per kind of period, over the rows in that kind's current period (bound at execution)."""
+    return [func.sum(case((in_period(kind), value), else_=0)).label(f"{prefix}_{kind}") for kind in Period]
+
+
+def _day_in(kind: Period) -> ColumnElement[bool]:
+    first = namespace_usage.c.day >= bindparam(f"{kind}_first_day", type_=Date())
+    if kind is Period.NONE:
+        return first
+    return and_(first, namespace_usage.c.day < bindparam(f"{kind}_end_day", type_=Date()))
+
+
+def _top_up_in(kind: Period) -> ColumnElement[bool]:
+    return top_ups.c.period_start == bindparam(f"{kind}_start", type_=UtcDateTime())
+
+
+CHOSEN = bindparam("namespaces", expanding=True)
+ALL_BUDGETS = select(budgets)
+BUDGETS_OF = ALL_BUDGETS.where(budgets.c.namespace.in_(CHOSEN))
+USAGE = (
+    select(namespace_usage.c.namespace, *_per_period(namespace_usage.c.micro_gpu_seconds, _day_in, "used"))
+    .where(namespace_usage.c.day >= bindparam("earliest_day", type_=Date()))
+    .group_by(namespace_usage.c.namespace)
+)
+USAGE_OF = USAGE.where(namespace_usage.c.namespace.in_(CHOSEN))
+TOP_UPS = (
+    select(top_ups.c.namespace, *_per_period(top_ups.c.gpu_minutes, _top_up_in, "topped"))
+    .where(top_ups.c.period_start >= bindparam("earliest_start", type_=UtcDateTime()))
+    .group_by(top_ups.c.namespace)
+)
+TOP_UPS_OF = TOP_UPS.where(top_ups.c.namespace.in_(CHOSEN))
+
+
+def window_parameters(windows: dict[Period, PeriodWindow]) -> dict[str, object]:
+    parameters: dict[str, object] = {}
+    for kind, window in windows.items():
+        parameters[f"{kind}_start"] = window.start
+        parameters[f"{kind}_first_day"] = window.start.date()
+        if window.end is not None:
+            parameters[f"{kind}_end_day"] = window.end.date()
+    return parameters
+
+
+def budget_of_row(row: Any) -> Budget:
+    thresholds = tuple(int(t) for t in row.warning_thresholds.split(",") if t)
+    return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion), row.parent, thresholds,
+                  AdmissionMode(row.admission), Shortfall(row.on_shortfall))

@@ -1,0 +1,224 @@
+"""The Kubernetes API, through the official client: TokenReview, SubjectAccessReview, pods, evictions, events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import socket
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
+from gpusharing.kube.client import api_client
+
+log = logging.getLogger(__name__)
+
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects live
+REPORTING_COMPONENT = "gpusharing-timekeeper"
+
+
+class KubeUnavailable(RuntimeError):
+    """The API server could not answer; the message says what was asked."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a bearer token belongs to, as TokenReview says."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def pod_uid(self) -> str | None:
+        """Set for a pod-bound (projected) ServiceAccount token."""
+        return (self.extra.get(POD_UID_EXTRA) or [None])[0]
+
+    @property
+    def pod_name(self) -> str | None:
+        return (self.extra.get(POD_NAME_EXTRA) or [None])[0]
+
+    @property
+    def service_account_namespace(self) -> str | None:
+        if not self.username.startswith(SERVICE_ACCOUNT_PREFIX):
+            return None
+        return self.username[len(SERVICE_ACCOUNT_PREFIX):].split(":", 1)[0]
+
+
+class EvictionResult(StrEnum):
+    EVICTED = "evicted"
+    REFUSED = "refused"  # 429: a PodDisruptionBudget does not allow it now; retried later, never forced
+    GONE = "gone"  # the pod no longer exists
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an Event is about: an object and where its Events live."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    namespace: str | None = None  # None: cluster-scoped (its Events live in EVENT_NAMESPACE)
+
+
+@dataclass(frozen=True)
+class CustomResource:
+    """A custom resource's plural, as the API serves it."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+
+class KubeApi:
+    def __init__(self, api_client: client.ApiClient):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.authentication = client.AuthenticationV1Api(api_client)
+        self.authorization = client.AuthorizationV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
+        """The API given by `kubeconfig`, or the in-cluster ServiceAccount when None; ConfigError when neither works."""
+        return cls(api_client(kubeconfig, "TIMEKEEPER_KUBECONFIG"))
+
+    def review_token(self, token: str) -> Identity | None:
+        """The token's identity, or None when TokenReview does not authenticate it for the timekeeper's audience."""
+        review = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[TIMEKEEPER_TOKEN_AUDIENCE]))
+        answer = self._call("review a token", self.authentication.create_token_review, review)
+        status = answer.status
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        if status.audiences is not None and TIMEKEEPER_TOKEN_AUDIENCE not in status.audiences:
+            return None
+        user = status.user
+        return Identity(user.username or "", user.uid or "", tuple(user.groups or ()), dict(user.extra or {}))
+
+    def may(self, identity: Identity, verb: str, resource: str, group: str) -> bool:
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=identity.username,
+                uid=identity.uid or None,
+                groups=list(identity.groups),
+                extra=identity.extra or None,
+                resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, group=group),
+            )
+        )
+        answer = self._call("check an authorization", self.authorization.create_subject_access_review, review)
+        return bool(answer.status and answer.status.allowed)
+
+    def read_pod(self, namespace: str, name: str) -> client.V1Pod | None:
+        return self._call(f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace, answers={404: None})
+
+    def running_pods(self, namespace: str) -> list[client.V1Pod]:
+        answer = self._call(
+            f"list the pods of {namespace}", self.core.list_namespaced_pod, namespace, field_selector="status.phase=Running"
+        )
+        return list(answer.items or [])
+
+    def evict(self, namespace: str, name: str) -> EvictionResult:
+        """Asks for an eviction, which the API server grants only within the pods' PodDisruptionBudgets."""
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        refused = {429: EvictionResult.REFUSED, 404: EvictionResult.GONE}
+        answer = self._call(
+            f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=refused
+        )
+        return answer if isinstance(answer, EvictionResult) else EvictionResult.EVICTED
+
+    def record_event(self, namespace: str, reason: str, message: str, warning: bool) -> bool:
+        """An Event about the namespace itself, where `kubectl describe namespace` finds it.
+
+        A Namespace is cluster-scoped, so its Events live in `default` (as a Node's do) and name the namespace's uid,
+        which `kubectl describe` selects on. A namespace deleted meanwhile gets none: False.
+        """
+        answer = self._call(f"read namespace {namespace}", self.core.read_namespace, namespace, answers={404: None})
+        if answer is None or answer.metadata is None:
+            return False
+        self.record_object_event(ObjectRef("v1", "Namespace", namespace, answer.metadata.uid), reason, message, warning)
+        return True
+
+    def record_object_event(self, about: ObjectRef, reason: str, message: str, warning: bool) -> None:
+        """An Event about `about`, in its namespace (a cluster-scoped object's in `default`)."""
+        where = about.namespace or EVENT_NAMESPACE
+        now = dt.datetime.now(dt.timezone.utc)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{about.name}.gpusharing-{uuid.uuid4().hex[:12]}", namespace=where),
+            involved_object=client.V1ObjectReference(
+                api_version=about.api_version, kind=about.kind, name=about.name, uid=about.uid, namespace=about.namespace
+            ),
+            reason=reason,
+            message=message,
+            type="Warning" if warning else "Normal",
+            source=client.V1EventSource(component=REPORTING_COMPONENT),
+            reporting_component=REPORTING_COMPONENT,
+            reporting_instance=socket.gethostname(),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        self._call(f"record an event on {about.kind} {about.name}", self.core.create_namespaced_event, where, event)
+
+    # -- the controller's Lease --------------------------------------------------------------------------------------
+
+    def read_lease(self, namespace: str, name: str) -> client.V1Lease | None:
+        return self._call(f"read lease {namespace}/{name}", self.coordination.read_namespaced_lease, name, namespace,
+                          answers={404: None})
+
+    def create_lease(self, namespace: str, lease: client.V1Lease) -> bool:
+        """False when another process created it first (409)."""
+        created = self._call(f"create lease {namespace}/{lease.metadata.name}", self.coordination.create_namespaced_lease,
+                             namespace, lease, answers={409: None})
+        return created is not None
+
+    def replace_lease(self, namespace: str, name: str, lease: client.V1Lease) -> client.V1Lease | None:
+        """The Lease written; None when it changed since it was read (409: another process wrote first)."""
+        return self._call(f"update lease {namespace}/{name}", self.coordination.replace_namespaced_lease, name, namespace,
+                          lease, answers={409: None})
+
+    # -- custom resources (GPUBudget, ClusterGPUBudget) ------------------------------------------------------------
+
+    def list_custom(self, resource: CustomResource) -> dict[str, Any] | None:
+        """Every object of the resource, in every namespace, with the list's resourceVersion; None when the API
+        does not serve it (its CRD is not installed)."""
+        return self._call(f"list {resource.plural}", self.custom.list_cluster_custom_object, resource.group,
+                          resource.version, resource.plural, answers={404: None})
+
+    def patch_custom_status(self, resource: CustomResource, namespace: str | None, name: str, status: dict[str, Any]) -> None:
+        """Merges `status` into the object's status subresource; an object deleted meanwhile is left alone."""
+        body = {"status": status}
+        what = f"update the status of {resource.plural} {f'{namespace}/' if namespace else ''}{name}"
+        if resource.namespaced:
+            self._call(what, self.custom.patch_namespaced_custom_object_status, resource.group, resource.version,
+                       namespace, resource.plural, name, body, answers={404: None})
+        else:
+            self._call(what, self.custom.patch_cluster_custom_object_status, resource.group, resource.version,
+                       resource.plural, name, body, answers={404: None})
+
+    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, **kwargs: Any) -> Any:
+        """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return."""
+        try:
+            return method(*args, **kwargs)
+        except ApiException as exc:
+            if answers is not None and exc.status in answers:
+                return answers[exc.status]
+            raise KubeUnavailable(f"could not {what}: {_reason(exc)}") from None
+        except Exception as exc:
+            raise KubeUnavailable(f"could not {what}: {exc}") from None
+
+
+def _reason(exc: ApiException) -> str:
+    return f"HTTP {exc.status} {exc.reason}".strip()

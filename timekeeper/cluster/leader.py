@@ -1,0 +1,108 @@
+"""Leader election through a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+
+One timekeeper process (of every worker of every replica) holds the Lease and runs the controller. A holder
+renews `renewTime` on every pass; another process takes the Lease over once it has seen the same record unchanged
+for `leaseDurationSeconds` by its own monotonic clock (never by comparing its wall clock with the holder's), and
+every write carries the resourceVersion it read, so that of two processes racing for it one wins and the other's
+write is refused (409). A process that stops gives the Lease up (holderIdentity emptied), so that the next takes
+over at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+
+from timekeeper.cluster.kube import KubeApi, KubeUnavailable
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "gpusharing-timekeeper"
+
+
+class LeaderElection:
+    def __init__(
+        self,
+        kube: KubeApi,
+        namespace: str,
+        identity: str,
+        lease_seconds: float,
+        name: str = LEASE_NAME,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_seconds = max(1, int(round(lease_seconds)))
+        self._monotonic = monotonic
+        self._observed: tuple[Any, ...] | None = None  # the record as last seen, and when (by our clock)
+        self._observed_at = 0.0
+        self.leading = False
+
+    def try_acquire_or_renew(self) -> bool:
+        """Takes or renews the Lease; False while another process holds it, or when the API cannot be reached."""
+        was_leading = self.leading
+        try:
+            self.leading = self._try()
+        except KubeUnavailable as exc:
+            log.warning("leader election: %s; will try again", exc)
+            self.leading = False
+        if self.leading != was_leading:
+            log.info("%s the lease %s/%s as %s", "took" if self.leading else "lost", self.namespace, self.name, self.identity)
+        return self.leading
+
+    def release(self) -> None:
+        """Gives the Lease up if this process holds it, so that another takes over without waiting for it to lapse."""
+        if not self.leading:
+            return
+        self.leading = False
+        try:
+            lease = self.kube.read_lease(self.namespace, self.name)
+            if lease is not None and lease.spec is not None and lease.spec.holder_identity == self.identity:
+                lease.spec.holder_identity = None
+                lease.spec.lease_duration_seconds = 1
+                lease.spec.renew_time = _now()
+                self.kube.replace_lease(self.namespace, self.name, lease)
+        except KubeUnavailable as exc:
+            log.warning("could not give up the lease %s/%s: %s (it lapses by itself)", self.namespace, self.name, exc)
+
+    def _try(self) -> bool:
+        now = _now()
+        lease = self.kube.read_lease(self.namespace, self.name)
+        if lease is None:
+            spec = client.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=self.lease_seconds,
+                                      acquire_time=now, renew_time=now, lease_transitions=0)
+            body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace), spec=spec)
+            return self.kube.create_lease(self.namespace, body)  # False: another process created it first
+        spec = lease.spec or client.V1LeaseSpec()
+        record = (spec.holder_identity, spec.renew_time, spec.lease_transitions, spec.lease_duration_seconds)
+        if record != self._observed:
+            self._observed, self._observed_at = record, self._monotonic()
+        holder = spec.holder_identity
+        duration = spec.lease_duration_seconds or self.lease_seconds
+        if holder and holder != self.identity and self._monotonic() < self._observed_at + duration:
+            return False
+        if holder != self.identity:
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.holder_identity = self.identity
+        spec.lease_duration_seconds = self.lease_seconds
+        spec.renew_time = now
+        lease.spec = spec
+        # Carries the resourceVersion read: a process that wrote in between makes this one 409, and it lost.
+        written = self.kube.replace_lease(self.namespace, self.name, lease)
+        if written is not None and written.spec is not None:
+            self._observed = (written.spec.holder_identity, written.spec.renew_time, written.spec.lease_transitions,
+                              written.spec.lease_duration_seconds)
+            self._observed_at = self._monotonic()
+        return written is not None
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)

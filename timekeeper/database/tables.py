@@ -1,0 +1,185 @@
+"""The timekeeper's tables. Alembic migrations (migrations/) make and change them; these models describe them."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import BigInteger, Boolean, Date, DateTime, Float, Integer, MetaData, String, Text, TypeDecorator
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from gpusharing.contract import AdmissionMode, Shortfall
+
+UTC = dt.timezone.utc
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Aware UTC datetimes on every backend (SQLite keeps no time zone, so one is put back on reading)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("UtcDateTime needs an aware datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class BudgetRow(Base):
+    """A namespace's budget, or a group's (`namespace` then holds the group's name, e.g. team.vision)."""
+
+    __tablename__ = "budgets"
+
+    namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
+    gpu_minutes: Mapped[float | None] = mapped_column(Float)  # NULL: explicitly unlimited
+    period: Mapped[str] = mapped_column(String(16))
+    evict_on_exhaustion: Mapped[bool] = mapped_column(Boolean, default=False)
+    parent: Mapped[str | None] = mapped_column(String(63))  # a group budget's name
+    warning_thresholds: Mapped[str] = mapped_column(String(32))  # percents, comma-separated ("80,95"; "" for none)
+    managed_by: Mapped[str | None] = mapped_column(String(253))  # "GPUBudget ns/name" or "ClusterGPUBudget name"
+    admission: Mapped[str] = mapped_column(String(8), server_default=AdmissionMode.OPEN.value)  # an AdmissionMode
+    on_shortfall: Mapped[str] = mapped_column(String(8), server_default=Shortfall.DEMOTE.value)  # a Shortfall
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class TopUpRow(Base):
+    __tablename__ = "top_ups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(String(63), index=True)
+    period_start: Mapped[dt.datetime] = mapped_column(UtcDateTime)  # the period the top-up adds to
+    gpu_minutes: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(String(253))
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class BudgetChangeRow(Base):
+    """The audit log: every budget set, top-up and removal, who did it, and the status before and after."""
+
+    __tablename__ = "budget_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    namespace: Mapped[str] = mapped_column(String(63), index=True)
+    action: Mapped[str] = mapped_column(String(16))  # set | top-up | remove
+    actor: Mapped[str] = mapped_column(String(253))
+    changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    before: Mapped[str | None] = mapped_column(Text)  # JSON
+    after: Mapped[str | None] = mapped_column(Text)  # JSON
+
+
+class PodLedgerRow(Base):
+    __tablename__ = "pod_ledgers"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(253), index=True)
+    pod: Mapped[str] = mapped_column(String(253))
+    billed_share: Mapped[float] = mapped_column(Float)
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # cumulative billed, as accepted
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_report_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    last_report_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    gpu_memory_used_mib: Mapped[float | None] = mapped_column(Float)
+    gpu_memory_requested_mib: Mapped[float | None] = mapped_column(Float)
+    gpu_utilization_percent: Mapped[float | None] = mapped_column(Float)
+
+
+class NamespaceUsageRow(Base):
+    """A namespace's charges per UTC day: every period is made of whole days, so any period's use is a sum.
+
+    Weighted by the GPU models' billing weights (what budgets count); the raw GPU-seconds are in pod_usage.
+    """
+
+    __tablename__ = "namespace_usage"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+
+
+class PodUsageRow(Base):
+    """A pod's charges per UTC day (the day they were received, as in namespace_usage): what usage reports sum."""
+
+    __tablename__ = "pod_usage"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True, index=True)
+    model: Mapped[str] = mapped_column(String(96), primary_key=True)  # the catalogue's model it was billed as
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # raw: share x time
+    weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # x the model's billing weight then
+    metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # the part charged with a utilisation reading
+    idle_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # of the metered part, what the GPU left idle
+
+
+class PodLabelRow(Base):
+    """The labels a pod had when the timekeeper first read it (bounded: timekeeper.accounting.usage.recorded_labels)."""
+
+    __tablename__ = "pod_labels"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    key: Mapped[str] = mapped_column(String(317), primary_key=True)
+    value: Mapped[str] = mapped_column(String(63))
+
+
+class GpuModelWeightRow(Base):
+    """The audit log of billing weights: a row each time a model's weight takes effect (and for each model at first)."""
+
+    __tablename__ = "gpu_model_weights"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(96))
+    billing_weight: Mapped[int] = mapped_column(Integer)  # thousandths (gpusharing.units.weights)
+    changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    source: Mapped[str] = mapped_column(String(253))  # the catalogue file it was read from
+
+
+class NamespaceStateRow(Base):
+    """The last state the controller acted on (recorded an Event for), so each transition is acted on once."""
+
+    __tablename__ = "namespace_states"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class BudgetWarningRow(Base):
+    """The warning thresholds a budget reached in a period, each warned of once (an Event, a counter)."""
+
+    __tablename__ = "budget_warnings"
+
+    namespace: Mapped[str] = mapped_column(String(63), primary_key=True)
+    period_start: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True)
+    threshold: Mapped[int] = mapped_column(Integer, primary_key=True)
+    warned_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+budgets = BudgetRow.__table__
+top_ups = TopUpRow.__table__
+budget_changes = BudgetChangeRow.__table__
+pod_ledgers = PodLedgerRow.__table__
+namespace_usage = NamespaceUsageRow.__table__
+namespace_states = NamespaceStateRow.__table__
+pod_usage = PodUsageRow.__table__
+pod_labels = PodLabelRow.__table__
+gpu_model_weights = GpuModelWeightRow.__table__
+budget_warnings = BudgetWarningRow.__table__

@@ -1,0 +1,120 @@
+"""The timekeeper's services, built once per process from its settings: what the API's blueprints call, and what
+stops on SIGTERM. Nothing here knows HTTP."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpusharing.kube.client import in_cluster_available
+from gpusharing.settings.env import ConfigError, load_code
+from timekeeper import metrics
+from timekeeper.accounting.reports import ReportLedger, ReportQueue
+from timekeeper.api.auth import Authenticator, StaticTokens, load_static_tokens
+from timekeeper.budgets.commitments import listing_json
+from timekeeper.budgets.status import BudgetStatus
+from timekeeper.budgets.store import BudgetStore, Clock
+from timekeeper.cluster.controller import Controller
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.pods import PodCommitments, watched_pods
+from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
+from timekeeper.database.connection import Database
+from timekeeper.database.schema import head_revision
+
+log = logging.getLogger(__name__)
+
+NO_AUTH_WARNING = (
+    "TIMEKEEPER_AUTH=none: ANYONE who can reach this timekeeper can change budgets and report usage. "
+    "Use it for a local demo only."
+)
+OFF_CLUSTER = (
+    "TIMEKEEPER_AUTH=tokenreview checks tokens with the Kubernetes API, and there is no in-cluster ServiceAccount "
+    "here: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or off-cluster TIMEKEEPER_AUTH=static with "
+    "TIMEKEEPER_STATIC_TOKENS_FILE (TIMEKEEPER_AUTH=none for a local demo)"
+)
+
+
+@dataclass
+class Services:
+    config: TimekeeperConfig
+    auth: Authenticator
+    database: Database
+    budgets: BudgetStore
+    ledger: ReportLedger
+    reports: ReportQueue
+    controller: Controller | None  # None without a Kubernetes API
+    commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
+    collector: metrics.LedgerCollector
+    schema_head: str
+
+    def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
+        """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
+        below it)."""
+        committed = None if self.commitments is None else self.commitments.by_namespace()
+        return listing_json(statuses, committed, self.budgets.budgets() if committed else {})
+
+    def on_stop(self) -> list[Callable[[], None]]:
+        """On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its
+        evictions and Events recorded as done) and it gives up its Lease, then the report queue, already empty,
+        closes."""
+        return [*([self.controller.stop] if self.controller is not None else []), self.reports.close,
+                *([self.commitments.stop] if self.commitments is not None else [])]
+
+
+def build_services(
+    config: TimekeeperConfig,
+    kube: KubeApi | None = None,
+    clock: Clock | None = None,
+    background: bool = True,
+    commitments: PodCommitments | None = None,
+) -> Services:
+    """See timekeeper.app.create_app for what each argument defaults to."""
+    if clock is None:
+        clock = load_code("TIMEKEEPER_CLOCK", config.clock)
+        if config.clock != DEFAULT_CLOCK:
+            log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
+    if kube is None:
+        kube = kube_api(config)
+    if config.auth == "none":
+        log.warning(NO_AUTH_WARNING)
+    if kube is None:
+        log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
+    tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
+    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
+    db = Database.from_config(config)
+    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
+    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
+    controller = (
+        Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds, config.lease_namespace)
+        if kube else None
+    )
+    if controller is not None and background:
+        controller.start()
+    if commitments is None and kube is not None and background:
+        commitments = watched_pods(kube, config.catalogue, clock, metrics.record_pod_sync)
+    return Services(config, auth, db, budgets, ledger, ReportQueue(ledger), controller, commitments,
+                    metrics.LedgerCollector(ledger, commitments), head_revision())
+
+
+def kube_api(config: TimekeeperConfig) -> KubeApi | None:
+    """The Kubernetes API of the kubeconfig (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) or of the cluster the timekeeper
+    runs in; None when neither.
+
+    ConfigError, one line saying what to set, when tokenreview has no API or the kubeconfig cannot be read.
+    """
+    in_cluster = in_cluster_available()
+    if config.auth == "tokenreview" and not config.kubeconfig and not in_cluster:
+        raise ConfigError(OFF_CLUSTER)
+    if not config.kubeconfig and not in_cluster:
+        return None
+    try:
+        return KubeApi.from_kubeconfig(config.kubeconfig)
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, TypeError, AttributeError, ValueError) as exc:  # the client's reading of a malformed file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"the kubeconfig {config.kubeconfig} (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: {first}") from None

@@ -1,0 +1,284 @@
+"""What the webhook decides for a pod: plain functions of the admission request, the config and budget states."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from gpusharing.contract import (
+    ANNOTATION_ADMISSION_ID,
+    ANNOTATION_BUDGET_STATE,
+    ANNOTATION_DIALECT,
+    ANNOTATION_GPU_MEMORY,
+    ANNOTATION_GPU_MODEL,
+    ANNOTATION_GPU_SHARE,
+    ANNOTATION_PREFIX,
+    ANNOTATION_SAFE_ADMISSION,
+)
+from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
+from gpusharing.gpu.reading import as_list, as_mapping
+from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
+from gpusharing.units.quantity import QuantityError, parse_whole_quantity
+from gpusharing.units.share import format_share
+from webhook.admission.meter import (
+    meter_container,
+    meter_identity,
+    meter_volumes,
+    token_volume_name,
+    volume_without_server_defaults,
+)
+from webhook.admission.patch import JsonPatch, pointer
+from webhook.admission.review import AdmissionRequest, Decision
+from webhook.admission.safe import Reserve, SafeAdmission, safe_admission
+from webhook.caches.budgets import NamespaceBudget
+from webhook.caches.jobs import JobLookup, no_jobs
+from webhook.caches.reservations import Grant
+from webhook.config import WebhookConfig
+
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+
+BudgetLookup = Callable[[str], NamespaceBudget]
+
+
+def admit(
+    request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims,
+    jobs: JobLookup = no_jobs, reserve: Reserve | None = None,
+) -> Decision:
+    """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
+    specs of the resource claims a pod names and `jobs` the deadlines of Jobs (the webhook's in-memory indexes);
+    `reserve` holds safe admission's reservations (None: none are held, each pod is checked alone)."""
+    pod = request.object
+    if not request.is_pod or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
+        return Decision()
+    if request.operation == "UPDATE":
+        return _check_record_unchanged(request.old_object or {}, pod)
+    if request.operation != "CREATE":
+        return Decision()
+    def in_namespace(source: ClaimSource, _: str, name: str) -> ClaimSpec:
+        return claims(source, request.namespace, name)  # the request's namespace: the pod's may not be set yet
+
+    try:
+        gpu = parse_gpu_request(pod, config.gpu_request, in_namespace)
+    except InvalidGpuRequest as exc:
+        return Decision.deny(422, f"invalid GPU request: {exc}")
+    dialect = str(gpu.dialect) if gpu else "none"
+    shape = _shape_problem(pod) if gpu else None
+    if shape:
+        return Decision.deny(400, f"not a pod the GPU-sharing webhook can patch: {shape}", dialect)
+    record = _record(gpu) if gpu else {}
+    # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
+    # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
+    earlier = _earlier_meter(pod, config) if mutate else None
+    problem = _check_meter(pod, config, record, earlier)
+    if problem:
+        return Decision.deny(403, problem, dialect)
+    if gpu is None:
+        return Decision()
+    if not mutate:
+        problem = _check_record_matches(pod, record)
+        return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
+    budget = budget_of(request.namespace)
+    weight = config.gpu_request.catalogue.weight_of(gpu.model)
+    safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
+                          reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc), request.dry_run)
+    if safe.refuse:
+        refused = Decision.deny(403, safe.refuse, dialect)
+        refused.safe_admission = safe.outcome
+        return refused
+    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe)
+    decision.safe_admission = safe.outcome
+    decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
+    return decision
+
+
+def _checked_alone(budget: NamespaceBudget) -> Reserve:
+    def reserve(namespace: str, admission_id: str, micro_gpu_seconds: int, hold: bool) -> Grant:
+        left = budget.uncommitted.micro_gpu_seconds if budget.uncommitted is not None else 0
+        return Grant(micro_gpu_seconds <= left, left)
+
+    return reserve
+
+
+def _shape_problem(pod: dict[str, Any]) -> str | None:
+    """What keeps the webhook's patch from applying to `pod` (a decoded Pod never has it; a raw body may)."""
+    if not isinstance(pod.get("metadata"), dict):
+        return "metadata must be an object"
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return "spec must be an object"
+    for list_name in ("initContainers", "containers", "volumes"):
+        if list_name in spec and not isinstance(spec[list_name], list):
+            return f"spec.{list_name} must be a list"
+    return None
+
+
+def _is_mirror(pod: dict[str, Any]) -> bool:
+    return MIRROR_POD_ANNOTATION in _annotations(pod)
+
+
+def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
+    return dict(as_mapping(as_mapping(pod.get("metadata")).get("annotations")))
+
+
+def _record(gpu: GpuRequest) -> dict[str, str]:
+    """The annotations that record the webhook's reading of the pod (budget state aside)."""
+    return {
+        ANNOTATION_GPU_SHARE: format_share(gpu.share),
+        ANNOTATION_DIALECT: str(gpu.dialect),
+        ANNOTATION_GPU_MEMORY: str(gpu.memory_mib),
+        ANNOTATION_GPU_MODEL: gpu.model,
+    }
+
+
+def _check_record_unchanged(old: dict[str, Any], new: dict[str, Any]) -> Decision:
+    before = {k: v for k, v in _annotations(old).items() if k.startswith(ANNOTATION_PREFIX)}
+    after = {k: v for k, v in _annotations(new).items() if k.startswith(ANNOTATION_PREFIX)}
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if changed:
+        return Decision.deny(
+            403,
+            f"annotations under {ANNOTATION_PREFIX} are the GPU-sharing webhook's record and cannot be changed: "
+            + ", ".join(changed),
+        )
+    return Decision()
+
+
+def _check_record_matches(pod: dict[str, Any], record: dict[str, str]) -> str | None:
+    """At validation, a record annotation that is present must say what the pod asks for."""
+    annotations = _annotations(pod)
+    wrong = [f"{k}={annotations[k]!r} (the pod asks for {v!r})" for k, v in record.items() if annotations.get(k, v) != v]
+    if wrong:
+        return "annotations under gpusharing.io/ are the GPU-sharing webhook's record and may not be set by hand: " + ", ".join(wrong)
+    return None
+
+
+def _all_containers(pod: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+    spec = as_mapping(pod.get("spec"))
+    return [
+        (list_name, index, container)
+        for list_name in ("initContainers", "containers")
+        for index, container in enumerate(as_list(spec.get(list_name)))
+        if isinstance(container, dict)
+    ]
+
+
+def _meter_list(config: WebhookConfig) -> str:
+    return "initContainers" if config.meter.mode == "native" else "containers"
+
+
+def _earlier_meter(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any] | None:
+    """The meter the webhook injected for the record annotations the pod carries, if it carries them."""
+    annotations = _annotations(pod)
+    share = annotations.get(ANNOTATION_GPU_SHARE)
+    try:
+        memory_mib = parse_whole_quantity(annotations.get(ANNOTATION_GPU_MEMORY))
+    except QuantityError:
+        return None
+    return meter_container(config.meter, share, memory_mib) if isinstance(share, str) else None
+
+
+def _check_meter(
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], earlier: dict[str, Any] | None = None
+) -> str | None:
+    """The meter's name and volumes are reserved: only exactly what the webhook injects may carry them."""
+    name = config.meter.name
+    declared = [(list_name, c) for list_name, _, c in _all_containers(pod) if c.get("name") == name]
+    reserved = f"the container name {name!r} is reserved for the GPU metering sidecar that the webhook injects"
+    if declared:
+        if not record:
+            return f"{reserved}; this pod asks for no GPU"
+        expected = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
+        list_name, actual = declared[0]
+        ours = [meter_identity(m, config.meter) for m in (expected, earlier) if m is not None]
+        if len(declared) > 1 or list_name != _meter_list(config) or meter_identity(actual, config.meter) not in ours:
+            return f"{reserved}; remove it from the pod (the webhook adds it)"
+    expected_volumes = {v["name"]: v for v in meter_volumes(config.meter)}
+    for volume in as_list(as_mapping(pod.get("spec")).get("volumes")):
+        volume_name = volume.get("name") if isinstance(volume, dict) else None
+        if volume_name in expected_volumes and volume_without_server_defaults(volume) != expected_volumes[volume_name]:
+            return f"the volume name {volume_name!r} is reserved for the GPU metering sidecar; rename the volume"
+    token = token_volume_name(config.meter)
+    for _, _, container in _all_containers(pod):
+        mounts = as_list(container.get("volumeMounts"))
+        if container.get("name") != name and any(as_mapping(m).get("name") == token for m in mounts):
+            return f"container {container.get('name')!r} mounts {token!r}, the metering sidecar's token, which only the sidecar may mount"
+    return None
+
+
+def _mutation(
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
+    safe: SafeAdmission,
+) -> Decision:
+    patch = JsonPatch()
+    state = budget.state
+    # Above a warning threshold (its own budget's or an ancestor's): every GPU pod admitted says so, and
+    # `kubectl apply` prints it.
+    warnings: list[str] = [*budget.warnings, *safe.warnings]
+    metadata = as_mapping(pod.get("metadata"))
+    spec = as_mapping(pod.get("spec"))
+
+    wanted = {**record, ANNOTATION_BUDGET_STATE: str(state)}
+    if safe.admission_id:
+        wanted[ANNOTATION_ADMISSION_ID] = safe.admission_id
+    if safe.outcome:
+        wanted[ANNOTATION_SAFE_ADMISSION] = safe.outcome
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, dict):
+        patch.add(pointer("metadata", "annotations"), wanted)
+    else:
+        for key, value in wanted.items():
+            if annotations.get(key) != value:
+                patch.add(pointer("metadata", "annotations", key), value)
+
+    if safe.deadline_seconds is not None:  # the Job's deadline, carried onto its pod
+        patch.add(pointer("spec", "activeDeadlineSeconds"), safe.deadline_seconds)
+
+    current_class = spec.get("priorityClassName")
+    if state.demoted or safe.short:
+        wanted_class = config.priority_class_over_budget
+        why = safe.short or f"namespace {namespace!r} is over its GPU budget"
+        warnings.append(
+            f"{why}: the pod gets priority class {wanted_class!r} "
+            "and may be preempted by pods of namespaces within budget"
+            + (f" (its priority class {current_class!r} was replaced)" if current_class not in (None, wanted_class) else "")
+        )
+    else:
+        wanted_class = current_class or config.priority_class_in_budget
+    if wanted_class != current_class:
+        patch.add(pointer("spec", "priorityClassName"), wanted_class)
+        # The API server's Priority plugin runs again after a webhook changes a pod and recomputes these from
+        # the new class; a stale integer would get the pod refused.
+        for stale in ("priority", "preemptionPolicy"):
+            if stale in spec:
+                patch.remove(pointer("spec", stale))
+
+    _inject_meter(pod, config, record, patch)
+    return Decision(patch=patch.operations, warnings=warnings, dialect=dialect)
+
+
+def _inject_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], patch: JsonPatch) -> None:
+    spec = as_mapping(pod.get("spec"))
+    container = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
+    list_name = _meter_list(config)
+    injected = [(index, c) for name, index, c in _all_containers(pod) if name == list_name and c.get("name") == config.meter.name]
+    if injected:  # reinvocation: _check_meter has confirmed it is ours, for this record or an earlier one
+        index, current = injected[0]
+        if meter_identity(current, config.meter) != meter_identity(container, config.meter):
+            patch.remove(pointer("spec", list_name, index))
+            patch.add(pointer("spec", list_name, index), container)
+        return
+    if list_name not in spec:
+        patch.add(pointer("spec", list_name), [container])
+    elif list_name == "initContainers":
+        # First, so that it meters the GPU time of the init containers after it too.
+        patch.add(pointer("spec", list_name, 0), container)
+    else:
+        patch.add(pointer("spec", list_name, "-"), container)
+    present = {v.get("name") for v in as_list(spec.get("volumes")) if isinstance(v, dict)}
+    missing = [v for v in meter_volumes(config.meter) if v["name"] not in present]
+    if "volumes" not in spec:
+        patch.add(pointer("spec", "volumes"), missing)
+    else:
+        for volume in missing:
+            patch.add(pointer("spec", "volumes", "-"), volume)

@@ -1,0 +1,102 @@
+"""AdmissionReview in and out: plain functions over the JSON the API server sends."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpusharing.gpu.reading import as_mapping
+
+SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview the webhook can answer."""
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    api_version: str
+    uid: str
+    operation: str
+    namespace: str
+    kind: str
+    resource: str
+    sub_resource: str
+    object: dict[str, Any] | None
+    old_object: dict[str, Any] | None
+    dry_run: bool
+
+    @property
+    def is_pod(self) -> bool:
+        return self.kind == "Pod" and self.resource == "pods" and not self.sub_resource
+
+
+@dataclass
+class Decision:
+    allowed: bool = True
+    message: str | None = None
+    code: int | None = None
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    dialect: str = "none"  # for metrics
+    safe_admission: str | None = None  # for metrics: safe admission's outcome, when it checked the pod
+
+    @classmethod
+    def deny(cls, code: int, message: str, dialect: str = "none") -> "Decision":
+        return cls(allowed=False, code=code, message=message, dialect=dialect)
+
+
+def parse_review(body: object) -> AdmissionRequest:
+    if not isinstance(body, dict):
+        raise BadReview("expected a JSON AdmissionReview object")
+    api_version = body.get("apiVersion")
+    if body.get("kind") != "AdmissionReview" or api_version not in SUPPORTED_VERSIONS:
+        raise BadReview(
+            f"expected kind AdmissionReview with apiVersion {' or '.join(SUPPORTED_VERSIONS)}, "
+            f"got kind {body.get('kind')!r} apiVersion {api_version!r}"
+        )
+    request = body.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("the AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid must be a non-empty string")
+    operation = request.get("operation")
+    if operation not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
+        raise BadReview(f"request.operation must be CREATE, UPDATE, DELETE or CONNECT, got {operation!r}")
+    kind = request.get("kind") or {}
+    resource = request.get("resource") or {}
+    if not isinstance(kind, dict) or not isinstance(resource, dict):
+        raise BadReview("request.kind and request.resource must be objects")
+    obj, old = request.get("object"), request.get("oldObject")
+    for name, value in (("object", obj), ("oldObject", old)):
+        if value is not None and not isinstance(value, dict):
+            raise BadReview(f"request.{name} must be an object")
+    return AdmissionRequest(
+        api_version=str(api_version),
+        uid=uid,
+        operation=operation,
+        namespace=str(request.get("namespace") or as_mapping(as_mapping(obj).get("metadata")).get("namespace") or ""),
+        kind=str(kind.get("kind", "")),
+        resource=str(resource.get("resource", "")),
+        sub_resource=str(request.get("subResource") or ""),
+        object=obj,
+        old_object=old,
+        dry_run=bool(request.get("dryRun")),
+    )
+
+
+def review_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:
+    """The AdmissionReview answer, in the version the request came in."""
+    response: dict[str, Any] = {"uid": request.uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {"code": decision.code or 403, "message": decision.message or "denied"}
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(decision.patch, separators=(",", ":")).encode()).decode()
+    if decision.warnings:
+        response["warnings"] = decision.warnings
+    return {"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response}
