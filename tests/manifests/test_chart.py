@@ -290,8 +290,8 @@ def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
     return paths
 
 
-def test_the_readmes_values_table_names_every_setting() -> None:
-    readme = (CHART.parents[1] / "README.md").read_text()
-    section = readme.split("### Values", 1)[1].split("\n## ", 1)[0]
+def test_the_documented_values_table_names_every_setting() -> None:
+    operations = (CHART.parents[1] / "docs" / "operations.md").read_text()
+    section = re.split(r"\n##+ ", operations.split("\n### Values\n", 1)[1], maxsplit=1)[0]
     documented = set(re.findall(r"^\| `([a-zA-Z.]+)`", section, re.MULTILINE))
     assert documented == set(value_paths(yaml.safe_load((CHART / "values.yaml").read_text())))

@@ -349,12 +349,13 @@ def test_certs_overlay_for_clusters_without_cert_manager(tmp_path: Path) -> None
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_readmes_admin_token_comes_from_a_service_account_a_manifest_binds_to_the_budget_admin_role(
+def test_the_documented_admin_token_comes_from_a_service_account_a_manifest_binds_to_the_budget_admin_role(
     objects: list[dict[str, Any]]
 ) -> None:
-    readme = (MANIFESTS.parent / "README.md").read_text()
-    accounts = set(re.findall(r"kubectl -n gpusharing-system create token ([a-z0-9-]+) --audience gpusharing-timekeeper", readme))
-    assert accounts, "README shows no admin token"
+    documents = [MANIFESTS.parent / "README.md", *sorted((MANIFESTS.parent / "docs").rglob("*.md"))]
+    text = "\n".join(document.read_text() for document in documents)
+    accounts = set(re.findall(r"kubectl -n gpusharing-system create token ([a-z0-9-]+) --audience gpusharing-timekeeper", text))
+    assert accounts, "neither the README nor docs/ shows an admin token"
     created = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in examples() if o["kind"] == "ServiceAccount"}
     bound = {(s["namespace"], s["name"]) for o in examples() if o["kind"] == "ClusterRoleBinding"
              and o["roleRef"]["name"] == "gpusharing-budget-admin" for s in o["subjects"] if s["kind"] == "ServiceAccount"}
