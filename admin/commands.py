@@ -59,7 +59,7 @@ examples:
   gpusharing budget set ml-team --no-evict-on-exhaustion
   gpusharing budget set ops --unlimited                            # exempt from the default budget
   gpusharing budget set ml-team --parent team.vision --warning-thresholds 75,90
-  gpusharing budget set ml-team --admission safe --on-shortfall refuse   # README, Safe admission
+  gpusharing budget set ml-team --admission safe --on-shortfall refuse   # docs/safe-admission.md
   gpusharing budget set team.vision --gpu-minutes 20000            # a group's budget: a name with a dot
 """,
     "pods": """examples:
@@ -114,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     set_.add_argument("--warning-thresholds", type=percents, metavar="P,P",
                       help="percents of the budget that warn, once per period (default 80,95; '' for none)")
     set_.add_argument("--admission", choices=ADMISSION_MODES,
-                      help="how GPU pods are admitted (README, Safe admission): open (the default), safe or strict")
+                      help="how GPU pods are admitted (docs/safe-admission.md): open (the default), safe or strict")
     set_.add_argument("--on-shortfall", choices=SHORTFALLS,
                       help="what safe admission does with a pod the budget cannot cover: demote (the default) or refuse")
     set_.set_defaults(run=_budget_set)

@@ -9,7 +9,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     meter = subparsers.add_parser(
         "meter",
         help="the metering sidecar: report this pod's GPU use to the timekeeper until SIGTERM",
-        description="Settings come from GPUSHARING_* environment variables (see README.md).",
+        description="Settings come from GPUSHARING_* environment variables (see docs/reference/settings.md).",
     )
     meter.set_defaults(run=_run)
 

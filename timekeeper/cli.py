@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run = commands.add_parser(
         "serve",
         help="serve the timekeeper API under gunicorn (settings: TIMEKEEPER_*)",
-        description="Serve the timekeeper's API. Settings come from TIMEKEEPER_* variables (README.md); the database "
+        description="Serve the timekeeper's API. Settings come from TIMEKEEPER_* variables (docs/reference/settings.md); the database "
         "must be migrated first (gpusharing db upgrade).",
         epilog="examples:\n"
         "  TIMEKEEPER_AUTH=none gpusharing timekeeper serve --host 127.0.0.1     # on a laptop, anyone is admin\n"

@@ -1,4 +1,4 @@
-"""The timekeeper's settings, read once from TIMEKEEPER_* environment variables (documented in README.md)."""
+"""The timekeeper's settings, read once from TIMEKEEPER_* environment variables (documented in docs/reference/settings.md)."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ class LedgerCollector(Collector):
         for pod in self.ledger.pods(over_memory=True, limit=MAX_RUNNING_PODS):
             over.add_metric([pod.namespace, pod.pod], (pod.memory_over_request_mib or 0.0) * MIB)
         # Running pods by the labels OpenCost and kube-state-metrics use, so that cost tools charge the fraction of a
-        # GPU a pod is billed for instead of the whole device (README: "Usage in cost tools").
+        # GPU a pod is billed for instead of the whole device (docs/budgets.md, "Usage in cost tools").
         pod_labels = ["namespace", "pod", "uid"]
         share = GaugeMetricFamily(
             "gpusharing_timekeeper_pod_billed_gpu_share", "The share of a GPU a running pod is billed for.", labels=pod_labels

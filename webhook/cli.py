@@ -10,7 +10,7 @@ from gpusharing.settings.arguments import whole_number
 from gpusharing.settings.env import ConfigError, env_int, env_text
 
 # Two arenas keep a worker's memory level under large bodies (bench/webhook_memory.py) and measured as fast as
-# glibc's default on the webhook's load (bench/webhook_load.py); see README, "Limits on what a request may cost".
+# glibc's default on the webhook's load (bench/webhook_load.py); see docs/development.md, the benchmarks.
 MALLOC_ARENAS = 2
 
 
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run = commands.add_parser(
         "serve",
         help="serve /mutate and /validate over TLS",
-        description="Serve the admission webhook over TLS. Settings come from GPUSHARING_* variables (README.md).",
+        description="Serve the admission webhook over TLS. Settings come from GPUSHARING_* variables (docs/reference/settings.md).",
         epilog="example, on loopback with a certificate of its own:\n"
         "  gpusharing certs --format pem --output tls --name localhost --name 127.0.0.1\n"
         "  gpusharing webhook serve --host 127.0.0.1 --cert tls/tls.crt --key tls/tls.key",

@@ -2,7 +2,7 @@
 poller and the `gpusharing budget` commands.
 
 The meter runs in every GPU pod under a small memory limit, and http.client costs it a fraction of what `requests`
-with its dependencies did (README, Footprint). A failure to get an answer is said in words that tell what to check.
+with its dependencies did (docs/operations.md, the meter's footprint). A failure to get an answer is said in words that tell what to check.
 """
 
 from __future__ import annotations
