@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from gpusharing.contract import Period
 from gpusharing.gpu.catalogue import GpuCatalogue, catalogue_from_env, shipped_catalogue
 from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_text
-from timekeeper.budgets.status import Period
 
 AUTH_MODES = ("tokenreview", "static", "none")
 DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"

@@ -10,12 +10,11 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import BudgetState, Period
 from gpusharing.report import MeterReport
 from gpusharing.units.weights import MICROS_PER_SECOND
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
 from timekeeper.accounting.reports import ReportQueue
-from timekeeper.budgets.status import Period
 from webhook.caches.budgets import BudgetStateCache
 
 

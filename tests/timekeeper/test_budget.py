@@ -6,24 +6,17 @@ import datetime as dt
 
 import pytest
 
-from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
+from gpusharing.contract import AdmissionMode, BudgetState, Period, Shortfall
 from gpusharing.names import InvalidName
-from timekeeper.budgets.periods import EPOCH, period_window, usage_day
+from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
+from timekeeper.budgets.periods import EPOCH, PeriodWindow, period_window, usage_day
 from timekeeper.budgets.requests import (
     BudgetRequestError,
     budget_changes_from_json,
     budget_from_json,
     top_up_from_json,
 )
-from timekeeper.budgets.status import (
-    MICROS_PER_GPU_MINUTE,
-    Budget,
-    BudgetStatus,
-    Period,
-    PeriodWindow,
-    effective_budget,
-    state_for,
-)
+from timekeeper.budgets.status import Budget, BudgetStatus, effective_budget, state_for
 
 UTC = dt.timezone.utc
 

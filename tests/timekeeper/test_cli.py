@@ -12,8 +12,8 @@ from flask import Flask
 
 from demo.processes import free_port, run_command
 from gpusharing.cli import main
+from gpusharing.contract import Period
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, served
-from timekeeper.budgets.status import Period
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE, AdmissionMode
+from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE, AdmissionMode, Period
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel
 from timekeeper.budgets.commitments import (
     CommittedPod,
@@ -16,7 +16,7 @@ from timekeeper.budgets.commitments import (
 )
 from timekeeper.budgets.hierarchy import roll_up
 from timekeeper.budgets.periods import period_window
-from timekeeper.budgets.status import Budget, Period
+from timekeeper.budgets.status import Budget
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

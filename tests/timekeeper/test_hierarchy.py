@@ -7,13 +7,14 @@ import datetime as dt
 
 import pytest
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import BudgetState, Period
 from gpusharing.thresholds import check_warning_thresholds, usage_warning
+from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import METER, SpecClient
 from timekeeper.budgets.hierarchy import hierarchy_problem, roll_up
 from timekeeper.budgets.periods import period_window
-from timekeeper.budgets.status import MICROS_PER_GPU_MINUTE, Budget, Period, state_for
+from timekeeper.budgets.status import Budget, state_for
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LeaderElection
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gpusharing.contract import AdmissionMode, Shortfall
+from gpusharing.contract import AdmissionMode, Period, Shortfall
 from timekeeper.budgets.requests import BudgetRequestError
-from timekeeper.budgets.status import Budget, Period
+from timekeeper.budgets.status import Budget
 from timekeeper.cluster.resources import budget_from_resource
 
 

@@ -13,11 +13,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
 from demo.processes import run_command
-from gpusharing.contract import AdmissionMode, Shortfall
+from gpusharing.contract import AdmissionMode, Period, Shortfall
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
 from timekeeper.app import create_app
-from timekeeper.budgets.status import Budget, Period
+from timekeeper.budgets.status import Budget
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.connection import Database

@@ -39,8 +39,8 @@ from timekeeper.accounting.ledger import (
 )
 from timekeeper.accounting.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
 from timekeeper.accounting.weights import WeightLog, billing_model
-from timekeeper.budgets.periods import usage_day
-from timekeeper.budgets.status import BudgetStatus, crossed, iso_utc
+from timekeeper.budgets.periods import iso_utc, usage_day
+from timekeeper.budgets.status import BudgetStatus, crossed
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.database.connection import Statements
 from timekeeper.database.tables import namespace_usage, pod_ledgers

@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select, text
 
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel
 from gpusharing.units.weights import weight_number
-from timekeeper.budgets.status import iso_utc
+from timekeeper.budgets.periods import iso_utc
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import gpu_model_weights
 

@@ -21,8 +21,9 @@ from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.gpu.reading import as_mapping
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
+from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
 from timekeeper.budgets.hierarchy import ancestry
-from timekeeper.budgets.status import MICROS_PER_GPU_MINUTE, Budget, BudgetStatus
+from timekeeper.budgets.status import Budget, BudgetStatus
 
 ENDED_PHASES = ("Succeeded", "Failed")
 MAX_ADMISSION_ID = 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, select
 
@@ -20,16 +20,13 @@ from timekeeper.database.tables import (
     top_ups,
 )
 
-if TYPE_CHECKING:  # the store makes these reads
-    from timekeeper.budgets.store import BudgetStore
-
 
 @dataclass
 class StatusReads:
     """The reads of BudgetStore.read_use, made into statuses once their rows are in (each row is read once: a
     pipeline's rows can be)."""
 
-    store: BudgetStore
+    default: Budget  # what a namespace without a budget of its own has (its name aside)
     own: dict[str, Any]  # name -> budget row, of the names asked for (or of all)
     wanted: Collection[str] | None  # None: every namespace `statuses` lists
     windows: dict[Period, PeriodWindow]
@@ -48,16 +45,15 @@ class StatusReads:
         rows, used, topped = self._read
         if minus:  # today's charges lie in every kind of period's current one
             used = {name: {kind: value - minus.get(name, 0) for kind, value in use.items()} for name, use in used.items()}
-        store = self.store
         budgets_by_name = {name: budget_of_row(row) for name, row in rows.items()}
         if self.wanted is None:
-            kind = store.default_period
+            kind = self.default.period
             wanted = set(budgets_by_name)
             wanted |= {n for n, use in used.items() if use.get(kind)} | {n for n, top in topped.items() if top.get(kind)}
         else:
             wanted = set(self.wanted)
         for name in wanted - budgets_by_name.keys():
-            budgets_by_name[name] = effective_budget(name, None, store.default_gpu_minutes, store.default_period)
+            budgets_by_name[name] = effective_budget(name, None, self.default.gpu_minutes, self.default.period)
         managed = {name: row.managed_by for name, row in rows.items() if row.managed_by}
         statuses = roll_up(budgets_by_name, used, topped, self.windows, managed)
         return {name: statuses[name] for name in wanted}

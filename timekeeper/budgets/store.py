@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import BudgetState, Period
 from gpusharing.names import is_group
 from timekeeper.budgets.hierarchy import hierarchy_problem
-from timekeeper.budgets.periods import UTC, period_window
+from timekeeper.budgets.periods import UTC, iso_utc, period_window
 from timekeeper.budgets.reads import (
     ALL_BUDGETS,
     BUDGETS_OF,
@@ -25,7 +25,7 @@ from timekeeper.budgets.reads import (
     budget_of_row,
     window_parameters,
 )
-from timekeeper.budgets.status import Budget, BudgetStatus, Period, crossed, iso_utc
+from timekeeper.budgets.status import Budget, BudgetStatus, crossed
 from timekeeper.database.connection import Database, Statements
 from timekeeper.database.tables import (
     budget_changes,
@@ -130,7 +130,8 @@ class BudgetStore:
             others = ()
             parameters["namespaces"] = sorted(namespaces)  # type: ignore[arg-type]
             used, topped = conn.execute(USAGE_OF, parameters), conn.execute(TOP_UPS_OF, parameters)
-        return StatusReads(self, own, namespaces, windows, used, topped, others)
+        default = Budget("", self.default_gpu_minutes, self.default_period)
+        return StatusReads(default, own, namespaces, windows, used, topped, others)
 
     def budgets(self) -> dict[str, Budget]:
         """Every budget, namespaces' and groups'."""

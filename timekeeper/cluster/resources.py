@@ -17,10 +17,11 @@ from typing import Any
 
 from kubernetes import watch
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import BudgetState, Period
 from gpusharing.names import InvalidName, check_budget_name, is_group
+from timekeeper.budgets.periods import iso_utc
 from timekeeper.budgets.requests import BUDGET_FIELDS, BudgetRequestError, budget_from_json
-from timekeeper.budgets.status import Budget, BudgetStatus, Period, iso_utc
+from timekeeper.budgets.status import Budget, BudgetStatus
 from timekeeper.cluster.kube import CustomResource, KubeApi, KubeUnavailable, ObjectRef
 
 log = logging.getLogger(__name__)
