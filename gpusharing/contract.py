@@ -16,6 +16,10 @@ ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 # Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
 ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
 
+# On every governed GPU pod (added by the webhook): the timekeeper removes it once the pod's bill is closed, so that
+# no pod disappears unbilled, even one deleted while every timekeeper was down.
+BILLING_FINALIZER = "gpusharing.io/billing"
+
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
 

@@ -48,6 +48,7 @@ class FakeKube:
         self.up = True
         self.events_up = True  # False: Events alone answer 503 (the API server's storage of them failing)
         self.evicted: list[tuple[str, str]] = []
+        self.patched: list[list[dict[str, Any]]] = []  # the JSON patches of pods that applied
         self.events: list[dict[str, Any]] = []
         self.deleted_namespaces: set[str] = set()
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
@@ -230,6 +231,8 @@ class FakeKube:
                 return 404, _status(404, "NotFound", f'pods "{key[1]}" not found')
             if method == "GET" and not match["eviction"]:
                 return 200, pod
+            if method == "PATCH" and not match["eviction"]:
+                return self._json_patch(pod, body)
             if method == "POST" and match["eviction"]:
                 if key in self.refuse_evictions:
                     return 429, _status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
@@ -256,6 +259,26 @@ class FakeKube:
             self.events.append(body)
             return 201, body
         return 404, _status(404, "NotFound", f"{method} {path} is not faked")
+
+    def _json_patch(self, pod: dict[str, Any], operations: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+        """A JSON patch of `test` and `remove` operations on the pod's metadata, all or nothing (422 when a test fails)."""
+        patched = json.loads(json.dumps(pod))
+        for operation in operations:
+            *parents, last = operation["path"].strip("/").split("/")
+            target: Any = patched
+            for part in parents:
+                target = target[int(part)] if isinstance(target, list) else target[part]
+            key: Any = int(last) if isinstance(target, list) else last
+            if operation["op"] == "test":
+                present = key < len(target) if isinstance(target, list) else key in target
+                if not present or target[key] != operation["value"]:
+                    return 422, _status(422, "Invalid", f"the test of {operation['path']} failed")
+            if operation["op"] == "remove":
+                del target[key]
+        pod.clear()
+        pod.update(patched)
+        self.patched.append(operations)
+        return 200, pod
 
     def _lease(self, method: str, namespace: str, name: str, body: Any) -> tuple[int, dict[str, Any]]:
         """A Lease's get, create and update, each update refused (409) unless it carries the current resourceVersion."""

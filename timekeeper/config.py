@@ -10,8 +10,10 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from gpusharing.contract import Period
-from gpusharing.gpu.catalogue import GpuCatalogue, catalogue_from_env, shipped_catalogue
+from gpusharing.gpu.catalogue import GpuCatalogue
+from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_text
+from gpusharing.settings.gpu import gpu_request_settings
 
 AUTH_MODES = ("tokenreview", "static", "none")
 DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"
@@ -28,7 +30,9 @@ class TimekeeperConfig:
     default_period: Period = Period.MONTHLY
     priority_class_in_budget: str = "gpusharing-in-budget"
     kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
-    demotion_interval_seconds: float = 10.0  # how often the controller's pass runs (statuses, retries)
+    demotion_interval_seconds: float = 10.0  # how often the controller's pass runs (statuses, retries, ended pods' bills)
+    billing_interval_seconds: float = 30.0  # how often running pods' bills grow from the API server's record
+    meter_interval_seconds: float = 30.0  # the meters' report interval (GPUSHARING_METER_INTERVAL): silent after two
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
     metrics_auth: str = "none"  # token: /metrics needs a token, as the budget listing does (it shows as much)
@@ -39,11 +43,16 @@ class TimekeeperConfig:
     workers: int = 2
     threads: int = 32  # request threads mostly wait for their report's transaction; more of them, bigger batches
     clock: str = DEFAULT_CLOCK  # module:function giving the time; TESTS ONLY change it, to move time across periods
-    catalogue: GpuCatalogue = field(default_factory=shipped_catalogue)  # the webhook's: models' billing weights
+    gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)  # the webhook's: pods are billed as admitted
     catalogue_source: str = "the shipped catalogue"  # recorded in the weights' audit log
 
+    @property
+    def catalogue(self) -> GpuCatalogue:
+        """The GPU models and their billing weights."""
+        return self.gpu_request.catalogue
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TimekeeperConfig":
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> TimekeeperConfig:
         auth = env_choice("TIMEKEEPER_AUTH", cls.auth, AUTH_MODES, environ)
         tokens_file = environ.get("TIMEKEEPER_STATIC_TOKENS_FILE", "").strip() or None
         if auth == "static" and tokens_file is None:
@@ -58,6 +67,8 @@ class TimekeeperConfig:
             priority_class_in_budget=env_text("TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", cls.priority_class_in_budget, environ),
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
+            billing_interval_seconds=env_float("TIMEKEEPER_BILLING_INTERVAL_SECONDS", 30.0, 0.1, environ),
+            meter_interval_seconds=env_float("TIMEKEEPER_METER_INTERVAL_SECONDS", 30.0, 0.05, environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
             metrics_auth=env_choice("TIMEKEEPER_METRICS_AUTH", cls.metrics_auth, METRICS_AUTH, environ),
@@ -68,7 +79,7 @@ class TimekeeperConfig:
             workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),
             threads=env_int("TIMEKEEPER_THREADS", cls.threads, 1, environ),
             clock=env_code("TIMEKEEPER_CLOCK", DEFAULT_CLOCK, environ),
-            catalogue=catalogue_from_env(environ),
+            gpu_request=gpu_request_settings(environ),
             catalogue_source=environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()[:253] or cls.catalogue_source,
         )
 

@@ -42,7 +42,7 @@ WARNINGS = Counter(
 )
 POD_SYNCS = Counter(
     "gpusharing_timekeeper_pod_syncs",
-    "Lists and watches of the cluster's GPU pods (for safe admission's commitments), by outcome.",
+    "Lists and watches of the cluster's GPU pods (for safe admission's commitments, and for billing), by outcome.",
     ["outcome"],
 )
 
@@ -106,7 +106,8 @@ class LedgerCollector(Collector):
             top.add_metric([pod.namespace, pod.pod], pod.micro_gpu_seconds / 1_000_000)
         silent = GaugeMetricFamily(
             "gpusharing_timekeeper_meters_silent",
-            f"Pods whose meter reported within the last hour, not their final report, and nothing for {SILENT_AFTER_SECONDS} s.",
+            "Running pods whose meter is silent: flagged by the controller (no report for two meter intervals; the pod "
+            f"is billed all the same), or off a cluster, heard from within the last hour but not for {SILENT_AFTER_SECONDS} s.",
         )
         silent.add_metric([], float(self.ledger.silent_meters(SILENT_AFTER_SECONDS, GONE_AFTER_SECONDS)))
         over = GaugeMetricFamily(

@@ -18,6 +18,7 @@ from timekeeper.api.auth import Authenticator, StaticTokens, load_static_tokens
 from timekeeper.budgets.commitments import listing_json
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, Clock
+from timekeeper.cluster.billing import Biller
 from timekeeper.cluster.controller import Controller
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments, watched_pods
@@ -88,10 +89,11 @@ def build_services(
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
-    controller = (
-        Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds, config.lease_namespace)
-        if kube else None
-    )
+    controller = None
+    if kube is not None:
+        biller = Biller(ledger, kube, config.gpu_request, config.billing_interval_seconds, config.meter_interval_seconds)
+        controller = Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds,
+                                config.lease_namespace, biller=biller)
     if controller is not None and background:
         controller.start()
     if commitments is None and kube is not None and background:

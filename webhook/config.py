@@ -6,13 +6,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpusharing.gpu.catalogue import catalogue_from_env
-from gpusharing.gpu.request import DEFAULT_DRA_GPU_CLASSES, GpuRequestSettings, HamiSettings
-from gpusharing.settings.env import ConfigError, env_choice, env_float, env_int, env_list, env_text, env_url
+from gpusharing.gpu.request import GpuRequestSettings
+from gpusharing.settings.env import env_choice, env_float, env_int, env_list, env_text, env_url
+from gpusharing.settings.gpu import gpu_request_settings
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 SIDECAR_MODES = ("native", "container")
-ALIYUN_UNITS = {"GiB": 1024, "MiB": 1}
 
 
 @dataclass(frozen=True)
@@ -49,20 +48,13 @@ class WebhookConfig:
     reservation_seconds: float = 300.0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "WebhookConfig":
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> WebhookConfig:
         own_namespace = env_text("GPUSHARING_WEBHOOK_NAMESPACE", "gpusharing-system", environ)
         exempt = env_list("GPUSHARING_EXEMPT_NAMESPACES", DEFAULT_EXEMPT_NAMESPACES, environ)
         timekeeper_url = env_url("GPUSHARING_TIMEKEEPER_URL", environ=environ)
-        unit = env_choice("GPUSHARING_ALIYUN_MEM_UNIT", "GiB", tuple(ALIYUN_UNITS), environ)
         meter_defaults = MeterSpec()
         return cls(
-            gpu_request=GpuRequestSettings(
-                catalogue=catalogue_from_env(environ),
-                aliyun_memory_unit_mib=ALIYUN_UNITS[unit],
-                hami=_hami(environ),
-                dra_gpu_classes=frozenset(env_list("GPUSHARING_DRA_GPU_DEVICE_CLASSES", tuple(sorted(DEFAULT_DRA_GPU_CLASSES)), environ)),
-                dra_devices_per_node=env_int("GPUSHARING_DRA_DEVICES_PER_NODE", 8, 1, environ),
-            ),
+            gpu_request=gpu_request_settings(environ),
             meter=MeterSpec(
                 name=env_text("GPUSHARING_METER_NAME", meter_defaults.name, environ),
                 image=env_text("GPUSHARING_METER_IMAGE", meter_defaults.image, environ),
@@ -84,21 +76,3 @@ class WebhookConfig:
             admission_slices=env_int("GPUSHARING_WEBHOOK_REPLICAS", 1, 1, environ) * env_int("GPUSHARING_WEBHOOK_WORKERS", 1, 1, environ),
             reservation_seconds=env_float("GPUSHARING_RESERVATION_SECONDS", 300.0, 1.0, environ),
         )
-
-
-def _hami(environ: Mapping[str, str]) -> HamiSettings:
-    """HAMi's own configuration, under the names of its Helm chart's values."""
-    defaults = HamiSettings()
-    hami = HamiSettings(
-        count=env_text("GPUSHARING_HAMI_RESOURCE_NAME", defaults.count, environ),
-        memory=env_text("GPUSHARING_HAMI_RESOURCE_MEM", defaults.memory, environ),
-        memory_percentage=env_text("GPUSHARING_HAMI_RESOURCE_MEM_PERCENTAGE", defaults.memory_percentage, environ),
-        cores=env_text("GPUSHARING_HAMI_RESOURCE_CORES", defaults.cores, environ),
-        memory_factor=env_int("GPUSHARING_HAMI_MEMORY_FACTOR", defaults.memory_factor, 1, environ),
-        default_memory_mib=env_int("GPUSHARING_HAMI_DEFAULT_MEMORY_MIB", defaults.default_memory_mib, 0, environ),
-        scheduler_name=env_text("GPUSHARING_HAMI_SCHEDULER_NAME", defaults.scheduler_name, environ),
-    )
-    names = (hami.count, hami.memory, hami.memory_percentage, hami.cores)
-    if len(set(names)) < len(names):
-        raise ConfigError("GPUSHARING_HAMI_RESOURCE_NAME, _MEM, _MEM_PERCENTAGE and _CORES must be four different resource names")
-    return hami

@@ -33,6 +33,7 @@ class DeviceAlternative:
     device_class: str
     count: int | None  # None: allocationMode All, every matching device of a node
     mig_profile: str | None = None  # e.g. "1g.10gb", when a selector asks for that profile
+    name: str = ""  # a firstAvailable sub-request's name ("" for `exactly`)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,37 @@ def _alternative(option: Mapping[str, Any]) -> DeviceAlternative:
         if match:
             profile = match["profile"]
             break
-    return DeviceAlternative(str(option.get("deviceClassName", "")), count, profile)
+    return DeviceAlternative(str(option.get("deviceClassName", "")), count, profile, str(option.get("name", "")))
+
+
+MAX_ALLOCATED = 1024  # results read of one claim's allocation: far beyond any node's devices
+
+
+def allocated_claim_spec(claim: Mapping[str, Any]) -> ClaimSpec | None:
+    """What a ResourceClaim was actually allocated (`status.allocation`), in the form of a spec asking for exactly
+    that: per request, the alternative the scheduler chose and how many devices it got. None: not allocated.
+
+    Billing prices this rather than the spec, so a claim deleted and made again with more devices after the pod was
+    admitted is billed for what the pod holds.
+    """
+    allocation = as_mapping(as_mapping(claim.get("status")).get("allocation"))
+    results = as_list(as_mapping(allocation.get("devices")).get("results"))[:MAX_ALLOCATED]
+    if not allocation:
+        return None
+    counts: dict[tuple[str, str], int] = {}
+    for result in results:
+        request, _, sub = str(as_mapping(result).get("request", "")).partition("/")
+        counts[request, sub] = counts.get((request, sub), 0) + 1
+    spec = claim_spec(as_mapping(claim.get("spec")))
+    requests = []
+    for request in spec.requests:
+        chosen = []
+        for alternative in request.alternatives:
+            devices = counts.get((request.name, alternative.name), 0)
+            if devices:
+                chosen.append(DeviceAlternative(alternative.device_class, devices, alternative.mig_profile, alternative.name))
+        requests.append(DeviceRequest(request.name, tuple(chosen)))
+    return ClaimSpec(tuple(request for request in requests if request.alternatives))
 
 
 @dataclass(frozen=True)

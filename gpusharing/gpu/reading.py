@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,17 @@ def as_mapping(value: object) -> Mapping[str, Any]:
 
 def as_list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def instant(raw: object) -> dt.datetime | None:
+    """An RFC 3339 time as the API server writes it (`2026-11-25T10:00:00Z`), or None."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        at = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
 
 
 class ContainerRole(StrEnum):

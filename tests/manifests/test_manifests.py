@@ -249,8 +249,9 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "pods", "get"),
         ("", "pods", "list"),
-        ("", "pods", "watch"),  # safe admission: what the running pods' deadlines commit
+        ("", "pods", "watch"),  # safe admission: what the running pods' deadlines commit; billing: what ran
         ("", "pods/eviction", "create"),
+        ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),  # DRA pods' bills
         ("", "events", "create"),
         ("", "namespaces", "get"),
         *{("gpusharing.io", resource, verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("get", "list", "watch")},

@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, text
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 import timekeeper
+from gpusharing.gpu.request import GpuRequestSettings
 from tests.fakekube import FakeKube
 from tests.postgres import PostgresServer
 from timekeeper.app import create_app
@@ -104,6 +105,8 @@ def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppF
     apps: list[Flask] = []
 
     def make(kube: KubeApi | None = None, commitments: PodCommitments | None = None, **settings: Any) -> Flask:
+        if "catalogue" in settings:  # the GPU models, read with the rest of the GPU request's settings
+            settings["gpu_request"] = GpuRequestSettings(catalogue=settings.pop("catalogue"))
         config = TimekeeperConfig(**{"database_url": database_url, "auth": "static", "static_tokens_file": tokens_file, **settings})
         app = create_app(config, kube=kube, clock=clock, background=False, commitments=commitments)
         apps.append(app)

@@ -14,15 +14,18 @@ from sqlalchemy import create_engine, inspect
 
 from demo.processes import run_command
 from gpusharing.contract import AdmissionMode, Period, Shortfall
+from gpusharing.report import MeterReport
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
+from timekeeper.accounting.ledger import Observation
+from timekeeper.accounting.reports import PodObservation, ReportLedger
 from timekeeper.app import create_app
 from timekeeper.budgets.status import Budget
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import alembic_config, head_revision, schema_problem, upgrade
-from timekeeper.database.tables import Base, budgets
+from timekeeper.database.tables import Base, budgets, namespace_usage, pod_ledgers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,4 +109,41 @@ def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str
     database.dispose()
     command.downgrade(alembic_config(url), "0003_usage_reports")
     assert {"admission", "on_shortfall"}.isdisjoint(c["name"] for c in inspect(engine).get_columns("budgets"))
+    engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods_go_on(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
+    else:
+        url = request.getfixturevalue("postgres").create_database("before_billing_record")
+    upgrade(url, "0004_safe_admission")
+    engine = create_engine(url)
+    start = dt.datetime(2026, 11, 25, 10, 0, tzinfo=dt.timezone.utc)
+    with engine.begin() as conn:  # 0004's columns: one pod ended (final), one in flight, billed 30 GPU-s by its meter
+        for uid, final in (("uid-ended", True), ("uid-running", False)):
+            conn.execute(pod_ledgers.insert().values(
+                pod_uid=uid, namespace="ml", pod=uid, billed_share=0.5, micro_gpu_seconds=30_000_000, last_seq=3,
+                final=final, first_report_at=start, last_report_at=start + dt.timedelta(seconds=60)))
+        conn.execute(namespace_usage.insert().values(namespace="ml", day=start.date(), micro_gpu_seconds=60_000_000))
+    upgrade(url)
+    database = Database(url)
+    clock = start + dt.timedelta(seconds=100)
+    ledger = ReportLedger(BudgetStore(database, clock=lambda: clock))
+    kept = {pod.pod_uid: pod for pod in ledger.pods("ml")}
+    assert {uid: (pod.micro_gpu_seconds, pod.metered_micro_gpu_seconds, pod.observed_micro_gpu_seconds, pod.final)
+            for uid, pod in kept.items()} == {"uid-ended": (30_000_000, 30_000_000, 0, True),
+                                              "uid-running": (30_000_000, 30_000_000, 0, False)}
+    # The in-flight pod, observed from its start for the first time: only what its record adds beyond its bill.
+    ledger.observe([PodObservation("uid-running", "ml", "uid-running", 0.5, Observation(0.5, start, clock, ended=False))])
+    assert ledger.budgets.status("ml").used_micro_gpu_seconds == 60_000_000 + 20_000_000  # 0.5 x 100 s = 50, was 30
+    # ... and its meter's next report, below what is now billed, adds nothing.
+    ledger.record([(MeterReport("uid-running", "ml", "uid-running", 0.5, 4, 45.0), None)])
+    assert ledger.budgets.status("ml").used_micro_gpu_seconds == 80_000_000
+    database.dispose()
+    command.downgrade(alembic_config(url), "0004_safe_admission")
+    assert "observed_micro_gpu_seconds" not in {c["name"] for c in inspect(engine).get_columns("pod_ledgers")}
     engine.dispose()

@@ -1,14 +1,19 @@
-"""Exactly-once accounting of meter reports against a pod's ledger. Plain data, no Flask, no SQL.
+"""Exactly-once accounting of a pod's bill from its two sources. Plain data, no Flask, no SQL.
 
-A meter reports the pod's cumulative billed GPU-seconds with a rising sequence number. The ledger keeps the
-highest sequence number and cumulative seen; only the growth of the cumulative is charged. So a retried or
-duplicated report (same or lower seq) charges nothing, a lost report's time is carried by the next one, and a
-cumulative that goes down is never turned into a refund.
+The bill follows the API server's record: the timekeeper's pod watch observes when the pod started holding its GPUs
+and when it stopped, at the share recomputed from its spec, and each observation bills the time since the last
+(`observe`): an interval is billed once, however many processes observe it. The meter's reports are evidence: a
+report carries the pod's cumulative GPU-seconds with a rising sequence number, and the ledger keeps the highest
+(`report`). What is charged is the larger of the two, so a report can fill what the watch could not see, but never
+lower, stop or end a bill; and the meter's word is capped at what the pod could have used since its recorded start.
+Only growth is charged: a retried or duplicated report charges nothing, a lost report's time is carried by the next,
+and nothing ever goes back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime as dt
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gpusharing.report import MAX_GPU_SECONDS, MeterReport, ReportError
@@ -16,31 +21,55 @@ from gpusharing.units.weights import MICROS_PER_SECOND
 
 
 class Outcome(StrEnum):
-    CHARGED = "charged"  # the report was accepted; its growth (possibly zero) was charged
+    CHARGED = "charged"  # accepted; its growth (possibly zero) was charged
     DUPLICATE = "duplicate"  # seq not above the last accepted one: a retry or a report overtaken by a later one
     REGRESSED = "regressed"  # a later seq with a smaller cumulative: ignored, the ledger never goes back
-    AFTER_FINAL = "after-final"  # the pod's final report was already accepted
+    AFTER_FINAL = "after-final"  # the meter's final report was already accepted
+    CLOSED = "closed"  # an observation of a pod whose bill the record already closed
 
 
 @dataclass(frozen=True)
 class PodLedger:
-    last_seq: int
-    micro_gpu_seconds: int  # cumulative billed, as accepted
-    final: bool
+    last_seq: int = -1  # seqs start at 0: any report is above a new pod's
+    metered: int = 0  # the meter's cumulative, micro-GPU-seconds at the trusted share
+    observed: int = 0  # the API server's record, billed up to observed_until
+    billed: int = 0  # charged so far: max(observed, metered as capped), never less
+    final: bool = False  # the meter's final report came
+    started_at: dt.datetime | None = None  # the record's start: caps what the meter may claim
+    observed_until: dt.datetime | None = None
+    ended_at: dt.datetime | None = None  # the record's end: the bill is closed
+    share: float | None = None  # the share billed: the record's, else (off a cluster) what the pod's meter was trusted with
+
+    @property
+    def closed(self) -> bool:
+        return self.ended_at is not None
+
+
+NEW_POD = PodLedger()
 
 
 @dataclass(frozen=True)
 class Accounting:
     outcome: Outcome
-    ledger: PodLedger  # the ledger after the report (unchanged unless charged)
-    charge_micro_gpu_seconds: int  # what the namespace's usage grows by (0 unless charged)
+    ledger: PodLedger  # the ledger after the report or observation
+    charge_micro_gpu_seconds: int  # what the namespace's usage grows by
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the API server's record says of a pod now: its share and start, and whether and when it ended."""
+
+    share: float
+    started_at: dt.datetime
+    until: dt.datetime  # now, or the pod's end
+    ended: bool
 
 
 def billed_micro_gpu_seconds(report: MeterReport, trusted_share: float | None) -> int:
     """The report's cumulative, in micro-GPU-seconds, re-billed at the trusted share when there is one.
 
-    The meter computes `gpuSeconds` as its share times wall time; the timekeeper bills the share the webhook
-    recorded on the pod, so a meter claiming a smaller share cannot lower its bill (nor a larger one raise it).
+    The meter computes `gpuSeconds` as its share times wall time; the timekeeper bills the share it recorded for the
+    pod, so a meter claiming a smaller share cannot lower its bill (nor a larger one raise it).
     """
     if report.gpu_share == 0 and report.gpu_seconds > 0:
         raise ReportError("gpuShare is 0 but gpuSeconds is not: GPU-seconds are the share times the time")
@@ -56,17 +85,59 @@ def billed_micro_gpu_seconds(report: MeterReport, trusted_share: float | None) -
     return round(billed * MICROS_PER_SECOND)
 
 
-# A pod's ledger before its first report: any report is above its seq (seqs start at 0) and all of it is growth.
-NEW_POD = PodLedger(last_seq=-1, micro_gpu_seconds=0, final=False)
+def share_time(share: float, start: dt.datetime, end: dt.datetime) -> int:
+    """Micro-GPU-seconds of `share` held from start to end (nothing for an interval that does not go forward)."""
+    return max(0, round(share * (end - start).total_seconds() * MICROS_PER_SECOND))
 
 
-def account(ledger: PodLedger, seq: int, cumulative_micro: int, final: bool) -> Accounting:
-    """What one report does to a pod's ledger."""
+def meter_ceiling(ledger: PodLedger, share: float, now: dt.datetime) -> int | None:
+    """The most a meter may claim: its share for the time since the record's start, to its end if it ended (None: the
+    record's start is not known, as off a cluster, and the meter's word stands alone)."""
+    if ledger.started_at is None:
+        return None
+    return share_time(share, ledger.started_at, ledger.ended_at or now)
+
+
+def report(
+    ledger: PodLedger, seq: int, cumulative_micro: int, final: bool, ceiling: int | None, share: float | None = None
+) -> Accounting:
+    """What one meter report does to a pod's ledger (`share`: the share it was trusted with, shown until the record's)."""
     if ledger.final:
         return Accounting(Outcome.AFTER_FINAL, ledger, 0)
     if seq <= ledger.last_seq:
         return Accounting(Outcome.DUPLICATE, ledger, 0)
-    if cumulative_micro < ledger.micro_gpu_seconds:
+    if cumulative_micro < ledger.metered:
         return Accounting(Outcome.REGRESSED, ledger, 0)
-    charge = cumulative_micro - ledger.micro_gpu_seconds
-    return Accounting(Outcome.CHARGED, PodLedger(seq, cumulative_micro, final), charge)
+    evidence = cumulative_micro if ceiling is None else min(cumulative_micro, ceiling)
+    after = replace(ledger, last_seq=seq, metered=cumulative_micro, final=final, share=ledger.share or share)
+    return _charged(Outcome.CHARGED, ledger, after, evidence)
+
+
+def observe(ledger: PodLedger, observation: Observation) -> Accounting:
+    """What one observation of the API server's record does to a pod's ledger: the time since the last observed
+    (since the start, the first time) is billed at the share, and an ended pod's bill is closed."""
+    if ledger.closed:
+        return Accounting(Outcome.CLOSED, ledger, 0)
+    since = ledger.observed_until or observation.started_at
+    until = max(since, observation.until)
+    after = replace(
+        ledger,
+        observed=ledger.observed + share_time(observation.share, since, until),
+        observed_until=until,
+        started_at=ledger.started_at or observation.started_at,
+        ended_at=until if observation.ended else None,
+        share=observation.share,
+    )
+    return _charged(Outcome.CHARGED, ledger, after, 0)
+
+
+def close(ledger: PodLedger, at: dt.datetime) -> Accounting:
+    """Closes the bill of a pod the record lost sight of (deleted while no watch looked): billed as last observed."""
+    if ledger.closed:
+        return Accounting(Outcome.CLOSED, ledger, 0)
+    return Accounting(Outcome.CHARGED, replace(ledger, ended_at=ledger.observed_until or at), 0)
+
+
+def _charged(outcome: Outcome, before: PodLedger, after: PodLedger, evidence: int) -> Accounting:
+    billed = max(before.billed, after.observed, evidence)
+    return Accounting(outcome, replace(after, billed=billed), billed - before.billed)

@@ -1,9 +1,10 @@
-"""Meter reports into the pod ledgers and the namespaces' daily usage, exactly once (the SQL side of timekeeper.accounting.ledger).
+"""Meter reports and the pod watch's observations into the pod ledgers and the namespaces' daily usage, exactly once
+(the SQL side of timekeeper.accounting.ledger).
 
-Reports arriving together are accounted together, in one transaction (ReportQueue): the pods' ledger rows are
-locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite: one writer at a time), each report is
-accounted against its pod's ledger in the order received, and the growth is added to the namespaces' usage of
-the UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby
+Reports arriving together are accounted together, in one transaction (ReportQueue), and so are the observations of
+a controller pass: the pods' ledger rows are locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite:
+one writer at a time), each report or observation is accounted against its pod's ledger in order, and the growth
+of the bill is added to the namespaces' usage of the UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby
 serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows are always
 locked in the same order (ledgers by uid, then usage by namespace, then pods' daily usage by uid), so concurrent
 transactions cannot deadlock.
@@ -19,23 +20,27 @@ import datetime as dt
 import queue
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import and_, bindparam, func, or_, select, update
 
-from gpusharing.gpu.catalogue import GpuCatalogue, shipped_catalogue
+from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
 from timekeeper.accounting.ledger import (
     MICROS_PER_SECOND,
     NEW_POD,
     Accounting,
+    Observation,
     Outcome,
     PodLedger,
-    account,
     billed_micro_gpu_seconds,
+    close,
+    meter_ceiling,
+    observe,
+    report,
 )
 from timekeeper.accounting.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
 from timekeeper.accounting.weights import WeightLog, billing_model
@@ -54,6 +59,7 @@ class ReportTerms:
     requested_memory_mib: float | None  # None: the pod's request of GPU memory is not known
     labels: Labels = ()  # the pod's, as usage reports may group by them
     model: str | None = None  # the GPU model the webhook recorded on the pod
+    started_at: dt.datetime | None = None  # the pod's status.startTime: what its meter may claim runs from there
 
 
 @dataclass(frozen=True)
@@ -80,11 +86,17 @@ class PodRecord:
     namespace: str
     pod: str
     billed_share: float
-    micro_gpu_seconds: int
+    micro_gpu_seconds: int  # charged: the larger of observed and metered
+    metered_micro_gpu_seconds: int
+    observed_micro_gpu_seconds: int
+    observed_until: dt.datetime | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    meter_silent_since: dt.datetime | None
     last_seq: int
     final: bool
-    first_report_at: dt.datetime
-    last_report_at: dt.datetime
+    first_report_at: dt.datetime | None
+    last_report_at: dt.datetime | None
     gpu_memory_used_mib: float | None
     gpu_memory_requested_mib: float | None
     gpu_utilization_percent: float | None
@@ -102,10 +114,15 @@ class PodRecord:
             "pod": self.pod,
             "gpuShare": self.billed_share,
             "gpuSeconds": self.micro_gpu_seconds / MICROS_PER_SECOND,
+            "observedGpuSeconds": self.observed_micro_gpu_seconds / MICROS_PER_SECOND,
+            "meteredGpuSeconds": self.metered_micro_gpu_seconds / MICROS_PER_SECOND,
+            "startedAt": _instant(self.started_at),
+            "endedAt": _instant(self.ended_at),
+            "meterSilentSince": _instant(self.meter_silent_since),
             "seq": self.last_seq,
             "final": self.final,
-            "firstReportAt": iso_utc(self.first_report_at),
-            "lastReportAt": iso_utc(self.last_report_at),
+            "firstReportAt": _instant(self.first_report_at),
+            "lastReportAt": _instant(self.last_report_at),
             "gpuMemoryUsedMiB": self.gpu_memory_used_mib,
             "gpuMemoryRequestedMiB": self.gpu_memory_requested_mib,
             "gpuUtilizationPercent": self.gpu_utilization_percent,
@@ -113,22 +130,46 @@ class PodRecord:
         }
 
 
+def _instant(at: dt.datetime | None) -> str | None:
+    return None if at is None else iso_utc(at)
+
+
 @dataclass(frozen=True)
-class _Accepted:
-    """A report that passed the checks made before the transaction."""
+class PodObservation:
+    """A pod as the API server records it, for a controller pass to bill (observation None: it is gone from the
+    record, its bill closes as last observed)."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    share: float
+    observation: Observation | None
+    labels: Labels = ()
+    model: str | None = None  # the GPU model its spec was read as
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One report or observation, checked before the transaction, to account against its pod's ledger."""
 
     index: int  # its place in the batch
-    report: MeterReport
-    cumulative: int  # billed, micro-GPU-seconds
-    readings: dict[str, Any]
+    pod_uid: str
+    namespace: str
+    pod: str
     labels: Labels
-    model: str | None  # recorded by the webhook
+    model: GpuModel  # billed as
+    utilization_percent: float | None  # for the idle part of its charge
+    apply: Callable[[PodLedger, dt.datetime], Accounting]
+    written: dict[str, Any]  # the columns it sets besides the accounting (when it charges)
+    opening: dict[str, Any]  # and those of a ledger it opens
+    observed: bool = False  # an observation: its idle part is read from the meter's latest reading, if recent
 
 
 class ReportLedger:
     def __init__(
         self, budgets: BudgetStore, stale_seconds: float = 900.0,
         catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
+        reading_seconds: float = 90.0,
     ):
         self.budgets = budgets
         self.db = budgets.db
@@ -137,17 +178,18 @@ class ReportLedger:
         self.weights = WeightLog(self.db)
         self._weights_recorded = False
         self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as running
+        self.reading_seconds = reading_seconds  # a meter's reading this recent tells how busy an observed interval was
         self.usage = UsageLedger(self.db)
         # Built once: constructing statements per report would cost more than running them.
         lock = (
-            select(pod_ledgers.c.pod_uid, pod_ledgers.c.namespace, pod_ledgers.c.last_seq,
-                   pod_ledgers.c.micro_gpu_seconds, pod_ledgers.c.final)
+            select(*(pod_ledgers.c[column] for column in _LOCKED_COLUMNS))
             .where(pod_ledgers.c.pod_uid.in_(bindparam("uids", expanding=True)))
             .order_by(pod_ledgers.c.pod_uid)
         )
         self._lock = lock if self.db.is_sqlite else lock.with_for_update()
         self._open = self.db.bulk_insert(pod_ledgers, _OPENING_COLUMNS, lambda insert: insert.on_conflict_do_nothing())
         self._advance = self.db.bulk_update(pod_ledgers, "pod_uid", _ADVANCING_COLUMNS)
+        self._observed = self.db.bulk_update(pod_ledgers, "pod_uid", _OBSERVING_COLUMNS)
         self._charge = self.db.bulk_insert(
             namespace_usage,
             ["namespace", "day", "micro_gpu_seconds"],
@@ -158,29 +200,73 @@ class ReportLedger:
         )
 
     def record(self, reports: Sequence[tuple[MeterReport, ReportTerms | None]]) -> list[ReportResult | ReportError]:
-        """Accounts reports, in order, in one transaction (terms None: the report's own share and request are trusted).
+        """Accounts meter reports, in order, in one transaction (terms None: the report's own share and request are
+        trusted, as off a cluster). Each report gets its result, or the ReportError that refused it (a refused report
+        changes nothing)."""
+        now = self._now()
+        results: dict[int, ReportResult | ReportError] = {}
+        entries: list[_Entry] = []
+        for index, (meter_report, terms) in enumerate(reports):
+            try:
+                cumulative = billed_micro_gpu_seconds(meter_report, None if terms is None else terms.share)
+            except ReportError as refused:
+                results[index] = refused
+                continue
+            entries.append(self._report_entry(index, meter_report, terms, cumulative, now))
+        if entries:
+            results.update(self._account(entries, now))
+        return [results[index] for index in range(len(reports))]
 
-        Each report gets its result, or the ReportError that refused it (a refused report changes nothing).
-        """
+    def observe(self, observations: Sequence[PodObservation]) -> list[ReportResult]:
+        """Accounts what the API server records of pods (a controller pass's), in one transaction."""
+        now = self._now()
+        entries = [self._observation_entry(index, observed) for index, observed in enumerate(observations)]
+        results = self._account(entries, now) if entries else {}
+        return [result for _, result in sorted(results.items()) if isinstance(result, ReportResult)]
+
+    def _now(self) -> dt.datetime:
         now = self.budgets.clock()
         if not self._weights_recorded:  # before anything is billed at them; a failure fails the batch, as the database's
             self.weights.record(self.catalogue, now, self.catalogue_source)
             self._weights_recorded = True
-        results: dict[int, ReportResult | ReportError] = {}
-        accepted: list[_Accepted] = []
-        for index, (report, terms) in enumerate(reports):
-            try:
-                cumulative = billed_micro_gpu_seconds(report, None if terms is None else terms.share)
-            except ReportError as refused:
-                results[index] = refused
-                continue
-            labels, model = ((), None) if terms is None else (terms.labels, terms.model)
-            accepted.append(_Accepted(index, report, cumulative, _readings(report, terms, now), labels, model))
-        if accepted:
-            results.update(self._account(accepted, now))
-        return [results[index] for index in range(len(reports))]
+        return now
 
-    def _account(self, accepted: list[_Accepted], now: dt.datetime) -> dict[int, ReportResult | ReportError]:
+    def _report_entry(
+        self, index: int, meter_report: MeterReport, terms: ReportTerms | None, cumulative: int, now: dt.datetime
+    ) -> _Entry:
+        share = meter_report.gpu_share if terms is None else terms.share
+        recorded = None if terms is None else terms.model
+        readings = _readings(meter_report, terms, now)
+
+        def apply(ledger: PodLedger, at: dt.datetime) -> Accounting:
+            if ledger.started_at is None and terms is not None and terms.started_at is not None:
+                ledger = replace(ledger, started_at=terms.started_at)
+            ceiling = meter_ceiling(ledger, share, at)
+            return report(ledger, meter_report.seq, cumulative, meter_report.final, ceiling, share)
+
+        return _Entry(
+            index, meter_report.pod_uid, meter_report.namespace, meter_report.pod, () if terms is None else terms.labels,
+            billing_model(self.catalogue, meter_report.gpu_model, recorded), meter_report.gpu_utilization_percent, apply,
+            {**readings, "meter_silent_since": None},
+            {**readings, "first_report_at": now, "started_at": None if terms is None else terms.started_at},
+        )
+
+    def _observation_entry(self, index: int, observed: PodObservation) -> _Entry:
+        observation = observed.observation
+
+        def apply(ledger: PodLedger, at: dt.datetime) -> Accounting:
+            return close(ledger, at) if observation is None else observe(ledger, observation)
+
+        return _Entry(
+            index, observed.pod_uid, observed.namespace, observed.pod, observed.labels,
+            billing_model(self.catalogue, None, observed.model), None, apply,
+            {},
+            {**dict.fromkeys(_READING_COLUMNS), "first_report_at": None,
+             "started_at": None if observation is None else observation.started_at},
+            observed=True,
+        )
+
+    def _account(self, entries: list[_Entry], now: dt.datetime) -> dict[int, ReportResult | ReportError]:
         """One transaction in two round trips on PostgreSQL: the ledgers are read and locked, then all is written."""
         results: dict[int, ReportResult | ReportError] = {}
         accounted: dict[int, tuple[str, Accounting]] = {}
@@ -190,35 +276,31 @@ class ReportLedger:
         billed: dict[int, int] = {}
         with self.db.pipeline() as conn:
             # The budgets travel with the lock; they are needed after the charges.
-            budget_rows = self.budgets.budget_rows(conn, {item.report.namespace for item in accepted})
-            ledgers = self._lock_ledgers(conn, accepted, now)
-            for item in accepted:
-                report = item.report
-                namespace, ledger = ledgers[report.pod_uid]
-                if namespace != report.namespace:
-                    results[item.index] = ReportError(
-                        f"pod {report.pod_uid} reports in namespace {namespace}, not {report.namespace}"
+            budget_rows = self.budgets.budget_rows(conn, {entry.namespace for entry in entries})
+            ledgers = self._lock_ledgers(conn, entries, now)
+            for entry in entries:
+                namespace, ledger, reading = ledgers[entry.pod_uid]
+                if namespace != entry.namespace:
+                    results[entry.index] = ReportError(
+                        f"pod {entry.pod_uid} reports in namespace {namespace}, not {entry.namespace}"
                     )
                     continue
-                accounting = account(ledger, report.seq, item.cumulative, report.final)
-                ledgers[report.pod_uid] = (namespace, accounting.ledger)
-                accounted[item.index] = (namespace, accounting)
-                model = billing_model(self.catalogue, report.gpu_model, item.model)
-                charge = pod_charge(accounting.charge_micro_gpu_seconds, model.billing_weight, report.gpu_utilization_percent)
-                pod_charges[report.pod_uid, model.name] += charge
+                accounting = entry.apply(ledger, now)
+                ledgers[entry.pod_uid] = (namespace, accounting.ledger, reading)
+                accounted[entry.index] = (namespace, accounting)
+                utilization = reading if entry.observed else entry.utilization_percent
+                charge = pod_charge(accounting.charge_micro_gpu_seconds, entry.model.billing_weight, utilization)
+                pod_charges[entry.pod_uid, entry.model.name] += charge
                 charges[namespace] += charge.weighted_micro_gpu_seconds
-                billed[item.index] = charge.weighted_micro_gpu_seconds
+                billed[entry.index] = charge.weighted_micro_gpu_seconds
                 if accounting.outcome is Outcome.CHARGED:
-                    advanced[report.pod_uid] = {
-                        "pod_uid": report.pod_uid,
-                        "pod": report.pod,
-                        "micro_gpu_seconds": accounting.ledger.micro_gpu_seconds,
-                        "last_seq": accounting.ledger.last_seq,
-                        "final": accounting.ledger.final,
-                        **item.readings,
+                    advanced[entry.pod_uid] = {
+                        **advanced.get(entry.pod_uid, {}), "pod_uid": entry.pod_uid, "pod": entry.pod,
+                        **_ledger_columns(accounting.ledger), **entry.written,
                     }
-            if advanced:
-                self._advance.execute(conn, [advanced[uid] for uid in sorted(advanced)])
+            if advanced:  # a batch is all reports or all observations, which write different columns
+                write = self._observed if entries[0].observed else self._advance
+                write.execute(conn, [advanced[uid] for uid in sorted(advanced)])
             day = usage_day(now)
             charged = [{"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]]
             if charged:
@@ -240,52 +322,95 @@ class ReportLedger:
         return results
 
     def _lock_ledgers(
-        self, conn: Statements, accepted: list[_Accepted], now: dt.datetime
-    ) -> dict[str, tuple[str, PodLedger]]:
-        """uid -> (namespace, ledger) of every reporting pod, locked; pods reporting for the first time get one."""
-        uids = sorted({item.report.pod_uid for item in accepted})
+        self, conn: Statements, entries: list[_Entry], now: dt.datetime
+    ) -> dict[str, tuple[str, PodLedger, float | None]]:
+        """uid -> (namespace, ledger, the meter's recent utilisation reading) of every pod in the batch, locked; pods
+        seen for the first time get a ledger."""
+        uids = sorted({entry.pod_uid for entry in entries})
         rows = {row.pod_uid: row for row in conn.execute(self._lock, {"uids": uids})}
         new = {}
         labels: dict[str, Labels] = {}
-        for item in accepted:
-            report = item.report
-            if report.pod_uid not in rows and report.pod_uid not in new:
-                new[report.pod_uid] = {
-                    "pod_uid": report.pod_uid,
-                    "namespace": report.namespace,
-                    "pod": report.pod,
-                    "micro_gpu_seconds": NEW_POD.micro_gpu_seconds,
-                    "last_seq": NEW_POD.last_seq,
-                    "final": NEW_POD.final,
-                    "first_report_at": now,
-                    **item.readings,
+        for entry in entries:
+            if entry.pod_uid not in rows and entry.pod_uid not in new:
+                new[entry.pod_uid] = {
+                    "pod_uid": entry.pod_uid,
+                    "namespace": entry.namespace,
+                    "pod": entry.pod,
+                    **_ledger_columns(NEW_POD),
+                    **entry.opening,
                 }
-                labels[report.pod_uid] = item.labels
+                labels[entry.pod_uid] = entry.labels
         if new:
             # Another transaction may open the same pod at once: one insert wins, and both lock the winner's row.
             self._open.execute(conn, [new[uid] for uid in sorted(new)])
             self.usage.label(conn, labels)
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
-        return {uid: (row.namespace, PodLedger(row.last_seq, row.micro_gpu_seconds, row.final)) for uid, row in rows.items()}
+        fresh = now - dt.timedelta(seconds=self.reading_seconds)
+        return {
+            uid: (
+                row.namespace,
+                PodLedger(row.last_seq, row.metered_micro_gpu_seconds, row.observed_micro_gpu_seconds, row.micro_gpu_seconds,
+                          row.final, row.started_at, row.observed_until, row.ended_at, row.billed_share or None),
+                row.gpu_utilization_percent if row.last_report_at is not None and row.last_report_at >= fresh else None,
+            )
+            for uid, row in rows.items()
+        }
+
+    def _running(self) -> Any:
+        """Pods not ended whose record or meter was heard from lately."""
+        fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
+        return (pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.final.is_(False),
+                or_(pod_ledgers.c.last_report_at >= fresh_since, pod_ledgers.c.observed_until >= fresh_since))
 
     def top_pods(self, limit: int) -> list[PodRecord]:
-        """The running pods (not final, heard from recently) that were billed the most GPU time."""
-        fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
-        query = (select(pod_ledgers).where(pod_ledgers.c.final.is_(False), pod_ledgers.c.last_report_at >= fresh_since)
+        """The running pods that were billed the most GPU time."""
+        query = (select(pod_ledgers).where(*self._running())
                  .order_by(pod_ledgers.c.micro_gpu_seconds.desc(), pod_ledgers.c.pod_uid).limit(limit))
         with self.db.read() as conn:
             return [PodRecord(**row._mapping) for row in conn.execute(query)]
 
     def silent_meters(self, silent_seconds: float, gone_seconds: float) -> int:
-        """Pods whose meter went quiet: not final, last heard from between `gone_seconds` and `silent_seconds` ago."""
+        """Pods whose meter went quiet: flagged silent by the controller and not ended, or (off a cluster, where only
+        meters tell) not final and last heard from between `gone_seconds` and `silent_seconds` ago."""
         now = self.budgets.clock()
         query = select(func.count()).select_from(pod_ledgers).where(
+            pod_ledgers.c.ended_at.is_(None),
             pod_ledgers.c.final.is_(False),
-            pod_ledgers.c.last_report_at < now - dt.timedelta(seconds=silent_seconds),
-            pod_ledgers.c.last_report_at >= now - dt.timedelta(seconds=gone_seconds),
+            or_(pod_ledgers.c.meter_silent_since.is_not(None), and_(
+                pod_ledgers.c.last_report_at < now - dt.timedelta(seconds=silent_seconds),
+                pod_ledgers.c.last_report_at >= now - dt.timedelta(seconds=gone_seconds),
+            )),
         )
         with self.db.read() as conn:
             return int(conn.execute(query).scalar_one())
+
+    def open_observed(self) -> list[tuple[str, str, str]]:
+        """(uid, namespace, pod) of every pod the watch observed whose bill is not closed."""
+        query = select(pod_ledgers.c.pod_uid, pod_ledgers.c.namespace, pod_ledgers.c.pod).where(
+            pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.observed_until.is_not(None))
+        with self.db.read() as conn:
+            return [(row.pod_uid, row.namespace, row.pod) for row in conn.execute(query)]
+
+    def claim_silent(self, pod_uids: Sequence[str], quiet_since: dt.datetime, now: dt.datetime) -> list[str]:
+        """Flags, and returns, those of the pods whose meter has not reported since `quiet_since` and that were not
+        flagged yet: each silence is flagged once (a report clears the flag), by one process."""
+        claimed = []
+        with self.db.write() as conn:
+            for start in range(0, len(pod_uids), 500):
+                candidates = [row.pod_uid for row in conn.execute(
+                    select(pod_ledgers.c.pod_uid).where(
+                        pod_ledgers.c.pod_uid.in_(pod_uids[start:start + 500]), *self._silent(quiet_since)))]
+                for uid in candidates:
+                    flagged = conn.execute(update(pod_ledgers).where(pod_ledgers.c.pod_uid == uid, *self._silent(quiet_since))
+                                           .values(meter_silent_since=now))
+                    if flagged.rowcount == 1:
+                        claimed.append(uid)
+        return claimed
+
+    @staticmethod
+    def _silent(quiet_since: dt.datetime) -> tuple[Any, ...]:
+        return (pod_ledgers.c.meter_silent_since.is_(None), pod_ledgers.c.ended_at.is_(None),
+                or_(pod_ledgers.c.last_report_at.is_(None), pod_ledgers.c.last_report_at < quiet_since))
 
     def pods(
         self, namespace: str | None = None, over_memory: bool = False, limit: int = 500, running: bool = False
@@ -296,24 +421,40 @@ class ReportLedger:
         if namespace is not None:
             query = query.where(pod_ledgers.c.namespace == namespace)
         if running or over_memory:
-            fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
-            query = query.where(pod_ledgers.c.final.is_(False), pod_ledgers.c.last_report_at >= fresh_since)
+            query = query.where(*self._running())
         if over_memory:
             query = query.where(pod_ledgers.c.gpu_memory_used_mib > pod_ledgers.c.gpu_memory_requested_mib)
         with self.db.read() as conn:
             return [PodRecord(**row._mapping) for row in conn.execute(query)]
 
 
-# The ledger's columns written from a report (see _readings), when it advances and when it opens.
-_READING_COLUMNS = ("billed_share", "gpu_memory_used_mib", "gpu_utilization_percent", "gpu_memory_requested_mib", "last_report_at")
-_ADVANCING_COLUMNS = ("pod", "micro_gpu_seconds", "last_seq", "final", *_READING_COLUMNS)
-_OPENING_COLUMNS = ("pod_uid", "namespace", *_ADVANCING_COLUMNS, "first_report_at")
+# The ledger's columns: its accounting (PodLedger), a report's readings, and what each write sets.
+_LEDGER_COLUMNS = ("micro_gpu_seconds", "metered_micro_gpu_seconds", "observed_micro_gpu_seconds", "last_seq", "final",
+                   "started_at", "observed_until", "ended_at", "billed_share")
+_READING_COLUMNS = ("gpu_memory_used_mib", "gpu_utilization_percent", "gpu_memory_requested_mib", "last_report_at")
+_ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since")
+_OBSERVING_COLUMNS = ("pod", *_LEDGER_COLUMNS)
+_OPENING_COLUMNS = ("pod_uid", "namespace", "pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "first_report_at")
+_LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, "gpu_utilization_percent", "last_report_at")
+
+
+def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:
+    return {
+        "micro_gpu_seconds": ledger.billed,
+        "metered_micro_gpu_seconds": ledger.metered,
+        "observed_micro_gpu_seconds": ledger.observed,
+        "last_seq": ledger.last_seq,
+        "final": ledger.final,
+        "started_at": ledger.started_at,
+        "observed_until": ledger.observed_until,
+        "ended_at": ledger.ended_at,
+        "billed_share": ledger.share or 0.0,
+    }
 
 
 def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime) -> dict[str, Any]:
-    """What a charged report leaves in its pod's ledger besides the accounting: the share billed, NVML readings."""
+    """What a charged report leaves in its pod's ledger besides the accounting: NVML readings."""
     return {
-        "billed_share": report.gpu_share if terms is None else terms.share,
         "gpu_memory_used_mib": report.gpu_memory_used_mib,
         "gpu_utilization_percent": report.gpu_utilization_percent,
         "gpu_memory_requested_mib": report.gpu_memory_requested_mib if terms is None else terms.requested_memory_mib,

@@ -24,13 +24,11 @@ MAX_HISTORY = 10_000
 
 
 def billing_model(catalogue: GpuCatalogue, reported: str | None, recorded: str | None) -> GpuModel:
-    """The model a report is billed as: the device NVML named, else the model the webhook recorded on the pod,
-    else the catalogue's default (a name the catalogue does not have counts as none)."""
-    for name in (reported, recorded):
-        model = catalogue.by_name(name) if name else None
-        if model is not None:
-            return model
-    return catalogue.default
+    """The model a charge is billed as: of the device its meter named (NVML) and the model read from the pod's spec,
+    the one of greater billing weight, since the meter is the tenant's word and may only add to a bill; the
+    catalogue's default when neither is known (a name the catalogue does not have counts as none)."""
+    known = [model for name in (reported, recorded) if name and (model := catalogue.by_name(name)) is not None]
+    return max(known, key=lambda model: model.billing_weight) if known else catalogue.default
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,8 @@ class Authenticator:
         memory = _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB)
         model = annotations.get(ANNOTATION_GPU_MODEL)
         model = model if isinstance(model, str) and len(model) <= MAX_GPU_MODEL else None  # else: the default model's
-        return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model)
+        started = pod.status.start_time if pod.status is not None else None
+        return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model, started)
 
 
 def _annotated_number(raw: str | None, low: Decimal | int, high: Decimal | int) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 from gpusharing.commitment import commitment, gpu_minutes, pod_deadline_seconds
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
 from gpusharing.gpu.catalogue import GpuCatalogue
-from gpusharing.gpu.reading import as_mapping
+from gpusharing.gpu.reading import as_mapping, instant
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
@@ -72,19 +72,9 @@ def committed_pod(pod: Mapping[str, Any], catalogue: GpuCatalogue) -> CommittedP
         float(share),
         weight,
         deadline,
-        _instant(status.get("startTime")),
+        instant(status.get("startTime")),
         admission_id if isinstance(admission_id, str) and len(admission_id) <= MAX_ADMISSION_ID else None,
     )
-
-
-def _instant(raw: object) -> dt.datetime | None:
-    if not isinstance(raw, str):
-        return None
-    try:
-        at = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return at if at.tzinfo is not None else None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from timekeeper.budgets.hierarchy import hierarchy_problem
 from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, HierarchyConflict, NoBudget
+from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.demotion import eviction_candidates, threshold_event, transition_event
 from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable
 from timekeeper.cluster.leader import LeaderElection
@@ -55,6 +56,7 @@ class ControllerPass:
     applied: list[str] = field(default_factory=list)  # budgets written from resources
     removed: list[str] = field(default_factory=list)  # budgets whose resource is gone
     statuses_written: list[str] = field(default_factory=list)
+    billing: BillingPass | None = None  # None: not billed (no billing, or its watches have not listed yet)
 
 
 class Controller:
@@ -66,9 +68,11 @@ class Controller:
         interval_seconds: float,
         lease_namespace: str,
         lease_seconds: float | None = None,
+        biller: Biller | None = None,
     ):
         self.budgets = budgets
         self.kube = kube
+        self.biller = biller
         self.in_budget_class = in_budget_class
         self.interval = interval_seconds
         identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -94,6 +98,8 @@ class Controller:
             self._thread.join(timeout=5)
         for resource_watch in self.watches:
             resource_watch.stop()
+        if self.biller is not None:
+            self.biller.stop()
         self.election.release()
 
     def run_once(self) -> ControllerPass | None:
@@ -102,10 +108,13 @@ class Controller:
             if not self.election.try_acquire_or_renew():
                 for resource_watch in self.watches:
                     resource_watch.stop()
+                if self.biller is not None:
+                    self.biller.stop()
                 return None
             for resource_watch in self.watches:
                 resource_watch.start()
             done = ControllerPass()
+            self._bill(done)
             problems = self._apply_resources(done)
             acted = self.budgets.acted_states()
             statuses = {s.namespace: s for s in self.budgets.statuses()}
@@ -122,6 +131,16 @@ class Controller:
                     self._evict(status.namespace, done)
             self._write_statuses(statuses, problems, done)
             return done
+
+    def _bill(self, done: ControllerPass) -> None:
+        """Pods' bills from the API server's record, before anything reads the budgets' states."""
+        if self.biller is None:
+            return
+        self.biller.start()
+        try:
+            done.billing = self.biller.bill(self.budgets.clock())
+        except Exception:  # a database outage: the record stays in the watch, the next pass bills the time since
+            log.exception("billing pass failed; will try again")
 
     # -- resources into the ledger ----------------------------------------------------------------------------------
 

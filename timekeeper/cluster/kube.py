@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
+from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.kube.client import api_client
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ class KubeApi:
         self.authorization = client.AuthorizationV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.resource = client.ResourceV1Api(api_client)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
@@ -129,6 +130,20 @@ class KubeApi:
             f"list the pods of {namespace}", self.core.list_namespaced_pod, namespace, field_selector="status.phase=Running"
         )
         return list(answer.items or [])
+
+    def release_pod(self, namespace: str, name: str, uid: str, finalizer_index: int) -> bool:
+        """Removes the billing finalizer from a pod whose bill is closed. The patch first tests the pod's uid and the
+        finalizer's place, so a pod replaced under the same name, or finalizers changed meanwhile, are left alone
+        (False) for the next pass to look at again; a pod already gone is released (True)."""
+        where = f"/metadata/finalizers/{finalizer_index}"
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": where, "value": BILLING_FINALIZER},
+            {"op": "remove", "path": where},
+        ]
+        answer = self._call(f"release pod {namespace}/{name}", self.core.patch_namespaced_pod, name, namespace, patch,
+                            answers={404: True, 409: False, 422: False}, _preload_content=False)
+        return answer is not False
 
     def evict(self, namespace: str, name: str) -> EvictionResult:
         """Asks for an eviction, which the API server grants only within the pods' PodDisruptionBudgets."""

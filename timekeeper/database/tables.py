@@ -87,17 +87,26 @@ class BudgetChangeRow(Base):
 
 
 class PodLedgerRow(Base):
+    """A pod's bill: what the API server's record proves it held (observed) and what its meter reported (metered);
+    `micro_gpu_seconds` is what was charged, the larger of the two (timekeeper.accounting.ledger)."""
+
     __tablename__ = "pod_ledgers"
 
     pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
     namespace: Mapped[str] = mapped_column(String(253), index=True)
     pod: Mapped[str] = mapped_column(String(253))
     billed_share: Mapped[float] = mapped_column(Float)
-    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # cumulative billed, as accepted
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # cumulative charged: max(observed, metered), never less
+    metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the meter's cumulative
+    observed_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the watch's, to observed_until
+    observed_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the record is billed up to here
+    started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the pod's status.startTime
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # its end as recorded: the bill is closed
+    meter_silent_since: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # flagged silent (an Event) since
     last_seq: Mapped[int] = mapped_column(BigInteger)
-    final: Mapped[bool] = mapped_column(Boolean, default=False)
-    first_report_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
-    last_report_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)  # the meter's final report came
+    first_report_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # None: its meter never reported
+    last_report_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     gpu_memory_used_mib: Mapped[float | None] = mapped_column(Float)
     gpu_memory_requested_mib: Mapped[float | None] = mapped_column(Float)
     gpu_utilization_percent: Mapped[float | None] = mapped_column(Float)

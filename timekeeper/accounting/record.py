@@ -1,0 +1,150 @@
+"""The API server's record of a governed GPU pod, which its bill follows. Plain data from the pod as the watch serves
+it; no Kubernetes client, no SQL.
+
+A pod holds its GPUs from the kubelet's `status.startTime` until its containers have all terminated (their latest
+`finishedAt`), or until its deletion when no container says when it stopped (a node gone). Its share is read from its
+spec as the webhook read it at admission (the spec's resources cannot change on a live pod); a pod that gets GPUs
+through resource claims is priced by what its claims were allocated (`status.allocation`), read when billed. Nothing
+here reads what the pod's author may still write: not the annotations, not the meter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER
+from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, ClaimUnknown
+from gpusharing.gpu.reading import as_list, as_mapping, instant
+from gpusharing.gpu.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
+from gpusharing.units.quantity import QuantityError, parse_decimal
+from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
+from timekeeper.accounting.ledger import Observation
+from timekeeper.accounting.usage import Labels, recorded_labels
+
+ENDED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class RecordedPod:
+    uid: str
+    namespace: str
+    name: str
+    share: float | None  # None: priced by its claims' allocations (claimed), or unreadable until they are
+    model: str | None  # the catalogue's model its spec was read on
+    labels: Labels
+    started_at: dt.datetime | None  # None: not started, nothing to bill
+    finished_at: dt.datetime | None  # its containers' latest finishedAt, once none runs
+    deleted_at: dt.datetime | None  # metadata.deletionTimestamp: the end of its grace period
+    finalizer: int | None  # the index of the billing finalizer among its finalizers, None without it
+    claimed: Mapping[str, Any] | None = None  # a DRA pod: what pricing its claims needs (its spec, claim names)
+
+    def observation(self, share: float, now: dt.datetime, grace_seconds: float) -> Observation | None:
+        """The pod's record now, or None when it never started. A pod whose deletion's grace period has passed by
+        `grace_seconds` while no container says it stopped (its node is gone) ended at its deletion."""
+        if self.started_at is None:
+            return None
+        end = self.finished_at
+        if end is None and self.deleted_at is not None and now >= self.deleted_at + dt.timedelta(seconds=grace_seconds):
+            end = self.deleted_at
+        if end is None:
+            return Observation(share, self.started_at, now, ended=False)
+        return Observation(share, self.started_at, max(end, self.started_at), ended=True)
+
+
+def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> RecordedPod | None:
+    """The record of a pod the webhook governs (it carries the webhook's share), or None."""
+    metadata, status, spec = as_mapping(pod.get("metadata")), as_mapping(pod.get("status")), as_mapping(pod.get("spec"))
+    annotations = as_mapping(metadata.get("annotations"))
+    admitted = _share(annotations.get(ANNOTATION_GPU_SHARE))
+    if admitted is None:
+        return None
+    claimed = None
+    share: float | None = admitted
+    model = None
+    if as_list(spec.get("resourceClaims")):
+        claimed = {"metadata": {"namespace": metadata.get("namespace")}, "spec": _with_claim_names(spec, status)}
+        share = None
+    else:
+        try:
+            gpu = parse_gpu_request(pod, settings)
+        except InvalidGpuRequest:  # read as admitted once; only a change of settings since makes it unreadable
+            gpu = None
+        if gpu is not None:
+            share, model = float(gpu.share), gpu.model
+    finalizers = [f for f in as_list(metadata.get("finalizers")) if isinstance(f, str)]
+    return RecordedPod(
+        uid=str(metadata.get("uid", "")),
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata.get("name", "")),
+        share=share,
+        model=model,
+        labels=recorded_labels(metadata.get("labels")),
+        started_at=instant(status.get("startTime")),
+        finished_at=_finished_at(status),
+        deleted_at=instant(metadata.get("deletionTimestamp")),
+        finalizer=finalizers.index(BILLING_FINALIZER) if BILLING_FINALIZER in finalizers else None,
+        claimed=claimed,
+    )
+
+
+def claimed_share(pod: RecordedPod, settings: GpuRequestSettings, allocated: ClaimLookup) -> tuple[float, str] | None:
+    """A DRA pod's share and model, priced by what its claims were allocated; None while one is not known."""
+    if pod.claimed is None:
+        return None
+    try:
+        gpu = parse_gpu_request(pod.claimed, settings, allocated)
+    except InvalidGpuRequest:
+        return None
+    return (float(gpu.share), gpu.model) if gpu is not None else (0.0, settings.catalogue.default.name)
+
+
+def allocation_lookup(claims: Mapping[tuple[str, str], ClaimSpec | None] | None) -> ClaimLookup:
+    """A ClaimLookup over the allocations of the cluster's ResourceClaims ((namespace, name) -> allocated spec)."""
+    def lookup(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
+        spec = None if claims is None else claims.get((namespace, name))
+        if spec is None:
+            raise ClaimUnknown(f"ResourceClaim {namespace}/{name} is not allocated, or not known yet")
+        return spec
+
+    return lookup
+
+
+def _with_claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec with each claim made from a template named by the claim the API server made for the pod (its
+    `status.resourceClaimStatuses`), so that all are priced by their allocation."""
+    made = {
+        as_mapping(entry).get("name"): as_mapping(entry).get("resourceClaimName")
+        for entry in as_list(status.get("resourceClaimStatuses"))
+    }
+    claims = []
+    for entry in as_list(spec.get("resourceClaims")):
+        entry = as_mapping(entry)
+        name = made.get(entry.get("name"))
+        claims.append({"name": entry.get("name"), "resourceClaimName": name} if isinstance(name, str) else dict(entry))
+    return {**spec, "resourceClaims": claims}
+
+
+def _finished_at(status: Mapping[str, Any]) -> dt.datetime | None:
+    """When the last of its containers stopped, once none runs (an ended phase, or every container terminated). An
+    ended pod whose containers say nothing (they never ran, or their node is gone) ended at its last condition's
+    change, or its start."""
+    statuses = [as_mapping(s) for s in as_list(status.get("containerStatuses"))]
+    finished = [instant(as_mapping(as_mapping(s.get("state")).get("terminated")).get("finishedAt")) for s in statuses]
+    if status.get("phase") not in ENDED_PHASES and (not statuses or None in finished):
+        return None
+    ends = [at for at in finished if at is not None] or [
+        at for c in as_list(status.get("conditions")) if (at := instant(as_mapping(c).get("lastTransitionTime")))
+    ] or [at for at in [instant(status.get("startTime"))] if at is not None]
+    return max(ends) if ends else None
+
+
+def _share(raw: object) -> float | None:
+    try:
+        value = parse_decimal(raw)
+    except QuantityError:
+        return None
+    return float(value) if Decimal(MIN_GPU_SHARE) <= value <= Decimal(MAX_GPU_SHARE) else None
