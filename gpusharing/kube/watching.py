@@ -37,7 +37,8 @@ class WatchedObjects(Generic[T]):
     """`extract(obj)` of every object a `list_for_all_namespaces` call of the official client serves (None: not kept).
 
     `items` is None until the first list succeeded. `on_sync(ok)` is told of each list or watch that succeeded or
-    failed (metrics); `on_change()` of every change to the items.
+    failed (metrics); `on_change()` of every change to the items; `on_delete(value)` of each kept object the watch
+    saw deleted, as it last was (a deletion while no watch ran is only seen as its absence from the next list).
     """
 
     def __init__(
@@ -47,12 +48,14 @@ class WatchedObjects(Generic[T]):
         extract: Callable[[Mapping[str, Any]], T | None],
         on_sync: Callable[[bool], None] | None = None,
         on_change: Callable[[], None] | None = None,
+        on_delete: Callable[[T], None] | None = None,
     ):
         self.kind = kind
         self._list_all = list_all
         self._extract = extract
         self._on_sync = on_sync
         self._on_change = on_change
+        self._on_delete = on_delete
         self.items: dict[Key, T] | None = None
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
@@ -133,6 +136,9 @@ class WatchedObjects(Generic[T]):
                         items.pop(key_of(obj), None)
                 elif kind == "DELETED":
                     items.pop(key_of(obj), None)
+                    last = self._extract(obj) if self._on_delete is not None else None
+                    if last is not None and self._on_delete is not None:
+                        self._on_delete(last)
                 if kind != "BOOKMARK":
                     self._changed()
                 yield

@@ -186,3 +186,17 @@ def test_a_silent_meter_is_flagged_with_one_event_and_the_pod_still_billed(bille
     assert [e["reason"] for e in fake_kube.events] == [METER_SILENT]
     assert fake_kube.events[0]["involvedObject"]["uid"] == silent["metadata"]["uid"]
     assert billed(biller.ledger, silent["metadata"]["uid"]) == 150 * MICROS
+
+
+def test_a_pod_deleted_without_the_finalizer_is_billed_to_its_end_as_the_watch_last_saw_it(biller: Biller, fake_kube: FakeKube) -> None:
+    pod = pod_object(fake_kube, "unguarded", {"phase": "Running"})
+    pod["metadata"]["finalizers"] = []
+    watch(biller, pod)
+    biller.bill(at(30))
+    pod["status"] = {**pod["status"], "phase": "Succeeded", "containerStatuses": [
+        {"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:00:50Z"}}}]}
+    biller.pods.items = {}  # the watch's DELETED event: gone from the items, handed over as it last was
+    biller._depart(recorded_pod(pod, biller.settings))  # type: ignore[arg-type]
+    biller.bill(at(35))  # not a full pass: departures are billed on every pass
+    assert billed(biller.ledger, pod["metadata"]["uid"]) == 50 * MICROS
+    assert biller.ledger.open_observed() == []

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from gpusharing.gpu.dra import ClaimSpec, allocated_claim_spec
@@ -53,8 +54,11 @@ class Biller:
         self._monotonic = monotonic
         self._last_full: float | None = None
         self._closed: set[str] = set()  # uids whose bill this process closed and whose finalizer is gone
+        self._departed: dict[str, RecordedPod] = {}  # seen deleted by the watch, not billed yet
+        self._departures = threading.Lock()
         self.pods = WatchedObjects("governed GPU pods", kube.core.list_pod_for_all_namespaces,
-                                   partial(recorded_pod, settings=settings), on_sync=metrics.record_pod_sync)
+                                   partial(recorded_pod, settings=settings), on_sync=metrics.record_pod_sync,
+                                   on_delete=self._depart)
         self.claims: WatchedObjects[ClaimSpec] = WatchedObjects(
             "ResourceClaims", kube.resource.list_resource_claim_for_all_namespaces, allocated_claim_spec)
         self._started = False
@@ -71,6 +75,14 @@ class Biller:
             self.claims.stop()
             self._started = False
 
+    def _depart(self, pod: RecordedPod) -> None:
+        """A pod deleted without the finalizer (or after it came off): billed to its end as it last was, else to when
+        its deletion was seen."""
+        if pod.finished_at is None:
+            pod = replace(pod, finished_at=dt.datetime.now(dt.timezone.utc) if pod.started_at else None)
+        with self._departures:
+            self._departed[pod.uid] = pod
+
     def bill(self, now: dt.datetime) -> BillingPass | None:
         """One pass: every pod's bill when the interval has passed (else only the pods that ended), None until the
         watches have listed the cluster."""
@@ -84,7 +96,9 @@ class Biller:
         lookup = allocation_lookup(self.claims.items)
         observations: list[PodObservation] = []
         ended: dict[str, RecordedPod] = {}
-        for pod in list(pods.values()):
+        with self._departures:
+            departed = dict(self._departed)
+        for pod in [*pods.values(), *departed.values()]:
             if pod.uid in self._closed:
                 continue
             priced = (pod.share, pod.model) if pod.claimed is None else claimed_share(pod, self.settings, lookup)
@@ -97,18 +111,24 @@ class Biller:
                     ended[pod.uid] = pod  # never started: nothing to bill, nothing to hold it for
                 continue
             if observation.ended:
-                ended[pod.uid] = pod
+                if pod.uid not in departed:  # a departed pod has no finalizer left to release
+                    ended[pod.uid] = pod
             elif not due:
                 continue
             observations.append(PodObservation(pod.uid, pod.namespace, pod.name, share, observation, pod.labels, model))
         if due:
-            watched = {pod.uid for pod in pods.values()}
+            watched = {pod.uid for pod in pods.values()} | departed.keys()
             observations += [PodObservation(uid, namespace, name, 0.0, None)
                              for uid, namespace, name in self.ledger.open_observed() if uid not in watched]
         for start in range(0, len(observations), OBSERVATIONS_PER_TRANSACTION):
             chunk = observations[start:start + OBSERVATIONS_PER_TRANSACTION]
             self.ledger.observe(chunk)
             done.observed += len(chunk)
+        with self._departures:
+            for uid in departed:
+                self._departed.pop(uid, None)
+        if due:  # forget what the watch no longer holds: the set stays the size of the cluster's ended pods
+            self._closed &= {pod.uid for pod in pods.values()}
         done.closed = [f"{pod.namespace}/{pod.name}" for pod in ended.values()]
         self._release(ended, done)
         if due:
