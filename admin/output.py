@@ -68,10 +68,25 @@ def format_explanation(explanation: dict[str, Any]) -> str:
                                        f"used this {status['period']} period (ends {status.get('periodEnd') or 'never'})"))
         lines.append(("New GPU pods", _new_pods(status["state"])))
     if status is not None:
-        lines.append(("Metered", "no report yet" if metering is None else
-                      f"{_minutes(metering['gpuSeconds'] / 60)} GPU-minutes, last report {metering['lastReportAt']}"
-                      + (" (final)" if metering.get("final") else "")))
+        lines += _billing(metering)
     return _fields(lines)
+
+
+def _billing(ledger: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The pod's bill and where it comes from: the API server's record, and the meter's reports beside it."""
+    if ledger is None:
+        return [("Billed", "nothing yet: the pod has not started, or the timekeeper has not observed it yet")]
+    observed, metered = ledger.get("observedGpuSeconds") or 0.0, ledger.get("meteredGpuSeconds") or 0.0
+    source = ("from the API server's record" + (f" since {ledger['startedAt']}" if ledger.get("startedAt") else "")
+              + (f", ended {ledger['endedAt']}" if ledger.get("endedAt") else ""))
+    if metered > observed:
+        source += "; the meter reported more, which counts"
+    meter = ("no report yet" if ledger.get("lastReportAt") is None else
+             f"{_minutes(metered / 60)} GPU-minutes, last report {ledger['lastReportAt']}" + (" (final)" if ledger.get("final") else ""))
+    if ledger.get("meterSilentSince"):
+        meter += (f"; SILENT since {ledger['meterSilentSince']}: billed from the record all the same, its utilisation "
+                  "and memory unknown")
+    return [("Billed", f"{_minutes(ledger['gpuSeconds'] / 60)} GPU-minutes, {source}"), ("Metered", meter)]
 
 
 def _admission_reason(state: str | None) -> str:

@@ -278,3 +278,16 @@ def test_groups_parents_thresholds_and_the_tree(url: str, capsys: pytest.Capture
     assert run(capsys, "budget", "set", "cv-team", "--no-parent", *admin)[0] == 0
     code, out, _ = run(capsys, "budget", "rm", "team.vision", *admin)
     assert code == 0 and out.strip() == "removed the group budget team.vision"
+
+
+def test_explain_shows_the_bill_from_the_record_and_a_silent_meter() -> None:
+    from admin.output import format_explanation
+
+    pod = {"namespace": "ml", "name": "train-0", "phase": "Running", "governed": True, "record": {"gpu-share": "0.5"},
+           "priorityClassName": "gpusharing-in-budget", "priority": None, "meter": "native sidecar"}
+    namespace = {"state": "in-budget", "gpuMinutes": None, "usedGpuMinutes": 3.0, "period": "monthly"}
+    ledger = {"gpuSeconds": 180.0, "observedGpuSeconds": 180.0, "meteredGpuSeconds": 0.0, "startedAt": "2026-11-25T10:00:00Z",
+              "endedAt": None, "lastReportAt": None, "final": False, "meterSilentSince": "2026-11-25T10:01:00Z"}
+    fields = dict(line.split(":", 1) for line in format_explanation({"pod": pod, "namespace": namespace, "metering": ledger}).splitlines())
+    assert fields["Billed"].strip() == "3.0 GPU-minutes, from the API server's record since 2026-11-25T10:00:00Z"
+    assert fields["Metered"].strip().startswith("no report yet; SILENT since 2026-11-25T10:01:00Z: billed from the record")

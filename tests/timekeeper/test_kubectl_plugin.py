@@ -143,6 +143,8 @@ def test_explain_says_why_a_pod_got_its_share_class_and_state(cluster: FakeKube,
     assert fields["Meter"].strip() == "native sidecar"
     assert fields["Namespace now"].strip().startswith("over-budget: 2.5 of 1.0 GPU-minutes used this monthly period")
     assert fields["Metered"].strip().startswith("2.5 GPU-minutes, last report ")
+    # Off a cluster's record (this fake has no watch), the meter's report is all the bill there is.
+    assert fields["Billed"].strip().startswith("2.5 GPU-minutes, from the API server's record; the meter reported more")
 
     code, out, _ = plugin(capsys, "explain", "train-0", "-n", "team-a", "-o", "json")
     explained = json.loads(out)
