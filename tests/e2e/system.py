@@ -101,30 +101,37 @@ class GpuSharing:
         return configurations
 
     def _start_timekeeper(self) -> str:
+        self.timekeeper, url = self.timekeeper_service("timekeeper", f"sqlite:///{self.directory / 'timekeeper.sqlite'}")
+        return url
+
+    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, **env: str) -> tuple[Service, str]:
+        """A timekeeper process on loopback with the manifests' ServiceAccount (and `env` on top), started; stopped
+        with the system at the latest."""
         kubeconfig = write_kubeconfig(
-            self.directory / "timekeeper.kubeconfig",
+            self.directory / f"{name}.kubeconfig",
             self.plane.url,
             self.plane.ca_file,
             {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-timekeeper", audience=None)},
         )
-        database = f"sqlite:///{self.directory / 'timekeeper.sqlite'}"
-        subprocess.run(
-            [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],
-            env={**os.environ, "TIMEKEEPER_DATABASE_URL": database}, check=True, capture_output=True,
-        )
+        if upgrade:
+            subprocess.run(
+                [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],
+                env={**os.environ, "TIMEKEEPER_DATABASE_URL": database}, check=True, capture_output=True,
+            )
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        env = {
+        settings = {
             "TIMEKEEPER_DATABASE_URL": database,
             "TIMEKEEPER_AUTH": "tokenreview",
             "TIMEKEEPER_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
             "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": str(DEMOTION_INTERVAL_SECONDS),
+            **env,
         }
         args = ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--threads", "8"]
-        log = self.directory / "timekeeper.log"
-        self.timekeeper = self._stack.enter_context(Service("timekeeper", args, f"{url}/readyz", env=env, log_path=log))
-        return url
+        log = self.directory / f"{name}.log"
+        service = self._stack.enter_context(Service(name, args, f"{url}/readyz", env=settings, log_path=log))
+        return service, url
 
     def _start_webhook(self) -> tuple[str, bytes]:
         certificate = make_serving_certificate(["127.0.0.1", "localhost"])
@@ -198,6 +205,21 @@ class GpuSharing:
     def require_controllers(self) -> None:
         if not self.plane.runs_controllers:
             pytest.skip("this test needs kube-controller-manager, which KUBEBUILDER_ASSETS does not hold")
+
+    def tenant_admin(self, namespace: str) -> requests.Session:
+        """HTTP to the API server as a tenant: a ServiceAccount bound to the built-in `admin` ClusterRole in
+        `namespace` alone (what a namespace's owner has; nothing cluster-wide)."""
+        self.service_account(namespace, "tenant-admin")
+        self.rest("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "tenant-admin"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant-admin", "namespace": namespace}],
+        })
+        session = requests.Session()
+        session.trust_env = False
+        session.verify = str(self.plane.ca_file)
+        session.headers["Authorization"] = f"Bearer {self.token(namespace, 'tenant-admin', audience=None)}"
+        return session
 
     def service_account(self, namespace: str, name: str) -> None:
         self.rest("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})

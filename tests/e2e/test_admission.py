@@ -236,7 +236,7 @@ def test_with_the_webhook_down_gpu_pods_are_refused_and_other_pods_admitted(gpus
 def other_team(gpusharing: GpuSharing, tmp_path: Path) -> Iterator[Mutator]:
     mutator = Mutator(tmp_path)
     configuration = mutator.configuration()
-    path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
     gpusharing.rest("POST", path, configuration)
     yield mutator
     gpusharing.rest("DELETE", f"{path}/{configuration['metadata']['name']}")

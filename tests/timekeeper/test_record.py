@@ -136,3 +136,10 @@ def test_a_dra_pod_is_billed_for_what_its_claim_was_allocated_not_what_was_admit
 def test_a_dra_pod_whose_allocation_is_not_known_is_not_priced_yet(allocations: Any) -> None:
     record = recorded_pod(dra_pod(), SETTINGS)
     assert record is not None and claimed_share(record, SETTINGS, allocation_lookup(allocations)) is None
+
+
+def test_a_kai_fraction_lowered_on_the_live_pod_does_not_lower_the_bill() -> None:
+    pod = yaml.safe_load((EXAMPLES / "kai-fraction.yaml").read_text())  # admitted at 0.5
+    pod["metadata"].update(namespace="ml", uid="uid-kai", annotations={"gpu-fraction": "0.01", ANNOTATION_GPU_SHARE: "0.5"})
+    record = recorded_pod(pod, SETTINGS)
+    assert record is not None and record.share == 0.5

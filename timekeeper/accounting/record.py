@@ -33,7 +33,8 @@ class RecordedPod:
     uid: str
     namespace: str
     name: str
-    share: float | None  # None: priced by its claims' allocations (claimed), or unreadable until they are
+    share: float | None  # None: priced by its claims' allocations (claimed)
+    admitted: float  # the share the webhook recorded at admission, which no update can change: the least billed
     model: str | None  # the catalogue's model its spec was read on
     labels: Labels
     started_at: dt.datetime | None  # None: not started, nothing to bill
@@ -73,14 +74,15 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
             gpu = parse_gpu_request(pod, settings)
         except InvalidGpuRequest:  # read as admitted once; only a change of settings since makes it unreadable
             gpu = None
-        if gpu is not None:
-            share, model = float(gpu.share), gpu.model
+        if gpu is not None:  # never below what was admitted: KAI's fraction is an annotation, which a tenant may lower
+            share, model = max(admitted, float(gpu.share)), gpu.model
     finalizers = [f for f in as_list(metadata.get("finalizers")) if isinstance(f, str)]
     return RecordedPod(
         uid=str(metadata.get("uid", "")),
         namespace=str(metadata.get("namespace", "")),
         name=str(metadata.get("name", "")),
         share=share,
+        admitted=admitted,
         model=model,
         labels=recorded_labels(metadata.get("labels")),
         started_at=instant(status.get("startTime")),
@@ -99,7 +101,9 @@ def claimed_share(pod: RecordedPod, settings: GpuRequestSettings, allocated: Cla
         gpu = parse_gpu_request(pod.claimed, settings, allocated)
     except InvalidGpuRequest:
         return None
-    return (float(gpu.share), gpu.model) if gpu is not None else (0.0, settings.catalogue.default.name)
+    if gpu is None:
+        return pod.admitted, settings.catalogue.default.name
+    return max(pod.admitted, float(gpu.share)), gpu.model
 
 
 def allocation_lookup(claims: Mapping[tuple[str, str], ClaimSpec | None] | None) -> ClaimLookup:
