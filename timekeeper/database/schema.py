@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import URL, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import migrations
@@ -26,6 +26,11 @@ def upgrade(database_url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(database_url), revision)
 
 
+def downgrade(database_url: str, revision: str) -> None:
+    """Back to `revision` (`base`: no table left): each later revision's downgrade drops what it added, data included."""
+    command.downgrade(alembic_config(database_url), revision)
+
+
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
     assert head is not None, "migrations/versions holds no revision"
@@ -40,9 +45,7 @@ def current_revision(engine: Engine) -> str | None:
 def schema_problem(engine: Engine, head: str | None = None) -> str | None:
     """Why the database cannot be served (unreachable, or behind the code's migrations), or None when it can."""
     head = head or head_revision()
-    path = engine.url.database
-    if engine.url.get_backend_name() == "sqlite" and path and path != ":memory:" and not Path(path).exists():
-        # Checked before connecting: SQLite would create an empty file, which looks like a database to the next look.
+    if path := missing_sqlite_file(engine.url):
         return f"the database file {path} does not exist: run `gpusharing db upgrade` to create it"
     try:
         current = current_revision(engine)
@@ -51,6 +54,16 @@ def schema_problem(engine: Engine, head: str | None = None) -> str | None:
     if current != head:
         found = f"at revision {current}" if current else "not migrated"
         return f"the database is {found}, this timekeeper needs revision {head}: run `gpusharing db upgrade`"
+    return None
+
+
+def missing_sqlite_file(url: str | URL) -> str | None:
+    """The SQLite file `url` names when it does not exist: checked before connecting, since SQLite would create an
+    empty file, which looks like a database to the next look."""
+    parsed = make_url(url)
+    path = parsed.database
+    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:" and not Path(path).exists():
+        return path
     return None
 
 
