@@ -60,16 +60,20 @@ class TimekeeperClient:
             self._http = self.cluster.timekeeper(self.system_namespace)
         self.token = option("token") or os.environ.get(TOKEN_ENV, "").strip() or None
         self._no_token = ""
-        if self.token is None and self.cluster is not None:
-            self.token, self._no_token = self._cluster_token(self.cluster)
+        # Asked of the API server at the first call, so that arguments refused before it are refused without a request.
+        self._token_pending = self.token is None and self.cluster is not None
 
-    def _cluster_token(self, cluster: Cluster) -> tuple[str | None, str]:
+    def _cluster_token(self) -> None:
+        assert self.cluster is not None
+        self._token_pending = False
         try:
-            return cluster.timekeeper_token(self.system_namespace)
+            self.token, self._no_token = self.cluster.timekeeper_token(self.system_namespace)
         except ClusterRefused as exc:
             raise Refused(str(exc)) from None
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None) -> Any:
+        if self._token_pending:
+            self._cluster_token()
         try:
             answer = self._http.request(method, f"/api/v1/{path}", body, self.token, query=query)
         except Unreachable as exc:
