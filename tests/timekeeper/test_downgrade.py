@@ -12,11 +12,11 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, MetaData, create_engine, func, inspect, select
+from sqlalchemy import Engine, MetaData, create_engine, func, inspect, select, text
 
 from gpusharing.cli import main
 from tests.postgres import PostgresServer
-from timekeeper.database.schema import alembic_config, current_revision, downgrade, schema_problem, upgrade
+from timekeeper.database.schema import alembic_config, current_revision, downgrade, head_revision, schema_problem, upgrade
 from timekeeper.database.tables import Base
 
 VALUES: dict[type, Any] = {str: "x", int: 1, float: 1.5, bool: True, dt.date: dt.date(2026, 11, 1),
@@ -109,3 +109,15 @@ def test_db_downgrade_and_its_exit_statuses(tmp_path: Path, capsys: pytest.Captu
                    'connection to server at "127.0.0.1", port 1 failed: Connection refused')
     assert db(capsys, "downgrade", "base", *at)[:2] == (0, "database migrated down to base\n")
     assert tables(create_engine(url)) == set()
+
+
+def test_a_database_a_newer_version_migrated_says_to_downgrade_with_that_version(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tk.sqlite'}"
+    upgrade(url)
+    engine = create_engine(url)
+    with engine.begin() as conn:  # as the next version's migration would leave it
+        conn.execute(text("UPDATE alembic_version SET version_num = '0099_from_the_future'"))
+    assert schema_problem(engine) == (
+        f"the database is at revision 0099_from_the_future, newer than this timekeeper knows (it needs {head_revision()}): "
+        f"run the newer version, or migrate back with its `gpusharing db downgrade {head_revision()}`")
+    engine.dispose()

@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import URL, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -52,9 +53,19 @@ def schema_problem(engine: Engine, head: str | None = None) -> str | None:
     except SQLAlchemyError as exc:
         return f"the database is unreachable: {first_line(exc)}"
     if current != head:
+        if current is not None and not known_revision(current):
+            return (f"the database is at revision {current}, newer than this timekeeper knows (it needs {head}): run the "
+                    f"newer version, or migrate back with its `gpusharing db downgrade {head}`")
         found = f"at revision {current}" if current else "not migrated"
         return f"the database is {found}, this timekeeper needs revision {head}: run `gpusharing db upgrade`"
     return None
+
+
+def known_revision(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config("")).get_revision(revision) is not None
+    except CommandError:  # a revision of a newer version: its file is not here
+        return False
 
 
 def missing_sqlite_file(url: str | URL) -> str | None:
