@@ -191,6 +191,8 @@ def _command(run: Callable[[TimekeeperClient, argparse.Namespace], None], cluste
 
     def wrapped(args: argparse.Namespace) -> int:
         try:
+            if getattr(args, "output", None) == "csv" and args.command != "usage":
+                raise BadArguments("-o csv is for usage reports (gpusharing usage): use -o json or yaml")
             run(TimekeeperClient(args, cluster_needed), args)
         except Refused as exc:
             print(f"gpusharing: {exc}", file=sys.stderr)
