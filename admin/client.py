@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from admin.cluster import SYSTEM_NAMESPACE, Cluster, status_message
+from admin.cluster import SYSTEM_NAMESPACE, Cluster, ClusterRefused, ServiceProxy, is_kubernetes_status, status_message
 from gpusharing.serving.jsonhttp import Answer, JsonClient, Unreachable
 from gpusharing.settings.env import env_url
 
@@ -49,9 +49,9 @@ class TimekeeperClient:
         self.system_namespace = option("system_namespace") or SYSTEM_NAMESPACE
         self.cluster: Cluster | None = None
         if cluster_needed or option("plugin") or option("kubeconfig") or option("context"):
-            kubeconfig = option("kubeconfig") or os.environ.get("KUBECONFIG") or "~/.kube/config"
-            self.cluster = Cluster.from_kubeconfig(os.path.expanduser(kubeconfig), option("context"))
+            self.cluster = Cluster.from_kubeconfig(option("kubeconfig"), option("context"))
         url = option("timekeeper") or env_url(URL_ENV)
+        self._http: JsonClient | ServiceProxy
         if url or self.cluster is None:
             self.url = str(url or DEFAULT_URL)
             self._http = JsonClient(self.url)
@@ -60,21 +60,27 @@ class TimekeeperClient:
             self._http = self.cluster.timekeeper(self.system_namespace)
         self.token = option("token") or os.environ.get(TOKEN_ENV, "").strip() or None
         self._no_token = ""
-        if self.token is None and self.cluster is not None:
-            self.token, self._no_token = self._cluster_token(self.cluster)
+        # Asked of the API server at the first call, so that arguments refused before it are refused without a request.
+        self._token_pending = self.token is None and self.cluster is not None
 
-    def _cluster_token(self, cluster: Cluster) -> tuple[str | None, str]:
+    def _cluster_token(self) -> None:
+        assert self.cluster is not None
+        self._token_pending = False
         try:
-            return cluster.timekeeper_token(self.system_namespace)
-        except Unreachable as exc:
-            raise Refused(f"cannot reach the API server {cluster.server}: {exc}") from None
+            self.token, self._no_token = self.cluster.timekeeper_token(self.system_namespace)
+        except ClusterRefused as exc:
+            raise Refused(str(exc)) from None
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None) -> Any:
+        if self._token_pending:
+            self._cluster_token()
         try:
             answer = self._http.request(method, f"/api/v1/{path}", body, self.token, query=query)
         except Unreachable as exc:
             raise Refused(f"cannot reach the timekeeper at {self.url}: {exc}{self._where_hint(exc)}") from None
-        if _is_kubernetes_status(answer):  # the API server's answer, not the timekeeper's
+        except ClusterRefused as exc:
+            raise Refused(str(exc)) from None
+        if is_kubernetes_status(answer):  # the API server's answer, not the timekeeper's
             raise Refused(f"the API server did not reach the timekeeper ({answer.status}): {status_message(answer)}"
                            f"{self._proxy_hint(answer)}")
         if answer.status == 401:
@@ -112,15 +118,11 @@ class TimekeeperClient:
         assert self.cluster is not None
         try:
             answer = self.cluster.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
-        except Unreachable as exc:
-            raise Refused(f"cannot reach the API server {self.cluster.server}: {exc}") from None
+        except ClusterRefused as exc:
+            raise Refused(str(exc)) from None
         if answer.status == 404:
             raise NotFound(f"pod {name} not found in namespace {namespace}")
         if answer.status >= 400:
             raise Refused(f"the API server refused ({answer.status}): {status_message(answer)}")
         return dict(answer.json())
 
-
-def _is_kubernetes_status(answer: Answer) -> bool:
-    body = answer.json()
-    return answer.status >= 400 and isinstance(body, dict) and body.get("kind") == "Status"

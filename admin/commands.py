@@ -5,8 +5,8 @@ Where the timekeeper is: --timekeeper or TIMEKEEPER_URL; else, as a kubectl plug
 --context), through the API server's service proxy of the kubeconfig's context; else http://127.0.0.1:8080.
 Global options are accepted before the command or anywhere after it, as kubectl takes its global flags.
 Output is a table (-o wide: more columns) or the API's objects (-o json, -o yaml). Exit status: 0 done; 1 a server
-refused or could not be reached; 2 bad arguments or settings; 3 what was named does not exist. Every failure is
-one line on stderr that says what to do.
+refused or could not be reached; 2 bad arguments or settings (refused before any request); 3 what was named does not
+exist; 130 interrupted. Every failure is one line on stderr that says what to do.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from admin.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, Refused, TimekeeperClient
+from admin.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, BadArguments, Refused, TimekeeperClient
 from admin.cluster import BUDGET_ADMIN, SYSTEM_NAMESPACE
 from admin.output import (
     emit,
@@ -191,6 +191,8 @@ def _command(run: Callable[[TimekeeperClient, argparse.Namespace], None], cluste
 
     def wrapped(args: argparse.Namespace) -> int:
         try:
+            if getattr(args, "output", None) == "csv" and args.command != "usage":
+                raise BadArguments("-o csv is for usage reports (gpusharing usage): use -o json or yaml")
             run(TimekeeperClient(args, cluster_needed), args)
         except Refused as exc:
             print(f"gpusharing: {exc}", file=sys.stderr)
@@ -222,7 +224,7 @@ def _budget_set(api: TimekeeperClient, args: argparse.Namespace) -> None:
     if args.on_shortfall is not None:
         changes["onShortfall"] = args.on_shortfall
     if not changes:
-        raise Refused("nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
+        raise BadArguments("nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
                        "--parent, --no-parent, --warning-thresholds, --admission or --on-shortfall")
     status = api.call("PATCH", f"budgets/{args.namespace}", changes)
     emit(args, status, lambda wide: format_statuses([status], wide))
@@ -309,7 +311,7 @@ def _usage(api: TimekeeperClient, args: argparse.Namespace) -> None:
     try:
         usage_request(args.start, args.end, args.by, namespace)  # refused here, before any request, when malformed
     except UsageRequestError as exc:
-        raise Refused(str(exc)) from None
+        raise BadArguments(str(exc)) from None
     query = {"from": args.start, "to": args.end, "groupBy": args.by, **({"namespace": namespace} if namespace else {})}
     report = api.call("GET", "usage", query=query)
     if getattr(args, "output", None) == "csv":

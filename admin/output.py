@@ -10,15 +10,12 @@ from typing import Any
 
 import yaml
 
-from admin.client import BadArguments
 from gpusharing.contract import ANNOTATION_PREFIX, AdmissionMode
 
 
 def emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> None:
     """The API's objects as -o json or yaml, else the table (wide with -o wide)."""
-    output = getattr(args, "output", None) or "table"
-    if output == "csv":
-        raise BadArguments("-o csv is for usage reports (gpusharing usage): use -o json or yaml")
+    output = getattr(args, "output", None) or "table"  # never csv here: refused for every command but usage
     if output == "json":
         print(json.dumps(data, indent=2))
     elif output == "yaml":

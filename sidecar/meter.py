@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from gpusharing.contract import MeterEnv
+from gpusharing.outage import Outage
 from gpusharing.report import MeterReport
 from gpusharing.serving.logs import add_context
 from gpusharing.settings.env import ConfigError
@@ -53,6 +54,7 @@ class Meter:
         self.clock = clock
         self.state = self._resume()
         self._failures = 0
+        self._outage = Outage(log, f"the timekeeper at {config.timekeeper_url}", "reports", clock)
         self._budget_state: str | None = None
 
     def _resume(self) -> MeterState:
@@ -103,13 +105,17 @@ class Meter:
     def _note(self, report: MeterReport, answer: Answer) -> None:
         if answer.delivery is Delivery.UNAVAILABLE:
             self._failures += 1
-            log.warning("report %d not delivered (attempt %d in a row): %s", report.seq, self._failures, answer.detail)
+            self._outage.failed(f"report {report.seq} not delivered: {answer.detail}", "the meter keeps counting and "
+                                "tries again with backoff; the first report delivered carries the whole total")
             return
+        # A refusal is an answer too: the outage is over.
+        self._outage.succeeded(f"report {report.seq} accepted: {report.gpu_seconds:.3f} GPU-seconds"
+                               if answer.delivery is Delivery.ACCEPTED else f"report {report.seq} answered")
         if answer.delivery is Delivery.REFUSED:
             self._failures = 0
             log.error("report %d refused by the timekeeper: %s", report.seq, answer.detail)
             return
-        if self._failures or report.seq == 1 or report.final:
+        if report.seq == 1 or report.final:
             log.info("report %d accepted: %.3f GPU-seconds%s", report.seq, report.gpu_seconds, " (final)" if report.final else "")
         self._failures = 0
         if answer.budget_state and answer.budget_state != self._budget_state:

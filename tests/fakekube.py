@@ -13,6 +13,7 @@ import http.client
 import json
 import re
 import secrets
+import ssl
 import threading
 import urllib.parse
 import uuid
@@ -39,8 +40,12 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": message}
 
 
+SERVICE_ACCOUNT_TOKEN = "timekeeper-service-account"  # the token of api_client() and kubeconfig()
+
+
 class FakeKube:
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve HTTPS with this server context (handshakes in the handlers' threads)."""
         self.users: dict[str, dict[str, Any]] = {}  # token -> TokenReview user
         self.admins: set[str] = set()  # usernames a SubjectAccessReview allows
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
@@ -60,6 +65,8 @@ class FakeKube:
         self.services: dict[tuple[str, str], str] = {}  # (namespace, "scheme:name:port") -> the URL the proxy leads to
         self.proxied: list[dict[str, str]] = []  # the headers of every proxied request, as the Service got them
         self.caller_token = "kubectl-user"  # the bearer token the API server accepts from a kubeconfig's user
+        self.accepted_tokens: set[str] = {SERVICE_ACCOUNT_TOKEN}  # and these; any other is answered 401
+        self.authorizations: list[str | None] = []  # the Authorization header of every request
         self._lock = threading.Lock()
         fake = self
 
@@ -86,7 +93,10 @@ class FakeKube:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server.handle_error = lambda request, address: None  # a client refusing the certificate is no error here
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
@@ -99,7 +109,7 @@ class FakeKube:
     def api_client(self) -> client.ApiClient:
         configuration = client.Configuration()
         configuration.host = self.url
-        configuration.api_key = {"authorization": "Bearer timekeeper-service-account"}
+        configuration.api_key = {"authorization": f"Bearer {SERVICE_ACCOUNT_TOKEN}"}
         return client.ApiClient(configuration)
 
     def kubeconfig(self) -> str:
@@ -107,7 +117,7 @@ class FakeKube:
         return json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "fake",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "timekeeper-service-account"}}],
+            "users": [{"name": "fake", "user": {"token": SERVICE_ACCOUNT_TOKEN}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
         })
 
@@ -173,6 +183,14 @@ class FakeKube:
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length) if length else b""
         path, _, query = handler.path.partition("?")
+        authorization = handler.headers.get("Authorization")
+        with self._lock:
+            self.authorizations.append(authorization)
+        if authorization not in {f"Bearer {token}" for token in {self.caller_token, *self.accepted_tokens}}:
+            with self._lock:
+                self.requests.append((method, path))
+            reply_json(handler, 401, _status(401, "Unauthorized", "Unauthorized"))
+            return
         if (proxy := _SERVICE_PROXY.match(path)) is not None:
             with self._lock:
                 self.requests.append((method, path))
@@ -187,8 +205,6 @@ class FakeKube:
     def _proxy(self, handler: BaseHTTPRequestHandler, method: str, match: re.Match[str], query: str, raw: bytes) -> tuple[int, Any]:
         """The service proxy: the caller authenticated (then its Authorization header dropped), the request passed
         on to the Service's URL; 503 as the real one answers for a Service without endpoints."""
-        if handler.headers.get("Authorization") != f"Bearer {self.caller_token}":
-            return 401, _status(401, "Unauthorized", "Unauthorized")
         target = self.services.get((match["ns"], urllib.parse.unquote(match["service"])))
         if target is None:
             return 503, _status(503, "ServiceUnavailable", f'no endpoints available for service "{match["service"]}"')

@@ -1,4 +1,4 @@
-"""`gpusharing timekeeper serve` and `gpusharing db upgrade` (the admin's commands are in admin.commands)."""
+"""`gpusharing timekeeper serve`, `gpusharing db upgrade` and `db downgrade` (the admin's commands are in admin.commands)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     upgrade.add_argument("--database-url", help="default: TIMEKEEPER_DATABASE_URL")
     upgrade.add_argument("--revision", default="head", help="target revision (default: head)")
-    upgrade.set_defaults(run=_upgrade)
+    upgrade.set_defaults(run=_migrate, downgrade=False)
+    downgrade = db_commands.add_parser(
+        "downgrade",
+        help="migrate the database (TIMEKEEPER_DATABASE_URL) back to an earlier revision, dropping what later ones added",
+        description="Migrate the database back to REVISION: every later revision's columns and tables are dropped, "
+        "with their data. Stop the timekeeper first: it refuses a database that is not at its own revision.",
+        epilog="examples:\n"
+        "  gpusharing db downgrade 0003_usage_reports           # or a unique prefix of it: 0003\n"
+        "  gpusharing db downgrade base --database-url sqlite:///timekeeper.sqlite   # no table left",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    downgrade.add_argument("revision", metavar="REVISION", help="a revision of migrations/versions (or a unique prefix), or base")
+    downgrade.add_argument("--database-url", help="default: TIMEKEEPER_DATABASE_URL")
+    downgrade.set_defaults(run=_migrate, downgrade=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -76,21 +89,27 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _upgrade(args: argparse.Namespace) -> int:
+def _migrate(args: argparse.Namespace) -> int:
+    """`db upgrade` or `db downgrade`: exit status 2 for a revision or URL that cannot be used, 1 when the database
+    cannot be reached or refuses a migration."""
     from alembic.util import CommandError
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
     from timekeeper.config import TimekeeperConfig, database_url
-    from timekeeper.database.schema import first_line, upgrade
+    from timekeeper.database.schema import downgrade, first_line, missing_sqlite_file, upgrade
 
     url = database_url(args.database_url, "--database-url") if args.database_url else TimekeeperConfig.from_env().database_url
+    shown = make_url(url).render_as_string(hide_password=True)
+    if args.downgrade and (missing := missing_sqlite_file(url)):
+        raise ConfigError(f"the database file {missing} does not exist: there is nothing to downgrade")
     try:
-        upgrade(url, args.revision)
+        (downgrade if args.downgrade else upgrade)(url, args.revision)
     except CommandError as exc:
-        raise ConfigError(f"cannot migrate to --revision {args.revision}: {exc}") from None
+        given = args.revision if args.downgrade else f"--revision {args.revision}"
+        raise ConfigError(f"cannot migrate {shown} to {given}: {exc}") from None
     except SQLAlchemyError as exc:
-        shown = make_url(url).render_as_string(hide_password=True)
-        raise ConfigError(f"cannot migrate the database {shown}: {first_line(exc)}") from None
-    print(f"database migrated to {args.revision}")
+        print(f"gpusharing: cannot migrate the database {shown}: {first_line(exc)}", file=sys.stderr)
+        return 1
+    print(f"database migrated {'down ' if args.downgrade else ''}to {args.revision}")
     return 0

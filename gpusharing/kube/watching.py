@@ -17,6 +17,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from gpusharing.gpu.reading import as_mapping
+from gpusharing.outage import Outage
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class WatchedObjects(Generic[T]):
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
         self._thread: threading.Thread | None = None
+        self._outage = Outage(log, f"the list and watch of {kind}", "lists")
 
     @property
     def synced(self) -> bool:
@@ -89,7 +91,8 @@ class WatchedObjects(Generic[T]):
                     return
                 wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
-                log.warning("%s not followed (%s); the last known stay in force, retrying in %s s", self.kind, _reason(exc), wait)
+                self._outage.failed(_reason(exc), f"the last known {self.kind} stay in force, listed again with backoff "
+                                    f"(up to {BACKOFF_SECONDS[-1]} s)")
                 self._report(False)
                 self._stop.wait(wait)
 
@@ -111,7 +114,10 @@ class WatchedObjects(Generic[T]):
         self.items = items  # one reference swap: readers never see a half-built table
         self._report(True)
         self._changed()
-        log.info("%d %s listed", len(items), self.kind)
+        if self._outage.ongoing:
+            self._outage.succeeded(f"{len(items)} {self.kind} listed")
+        else:
+            log.info("%d %s listed", len(items), self.kind)
         return str(metadata.get("resourceVersion", ""))
 
     def _follow(self, version: str) -> Iterator[None]:

@@ -132,22 +132,27 @@ class JsonClient:
 
     def describe(self, exc: BaseException, timeout: float) -> str:
         """Why no answer came from the server, in words that say what to check."""
-        where = f"{self.host}:{self.port}"
-        if isinstance(exc, socket.gaierror):
-            return f"the host name {self.host!r} does not resolve: check the URL {self.base_url}"
-        if isinstance(exc, ConnectionRefusedError):
-            return f"connection refused by {where}: is the server running there?"
-        if isinstance(exc, TimeoutError):
-            return f"no answer from {where} within {timeout:g} s"
-        if isinstance(exc, ssl.SSLCertVerificationError):
-            return f"the TLS certificate of {where} is not trusted: {exc.verify_message}"
-        if isinstance(exc, ssl.SSLError):
-            return f"TLS with {where} failed: {exc.reason or exc}"
-        if isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
-            return f"{where} closed the connection without an answer"
-        if isinstance(exc, OSError) and exc.strerror:
-            return f"cannot reach {where}: {exc.strerror}"
-        return f"cannot reach {where}: {type(exc).__name__}"
+        return unreachable_reason(exc, self.host, self.port, self.base_url, timeout)
+
+
+def unreachable_reason(exc: BaseException, host: str, port: int, url: str, timeout: float) -> str:
+    """Why no answer came from `url` (at `host`:`port`), in words that say what to check."""
+    where = f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"the host name {host!r} does not resolve: check the URL {url}"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused by {where}: is the server running there?"
+    if isinstance(exc, TimeoutError):
+        return f"no answer from {where} within {timeout:g} s"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"the TLS certificate of {where} is not trusted: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS with {where} failed: {exc.reason or exc}"
+    if isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+        return f"{where} closed the connection without an answer"
+    if isinstance(exc, OSError) and (exc.strerror or exc.args):
+        return f"cannot reach {where}: {exc.strerror or exc}"
+    return f"cannot reach {where}: {type(exc).__name__}"
 
 
 def _dropped(sock: socket.socket) -> bool:

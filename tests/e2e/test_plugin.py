@@ -9,6 +9,7 @@ that path against a loopback fake of the proxy that drops the Authorization head
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 import yaml
 from kubernetes import utils
 
+from tests.admin.test_cluster import PROXY_VARIABLES, exec_plugin
+from tests.connectproxy import ConnectProxy
 from tests.e2e.controlplane import write_kubeconfig
 from tests.e2e.system import SYSTEM_NAMESPACE, GpuSharing
 from tests.e2e.test_admission import example
@@ -28,8 +31,9 @@ PLUGIN = str(Path(sys.executable).parent / "kubectl-gpusharing")
 
 def plugin(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "GPUSHARING_LOG_LEVEL": "warning"}
-    env.pop("TIMEKEEPER_URL", None)
-    env.pop("TIMEKEEPER_TOKEN", None)
+    # The client, as kubectl, would also take a proxy (or exceptions to it) from the environment: none but the kubeconfig's.
+    for variable in ("TIMEKEEPER_URL", "TIMEKEEPER_TOKEN", *PROXY_VARIABLES):
+        env.pop(variable, None)
     return subprocess.run([PLUGIN, *args], capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -72,3 +76,41 @@ def test_the_service_proxy_is_asked_with_the_kubeconfigs_credentials(gpusharing:
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1
     assert refused.stderr.startswith("gpusharing: the API server did not reach the timekeeper (403): ")
     assert 'cannot get resource "services/proxy"' in refused.stderr
+
+
+def test_an_exec_plugins_token_through_the_clusters_proxy_url(gpusharing: GpuSharing, tmp_path: Path) -> None:
+    """The kubeconfig as kubectl reads it, on the real API server: a user whose exec plugin prints a ServiceAccount's
+    token (one that may view the namespace), every request through the cluster's proxy-url; then a token the API
+    server does not know, refused in one line."""
+    namespace = gpusharing.namespace("e2e-plugin-exec")
+    gpusharing.service_account(namespace, "viewer")
+    gpusharing.rest("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "viewer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}],
+    })
+    pod = gpusharing.create(namespace, example("hami-fraction.yaml"))
+    at = ("--timekeeper", gpusharing.timekeeper_url, "--token", gpusharing.budget_admin_token())
+    proxy = ConnectProxy()
+    try:
+        def kubeconfig(token: str) -> Path:
+            path = write_kubeconfig(tmp_path / token[:8], gpusharing.plane.url, gpusharing.plane.ca_file,
+                                    exec_plugin(tmp_path, dt.timedelta(hours=1), token=token))
+            document = yaml.safe_load(path.read_text())
+            document["clusters"][0]["cluster"]["proxy-url"] = proxy.url
+            path.write_text(yaml.safe_dump(document))
+            return path
+
+        explained = plugin(kubeconfig(gpusharing.token(namespace, "viewer", audience=None)), "explain",
+                           f"pod/{pod['metadata']['name']}", "-n", namespace, *at, "-o", "json")
+        assert explained.returncode == 0, explained.stderr
+        assert json.loads(explained.stdout)["pod"]["uid"] == pod["metadata"]["uid"]
+        assert set(proxy.tunnels) == {gpusharing.plane.url.removeprefix("https://")}
+
+        refused = plugin(kubeconfig("not-a-token-the-api-server-knows"), "explain", f"pod/{pod['metadata']['name']}",
+                         "-n", namespace, *at)
+        assert refused.returncode == 1 and refused.stdout == "" and refused.stderr.count("\n") == 1
+        assert refused.stderr.startswith(f"gpusharing: the API server {gpusharing.plane.url} refused the credentials of "
+                                         "context e2e (401 Unauthorized)")
+    finally:
+        proxy.close()

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
 
 from gpusharing.kube import watching
 from gpusharing.kube.watching import WatchedObjects
@@ -30,3 +34,26 @@ def test_a_list_is_read_a_page_at_a_time_and_only_what_is_extracted_is_kept(monk
     assert watched.items == {("ml", "p0"): "p0", ("ml", "p2"): "p2", ("ml", "p4"): "p4"}
     assert [call.get("_continue") for call in calls] == [None, "2", "4"] and all(call["limit"] == 2 for call in calls)
     assert changes == [True]
+
+
+def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Not a line per list retried (every few seconds, for as long as the API server is away)."""
+    monkeypatch.setattr(watching, "BACKOFF_SECONDS", (0,))
+    failures = iter(range(12))
+
+    def list_all(**kwargs: Any) -> SimpleNamespace:
+        if kwargs.get("watch"):  # listed again: the test ends as the watch begins
+            watched._stop.set()
+            raise ApiException(status=0, reason="stopped")
+        if next(failures, None) is not None:
+            raise ApiException(status=503, reason="Service Unavailable")
+        return SimpleNamespace(data=json.dumps({"items": [], "metadata": {"resourceVersion": "7"}}).encode())
+
+    watched = WatchedObjects("pods", list_all, lambda pod: pod)
+    caplog.set_level(logging.INFO, logger="gpusharing.kube.watching")
+    watched._run()
+    (started, ended) = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert started == ("WARNING", "the list and watch of pods is unavailable: HTTP 503: Service Unavailable; the last known "
+                                  "pods stay in force, listed again with backoff (up to 0 s) (logged again when it is back)")
+    assert ended[0] == "INFO" and ended[1].startswith("the list and watch of pods is back after ")
+    assert ended[1].endswith(" (12 lists failed): 0 pods listed")  # how long it lasted: tests/gpusharing/test_outage.py

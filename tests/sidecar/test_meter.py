@@ -1,5 +1,6 @@
 """The meter's arithmetic and bookkeeping, without processes: billing, the retry schedule, reports and their numbers."""
 
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -173,3 +174,29 @@ def test_the_loop_backs_off_while_the_timekeeper_fails_then_keeps_the_interval_a
     assert [body["seq"] for body in sent] == [1, 2, 3, 4, 5]
     assert [body.get("final", False) for body in sent] == [False] * 4 + [True]
     assert [body["gpuSeconds"] for body in sent] == [round(0.25 * sum(waits[:n]), 3) for n in range(5)]
+
+
+def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
+    config: MeterConfig, receiver: ReportSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a line per failed report (with many meters per node, for as long as the timekeeper is down)."""
+    clock = Clock(START)
+    meter = make_meter(config, clock)
+    caplog.set_level(logging.INFO, logger="sidecar.meter")
+    assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
+    receiver.status = 503
+    for _ in range(20):
+        clock.now += 60
+        assert meter.report(final=False, timeout=5).delivery is Delivery.UNAVAILABLE
+    receiver.status = 200
+    clock.now += 30
+    assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "report 1 accepted: 0.000 GPU-seconds"),
+        ("INFO", "namespace ml is in-budget"),
+        ("WARNING", f"the timekeeper at {receiver.url} is unavailable: report 2 not delivered: HTTP 503: "
+                    '{"state": "in-budget"}; the meter keeps counting and tries again with backoff; the first report '
+                    "delivered carries the whole total (logged again when it is back)"),
+        ("INFO", f"the timekeeper at {receiver.url} is back after 19 min 30 s (20 reports failed): report 22 accepted: "
+                 "307.500 GPU-seconds"),
+    ]

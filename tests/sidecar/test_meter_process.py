@@ -75,17 +75,19 @@ def test_an_outage_of_several_intervals_is_billed_in_full_when_the_timekeeper_is
     keeper = Timekeeper(tmp_path / "timekeeper")
     keeper.start()
     try:
-        meter = meters(keeper.url, "outage").start()
+        meter = meters(keeper.url, "outage", GPUSHARING_LOG_LEVEL="debug").start()
         eventually(lambda: accepted_seq(keeper, "outage") >= 2, "two reports accepted")
 
         keeper.stop()
-        meter.wait_for_log("not delivered", count=5)  # retried with backoff, several intervals' worth
+        meter.wait_for_log("still unavailable", count=4)  # retried with backoff, several intervals' worth (at debug)
         keeper.start()
         back_at = time.time()
         low, _ = meter.billed_between(back_at, back_at)
         eventually(lambda: charged(keeper, "outage") >= low, "the first report after the outage carrying all of it")
 
         assert_billed_to_the_end(keeper, meter, meter.terminate())
+        # At info and above, the outage is two lines: its start and its end.
+        assert meter.log().count(" is unavailable: ") == 1 and meter.log().count(" is back after ") == 1
     finally:
         keeper.stop()
 
@@ -157,8 +159,8 @@ def test_without_a_gpu_the_meter_says_so_once_and_reports_without_gpu_figures(ti
 
 
 def test_sigterm_while_the_timekeeper_is_unreachable_still_exits_0_within_the_grace_period(meters: Meters) -> None:
-    meter = meters(f"http://127.0.0.1:{free_port()}", "unreachable").start()
-    meter.wait_for_log("not delivered", count=2)
+    meter = meters(f"http://127.0.0.1:{free_port()}", "unreachable", GPUSHARING_LOG_LEVEL="debug").start()
+    meter.wait_for_log("still unavailable", count=1)
 
     stopped = meter.terminate()  # waits at most the grace period
 

@@ -104,7 +104,7 @@ def test_set_changes_only_what_it_names_and_a_new_budget_takes_the_servers_defau
         assert row("--no-evict-on-exhaustion") == ["team-a", "20.0", "0.0", "20.0", "in-budget", "weekly", "no"]
         assert row("--unlimited") == ["team-a", "unlimited", "0.0", "-", "unlimited", "weekly", "no"]
         code, _, err = run(capsys, "budget", "set", "team-a", *admin)
-        assert code == 1
+        assert code == 2
         assert err == ("gpusharing: nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
                        "--parent, --no-parent, --warning-thresholds, --admission or --on-shortfall\n")
         code, out, _ = run(capsys, "budget", "ls", *admin)

@@ -4,6 +4,7 @@ leader election against the fake API, and the API on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 import pytest
 
@@ -111,6 +112,30 @@ def test_leader_election_takes_over_only_a_lapsed_lease(fake_kube: FakeKube) -> 
     assert (lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]) == ("second", 1)
     second.release()
     assert first.try_acquire_or_renew()  # given up: taken at once
+
+
+def test_an_api_outage_is_one_line_when_it_starts_and_one_when_it_ends(fake_kube: FakeKube, caplog: pytest.LogCaptureFixture) -> None:
+    """Not a line per renewal (every controller pass, in every worker)."""
+    now = [0.0]
+    election = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "me", 10, monotonic=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="timekeeper.cluster.leader")
+    assert election.try_acquire_or_renew()
+    fake_kube.up = False
+    for _ in range(30):
+        now[0] += 10
+        assert not election.try_acquire_or_renew()
+    fake_kube.up = True
+    now[0] += 10
+    assert election.try_acquire_or_renew() and election.try_acquire_or_renew()
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["INFO", "WARNING", "INFO", "INFO", "INFO"], lines
+    assert lines[0][1] == "took the lease gpusharing-system/gpusharing-timekeeper as me"
+    assert lines[1][1].startswith("the Lease gpusharing-system/gpusharing-timekeeper is unavailable: ")
+    assert lines[1][1].endswith("; this process does not lead meanwhile: GPUBudgets are not synced, no Event is written and "
+                                "no pod evicted (logged again when it is back)")
+    assert lines[2][1] == "lost the lease gpusharing-system/gpusharing-timekeeper as me"
+    assert lines[3][1] == "the Lease gpusharing-system/gpusharing-timekeeper is back after 5 min 00 s (30 renewals failed)"
+    assert lines[4][1] == "took the lease gpusharing-system/gpusharing-timekeeper as me"
 
 
 def test_a_stale_write_loses_the_race(fake_kube: FakeKube) -> None:

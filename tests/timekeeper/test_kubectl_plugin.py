@@ -110,7 +110,8 @@ def test_without_a_token_of_the_budget_admin_it_says_how_to_give_one(cluster: Fa
     assert plugin(capsys, "budget", "ls", "--token", READER)[0] == 0
     cluster.caller_token = "revoked"  # the API server no longer takes the kubeconfig's credentials
     code, _, err = plugin(capsys, "budget", "ls", "--token", READER)
-    assert (code, err) == (1, "gpusharing: the API server did not reach the timekeeper (401): Unauthorized\n")
+    assert code == 1 and err.startswith(f"gpusharing: the API server {cluster.url} refused the credentials of context "
+                                        "fake-user (401 Unauthorized): log in again") and err.count("\n") == 1
 
 
 def test_a_url_is_used_as_given_and_a_missing_kubeconfig_is_one_line(
@@ -120,7 +121,7 @@ def test_a_url_is_used_as_given_and_a_missing_kubeconfig_is_one_line(
     assert plugin(capsys, "budget", "ls", "--timekeeper", url)[0] == 0
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     code, out, err = plugin(capsys, "budget", "ls")
-    assert (code, out) == (2, "") and err.startswith("gpusharing: cannot use the kubeconfig") and err.count("\n") == 1
+    assert (code, out) == (2, "") and err.startswith("gpusharing: no kubeconfig at ") and err.count("\n") == 1
     code, _, err = plugin(capsys, "budget", "ls", "--kubeconfig", os.environ["KUBECONFIG"] + "-too", "--context", "x")
     assert code == 2 and err.count("\n") == 1
 

@@ -215,6 +215,6 @@ def test_gpusharing_usage_prints_a_table_csv_or_json(
             {"namespace": "team-b", "gpuSeconds": 60.0, "gpuMinutes": 1.0, "billedGpuSeconds": 60.0, "billedGpuMinutes": 1.0,
              "meteredGpuMinutes": 0.0, "idleGpuMinutes": None}]
         code, out, err = run(capsys, "usage", *days, "--by", "gpu")
-        assert code == 1 and out == "" and "groupBy keys are namespace, day, model, pod or label:KEY" in err
+        assert code == 2 and out == "" and "groupBy keys are namespace, day, model, pod or label:KEY" in err
         code, out, err = run(capsys, "budget", "ls", "--timekeeper", url, "--token", READER, "-o", "csv")
         assert code == 2 and out == "" and "-o csv is for usage reports" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -52,6 +53,39 @@ def test_last_known_states_stay_in_force_when_the_timekeeper_is_down(timekeeper:
     timekeeper.up = False
     assert not cache.refresh()
     assert cache.state_of("a") is BudgetState.OVER_BUDGET
+
+
+def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(timekeeper: FakeTimekeeper, caplog: pytest.LogCaptureFixture) -> None:
+    """Not a line per poll (every few seconds, in every worker): one saying how admission carries on, one saying how
+    long it lasted."""
+    now = [1000.0]
+    cache = BudgetStateCache(timekeeper.url, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="webhook.caches.budgets")
+    timekeeper.set_states(a="over-budget")
+    assert cache.refresh()
+    timekeeper.up = False
+    for _ in range(50):
+        now[0] += 5
+        assert not cache.refresh() and cache.state_of("a") is BudgetState.OVER_BUDGET
+    timekeeper.up = True
+    now[0] += 5
+    assert cache.refresh() and cache.refresh()
+    listing = f"the timekeeper's budget listing {timekeeper.url}/api/v1/budgets"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"{listing} is unavailable: HTTP 503; GPU pods are admitted on the budget states it last listed "
+                    "(logged again when it is back)"),
+        ("INFO", f"{listing} is back after 4 min 10 s (50 polls failed): budget states are current again"),
+    ]
+
+
+def test_an_outage_from_the_start_says_that_no_state_is_known(caplog: pytest.LogCaptureFixture) -> None:
+    cache = BudgetStateCache("http://127.0.0.1:9")
+    caplog.set_level(logging.INFO, logger="webhook.caches.budgets")
+    assert not cache.refresh() and not cache.refresh()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == ("the timekeeper's budget listing http://127.0.0.1:9/api/v1/budgets is unavailable: connection refused by "
+                    "127.0.0.1:9: is the server running there?; no budget state is known yet: every namespace is unknown, "
+                    "its GPU pods admitted as in budget (logged again when it is back)")
 
 
 def test_unreachable_timekeeper_is_survived() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from kubernetes import client
 
+from gpusharing.outage import Outage
 from timekeeper.cluster.kube import KubeApi, KubeUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,17 @@ class LeaderElection:
         self._observed: tuple[Any, ...] | None = None  # the record as last seen, and when (by our clock)
         self._observed_at = 0.0
         self.leading = False
+        self._outage = Outage(log, f"the Lease {namespace}/{name}", "renewals", monotonic)
 
     def try_acquire_or_renew(self) -> bool:
         """Takes or renews the Lease; False while another process holds it, or when the API cannot be reached."""
         was_leading = self.leading
         try:
             self.leading = self._try()
+            self._outage.succeeded()
         except KubeUnavailable as exc:
-            log.warning("leader election: %s; will try again", exc)
+            self._outage.failed(exc, "this process does not lead meanwhile: GPUBudgets are not synced, no Event is "
+                                "written and no pod evicted")
             self.leading = False
         if self.leading != was_leading:
             log.info("%s the lease %s/%s as %s", "took" if self.leading else "lost", self.namespace, self.name, self.identity)

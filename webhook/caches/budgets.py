@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
+from gpusharing.outage import Outage
 from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 from gpusharing.thresholds import usage_warning
 from webhook.caches.reservations import Grant, Reservations
@@ -131,6 +133,7 @@ class BudgetStateCache:
         refresh_seconds: float = 5.0,
         on_refresh: Any = None,
         reservations: Reservations | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._http = JsonClient(timekeeper_url, timeout=5, connect_timeout=2) if timekeeper_url else None
         self._url = f"{timekeeper_url}{LISTING_PATH}"
@@ -138,6 +141,8 @@ class BudgetStateCache:
         self._refresh_seconds = refresh_seconds
         self._on_refresh = on_refresh  # called with True/False after each attempt (metrics)
         self._states = BudgetStates({})
+        self._listed = False  # whether the timekeeper has ever answered
+        self._outage = Outage(log, f"the timekeeper's budget listing {self._url}", "polls", clock)
         self.reservations = reservations or Reservations()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -169,13 +174,17 @@ class BudgetStateCache:
         try:
             answer = self._http.request("GET", LISTING_PATH, token=self._token())
             if answer.status != 200:
-                raise ValueError(f"HTTP {answer.status}: {answer.message}")
+                raise ValueError(f"HTTP {answer.status}" + (f": {answer.message}" if answer.message else ""))
             states = states_from_listing(answer.json())
         except (Unreachable, ValueError, OSError) as exc:
-            log.warning("budget states not refreshed from %s, keeping the last known: %s", self._url, exc)
+            meanwhile = ("GPU pods are admitted on the budget states it last listed" if self._listed else
+                         "no budget state is known yet: every namespace is unknown, its GPU pods admitted as in budget")
+            self._outage.failed(exc, meanwhile)
             self._report(False)
             return False
         self.swap(states)
+        self._listed = True
+        self._outage.succeeded("budget states are current again")
         self._report(True)
         return True
 
