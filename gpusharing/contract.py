@@ -16,6 +16,10 @@ ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 # Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
 ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
 
+# The finalizer the webhook puts on every GPU pod it governs, which the timekeeper alone removes once the pod's bill
+# is closed: a deleted pod stays until then, so the pod's end cannot escape its bill.
+BILLING_FINALIZER = "gpusharing.io/billing"
+
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
 
