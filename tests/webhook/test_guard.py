@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from demo.apiserver import admission_review
+from demo.apiserver import admission_review, api_server_pod
 from tests.webhook.test_admission import admitted, as_the_api_server_stores_it, gpu_pod, meter_of, patch_of, review
 from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache
@@ -102,6 +102,13 @@ def test_only_the_timekeeper_or_a_cluster_admin_removes_the_finalizer(client: Fl
     relabelled["metadata"]["finalizers"].append("example.com/archive")
     assert update(client, stored, relabelled, NAMESPACE_ADMIN)["allowed"]
     assert update(client, relabelled, stored, NAMESPACE_ADMIN)["allowed"]
+
+
+def test_a_finalizer_written_by_hand_on_a_pod_the_webhook_does_not_govern_is_its_users(client: FlaskClient) -> None:
+    web = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "finalizers": [FINALIZER]},
+                          "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}})
+    assert review(client, admission_review(web), "/validate")["allowed"]
+    assert update(client, web, without_finalizer(web), NAMESPACE_ADMIN)["allowed"]
 
 
 def test_the_accounts_that_may_remove_the_finalizer_are_a_setting(budgets: BudgetStateCache) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
+from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.messages import shortened
 from webhook.admission.meter import meter_identity, meter_volume_names, token_volume_name
@@ -70,7 +70,11 @@ def _finalizers(pod: dict[str, Any]) -> list[Any]:
 
 
 def _finalizer_removed(old: dict[str, Any], new: dict[str, Any], request: AdmissionRequest, config: WebhookConfig) -> str | None:
+    """On a pod the webhook governs (it carries the record, which no UPDATE may remove): elsewhere the finalizer was
+    written by hand, and is the pod's users' to remove."""
     if not config.billing_finalizer or BILLING_FINALIZER not in _finalizers(old) or BILLING_FINALIZER in _finalizers(new):
+        return None
+    if ANNOTATION_GPU_SHARE not in as_mapping(as_mapping(old.get("metadata")).get("annotations")):
         return None
     if request.username in config.billing_accounts or CLUSTER_ADMINS in request.groups:
         return None
