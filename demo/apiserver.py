@@ -92,25 +92,28 @@ def admission_review(
     old: dict[str, Any] | None = None,
     dry_run: bool = False,
     version: str = "v1",
+    sub_resource: str = "",
+    user: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The review of `operation` on `pod` (the pod itself, or its `sub_resource`, whose reviews carry the whole Pod),
+    sent on behalf of `user` (userInfo; default: the Job controller)."""
     namespace = ((pod or old or {}).get("metadata") or {}).get("namespace", "ml-team")
     name = ((pod or old or {}).get("metadata") or {}).get("name", "")
-    return {
-        "apiVersion": f"admission.k8s.io/{version}",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": name,
-            "namespace": namespace,
-            "operation": operation,
-            "userInfo": {"username": "system:serviceaccount:kube-system:job-controller", "groups": ["system:serviceaccounts"]},
-            "object": pod,
-            "oldObject": old,
-            "dryRun": dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions"},
-        },
+    request: dict[str, Any] = {
+        "uid": str(uuid.uuid4()),
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": name,
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": user or {"username": "system:serviceaccount:kube-system:job-controller", "groups": ["system:serviceaccounts"]},
+        "object": pod,
+        "oldObject": old,
+        "dryRun": dry_run,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions"},
     }
+    if sub_resource:
+        request["subResource"] = request["requestSubResource"] = sub_resource
+    return {"apiVersion": f"admission.k8s.io/{version}", "kind": "AdmissionReview", "request": request}

@@ -6,13 +6,11 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
-
-from gpusharing.serving.logs import configure_logging
-from gpusharing.settings.env import ConfigError
 
 # Each role's module has register(subparsers); its parsers set `run` to a function taking the parsed args. A module
-# may also have global_options(parser): options taken before the command too, as kubectl takes its global flags.
+# may also have global_options(parser): options taken before the command too, as kubectl takes its global flags;
+# and prepare(): what must happen before anything else is loaded (the meter blocks its stop signals), which is why
+# this module imports nothing more at its top.
 # Keyed by the commands each one registers, so that a command loads only its own role: the meter runs in every
 # GPU pod under a small memory limit and must not carry the servers' libraries.
 _ROLES = {
@@ -38,6 +36,8 @@ EXAMPLES = """examples:
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # a few tens of milliseconds: see _ROLES
+
     try:
         return version("kube-gpusharing")
     except PackageNotFoundError:  # run from a source tree that was never installed
@@ -68,6 +68,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpusharing", plugin: bo
     """`plugin`: run as `kubectl gpusharing`, which finds the timekeeper through the kubeconfig when given no URL."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((word for word in argv if word in _ROLES), None)  # global options may come before it
+    if command is not None:
+        getattr(importlib.import_module(_ROLES[command]), "prepare", lambda: None)()
+    from gpusharing.serving.logs import configure_logging  # after the role's preparation: see _ROLES
+    from gpusharing.settings.env import ConfigError
+
     try:
         args = build_parser(command, prog).parse_args(argv)
         args.plugin = plugin

@@ -16,8 +16,8 @@ ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 # Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
 ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
 
-# On every governed GPU pod (added by the webhook): the timekeeper removes it once the pod's bill is closed, so that
-# no pod disappears unbilled, even one deleted while every timekeeper was down.
+# The finalizer the webhook puts on every GPU pod it governs, which the timekeeper alone removes once the pod's bill
+# is closed: a deleted pod stays until then, so the pod's end cannot escape its bill.
 BILLING_FINALIZER = "gpusharing.io/billing"
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from sidecar.signals import block_stop_signals
+
+
+def prepare() -> None:
+    """Before anything else is loaded (a fifth of a second of imports): SIGTERM and SIGINT wait for the meter."""
+    block_stop_signals()
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     meter = subparsers.add_parser(

@@ -16,6 +16,7 @@ from gpusharing.settings.env import ConfigError
 from sidecar.client import Answer, Delivery, TimekeeperClient
 from sidecar.config import MeterConfig
 from sidecar.nvml import GpuReader, load_reader
+from sidecar.signals import STOP_SIGNALS, block_stop_signals
 from sidecar.state import MeterState, StateFile
 
 log = logging.getLogger(__name__)
@@ -154,19 +155,17 @@ class Meter:
 
 
 class StopSignals:
-    """SIGTERM and SIGINT, taken synchronously: blocked from the start, then waited for between reports.
+    """SIGTERM and SIGINT, taken synchronously: blocked from the process's start, then waited for between reports.
 
     Waiting with sigtimedwait rather than handling them asynchronously means a signal never interrupts a
     state-file write or a request half-way; it is seen at the next wait, at most one request timeout later.
     """
 
-    SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-
     def __init__(self) -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+        block_stop_signals()  # already, when `gpusharing meter` runs it: see sidecar.signals
 
     def __call__(self, seconds: float) -> bool:
-        received = signal.sigtimedwait(self.SIGNALS, max(0.0, seconds))
+        received = signal.sigtimedwait(STOP_SIGNALS, max(0.0, seconds))
         if received is not None:
             log.info("%s received: sending the final report", signal.Signals(received.si_signo).name)
         return received is not None

@@ -7,11 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpusharing.gpu.request import GpuRequestSettings
-from gpusharing.settings.env import env_choice, env_float, env_int, env_list, env_text, env_url
+from gpusharing.settings.env import env_choice, env_flag, env_float, env_int, env_list, env_text, env_url
 from gpusharing.settings.gpu import gpu_request_settings
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 SIDECAR_MODES = ("native", "container")
+TIMEKEEPER_SERVICE_ACCOUNT = "gpusharing-timekeeper"  # the timekeeper's ServiceAccount, in the webhook's namespace
+CLUSTER_ADMINS = "system:masters"  # the group that may clear the billing finalizer of a stuck pod
+
+
+def timekeeper_account(namespace: str) -> str:
+    """The username the API server gives the timekeeper's ServiceAccount tokens."""
+    return f"system:serviceaccount:{namespace}:{TIMEKEEPER_SERVICE_ACCOUNT}"
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,9 @@ class WebhookConfig:
     # and how long a reservation waits for the timekeeper to count its pod.
     admission_slices: int = 1
     reservation_seconds: float = 300.0
+    # The billing finalizer on every governed pod, and the users who may remove it (besides cluster admins).
+    billing_finalizer: bool = True
+    billing_accounts: frozenset[str] = frozenset((timekeeper_account("gpusharing-system"),))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WebhookConfig:
@@ -75,4 +85,6 @@ class WebhookConfig:
             kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             admission_slices=env_int("GPUSHARING_WEBHOOK_REPLICAS", 1, 1, environ) * env_int("GPUSHARING_WEBHOOK_WORKERS", 1, 1, environ),
             reservation_seconds=env_float("GPUSHARING_RESERVATION_SECONDS", 300.0, 1.0, environ),
+            billing_finalizer=env_flag("GPUSHARING_BILLING_FINALIZER", True, environ),
+            billing_accounts=frozenset(env_list("GPUSHARING_BILLING_ACCOUNTS", (timekeeper_account(own_namespace),), environ)),
         )

@@ -23,10 +23,11 @@ from typing import Any, TypeVar
 
 import pytest
 import requests
-from kubernetes import utils
+from kubernetes import client, utils
+from kubernetes.client.exceptions import ApiException
 
 from demo.processes import Service, free_port
-from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
+from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.serving.certs import make_serving_certificate
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
 from tests.kustomize import installable_manifests, kustomize
@@ -170,6 +171,7 @@ class GpuSharing:
         """One call to the API server as the cluster admin; the answer's JSON, or ApiError with the server's Status."""
         content_type = {
             "": "application/json", "merge": "application/merge-patch+json", "strategic": "application/strategic-merge-patch+json",
+            "json": "application/json-patch+json",
         }[patch]
         response = self.session.request(
             method, f"{self.plane.url}{path}", params=query, data=None if body is None else json.dumps(body),
@@ -223,6 +225,46 @@ class GpuSharing:
 
     def service_account(self, namespace: str, name: str) -> None:
         self.rest("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
+
+    def core_api_as(self, namespace: str, service_account: str) -> client.CoreV1Api:
+        """The official client's core API with a ServiceAccount's own token: what RBAC grants it, and nothing more."""
+        kubeconfig = write_kubeconfig(self.directory / f"{namespace}.{service_account}.kubeconfig", self.plane.url,
+                                      self.plane.ca_file, {"token": self.token(namespace, service_account, audience=None)})
+        return client.CoreV1Api(self.plane.api_client(kubeconfig))
+
+    def namespace_admin(self, namespace: str) -> client.CoreV1Api:
+        """A tenant's administrator: a ServiceAccount with the built-in `admin` ClusterRole bound in `namespace` alone
+        (that role is aggregated by a controller, so the caller needs kube-controller-manager)."""
+        self.service_account(namespace, "tenant-admin")
+        self.rest("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "tenant-admin"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant-admin", "namespace": namespace}],
+        })
+        api = self.core_api_as(namespace, "tenant-admin")
+        wait_for(lambda: _allowed(lambda: api.list_namespaced_pod(namespace)), f"the admin of {namespace} to list its pods")
+        return api
+
+    def release(self, namespace: str, name: str) -> None:
+        """Removes the billing finalizer from a pod as a cluster admin would (the timekeeper does once the pod's bill
+        is closed), if the pod still carries it."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+        def released() -> bool:
+            pod = self.pod(namespace, name)
+            finalizers = pod["metadata"].get("finalizers", []) if pod else []
+            if BILLING_FINALIZER not in finalizers:
+                return True
+            at = f"/metadata/finalizers/{finalizers.index(BILLING_FINALIZER)}"
+            try:  # tested first: the timekeeper may be removing it at the same time
+                self.rest("PATCH", path, [{"op": "test", "path": at, "value": BILLING_FINALIZER}, {"op": "remove", "path": at}], patch="json")
+            except ApiError as exc:
+                if exc.status not in (404, 409, 422):
+                    raise
+                return False
+            return True
+
+        wait_for(released, f"the billing finalizer of pod {namespace}/{name} removed")
 
     def token(
         self, namespace: str, service_account: str, audience: str | None = TIMEKEEPER_TOKEN_AUDIENCE, pod: dict[str, Any] | None = None
@@ -308,6 +350,17 @@ class GpuSharing:
         probe = {**probe, "metadata": {**probe["metadata"], "name": "budget-state-probe"}}
         created = self.create(namespace, probe, dry_run=True)
         return str(created["metadata"]["annotations"]["gpusharing.io/budget-state"])
+
+
+def _allowed(call: Callable[[], object]) -> bool:
+    """Whether the API server lets the call through (False on 403: RBAC may not have caught up yet)."""
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return False
+    return True
 
 
 def _collection(manifest: dict[str, Any], namespace: str | None = None) -> str:

@@ -79,6 +79,7 @@ def test_pods_are_admitted_while_their_deadlines_fit_the_uncommitted_budget(gpus
 
     # A pod that ends (here: deleted before it ran) commits nothing any more: room for another.
     gpusharing.rest("DELETE", f"/api/v1/namespaces/{namespace}/pods/first")
+    gpusharing.release(namespace, "first")  # its bill closed (the billing finalizer held it until then)
     wait_for(lambda: budget(gpusharing, namespace)["committedGpuMinutes"] == 5, "the deleted pod's commitment given back")
     again = wait_for(lambda: created(gpusharing, namespace, half_gpu_pod("again", 600)), "a pod admitted in the room made")
     assert again["spec"]["priorityClassName"] == "gpusharing-in-budget"

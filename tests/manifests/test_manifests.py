@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import re
 import shutil
 import subprocess
@@ -109,12 +110,14 @@ def test_webhook_configurations(objects: list[dict[str, Any]], kind: str) -> Non
     service = webhook["clientConfig"]["service"]
     assert (service["name"], service["namespace"]) == ("gpusharing-webhook", "gpusharing-system")
     (rule,) = webhook["rules"]
-    assert (rule["apiGroups"], rule["resources"]) == ([""], ["pods"])
     if kind == "MutatingWebhookConfiguration":
         assert webhook["reinvocationPolicy"] == "IfNeeded"
         assert (service["path"], rule["operations"]) == ("/mutate", ["CREATE"])
+        assert (rule["apiGroups"], rule["resources"]) == ([""], ["pods"])
     else:
         assert (service["path"], rule["operations"]) == ("/validate", ["CREATE", "UPDATE"])
+        # What could reach into the meter: its ephemeral containers, its resources.
+        assert (rule["apiGroups"], rule["resources"]) == ([""], ["pods", "pods/ephemeralcontainers", "pods/resize"])
     (expression,) = webhook["namespaceSelector"]["matchExpressions"]
     assert (expression["key"], expression["operator"]) == ("kubernetes.io/metadata.name", "NotIn")
     assert set(expression["values"]) == SYSTEM_NAMESPACES
@@ -125,8 +128,8 @@ def match_conditions(objects: list[dict[str, Any]], kind: str) -> Any:
     environment = celpy.Environment()
     program = environment.program(environment.compile(condition["expression"]))
 
-    def matches(pod: dict[str, Any], old: dict[str, Any] | None = None) -> bool:
-        request = admission_review(pod, "UPDATE" if old else "CREATE", old=old)["request"]
+    def matches(pod: dict[str, Any], old: dict[str, Any] | None = None, sub_resource: str = "") -> bool:
+        request = admission_review(pod, "UPDATE" if old else "CREATE", old=old, sub_resource=sub_resource)["request"]
         activation = {
             "object": celpy.json_to_cel(pod),
             "oldObject": celpy.json_to_cel(old),
@@ -184,6 +187,21 @@ def test_validation_also_sees_updates_of_the_record(objects: list[dict[str, Any]
     recorded = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "annotations": {"gpusharing.io/gpu-share": "0.5"}}, "spec": NO_GPU["spec"]})
     assert matches(NO_GPU, old=recorded) and matches(recorded, old=NO_GPU)
     assert not matches(NO_GPU, old=NO_GPU)
+
+
+def test_validation_also_sees_updates_of_pods_with_the_billing_finalizer_or_the_meter(objects: list[dict[str, Any]]) -> None:
+    matches = match_conditions(objects, "ValidatingWebhookConfiguration")
+    finalized = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "finalizers": ["example.com/a", "gpusharing.io/billing"]},
+                                "spec": NO_GPU["spec"]})
+    assert matches(finalized) and matches(NO_GPU, old=finalized) and matches(finalized, old=NO_GPU)
+    assert not matches(NO_GPU, old={**NO_GPU, "metadata": {**NO_GPU["metadata"], "finalizers": ["example.com/a"]}})
+    for list_name in ("initContainers", "containers"):
+        metered = copy.deepcopy(NO_GPU)
+        metered["spec"].setdefault(list_name, []).insert(0, {"name": "gpusharing-meter", "image": "meter:1"})
+        assert matches(NO_GPU, old=metered), list_name  # the meter removed
+        # The object of an ephemeral containers' or a resize's review is the whole Pod.
+        for sub_resource in ("ephemeralcontainers", "resize"):
+            assert matches(metered, old=metered, sub_resource=sub_resource)
 
 
 def test_priority_classes_demote_without_preempting(objects: list[dict[str, Any]]) -> None:
@@ -250,6 +268,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),  # safe admission: what the running pods' deadlines commit; billing: what ran
+        ("", "pods", "patch"),  # the billing finalizer, removed once a pod's bill is closed
         ("", "pods/eviction", "create"),
         ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),  # DRA pods' bills
         ("", "events", "create"),

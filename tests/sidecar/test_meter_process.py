@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import pytest
 
 from demo.processes import free_port
 from tests.sidecar import fake_gpu
-from tests.sidecar.conftest import INTERVAL, METER_TOKENS, ROOT, MeterProcess, Stopped, Timekeeper, eventually
+from tests.sidecar.conftest import GRACE_SECONDS, INTERVAL, METER_TOKENS, ROOT, MeterProcess, Stopped, Timekeeper, eventually
 
 ROUNDING = 0.002  # the meter reports GPU-seconds to the millisecond
 
@@ -166,6 +167,35 @@ def test_sigterm_while_the_timekeeper_is_unreachable_still_exits_0_within_the_gr
 
     assert stopped.exit_code == 0
     assert "stopping without a final report" in meter.log()
+
+
+def proc_status(pid: int, field: str) -> str:
+    """A field of /proc/PID/status: what the kernel says of the process."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next(line.split(":", 1)[1].strip() for line in lines if line.startswith(f"{field}:"))
+
+
+def test_a_sigterm_while_the_meter_still_loads_its_libraries_waits_for_it_and_gets_the_final_report(
+    timekeeper: Timekeeper, meters: Meters
+) -> None:
+    meter = meters(timekeeper.url, "early").start()
+    assert meter.process is not None
+    pid = meter.process.pid
+    # The meter blocks SIGTERM first of all. It is stopped there, before it has loaded the TLS library its client
+    # needs (most of a fifth of a second of imports are still to come), and given SIGTERM at that moment.
+    eventually(lambda: bool(int(proc_status(pid, "SigBlk"), 16) & 1 << (signal.SIGTERM - 1)), "SIGTERM blocked")
+    os.kill(pid, signal.SIGSTOP)
+    eventually(lambda: proc_status(pid, "State").startswith("T"), "the meter stopped")
+    loaded = Path(f"/proc/{pid}/maps").read_text()
+    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGCONT)
+    exit_code = meter.process.wait(timeout=GRACE_SECONDS)
+
+    assert "/_ssl." not in loaded, "SIGTERM was blocked only once the meter's libraries were loaded"
+    assert exit_code == 0  # not -15: the signal waited, pending, for the meter's first wait
+    [pod] = timekeeper.pods("early")
+    assert pod["final"] is True
+    assert "SIGTERM received: sending the final report" in meter.log()
 
 
 @pytest.mark.parametrize(

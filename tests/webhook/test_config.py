@@ -95,3 +95,16 @@ def test_safe_admission_splits_each_uncommitted_budget_among_replicas_times_work
     assert (config.admission_slices, config.reservation_seconds) == (6, 120.0)
     with pytest.raises(ConfigError, match="GPUSHARING_WEBHOOK_REPLICAS"):
         WebhookConfig.from_env({"GPUSHARING_WEBHOOK_REPLICAS": "0"})
+
+
+def test_the_billing_finalizer_is_on_and_removed_by_the_timekeeper_of_the_webhooks_namespace() -> None:
+    config = WebhookConfig.from_env({})
+    assert config.billing_finalizer is True
+    assert config.billing_accounts == {"system:serviceaccount:gpusharing-system:gpusharing-timekeeper"}
+    # Installed elsewhere (the chart's release namespace), the timekeeper's ServiceAccount is there too.
+    elsewhere = WebhookConfig.from_env({"GPUSHARING_WEBHOOK_NAMESPACE": "gpu-governance"})
+    assert elsewhere.billing_accounts == {"system:serviceaccount:gpu-governance:gpusharing-timekeeper"}
+    given = WebhookConfig.from_env({"GPUSHARING_BILLING_FINALIZER": "off", "GPUSHARING_BILLING_ACCOUNTS": " closer , ops "})
+    assert (given.billing_finalizer, given.billing_accounts) == (False, {"closer", "ops"})
+    with pytest.raises(ConfigError, match="GPUSHARING_BILLING_FINALIZER='sometimes' must be true or false"):
+        WebhookConfig.from_env({"GPUSHARING_BILLING_FINALIZER": "sometimes"})

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from demo.apiserver import admission_review
 from gpusharing.contract import ANNOTATION_GPU_SHARE, ANNOTATION_PREFIX
 from gpusharing.gpu.dialects import ALIYUN_KEYS, GPU_MANAGER_KEYS, KAI_ANNOTATIONS, NVIDIA_GPU, HamiSettings
+from gpusharing.gpu.reading import as_mapping
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE, SHARE_PRECISION
 from tests.hostile import JSON_VALUES, NUMBER_TEXT
 from webhook.api.reviews import MAX_REVIEW_BYTES
@@ -44,6 +45,19 @@ def containers(draw: st.DrawFn) -> Any:
     return {"name": draw(NAMES | JSON_VALUES), "image": "cuda", "resources": resources}
 
 
+METER_NAMES = st.sampled_from(["gpusharing-meter", "gpusharing-meter-token", "gpusharing-meter-state", "infer"])
+
+
+@st.composite
+def ephemeral_containers(draw: st.DrawFn) -> Any:
+    """What `kubectl debug` adds, aimed at the meter or its volumes, or anything at all."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(JSON_VALUES)
+    mounts = draw(st.lists(st.fixed_dictionaries({"name": METER_NAMES | JSON_VALUES, "mountPath": st.just("/m")}) | JSON_VALUES, max_size=2))
+    return {"name": draw(NAMES | JSON_VALUES), "image": "busybox", "targetContainerName": draw(METER_NAMES | JSON_VALUES),
+            "volumeMounts": mounts}
+
+
 @st.composite
 def reviews(draw: st.DrawFn) -> dict[str, Any]:
     """AdmissionReviews of pods whose GPU requests, annotations and shapes are anything at all."""
@@ -57,10 +71,17 @@ def reviews(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 9)) == 0:
         request["object"]["metadata"] = draw(JSON_VALUES)
     if draw(st.integers(0, 9)) == 0:
-        request[draw(st.sampled_from(["uid", "operation", "kind", "namespace", "object", "oldObject"]))] = draw(JSON_VALUES)
-    if draw(st.integers(0, 4)) == 0:
+        request[draw(st.sampled_from(["uid", "operation", "kind", "namespace", "object", "oldObject", "userInfo", "subResource"]))] = draw(JSON_VALUES)
+    if draw(st.integers(0, 4)) == 0:  # an UPDATE, of the pod or of a subresource, that may take the finalizer off
         request["operation"] = "UPDATE"
         request["oldObject"] = copy.deepcopy(request["object"])
+        request["subResource"] = draw(st.sampled_from(["", "ephemeralcontainers", "resize", "status"]))
+        old_metadata = as_mapping(request["oldObject"]).get("metadata")
+        if isinstance(old_metadata, dict):
+            old_metadata["finalizers"] = draw(st.lists(st.sampled_from(["gpusharing.io/billing", "x"]) | JSON_VALUES, max_size=2) | JSON_VALUES)
+        spec = as_mapping(request["object"]).get("spec")
+        if isinstance(spec, dict):
+            spec["ephemeralContainers"] = draw(st.lists(ephemeral_containers(), max_size=2) | JSON_VALUES)
     return review
 
 

@@ -21,6 +21,7 @@ from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
 from gpusharing.units.quantity import QuantityError, parse_whole_quantity
 from gpusharing.units.share import format_share
+from webhook.admission.guard import add_billing_finalizer, foreign_timekeeper_token, guard_update, missing_billing_finalizer
 from webhook.admission.meter import (
     meter_container,
     meter_identity,
@@ -49,11 +50,12 @@ def admit(
     specs of the resource claims a pod names and `jobs` the deadlines of Jobs (the webhook's in-memory indexes);
     `reserve` holds safe admission's reservations (None: none are held, each pod is checked alone)."""
     pod = request.object
-    if not request.is_pod or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
+    if not (request.is_pod or request.is_pod_subresource) or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
         return Decision()
     if request.operation == "UPDATE":
-        return _check_record_unchanged(request.old_object or {}, pod)
-    if request.operation != "CREATE":
+        refused = guard_update(request, config)
+        return Decision.deny(403, refused) if refused else _check_record_unchanged(request.old_object or {}, pod)
+    if request.operation != "CREATE" or not request.is_pod:
         return Decision()
     def in_namespace(source: ClaimSource, _: str, name: str) -> ClaimSpec:
         return claims(source, request.namespace, name)  # the request's namespace: the pod's may not be set yet
@@ -70,13 +72,13 @@ def admit(
     # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
     # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
     earlier = _earlier_meter(pod, config) if mutate else None
-    problem = _check_meter(pod, config, record, earlier)
+    problem = _check_meter(pod, config, record, earlier) or foreign_timekeeper_token(pod, config)
     if problem:
         return Decision.deny(403, problem, dialect)
     if gpu is None:
         return Decision()
     if not mutate:
-        problem = _check_record_matches(pod, record)
+        problem = _check_record_matches(pod, record) or missing_billing_finalizer(pod, config)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
     budget = budget_of(request.namespace)
     weight = config.gpu_request.catalogue.weight_of(gpu.model)
@@ -253,6 +255,7 @@ def _mutation(
             if stale in spec:
                 patch.remove(pointer("spec", stale))
 
+    add_billing_finalizer(pod, config, patch)
     _inject_meter(pod, config, record, patch)
     return Decision(patch=patch.operations, warnings=warnings, dialect=dialect)
 

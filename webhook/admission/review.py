@@ -10,6 +10,9 @@ from typing import Any
 from gpusharing.gpu.reading import as_mapping
 
 SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+# Subresources of a pod whose reviews carry the whole Pod and that can change its containers: the webhook guards
+# the meter against them (webhook.admission.guard).
+POD_SUBRESOURCES = ("ephemeralcontainers", "resize")
 
 
 class BadReview(ValueError):
@@ -28,10 +31,17 @@ class AdmissionRequest:
     object: dict[str, Any] | None
     old_object: dict[str, Any] | None
     dry_run: bool
+    username: str = ""  # who sends the request (userInfo), as the API server authenticated them
+    groups: frozenset[str] = frozenset()
 
     @property
     def is_pod(self) -> bool:
         return self.kind == "Pod" and self.resource == "pods" and not self.sub_resource
+
+    @property
+    def is_pod_subresource(self) -> bool:
+        """An update through one of POD_SUBRESOURCES, whose object is the Pod as it will be."""
+        return self.kind == "Pod" and self.resource == "pods" and self.sub_resource in POD_SUBRESOURCES
 
 
 @dataclass
@@ -75,6 +85,7 @@ def parse_review(body: object) -> AdmissionRequest:
     for name, value in (("object", obj), ("oldObject", old)):
         if value is not None and not isinstance(value, dict):
             raise BadReview(f"request.{name} must be an object")
+    username, groups = _user_info(request.get("userInfo"))
     return AdmissionRequest(
         api_version=str(api_version),
         uid=uid,
@@ -86,7 +97,23 @@ def parse_review(body: object) -> AdmissionRequest:
         object=obj,
         old_object=old,
         dry_run=bool(request.get("dryRun")),
+        username=username,
+        groups=groups,
     )
+
+
+def _user_info(user_info: object) -> tuple[str, frozenset[str]]:
+    """The username and groups of `request.userInfo` (absent: nobody, in no group)."""
+    if user_info is None:
+        return "", frozenset()
+    if not isinstance(user_info, dict):
+        raise BadReview("request.userInfo must be an object")
+    username, groups = user_info.get("username") or "", user_info.get("groups") or []
+    if not isinstance(username, str):
+        raise BadReview("request.userInfo.username must be a string")
+    if not isinstance(groups, list) or not all(isinstance(group, str) for group in groups):
+        raise BadReview("request.userInfo.groups must be a list of strings")
+    return username, frozenset(groups)
 
 
 def review_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:

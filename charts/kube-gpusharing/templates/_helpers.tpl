@@ -74,9 +74,10 @@ manifests/base/webhook-configurations.yaml for the default prefixes (tests/manif
 {{- join " || " $clauses -}}
 {{- end }}
 
-{{/* Validation also sees pods that carry, or carried, the webhook's gpusharing.io/ record. */}}
-{{- define "gpusharing.asksForAGpuOrCarriesTheRecord" -}}
-{{- include "gpusharing.asksForAGpu" . }} || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, k.startsWith('gpusharing.io/')))
+{{/* Validation also sees pods that carry, or carried, what the webhook adds: its gpusharing.io/ record, the billing
+finalizer, the meter. */}}
+{{- define "gpusharing.asksForAGpuOrCarriesWhatTheWebhookAdded" -}}
+{{- include "gpusharing.asksForAGpu" . }} || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (has(object.metadata.finalizers) && 'gpusharing.io/billing' in object.metadata.finalizers) || (request.operation == 'UPDATE' && has(oldObject.metadata.finalizers) && 'gpusharing.io/billing' in oldObject.metadata.finalizers) || (request.operation == 'UPDATE' && has(oldObject.spec.initContainers) && oldObject.spec.initContainers.exists(c, c.name == 'gpusharing-meter')) || (request.operation == 'UPDATE' && has(oldObject.spec.containers) && oldObject.spec.containers.exists(c, c.name == 'gpusharing-meter'))
 {{- end }}
 
 {{/* TIMEKEEPER_DATABASE_URL: the bundled PostgreSQL's, with its password from the Secret, or the external one's. */}}
