@@ -120,6 +120,13 @@ def finish(gpusharing: GpuSharing, pod: dict[str, Any], phase: str = "Succeeded"
          "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now()}}} for name in names]})
 
 
+def signal_blocked(pid: int, number: int) -> bool:
+    """Whether the process blocks the signal now, as the kernel says (/proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    blocked = next(line.split(":", 1)[1] for line in status if line.startswith("SigBlk:"))
+    return bool(int(blocked, 16) & 1 << (number - 1))
+
+
 def recorded_seconds(pod: dict[str, Any]) -> float:
     status = pod["status"]
     finished = max(instant(c["state"]["terminated"]["finishedAt"]) for c in status["containerStatuses"])
@@ -248,7 +255,9 @@ def test_a_meter_stopped_in_its_first_instant_exits_cleanly_and_the_bill_does_no
            MeterEnv.TOKEN_PATH: str(token), MeterEnv.STATE_DIR: str(tmp_path / "state"), MeterEnv.INTERVAL: "1"}
     meter = subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "meter"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    time.sleep(0.05)
+    # Stopped in its first instant: as soon as it has blocked its stop signals (its first act; before that only the
+    # interpreter runs), long before its libraries are loaded.
+    wait_for(lambda: signal_blocked(meter.pid, signal.SIGTERM), "the meter to block SIGTERM")
     meter.send_signal(signal.SIGTERM)
     output, _ = meter.communicate(timeout=30)
     assert meter.returncode == 0, output.decode()
