@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import logging
 import os
 import sys
 import time
@@ -250,8 +251,8 @@ def _call(what: str, call: Callable[[], Any], missing_ok: bool = False) -> Any:
         if missing_ok and exc.status == 404:
             return None
         raise CertgenError(f"cannot {what}: {exc.status} {exc.reason}: {_message(exc)}") from None
-    except HTTPError as exc:
-        raise CertgenError(f"cannot {what}: the API server did not answer ({exc})") from None
+    except HTTPError as exc:  # urllib3's retries exhausted: the last attempt's reason says the most
+        raise CertgenError(f"cannot {what}: the API server did not answer ({getattr(exc, 'reason', None) or exc})") from None
 
 
 def _message(exc: ApiException) -> str:
@@ -265,6 +266,7 @@ def main(target: Target, days: int) -> int:
     """`gpusharing certs --format cluster`: 0 when the Secret and the configurations are as they must be, 1 (one line
     on stderr) when the API server refused or could not be reached; the Job then tries again."""
     api = api_client(os.environ.get("KUBECONFIG") or None, "KUBECONFIG")
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # its retries: the last one's reason is said below
     try:
         sync(api, target, days, datetime.datetime.now(datetime.timezone.utc))
     except CertgenError as exc:

@@ -5,14 +5,17 @@ the API server verifies it). Its reads and writes run against a real API server 
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 
 import pytest
 from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
 
+from demo.processes import free_port
 from gpusharing.cli import main
 from gpusharing.serving.certgen import CA_LIFETIMES, Renewal, ca_bundle_patch, renewal
-from gpusharing.serving.certs import certified_names, service_names
+from gpusharing.serving.certs import certified_names, make_serving_certificate, service_names
+from tests.e2e.controlplane import write_kubeconfig
 
 START = datetime.datetime(2026, 3, 1, tzinfo=datetime.timezone.utc)
 DAYS = 365
@@ -171,3 +174,19 @@ def test_outside_a_cluster_without_a_kubeconfig_it_says_what_to_set(monkeypatch:
     error = capsys.readouterr().err.strip()
     assert error.startswith("gpusharing: cannot configure the Kubernetes API from the in-cluster ServiceAccount (outside a cluster, set KUBECONFIG")
     assert len(error.splitlines()) == 1
+
+
+def test_an_api_server_that_does_not_answer_is_one_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = f"https://127.0.0.1:{free_port()}"  # nothing listens there
+    ca = make_serving_certificate(["127.0.0.1"]).write(tmp_path)["ca"]
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", server, ca, {"token": "t"})))
+    assert main(["certs", "--format", "cluster", "--namespace", "ns"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == (
+        "gpusharing certs: cannot read Secret ns/gpusharing-webhook-tls: the API server did not answer "
+        f"(HTTPSConnection(host='127.0.0.1', port={server.rsplit(':', 1)[1]}): Failed to establish a new connection: "
+        "[Errno 111] Connection refused)"
+    )
