@@ -29,7 +29,7 @@ from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 from demo.processes import free_port, run_command
 from gpusharing.serving.certs import make_serving_certificate
 from tests.e2e.controlplane import write_kubeconfig
-from tests.e2e.system import ApiError, GpuSharing
+from tests.e2e.system import SYSTEM_NAMESPACE, ApiError, GpuSharing, wait_for
 from tests.e2e.test_admission import assert_governed, example
 from tests.helm import render
 
@@ -189,3 +189,12 @@ def test_the_certgen_may_read_no_other_secret_nor_change_another_configuration(
         ("DELETE", configuration_path("ValidatingWebhookConfiguration")),
     ):
         assert session.request(method, f"{gpusharing.plane.url}{path}", timeout=30).status_code == 403, (method, path)
+
+
+def test_the_installations_certgen_job_runs_a_pod_pod_security_restricted_admits(gpusharing: GpuSharing) -> None:
+    """The manifests' Job in gpusharing-system, whose namespace enforces Pod Security `restricted`: its controller
+    makes the pod (no kubelet runs it here)."""
+    gpusharing.require_controllers()
+    wait_for(lambda: gpusharing.pods(SYSTEM_NAMESPACE, "app.kubernetes.io/name=gpusharing-certgen"), "the certgen Job's pod")
+    namespace = gpusharing.rest("GET", f"/api/v1/namespaces/{SYSTEM_NAMESPACE}")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"

@@ -260,9 +260,13 @@ def test_webhook_deployment_is_highly_available(objects: list[dict[str, Any]]) -
 
 
 def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
-    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
-        pod = workload["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True, workload["metadata"]["name"]
+    workloads = [(o["metadata"]["name"], o["spec"]) for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
+    workloads += [(o["metadata"]["name"], o["spec"]["jobTemplate"]["spec"]) for o in objects if o["kind"] == "CronJob"]
+    assert len(workloads) == 5
+    for name, spec in workloads:
+        pod = spec["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         for container in pod.get("initContainers", []) + pod["containers"]:
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
             assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
