@@ -28,14 +28,14 @@ class NameRule:
 
 
 _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-NAMESPACE = NameRule(
-    "namespace name", re.compile(_LABEL), 63,
-    "lower-case letters, digits and '-', beginning and ending with a letter or digit (a DNS-1123 label)",
-)
+_LABEL_RULE = "lower-case letters, digits and '-', beginning and ending with a letter or digit (a DNS-1123 label)"
+NAMESPACE = NameRule("namespace name", re.compile(_LABEL), 63, _LABEL_RULE)
 POD_NAME = NameRule(
     "pod name", re.compile(rf"{_LABEL}(?:\.{_LABEL})*"), 253,
     "lower-case letters, digits, '-' and '.', each part beginning and ending with a letter or digit (a DNS-1123 subdomain)",
 )
+# The objects the chart and the manifests name (a Service's name must be a label, and the others are named alike).
+OBJECT_NAME = NameRule("Kubernetes object name", re.compile(_LABEL), 63, _LABEL_RULE)
 # A Kubernetes uid is a UUID; in static mode the meter's is free, but plain text a database takes.
 UID = NameRule("uid", re.compile(r"[A-Za-z0-9][-A-Za-z0-9._:]*"), 253, "letters, digits, '-', '.', '_' and ':', beginning with a letter or digit")
 

@@ -18,6 +18,15 @@ RELEASE, NAMESPACE = "gpusharing", "gpusharing-system"
 
 def render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """The objects `helm template gpusharing charts/kube-gpusharing -n NAMESPACE` with `values` renders."""
-    with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
+    rendered = _render(values, namespace)
     return [doc for path, text in sorted(rendered.items()) if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
+
+
+def notes(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> str:
+    """What `helm install` prints after installing (templates/NOTES.txt)."""
+    return _render(values, namespace)[f"{CHART.name}/templates/NOTES.txt"]
+
+
+def _render(values: dict[str, Any] | None, namespace: str) -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        return dict(chart.render(values or {}, name=RELEASE, namespace=namespace, is_install=True))

@@ -20,6 +20,23 @@ def kustomize(path: Path = MANIFESTS) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
+def crds() -> list[dict[str, Any]]:
+    """The CRDs, installed apart from the rest (`kubectl apply -k manifests/crds`)."""
+    return kustomize(MANIFESTS / "crds")
+
+
+def overlay(directory: Path, kustomization: dict[str, Any], files: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """What `kubectl kustomize` renders for an overlay in `directory` (its paths relative to it, as kustomize takes
+    no absolute path) with `files` beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in (files or {}).items():
+        (directory / name).write_text(text)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", **kustomization,
+    }))
+    return kustomize(directory)
+
+
 PASSWORD = "0123456789abcdef0123456789abcdef"  # the database password of the rendered installs
 
 

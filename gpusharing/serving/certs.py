@@ -18,8 +18,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpusharing.settings.arguments import host_name, namespace, whole_number
+from gpusharing.settings.arguments import host_name, namespace, object_name, whole_number
 from gpusharing.settings.env import ConfigError
+
+
+PrivateKey = ec.EllipticCurvePrivateKey
+CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook CA")])
+CLOCK_SKEW = datetime.timedelta(minutes=5)  # valid from a little before `now`, for clocks a little behind
 
 
 @dataclass(frozen=True)
@@ -40,49 +45,82 @@ class ServingCertificate:
 
 
 def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertificate:
-    """A fresh CA and a certificate signed by it for `names` (DNS names or IP addresses).
-
-    Both carry what strict verifiers require (OpenSSL's -x509_strict, Python 3.13's default TLS context): key
-    identifiers, critical basicConstraints and keyUsage, and serverAuth for the serving certificate.
-    """
+    """A fresh CA and a certificate signed by it for `names` (DNS names or IP addresses), both valid `days`."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook CA")])
-    ca = (
+    authority = make_authority(days, now)
+    cert, key = issue(authority, names, days, now)
+    return ServingCertificate(ca_pem=pem(authority.cert), cert_pem=pem(cert), key_pem=key_pem(key))
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A CA: its certificate and the key it signs with."""
+
+    cert: x509.Certificate
+    key: PrivateKey
+
+
+def make_authority(days: int, now: datetime.datetime) -> Authority:
+    """A new CA (ECDSA P-256) valid `days` from `now`.
+
+    It and what it issues carry what strict verifiers require (OpenSSL's -x509_strict, Python 3.13's default TLS
+    context): key identifiers, critical basicConstraints and keyUsage, and serverAuth for a serving certificate.
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
         x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
+        .subject_name(CA_NAME)
+        .issuer_name(CA_NAME)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(key_cert_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
     )
+    return Authority(cert, key)
+
+
+def issue(authority: Authority, names: list[str], days: int, now: datetime.datetime) -> tuple[x509.Certificate, PrivateKey]:
+    """A serving certificate for `names` (DNS names or IP addresses; the first is its common name), signed by
+    `authority`, valid `days` from `now`, and its new key."""
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_name)
+        .issuer_name(authority.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(digital_signature=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()), critical=False)
+        .sign(authority.key, hashes.SHA256())
     )
-    return ServingCertificate(
-        ca_pem=ca.public_bytes(serialization.Encoding.PEM),
-        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-        key_pem=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-    )
+    return cert, key
+
+
+def pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def key_pem(key: PrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def certified_names(cert: x509.Certificate) -> set[str]:
+    """The DNS names and IP addresses a serving certificate is for."""
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {*names.get_values_for_type(x509.DNSName), *(str(ip) for ip in names.get_values_for_type(x509.IPAddress))}
 
 
 def _key_usage(digital_signature: bool = False, key_cert_sign: bool = False) -> x509.KeyUsage:
@@ -108,19 +146,15 @@ def _general_name(name: str) -> x509.GeneralName:
 
 WEBHOOK_SERVICE = "gpusharing-webhook"
 WEBHOOK_SECRET = "gpusharing-webhook-tls"
+WEBHOOK_CONFIGURATION = "gpusharing"  # the name of the mutating and of the validating one
 WEBHOOK_CONFIGURATIONS = (("MutatingWebhookConfiguration", 0), ("ValidatingWebhookConfiguration", 0))
 DATABASE_SECRET = "gpusharing-database"
 DATABASE_ENV = "database.env"
 
 
-def service_names(namespace: str) -> list[str]:
-    """The DNS names the API server may use for the webhook's Service."""
-    return [
-        f"{WEBHOOK_SERVICE}.{namespace}.svc",
-        f"{WEBHOOK_SERVICE}.{namespace}.svc.cluster.local",
-        f"{WEBHOOK_SERVICE}.{namespace}",
-        WEBHOOK_SERVICE,
-    ]
+def service_names(namespace: str, service: str = WEBHOOK_SERVICE) -> list[str]:
+    """The DNS names the API server may use for the webhook's Service (the first is the one it verifies)."""
+    return [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local", f"{service}.{namespace}", service]
 
 
 def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> Path:
@@ -147,7 +181,7 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
     ca_bundle = base64.b64encode(certificate.ca_pem).decode()
     patches = [
         {
-            "target": {"group": "admissionregistration.k8s.io", "kind": kind, "name": "gpusharing"},
+            "target": {"group": "admissionregistration.k8s.io", "kind": kind, "name": WEBHOOK_CONFIGURATION},
             "patch": json.dumps([{"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": ca_bundle}]),
         }
         for kind, index in WEBHOOK_CONFIGURATIONS
@@ -175,10 +209,11 @@ MAX_DAYS = 3650  # ten years: beyond it a renewal is forgotten rather than plann
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     certs = subparsers.add_parser(
         "certs",
-        help="make a CA and the webhook's serving certificate: a kustomize overlay for clusters without cert-manager, "
-        "or PEM files for local runs",
+        help="make a CA and the webhook's serving certificate: in the cluster (the certgen Job), as a kustomize "
+        "overlay, or as PEM files for local runs",
         description="Make a private CA and the webhook's serving certificate (ECDSA P-256, SHA-256).",
         epilog="examples:\n"
+        "  gpusharing certs --format cluster --namespace gpusharing-system   # what the certgen Job runs\n"
         "  gpusharing certs --namespace gpusharing-system     # writes manifests/local-certs/, then:\n"
         "  kubectl apply -k manifests/local-certs\n"
         "  gpusharing certs --format pem --output /tmp/tls --name localhost --name 127.0.0.1",
@@ -188,11 +223,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     certs.add_argument("--base", default="manifests/base", type=Path, help="the manifests to overlay")
     certs.add_argument("--output", default="manifests/local-certs", type=Path, help="the overlay's (or PEM files') directory")
     certs.add_argument("--days", type=whole_number(1, MAX_DAYS), default=365,
-                       help=f"validity of the CA and the certificate, 1 to {MAX_DAYS} (default 365)")
-    certs.add_argument("--format", choices=("overlay", "pem"), default="overlay",
-                       help="overlay: Secret and caBundle patch over --base; pem: ca.crt, tls.crt, tls.key")
+                       help=f"validity of the certificate, 1 to {MAX_DAYS} (default 365); of the CA too, except with "
+                       "--format cluster, whose CA lives ten times as long")
+    certs.add_argument("--format", choices=("overlay", "pem", "cluster"), default="overlay",
+                       help="overlay: Secret and caBundle patch over --base; pem: ca.crt, tls.crt, tls.key; cluster: "
+                       "the Secret made or renewed in the cluster and the webhook configurations' caBundle patched "
+                       "(through KUBECONFIG, else in-cluster)")
     certs.add_argument("--name", action="append", default=[], type=host_name,
                        help="with --format pem: a DNS name or IP to certify (repeatable)")
+    certs.add_argument("--service", default=WEBHOOK_SERVICE, type=object_name,
+                       help=f"with --format cluster: the webhook's Service (default {WEBHOOK_SERVICE})")
+    certs.add_argument("--secret", default=WEBHOOK_SECRET, type=object_name,
+                       help=f"with --format cluster: the webhook's kubernetes.io/tls Secret (default {WEBHOOK_SECRET})")
+    certs.add_argument("--webhook-configuration", default=WEBHOOK_CONFIGURATION, type=object_name, metavar="NAME",
+                       help="with --format cluster: the name of the mutating and the validating webhook configuration "
+                       f"(default {WEBHOOK_CONFIGURATION})")
+    certs.add_argument("--owner", type=object_name, metavar="SERVICEACCOUNT",
+                       help="with --format cluster: a ServiceAccount of --namespace whose deletion deletes the Secret "
+                       "(the certgen's own, so that uninstalling leaves nothing behind)")
     certs.set_defaults(run=_certs)
 
 
@@ -202,6 +250,11 @@ def _certs(args: argparse.Namespace) -> int:
         make_serving_certificate(names, args.days).write(args.output)
         print(f"wrote {args.output}/ca.crt, tls.crt, tls.key for {', '.join(names)}")
         return 0
+    if args.format == "cluster":
+        from gpusharing.serving import certgen  # the Kubernetes client, for this format alone
+
+        target = certgen.Target(args.namespace, args.service, args.secret, args.webhook_configuration, args.owner)
+        return certgen.main(target, args.days)
     if not (args.base / "kustomization.yaml").is_file():
         raise ConfigError(f"{args.base} holds no kustomization.yaml: give --base the path of manifests/base")
     output = write_overlay(args.namespace, args.base, args.output, args.days)

@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Callable
 
-from gpusharing.names import GROUP, InvalidName, check_budget_name, check_namespace
+from gpusharing.names import GROUP, OBJECT_NAME, InvalidName, check_budget_name, check_namespace
 from gpusharing.settings.env import ConfigError, check_http_url
 from gpusharing.thresholds import check_warning_thresholds
 
@@ -31,6 +31,14 @@ def whole_number(low: int, high: int) -> Callable[[str], int]:
 def namespace(raw: str) -> str:
     try:
         return check_namespace(raw, "")
+    except InvalidName as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
+
+
+def object_name(raw: str) -> str:
+    """The name of a Service, a Secret, a ServiceAccount or a webhook configuration, as the chart names them."""
+    try:
+        return OBJECT_NAME.check(raw, "")
     except InvalidName as exc:
         raise argparse.ArgumentTypeError(str(exc).strip()) from None
 

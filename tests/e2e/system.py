@@ -1,9 +1,10 @@
 """The project installed on a real control plane: its manifests applied, its webhook and timekeeper on loopback.
 
-Everything `kubectl kustomize manifests/` renders is created as it is (the cert-manager objects aside: no
-cert-manager runs here), except that the webhook configurations' clientConfig points at the webhook on loopback
-with its CA. The timekeeper runs in `tokenreview` mode and the webhook watches resource claims, each with the
-kubeconfig of its own ServiceAccount (found through KUBECONFIG), so the RBAC of manifests/ is what lets them work.
+Everything `kubectl kustomize manifests/crds` and `manifests/` render is created as it is, except that the webhook
+configurations' clientConfig points at the webhook on loopback with its CA (no kubelet runs the certgen's Job here:
+tests/e2e/test_certgen.py runs the certgen itself). The timekeeper runs in `tokenreview` mode and the webhook
+watches resource claims, each with the kubeconfig of its own ServiceAccount (found through KUBECONFIG), so the RBAC
+of manifests/ is what lets them work.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from demo.processes import Service, free_port
 from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.serving.certs import make_serving_certificate
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
-from tests.kustomize import installable_manifests, kustomize
+from tests.kustomize import crds, installable_manifests, kustomize
 
 SYSTEM_NAMESPACE = "gpusharing-system"
 WEBHOOK_REFRESH_SECONDS = 0.2
@@ -67,7 +68,7 @@ class GpuSharing:
         self.directory = directory
         self.api = plane.api_client()
         self.session = plane.admin_session()
-        self.manifests = kustomize(installable_manifests(directory))
+        self.manifests = crds() + kustomize(installable_manifests(directory))
         self.timekeeper_url = ""
         self.webhook_url = ""
         self._names = itertools.count(1)
@@ -77,7 +78,7 @@ class GpuSharing:
 
     def start(self) -> None:
         for obj in self.manifests:
-            if not obj["apiVersion"].startswith("cert-manager.io/") and not obj["kind"].endswith("WebhookConfiguration"):
+            if not obj["kind"].endswith("WebhookConfiguration"):
                 utils.create_from_dict(self.api, obj)
         for crd in (o for o in self.manifests if o["kind"] == "CustomResourceDefinition"):
             path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
@@ -137,16 +138,21 @@ class GpuSharing:
     def _start_webhook(self) -> tuple[str, bytes]:
         certificate = make_serving_certificate(["127.0.0.1", "localhost"])
         paths = certificate.write(self.directory / "webhook-tls")
-        token_file = self.directory / "webhook-token"
+        port = free_port()
+        self.webhook = self._stack.enter_context(self.webhook_service("webhook", port, paths["cert"], paths["key"], verify=str(paths["ca"])))
+        return f"https://127.0.0.1:{port}", certificate.ca_pem
+
+    def webhook_service(self, name: str, port: int, cert: Path, key: Path, verify: str | bool) -> Service:
+        """A webhook on 127.0.0.1:`port` serving `cert` and `key`, with the tokens of the manifests' webhook
+        ServiceAccount and the loopback timekeeper; started by entering it."""
+        token_file = self.directory / f"{name}-token"
         token_file.write_text(self.token(SYSTEM_NAMESPACE, "gpusharing-webhook"))
         kubeconfig = write_kubeconfig(
-            self.directory / "webhook.kubeconfig",
+            self.directory / f"{name}.kubeconfig",
             self.plane.url,
             self.plane.ca_file,
             {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-webhook", audience=None)},
         )
-        port = free_port()
-        url = f"https://127.0.0.1:{port}"
         env = {
             "GPUSHARING_TIMEKEEPER_URL": self.timekeeper_url,
             "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(token_file),
@@ -154,13 +160,9 @@ class GpuSharing:
             "GPUSHARING_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
         }
-        args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
-                "--key", str(paths["key"]), "--workers", "1", "--threads", "4"]
-        log = self.directory / "webhook.log"
-        self.webhook = self._stack.enter_context(
-            Service("webhook", args, f"{url}/readyz", env=env, verify=str(paths["ca"]), log_path=log)
-        )
-        return url, certificate.ca_pem
+        args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(cert),
+                "--key", str(key), "--workers", "1", "--threads", "4"]
+        return Service(name, args, f"https://127.0.0.1:{port}/readyz", env=env, verify=verify, log_path=self.directory / f"{name}.log")
 
     def stop(self) -> None:
         self._stack.close()

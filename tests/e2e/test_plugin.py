@@ -24,7 +24,6 @@ from tests.connectproxy import ConnectProxy
 from tests.e2e.controlplane import write_kubeconfig
 from tests.e2e.system import SYSTEM_NAMESPACE, GpuSharing
 from tests.e2e.test_admission import example
-from tests.kustomize import MANIFESTS
 
 PLUGIN = str(Path(sys.executable).parent / "kubectl-gpusharing")
 
@@ -38,8 +37,7 @@ def plugin(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_budgets_and_explain_with_the_kubeconfigs_credentials(gpusharing: GpuSharing) -> None:
-    for obj in yaml.safe_load_all((MANIFESTS / "examples" / "budget-admin.yaml").read_text()):
-        utils.create_from_dict(gpusharing.api, obj)
+    """The budget-admin ServiceAccount comes with the installation (manifests/base/rbac.yaml)."""
     admin = gpusharing.plane.admin_kubeconfig
     namespace = gpusharing.namespace("e2e-plugin")
     at = ("--timekeeper", gpusharing.timekeeper_url)

@@ -1,12 +1,12 @@
 """The Helm chart: Helm lints it, its schema refuses bad values, it renders for the defaults the same objects as
-`kubectl kustomize manifests/` (one source of truth: a change to manifests/ that the chart misses fails here), and
-every object it renders for other values validates strictly and says what those values promise."""
+`kubectl kustomize manifests/` and `manifests/crds` (one source of truth: a change to manifests/ that the chart
+misses fails here), with cert-manager those of the manifests' cert-manager component, and every object it renders
+for other values validates strictly and says what those values promise."""
 
 from __future__ import annotations
 
 import base64
 import configparser
-import datetime
 import json
 import os
 import re
@@ -17,20 +17,42 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from cryptography import x509
 
-from tests.helm import CHART, NAMESPACE, render
-from tests.kustomize import MANIFESTS, installable_manifests, kustomize
+from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
+from gpusharing.serving.certs import service_names
+from tests.helm import CHART, NAMESPACE, notes, render
+from tests.kustomize import MANIFESTS, crds, installable_manifests, kustomize, overlay
 from tests.manifests.test_manifests import KUBERNETES_VERSION, find
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version")
 CUSTOM_RESOURCES = ("cert-manager.io/", "monitoring.coreos.com/")
+# What kustomize generates with a hash of it in the name, and the chart names with a hash too (the certgen's Job,
+# by what it runs; the catalogue, by its content): the hashes differ, the names before them must not.
+HASHED = re.compile(r"\b(gpusharing-(?:database|gpu-models|certgen))-[a-z0-9]{10}\b")
+# The values every component's pods take, as a platform team sets them.
+POD_VALUES = {
+    "podAnnotations": {"example.com/team": "platform"},
+    "podLabels": {"example.com/tier": "governance"},
+    "nodeSelector": {"example.com/pool": "system"},
+    "tolerations": [{"key": "example.com/system", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    "priorityClassName": "system-cluster-critical",
+    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+    "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                        "runAsUser": 10001},
+    "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "200Mi"}},
+}
+CATALOGUE = {"default": "NVIDIA H100 80GB HBM3", "models": [
+    {"name": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "billingWeight": 2},
+    {"name": "NVIDIA L4", "memoryMiB": 23034, "billingWeight": 0.3},
+]}
 
 # Value combinations every rendering of which must validate; each says something a platform team would set.
 COMBINATIONS = {
     "defaults": {},
-    "without cert-manager": {"tls": {"certManager": False}},
-    "cert-manager with a ClusterIssuer": {"tls": {"issuerRef": {"kind": "ClusterIssuer", "name": "company-ca"}}},
+    "cert-manager": {"certManager": {"enabled": True}},
+    "cert-manager with a ClusterIssuer": {"certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "company-ca"}}},
     "external database": {"database": {"bundled": False, "external": {"secretName": "gpusharing-database-url"}}},
     "service monitors": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}},
     "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -40,7 +62,7 @@ COMBINATIONS = {
         "image": {"repository": "registry.example.com/gpusharing", "tag": "0.2.0", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
         "webhook": {"replicas": 2, "failurePolicy": "Ignore", "exemptNamespaces": ["kube-system", "ml-sandbox"],
-                    "env": [{"name": "GPUSHARING_DEVICE_MEMORY_MIB", "value": "40960"}]},
+                    "env": [{"name": "GPUSHARING_ALIYUN_MEM_UNIT", "value": "MiB"}]},
         "meter": {"image": "registry.example.com/gpusharing-meter:0.2.0", "mode": "container"},
         "timekeeper": {"auth": "none", "staticTokensSecret": "admin-tokens", "defaultBudget": {"gpuMinutes": 0, "period": "weekly"},
                        "metricsAuth": "token"},
@@ -49,9 +71,23 @@ COMBINATIONS = {
         "networkPolicy": {"enabled": False},
         "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
-        "tls": {"certManager": False, "selfSignedDays": 730},
+        "certgen": {"days": 730, "schedule": "0 4 * * 1"},
+        "gpuModels": CATALOGUE,
+        "budgetAdmin": {"create": False},
         "metrics": {"serviceMonitor": {"enabled": True, "timekeeperTokenSecret": "prometheus-timekeeper-token"}},
     },
+    "conventional values": {
+        "podAnnotations": {"example.com/owner": "sre"},
+        "podLabels": {"example.com/cost-center": "ml"},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "example.com/dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
+        "webhook": POD_VALUES,
+        "timekeeper": POD_VALUES,
+        "database": {"postgres": POD_VALUES},
+        "certgen": POD_VALUES,
+    },
+    "renamed": {"nameOverride": "gov", "fullnameOverride": "gpu-governance", "metrics": {
+        "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}},
 }
 
 
@@ -65,9 +101,9 @@ def key(obj: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def normalized(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """What may legitimately differ between the chart and kustomize taken out: Helm's labels, kustomize's hash
-    suffix on the generated Secret's name, the Secret's data (a password each made) and Helm's keep policy."""
-    text = re.sub(r"gpusharing-database-[a-z0-9]{10}\b", "gpusharing-database", json.dumps(objects))
+    """What may legitimately differ between the chart and kustomize taken out: Helm's labels, the hashes in
+    generated names, the database Secret's data (a password each made) and Helm's keep policy on it."""
+    text = HASHED.sub(r"\1", json.dumps(objects))
     result = {}
     for obj in json.loads(text):
         labels = obj["metadata"].get("labels", {})
@@ -87,12 +123,23 @@ def test_helm_lints_the_chart_strictly_for_every_combination() -> None:
         assert [m for m in report["messages"] if m["severity"] >= 2] == [], name
 
 
-def test_the_defaults_render_the_objects_of_the_manifests(manifests: list[dict[str, Any]]) -> None:
-    chart = normalized(render())
-    expected = normalized([o for o in manifests if o["kind"] != "Namespace"])  # helm install --create-namespace makes it
-    assert sorted(chart) == sorted(expected)
+def assert_same_objects(chart: list[dict[str, Any]], manifests: list[dict[str, Any]]) -> None:
+    rendered = normalized(chart)
+    expected = normalized([o for o in manifests + crds() if o["kind"] != "Namespace"])  # helm install --create-namespace makes it
+    assert sorted(rendered) == sorted(expected)
     for identity, obj in expected.items():
-        assert chart[identity] == obj, identity
+        assert rendered[identity] == obj, identity
+
+
+def test_the_defaults_render_the_objects_of_the_manifests(manifests: list[dict[str, Any]]) -> None:
+    assert_same_objects(render(), manifests)
+
+
+def test_with_cert_manager_the_chart_renders_the_manifests_cert_manager_component(tmp_path: Path) -> None:
+    installable_manifests(tmp_path)
+    component = overlay(tmp_path / "with-cert-manager", {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]})
+    assert_same_objects(render(COMBINATIONS["cert-manager"]), component)
+    assert not [o for o in component if "certgen" in o["metadata"]["name"]]
 
 
 def test_with_namespace_create_the_namespace_is_the_manifests_one(manifests: list[dict[str, Any]]) -> None:
@@ -127,7 +174,15 @@ def test_the_chart_and_its_image_have_the_packages_version() -> None:
     ({"timekeeper": {"auth": "static"}}, "/timekeeper/auth"),
     ({"meter": {"mode": "sidecar"}}, "/meter/mode"),
     ({"webhook": {"exemptNamespaces": ["Kube_System"]}}, "/webhook/exemptNamespaces/0"),
-    ({"tls": {"selfSignedDays": 36500}}, "/tls/selfSignedDays"),
+    ({"certgen": {"days": 36500}}, "/certgen/days"),
+    ({"fullnameOverride": "Governance"}, "/fullnameOverride"),
+    ({"nameOverride": "a-name-longer-than-forty-characters-is-too-long"}, "/nameOverride"),
+    ({"webhook": {"podLabels": {"tier": 1}}}, "/webhook/podLabels/tier"),
+    ({"timekeeper": {"tolerations": {"key": "x"}}}, "/timekeeper/tolerations"),
+    ({"certgen": {"priorityClassName": "Critical"}}, "/certgen/priorityClassName"),
+    ({"gpuModels": {"default": "NVIDIA L4"}}, "/gpuModels"),
+    ({"gpuModels": {"default": "x", "models": [{"name": "x", "memoryMiB": 1, "migComputeSlices": 3}]}}, "/gpuModels/models/0/migComputeSlices"),
+    ({"tls": {"certManager": False}}, "additional properties 'tls' not allowed"),
     ({"replicas": 3}, "additional properties 'replicas' not allowed"),
 ])
 def test_the_schema_refuses_bad_values_and_says_where(values: dict[str, Any], where: str) -> None:
@@ -175,27 +230,183 @@ def test_the_bundled_databases_password_is_generated_in_letters_and_digits() -> 
     assert base64.b64decode(find(given, "Secret", "gpusharing-database")["data"]["password"]) == b"s3cret"
 
 
-def test_without_cert_manager_the_chart_makes_a_ca_whose_certificate_the_webhook_serves() -> None:
-    objects = render(COMBINATIONS["without cert-manager"])
-    assert not [o for o in objects if o["apiVersion"].startswith("cert-manager.io/")]
-    secret = find(objects, "Secret", "gpusharing-webhook-tls")
-    assert secret["type"] == "kubernetes.io/tls"
-    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
-    served = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-    served.verify_directly_issued_by(ca)
-    names = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
-    assert f"gpusharing-webhook.{NAMESPACE}.svc" in names
-    assert served.not_valid_after_utc - served.not_valid_before_utc >= datetime.timedelta(days=365)
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        configuration = find(objects, kind, "gpusharing")
-        assert "annotations" not in configuration["metadata"]
-        assert configuration["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
-
-
 def test_a_cluster_issuer_replaces_the_charts_own_issuer() -> None:
     objects = render(COMBINATIONS["cert-manager with a ClusterIssuer"])
     assert not [o for o in objects if o["kind"] == "Issuer"]
     assert find(objects, "Certificate", "gpusharing-webhook")["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "company-ca"}
+
+
+def certgen_args(container: dict[str, Any]) -> dict[str, str]:
+    """The certgen container's `--option value` pairs."""
+    args = container["args"]
+    assert args[:3] == ["certs", "--format", "cluster"]
+    return dict(zip(args[3::2], args[4::2]))
+
+
+def test_by_default_the_certgen_makes_the_certificate_for_the_objects_the_chart_renders() -> None:
+    objects = render()
+    assert not [o for o in objects if o["apiVersion"].startswith("cert-manager.io/")]
+    [job] = [o for o in objects if o["kind"] == "Job"]
+    cron = find(objects, "CronJob", "gpusharing-certgen")
+    assert cron["spec"]["jobTemplate"]["spec"] == job["spec"]  # the CronJob runs what the Job runs
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = certgen_args(container)
+    assert args["--namespace"] == "$(NAMESPACE)" and {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
+    assert find(objects, "Service", args["--service"])
+    assert find(objects, "ServiceAccount", args["--owner"])["metadata"]["name"] == pod["serviceAccountName"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        configuration = find(objects, kind, args["--webhook-configuration"])
+        assert "annotations" not in configuration["metadata"]  # no cert-manager
+        assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]  # the certgen's to set, kept across upgrades
+        assert configuration["webhooks"][0]["clientConfig"]["service"]["name"] == args["--service"]
+    webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
+    (tls,) = [v for v in webhook["volumes"] if v["name"] == "tls"]
+    assert tls["secret"]["secretName"] == args["--secret"]
+    assert [item["key"] for item in tls["secret"]["items"]] == ["tls.crt", "tls.key"]  # never the CA's key
+    assert job["spec"]["backoffLimit"] > 0 and pod["restartPolicy"] == "Never"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def test_the_certgen_may_touch_its_secret_and_the_two_webhook_configurations_alone() -> None:
+    objects = render()
+    role = find(objects, "Role", "gpusharing-certgen")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},  # a create cannot be limited by name
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gpusharing-webhook-tls"], "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["gpusharing-certgen"], "verbs": ["get"]},
+    ]
+    assert find(objects, "ClusterRole", "gpusharing-certgen")["rules"] == [{
+        "apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+        "resourceNames": ["gpusharing"], "verbs": ["get", "patch"],
+    }]
+    bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and o["metadata"]["name"] == "gpusharing-certgen"]
+    assert [(b["roleRef"]["kind"], b["subjects"]) for b in bindings] == [
+        (kind, [{"kind": "ServiceAccount", "name": "gpusharing-certgen", "namespace": NAMESPACE}]) for kind in ("Role", "ClusterRole")
+    ]
+    assert not [o for o in render(COMBINATIONS["cert-manager"]) if "certgen" in o["metadata"]["name"]]
+
+
+def test_a_changed_certgen_is_a_new_job_and_an_unchanged_one_the_same() -> None:
+    """A Job's pod cannot change: the chart names it by what it runs, so an upgrade that changes it makes a new one."""
+    def job_name(values: dict[str, Any]) -> str:
+        [job] = [o for o in render(values) if o["kind"] == "Job"]
+        return str(job["metadata"]["name"])
+
+    assert job_name({}) == job_name({}) and HASHED.fullmatch(job_name({}))
+    assert job_name({"image": {"tag": "0.2.0"}}) != job_name({})
+    assert job_name({"certgen": {"days": 90}}) != job_name({})
+
+
+def test_every_pod_takes_the_conventional_values_its_component_and_the_release_give() -> None:
+    values = COMBINATIONS["conventional values"]
+    objects = render(values)
+    templates = pod_templates(objects)
+    assert len(templates) == 5  # webhook, timekeeper, postgres, the certgen's Job and CronJob
+    for name, pod in templates:
+        metadata, spec = pod["metadata"], pod["spec"]
+        assert metadata["annotations"] == {**values["podAnnotations"], **POD_VALUES["podAnnotations"]}, name
+        assert metadata["labels"].items() >= {**values["podLabels"], **POD_VALUES["podLabels"]}.items(), name
+        assert spec["nodeSelector"] == {**values["nodeSelector"], **POD_VALUES["nodeSelector"]}, name
+        assert spec["tolerations"] == values["tolerations"] + POD_VALUES["tolerations"], name
+        assert spec["affinity"] == POD_VALUES["affinity"], name  # in place of the default spread
+        assert spec["priorityClassName"] == "system-cluster-critical", name
+        # Helm merges given maps into the defaults (a key set to null goes): the postgres image's fsGroup stays.
+        assert spec["securityContext"].items() >= POD_VALUES["podSecurityContext"].items(), name
+        main = spec["containers"][0]
+        assert main["securityContext"].items() >= POD_VALUES["securityContext"].items(), name
+        assert main["resources"] == POD_VALUES["resources"], name
+    (migrate,) = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["initContainers"]
+    assert migrate["securityContext"]["runAsUser"] == 10001
+
+
+def test_pod_labels_never_change_a_selector() -> None:
+    objects = render({"webhook": {"podLabels": {"app.kubernetes.io/name": "mine", "team": "a"}}, "podLabels": {"team": "b"}})
+    deployment = find(objects, "Deployment", "gpusharing-webhook")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items() and labels["team"] == "a"
+
+
+def test_the_defaults_spread_the_webhook_and_the_timekeeper_over_nodes() -> None:
+    for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+        deployment = find(render(), "Deployment", name)
+        (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_the_name_overrides_rename_every_object_and_every_reference_to_it() -> None:
+    objects = render(COMBINATIONS["renamed"])
+    fixed = {"CustomResourceDefinition", "PriorityClass", "NetworkPolicy"}  # named by the API group, the values, the role
+    for obj in objects:
+        if obj["kind"] not in fixed:
+            assert obj["metadata"]["name"].startswith("gpu-governance"), (obj["kind"], obj["metadata"]["name"])
+    text = json.dumps(objects).replace('"audience": "gpusharing-timekeeper"', "")  # the tokens' audience is the contract's
+    assert not re.findall(r"(?<![\w.-])gpusharing-(?:webhook|timekeeper|postgres|database|certgen|budget-admin|gpu-models|dashboard)\b", text)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for _, pod in pod_templates(objects):
+        assert ("ServiceAccount", pod["spec"].get("serviceAccountName", "default")) in names | {("ServiceAccount", "default")}
+        assert pod["metadata"]["labels"]["app.kubernetes.io/name"].startswith("gov-")  # nameOverride: the labels
+    for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in names
+        assert all(("ServiceAccount", s["name"]) in names for s in binding["subjects"])
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        selector = workload["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+        assert [s for s in objects if s["kind"] == "Service" and s["spec"]["selector"] == selector]
+    webhook = containers(objects, "gpu-governance-webhook")[0]
+    assert env_of(webhook)["GPUSHARING_TIMEKEEPER_URL"] == f"http://gpu-governance-timekeeper.{NAMESPACE}.svc:8080"
+    (job,) = [o for o in objects if o["kind"] == "Job"]
+    args = certgen_args(job["spec"]["template"]["spec"]["containers"][0])
+    assert (args["--service"], args["--secret"], args["--webhook-configuration"], args["--owner"]) == (
+        "gpu-governance-webhook", "gpu-governance-webhook-tls", "gpu-governance", "gpu-governance-certgen")
+    assert find(objects, "ClusterRole", "gpu-governance-certgen")["rules"][0]["resourceNames"] == ["gpu-governance"]
+    rule = find(objects, "PrometheusRule", "gpu-governance")
+    expressions = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert 'absent(up{job="gpu-governance-webhook"} == 1)' in expressions  # the Services' names are the scrape jobs
+
+
+def test_the_gpu_model_catalogue_is_the_shipped_one_unless_the_values_give_one() -> None:
+    [shipped] = [o for o in render() if o["kind"] == "ConfigMap"]
+    assert shipped["data"]["gpu-models.yaml"] == SHIPPED_CATALOGUE.read_text()
+    objects = render({"gpuModels": CATALOGUE})
+    [given] = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert yaml.safe_load(given["data"]["gpu-models.yaml"]) == CATALOGUE
+    catalogue_from(yaml.safe_load(given["data"]["gpu-models.yaml"]), "the rendered catalogue")  # the services take it
+    assert given["metadata"]["name"] != shipped["metadata"]["name"]  # a new name: both Deployments roll
+    for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+        pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
+        assert {"name": "gpu-models", "configMap": {"name": given["metadata"]["name"]}} in pod["volumes"]
+        container = pod["containers"][0]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "gpu-models"]
+        assert env_of(container)["GPUSHARING_GPU_MODELS_FILE"] == f"{mount['mountPath']}/gpu-models.yaml"
+
+
+@pytest.mark.parametrize("component", ["webhook", "timekeeper"])
+def test_the_setting_the_catalogue_replaces_is_refused_with_what_to_give_instead(component: str) -> None:
+    with pytest.raises(helm.HelmError, match=f"{component}.env sets GPUSHARING_DEVICE_MEMORY_MIB, which the GPU-model catalogue replaces: give gpuModels"):
+        render({component: {"env": [{"name": "GPUSHARING_DEVICE_MEMORY_MIB", "value": "40960"}]}})
+
+
+def test_the_crds_are_kept_on_uninstall() -> None:
+    definitions = [o for o in render() if o["kind"] == "CustomResourceDefinition"]
+    assert {d["metadata"]["name"] for d in definitions} == {"gpubudgets.gpusharing.io", "clustergpubudgets.gpusharing.io"}
+    assert all(d["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for d in definitions)
+
+
+@pytest.mark.parametrize("combination", ["defaults", "cert-manager", "everything changed", "renamed"])
+def test_the_notes_name_only_what_the_release_has(combination: str) -> None:
+    values = COMBINATIONS[combination]
+    text, objects = notes(values), render(values)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for deployment in re.findall(r"deploy/([a-z0-9-]+)", text):
+        assert ("Deployment", deployment) in names
+    for account in re.findall(rf"ServiceAccount {NAMESPACE}/([a-z0-9-]+)", text):
+        assert ("ServiceAccount", account) in names
+    for role in re.findall(r"ClusterRole ([a-z0-9-]+)", text):
+        assert ("ClusterRole", role) in names
+    for label in re.findall(r"-l app.kubernetes.io/name=([a-z0-9-]+)", text):
+        assert [t for _, t in pod_templates(objects) if t["metadata"]["labels"]["app.kubernetes.io/name"] == label]
+    assert ("budget-admin" in text) == values.get("budgetAdmin", {}).get("create", True) or combination == "everything changed"
 
 
 def test_service_monitors_scrape_the_services_ports_and_the_webhook_over_its_tls() -> None:
@@ -212,7 +423,7 @@ def test_service_monitors_scrape_the_services_ports_and_the_webhook_over_its_tls
     webhook = find(objects, "ServiceMonitor", "gpusharing-webhook")["spec"]["endpoints"][0]
     assert webhook["scheme"] == "https"
     assert webhook["tlsConfig"]["ca"]["secret"] == {"name": "gpusharing-webhook-tls", "key": "ca.crt"}
-    assert webhook["tlsConfig"]["serverName"] in find(objects, "Certificate", "gpusharing-webhook")["spec"]["dnsNames"]
+    assert webhook["tlsConfig"]["serverName"] == service_names(NAMESPACE)[0]  # what the certgen certifies first
     assert not [o for o in render() if o["kind"] == "ServiceMonitor"]
 
 
@@ -223,7 +434,7 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
     env = env_of(webhook)
     assert env["GPUSHARING_METER_IMAGE"] == "registry.example.com/gpusharing-meter:0.2.0"
     assert env["GPUSHARING_SIDECAR_MODE"] == "container"
-    assert env["GPUSHARING_DEVICE_MEMORY_MIB"] == "40960"
+    assert env["GPUSHARING_ALIYUN_MEM_UNIT"] == "MiB"
     assert (env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"], env["GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"]) == ("gpu-in-budget", "gpu-over-budget")
     assert {o["metadata"]["name"]: o["value"] for o in objects if o["kind"] == "PriorityClass"} == {"gpu-in-budget": 500, "gpu-over-budget": -500}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
@@ -240,13 +451,33 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
     assert scrape["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-timekeeper-token", "key": "token"}}
     for container in [webhook, *timekeeper]:
         assert container["image"] == "registry.example.com/gpusharing:0.2.0" and container["imagePullPolicy"] == "Always"
-    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
-        spec = workload["spec"]["template"]["spec"]
-        assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["tolerations"] == values["tolerations"]
+    for name, pod in pod_templates(objects):
+        spec = pod["spec"]
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["tolerations"] == values["tolerations"], name
+        assert spec["nodeSelector"] == values["nodeSelector"], name
     postgres = find(objects, "StatefulSet", "gpusharing-postgres")["spec"]["volumeClaimTemplates"][0]["spec"]
     assert (postgres["storageClassName"], postgres["resources"]["requests"]["storage"]) == ("fast", "50Gi")
     assert not [o for o in objects if o["kind"] == "NetworkPolicy"]
     assert find(objects, "Deployment", "gpusharing-webhook")["spec"]["replicas"] == 2
+    certgen = find(objects, "CronJob", "gpusharing-certgen")
+    assert certgen["spec"]["schedule"] == "0 4 * * 1"
+    (job_container,) = certgen["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert job_container["args"][job_container["args"].index("--days") + 1] == "730"
+    assert job_container["image"] == "registry.example.com/gpusharing:0.2.0" and job_container["imagePullPolicy"] == "Always"
+    # budgetAdmin.create false: the ClusterRole to bind people to, and no ServiceAccount of it.
+    assert find(objects, "ClusterRole", "gpusharing-budget-admin")
+    assert not [o for o in objects if o["kind"] in ("ServiceAccount", "ClusterRoleBinding") and o["metadata"]["name"] == "gpusharing-budget-admin"]
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(kind/name, pod template) of every workload: Deployments, the StatefulSet, the certgen's Job and CronJob."""
+    templates = []
+    for obj in objects:
+        spec = obj.get("spec", {})
+        template = spec.get("template") or spec.get("jobTemplate", {}).get("spec", {}).get("template")
+        if obj["kind"] in ("Deployment", "StatefulSet", "Job", "CronJob"):
+            templates.append((f"{obj['kind']}/{obj['metadata']['name']}", template))
+    return templates
 
 
 def test_the_grace_periods_outlast_the_pre_stop_sleep_and_gunicorns_graceful_timeout() -> None:
@@ -266,16 +497,16 @@ def test_the_alerts_and_the_dashboard_are_those_of_the_monitoring_component(tmp_
     dashboard, expected_dashboard = (find(o, "ConfigMap", "gpusharing-dashboard") for o in (objects, component))
     assert json.loads(dashboard["data"]["gpusharing-budgets.json"]) == json.loads(expected_dashboard["data"]["gpusharing-budgets.json"])
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert not [o for o in render() if o["kind"] in ("PrometheusRule", "ConfigMap")]
+    assert not [o for o in render() if o["kind"] == "PrometheusRule" or o["metadata"]["name"] == "gpusharing-dashboard"]
 
 
 def kustomize_monitoring(directory: Path) -> list[dict[str, Any]]:
     """The optional monitoring component of manifests/, as an overlay would include it."""
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "components": [os.path.relpath(MANIFESTS / "monitoring", directory)],  # kustomize takes no absolute path
-    }))
-    return kustomize(directory)
+    return overlay(directory, {"components": [os.path.relpath(MANIFESTS / "monitoring", directory)]})
+
+
+ONE_VALUE = ("resources", "migrationResources", "labels", "issuerRef", "inBudget", "overBudget", "podAnnotations", "podLabels",
+             "nodeSelector", "affinity", "podSecurityContext", "securityContext", "gpuModels")
 
 
 def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
@@ -283,7 +514,7 @@ def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
     paths = []
     for name, value in values.items():
         path = f"{prefix}{name}"
-        if isinstance(value, dict) and value and name not in ("resources", "migrationResources", "labels", "issuerRef", "inBudget", "overBudget"):
+        if isinstance(value, dict) and value and name not in ONE_VALUE:
             paths += value_paths(value, f"{path}.")
         else:
             paths.append(path)
@@ -293,5 +524,7 @@ def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
 def test_the_documented_values_table_names_every_setting() -> None:
     operations = (CHART.parents[1] / "docs" / "operations.md").read_text()
     section = re.split(r"\n##+ ", operations.split("\n### Values\n", 1)[1], maxsplit=1)[0]
-    documented = set(re.findall(r"^\| `([a-zA-Z.]+)`", section, re.MULTILINE))
+    # A row may name the same key of several components: `webhook.affinity`, `timekeeper.affinity`, ...
+    first_cells = re.findall(r"^\| (`[^|]*`) \|", section, re.MULTILINE)
+    documented = {path for cell in first_cells for path in re.findall(r"`([a-zA-Z.]+)`", cell)}
     assert documented == set(value_paths(yaml.safe_load((CHART / "values.yaml").read_text())))

@@ -17,11 +17,12 @@ import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.contract import AdmissionMode, Shortfall
+from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
 from gpusharing.serving.certs import write_overlay
 from tests.gpusharing import test_backends as backends
 from tests.gpusharing import test_dra as dra
 from tests.gpusharing.test_request import INVALID
-from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, installable_manifests, kustomize
+from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, crds, installable_manifests, kustomize, overlay
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
@@ -46,34 +47,39 @@ def examples() -> list[dict[str, Any]]:
 
 
 def test_every_object_validates_strictly(objects: list[dict[str, Any]]) -> None:
-    extra = examples()
+    extra = examples() + crds()
     for obj in objects + extra:
         if obj["apiVersion"].startswith(("cert-manager.io/", "gpusharing.io/")):
             continue  # custom resources, not in the Kubernetes schema: checked below (and gpusharing.io's by the e2e tier)
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_gpubudget_examples_match_their_crds_schema(objects: list[dict[str, Any]]) -> None:
+def test_the_gpubudget_examples_match_their_crds_schema() -> None:
     """The CRDs' structural schema, as JSON Schema (their CEL rules run on the real API server: tests/e2e)."""
     from jsonschema import Draft4Validator
 
-    crds = {o["spec"]["names"]["kind"]: o for o in objects if o["kind"] == "CustomResourceDefinition"}
-    assert set(crds) == {"GPUBudget", "ClusterGPUBudget"}
+    definitions = {o["spec"]["names"]["kind"]: o for o in crds()}
+    assert set(definitions) == {"GPUBudget", "ClusterGPUBudget"}
     found = [o for o in examples() if o["apiVersion"] == "gpusharing.io/v1alpha1"]
-    assert {o["kind"] for o in found} == set(crds)
+    assert {o["kind"] for o in found} == set(definitions)
     for obj in found:
-        (version,) = crds[obj["kind"]]["spec"]["versions"]
+        (version,) = definitions[obj["kind"]]["spec"]["versions"]
         assert version["served"] and version["storage"] and version["subresources"] == {"status": {}}
         Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(obj)
         columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
         assert columns == ["Budget", "Used", "Remaining", "Percent", "State", "Period End", "Age"]
-    assert crds["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
+    assert definitions["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
 
 
-def test_the_crds_take_safe_admissions_settings_as_the_contract_names_them(objects: list[dict[str, Any]]) -> None:
+def test_the_crds_are_apart_so_that_deleting_the_installation_deletes_no_budget(objects: list[dict[str, Any]]) -> None:
+    assert not [o for o in objects if o["kind"] == "CustomResourceDefinition"]
+    assert {o["kind"] for o in crds()} == {"CustomResourceDefinition"}
+
+
+def test_the_crds_take_safe_admissions_settings_as_the_contract_names_them() -> None:
     from jsonschema import Draft4Validator
 
-    for crd in (o for o in objects if o["kind"] == "CustomResourceDefinition"):
+    for crd in crds():
         (version,) = crd["spec"]["versions"]
         schema = version["schema"]["openAPIV3Schema"]
         spec = schema["properties"]["spec"]["properties"]
@@ -87,7 +93,52 @@ def test_the_crds_take_safe_admissions_settings_as_the_contract_names_them(objec
         assert {"name": "Admission", "type": "string", "jsonPath": ".spec.admission", "priority": 1} in version["additionalPrinterColumns"]
 
 
-def test_cert_manager_issues_the_certificate_and_injects_the_ca(objects: list[dict[str, Any]]) -> None:
+CERTGEN = {("ServiceAccount", "gpusharing-certgen"), ("Role", "gpusharing-certgen"), ("RoleBinding", "gpusharing-certgen"),
+           ("ClusterRole", "gpusharing-certgen"), ("ClusterRoleBinding", "gpusharing-certgen"), ("Job", "gpusharing-certgen"),
+           ("CronJob", "gpusharing-certgen")}
+
+
+def test_the_certgen_makes_the_webhooks_certificate_without_cert_manager(objects: list[dict[str, Any]]) -> None:
+    assert CERTGEN <= {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert not [o for o in objects if o["apiVersion"].startswith("cert-manager.io/")]
+    job, cron = find(objects, "Job", "gpusharing-certgen"), find(objects, "CronJob", "gpusharing-certgen")
+    assert cron["spec"]["jobTemplate"]["spec"] == job["spec"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:3] == ["certs", "--format", "cluster"]
+    options = dict(zip(args[3::2], args[4::2]))
+    assert find(objects, "Service", options["--service"]) and find(objects, "ServiceAccount", options["--owner"])
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert find(objects, kind, options["--webhook-configuration"])
+    volumes = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["volumes"]
+    (tls,) = [v for v in volumes if v["name"] == "tls"]
+    assert tls["secret"]["secretName"] == options["--secret"] and [i["key"] for i in tls["secret"]["items"]] == ["tls.crt", "tls.key"]
+    assert granted_in(find(objects, "ClusterRole", "gpusharing-certgen")) == {
+        ("admissionregistration.k8s.io", f"{kind}webhookconfigurations", verb, "gpusharing")
+        for kind in ("mutating", "validating") for verb in ("get", "patch")
+    }
+    assert granted_in(find(objects, "Role", "gpusharing-certgen")) == {
+        ("", "secrets", "create", None),  # a create cannot be limited by name; the namespace limits it
+        ("", "secrets", "get", "gpusharing-webhook-tls"), ("", "secrets", "update", "gpusharing-webhook-tls"),
+        ("", "serviceaccounts", "get", "gpusharing-certgen"),  # the Secret's owner: uninstalling deletes it
+    }
+
+
+def granted_in(role: dict[str, Any]) -> set[tuple[str, str, str, str | None]]:
+    """(API group, resource, verb, name or None for any) of every permission a Role or ClusterRole grants."""
+    return {
+        (group, resource, verb, name)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames", [None])
+    }
+
+
+def test_the_cert_manager_component_issues_the_certificate_in_place_of_the_certgen(installable: Path) -> None:
+    objects = overlay(installable.parent / "with-cert-manager", {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]})
+    assert not CERTGEN & {(o["kind"], o["metadata"]["name"]) for o in objects}
     certificate = find(objects, "Certificate", "gpusharing-webhook")
     assert certificate["spec"]["secretName"] == "gpusharing-webhook-tls"
     assert "gpusharing-webhook.gpusharing-system.svc" in certificate["spec"]["dnsNames"]
@@ -96,7 +147,8 @@ def test_cert_manager_issues_the_certificate_and_injects_the_ca(objects: list[di
         annotations = find(objects, kind, "gpusharing")["metadata"]["annotations"]
         assert annotations["cert-manager.io/inject-ca-from"] == "gpusharing-system/gpusharing-webhook"
     volumes = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "tls", "secret": {"secretName": "gpusharing-webhook-tls"}} in volumes
+    assert {"name": "tls", "secret": {"secretName": "gpusharing-webhook-tls", "items": [
+        {"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}} in volumes
 
 
 @pytest.mark.parametrize("kind", ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])
@@ -107,6 +159,7 @@ def test_webhook_configurations(objects: list[dict[str, Any]], kind: str) -> Non
     assert webhook["admissionReviewVersions"] == ["v1"]
     assert webhook["failurePolicy"] == "Fail"
     assert 1 <= webhook["timeoutSeconds"] <= 10
+    assert "caBundle" not in webhook["clientConfig"]  # the certgen's (or cert-manager's) to set
     service = webhook["clientConfig"]["service"]
     assert (service["name"], service["namespace"]) == ("gpusharing-webhook", "gpusharing-system")
     (rule,) = webhook["rules"]
@@ -225,9 +278,13 @@ def test_webhook_deployment_is_highly_available(objects: list[dict[str, Any]]) -
 
 
 def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
-    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
-        pod = workload["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True, workload["metadata"]["name"]
+    workloads = [(o["metadata"]["name"], o["spec"]) for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
+    workloads += [(o["metadata"]["name"], o["spec"]["jobTemplate"]["spec"]) for o in objects if o["kind"] == "CronJob"]
+    assert len(workloads) == 5
+    for name, spec in workloads:
+        pod = spec["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
         for container in pod.get("initContainers", []) + pod["containers"]:
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
             assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
@@ -252,13 +309,7 @@ def test_timekeeper_runs_migrations_before_serving(objects: list[dict[str, Any]]
 
 def granted(objects: list[dict[str, Any]], role: str) -> set[tuple[str, str, str]]:
     """(API group, resource, verb) of every permission a ClusterRole grants."""
-    return {
-        (group, resource, verb)
-        for rule in find(objects, "ClusterRole", role)["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    }
+    return {(group, resource, verb) for group, resource, verb, _ in granted_in(find(objects, "ClusterRole", role))}
 
 
 def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
@@ -276,7 +327,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         *{("gpusharing.io", resource, verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("get", "list", "watch")},
         *{("gpusharing.io", f"{resource}/status", verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("update", "patch")},
     }
-    (election,) = [o for o in objects if o["kind"] == "Role"]
+    election = find(objects, "Role", "gpusharing-timekeeper-leader-election")
     assert election["metadata"]["namespace"] == "gpusharing-system"
     assert election["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
     viewer = find(objects, "ClusterRole", "gpusharing-gpubudget-viewer")
@@ -335,18 +386,15 @@ def test_without_database_env_kustomize_names_the_file_to_write(tmp_path: Path) 
     assert rendered.returncode != 0 and "database.env" in rendered.stderr
 
 
-def test_an_overlays_images_override_reaches_the_meter_image(installable: Path) -> None:
-    overlay = installable.parent / "registry-overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+def test_an_overlays_images_override_reaches_the_meter_image_and_the_certgen(installable: Path) -> None:
+    objects = overlay(installable.parent / "registry-overlay", {
         "resources": ["../manifests"],
         "images": [{"name": "ghcr.io/kube-gpusharing/gpusharing", "newName": "registry.example.com/gpusharing", "newTag": "0.2.0"}],
-    }))
-    objects = kustomize(overlay)
-    ours = [c for o in objects if o["kind"] in ("Deployment", "StatefulSet")
-            for c in o["spec"]["template"]["spec"].get("initContainers", []) + o["spec"]["template"]["spec"]["containers"]
-            if "gpusharing" in c["image"]]
-    assert len(ours) == 3 and {c["image"] for c in ours} == {"registry.example.com/gpusharing:0.2.0"}
+    })
+    templates = [o["spec"]["template"] for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
+    templates += [o["spec"]["jobTemplate"]["spec"]["template"] for o in objects if o["kind"] == "CronJob"]
+    ours = [c for t in templates for c in t["spec"].get("initContainers", []) + t["spec"]["containers"] if "gpusharing" in c["image"]]
+    assert len(ours) == 5 and {c["image"] for c in ours} == {"registry.example.com/gpusharing:0.2.0"}
     webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "GPUSHARING_METER_IMAGE", "value": "registry.example.com/gpusharing:0.2.0"} in webhook["env"]
     timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]
@@ -369,19 +417,54 @@ def test_certs_overlay_for_clusters_without_cert_manager(tmp_path: Path) -> None
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_documented_admin_token_comes_from_a_service_account_a_manifest_binds_to_the_budget_admin_role(
+def test_the_documented_admin_token_comes_from_a_service_account_the_installation_binds_to_the_budget_admin_role(
     objects: list[dict[str, Any]]
 ) -> None:
     documents = [MANIFESTS.parent / "README.md", *sorted((MANIFESTS.parent / "docs").rglob("*.md"))]
     text = "\n".join(document.read_text() for document in documents)
     accounts = set(re.findall(r"kubectl -n gpusharing-system create token ([a-z0-9-]+) --audience gpusharing-timekeeper", text))
     assert accounts, "neither the README nor docs/ shows an admin token"
-    created = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in examples() if o["kind"] == "ServiceAccount"}
-    bound = {(s["namespace"], s["name"]) for o in examples() if o["kind"] == "ClusterRoleBinding"
+    created = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o["kind"] == "ServiceAccount"}
+    bound = {(s["namespace"], s["name"]) for o in objects if o["kind"] == "ClusterRoleBinding"
              and o["roleRef"]["name"] == "gpusharing-budget-admin" for s in o["subjects"] if s["kind"] == "ServiceAccount"}
-    assert find(objects, "ClusterRole", "gpusharing-budget-admin")
     for account in accounts:
         assert ("gpusharing-system", account) in created & bound, account
+
+
+def test_uninstalling_leaves_nothing_behind(objects: list[dict[str, Any]]) -> None:
+    """`kubectl delete -k manifests/` deletes what the installation made: every binding's subjects come with it (a
+    ClusterRoleBinding applied apart, as the budget admin's was, outlived the namespace), the examples hold no RBAC
+    to apply apart, and the Secret the certgen makes is owned by its ServiceAccount (the garbage collector deletes it)."""
+    names = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects}
+    for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        for subject in binding["subjects"]:
+            assert ("ServiceAccount", subject["namespace"], subject["name"]) in names, binding["metadata"]["name"]
+    assert not [o for o in examples() if o["apiVersion"].startswith("rbac.") or o["kind"] == "ServiceAccount"]
+    (container,) = find(objects, "Job", "gpusharing-certgen")["spec"]["template"]["spec"]["containers"]
+    owner = container["args"][container["args"].index("--owner") + 1]
+    assert ("ServiceAccount", "gpusharing-system", owner) in names
+
+
+def test_the_gpu_model_catalogue_is_the_shipped_one_mounted_by_both_and_an_overlay_replaces_it(installable: Path) -> None:
+    assert (MANIFESTS / "base" / "gpu-models.yaml").read_bytes() == SHIPPED_CATALOGUE.read_bytes()
+    mine = "default: NVIDIA L4\nmodels:\n- {name: NVIDIA L4, memoryMiB: 23034, billingWeight: 0.3}\n"
+    replaced = overlay(installable.parent / "my-models", {
+        "resources": ["../manifests"],
+        "configMapGenerator": [{"name": "gpusharing-gpu-models", "namespace": "gpusharing-system", "behavior": "replace",
+                                "files": ["gpu-models.yaml=my-models.yaml"]}],
+    }, files={"my-models.yaml": mine})
+    for objects, content in ((kustomize(installable), SHIPPED_CATALOGUE.read_text()), (replaced, mine)):
+        [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpusharing-gpu-models-")]
+        assert config_map["data"] == {"gpu-models.yaml": content}
+        catalogue_from(yaml.safe_load(content), "the catalogue")
+        for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+            pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
+            assert {"name": "gpu-models", "configMap": {"name": config_map["metadata"]["name"]}} in pod["volumes"]
+            (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "gpu-models"]
+            env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+            assert env["GPUSHARING_GPU_MODELS_FILE"] == f"{mount['mountPath']}/gpu-models.yaml"
+    names = {o["metadata"]["name"] for objects in (kustomize(installable), replaced) for o in objects if o["kind"] == "ConfigMap"}
+    assert len(names) == 2  # another name for another catalogue: both Deployments roll
 
 
 def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classes(objects: list[dict[str, Any]]) -> None:

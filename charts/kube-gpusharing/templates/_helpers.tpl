@@ -1,3 +1,23 @@
+{{/* The name in labels (app.kubernetes.io/name: NAME-webhook): gpusharing, whatever the release's name. */}}
+{{- define "gpusharing.name" -}}
+{{ .Values.nameOverride | default "gpusharing" }}
+{{- end }}
+
+{{/* The prefix of every object's name. */}}
+{{- define "gpusharing.fullname" -}}
+{{ .Values.fullnameOverride | default (include "gpusharing.name" .) }}
+{{- end }}
+
+{{/* A component's object name; call with (list $ "webhook"). */}}
+{{- define "gpusharing.component" -}}
+{{ include "gpusharing.fullname" (index . 0) }}-{{ index . 1 }}
+{{- end }}
+
+{{/* A component's app.kubernetes.io/name, its pods' selector; call with (list $ "webhook"). */}}
+{{- define "gpusharing.componentName" -}}
+{{ include "gpusharing.name" (index . 0) }}-{{ index . 1 }}
+{{- end }}
+
 {{/* Labels of every object: manifests/' part-of, and Helm's own. */}}
 {{- define "gpusharing.labels" -}}
 app.kubernetes.io/part-of: kube-gpusharing
@@ -7,10 +27,15 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
-{{/* Labels of a component's objects; call with (list $ "gpusharing-webhook"). */}}
+{{/* Labels of a component's objects; call with (list $ "webhook"). */}}
 {{- define "gpusharing.componentLabels" -}}
-app.kubernetes.io/name: {{ index . 1 }}
+app.kubernetes.io/name: {{ include "gpusharing.componentName" . }}
 {{ include "gpusharing.labels" (index . 0) }}
+{{- end }}
+
+{{/* A component's selector; call with (list $ "webhook"). */}}
+{{- define "gpusharing.selector" -}}
+app.kubernetes.io/name: {{ include "gpusharing.componentName" . }}
 {{- end }}
 
 {{- define "gpusharing.image" -}}
@@ -28,24 +53,60 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* What every pod of the release takes from the values: pull secrets, node selector, tolerations. */}}
-{{- define "gpusharing.podPlacement" -}}
-{{- with .Values.imagePullSecrets }}
+{{/*
+A pod template's metadata: the component's selector labels and part-of (never overridden), then the component's
+podLabels and podAnnotations over the release's. Call with (list $ "webhook" $values), $values the component's.
+*/}}
+{{- define "gpusharing.podMetadata" -}}
+{{- $root := index . 0 }}
+{{- $values := index . 2 }}
+{{- $fixed := dict "app.kubernetes.io/name" (include "gpusharing.componentName" .) "app.kubernetes.io/part-of" "kube-gpusharing" }}
+labels:
+  {{- toYaml (merge $fixed ($values.podLabels | default dict) ($root.Values.podLabels | default dict)) | nindent 2 }}
+{{- with merge (dict) ($values.podAnnotations | default dict) ($root.Values.podAnnotations | default dict) }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+What a pod takes from the values besides its containers: its security context, priority class, pull secrets and
+placement (the component's nodeSelector over the release's, both's tolerations, its affinity or, for `spread`, the
+default anti-affinity over nodes). Call with (list $ "webhook" $values spread).
+*/}}
+{{- define "gpusharing.podSpec" -}}
+{{- $root := index . 0 }}
+{{- $values := index . 2 }}
+{{- $affinity := $values.affinity }}
+{{- if and (not $affinity) (index . 3) }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "gpusharing.selector" . | fromYaml)) }}
+{{- $affinity = dict "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+securityContext:
+  {{- toYaml $values.podSecurityContext | nindent 2 }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
-{{- toYaml . | nindent 2 }}
+  {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.nodeSelector }}
+{{- with merge (dict) ($values.nodeSelector | default dict) ($root.Values.nodeSelector | default dict) }}
 nodeSelector:
-{{- toYaml . | nindent 2 }}
+  {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.tolerations }}
+{{- with concat ($root.Values.tolerations | default list) ($values.tolerations | default list) }}
 tolerations:
-{{- toYaml . | nindent 2 }}
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
 {{- define "gpusharing.timekeeperUrl" -}}
-http://gpusharing-timekeeper.{{ .Release.Namespace }}.svc:8080
+http://{{ include "gpusharing.component" (list . "timekeeper") }}.{{ .Release.Namespace }}.svc:8080
 {{- end }}
 
 {{/* The namespaces whose pods never reach the webhook: the values' and the release's own. */}}
@@ -86,15 +147,53 @@ finalizer, the meter. */}}
 - name: DATABASE_PASSWORD  # only for the URL below (letters and digits)
   valueFrom:
     secretKeyRef:
-      name: gpusharing-database
+      name: {{ include "gpusharing.component" (list . "database") }}
       key: password
 - name: TIMEKEEPER_DATABASE_URL
-  value: postgresql+psycopg://gpusharing:$(DATABASE_PASSWORD)@gpusharing-postgres.{{ .Release.Namespace }}.svc:5432/gpusharing
+  value: postgresql+psycopg://gpusharing:$(DATABASE_PASSWORD)@{{ include "gpusharing.component" (list . "postgres") }}.{{ .Release.Namespace }}.svc:5432/gpusharing
 {{- else }}
 - name: TIMEKEEPER_DATABASE_URL
   valueFrom:
     secretKeyRef:
       name: {{ .Values.database.external.secretName }}
       key: {{ .Values.database.external.key }}
+{{- end }}
+{{- end }}
+
+{{/*
+The GPU-model catalogue's ConfigMap: gpuModels, else the copy of the shipped one, named with a hash of it (as
+kustomize names what it generates), so that a change rolls the pods that mount it.
+*/}}
+{{- define "gpusharing.gpuModels" -}}
+{{- if .Values.gpuModels }}{{ toYaml .Values.gpuModels }}{{ else }}{{ .Files.Get "files/gpu-models.yaml" }}{{ end }}
+{{- end }}
+
+{{- define "gpusharing.gpuModelsName" -}}
+{{ include "gpusharing.component" (list . "gpu-models") }}-{{ include "gpusharing.gpuModels" . | sha256sum | trunc 10 }}
+{{- end }}
+
+{{- define "gpusharing.gpuModelsFile" -}}
+/etc/gpusharing/models/gpu-models.yaml
+{{- end }}
+
+{{/* The catalogue mounted where GPUSHARING_GPU_MODELS_FILE says. */}}
+{{- define "gpusharing.gpuModelsMount" -}}
+- name: gpu-models
+  mountPath: /etc/gpusharing/models
+  readOnly: true
+{{- end }}
+
+{{- define "gpusharing.gpuModelsVolume" -}}
+- name: gpu-models
+  configMap:
+    name: {{ include "gpusharing.gpuModelsName" . }}
+{{- end }}
+
+{{/* Refuses a setting that the values replace; call with (list $values.env "webhook.env"). */}}
+{{- define "gpusharing.refuseReplacedEnv" -}}
+{{- range index . 0 }}
+{{- if eq .name "GPUSHARING_DEVICE_MEMORY_MIB" }}
+{{- fail (printf "%s sets GPUSHARING_DEVICE_MEMORY_MIB, which the GPU-model catalogue replaces: give gpuModels (its default model's memoryMiB) instead" (index $ 1)) }}
+{{- end }}
 {{- end }}
 {{- end }}
