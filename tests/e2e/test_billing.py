@@ -229,20 +229,6 @@ def test_a_pod_deleted_while_every_timekeeper_is_down_is_billed_to_its_end(gpush
     wait_for(lambda: gpusharing.pod(namespace, "ephemeral") is None, "the API server to let the pod go")
 
 
-def test_a_namespace_admin_cannot_take_the_billing_finalizer_off(gpusharing: GpuSharing, timekeepers: Timekeepers) -> None:
-    namespace = gpusharing.namespace("e2e-unfinalize")
-    tenant = gpusharing.tenant_admin(namespace)
-    pod = start(gpusharing, gpu_pod(gpusharing, namespace, "sticky"))
-    index = pod["metadata"]["finalizers"].index(BILLING_FINALIZER)
-    refused = tenant.patch(f"{gpusharing.plane.url}/api/v1/namespaces/{namespace}/pods/sticky",
-                           json=[{"op": "remove", "path": f"/metadata/finalizers/{index}"}],
-                           headers={"Content-Type": "application/json-patch+json"}, timeout=30)
-    assert refused.status_code == 403, refused.text
-    assert BILLING_FINALIZER in refused.json()["message"]
-    pod = finish(gpusharing, pod)
-    assert_billed_as_recorded(wait_for(lambda: closed(timekeepers, pod), "the pod's bill to close"), pod)
-
-
 def test_a_meter_stopped_in_its_first_instant_exits_cleanly_and_the_bill_does_not_depend_on_it(
     gpusharing: GpuSharing, timekeepers: Timekeepers, tmp_path: Path,
 ) -> None:
