@@ -26,7 +26,7 @@ import yaml
 from demo.apiserver import EXAMPLES
 from demo.processes import Service
 from gpusharing.contract import BILLING_FINALIZER, MeterEnv
-from tests.e2e.system import GpuSharing, wait_for
+from tests.e2e.system import ApiError, GpuSharing, wait_for
 
 METER_INTERVAL_SECONDS = 2.0  # the bill of a pod is exact to within one of these
 REPLICAS = 2
@@ -250,3 +250,51 @@ def test_a_meter_stopped_in_its_first_instant_exits_cleanly_and_the_bill_does_no
     time.sleep(2 * METER_INTERVAL_SECONDS)
     pod = finish(gpusharing, pod)
     assert_billed_as_recorded(wait_for(lambda: closed(timekeepers, pod), "the pod's bill to close"), pod)
+
+
+def test_a_dra_pod_is_billed_for_what_its_claim_was_allocated_not_what_was_admitted(
+    gpusharing: GpuSharing, timekeepers: Timekeepers,
+) -> None:
+    namespace = gpusharing.namespace("e2e-dra-billing")
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+
+    def claim(devices: int) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "gpus"}, "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": devices}}]}}}
+
+    gpusharing.rest("POST", claims, claim(1))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"}, "spec": {
+        "containers": [{"name": "ctr", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpus"}]}}
+    admitted = wait_for(lambda: _created(gpusharing, namespace, pod), "the webhook to know the claim and admit the pod")
+    assert share_of(admitted) == 1.0
+    # Before the pod is scheduled, its claim is made again with four devices, and allocated (as the scheduler would).
+    gpusharing.rest("DELETE", f"{claims}/gpus")
+    wait_for(lambda: not _exists(gpusharing, f"{claims}/gpus"), "the claim to go")
+    gpusharing.rest("POST", claims, claim(4))
+    allocation = {"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": f"gpu-{i}"} for i in range(4)]}}}}
+    gpusharing.rest("PATCH", f"{claims}/gpus/status", allocation, patch="merge")
+    running = start(gpusharing, admitted)
+    time.sleep(2)
+    ended = finish(gpusharing, running)
+    ledger = wait_for(lambda: closed(timekeepers, ended), "the pod's bill to close")
+    assert ledger["gpuShare"] == 4.0
+    assert abs(ledger["gpuSeconds"] - 4.0 * recorded_seconds(ended)) <= 4.0 * METER_INTERVAL_SECONDS
+
+
+def _created(gpusharing: GpuSharing, namespace: str, pod: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return gpusharing.create(namespace, pod)
+    except ApiError as exc:
+        if "ResourceClaim" in exc.message:  # the webhook's watch has not brought it the claim yet
+            return None
+        raise
+
+
+def _exists(gpusharing: GpuSharing, path: str) -> bool:
+    try:
+        gpusharing.rest("GET", path)
+    except ApiError:
+        return False
+    return True
