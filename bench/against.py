@@ -30,9 +30,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("baseline", help="the revision to compare with (a branch, tag or commit)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each, alternating (default 2)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the benchmark script and its arguments")
-    args = parser.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, command = parser.parse_args(argv[:split]), argv[split + 1:]
     if not command:
         parser.error("give the benchmark after --, e.g. -- bench/timekeeper_ingest.py")
     with tempfile.TemporaryDirectory(prefix="gpusharing-baseline-") as scratch:
