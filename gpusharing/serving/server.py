@@ -181,7 +181,11 @@ def serve(app_factory: str, options: ServerOptions, on_starting: Callable[[], No
     os.environ[MULTIPROC_ENV] = metrics_dir
     # prometheus_client picks its value store when first imported; pick again now that the directory is set.
     prometheus_client.values.ValueClass = prometheus_client.values.get_value_class()
+    master = os.getpid()
     try:
         _Server(app_factory, options, on_starting).run()
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        # gunicorn forks each worker inside run(), and a worker leaves by SystemExit through here too: the directory
+        # is the other workers' still, and goes with the master alone.
+        if os.getpid() == master:
+            shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -1,8 +1,9 @@
-"""A Flask app that tells how its worker's garbage collector is set (for test_serving)."""
+"""A Flask app that tells how its worker's garbage collector is set, and which worker it is (for test_serving)."""
 
 from __future__ import annotations
 
 import gc
+import os
 
 from flask import Flask, jsonify
 
@@ -12,6 +13,7 @@ def create_app() -> Flask:
 
     @app.get("/gc")
     def collector() -> object:
-        return jsonify(thresholds=list(gc.get_threshold()), frozen=gc.get_freeze_count())
+        return jsonify(thresholds=list(gc.get_threshold()), frozen=gc.get_freeze_count(), pid=os.getpid(),
+                       metricsDir=os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
     return app

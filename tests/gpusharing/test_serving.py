@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -52,6 +53,18 @@ def test_each_worker_freezes_what_it_started_with_and_collects_young_garbage_les
     collector = requests.get(f"{served}/gc", timeout=5).json()
     assert tuple(collector["thresholds"]) == GC_THRESHOLDS != (700, 10, 10)
     assert collector["frozen"] > 10_000  # the worker's modules and app, out of the collector's passes
+
+
+def test_a_worker_that_exits_leaves_the_metrics_directory_to_the_others(served: str) -> None:
+    first = requests.get(f"{served}/gc", timeout=5).json()
+    metrics = Path(first["metricsDir"])
+    assert metrics.is_dir()
+    os.kill(first["pid"], signal.SIGTERM)  # the worker exits; gunicorn starts another
+    deadline = time.monotonic() + 20
+    while requests.get(f"{served}/gc", timeout=5).json()["pid"] == first["pid"]:
+        assert time.monotonic() < deadline, "no new worker within 20 s"
+        time.sleep(0.1)
+    assert metrics.is_dir(), "the exiting worker removed the directory every worker writes its metrics to"
 
 
 def test_two_servers_on_one_host_share_no_control_socket(tmp_path: Path) -> None:
