@@ -90,13 +90,19 @@ def test_upgrading_twice_changes_nothing(database_url: str) -> None:
     assert schema_problem(create_engine(database_url)) is None
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def migrated_to(revision: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A new database of `backend`, migrated up to `revision` only: a deployment of that version."""
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'before.sqlite'}"
     else:
-        url = request.getfixturevalue("postgres").create_database("before_safe_admission")
-    upgrade(url, "0003_usage_reports")
+        url = request.getfixturevalue("postgres").create_database(f"before_{revision}")
+    upgrade(url, revision)
+    return url
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = migrated_to("0003_usage_reports", backend, tmp_path, request)
     engine = create_engine(url)
     now = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
     with engine.begin() as conn:  # the columns of 0003 alone
@@ -116,11 +122,7 @@ def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str
 def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods_go_on(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres").create_database("before_billing_record")
-    upgrade(url, "0004_safe_admission")
+    url = migrated_to("0004_safe_admission", backend, tmp_path, request)
     engine = create_engine(url)
     start = dt.datetime(2026, 11, 25, 10, 0, tzinfo=dt.timezone.utc)
     with engine.begin() as conn:  # 0004's columns: one pod ended (final), one in flight, billed 30 GPU-s by its meter
