@@ -9,8 +9,8 @@ cumulative that goes down is never turned into a refund.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from gpusharing.compat import StrEnum
 from gpusharing.report import MAX_GPU_SECONDS, MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
 
