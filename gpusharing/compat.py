@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from enum import Enum
 
@@ -19,4 +20,10 @@ else:
             return format(str(self.value), spec)
 
 
-__all__ = ["StrEnum"]
+
+def from_iso(text: str) -> dt.datetime:
+    """datetime.fromisoformat, also of RFC 3339's `Z` (as the API and the timekeeper write UTC), which 3.10 refuses."""
+    return dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+
+
+__all__ = ["StrEnum", "from_iso"]
