@@ -22,8 +22,8 @@ def version() -> str:
     return setup["metadata"]["version"]
 
 
-def archive_name() -> str:
-    return f"kubectl-gpusharing-{version()}.tar.gz"
+def archive_name(release: str = "") -> str:
+    return f"kubectl-gpusharing-{release or version()}.tar.gz"
 
 
 def archive() -> bytes:
