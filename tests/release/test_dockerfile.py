@@ -4,6 +4,7 @@ installs exactly the versions constraints.txt pins (the ones the suite runs on),
 from __future__ import annotations
 
 import configparser
+import os
 import re
 import subprocess
 from importlib.metadata import PackageNotFoundError, distribution
@@ -118,7 +119,8 @@ def test_it_holds_every_package_of_the_distribution() -> None:
 def test_make_image_builds_it_tagged_with_the_version() -> None:
     version = re.search(r"^version = (\S+)$", (ROOT / "setup.cfg").read_text(), re.M)
     assert version is not None
+    outside_make = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     planned = subprocess.run(["make", "-n", "image", "BASE=python:3.12-slim-bookworm@sha256:" + "0" * 64], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout
+                             capture_output=True, text=True, check=True, env=outside_make).stdout
     assert planned.split() == ["docker", "build", "--build-arg", "BASE=python:3.12-slim-bookworm@sha256:" + "0" * 64, "-t",
                                f"ghcr.io/kube-gpusharing/gpusharing:{version.group(1)}", "."]
