@@ -40,7 +40,7 @@ RELEASES = "https://github.com/kube-gpusharing/kube-gpusharing/releases/download
 
 
 class ReleaseError(RuntimeError):
-    """One line saying what is wrong with the release and what to do."""
+    """What is wrong with the release and what to do, a line each."""
 
 
 def version() -> str:
@@ -198,7 +198,7 @@ def build(directory: Path) -> list[Path]:
     write_index(directory, release, epoch)
     found = problems(directory, release)
     if found:
-        raise ReleaseError("; ".join(found))
+        raise ReleaseError("\n".join(found))
     check_wheel_alone(directory / names["wheel"], release)
     write_checksums(directory, release)
     return [directory / name for name in sorted(names.values())] + [directory / "SHA256SUMS"]
@@ -209,7 +209,7 @@ def main(argv: list[str]) -> int:
     try:
         written = build(directory)
     except (ReleaseError, helm.HelmError) as error:
-        print(f"make dist: {error}", file=sys.stderr)
+        print("\n".join(f"make dist: {line}" for line in str(error).splitlines()), file=sys.stderr)
         return 1
     print((directory / "SHA256SUMS").read_text(), end="")
     print(f"{len(written)} files of kube-gpusharing {version()} in {directory}")

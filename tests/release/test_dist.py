@@ -11,6 +11,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from plugins import build as krew
@@ -119,3 +120,13 @@ def test_each_artifact_of_another_version_or_missing_is_named_on_a_line(tmp_path
 def test_the_changelog_has_an_entry_for_this_version_first() -> None:
     assert dist.changelog_versions(dist.CHANGELOG.read_text())[0] == dist.version()
     assert dist.changelog_versions("# Changelog\n\n## 0.2.0 - 2027-01-04\n\n## 0.1.0 - 2026-11-30\n") == ["0.2.0", "0.1.0"]
+
+
+def test_make_dist_says_each_problem_on_a_line_of_its_own_and_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def failing(directory: Path) -> list[Path]:
+        raise dist.ReleaseError("chart: version 0.0.9, appVersion 0.1.0: make both 0.1.0\nwheel: lacks demo/x.py: list it")
+
+    monkeypatch.setattr(dist, "build", failing)
+    assert dist.main(["dist"]) == 1
+    assert capsys.readouterr().err == ("make dist: chart: version 0.0.9, appVersion 0.1.0: make both 0.1.0\n"
+                                       "make dist: wheel: lacks demo/x.py: list it\n")
