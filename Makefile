@@ -1,37 +1,52 @@
-# The two entry points: `make test` (install everything, run the whole suite) and `make demo`.
+# The two entry points: `make test` (install everything, run the whole suite) and `make demo`; releasing: `make dist`
+# and `make image` (docs/releasing.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
+INSTALL_INPUTS := setup.cfg pyproject.toml $(CONSTRAINTS)
 PROMTOOL := $(BIN)/promtool
+VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
+IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
-.PHONY: test demo bench clean constraints test-python test-lowest plugin tools
+.PHONY: test demo bench clean constraints test-python test-lowest plugin tools dist image
 
-$(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
+# One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
+# with its release extra (make dist).
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
-	touch $(STAMP)
 
-test: $(STAMP) tools
+$(VENV)/.runtime: $(INSTALL_INPUTS) | $(BIN)/python
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e .
+	touch $@
+
+$(VENV)/.installed: $(INSTALL_INPUTS) | $(BIN)/python
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	touch $@
+
+$(VENV)/.release: $(INSTALL_INPUTS) | $(BIN)/python
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[release]'
+	touch $@
+
+test: $(VENV)/.installed tools
 	$(BIN)/python -m pytest
 
 # promtool, which tests/manifests/test_monitoring.py checks the alerts with: the machine's, else the binary alone
 # from Debian's prometheus package (not the server). Without it those tests are skipped, and fail under CI=true.
-tools: $(STAMP)
-	@$(MAKE) --no-print-directory $(PROMTOOL) || echo "promtool could not be installed: the alert tests will be skipped"
+tools: $(VENV)/.installed
+	@$(MAKE) --no-print-directory $(PROMTOOL) VENV=$(VENV) || echo "promtool could not be installed: the alert tests will be skipped"
 
-$(PROMTOOL): | $(STAMP)
+$(PROMTOOL): | $(VENV)/.installed
 	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; else \
 	  tmp=$$(mktemp -d) && cd $$tmp && \
 	  { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } && \
 	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(CURDIR)/$@ && rm -rf $$tmp; fi
 
-demo: $(STAMP)
+demo: $(VENV)/.runtime
 	$(BIN)/python -m demo
 
-bench: $(STAMP)
+bench: $(VENV)/.installed
 	$(BIN)/python bench/webhook_load.py
 	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
@@ -41,24 +56,40 @@ bench: $(STAMP)
 plugin:
 	$(PYTHON) plugins/build.py dist
 
-# Pin what is tested: the newest versions setup.cfg allows, as installed now.
+# Every release artifact of the version in setup.cfg, in dist/: sdist and wheel (twine-checked, the wheel installed
+# alone in a fresh virtualenv), the packaged chart with its index.yaml, the krew archive, SHA256SUMS.
+# Timestamps are the last commit's (SOURCE_DATE_EPOCH), so that a rebuild gives the same bytes.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 315532800)
+dist: $(VENV)/.release
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(BIN)/python -m release.dist dist
+
+# The one image of every role, tagged with the version; BASE=python:3.12-slim-bookworm@sha256:… pins the base by digest.
+image:
+	docker build $(if $(BASE),--build-arg BASE=$(BASE) )-t $(IMAGE):$(VERSION) .
+
+# Pin what is tested: the newest versions setup.cfg allows, as installed now on every supported Python (PYTHONS,
+# pyenv's by default), merged with python_version markers where they differ (release/constraints.py).
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYTHONS ?= $(foreach minor,3.10 3.11 3.12 3.13,$(lastword $(wildcard $(PYENV_ROOT)/versions/$(minor).*/bin/python3)))
 constraints:
-	rm -rf .venv-constraints
-	$(PYTHON) -m venv .venv-constraints
-	.venv-constraints/bin/pip install --quiet --upgrade pip
-	.venv-constraints/bin/pip install --quiet -e '.[test]'
-	{ sed -n '1,/^[^#]/{/^#/p}' $(CONSTRAINTS); .venv-constraints/bin/pip freeze --exclude-editable; } > $(CONSTRAINTS).new
+	@test -n "$(PYTHONS)" || { echo "no Python 3.10-3.13 found under $(PYENV_ROOT): name them, make constraints PYTHONS='...'" >&2; exit 2; }
+	rm -rf .venv-constraints && mkdir .venv-constraints
+	for python in $(PYTHONS); do \
+	  minor=$$($$python -c 'import sys; print("%d.%d" % sys.version_info[:2])') && venv=.venv-constraints/$$minor && \
+	  $$python -m venv $$venv && $$venv/bin/pip install --quiet --upgrade pip && \
+	  $$venv/bin/pip install --quiet -e '.[test,release]' && \
+	  $$venv/bin/pip freeze --all --exclude-editable | grep -v '^pip==' > $$venv.txt || exit 1; \
+	done
+	{ sed -n '1,/^[^#]/{/^#/p}' $(CONSTRAINTS); $$(ls -d .venv-constraints/3.*/ | head -1)bin/python -m release.constraints .venv-constraints; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	rm -rf .venv-constraints
 
-# The suite on another interpreter, in a venv of its own: make test-python PY=/path/to/python3.13
+# The suite on another interpreter, in a virtualenv of its own: make test-python PY=/path/to/python3.13
 PY ?= python3
-PY_VENV = .venv-py$(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+PY_MINOR = $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 test-python:
-	$(PY) -m venv $(PY_VENV)
-	$(PY_VENV)/bin/pip install --quiet --upgrade pip
-	$(PY_VENV)/bin/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
-	$(PY_VENV)/bin/python -m pytest
+	@test -n "$(PY_MINOR)" || { echo "PY=$(PY) does not run: make test-python PY=/path/to/python3.X" >&2; exit 2; }
+	$(MAKE) --no-print-directory test PYTHON=$(PY) VENV=.venv-py$(PY_MINOR)
 
 # The suite on the lower bounds of setup.cfg (each `>=` installed as `==`), so that they are known to work.
 test-lowest:

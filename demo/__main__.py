@@ -8,7 +8,6 @@ promoting the namespace back. Everything it starts is stopped at the end.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import os
 import subprocess
@@ -20,10 +19,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import requests
 
-from demo.apiserver import admission_review, example_manifests, example_pod
+from demo.apiserver import admission_review, apply_patch, example_manifests, example_pod
 from demo.processes import COMMAND, Service, free_port, run_command
 from gpusharing.serving.certs import make_serving_certificate
 
@@ -77,7 +75,7 @@ class Decisions:
             print(f"{name[:32]:32}  {'DENIED':8}  {response['status']['message']}")
             return None
         patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
-        admitted: dict[str, Any] = jsonpatch.apply_patch(copy.deepcopy(pod), patch)
+        admitted: dict[str, Any] = apply_patch(pod, patch)
         annotations = admitted["metadata"].get("annotations", {})
         meter = any(c["name"] == "gpusharing-meter" for c in admitted["spec"].get("initContainers", []))
         cells = (
@@ -236,7 +234,7 @@ def _webhook_sees(webhook: str, ca_file: Path, state: str) -> bool:
     pod = example_pod("kai-memory.yaml", NAMESPACE)
     answer = requests.post(f"{webhook}/mutate", json=admission_review(pod), verify=str(ca_file), timeout=5)
     patch = json.loads(base64.b64decode(answer.json()["response"]["patch"]))
-    return jsonpatch.apply_patch(pod, patch)["metadata"]["annotations"]["gpusharing.io/budget-state"] == state
+    return apply_patch(pod, patch)["metadata"]["annotations"]["gpusharing.io/budget-state"] == state
 
 
 def _stop_meters(meters: list[subprocess.Popen[bytes]]) -> None:

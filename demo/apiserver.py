@@ -117,3 +117,23 @@ def admission_review(
     if sub_resource:
         request["subResource"] = request["requestSubResource"] = sub_resource
     return {"apiVersion": f"admission.k8s.io/{version}", "kind": "AdmissionReview", "request": request}
+
+
+def apply_patch(document: Any, operations: list[dict[str, Any]]) -> Any:
+    """A copy of `document` with a webhook's JSON Patch applied as the API server applies it: RFC 6902's `add` and
+    `remove`, the two operations the webhook writes (so that the demo needs nothing beyond the package)."""
+    result = copy.deepcopy(document)
+    for operation in operations:
+        *parents, last = (token.replace("~1", "/").replace("~0", "~") for token in operation["path"].split("/")[1:])
+        target = result
+        for token in parents:
+            target = target[int(token)] if isinstance(target, list) else target[token]
+        if operation["op"] == "add" and isinstance(target, list):
+            target.insert(len(target) if last == "-" else int(last), copy.deepcopy(operation["value"]))
+        elif operation["op"] == "add":
+            target[last] = copy.deepcopy(operation["value"])
+        elif operation["op"] == "remove":
+            del target[int(last) if isinstance(target, list) else last]
+        else:
+            raise ValueError(f"the demo applies add and remove, not {operation['op']}")
+    return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
+from gpusharing.compat import StrEnum
 
 ANNOTATION_PREFIX = "gpusharing.io/"
 ANNOTATION_GPU_SHARE = "gpusharing.io/gpu-share"

@@ -3,9 +3,10 @@ webhook into the warnings `kubectl apply` prints, so both say it alike."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from typing import Any
+
+from gpusharing.compat import from_iso
 
 DEFAULT_WARNING_THRESHOLDS = (80, 95)  # percent of a budget (with this period's top-ups)
 MAX_WARNING_THRESHOLDS = 5
@@ -26,7 +27,7 @@ def check_warning_thresholds(raw: object, what: str = "warningThresholds") -> tu
 
 def period_phrase(period: str, period_start: str) -> str:
     """'for November', 'for the week of 16 November', 'for 23 November'; '' for a budget that never renews."""
-    start = dt.datetime.fromisoformat(period_start)  # not strptime: the webhook words warnings in a thread
+    start = from_iso(period_start)  # not strptime: the webhook words warnings in a thread
     if period == "monthly":
         return f" for {start:%B}"
     if period == "weekly":

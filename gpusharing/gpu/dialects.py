@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any
 
+from gpusharing.compat import StrEnum
 from gpusharing.gpu.mig import InvalidMigProfile, MigSlice, is_mig_resource, mig_profile
 from gpusharing.gpu.reading import (
     TOO_MANY_DEVICES,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from gpusharing.compat import StrEnum
 from gpusharing.gpu.reading import as_list, as_mapping
 
 MAX_REQUESTS = 32  # the API server's limit on a claim's requests

@@ -7,9 +7,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any
 
+from gpusharing.compat import StrEnum
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import BOUNDS, MAX_DIGITS, QuantityError, QuantityOutOfBounds, parse_whole_quantity
 from gpusharing.units.share import MAX_GPU_SHARE

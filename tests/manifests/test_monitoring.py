@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,13 @@ import yaml
 from tests.kustomize import MANIFESTS, installable_manifests, kustomize
 
 REPO = MANIFESTS.parent
-HOW_TO_GET = "promtool is needed: `make tools` puts Debian's in .venv/bin (or install the prometheus package)"
+HOW_TO_GET = "promtool is needed: `make tools` puts Debian's beside this Python, in .venv/bin (or install the prometheus package)"
 
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = str(REPO / ".venv" / "bin" / "promtool") if (REPO / ".venv" / "bin" / "promtool").exists() else shutil.which("promtool")
+    beside = Path(sys.executable).parent / "promtool"  # what `make tools` put in this virtualenv (.venv, .venv-py3.X)
+    found = str(beside) if beside.exists() else shutil.which("promtool")
     if found is None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but {HOW_TO_GET}", pytrace=False)

@@ -3,14 +3,18 @@ package, and the sha256 of the archive `make plugin` builds, whose launcher runs
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import os
 import re
+import struct
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+
+import pytest
 
 import yaml
 
@@ -50,6 +54,30 @@ def test_the_manifest_names_this_versions_archive_and_its_sha256() -> None:
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             names = tar.getnames()
         assert platform["bin"] in names and all(f["from"] in names for f in platform["files"])
+
+
+def test_the_archive_carries_no_trace_of_the_python_or_the_machine_that_built_it() -> None:
+    data = build.archive()
+    flags, mtime, _, os_byte = struct.unpack("<BIBB", data[3:10])
+    assert (flags, mtime, os_byte) == (0, 0, 3)  # no file name, no time, Unix: not the OS byte of Python's gzip
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+    assert [(m.name, m.mode, m.mtime, m.uid, m.gid, m.uname, m.gname, m.type) for m in members] == [
+        ("kubectl-gpusharing", 0o755, 0, 0, 0, "", "", tarfile.REGTYPE)]
+
+
+def supported_pythons() -> list[str]:
+    """The other supported interpreters this machine has (the system's, or pyenv's)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = {str(Path(p).resolve()) for minor in (10, 11, 12, 13)
+             for p in [f"/usr/bin/python3.{minor}", *glob.glob(str(pyenv / f"3.{minor}.*" / "bin" / "python3"))] if Path(p).exists()}
+    return sorted(found - {str(Path(sys.executable).resolve())})
+
+
+@pytest.mark.parametrize("python", supported_pythons() or [pytest.param(None, marks=pytest.mark.skip("no other Python 3.10-3.13 here"))])
+def test_every_supported_python_builds_the_same_archive(python: str, tmp_path: Path) -> None:
+    built = subprocess.run([python, str(PLUGINS / "build.py"), str(tmp_path)], capture_output=True, text=True, check=True)
+    assert built.stdout.split()[0] == hashlib.sha256(build.archive()).hexdigest(), python
 
 
 def test_the_archives_launcher_runs_the_installed_plugin(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
+from gpusharing.compat import StrEnum
 from gpusharing.report import MAX_GPU_SECONDS, MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
 

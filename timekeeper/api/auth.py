@@ -21,10 +21,10 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from decimal import Decimal
-from enum import StrEnum
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from gpusharing.compat import StrEnum
 from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
 from gpusharing.names import NAMESPACE, InvalidName
 from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport

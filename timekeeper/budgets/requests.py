@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from enum import StrEnum
 from typing import Any, TypeVar
 
+from gpusharing.compat import StrEnum
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.names import InvalidName, check_budget_name, is_group
 from gpusharing.thresholds import check_warning_thresholds

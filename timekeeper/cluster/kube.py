@@ -8,12 +8,12 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpusharing.compat import StrEnum
 from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.kube.client import api_client
 
