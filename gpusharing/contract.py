@@ -15,6 +15,12 @@ ANNOTATION_GPU_MODEL = "gpusharing.io/gpu-model"  # the catalogue's model the po
 ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 # Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
 ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
+# Everything the webhook writes under the prefix: on a GPU pod nothing else under it stands (annotations or labels),
+# and a pod that asks for no GPU may carry nothing under it.
+WEBHOOK_ANNOTATIONS = frozenset((
+    ANNOTATION_GPU_SHARE, ANNOTATION_DIALECT, ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL,
+    ANNOTATION_ADMISSION_ID, ANNOTATION_SAFE_ADMISSION,
+))
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"

@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes import client
 
 from demo.jsonhttp import reply_json
-from gpusharing.contract import ANNOTATION_GPU_SHARE
+from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
@@ -122,8 +122,9 @@ class FakeKube:
         memory_mib: str | None = None,
     ) -> dict[str, Any]:
         annotations = {}
-        if share is not None:
+        if share is not None:  # the webhook's record: the over-budget class goes with the state it was admitted in
             annotations[ANNOTATION_GPU_SHARE] = share
+            annotations[ANNOTATION_BUDGET_STATE] = "over-budget" if priority_class == "gpusharing-over-budget" else "in-budget"
         if memory_mib is not None:
             annotations["gpusharing.io/gpu-memory-mib"] = memory_mib
         pod = {

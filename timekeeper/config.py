@@ -26,7 +26,6 @@ class TimekeeperConfig:
     static_tokens_file: str | None = None
     default_gpu_minutes: float | None = None  # budget of a namespace without one; None: unlimited
     default_period: Period = Period.MONTHLY
-    priority_class_in_budget: str = "gpusharing-in-budget"
     kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
     demotion_interval_seconds: float = 10.0  # how often the controller's pass runs (statuses, retries)
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
@@ -55,7 +54,6 @@ class TimekeeperConfig:
             static_tokens_file=tokens_file,
             default_gpu_minutes=env_float("TIMEKEEPER_DEFAULT_GPU_MINUTES", 0.0, 0.0, environ) if raw_default else None,
             default_period=Period(env_choice("TIMEKEEPER_DEFAULT_PERIOD", "monthly", tuple(Period), environ)),
-            priority_class_in_budget=env_text("TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", cls.priority_class_in_budget, environ),
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),

@@ -39,6 +39,8 @@ class WebhookConfig:
     exempt_namespaces: frozenset[str] = frozenset((*DEFAULT_EXEMPT_NAMESPACES, "gpusharing-system"))
     priority_class_in_budget: str = "gpusharing-in-budget"
     priority_class_over_budget: str = "gpusharing-over-budget"
+    # Classes an administrator lets GPU pods keep while in budget; any other class of a pod's own is refused.
+    allowed_priority_classes: frozenset[str] = frozenset()
     timekeeper_url: str | None = None  # where budget states are polled from; None: every namespace is unknown
     timekeeper_token_file: str | None = None
     budget_refresh_seconds: float = 5.0
@@ -77,6 +79,7 @@ class WebhookConfig:
             priority_class_over_budget=env_text(
                 "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET", cls.priority_class_over_budget, environ
             ),
+            allowed_priority_classes=frozenset(env_list("GPUSHARING_ALLOWED_PRIORITY_CLASSES", (), environ)),
             timekeeper_url=timekeeper_url,
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),

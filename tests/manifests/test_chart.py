@@ -232,7 +232,6 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), NAMESPACE]
     timekeeper = containers(objects, "gpusharing-timekeeper")
     tk_env = env_of(timekeeper[1])
-    assert tk_env["TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET"] == "gpu-in-budget"
     assert (tk_env["TIMEKEEPER_AUTH"], tk_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], tk_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("none", "0", "weekly")
     assert tk_env["TIMEKEEPER_STATIC_TOKENS_FILE"] == "/etc/gpusharing/static-tokens/tokens"
     assert tk_env["TIMEKEEPER_METRICS_AUTH"] == "token"

@@ -55,7 +55,7 @@ def timekeeper() -> Iterator[FakeTimekeeper]:
 
 @pytest.fixture
 def config() -> WebhookConfig:
-    return WebhookConfig()
+    return WebhookConfig(allowed_priority_classes=frozenset({"research-high"}))
 
 
 @pytest.fixture

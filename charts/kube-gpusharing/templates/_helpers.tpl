@@ -74,9 +74,9 @@ manifests/base/webhook-configurations.yaml for the default prefixes (tests/manif
 {{- join " || " $clauses -}}
 {{- end }}
 
-{{/* Validation also sees pods that carry, or carried, the webhook's gpusharing.io/ record. */}}
+{{/* Validation also sees pods that carry, or carried, the webhook's gpusharing.io/ record (annotations or labels). */}}
 {{- define "gpusharing.asksForAGpuOrCarriesTheRecord" -}}
-{{- include "gpusharing.asksForAGpu" . }} || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, k.startsWith('gpusharing.io/')))
+{{- include "gpusharing.asksForAGpu" . }} || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (has(object.metadata.labels) && object.metadata.labels.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.labels) && oldObject.metadata.labels.exists(k, k.startsWith('gpusharing.io/')))
 {{- end }}
 
 {{/* TIMEKEEPER_DATABASE_URL: the bundled PostgreSQL's, with its password from the Secret, or the external one's. */}}
