@@ -42,7 +42,8 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 class FakeKube:
     def __init__(self) -> None:
         self.users: dict[str, dict[str, Any]] = {}  # token -> TokenReview user
-        self.admins: set[str] = set()  # usernames a SubjectAccessReview allows
+        self.admins: set[str] = set()  # usernames a SubjectAccessReview allows everything of gpusharing.io
+        self.viewers: dict[str, set[str]] = {}  # username -> namespaces whose GPUBudgets it may get (RBAC's view role)
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.refuse_evictions: set[tuple[str, str]] = set()  # answered 429, as a PodDisruptionBudget would
         self.up = True
@@ -220,9 +221,10 @@ class FakeKube:
         if method == "POST" and path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
             self.access_reviews.append(body["spec"])
             attributes = body["spec"].get("resourceAttributes") or {}
-            allowed = body["spec"].get("user") in self.admins and (
-                attributes.get("verb"), attributes.get("resource"), attributes.get("group")
-            ) == ("update", "budgets", "gpusharing.io")
+            user = body["spec"].get("user")
+            viewed = (attributes.get("verb"), attributes.get("resource"), attributes.get("namespace"))
+            allowed = attributes.get("group") == "gpusharing.io" and (user in self.admins or (
+                viewed[:2] == ("get", "gpubudgets") and viewed[2] in self.viewers.get(user, set())))
             return 201, {**body, "status": {"allowed": allowed}}
         if (match := _POD.match(path)) is not None:
             key = (match["ns"], match["name"])

@@ -268,6 +268,8 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
     assert granted(objects, "gpusharing-webhook") == {
         *{("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")},
         ("batch", "jobs", "list"), ("batch", "jobs", "watch"),  # Jobs' deadlines, carried onto their pods
+        ("gpusharing.io", "gpubudgets", "list"),  # the timekeeper's listing of every namespace's budget state
+        ("gpusharing.io", "reservations", "create"),  # safe admission's reservations, made by the timekeeper
     }
     bindings = {(o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
     assert {role for role, subject in bindings if subject == "gpusharing-webhook"} == {"gpusharing-webhook"}
