@@ -30,6 +30,7 @@ class TimekeeperConfig:
     demotion_interval_seconds: float = 10.0  # how often the controller's pass runs (statuses, retries)
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
+    reservation_seconds: float = 30.0  # how long safe admission's reservation waits for its pod in the pod watch
     metrics_auth: str = "none"  # token: /metrics needs a token, as the budget listing does (it shows as much)
     db_pool_size: int = 10
     sqlite_busy_timeout_ms: int = 10_000
@@ -58,6 +59,7 @@ class TimekeeperConfig:
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
+            reservation_seconds=env_float("TIMEKEEPER_RESERVATION_SECONDS", 30.0, 1.0, environ),
             metrics_auth=env_choice("TIMEKEEPER_METRICS_AUTH", cls.metrics_auth, METRICS_AUTH, environ),
             db_pool_size=env_int("TIMEKEEPER_DB_POOL_SIZE", 10, 1, environ),
             sqlite_busy_timeout_ms=env_int("TIMEKEEPER_SQLITE_BUSY_TIMEOUT_MS", 10_000, 0, environ),

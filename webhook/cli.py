@@ -43,8 +43,6 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read {path}: no such file")
     from webhook.config import WebhookConfig
 
-    # The workers share each namespace's uncommitted budget (safe admission): each learns how many they are.
-    os.environ["GPUSHARING_WEBHOOK_WORKERS"] = str(args.workers)
     config = WebhookConfig.from_env()  # fail at start, in one line, on a bad setting rather than in every worker
     if config.kubeconfig:
         from gpusharing.kube.client import api_client

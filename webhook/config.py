@@ -45,10 +45,9 @@ class WebhookConfig:
     timekeeper_token_file: str | None = None
     budget_refresh_seconds: float = 5.0
     kubeconfig: str | None = None  # where resource claims and Jobs are watched from; None: in-cluster, if in a cluster
-    # Safe admission: the webhook processes (replicas x workers) that share each namespace's uncommitted budget,
-    # and how long a reservation waits for the timekeeper to count its pod.
-    admission_slices: int = 1
-    reservation_seconds: float = 300.0
+    # Safe admission: how long a review waits for the timekeeper's reservation (the mutating webhook's own timeout,
+    # 5 s in the manifests, must leave room for it).
+    reservation_timeout_seconds: float = 2.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "WebhookConfig":
@@ -84,8 +83,7 @@ class WebhookConfig:
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
             kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
-            admission_slices=env_int("GPUSHARING_WEBHOOK_REPLICAS", 1, 1, environ) * env_int("GPUSHARING_WEBHOOK_WORKERS", 1, 1, environ),
-            reservation_seconds=env_float("GPUSHARING_RESERVATION_SECONDS", 300.0, 1.0, environ),
+            reservation_timeout_seconds=env_float("GPUSHARING_RESERVATION_TIMEOUT_SECONDS", 2.0, 0.05, environ),
         )
 
 

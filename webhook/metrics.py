@@ -36,7 +36,7 @@ def record_budget_refresh(ok: bool) -> None:
 
 SAFE_ADMISSIONS = Counter(
     "gpusharing_webhook_safe_admissions",
-    "GPU pods of namespaces under safe or strict admission, by verdict (reserved, demoted, refused, no-deadline, unchecked).",
+    "GPU pods of namespaces under safe or strict admission, by verdict (reserved, demoted, refused, no-deadline, unchecked, uncountable).",
     ["verdict"],
 )
 JOB_SYNCS = Counter(

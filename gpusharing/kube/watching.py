@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -36,7 +37,8 @@ def key_of(obj: Mapping[str, Any]) -> Key:
 class WatchedObjects(Generic[T]):
     """`extract(obj)` of every object a `list_for_all_namespaces` call of the official client serves (None: not kept).
 
-    `items` is None until the first list succeeded. `on_sync(ok)` is told of each list or watch that succeeded or
+    `items` is None until the first list succeeded; `broken_since` is the time (time.monotonic) the list or watch
+    failed, while it has not listed again since. `on_sync(ok)` is told of each list or watch that succeeded or
     failed (metrics); `on_change()` of every change to the items.
     """
 
@@ -54,6 +56,7 @@ class WatchedObjects(Generic[T]):
         self._on_sync = on_sync
         self._on_change = on_change
         self.items: dict[Key, T] | None = None
+        self.broken_since: float | None = None
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
         self._thread: threading.Thread | None = None
@@ -84,6 +87,8 @@ class WatchedObjects(Generic[T]):
             except Exception as exc:  # the API may be down, forbid us, or time out: keep what we have, try again
                 if self._stop.is_set():  # stop() ended the watch under way
                     return
+                if self.broken_since is None:
+                    self.broken_since = time.monotonic()
                 wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
                 log.warning("%s not followed (%s); the last known stay in force, retrying in %s s", self.kind, _reason(exc), wait)
@@ -106,6 +111,7 @@ class WatchedObjects(Generic[T]):
                 break
             page = {"_continue": metadata["continue"]}
         self.items = items  # one reference swap: readers never see a half-built table
+        self.broken_since = None
         self._report(True)
         self._changed()
         log.info("%d %s listed", len(items), self.kind)

@@ -220,12 +220,6 @@ def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
                 assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_the_webhook_knows_how_many_replicas_share_each_uncommitted_budget(objects: list[dict[str, Any]]) -> None:
-    deployment = find(objects, "Deployment", "gpusharing-webhook")
-    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["GPUSHARING_WEBHOOK_REPLICAS"] == str(deployment["spec"]["replicas"])
-
-
 def test_timekeeper_runs_migrations_before_serving(objects: list[dict[str, Any]]) -> None:
     deployment = find(objects, "Deployment", "gpusharing-timekeeper")
     assert deployment["spec"]["replicas"] == 2

@@ -34,7 +34,7 @@ def test_set_get_and_list_a_budget(api: SpecClient) -> None:
         "kind": "namespace", "parent": None, "ancestors": [], "managedBy": None, "warningThresholds": [80, 95],
         "admission": "open", "onShortfall": "demote", "warnings": [],
         # Without a Kubernetes API the timekeeper does not see the cluster's pods: their commitments are not known.
-        "committedGpuMinutes": None, "uncommitted": None, "admissionIds": [],
+        "committedGpuMinutes": None, "uncommitted": None,
     }
     changed = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "daily"})
     assert changed.status_code == 200

@@ -39,6 +39,7 @@ from timekeeper.cluster.kube import Access, Identity, KubeApi
 
 GROUP = "gpusharing.io"
 ADMIN = Access("update", "budgets", GROUP)
+RESERVE = Access("create", "reservations", GROUP)  # the webhook's: safe admission's reservations
 NAMESPACE_BUDGETS, GROUP_BUDGETS = "gpubudgets", "clustergpubudgets"
 
 T = TypeVar("T")
@@ -214,6 +215,15 @@ class Authenticator:
             f"{caller.name} may not change budgets: an admin needs verb {ADMIN.verb!r} on resource "
             f"{ADMIN.resource!r} in API group {ADMIN.group!r}"
         )
+
+    def check_reserver(self, caller: Caller) -> None:
+        """Whether `caller` may reserve commitments for the pods it admits: the webhook (a static reader in
+        docker-compose, which has no Kubernetes to ask)."""
+        self.check_not_meter(caller)
+        if caller.role in (Role.ADMIN, Role.READER) or self._allowed(caller, RESERVE):
+            return
+        raise Forbidden(f"{caller.name} may not reserve commitments: the webhook needs verb {RESERVE.verb!r} on resource "
+                        f"{RESERVE.resource!r} in API group {GROUP!r}")
 
     def check_read(self, caller: Caller, scope: str | None) -> None:
         """Whether `caller` may read what concerns `scope`: a namespace, a group budget, or (None) every namespace."""

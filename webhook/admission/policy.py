@@ -32,10 +32,10 @@ from webhook.admission.meter import (
 )
 from webhook.admission.patch import JsonPatch, pointer
 from webhook.admission.review import AdmissionRequest, Decision
-from webhook.admission.safe import Reserve, SafeAdmission, safe_admission
+from webhook.admission.safe import SafeAdmission, safe_admission
 from webhook.caches.budgets import NamespaceBudget
 from webhook.caches.jobs import JobLookup, no_jobs
-from webhook.caches.reservations import Grant
+from webhook.caches.reservations import Reserve, no_timekeeper
 from webhook.config import WebhookConfig
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
@@ -45,11 +45,12 @@ BudgetLookup = Callable[[str], NamespaceBudget]
 
 def admit(
     request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims,
-    jobs: JobLookup = no_jobs, reserve: Reserve | None = None,
+    jobs: JobLookup = no_jobs, reserve: Reserve = no_timekeeper, disclose: bool = True,
 ) -> Decision:
     """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
     specs of the resource claims a pod names and `jobs` the deadlines of Jobs (the webhook's in-memory indexes);
-    `reserve` holds safe admission's reservations (None: none are held, each pod is checked alone)."""
+    `reserve` holds safe admission's reservations (the timekeeper's). `disclose` False: the answer says no figures
+    of the namespace's budget (the caller is not known to be the API server)."""
     pod = request.object
     if not request.is_pod or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
         return Decision()
@@ -86,24 +87,16 @@ def admit(
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
     budget = budget_of(request.namespace)
     weight = config.gpu_request.catalogue.weight_of(gpu.model)
-    safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
-                          reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc), request.dry_run)
+    safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs, reserve,
+                          dt.datetime.now(dt.timezone.utc), request.uid, request.dry_run, disclose)
     if safe.refuse:
         refused = Decision.deny(403, safe.refuse, dialect)
         refused.safe_admission = safe.outcome
         return refused
-    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe)
+    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose)
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
-
-
-def _checked_alone(budget: NamespaceBudget) -> Reserve:
-    def reserve(namespace: str, admission_id: str, micro_gpu_seconds: int, hold: bool) -> Grant:
-        left = budget.uncommitted.micro_gpu_seconds if budget.uncommitted is not None else 0
-        return Grant(micro_gpu_seconds <= left, left)
-
-    return reserve
 
 
 def _shape_problem(pod: dict[str, Any]) -> str | None:
@@ -244,13 +237,13 @@ def _check_meter(
 
 def _mutation(
     pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
-    safe: SafeAdmission,
+    safe: SafeAdmission, disclose: bool,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
     # Above a warning threshold (its own budget's or an ancestor's): every GPU pod admitted says so, and
-    # `kubectl apply` prints it.
-    warnings: list[str] = [*budget.warnings, *safe.warnings]
+    # `kubectl apply` prints it; its figures only to the API server.
+    warnings: list[str] = [*(budget.warnings if disclose else ()), *safe.warnings]
     metadata = as_mapping(pod.get("metadata"))
     spec = as_mapping(pod.get("spec"))
 

@@ -21,6 +21,7 @@ from webhook.admission.policy import admit
 from webhook.admission.review import AdmissionRequest, BadReview, Decision, parse_review, review_response
 from webhook.caches.budgets import BudgetStateCache
 from webhook.caches.jobs import JobLookup
+from webhook.caches.reservations import Reserve
 from webhook.config import WebhookConfig
 
 log = logging.getLogger(__name__)
@@ -37,12 +38,14 @@ REVIEWER = "gpusharing.reviewer"  # the app.extensions key of the process's Revi
 
 @dataclass
 class Reviewer:
-    """What a review is decided with: the settings and the caches (never a network call per review)."""
+    """What a review is decided with: the settings and the caches, and safe admission's reservations (the one call
+    a review may make, for a GPU pod with a deadline under safe or strict admission)."""
 
     config: WebhookConfig
     budgets: BudgetStateCache
     claims: ClaimLookup
     jobs: JobLookup
+    reserve: Reserve
     large_reviews: threading.Lock
 
 
@@ -84,7 +87,7 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
               "operation": admission.operation, "endpoint": endpoint}
     budgets = reviewer.budgets
     try:
-        decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, budgets.reserve)
+        decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, reviewer.reserve)
     except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
         log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
         decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
