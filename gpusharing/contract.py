@@ -24,6 +24,8 @@ WEBHOOK_ANNOTATIONS = frozenset((
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
+# The audience of the token the API server may present to the webhook (its AdmissionConfiguration's kubeconfig).
+WEBHOOK_TOKEN_AUDIENCE = "gpusharing-webhook"
 
 # The header that carries a token to the timekeeper through the API server's service proxy, which consumes the
 # Authorization header (the caller's credentials for the API server) and drops it before proxying.

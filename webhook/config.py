@@ -45,6 +45,10 @@ class WebhookConfig:
     timekeeper_token_file: str | None = None
     budget_refresh_seconds: float = 5.0
     kubeconfig: str | None = None  # where resource claims and Jobs are watched from; None: in-cluster, if in a cluster
+    # Who may send reviews (the API server's client authentication): a client certificate signed by this CA, or a
+    # bearer token TokenReview authenticates for one of these users. Neither: anyone, answered without budget figures.
+    client_ca_file: str | None = None
+    client_token_users: frozenset[str] = frozenset()
     # Safe admission: how long a review waits for the timekeeper's reservation (the mutating webhook's own timeout,
     # 5 s in the manifests, must leave room for it).
     reservation_timeout_seconds: float = 2.0
@@ -56,6 +60,11 @@ class WebhookConfig:
         timekeeper_url = env_url("GPUSHARING_TIMEKEEPER_URL", environ=environ)
         unit = env_choice("GPUSHARING_ALIYUN_MEM_UNIT", "GiB", tuple(ALIYUN_UNITS), environ)
         meter_defaults = MeterSpec()
+        kubeconfig = environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None
+        token_users = frozenset(env_list("GPUSHARING_CLIENT_TOKEN_USERS", (), environ))
+        if token_users and not kubeconfig and not environ.get("KUBERNETES_SERVICE_HOST"):
+            raise ConfigError("GPUSHARING_CLIENT_TOKEN_USERS needs the Kubernetes API to verify tokens with TokenReview (in a "
+                              "cluster, or GPUSHARING_KUBECONFIG or KUBECONFIG)")
         return cls(
             gpu_request=GpuRequestSettings(
                 catalogue=catalogue_from_env(environ),
@@ -82,7 +91,9 @@ class WebhookConfig:
             timekeeper_url=timekeeper_url,
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
-            kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
+            kubeconfig=kubeconfig,
+            client_ca_file=environ.get("GPUSHARING_CLIENT_CA_FILE", "").strip() or None,
+            client_token_users=token_users,
             reservation_timeout_seconds=env_float("GPUSHARING_RESERVATION_TIMEOUT_SECONDS", 2.0, 0.05, environ),
         )
 

@@ -19,6 +19,11 @@ LATENCY = Histogram(
     unit="seconds",
 )
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
+REFUSED_CALLERS = Counter(
+    "gpusharing_webhook_refused_callers",
+    "Reviews refused before they were read because the caller is not the API server (client authentication), by status.",
+    ["endpoint", "status"],
+)
 BUDGET_REFRESHES = Counter(
     "gpusharing_webhook_budget_refreshes", "Polls of the timekeeper's budget states, by outcome.", ["outcome"]
 )

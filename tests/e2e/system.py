@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,12 +30,14 @@ from demo.processes import Service, free_port
 from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.serving.certs import make_serving_certificate
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
+from tests.e2e.link import Link
 from tests.kustomize import installable_manifests, kustomize
 
 SYSTEM_NAMESPACE = "gpusharing-system"
 WEBHOOK_REFRESH_SECONDS = 0.2
 DEMOTION_INTERVAL_SECONDS = 0.5
 WAIT_SECONDS = 60  # only stops a broken test from hanging; never a speed check
+ALLOWED_PRIORITY_CLASS = "e2e-allowed-high"  # GPUSHARING_ALLOWED_PRIORITY_CLASSES of the webhook
 
 T = TypeVar("T")
 
@@ -101,9 +104,13 @@ class GpuSharing:
         return configurations
 
     def _start_timekeeper(self) -> str:
+        # Through a link the tests can cut: the timekeeper losing the API server (its pod watch failing).
+        api = urllib.parse.urlsplit(self.plane.url)
+        self.timekeeper_link = Link(str(api.hostname), int(api.port or 443))
+        self._stack.callback(self.timekeeper_link.close)
         kubeconfig = write_kubeconfig(
             self.directory / "timekeeper.kubeconfig",
-            self.plane.url,
+            f"https://127.0.0.1:{self.timekeeper_link.port}",
             self.plane.ca_file,
             {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-timekeeper", audience=None)},
         )
@@ -129,6 +136,7 @@ class GpuSharing:
     def _start_webhook(self) -> tuple[str, bytes]:
         certificate = make_serving_certificate(["127.0.0.1", "localhost"])
         paths = certificate.write(self.directory / "webhook-tls")
+        self.webhook_ca_file = str(paths["ca"])
         token_file = self.directory / "webhook-token"
         token_file.write_text(self.token(SYSTEM_NAMESPACE, "gpusharing-webhook"))
         kubeconfig = write_kubeconfig(
@@ -145,9 +153,14 @@ class GpuSharing:
             "GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS),
             "GPUSHARING_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
+            # The API server's client certificate (its AdmissionConfiguration): no one else is answered.
+            "GPUSHARING_CLIENT_CA_FILE": str(self.plane.webhook_client_ca),
+            "GPUSHARING_ALLOWED_PRIORITY_CLASSES": ALLOWED_PRIORITY_CLASS,
         }
+        # 32 threads: a burst of pods makes the API server dial connections it then leaves idle, and gunicorn's gthread
+        # worker holds a thread on each until its first request (4 threads timed out bursts of 40 pods).
         args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
-                "--key", str(paths["key"]), "--workers", "1", "--threads", "4"]
+                "--key", str(paths["key"]), "--workers", "1", "--threads", "32"]
         log = self.directory / "webhook.log"
         self.webhook = self._stack.enter_context(
             Service("webhook", args, f"{url}/readyz", env=env, verify=str(paths["ca"]), log_path=log)

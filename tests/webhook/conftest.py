@@ -6,12 +6,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 
 from demo.jsonhttp import reply_json
+from webhook.api.callers import Callers
 from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache
 from webhook.config import WebhookConfig
+
+API_SERVER_USER = "system:serviceaccount:gpusharing-system:gpusharing-apiserver"
+API_SERVER_TOKEN = "the-api-servers-token"
+
+
+def api_server_callers() -> Callers:
+    """Client authentication by token, with a TokenReview that knows the API server's token and a tenant's."""
+    users = {API_SERVER_TOKEN: API_SERVER_USER, "a-tenants-token": "system:serviceaccount:ml-team:default"}
+    return Callers(token_users=frozenset({API_SERVER_USER}), review=users.get)
+
+
+def as_api_server(app: Flask) -> FlaskClient:
+    """A test client that presents the API server's token, as its AdmissionConfiguration's kubeconfig would."""
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {API_SERVER_TOKEN}"
+    return client
 
 
 class FakeTimekeeper:
@@ -68,4 +86,5 @@ def budgets(timekeeper: FakeTimekeeper) -> BudgetStateCache:
 
 @pytest.fixture
 def client(config: WebhookConfig, budgets: BudgetStateCache) -> FlaskClient:
-    return create_app(config, budgets).test_client()
+    """The webhook as the API server calls it: with client authentication, and so with the budgets' figures."""
+    return as_api_server(create_app(config, budgets, callers=api_server_callers()))

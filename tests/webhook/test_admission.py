@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.gpu.dra import ClaimSource, ClaimSpec, claim_spec
 from gpusharing.settings.env import ConfigError
-from tests.webhook.conftest import FakeTimekeeper
+from tests.webhook.conftest import FakeTimekeeper, api_server_callers, as_api_server
 from webhook.admission.meter import SERVICE_ACCOUNT_TOKEN_DIR
 from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache
@@ -178,7 +178,7 @@ def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
     ]
     budgets = BudgetStateCache(timekeeper.url)
     assert budgets.refresh()
-    client = create_app(config, budgets).test_client()
+    client = as_api_server(create_app(config, budgets, callers=api_server_callers()))
     response, mutated = admitted(client, gpu_pod("ml-team", priorityClassName="research-high"))
     assert mutated["spec"]["priorityClassName"] == "research-high"  # in budget: the user's class stays
     assert mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "warning"
@@ -187,7 +187,27 @@ def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
     # An ancestor's warning reaches its namespaces; an entry the webhook cannot read is left out.
     assert response["warnings"] == ["namespace cv-team is part of team.vision, which has used 97 % of its 6000 GPU-minutes for November"]
     assert "patch" not in review(client, admission_review(mutated))  # the warning changes nothing on reinvocation
+    # Without client authentication anyone who reaches the webhook is answered: without any budget's figures.
+    anyone = create_app(config, budgets).test_client()
+    response, mutated = admitted(anyone, gpu_pod("ml-team"))
+    assert "warnings" not in response and mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "warning"
 
+
+@pytest.mark.parametrize(("authorization", "status", "message"), [
+    (None, 401, "the GPU-sharing webhook answers only the API server: present the API server's bearer token"),
+    ("Bearer forged", 401, "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience gpusharing-webhook)"),
+    ("Bearer a-tenants-token", 403, "system:serviceaccount:ml-team:default may not send admission reviews: only the API "
+                                    "server may (GPUSHARING_CLIENT_TOKEN_USERS)"),
+])
+def test_with_client_authentication_only_the_api_server_is_answered(
+    config: WebhookConfig, budgets: BudgetStateCache, authorization: str | None, status: int, message: str
+) -> None:
+    client = create_app(config, budgets, callers=api_server_callers()).test_client()
+    headers = {"Authorization": authorization} if authorization else {}
+    for endpoint in ("/mutate", "/validate"):
+        answer = client.post(endpoint, json=admission_review(gpu_pod()), headers=headers)
+        assert (answer.status_code, answer.get_json()) == (status, {"error": message})
+    assert client.get("/readyz").status_code == 200  # probes need no credentials
 
 def test_namespace_never_heard_of_is_unknown_and_in_budget(client: FlaskClient) -> None:
     _, mutated = admitted(client, gpu_pod("new-team"))

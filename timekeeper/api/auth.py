@@ -16,17 +16,12 @@ Modes (TIMEKEEPER_AUTH):
 from __future__ import annotations
 
 import hashlib
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
-from typing import Generic, TypeVar
 
+from gpusharing.caching import TtlCache
 from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
 from gpusharing.names import NAMESPACE, InvalidName, is_group
 from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport
@@ -42,7 +37,6 @@ ADMIN = Access("update", "budgets", GROUP)
 RESERVE = Access("create", "reservations", GROUP)  # the webhook's: safe admission's reservations
 NAMESPACE_BUDGETS, GROUP_BUDGETS = "gpubudgets", "clustergpubudgets"
 
-T = TypeVar("T")
 NAMESPACES_PREFIX = "namespaces="
 
 
@@ -119,63 +113,6 @@ def _namespaces(word: str, where: str) -> frozenset[str]:
         return frozenset(NAMESPACE.check(name, "namespace") for name in names)
     except InvalidName as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-K = TypeVar("K", bound=Hashable)
-
-
-class TtlCache(Generic[K, T]):
-    """Answers of the API server reused for `seconds`, so that a report every 30 s per pod costs no API call.
-
-    Concurrent misses of one key make one call while the others wait for its answer; a call that fails is not
-    kept (each waiter gets its error, the next miss calls again). Entries go when they expire and, beyond
-    max_entries, oldest first: a flood of new keys pushes out the oldest, never everything at once.
-    """
-
-    def __init__(self, seconds: float, max_entries: int = 50_000, clock: Callable[[], float] = time.monotonic):
-        self._seconds = seconds
-        self._max = max_entries
-        self._clock = clock
-        self._entries: OrderedDict[K, tuple[float, T]] = OrderedDict()  # oldest first: in the order they expire
-        self._pending: dict[K, Future[T]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: K, compute: Callable[[], T]) -> T:
-        with self._lock:
-            now = self._clock()
-            hit = self._entries.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
-            pending = self._pending.get(key)
-            if pending is None:
-                pending = self._pending[key] = Future()
-                computing = True
-            else:
-                computing = False
-        if not computing:
-            return pending.result()
-        try:
-            value = compute()
-        except BaseException as failed:
-            with self._lock:
-                del self._pending[key]
-            pending.set_exception(failed)
-            raise
-        with self._lock:
-            del self._pending[key]
-            self._keep(key, value)
-        pending.set_result(value)
-        return value
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _keep(self, key: K, value: T) -> None:
-        now = self._clock()
-        self._entries.pop(key, None)
-        while self._entries and (len(self._entries) >= self._max or next(iter(self._entries.values()))[0] <= now):
-            self._entries.popitem(last=False)
-        self._entries[key] = (now + self._seconds, value)
 
 
 class Authenticator:

@@ -19,6 +19,7 @@ from gpusharing.serving.server import release_memory
 from webhook import metrics
 from webhook.admission.policy import admit
 from webhook.admission.review import AdmissionRequest, BadReview, Decision, parse_review, review_response
+from webhook.api.callers import Callers, Refused
 from webhook.caches.budgets import BudgetStateCache
 from webhook.caches.jobs import JobLookup
 from webhook.caches.reservations import Reserve
@@ -42,6 +43,7 @@ class Reviewer:
     a review may make, for a GPU pod with a deadline under safe or strict admission)."""
 
     config: WebhookConfig
+    callers: Callers
     budgets: BudgetStateCache
     claims: ClaimLookup
     jobs: JobLookup
@@ -65,17 +67,24 @@ def validate() -> tuple[Response, int]:
 def _review(endpoint: str, mutate: bool) -> tuple[Response, int]:
     started = time.perf_counter()
     reviewer: Reviewer = current_app.extensions[REVIEWER]
+    try:  # before the body is read: a stranger's costs nothing
+        caller = reviewer.callers.caller(request.environ, request.headers.get("Authorization"))
+    except Refused as refused:
+        metrics.REFUSED_CALLERS.labels(endpoint, str(refused.status)).inc()
+        log.warning("refused a review on /%s from %s: %s", endpoint, request.remote_addr, refused,
+                    extra={"endpoint": endpoint, "decision": "refused-caller"})
+        return jsonify(error=str(refused)), refused.status
     body = request.get_data(cache=False)
     if len(body) <= LARGE_REVIEW_BYTES:
-        return _answer(reviewer, endpoint, mutate, body, started)
+        return _answer(reviewer, endpoint, mutate, body, started, caller.authenticated)
     with reviewer.large_reviews:
         try:
-            return _answer(reviewer, endpoint, mutate, body, started)
+            return _answer(reviewer, endpoint, mutate, body, started, caller.authenticated)
         finally:
             release_memory()
 
 
-def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, started: float) -> tuple[Response, int]:
+def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, started: float, disclose: bool) -> tuple[Response, int]:
     try:
         admission = parse_review(read_json(body))
     except (BadReview, JsonBodyError) as exc:
@@ -87,7 +96,8 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
               "operation": admission.operation, "endpoint": endpoint}
     budgets = reviewer.budgets
     try:
-        decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, reviewer.reserve)
+        decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, reviewer.reserve,
+                         disclose)
     except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
         log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
         decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
