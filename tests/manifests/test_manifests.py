@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from demo.processes import run_command
 from gpusharing.contract import AdmissionMode, Shortfall
 from gpusharing.serving.certs import write_overlay
 from tests.gpusharing import test_backends as backends
@@ -370,3 +371,23 @@ def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classe
         assert expression["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), "gpusharing-system"]
     for variable in ("GPUSHARING_PRIORITY_CLASS_IN_BUDGET", "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"):
         assert find(objects, "PriorityClass", env[variable])
+
+
+def test_the_client_auth_component_makes_the_webhook_answer_the_api_servers_certificate_alone(tmp_path: Path) -> None:
+    installed = installable_manifests(tmp_path)
+    assert run_command("certs", "--format", "client-auth", "--output", str(installed / "client-auth")).returncode == 0
+    with (installed / "kustomization.yaml").open("a") as kustomization:
+        kustomization.write("components:\n- client-auth\n")
+    objects = kustomize(installed)
+    (secret,) = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-webhook-client-ca")]
+    assert base64.b64decode(secret["data"]["ca.crt"]) == (installed / "client-auth" / "ca.crt").read_bytes()
+    pod = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "GPUSHARING_CLIENT_CA_FILE", "value": "/etc/gpusharing/client-ca/ca.crt"} in container["env"]
+    assert {"name": "client-ca", "mountPath": "/etc/gpusharing/client-ca", "readOnly": True} in container["volumeMounts"]
+    # The Secret's hashed name, so that a new CA rolls the webhook.
+    assert {"name": "client-ca", "secret": {"secretName": secret["metadata"]["name"]}} in pod["volumes"]
+    apiserver = installed / "client-auth" / "apiserver"
+    admission = yaml.safe_load((apiserver / "admission-configuration.yaml").read_text())
+    assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {"/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"}
+    assert (apiserver / "webhook-kubeconfig.yaml").stat().st_mode & 0o077 == 0  # the client key: for the control plane alone

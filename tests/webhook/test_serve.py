@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -15,9 +16,11 @@ from typing import Any
 import pytest
 import requests
 import trustme
+import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_pod
 from demo.processes import Service, child_pids, free_port
+from gpusharing.serving.certs import write_client_auth
 from tests.webhook.conftest import FakeTimekeeper
 
 
@@ -177,18 +180,19 @@ def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str
 
 
 def test_with_a_client_ca_only_the_api_servers_certificate_is_answered(tls: dict[str, str], tmp_path: Path) -> None:
-    """The API server presents the client certificate of its AdmissionConfiguration's kubeconfig; a pod that reaches
-    the webhook has none (or one of another CA, which TLS refuses)."""
-    client_ca, stranger_ca = trustme.CA(), trustme.CA()
-    client_ca.cert_pem.write_to_path(str(tmp_path / "client-ca.crt"))
+    """The API server presents the client certificate of its AdmissionConfiguration's kubeconfig (as `gpusharing
+    certs --format client-auth` writes it); a pod that reaches the webhook has none, or one of another CA, which TLS
+    refuses."""
+    generated = write_client_auth("gpusharing-system", tmp_path / "client-auth")
+    (user,) = yaml.safe_load((generated / "apiserver" / "webhook-kubeconfig.yaml").read_text())["users"]
     api_server, stranger = tmp_path / "apiserver.pem", tmp_path / "stranger.pem"
-    client_ca.issue_cert("kube-apiserver").private_key_and_cert_chain_pem.write_to_path(str(api_server))
-    stranger_ca.issue_cert("kube-apiserver").private_key_and_cert_chain_pem.write_to_path(str(stranger))
+    api_server.write_bytes(base64.b64decode(user["user"]["client-key-data"]) + base64.b64decode(user["user"]["client-certificate-data"]))
+    trustme.CA().issue_cert("kube-apiserver").private_key_and_cert_chain_pem.write_to_path(str(stranger))
     port = free_port()
     url = f"https://127.0.0.1:{port}"
     args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", tls["cert"], "--key", tls["key"], "--workers", "1"]
     review = admission_review(example_pod("vcuda-fraction.yaml"))
-    with Service("webhook", args, f"{url}/readyz", env={"GPUSHARING_CLIENT_CA_FILE": str(tmp_path / "client-ca.crt")}, verify=tls["ca"]):
+    with Service("webhook", args, f"{url}/readyz", env={"GPUSHARING_CLIENT_CA_FILE": str(generated / "ca.crt")}, verify=tls["ca"]):
         answer = requests.post(f"{url}/mutate", json=review, verify=tls["ca"], cert=str(api_server), timeout=5)
         assert answer.status_code == 200 and answer.json()["response"]["allowed"]
         anyone = requests.post(f"{url}/mutate", json=review, verify=tls["ca"], timeout=5)

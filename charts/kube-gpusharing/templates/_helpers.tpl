@@ -97,3 +97,19 @@ manifests/base/webhook-configurations.yaml for the default prefixes (tests/manif
       key: {{ .Values.database.external.key }}
 {{- end }}
 {{- end }}
+
+{{/* The webhook's settings of issue 22: who may send it reviews, which priority classes GPU pods may keep. */}}
+{{- define "gpusharing.webhookTenancyEnv" -}}
+{{- $auth := .Values.webhook.clientAuth }}
+{{- if eq $auth.mode "certificate" }}
+- name: GPUSHARING_CLIENT_CA_FILE
+  value: /etc/gpusharing/client-ca/ca.crt
+{{- else if eq $auth.mode "token" }}
+- name: GPUSHARING_CLIENT_TOKEN_USERS
+  value: {{ join "," ($auth.tokenUsers | default (list (printf "system:serviceaccount:%s:gpusharing-apiserver" .Release.Namespace))) | quote }}
+{{- end }}
+{{- with .Values.priorityClasses.allowed }}
+- name: GPUSHARING_ALLOWED_PRIORITY_CLASSES
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- end }}
