@@ -131,7 +131,10 @@ def test_the_ids_of_pods_the_watch_brought_are_known_for_a_reservations_lifetime
     brought = CommittedPod("ml", 1.0, 1000, 60, None, "a" * 16)
     assert pods.saw(brought) is brought and pods.saw(None) is None
     pods.saw(CommittedPod("ml", 1.0, 1000, 60, None, None))
+    now[0] = 9.0
+    assert pods.counted_ids() == {"a" * 16} and pods.settled_ids() == frozenset()  # another watch may lag this one
     now[0] = 29.0
     assert pods.counted_ids() == {"a" * 16}  # even if the pod has ended meanwhile: its reservation stays given up
+    assert pods.settled_ids() == {"a" * 16}  # and may go: a watch lagging 10 s is stale, and counts nothing
     now[0] = 31.0
     assert pods.counted_ids() == frozenset()  # its reservation has lapsed anyway

@@ -21,6 +21,7 @@ from demo.apiserver import admission_review, api_server_pod
 from gpusharing.contract import ANNOTATION_ADMISSION_ID
 from gpusharing.gpu.dra import no_claims
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
+from tests.webhook.conftest import api_server_callers, as_api_server
 from tests.webhook.test_admission import patch_of
 from timekeeper.budgets.commitments import CommittedPod, committed_pod
 from timekeeper.cluster.pods import PodCommitments
@@ -61,7 +62,7 @@ class System:
         lock = threading.Lock()
 
         def one(pod: dict[str, Any]) -> None:
-            client = self.webhook.test_client()
+            client = as_api_server(self.webhook)
             start.wait()
             response = client.post("/mutate", json=admission_review(pod)).get_json()["response"]
             with lock:
@@ -118,7 +119,8 @@ def system(make_app: AppFactory, tmp_path: Path) -> Iterator[System]:
     token.write_text(READER)
     with served(app) as url:
         cache = BudgetStateCache(url, str(token))
-        webhook = create_webhook(WebhookConfig(timekeeper_url=url, timekeeper_token_file=str(token)), cache, no_claims, no_jobs)
+        webhook = create_webhook(WebhookConfig(timekeeper_url=url, timekeeper_token_file=str(token)), cache, no_claims, no_jobs,
+                                 api_server_callers())
         yield System(timekeeper, pods, commitments, webhook, cache, LedgerCollector(app.extensions["ledger"], commitments))
 
 
@@ -197,7 +199,7 @@ def test_a_dry_run_is_weighed_and_holds_nothing(system: System) -> None:
     api = system.timekeeper
     assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 1, "admission": "strict", "onShortfall": "refuse"}).status_code == 201
     assert system.cache.refresh()
-    client = system.webhook.test_client()
+    client = as_api_server(system.webhook)
     for _ in range(3):
         dry = client.post("/mutate", json=admission_review(system.pod(60), dry_run=True)).get_json()["response"]
         assert dry["allowed"]

@@ -22,5 +22,5 @@ def post_reservation() -> Response:
     committed = None if pods is None else pods.by_namespace()
     if pods is None or committed is None:
         raise Uncountable(NO_POD_WATCH if pods is None else pods.problem() or NO_POD_WATCH)
-    grant = services().reservations.reserve(asked, committed, pods.counted_ids(), pods.admitted_as)
+    grant = services().reservations.reserve(asked, committed, pods.counted_ids(), pods.admitted_as, pods.settled_ids())
     return jsonify(granted=grant.granted, uncommitted=None if grant.uncommitted is None else grant.uncommitted.to_json())

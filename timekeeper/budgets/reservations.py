@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, select, text
 
 from timekeeper.budgets.commitments import NamespaceCommitments, Uncommitted, held_below, tightest
 from timekeeper.budgets.hierarchy import ancestry
@@ -48,10 +48,11 @@ class ReservationStore:
         self.seconds = seconds
 
     def reserve(self, asked: Reservation, committed: Mapping[str, NamespaceCommitments], counted: AbstractSet[str],
-                admitted_as: Callable[[str], str | None]) -> Grant:
+                admitted_as: Callable[[str], str | None], settled: AbstractSet[str] = frozenset()) -> Grant:
         """Holds the pod's commitment if every budget on its path has it left uncommitted (`committed`: what the
         watched pods commit by namespace; `counted`: the admission ids of the pods the watch has brought, whose
-        reservations no longer count; `admitted_as`: the pod the watch holds with an admission id, if any).
+        reservations no longer count; `admitted_as`: the pod the watch holds with an admission id, if any;
+        `settled`: ids every timekeeper whose watch is not stale has brought too, whose reservations go).
 
         The reservation replaces the pod's earlier one (`asked.replaces`, a reinvoked webhook's), never another
         pod's: AdmissionIdTaken when the watch holds a pod with that id.
@@ -65,10 +66,12 @@ class ReservationStore:
         with db.write() as conn:
             hierarchy = {row.namespace: budget_of_row(row) for row in conn.execute(ALL_BUDGETS)}
             if not db.is_sqlite:  # SQLite's writes are serialized already
+                # A reservation outlives no crash of the timekeeper's anyway: its commit need not wait for the disk.
+                conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
                 path = sorted({asked.namespace, *ancestry(hierarchy, asked.namespace)})
                 conn.execute(select(budgets.c.namespace).where(budgets.c.namespace.in_(path)).order_by(budgets.c.namespace)
                              .with_for_update())
-            conn.execute(reservations.delete().where(reservations.c.expires_at <= now))
+            conn.execute(reservations.delete().where((reservations.c.expires_at <= now) | reservations.c.id.in_(sorted(settled))))
             held = _held(conn, counted | mine, now)
             status = self.store.statuses_in(conn, [asked.namespace], now)[asked.namespace]
             own = {ns: c.micro_gpu_seconds for ns, c in committed.items()}
@@ -89,7 +92,8 @@ class ReservationStore:
 
 def _held(conn: Connection, excluded: AbstractSet[str], now: dt.datetime) -> dict[str, int]:
     held: dict[str, int] = defaultdict(int)
-    for row in conn.execute(select(reservations).where(reservations.c.expires_at > now)):
+    live = select(reservations.c.id, reservations.c.namespace, reservations.c.micro_gpu_seconds).where(reservations.c.expires_at > now)
+    for row in conn.execute(live):
         if row.id not in excluded:
             held[row.namespace] += row.micro_gpu_seconds
     return held

@@ -44,6 +44,12 @@ class PodCommitments:
                 self._seen.pop(admission_id, None)
         return frozenset(self._seen)
 
+    def settled_ids(self) -> frozenset[str]:
+        """The admission ids this watch brought so long ago that every other timekeeper's has them too, unless
+        its watch is stale (and it counts nothing): their reservations may go."""
+        settled = self.monotonic() - STALE_AFTER_SECONDS
+        return frozenset(admission_id for admission_id, at in list(self._seen.items()) if at <= settled)
+
     def problem(self) -> str | None:
         """Why what the pods commit is not known now, in words for an admission's refusal; None when it is."""
         if self.watched.items is None:
