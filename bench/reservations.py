@@ -14,7 +14,6 @@ p50/p99 of one reservation. The webhook waits for this plus a loopback round tri
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 import tempfile
 import threading
@@ -24,15 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.postgres import PostgresServer  # noqa: E402
+from gpusharing.contract import AdmissionMode, Period, Shortfall  # noqa: E402
+from tests.postgres import bench_database  # noqa: E402
 from timekeeper.budgets.commitments import NamespaceCommitments  # noqa: E402
 from timekeeper.budgets.requests import Reservation  # noqa: E402
 from timekeeper.budgets.reservations import ReservationStore  # noqa: E402
 from timekeeper.budgets.status import Budget  # noqa: E402
 from timekeeper.budgets.store import BudgetStore  # noqa: E402
 from timekeeper.database.connection import Database  # noqa: E402
-from timekeeper.database.schema import upgrade  # noqa: E402
-from gpusharing.contract import AdmissionMode, Period, Shortfall  # noqa: E402
 
 SIBLINGS = ("team-a", "team-b", "team-c", "team-d")
 GROUP = "org.research"
@@ -81,17 +79,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10)
     args = parser.parse_args()
     for backend in ("postgresql", "sqlite") if args.backend == "both" else (args.backend,):
-        with tempfile.TemporaryDirectory(prefix="tk-reservations-") as work:
-            server = PostgresServer.start(durable=True) if backend == "postgresql" else None
-            try:
-                url = server.create_database("bench") if server else f"sqlite:///{Path(work) / 'bench.sqlite'}"
-                upgrade(url)
-                m = measure(url, args.threads, args.seconds)
-                print(f"{backend:<10}  {args.threads} threads  {m['per_second']:7.0f} reservations/s  p50 {m['p50_ms']:6.2f} ms  "
-                      f"p99 {m['p99_ms']:7.2f} ms  ({dt.datetime.now(dt.timezone.utc):%H:%M} UTC)", flush=True)
-            finally:
-                if server:
-                    server.stop()
+        with tempfile.TemporaryDirectory(prefix="tk-reservations-") as work, bench_database(backend, Path(work)) as url:
+            m = measure(url, args.threads, args.seconds)
+            print(f"{backend:<10}  {args.threads} threads  {m['per_second']:7.0f} reservations/s  p50 {m['p50_ms']:6.2f} ms  "
+                  f"p99 {m['p99_ms']:7.2f} ms", flush=True)
     return 0
 
 

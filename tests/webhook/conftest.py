@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -33,13 +35,17 @@ def as_api_server(app: Flask) -> FlaskClient:
 
 
 class FakeTimekeeper:
-    """The timekeeper's `GET /api/v1/budgets`, over real HTTP on loopback; `items`, `default` and `up` are set by tests."""
+    """The timekeeper's `GET /api/v1/budgets` and `POST /api/v1/reservations`, over real HTTP on loopback; `items`,
+    `default`, `up`, and the reservations' `reservation` (status and answer) and `delay` are set by tests."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self.default: dict[str, Any] | None = None  # None: a timekeeper from before the listing told its default
         self.up = True
+        self.reservation: tuple[int, Any] = (200, {"granted": True, "uncommitted": None})
+        self.delay = 0.0
         self.authorizations: list[str | None] = []
+        self.bodies: list[Any] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,6 +57,12 @@ class FakeTimekeeper:
                     return
                 listing = {"items": fake.items} if fake.default is None else {"items": fake.items, "default": fake.default}
                 reply_json(self, 200 if self.path == "/api/v1/budgets" else 404, listing)
+
+            def do_POST(self) -> None:  # noqa: N802
+                fake.authorizations.append(self.headers.get("Authorization"))
+                fake.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                time.sleep(fake.delay)
+                reply_json(self, *fake.reservation)
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import jsonpatch
 import pytest
 
 from demo.apiserver import admission_review, api_server_pod
-from demo.jsonhttp import reply_json
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, AdmissionMode, BudgetState, Shortfall
+from tests.webhook.conftest import FakeTimekeeper
 from webhook.admission.policy import admit
 from webhook.admission.review import parse_review
 from webhook.admission.safe import SafeAdmission, safe_admission
@@ -225,51 +221,16 @@ def test_a_reinvoked_webhook_replaces_its_reservation_and_changes_nothing_else()
     assert timekeeper.asked[1].replaces == first_review["request"]["uid"]
 
 
-class FakeReservations:
-    """The timekeeper's `POST /api/v1/reservations` over real HTTP on loopback: `status`, `answer` and `delay` set by tests."""
-
-    def __init__(self) -> None:
-        self.status, self.answer, self.delay = 200, {"granted": True, "uncommitted": None}, 0.0
-        self.bodies: list[Any] = []
-        self.authorizations: list[str | None] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:  # noqa: N802
-                fake.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                fake.authorizations.append(self.headers.get("Authorization"))
-                time.sleep(fake.delay)
-                reply_json(self, fake.status, fake.answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-@pytest.fixture
-def fake_reservations() -> Iterator[FakeReservations]:
-    fake = FakeReservations()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
-
-
-def test_the_reservation_is_asked_of_the_timekeeper_with_the_webhooks_token(fake_reservations: FakeReservations) -> None:
-    reserve = TimekeeperReservations(fake_reservations.url, lambda: "webhook-token", 2.0)
-    fake_reservations.answer = {"granted": False, "uncommitted": {
+def test_the_reservation_is_asked_of_the_timekeeper_with_the_webhooks_token(timekeeper: FakeTimekeeper) -> None:
+    reserve = TimekeeperReservations(timekeeper.url, lambda: "webhook-token", 2.0)
+    timekeeper.reservation = (200, {"granted": False, "uncommitted": {
         "microGpuSeconds": MINUTE, "gpuMinutes": 1.0, "budget": "team.a", "remainingGpuMinutes": 5.0, "committedGpuMinutes": 3.0,
-        "reservedGpuMinutes": 1.0}}
+        "reservedGpuMinutes": 1.0}})
     grant = reserve(Reservation(REVIEW, "ml", 2 * MINUTE, "earlier", dry_run=True))
     assert grant == Grant(Outcome.SHORT, Uncommitted(MINUTE, "team.a", 5.0, 3.0, 1.0))
-    assert fake_reservations.bodies == [{"id": REVIEW, "namespace": "ml", "microGpuSeconds": 2 * MINUTE, "replaces": "earlier", "dryRun": True}]
-    assert fake_reservations.authorizations == ["Bearer webhook-token"]
-    fake_reservations.status, fake_reservations.answer = 409, {"error": "the pod carries gpusharing.io/admission-id 'earlier', ..."}
+    assert timekeeper.bodies == [{"id": REVIEW, "namespace": "ml", "microGpuSeconds": 2 * MINUTE, "replaces": "earlier", "dryRun": True}]
+    assert timekeeper.authorizations == ["Bearer webhook-token"]
+    timekeeper.reservation = (409, {"error": "the pod carries gpusharing.io/admission-id 'earlier', ..."})
     assert reserve(Reservation(REVIEW, "ml", MINUTE)) == Grant(Outcome.TAKEN, reason="the pod carries gpusharing.io/admission-id 'earlier', ...")
 
 
@@ -278,15 +239,15 @@ def test_the_reservation_is_asked_of_the_timekeeper_with_the_webhooks_token(fake
      "the timekeeper could not reserve (HTTP 503): the timekeeper has not yet listed the cluster's pods"),
     (200, {"granted": "yes"}, "the timekeeper's answer was not understood: expected an object with granted true or false"),
 ])
-def test_an_answer_that_is_not_a_grant_is_unknown(fake_reservations: FakeReservations, status: int, answer: Any, reason: str) -> None:
-    fake_reservations.status, fake_reservations.answer = status, answer
-    grant = TimekeeperReservations(fake_reservations.url, lambda: None, 2.0)(Reservation(REVIEW, "ml", MINUTE))
+def test_an_answer_that_is_not_a_grant_is_unknown(timekeeper: FakeTimekeeper, status: int, answer: Any, reason: str) -> None:
+    timekeeper.reservation = (status, answer)
+    grant = TimekeeperReservations(timekeeper.url, lambda: None, 2.0)(Reservation(REVIEW, "ml", MINUTE))
     assert grant == Grant(Outcome.UNKNOWN, reason=reason)
 
 
-def test_a_slow_or_absent_timekeeper_is_waited_for_briefly(fake_reservations: FakeReservations) -> None:
-    fake_reservations.delay = 1.0
-    grant = TimekeeperReservations(fake_reservations.url, lambda: None, 0.2)(Reservation(REVIEW, "ml", MINUTE))
+def test_a_slow_or_absent_timekeeper_is_waited_for_briefly(timekeeper: FakeTimekeeper) -> None:
+    timekeeper.delay = 1.0
+    grant = TimekeeperReservations(timekeeper.url, lambda: None, 0.2)(Reservation(REVIEW, "ml", MINUTE))
     assert grant.outcome is Outcome.UNKNOWN and grant.reason.endswith("within 0.2 s")
     absent = TimekeeperReservations("http://127.0.0.1:9", lambda: None, 0.2)(Reservation(REVIEW, "ml", MINUTE))
     assert absent.outcome is Outcome.UNKNOWN and "connection refused by 127.0.0.1:9" in absent.reason
