@@ -260,3 +260,9 @@ def test_only_the_webhook_reserves(system: System) -> None:
     for hostile in ({**body, "id": "a/b"}, {**body, "microGpuSeconds": 0}, {**body, "namespace": "Not_A_Namespace"},
                     {**body, "dryRun": "yes"}, {**body, "extra": 1}):
         assert system.timekeeper.as_(READER).post("/api/v1/reservations", json=hostile).status_code == 400
+
+
+def test_without_a_pod_watch_nothing_is_reserved_and_the_webhook_is_told_why(make_app: AppFactory) -> None:
+    api = SpecClient(make_app().test_client(), READER)  # no Kubernetes API: the cluster's pods are not followed
+    answer = api.post("/api/v1/reservations", json={"id": "a-review", "namespace": NAMESPACE, "microGpuSeconds": 1})
+    assert (answer.status_code, answer.json) == (503, {"error": "the timekeeper does not follow the cluster's pods (it has no Kubernetes API)"})

@@ -6,10 +6,12 @@ Modes (TIMEKEEPER_AUTH):
   A pod-bound ServiceAccount token may report for that pod only, and read nothing. Reads need a SubjectAccessReview
   allowing verb `get` on `gpubudgets` in API group `gpusharing.io` in the namespace read (`clustergpubudgets` for
   a group's budget; `list` on `gpubudgets` in all namespaces for what spans them); budget writes need one allowing
-  verb `update` on resource `budgets`. Tokens in TIMEKEEPER_STATIC_TOKENS_FILE, when set, are accepted too.
+  verb `update` on resource `budgets`, safe admission's reservations (the webhook's) verb `create` on `reservations`.
+  Tokens in TIMEKEEPER_STATIC_TOKENS_FILE, when set, are accepted too.
 - static: only the tokens in TIMEKEEPER_STATIC_TOKENS_FILE: `TOKEN ROLE [NAME] [namespaces=NS,...]` per line, role
-  admin, reader or meter. A meter token may report for any pod (docker-compose has no pod identity to check), or
-  for any pod of the namespaces its line names, and reads nothing.
+  admin, reader or meter. A reader reads everything and reserves (the webhook's token). A meter token may report for
+  any pod (docker-compose has no pod identity to check), or for any pod of the namespaces its line names, and reads
+  nothing.
 - none: every request is an admin's; for a local demo only.
 """
 
