@@ -51,6 +51,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
+	$(BIN)/python bench/reservations.py
 
 # The archive krew's manifest (plugins/gpusharing.yaml) points at; prints its sha256.
 plugin:

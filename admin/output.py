@@ -100,7 +100,7 @@ def _safe_admission_reason(verdict: str) -> str:
         "reserved": "what is left uncommitted of its namespace's budget covered the pod to its deadline",
         "demoted": "what is left uncommitted did not cover the pod to its deadline: demoted to the over-budget class",
         "no-deadline": "the pod has no deadline: admitted by its namespace's state alone",
-        "unchecked": "the webhook did not know what the namespace's pods had committed: admitted by its state alone",
+        "unchecked": "what the namespace's budgets had left uncommitted could not be counted: admitted by its state alone",
     }.get(verdict, "a verdict this version does not know")
 
 

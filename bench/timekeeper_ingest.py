@@ -27,9 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.postgres import PostgresServer  # noqa: E402
+from tests.postgres import bench_database  # noqa: E402
 from tests.timekeeper.process import TimekeeperProcess  # noqa: E402
-from timekeeper.database.schema import upgrade  # noqa: E402
 
 TOKEN = "bench-meter-token"
 NAMESPACES = 20
@@ -203,21 +202,15 @@ def main() -> int:
             workdir = Path(work)
             tokens = workdir / "tokens"
             tokens.write_text(f"{TOKEN} meter\n")
-            server = PostgresServer.start(durable=not args.no_fsync) if backend == "postgresql" else None
-            try:
-                url = server.create_database("bench") if server else f"sqlite:///{workdir / 'bench.sqlite'}"
-                upgrade(url)
-                with TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads) as tk:
-                    for label, rate in ((f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)):
-                        if rate is None and args.client == "wrk":
-                            m = measure_with_wrk(tk.port, CLIENTS * args.client_threads, args.seconds)
-                        else:
-                            m = measure(tk.port, args.client_threads, rate, args.seconds)
-                        print(f"{backend:<10}  {label:<14}  {m['per_second']:8.0f} reports/s  p50 {m['p50_ms']:6.2f} ms  "
-                              f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}", flush=True)
-            finally:
-                if server:
-                    server.stop()
+            with bench_database(backend, workdir, durable=not args.no_fsync) as url, \
+                    TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads) as tk:
+                for label, rate in ((f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)):
+                    if rate is None and args.client == "wrk":
+                        m = measure_with_wrk(tk.port, CLIENTS * args.client_threads, args.seconds)
+                    else:
+                        m = measure(tk.port, args.client_threads, rate, args.seconds)
+                    print(f"{backend:<10}  {label:<14}  {m['per_second']:8.0f} reports/s  p50 {m['p50_ms']:6.2f} ms  "
+                          f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}", flush=True)
     return 0
 
 

@@ -7,8 +7,9 @@ Starts `gpusharing webhook serve` on loopback with a fresh certificate, then dri
     .venv/bin/python bench/webhook_load.py --rate 1000 --duration 20 --workers 2 --clients 3
     .venv/bin/python bench/webhook_load.py --safe           # every pod under safe admission, with a deadline
 
-With --safe, a stand-in for the timekeeper's listing (on loopback) puts the pods' namespace under safe admission
-with room for all of them, and every pod has a deadline: each review reserves its pod's commitment.
+With --safe, a stand-in for the timekeeper (on loopback) puts the pods' namespace under safe admission with room for
+all of them, and every pod has a deadline: each review reserves its pod's commitment with the stand-in, over HTTP,
+as it would with the timekeeper (whose own cost, a database transaction, bench/reservations.py measures).
 """
 
 from __future__ import annotations
@@ -42,27 +43,38 @@ def review_bodies(deadline: int | None = None) -> list[bytes]:
     return [json.dumps(admission_review(pod)).encode() for pod in pods]
 
 
-def safe_listing() -> ThreadingHTTPServer:
-    """The timekeeper's `GET /api/v1/budgets` as it reads for a namespace under safe admission with ample room."""
-    listing = json.dumps({"items": [{
-        "namespace": NAMESPACE, "state": "in-budget", "admission": "safe", "onShortfall": "demote", "committedGpuMinutes": 0.0,
-        "uncommitted": {"microGpuSeconds": 10**18, "gpuMinutes": 10**18 / 6e7, "budget": NAMESPACE,
-                        "remainingGpuMinutes": 10**18 / 6e7, "committedGpuMinutes": 0.0},
-        "admissionIds": [],
-    }]}).encode()
+def safe_timekeeper() -> ThreadingHTTPServer:
+    """The timekeeper's `GET /api/v1/budgets` as it reads for a namespace under safe admission, and its
+    `POST /api/v1/reservations` granting every reservation (ample room), over keep-alive connections."""
+    uncommitted = {"microGpuSeconds": 10**18, "gpuMinutes": 10**18 / 6e7, "budget": NAMESPACE, "remainingGpuMinutes": 10**18 / 6e7,
+                   "committedGpuMinutes": 0.0, "reservedGpuMinutes": 0.0}
+    listing = json.dumps({"items": [{"namespace": NAMESPACE, "state": "in-budget", "admission": "safe", "onShortfall": "demote",
+                                     "committedGpuMinutes": 0.0, "uncommitted": uncommitted}]}).encode()
+    granted = json.dumps({"granted": True, "uncommitted": uncommitted}).encode()
 
-    class Listing(BaseHTTPRequestHandler):
+    class Timekeeper(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # its headers and body are two writes: no 40 ms wait for the client's ACK
+
         def do_GET(self) -> None:  # noqa: N802
+            self._answer(listing)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._answer(granted)
+
+        def _answer(self, body: bytes) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(listing)))
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(listing)
+            self.wfile.write(body)
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Listing)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Timekeeper)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -144,7 +156,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
     parser.add_argument("--safe", action="store_true", help="every pod under safe admission, with a deadline")
     args = parser.parse_args()
-    listing = safe_listing() if args.safe else None
+    stand_in = safe_timekeeper() if args.safe else None
     deadline = 3600 if args.safe else None
 
     with tempfile.TemporaryDirectory() as directory:
@@ -155,7 +167,7 @@ def main() -> int:
             ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
              "--key", str(paths["key"]), "--workers", str(args.workers), "--threads", str(args.threads)],
             f"https://127.0.0.1:{port}/readyz",
-            env={"GPUSHARING_TIMEKEEPER_URL": f"http://127.0.0.1:{listing.server_port}" if listing else ""},
+            env={"GPUSHARING_TIMEKEEPER_URL": f"http://127.0.0.1:{stand_in.server_port}" if stand_in else ""},
             verify=str(paths["ca"]),
         )
         with server:

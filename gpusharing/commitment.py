@@ -8,6 +8,7 @@ compute it here, the same way, in weighted micro-GPU-seconds (integers, as the l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,9 @@ from gpusharing.units.weights import MICROS_PER_SECOND, weighted
 # activeDeadlineSeconds is an int64 the API server checks only after the webhook: a pod may claim anything. No pod
 # runs longer than this, and a bound keeps every product below small integers.
 MAX_DEADLINE_SECONDS = 10 * 365 * 24 * 3600
+# A reservation's id: the uid of the AdmissionReview that made it (the API server's are UUIDs), on the pod as
+# gpusharing.io/admission-id.
+ADMISSION_ID = re.compile(r"[0-9A-Za-z-]{1,64}")
 
 
 def commitment(share: float, weight: int, seconds: float) -> int:

@@ -15,6 +15,12 @@ ANNOTATION_GPU_MODEL = "gpusharing.io/gpu-model"  # the catalogue's model the po
 ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 # Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
 ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
+# Everything the webhook writes under the prefix: on a GPU pod nothing else under it stands (annotations or labels),
+# and a pod that asks for no GPU may carry nothing under it.
+WEBHOOK_ANNOTATIONS = frozenset((
+    ANNOTATION_GPU_SHARE, ANNOTATION_DIALECT, ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL,
+    ANNOTATION_ADMISSION_ID, ANNOTATION_SAFE_ADMISSION,
+))
 
 # The finalizer the webhook puts on every GPU pod it governs, which the timekeeper alone removes once the pod's bill
 # is closed: a deleted pod stays until then, so the pod's end cannot escape its bill.
@@ -22,6 +28,8 @@ BILLING_FINALIZER = "gpusharing.io/billing"
 
 # The audience of the projected ServiceAccount token the meter presents to the timekeeper.
 TIMEKEEPER_TOKEN_AUDIENCE = "gpusharing-timekeeper"
+# The audience of the token the API server may present to the webhook (its AdmissionConfiguration's kubeconfig).
+WEBHOOK_TOKEN_AUDIENCE = "gpusharing-webhook"
 
 # The header that carries a token to the timekeeper through the API server's service proxy, which consumes the
 # Authorization header (the caller's credentials for the API server) and drops it before proxying.

@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes import client
 
 from demo.jsonhttp import reply_json
-from gpusharing.contract import ANNOTATION_GPU_SHARE
+from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
@@ -47,7 +47,8 @@ class FakeKube:
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         """`tls`: serve HTTPS with this server context (handshakes in the handlers' threads)."""
         self.users: dict[str, dict[str, Any]] = {}  # token -> TokenReview user
-        self.admins: set[str] = set()  # usernames a SubjectAccessReview allows
+        self.admins: set[str] = set()  # usernames a SubjectAccessReview allows everything of gpusharing.io
+        self.viewers: dict[str, set[str]] = {}  # username -> namespaces whose GPUBudgets it may get (RBAC's view role)
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.refuse_evictions: set[tuple[str, str]] = set()  # answered 429, as a PodDisruptionBudget would
         self.up = True
@@ -133,8 +134,9 @@ class FakeKube:
         memory_mib: str | None = None,
     ) -> dict[str, Any]:
         annotations = {}
-        if share is not None:
+        if share is not None:  # the webhook's record: the over-budget class goes with the state it was admitted in
             annotations[ANNOTATION_GPU_SHARE] = share
+            annotations[ANNOTATION_BUDGET_STATE] = "over-budget" if priority_class == "gpusharing-over-budget" else "in-budget"
         if memory_mib is not None:
             annotations["gpusharing.io/gpu-memory-mib"] = memory_mib
         pod = {
@@ -236,9 +238,10 @@ class FakeKube:
         if method == "POST" and path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
             self.access_reviews.append(body["spec"])
             attributes = body["spec"].get("resourceAttributes") or {}
-            allowed = body["spec"].get("user") in self.admins and (
-                attributes.get("verb"), attributes.get("resource"), attributes.get("group")
-            ) == ("update", "budgets", "gpusharing.io")
+            user = body["spec"].get("user")
+            viewed = (attributes.get("verb"), attributes.get("resource"), attributes.get("namespace"))
+            allowed = attributes.get("group") == "gpusharing.io" and (user in self.admins or (
+                viewed[:2] == ("get", "gpubudgets") and viewed[2] in self.viewers.get(user, set())))
             return 201, {**body, "status": {"allowed": allowed}}
         if (match := _POD.match(path)) is not None:
             key = (match["ns"], match["name"])

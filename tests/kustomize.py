@@ -43,6 +43,6 @@ PASSWORD = "0123456789abcdef0123456789abcdef"  # the database password of the re
 def installable_manifests(directory: Path) -> Path:
     """A copy of manifests/ in `directory` as an installer has it: with the database.env README's first step writes."""
     copy = directory / "manifests"
-    shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("local-certs", "database.env"))
+    shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("local-certs", "database.env", "ca.crt", "apiserver"))
     (copy / "database.env").write_text(f"password={PASSWORD}\n")
     return copy

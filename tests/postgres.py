@@ -18,12 +18,15 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 
 from demo.processes import free_port
+from timekeeper.database.schema import upgrade
 
 
 class PostgresUnavailable(RuntimeError):
@@ -153,3 +156,17 @@ class PostgresServer:
             log = self.directory / "server.log"
             detail = (result.stderr or result.stdout).strip() + ("\n" + log.read_text() if log.exists() else "")
             raise PostgresUnavailable(f"`{' '.join(command[:2])}` failed: {detail.strip()[-2000:]}")
+
+
+@contextmanager
+def bench_database(backend: str, directory: Path, durable: bool = True) -> Iterator[str]:
+    """For benchmarks: the URL of a migrated database, PostgreSQL (a server of its own, stopped after) or a SQLite file
+    in `directory`."""
+    server = PostgresServer.start(durable=durable) if backend == "postgresql" else None
+    try:
+        url = server.create_database("bench") if server else f"sqlite:///{directory / 'bench.sqlite'}"
+        upgrade(url)
+        yield url
+    finally:
+        if server:
+            server.stop()

@@ -16,6 +16,7 @@ from timekeeper import metrics
 from timekeeper.accounting.reports import ReportLedger, ReportQueue
 from timekeeper.api.auth import Authenticator, StaticTokens, load_static_tokens
 from timekeeper.budgets.commitments import listing_json
+from timekeeper.budgets.reservations import ReservationStore
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, Clock
 from timekeeper.cluster.billing import Biller
@@ -45,6 +46,7 @@ class Services:
     auth: Authenticator
     database: Database
     budgets: BudgetStore
+    reservations: ReservationStore
     ledger: ReportLedger
     reports: ReportQueue
     controller: Controller | None  # None without a Kubernetes API
@@ -55,8 +57,12 @@ class Services:
     def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
         below it)."""
-        committed = None if self.commitments is None else self.commitments.by_namespace()
-        return listing_json(statuses, committed, self.budgets.budgets() if committed else {})
+        pods = self.commitments
+        committed = None if pods is None else pods.by_namespace()
+        if pods is None or committed is None:
+            return listing_json(statuses, None, {}, {})
+        held = self.reservations.held(pods.counted_ids())
+        return listing_json(statuses, committed, self.budgets.budgets() if committed or held else {}, held)
 
     def on_stop(self) -> list[Callable[[], None]]:
         """On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its
@@ -92,13 +98,13 @@ def build_services(
     controller = None
     if kube is not None:
         biller = Biller(ledger, kube, config.gpu_request, config.billing_interval_seconds, config.meter_interval_seconds)
-        controller = Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds,
-                                config.lease_namespace, biller=biller)
+        controller = Controller(budgets, kube, config.demotion_interval_seconds, config.lease_namespace, biller=biller)
     if controller is not None and background:
         controller.start()
     if commitments is None and kube is not None and background:
-        commitments = watched_pods(kube, config.catalogue, clock, metrics.record_pod_sync)
-    return Services(config, auth, db, budgets, ledger, ReportQueue(ledger), controller, commitments,
+        commitments = watched_pods(kube, config.catalogue, clock, config.reservation_seconds, metrics.record_pod_sync)
+    return Services(config, auth, db, budgets, ReservationStore(budgets, config.reservation_seconds), ledger,
+                    ReportQueue(ledger), controller, commitments,
                     metrics.LedgerCollector(ledger, commitments), head_revision())
 
 

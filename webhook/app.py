@@ -13,11 +13,12 @@ from gpusharing.serving.server import ON_STOP
 from gpusharing.settings.env import ConfigError
 from webhook import metrics
 from webhook.api import register_api
+from webhook.api.callers import Callers, token_review
 from webhook.api.reviews import REVIEWER, Reviewer
-from webhook.caches.budgets import BudgetStateCache
+from webhook.caches.budgets import BudgetStateCache, read_token
 from webhook.caches.claims import ClaimIndex
 from webhook.caches.jobs import JobIndex, JobLookup, no_jobs
-from webhook.caches.reservations import Reservations
+from webhook.caches.reservations import Reserve, TimekeeperReservations, no_timekeeper
 from webhook.config import WebhookConfig
 
 log = logging.getLogger(__name__)
@@ -25,25 +26,37 @@ log = logging.getLogger(__name__)
 
 def create_app(
     config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None, claims: ClaimLookup | None = None,
-    jobs: JobLookup | None = None,
+    jobs: JobLookup | None = None, callers: Callers | None = None,
 ) -> Flask:
-    """The app; `budgets` defaults to a poller of the timekeeper, `claims` and `jobs` to watches of the cluster."""
+    """The app; `budgets` defaults to a poller of the timekeeper, `claims` and `jobs` to watches of the cluster,
+    `callers` to the client authentication the settings ask for; safe admission reserves with the timekeeper."""
     config = config or WebhookConfig.from_env()
     if budgets is None:
         budgets = BudgetStateCache(
             config.timekeeper_url, config.timekeeper_token_file, config.budget_refresh_seconds, metrics.record_budget_refresh,
-            Reservations(config.admission_slices, config.reservation_seconds),
         )
         budgets.start()
     if claims is None or jobs is None:
         watched = watched_indexes(config.kubeconfig)
         claims, jobs = claims or watched[0], jobs or watched[1]
     app = Flask("webhook")
-    app.extensions[REVIEWER] = Reviewer(config, budgets, claims, jobs, threading.Lock())
+    reserve: Reserve = no_timekeeper
+    if config.timekeeper_url:
+        token_file = config.timekeeper_token_file
+        reserve = TimekeeperReservations(config.timekeeper_url, lambda: read_token(token_file), config.reservation_timeout_seconds)
+    app.extensions[REVIEWER] = Reviewer(config, callers or configured_callers(config), budgets, claims, jobs, reserve,
+                                        threading.Lock())
     # A stopping worker ends its poller first, so no line of it is cut off by the exit (or written unformatted).
     app.extensions[ON_STOP] = [budgets.stop]
     register_api(app)
     return app
+
+
+def configured_callers(config: WebhookConfig) -> Callers:
+    """Who may send reviews, as GPUSHARING_CLIENT_CA_FILE and GPUSHARING_CLIENT_TOKEN_USERS say (tokens are verified
+    with the Kubernetes API's TokenReview)."""
+    review = token_review(api_client(config.kubeconfig, "GPUSHARING_KUBECONFIG")) if config.client_token_users else None
+    return Callers(bool(config.client_ca_file), config.client_token_users, review)
 
 
 def watched_indexes(kubeconfig: str | None) -> tuple[ClaimLookup, JobLookup]:

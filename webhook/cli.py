@@ -43,9 +43,9 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read {path}: no such file")
     from webhook.config import WebhookConfig
 
-    # The workers share each namespace's uncommitted budget (safe admission): each learns how many they are.
-    os.environ["GPUSHARING_WEBHOOK_WORKERS"] = str(args.workers)
     config = WebhookConfig.from_env()  # fail at start, in one line, on a bad setting rather than in every worker
+    if config.client_ca_file and not os.path.isfile(config.client_ca_file):
+        raise ConfigError(f"GPUSHARING_CLIENT_CA_FILE={config.client_ca_file}: no such file")
     if config.kubeconfig:
         from gpusharing.kube.client import api_client
 
@@ -54,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         "webhook.app:create_app",
         ServerOptions(
             host=args.host, port=args.port, workers=args.workers, threads=args.threads, certfile=args.cert, keyfile=args.key,
-            malloc_arenas=MALLOC_ARENAS,
+            client_ca_file=config.client_ca_file, malloc_arenas=MALLOC_ARENAS,
         ),
     )
     return 0

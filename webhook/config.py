@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpusharing.gpu.request import GpuRequestSettings
-from gpusharing.settings.env import env_choice, env_flag, env_float, env_int, env_list, env_text, env_url
+from gpusharing.settings.env import ConfigError, env_choice, env_flag, env_float, env_list, env_text, env_url
 from gpusharing.settings.gpu import gpu_request_settings
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
@@ -45,14 +45,19 @@ class WebhookConfig:
     exempt_namespaces: frozenset[str] = frozenset((*DEFAULT_EXEMPT_NAMESPACES, "gpusharing-system"))
     priority_class_in_budget: str = "gpusharing-in-budget"
     priority_class_over_budget: str = "gpusharing-over-budget"
+    # Classes an administrator lets GPU pods keep while in budget; any other class of a pod's own is refused.
+    allowed_priority_classes: frozenset[str] = frozenset()
     timekeeper_url: str | None = None  # where budget states are polled from; None: every namespace is unknown
     timekeeper_token_file: str | None = None
     budget_refresh_seconds: float = 5.0
     kubeconfig: str | None = None  # where resource claims and Jobs are watched from; None: in-cluster, if in a cluster
-    # Safe admission: the webhook processes (replicas x workers) that share each namespace's uncommitted budget,
-    # and how long a reservation waits for the timekeeper to count its pod.
-    admission_slices: int = 1
-    reservation_seconds: float = 300.0
+    # Who may send reviews (the API server's client authentication): a client certificate signed by this CA, or a
+    # bearer token TokenReview authenticates for one of these users. Neither: anyone, answered without budget figures.
+    client_ca_file: str | None = None
+    client_token_users: frozenset[str] = frozenset()
+    # Safe admission: how long a review waits for the timekeeper's reservation (the mutating webhook's own timeout,
+    # 5 s in the manifests, must leave room for it).
+    reservation_timeout_seconds: float = 2.0
     # The billing finalizer on every governed pod, and the users who may remove it (besides cluster admins).
     billing_finalizer: bool = True
     billing_accounts: frozenset[str] = frozenset((timekeeper_account("gpusharing-system"),))
@@ -63,6 +68,11 @@ class WebhookConfig:
         exempt = env_list("GPUSHARING_EXEMPT_NAMESPACES", DEFAULT_EXEMPT_NAMESPACES, environ)
         timekeeper_url = env_url("GPUSHARING_TIMEKEEPER_URL", environ=environ)
         meter_defaults = MeterSpec()
+        kubeconfig = environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None
+        token_users = frozenset(env_list("GPUSHARING_CLIENT_TOKEN_USERS", (), environ))
+        if token_users and not kubeconfig and not environ.get("KUBERNETES_SERVICE_HOST"):
+            raise ConfigError("GPUSHARING_CLIENT_TOKEN_USERS needs the Kubernetes API to verify tokens with TokenReview (in a "
+                              "cluster, or GPUSHARING_KUBECONFIG or KUBECONFIG)")
         return cls(
             gpu_request=gpu_request_settings(environ),
             meter=MeterSpec(
@@ -79,12 +89,14 @@ class WebhookConfig:
             priority_class_over_budget=env_text(
                 "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET", cls.priority_class_over_budget, environ
             ),
+            allowed_priority_classes=frozenset(env_list("GPUSHARING_ALLOWED_PRIORITY_CLASSES", (), environ)),
             timekeeper_url=timekeeper_url,
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
             budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
-            kubeconfig=environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
-            admission_slices=env_int("GPUSHARING_WEBHOOK_REPLICAS", 1, 1, environ) * env_int("GPUSHARING_WEBHOOK_WORKERS", 1, 1, environ),
-            reservation_seconds=env_float("GPUSHARING_RESERVATION_SECONDS", 300.0, 1.0, environ),
+            kubeconfig=kubeconfig,
+            client_ca_file=environ.get("GPUSHARING_CLIENT_CA_FILE", "").strip() or None,
+            client_token_users=token_users,
+            reservation_timeout_seconds=env_float("GPUSHARING_RESERVATION_TIMEOUT_SECONDS", 2.0, 0.05, environ),
             billing_finalizer=env_flag("GPUSHARING_BILLING_FINALIZER", True, environ),
             billing_accounts=frozenset(env_list("GPUSHARING_BILLING_ACCOUNTS", (timekeeper_account(own_namespace),), environ)),
         )

@@ -19,6 +19,11 @@ LATENCY = Histogram(
     unit="seconds",
 )
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
+REFUSED_CALLERS = Counter(
+    "gpusharing_webhook_refused_callers",
+    "Reviews refused before they were read because the caller is not the API server (client authentication), by status.",
+    ["endpoint", "status"],
+)
 BUDGET_REFRESHES = Counter(
     "gpusharing_webhook_budget_refreshes", "Polls of the timekeeper's budget states, by outcome.", ["outcome"]
 )
@@ -36,7 +41,7 @@ def record_budget_refresh(ok: bool) -> None:
 
 SAFE_ADMISSIONS = Counter(
     "gpusharing_webhook_safe_admissions",
-    "GPU pods of namespaces under safe or strict admission, by verdict (reserved, demoted, refused, no-deadline, unchecked).",
+    "GPU pods of namespaces under safe or strict admission, by verdict (reserved, demoted, refused, no-deadline, unchecked, uncountable).",
     ["verdict"],
 )
 JOB_SYNCS = Counter(

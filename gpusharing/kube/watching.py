@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -37,7 +38,8 @@ def key_of(obj: Mapping[str, Any]) -> Key:
 class WatchedObjects(Generic[T]):
     """`extract(obj)` of every object a `list_for_all_namespaces` call of the official client serves (None: not kept).
 
-    `items` is None until the first list succeeded. `on_sync(ok)` is told of each list or watch that succeeded or
+    `items` is None until the first list succeeded; `broken_since` is the time (time.monotonic) the list or watch
+    failed, while it has not listed again since. `on_sync(ok)` is told of each list or watch that succeeded or
     failed (metrics); `on_change()` of every change to the items; `on_delete(value)` of each kept object the watch
     saw deleted, as it last was (a deletion while no watch ran is only seen as its absence from the next list).
     """
@@ -58,6 +60,7 @@ class WatchedObjects(Generic[T]):
         self._on_change = on_change
         self._on_delete = on_delete
         self.items: dict[Key, T] | None = None
+        self.broken_since: float | None = None
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
         self._thread: threading.Thread | None = None
@@ -89,6 +92,8 @@ class WatchedObjects(Generic[T]):
             except Exception as exc:  # the API may be down, forbid us, or time out: keep what we have, try again
                 if self._stop.is_set():  # stop() ended the watch under way
                     return
+                if self.broken_since is None:
+                    self.broken_since = time.monotonic()
                 wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
                 self._outage.failed(_reason(exc), f"the last known {self.kind} stay in force, listed again with backoff "
@@ -112,6 +117,7 @@ class WatchedObjects(Generic[T]):
                 break
             page = {"_continue": metadata["continue"]}
         self.items = items  # one reference swap: readers never see a half-built table
+        self.broken_since = None
         self._report(True)
         self._changed()
         if self._outage.ongoing:

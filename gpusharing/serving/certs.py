@@ -1,4 +1,5 @@
-"""A private CA and a serving certificate, for the webhook where cert-manager is not installed (and for the demo)."""
+"""A private CA and a serving certificate, for the webhook where cert-manager is not installed (and for the demo); a
+CA and a client certificate, for the API server to prove itself to the webhook."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from gpusharing.settings.env import ConfigError
 
 PrivateKey = ec.EllipticCurvePrivateKey
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook CA")])
+CLIENT_CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook client CA")])
 CLOCK_SKEW = datetime.timedelta(minutes=5)  # valid from a little before `now`, for clocks a little behind
 
 
@@ -52,6 +54,14 @@ def make_serving_certificate(names: list[str], days: int = 365) -> ServingCertif
     return ServingCertificate(ca_pem=pem(authority.cert), cert_pem=pem(cert), key_pem=key_pem(key))
 
 
+def make_client_certificate(common_name: str, days: int = 365) -> ServingCertificate:
+    """A fresh CA and a client certificate (clientAuth) signed by it, for `common_name`."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    authority = make_authority(days, now, CLIENT_CA_NAME)
+    cert, key = issue(authority, [], days, now, ExtendedKeyUsageOID.CLIENT_AUTH, common_name)
+    return ServingCertificate(ca_pem=pem(authority.cert), cert_pem=pem(cert), key_pem=key_pem(key))
+
+
 @dataclass(frozen=True)
 class Authority:
     """A CA: its certificate and the key it signs with."""
@@ -60,8 +70,8 @@ class Authority:
     key: PrivateKey
 
 
-def make_authority(days: int, now: datetime.datetime) -> Authority:
-    """A new CA (ECDSA P-256) valid `days` from `now`.
+def make_authority(days: int, now: datetime.datetime, name: x509.Name = CA_NAME) -> Authority:
+    """A new CA (ECDSA P-256) valid `days` from `now`, named `name`.
 
     It and what it issues carry what strict verifiers require (OpenSSL's -x509_strict, Python 3.13's default TLS
     context): key identifiers, critical basicConstraints and keyUsage, and serverAuth for a serving certificate.
@@ -69,8 +79,8 @@ def make_authority(days: int, now: datetime.datetime) -> Authority:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(CA_NAME)
-        .issuer_name(CA_NAME)
+        .subject_name(name)
+        .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - CLOCK_SKEW)
@@ -83,20 +93,27 @@ def make_authority(days: int, now: datetime.datetime) -> Authority:
     return Authority(cert, key)
 
 
-def issue(authority: Authority, names: list[str], days: int, now: datetime.datetime) -> tuple[x509.Certificate, PrivateKey]:
-    """A serving certificate for `names` (DNS names or IP addresses; the first is its common name), signed by
-    `authority`, valid `days` from `now`, and its new key."""
+def issue(
+    authority: Authority, names: list[str], days: int, now: datetime.datetime,
+    usage: x509.ObjectIdentifier = ExtendedKeyUsageOID.SERVER_AUTH, common_name: str | None = None,
+) -> tuple[x509.Certificate, PrivateKey]:
+    """A certificate for `names` (DNS names or IP addresses; the first is its common name unless one is given),
+    signed by `authority`, valid `days` from `now`, for `usage` (a server's by default), and its new key."""
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name or names[0])]))
         .issuer_name(authority.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName([_general_name(n) for n in names]), critical=False)
+    cert = (
+        builder
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(digital_signature=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
@@ -203,6 +220,30 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
     return output
 
 
+API_SERVER_PATH = "/etc/kubernetes/gpusharing"  # where the control plane's nodes keep the API server's files
+
+
+def write_client_auth(namespace: str, output: Path, days: int = 365, api_server_path: str = API_SERVER_PATH) -> Path:
+    """The API server's client authentication to the webhook, for manifests/client-auth (a kustomize component):
+    ca.crt (the webhook verifies the API server's certificate against it), and in apiserver/ the AdmissionConfiguration
+    and the kubeconfig it names (the client certificate and key, for the webhook's Service name), for the control
+    plane's nodes under `api_server_path`."""
+    certificate = make_client_certificate("kube-apiserver", days)
+    (output / "apiserver").mkdir(parents=True, exist_ok=True)
+    (output / "ca.crt").write_bytes(certificate.ca_pem)
+    user = {"client-certificate-data": base64.b64encode(certificate.cert_pem).decode(),
+            "client-key-data": base64.b64encode(certificate.key_pem).decode()}
+    kubeconfig = {"apiVersion": "v1", "kind": "Config", "users": [{"name": f"{WEBHOOK_SERVICE}.{namespace}.svc", "user": user}]}
+    (output / "apiserver" / "webhook-kubeconfig.yaml").touch(mode=0o600)
+    (output / "apiserver" / "webhook-kubeconfig.yaml").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+              "kubeConfigFile": f"{api_server_path}/webhook-kubeconfig.yaml"}
+    admission = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+                 "plugins": [{"name": name, "configuration": plugin} for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}
+    (output / "apiserver" / "admission-configuration.yaml").write_text(yaml.safe_dump(admission, sort_keys=False))
+    return output
+
+
 MAX_DAYS = 3650  # ten years: beyond it a renewal is forgotten rather than planned
 
 
@@ -216,7 +257,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "  gpusharing certs --format cluster --namespace gpusharing-system   # what the certgen Job runs\n"
         "  gpusharing certs --namespace gpusharing-system     # writes manifests/local-certs/, then:\n"
         "  kubectl apply -k manifests/local-certs\n"
-        "  gpusharing certs --format pem --output /tmp/tls --name localhost --name 127.0.0.1",
+        "  gpusharing certs --format pem --output /tmp/tls --name localhost --name 127.0.0.1\n"
+        "  gpusharing certs --format client-auth --output manifests/client-auth",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     certs.add_argument("--namespace", default="gpusharing-system", type=namespace, help="where the webhook runs")
@@ -225,10 +267,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     certs.add_argument("--days", type=whole_number(1, MAX_DAYS), default=365,
                        help=f"validity of the certificate, 1 to {MAX_DAYS} (default 365); of the CA too, except with "
                        "--format cluster, whose CA lives ten times as long")
-    certs.add_argument("--format", choices=("overlay", "pem", "cluster"), default="overlay",
+    certs.add_argument("--format", choices=("overlay", "pem", "cluster", "client-auth"), default="overlay",
                        help="overlay: Secret and caBundle patch over --base; pem: ca.crt, tls.crt, tls.key; cluster: "
                        "the Secret made or renewed in the cluster and the webhook configurations' caBundle patched "
-                       "(through KUBECONFIG, else in-cluster)")
+                       "(through KUBECONFIG, else in-cluster); client-auth: the API server's client certificate for "
+                       "the webhook (ca.crt for manifests/client-auth, apiserver/ for the control plane's nodes)")
+    certs.add_argument("--apiserver-path", default=API_SERVER_PATH,
+                       help=f"with --format client-auth: where the control plane's nodes keep apiserver/'s files (default {API_SERVER_PATH})")
     certs.add_argument("--name", action="append", default=[], type=host_name,
                        help="with --format pem: a DNS name or IP to certify (repeatable)")
     certs.add_argument("--service", default=WEBHOOK_SERVICE, type=object_name,
@@ -245,6 +290,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def _certs(args: argparse.Namespace) -> int:
+    if args.format == "client-auth":
+        output = write_client_auth(args.namespace, args.output, args.days, args.apiserver_path)
+        print(f"wrote {output}/ca.crt (for components: [client-auth]) and {output}/apiserver/ (keep it secret)")
+        print(f"on every control plane node: copy {output}/apiserver/*.yaml into {args.apiserver_path}/ and run kube-apiserver "
+              f"with --admission-control-config-file={args.apiserver_path}/admission-configuration.yaml")
+        return 0
     if args.format == "pem":
         names = args.name or service_names(args.namespace)
         make_serving_certificate(names, args.days).write(args.output)

@@ -49,6 +49,9 @@ class ServerOptions:
     threads: int = 8
     certfile: str | None = None
     keyfile: str | None = None
+    # Client certificates signed by this CA are asked for (and verified) on every connection; a client without one
+    # still connects (probes, /metrics), and the app decides what it may do (the socket's getpeercert()).
+    client_ca_file: str | None = None
     keepalive: int = 75  # longer than the API server's idle connection timeout, so connections are reused
     timeout: int = 30
     access_log: bool = False
@@ -90,6 +93,9 @@ class _Server(BaseApplication):  # type: ignore[misc]
             settings["certfile"] = o.certfile
             settings["keyfile"] = o.keyfile
             settings["ssl_context"] = _ReloadingContext()
+            if o.client_ca_file:
+                settings["ca_certs"] = o.client_ca_file
+                settings["cert_reqs"] = ssl.CERT_OPTIONAL
         if self._on_starting is not None:
             hook = self._on_starting
             settings["on_starting"] = lambda _arbiter: hook()
@@ -117,16 +123,16 @@ class _ReloadingContext:
     """gunicorn's ssl_context hook: one context per certificate, made anew when the files change on disk.
 
     cert-manager (or `gpusharing certs`) renews the Secret; the kubelet updates the mounted files; new
-    connections get the new certificate without a restart.
+    connections get the new certificate (and the new client CA) without a restart.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._stamp: tuple[float, float] | None = None
+        self._stamp: tuple[float, ...] | None = None
         self._context: ssl.SSLContext | None = None
 
     def __call__(self, conf: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        stamp = (os.stat(conf.certfile).st_mtime, os.stat(conf.keyfile).st_mtime)
+        stamp = tuple(os.stat(path).st_mtime for path in (conf.certfile, conf.keyfile, conf.ca_certs) if path)
         with self._lock:
             if self._context is None or stamp != self._stamp:
                 self._context = default_factory()

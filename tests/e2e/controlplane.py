@@ -62,6 +62,11 @@ class ControlPlane:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
+    def webhook_client_ca(self) -> Path:
+        """The CA of the client certificate kube-apiserver presents to admission webhooks (its AdmissionConfiguration)."""
+        return self.directory / "webhook-client-ca.crt"
+
+    @property
     def runs_controllers(self) -> bool:
         """Whether kube-controller-manager runs (Jobs, Deployments, ServiceAccounts, PodDisruptionBudget status)."""
         return CONTROLLER_MANAGER in self.processes
@@ -107,6 +112,7 @@ class ControlPlane:
             self.ca_file,
             {"client-certificate": str(d / "admin.crt"), "client-key": str(d / "admin.key")},
         )
+        admission_configuration = self._webhook_client_authentication()
 
         etcd_port, peer_port = free_port(), free_port()
         etcd = f"http://127.0.0.1:{etcd_port}"
@@ -136,6 +142,7 @@ class ControlPlane:
             "--service-account-signing-key-file", d / "sa.key",
             "--service-cluster-ip-range=10.0.0.0/24",
             f"--enable-admission-plugins={ADMISSION_PLUGINS}",
+            "--admission-control-config-file", admission_configuration,
             "--profiling=false",
         )
         self._wait_ready()
@@ -153,6 +160,29 @@ class ControlPlane:
             "--secure-port=0",
             "--concurrent-job-syncs=2",
         )
+
+    def _webhook_client_authentication(self) -> Path:
+        """The AdmissionConfiguration of a self-managed control plane whose webhooks authenticate the API server: a
+        kubeconfig for both webhook plugins, whose user `*` (any webhook) is a client certificate of its own CA."""
+        d = self.directory
+        ca = trustme.CA(organization_name="gpusharing e2e webhook clients")
+        ca.cert_pem.write_to_path(str(self.webhook_client_ca))
+        client = ca.issue_cert("kube-apiserver", common_name="kube-apiserver")
+        client.cert_chain_pems[0].write_to_path(str(d / "webhook-client.crt"))
+        client.private_key_pem.write_to_path(str(d / "webhook-client.key"))
+        kubeconfig = {
+            "apiVersion": "v1", "kind": "Config",
+            "users": [{"name": "*", "user": {"client-certificate": str(d / "webhook-client.crt"), "client-key": str(d / "webhook-client.key")}}],
+        }
+        (d / "webhook-admission.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+        webhook = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+                   "kubeConfigFile": str(d / "webhook-admission.kubeconfig")}
+        configuration = {
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": plugin, "configuration": webhook} for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")],
+        }
+        (d / "admission-configuration.yaml").write_text(yaml.safe_dump(configuration))
+        return d / "admission-configuration.yaml"
 
     def _run(self, name: str, *argv: object) -> None:
         log = (self.directory / f"{name}.log").open("wb")

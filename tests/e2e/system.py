@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,12 +32,14 @@ from demo.processes import Service, free_port
 from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.serving.certs import make_serving_certificate
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
+from tests.e2e.link import Link
 from tests.kustomize import crds, installable_manifests, kustomize
 
 SYSTEM_NAMESPACE = "gpusharing-system"
 WEBHOOK_REFRESH_SECONDS = 0.2
 DEMOTION_INTERVAL_SECONDS = 0.5
 WAIT_SECONDS = 60  # only stops a broken test from hanging; never a speed check
+ALLOWED_PRIORITY_CLASS = "e2e-allowed-high"  # GPUSHARING_ALLOWED_PRIORITY_CLASSES of the webhook
 
 T = TypeVar("T")
 
@@ -103,15 +106,20 @@ class GpuSharing:
         return configurations
 
     def _start_timekeeper(self) -> str:
-        self.timekeeper, url = self.timekeeper_service("timekeeper", f"sqlite:///{self.directory / 'timekeeper.sqlite'}")
+        # Through a link the tests can cut: the timekeeper losing the API server (its pod watch failing).
+        api = urllib.parse.urlsplit(self.plane.url)
+        self.timekeeper_link = Link(str(api.hostname), int(api.port or 443))
+        self._stack.callback(self.timekeeper_link.close)
+        self.timekeeper, url = self.timekeeper_service("timekeeper", f"sqlite:///{self.directory / 'timekeeper.sqlite'}",
+                                                       api_url=f"https://127.0.0.1:{self.timekeeper_link.port}")
         return url
 
-    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, **env: str) -> tuple[Service, str]:
+    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
         """A timekeeper process on loopback with the manifests' ServiceAccount (and `env` on top), started; stopped
         with the system at the latest."""
         kubeconfig = write_kubeconfig(
             self.directory / f"{name}.kubeconfig",
-            self.plane.url,
+            api_url or self.plane.url,
             self.plane.ca_file,
             {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-timekeeper", audience=None)},
         )
@@ -139,6 +147,7 @@ class GpuSharing:
         certificate = make_serving_certificate(["127.0.0.1", "localhost"])
         paths = certificate.write(self.directory / "webhook-tls")
         port = free_port()
+        self.webhook_ca_file = str(paths["ca"])
         self.webhook = self._stack.enter_context(self.webhook_service("webhook", port, paths["cert"], paths["key"], verify=str(paths["ca"])))
         return f"https://127.0.0.1:{port}", certificate.ca_pem
 
@@ -159,9 +168,14 @@ class GpuSharing:
             "GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS),
             "GPUSHARING_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
+            # The API server's client certificate (its AdmissionConfiguration): no one else is answered.
+            "GPUSHARING_CLIENT_CA_FILE": str(self.plane.webhook_client_ca),
+            "GPUSHARING_ALLOWED_PRIORITY_CLASSES": ALLOWED_PRIORITY_CLASS,
         }
+        # 32 threads: a burst of pods makes the API server dial connections it then leaves idle, and gunicorn's gthread
+        # worker holds a thread on each until its first request (4 threads timed out bursts of 40 pods).
         args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(cert),
-                "--key", str(key), "--workers", "1", "--threads", "4"]
+                "--key", str(key), "--workers", "1", "--threads", "32"]
         return Service(name, args, f"https://127.0.0.1:{port}/readyz", env=env, verify=verify, log_path=self.directory / f"{name}.log")
 
     def stop(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,3 +58,28 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(monkeypatch: 
                                   "pods stay in force, listed again with backoff (up to 0 s) (logged again when it is back)")
     assert ended[0] == "INFO" and ended[1].startswith("the list and watch of pods is back after ")
     assert ended[1].endswith(" (12 lists failed): 0 pods listed")  # how long it lasted: tests/gpusharing/test_outage.py
+
+
+def test_a_failed_list_marks_the_watch_broken_until_it_lists_again() -> None:
+    failing = [True]
+
+    def list_all(**kwargs: Any) -> SimpleNamespace:
+        if failing[0]:
+            raise ConnectionError("the API server is away")
+        return SimpleNamespace(data=json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode())
+
+    syncs: list[bool] = []
+    watched = WatchedObjects("pods", list_all, lambda pod: pod, on_sync=syncs.append)
+    watched._follow = lambda version: iter(())  # type: ignore[method-assign]  # no watch stream: list, and list again
+    watched.start()
+    try:
+        wait = time.monotonic() + 10
+        while not syncs and time.monotonic() < wait:
+            time.sleep(0.01)
+        assert watched.broken_since is not None and watched.items is None and syncs[0] is False
+        failing[0] = False
+        while watched.items is None and time.monotonic() < wait:
+            time.sleep(0.01)
+        assert watched.items == {} and watched.broken_since is None
+    finally:
+        watched.stop()

@@ -57,6 +57,9 @@ COMBINATIONS = {
     "service monitors": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}},
     "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
                                "grafanaDashboard": {"enabled": True}}},
+    "the API server's client certificate": {"webhook": {"clientAuth": {"mode": "certificate"}},
+                                            "networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24", "fd00::/64"]}},
+    "the API server's token": {"webhook": {"clientAuth": {"mode": "token"}}, "priorityClasses": {"allowed": ["research-high"]}},
     "everything changed": {
         "namespace": {"create": True},
         "image": {"repository": "registry.example.com/gpusharing", "tag": "0.2.0", "pullPolicy": "Always"},
@@ -443,7 +446,6 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), NAMESPACE]
     timekeeper = containers(objects, "gpusharing-timekeeper")
     tk_env = env_of(timekeeper[1])
-    assert tk_env["TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET"] == "gpu-in-budget"
     assert (tk_env["TIMEKEEPER_AUTH"], tk_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], tk_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("none", "0", "weekly")
     assert tk_env["TIMEKEEPER_STATIC_TOKENS_FILE"] == "/etc/gpusharing/static-tokens/tokens"
     assert tk_env["TIMEKEEPER_METRICS_AUTH"] == "token"
@@ -528,3 +530,40 @@ def test_the_documented_values_table_names_every_setting() -> None:
     first_cells = re.findall(r"^\| (`[^|]*`) \|", section, re.MULTILINE)
     documented = {path for cell in first_cells for path in re.findall(r"`([a-zA-Z.]+)`", cell)}
     assert documented == set(value_paths(yaml.safe_load((CHART / "values.yaml").read_text())))
+
+
+def secret_file(objects: list[dict[str, Any]], name: str, key: str) -> bytes:
+    return base64.b64decode(find(objects, "Secret", name)["data"][key])
+
+
+def test_with_client_certificates_the_webhook_answers_the_api_server_alone_and_the_control_plane_gets_its_files() -> None:
+    objects = render(COMBINATIONS["the API server's client certificate"])
+    webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
+    (container,) = webhook["containers"]
+    assert env_of(container)["GPUSHARING_CLIENT_CA_FILE"] == "/etc/gpusharing/client-ca/ca.crt"
+    assert {"name": "client-ca", "mountPath": "/etc/gpusharing/client-ca", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "client-ca", "secret": {"secretName": "gpusharing-webhook-client-ca"}} in webhook["volumes"]
+    # What the control plane's nodes need: the AdmissionConfiguration, and the kubeconfig it names for the webhook's
+    # Service, whose client certificate the webhook's CA signed.
+    admission = yaml.safe_load(secret_file(objects, "gpusharing-apiserver-admission", "admission-configuration.yaml"))
+    assert [p["name"] for p in admission["plugins"]] == ["ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"]
+    assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {"/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"}
+    kubeconfig = yaml.safe_load(secret_file(objects, "gpusharing-apiserver-admission", "webhook-kubeconfig.yaml"))
+    (user,) = kubeconfig["users"]
+    assert user["name"] == f"gpusharing-webhook.{NAMESPACE}.svc"  # the name the API server looks its credentials up by
+    client = x509.load_pem_x509_certificate(base64.b64decode(user["user"]["client-certificate-data"]))
+    ca = x509.load_pem_x509_certificate(secret_file(objects, "gpusharing-webhook-client-ca", "ca.crt"))
+    client.verify_directly_issued_by(ca)
+    policy = find(objects, "NetworkPolicy", "webhook-from-api-server")["spec"]["ingress"]
+    assert policy == [{"ports": [{"protocol": "TCP", "port": 8443}], "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}]}]
+
+
+def test_with_tokens_the_webhook_reviews_them_for_the_api_servers_service_account() -> None:
+    objects = render(COMBINATIONS["the API server's token"])
+    env = env_of(find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0])
+    assert env["GPUSHARING_CLIENT_TOKEN_USERS"] == f"system:serviceaccount:{NAMESPACE}:gpusharing-apiserver"
+    assert env["GPUSHARING_ALLOWED_PRIORITY_CLASSES"] == "research-high"
+    assert find(objects, "ServiceAccount", "gpusharing-apiserver")["automountServiceAccountToken"] is False
+    rules = find(objects, "ClusterRole", "gpusharing-webhook")["rules"]
+    assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]} in rules
+    assert "GPUSHARING_CLIENT_TOKEN_USERS" not in env_of(find(render(), "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0])

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
+from demo.processes import run_command
 from gpusharing.contract import AdmissionMode, Shortfall
 from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
 from gpusharing.serving.certs import write_overlay
@@ -235,9 +236,12 @@ def test_match_conditions_let_every_gpu_pod_through_and_no_other(objects: list[d
     assert matches(impostor)
 
 
-def test_validation_also_sees_updates_of_the_record(objects: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("where", ["annotations", "labels"])
+def test_validation_also_sees_pods_and_updates_carrying_the_record(objects: list[dict[str, Any]], where: str) -> None:
+    """A pod that asks for no GPU but carries the record is refused there (the timekeeper would count it)."""
     matches = match_conditions(objects, "ValidatingWebhookConfiguration")
-    recorded = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "annotations": {"gpusharing.io/gpu-share": "0.5"}}, "spec": NO_GPU["spec"]})
+    recorded = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", where: {"gpusharing.io/gpu-share": "0.5"}}, "spec": NO_GPU["spec"]})
+    assert matches(recorded)
     assert matches(NO_GPU, old=recorded) and matches(recorded, old=NO_GPU)
     assert not matches(NO_GPU, old=NO_GPU)
 
@@ -292,12 +296,6 @@ def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
                 assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_the_webhook_knows_how_many_replicas_share_each_uncommitted_budget(objects: list[dict[str, Any]]) -> None:
-    deployment = find(objects, "Deployment", "gpusharing-webhook")
-    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["GPUSHARING_WEBHOOK_REPLICAS"] == str(deployment["spec"]["replicas"])
-
-
 def test_timekeeper_runs_migrations_before_serving(objects: list[dict[str, Any]]) -> None:
     deployment = find(objects, "Deployment", "gpusharing-timekeeper")
     assert deployment["spec"]["replicas"] == 2
@@ -336,6 +334,8 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
     assert granted(objects, "gpusharing-webhook") == {
         *{("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")},
         ("batch", "jobs", "list"), ("batch", "jobs", "watch"),  # Jobs' deadlines, carried onto their pods
+        ("gpusharing.io", "gpubudgets", "list"),  # the timekeeper's listing of every namespace's budget state
+        ("gpusharing.io", "reservations", "create"),  # safe admission's reservations, made by the timekeeper
     }
     bindings = {(o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
     assert {role for role, subject in bindings if subject == "gpusharing-webhook"} == {"gpusharing-webhook"}
@@ -474,5 +474,23 @@ def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classe
         assert expression["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), "gpusharing-system"]
     for variable in ("GPUSHARING_PRIORITY_CLASS_IN_BUDGET", "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"):
         assert find(objects, "PriorityClass", env[variable])
-    timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", "value": env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"]} in timekeeper
+
+
+def test_the_client_auth_component_makes_the_webhook_answer_the_api_servers_certificate_alone(tmp_path: Path) -> None:
+    installed = installable_manifests(tmp_path)
+    assert run_command("certs", "--format", "client-auth", "--output", str(installed / "client-auth")).returncode == 0
+    with (installed / "kustomization.yaml").open("a") as kustomization:
+        kustomization.write("components:\n- client-auth\n")
+    objects = kustomize(installed)
+    (secret,) = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-webhook-client-ca")]
+    assert base64.b64decode(secret["data"]["ca.crt"]) == (installed / "client-auth" / "ca.crt").read_bytes()
+    pod = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "GPUSHARING_CLIENT_CA_FILE", "value": "/etc/gpusharing/client-ca/ca.crt"} in container["env"]
+    assert {"name": "client-ca", "mountPath": "/etc/gpusharing/client-ca", "readOnly": True} in container["volumeMounts"]
+    # The Secret's hashed name, so that a new CA rolls the webhook.
+    assert {"name": "client-ca", "secret": {"secretName": secret["metadata"]["name"]}} in pod["volumes"]
+    apiserver = installed / "client-auth" / "apiserver"
+    admission = yaml.safe_load((apiserver / "admission-configuration.yaml").read_text())
+    assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {"/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"}
+    assert (apiserver / "webhook-kubeconfig.yaml").stat().st_mode & 0o077 == 0  # the client key: for the control plane alone

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +11,8 @@ import pytest
 from gpusharing.settings.env import ConfigError
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import ADMIN, AppFactory, SpecClient
-from timekeeper.api.auth import Caller, Role, TtlCache, load_static_tokens
-from timekeeper.cluster.kube import KubeApi, KubeUnavailable
+from timekeeper.api.auth import Caller, Role, load_static_tokens
+from timekeeper.cluster.kube import KubeApi
 
 
 @pytest.fixture
@@ -38,6 +35,7 @@ def test_a_pod_reports_with_its_own_token_and_is_billed_at_its_annotated_share(c
     answer = meter.post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.1))
     assert answer.status_code == 200 and answer.json["chargedGpuSeconds"] == 300.0
     meter.post("/api/v1/reports", json=report_of(pod, 2, 120, share=0.1))
+    kube.admins.add("reader@example.com")
     admin = api.as_(kube.user_token("reader@example.com"))
     assert admin.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 10.0
     assert admin.get("/api/v1/pods").json["items"][0]["gpuShare"] == 0.5
@@ -85,6 +83,7 @@ def test_requested_memory_comes_from_the_pod_not_the_report(cluster: tuple[SpecC
     pod = kube.add_pod("team-a", "trainer", memory_mib="4096")
     body = report_of(pod, 1, 60, share=0.5, gpuMemoryUsedMiB=6000, gpuMemoryRequestedMiB=80000)
     api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=body)
+    kube.admins.add("ops")
     over = api.as_(kube.user_token("ops")).get("/api/v1/pods?overMemory=true").json["items"]
     assert [(p["pod"], p["gpuMemoryRequestedMiB"], p["gpuMemoryOverRequestMiB"]) for p in over] == [("trainer", 4096.0, 1904.0)]
 
@@ -105,9 +104,49 @@ def test_budget_writes_need_a_subject_access_review(cluster: tuple[SpecClient, F
     assert refused.json["error"] == (
         "bob may not change budgets: an admin needs verb 'update' on resource 'budgets' in API group 'gpusharing.io'"
     )
-    assert bob.get("/api/v1/budgets/team-a").json["gpuMinutes"] == 60.0  # reads need only authentication
+    kube.viewers["bob"] = {"team-a"}
+    assert bob.get("/api/v1/budgets/team-a").json["gpuMinutes"] == 60.0  # bob may read team-a (RBAC's view role there)
     assert kube.access_reviews[0]["user"] == "alice" and kube.access_reviews[0]["groups"] == ["ml-admins"]
     assert alice.get("/api/v1/budgets/team-a/changes").json["items"][0]["actor"] == "alice"
+
+
+def test_reads_are_scoped_to_what_kubernetes_lets_the_caller_read(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    kube.admins.add("alice")
+    alice = api.as_(kube.user_token("alice"))
+    for namespace in ("team-a", "team-b"):
+        assert alice.put(f"/api/v1/budgets/{namespace}", json={"gpuMinutes": 60}).status_code == 201
+    kube.viewers["bob"] = {"team-a"}
+    bob = api.as_(kube.user_token("bob"))
+    for path in ("/api/v1/budgets/team-a", "/api/v1/budgets/team-a/changes", "/api/v1/pods?namespace=team-a",
+                 "/api/v1/usage?from=2028-02-01&to=2028-03-01&namespace=team-a", "/api/v1/gpu-models"):
+        assert bob.get(path).status_code == 200, path
+    for path in ("/api/v1/budgets/team-b", "/api/v1/budgets/team-b/changes", "/api/v1/pods?namespace=team-b",
+                 "/api/v1/usage?from=2028-02-01&to=2028-03-01&namespace=team-b"):
+        refused = bob.get(path)
+        assert refused.status_code == 403, path
+        assert refused.json["error"] == ("bob may not read the budget of team-b: that needs verb 'get' on resource "
+                                         "'gpubudgets' in API group 'gpusharing.io' in namespace team-b")
+    # What spans every namespace needs cluster-wide permission: a 403, as `kubectl get -A` answers, never a shorter list.
+    for path in ("/api/v1/budgets", "/api/v1/pods", "/api/v1/usage?from=2028-02-01&to=2028-03-01"):
+        refused = bob.get(path)
+        assert refused.status_code == 403 and "verb 'list' on resource 'gpubudgets'" in refused.json["error"]
+        assert "in all namespaces" in refused.json["error"]
+        assert alice.get(path).status_code == 200
+    assert "named team.vision" in bob.get("/api/v1/budgets/team.vision").json["error"]  # a group's: its ClusterGPUBudget
+    # Each answer of the API server is reused for a while.
+    asked = len(kube.access_reviews)
+    assert bob.get("/api/v1/budgets/team-a").status_code == 200 and len(kube.access_reviews) == asked
+
+
+def test_a_meters_token_reads_nothing(cluster: tuple[SpecClient, FakeKube]) -> None:
+    api, kube = cluster
+    pod = kube.add_pod("team-a", "trainer")
+    kube.admins.add("system:serviceaccount:team-a:default")  # even a pod of an all-powerful ServiceAccount
+    meter = api.as_(kube.pod_token(pod))
+    for path in ("/api/v1/budgets", "/api/v1/budgets/team-a", "/api/v1/pods?namespace=team-a", "/api/v1/gpu-models"):
+        refused = meter.get(path)
+        assert refused.status_code == 403 and "is a meter's token (bound to a pod)" in refused.json["error"], path
 
 
 def test_a_static_admin_token_works_beside_tokenreview(cluster: tuple[SpecClient, FakeKube]) -> None:
@@ -183,7 +222,7 @@ def test_a_meter_token_bound_to_namespaces_reports_for_those_only(make_app: AppF
     assert refused.status_code == 403
     assert refused.json["error"] == "fleet-a may report for namespace(s) team-a, team-b only, not team-c"
     assert api.as_(ADMIN).get("/api/v1/budgets/team-c").json["usedGpuMinutes"] == 0.0
-    assert api.get("/api/v1/budgets").status_code == 200  # reads are not bound
+    assert api.get("/api/v1/budgets").status_code == 403  # a meter reads nothing
 
 
 @pytest.mark.parametrize("share", ["1e999999", "0", "1001", "NaN", "-1", "0.00001", "9" * 5000])
@@ -192,59 +231,3 @@ def test_a_pod_whose_share_annotation_is_out_of_bounds_cannot_report(cluster: tu
     pod = kube.add_pod("team-a", "odd", share=share)
     answer = api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.5))
     assert answer.status_code == 403 and "no valid gpusharing.io/gpu-share annotation (a share from 0.0001 to 1000)" in answer.json["error"]
-
-
-class SlowAnswers:
-    """compute() for the cache: counts its calls, each held until the test lets it go."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.release = threading.Event()
-
-    def __call__(self) -> str:
-        self.calls += 1
-        assert self.release.wait(10)
-        return f"answer {self.calls}"
-
-
-def test_concurrent_misses_of_one_key_make_one_call() -> None:
-    cache: TtlCache[str, str] = TtlCache(60)
-    slow = SlowAnswers()
-    asking = threading.Semaphore(0)
-
-    def ask() -> str:
-        asking.release()
-        return cache.get("token", slow)
-
-    with ThreadPoolExecutor(8) as pool:
-        answers = [pool.submit(ask) for _ in range(8)]
-        for _ in range(8):
-            assert asking.acquire(timeout=10)
-        time.sleep(0.2)  # lets every thread reach the cache while the first call is held
-        slow.release.set()
-        assert [a.result() for a in answers] == ["answer 1"] * 8
-    assert slow.calls == 1
-
-
-def test_a_failed_call_is_not_kept_and_reaches_every_waiter() -> None:
-    cache: TtlCache[str, str] = TtlCache(60)
-
-    def down() -> str:
-        raise KubeUnavailable("could not review a token: HTTP 503")
-
-    with pytest.raises(KubeUnavailable):
-        cache.get("token", down)
-    assert cache.get("token", lambda: "up") == "up" and len(cache) == 1
-
-
-def test_entries_expire_and_the_oldest_go_first_when_full() -> None:
-    now = [0.0]
-    cache: TtlCache[int, int] = TtlCache(60, max_entries=3, clock=lambda: now[0])
-    for key in range(5):
-        cache.get(key, lambda: key)
-    assert len(cache) == 3 and [cache.get(k, lambda: -1) for k in (2, 3, 4)] == [2, 3, 4]  # 0 and 1 went first
-    assert cache.get(0, lambda: -1) == -1  # computed again
-    now[0] = 61.0
-    assert cache.get(4, lambda: 40) == 40  # expired
-    cache.get(5, lambda: 5)
-    assert len(cache) == 2  # the expired ones were let go as new ones came

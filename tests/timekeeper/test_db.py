@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from tests.postgres import PostgresServer
-from tests.timekeeper.conftest import METER, SpecClient
+from tests.timekeeper.conftest import METER, READER, SpecClient
 from timekeeper.app import create_app
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.connection import Database
@@ -128,7 +128,7 @@ def test_a_connection_the_server_dropped_fails_one_report_with_503_and_the_retry
         assert refused.status_code == 503 and refused.json["error"] == "the database is unavailable, try again"
         retried = meter.post("/api/v1/reports", json=second)
         assert retried.status_code == 200 and retried.json["chargedGpuSeconds"] == 60.0
-        assert meter.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 2.0
+        assert meter.as_(READER).get("/api/v1/budgets/team-a").json["usedGpuMinutes"] == 2.0
     finally:
         app.extensions["reports"].close()
         app.extensions["database"].dispose()

@@ -159,17 +159,20 @@ def test_an_unreachable_api_server_leaves_the_event_for_the_next_pass(
     assert demoter.run_once().events == [("team-a", "GPUBudgetExhausted")]  # type: ignore[union-attr]
 
 
-def test_eviction_candidates_are_running_gpu_pods_with_the_in_budget_class() -> None:
+def test_eviction_candidates_are_running_gpu_pods_admitted_in_budget_whatever_their_class() -> None:
     from kubernetes.client import V1ObjectMeta, V1Pod, V1PodSpec, V1PodStatus
 
-    def pod(name: str, cls: str = "gpusharing-in-budget", phase: str = "Running", gpu: bool = True, deleting: bool = False) -> V1Pod:
-        annotations = {"gpusharing.io/gpu-share": "0.25"} if gpu else {}
+    def pod(name: str, cls: str = "gpusharing-in-budget", phase: str = "Running", gpu: bool = True, deleting: bool = False,
+            **record: str) -> V1Pod:
+        annotations = {"gpusharing.io/gpu-share": "0.25", **{f"gpusharing.io/{k.replace('_', '-')}": v for k, v in record.items()}} if gpu else {}
         metadata = V1ObjectMeta(name=name, annotations=annotations, deletion_timestamp="2028-01-01T00:00:00Z" if deleting else None)
         return V1Pod(metadata=metadata, spec=V1PodSpec(containers=[], priority_class_name=cls), status=V1PodStatus(phase=phase))
 
-    pods = [pod("b"), pod("a"), pod("low", cls="gpusharing-over-budget"), pod("user-class", cls="research"),
+    pods = [pod("b", budget_state="in-budget"), pod("a"), pod("allowed-class", cls="research-high", budget_state="warning"),
+            pod("demoted", cls="gpusharing-over-budget", budget_state="over-budget"),
+            pod("short", cls="gpusharing-over-budget", budget_state="in-budget", safe_admission="demoted"),
             pod("cpu", gpu=False), pod("done", phase="Succeeded"), pod("going", deleting=True)]
-    assert eviction_candidates(pods, "gpusharing-in-budget") == ["a", "b"]
+    assert eviction_candidates(pods) == ["a", "allowed-class", "b"]
 
 
 def test_a_namespace_deleted_before_its_event_gets_none_and_is_not_tried_again(

@@ -1,12 +1,13 @@
-"""Safe admission end to end on each database: the timekeeper publishes what every namespace has left uncommitted,
-the webhook (the real app, polling the real timekeeper over HTTP) reserves against it, and concurrent bursts of
-pods never commit more than it. The cluster's pods are the one part played here: the pods the webhook admitted
-are handed to the timekeeper's pod index as its watch would deliver them."""
+"""Safe admission end to end on each database: the webhook (the real app, polling the real timekeeper over HTTP)
+reserves each pod's commitment with the timekeeper, which weighs it against every budget on the namespace's path,
+and concurrent bursts of pods never commit more than is left. The cluster's pods are the one part played here: the
+pods the webhook admitted are handed to the timekeeper's pod index as its watch would deliver them."""
 
 from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from admin.commands import format_statuses
 from demo.apiserver import admission_review, api_server_pod
 from gpusharing.contract import ANNOTATION_ADMISSION_ID
 from gpusharing.gpu.dra import no_claims
-from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, SpecClient, served
+from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
+from tests.webhook.conftest import api_server_callers, as_api_server
 from tests.webhook.test_admission import patch_of
 from timekeeper.budgets.commitments import CommittedPod, committed_pod
 from timekeeper.cluster.pods import PodCommitments
@@ -27,7 +29,6 @@ from timekeeper.metrics import LedgerCollector
 from webhook.app import create_app as create_webhook
 from webhook.caches.budgets import BudgetStateCache
 from webhook.caches.jobs import no_jobs
-from webhook.caches.reservations import Reservations
 from webhook.config import WebhookConfig
 
 NAMESPACE = "ml"
@@ -38,54 +39,61 @@ class PodIndex:
     """The timekeeper's pods, as its watch would keep them (`items` of gpusharing.kube.watching.WatchedObjects)."""
 
     def __init__(self) -> None:
-        self.items: dict[tuple[str, str], CommittedPod] = {}
+        self.items: dict[tuple[str, str], CommittedPod] | None = {}
+        self.broken_since: float | None = None
 
     def stop(self) -> None:
         pass
 
 
 class System:
-    def __init__(self, timekeeper: SpecClient, pods: PodIndex, webhook: Any, cache: BudgetStateCache, metrics: LedgerCollector):
-        self.timekeeper, self.pods, self.webhook, self.cache, self.metrics = timekeeper, pods, webhook, cache, metrics
+    def __init__(self, timekeeper: SpecClient, pods: PodIndex, commitments: PodCommitments, webhook: Any, cache: BudgetStateCache,
+                 metrics: LedgerCollector):
+        self.timekeeper, self.pods, self.commitments, self.webhook, self.cache = timekeeper, pods, commitments, webhook, cache
+        self.metrics = metrics
         self.created = 0
 
-    def burst(self, count: int, deadline: int) -> list[dict[str, Any]]:
-        """`count` pods of one GPU each, sent to /mutate at once; the pods as stored, with the responses."""
+    def burst(self, count: int, deadline: int, namespaces: tuple[str, ...] = (NAMESPACE,),
+              annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """`count` pods of one GPU each (spread over `namespaces`), sent to /mutate at once; the pods as stored, with
+        the responses."""
         start = threading.Barrier(count)
         answers: list[tuple[dict[str, Any], dict[str, Any]]] = []
         lock = threading.Lock()
 
         def one(pod: dict[str, Any]) -> None:
-            client = self.webhook.test_client()
+            client = as_api_server(self.webhook)
             start.wait()
             response = client.post("/mutate", json=admission_review(pod)).get_json()["response"]
             with lock:
                 answers.append((pod, response))
 
-        threads = [threading.Thread(target=one, args=(self.pod(deadline),)) for _ in range(count)]
+        pods = [self.pod(deadline, namespaces[i % len(namespaces)], annotations) for i in range(count)]
+        threads = [threading.Thread(target=one, args=(pod,)) for pod in pods]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         return [{"response": r, "pod": jsonpatch.apply_patch(p, patch_of(r)) if r["allowed"] else None} for p, r in answers]
 
-    def pod(self, deadline: int) -> dict[str, Any]:
+    def pod(self, deadline: int, namespace: str = NAMESPACE, annotations: dict[str, str] | None = None) -> dict[str, Any]:
         self.created += 1
         return api_server_pod({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"train-{self.created}"},
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"train-{self.created}", "annotations": annotations or {}},
             "spec": {"activeDeadlineSeconds": deadline,
                      "containers": [{"name": "train", "image": "cuda:12", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
-        }, NAMESPACE)
+        }, namespace)
 
     def created_in_cluster(self, admitted: list[dict[str, Any]]) -> None:
+        assert self.pods.items is not None
         for result in admitted:
             pod = result["pod"]
-            committed = committed_pod(pod, WebhookConfig().gpu_request.catalogue)
+            committed = self.commitments.saw(committed_pod(pod, WebhookConfig().gpu_request.catalogue))  # as the watch brings it
             assert committed is not None
-            self.pods.items[(NAMESPACE, pod["metadata"]["name"])] = committed
+            self.pods.items[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = committed
 
-    def uncommitted_minutes(self) -> float:
-        return self.timekeeper.get(f"/api/v1/budgets/{NAMESPACE}").json["uncommitted"]["gpuMinutes"]
+    def uncommitted_minutes(self, namespace: str = NAMESPACE) -> float:
+        return float(self.timekeeper.get(f"/api/v1/budgets/{namespace}").json["uncommitted"]["gpuMinutes"])
 
 
 def verdicts(verdict: str) -> float:
@@ -110,9 +118,10 @@ def system(make_app: AppFactory, tmp_path: Path) -> Iterator[System]:
     token = tmp_path / "token"
     token.write_text(READER)
     with served(app) as url:
-        cache = BudgetStateCache(url, str(token), reservations=Reservations())
-        webhook = create_webhook(WebhookConfig(timekeeper_url=url), cache, no_claims, no_jobs)
-        yield System(timekeeper, pods, webhook, cache, LedgerCollector(app.extensions["ledger"], commitments))
+        cache = BudgetStateCache(url, str(token))
+        webhook = create_webhook(WebhookConfig(timekeeper_url=url, timekeeper_token_file=str(token)), cache, no_claims, no_jobs,
+                                 api_server_callers())
+        yield System(timekeeper, pods, commitments, webhook, cache, LedgerCollector(app.extensions["ledger"], commitments))
 
 
 def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: System) -> None:
@@ -121,6 +130,7 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     # 10 GPU-minutes used, and a pod committing 20 more: 40 left uncommitted.
     report = {"podUid": "used-1", "namespace": NAMESPACE, "pod": "done", "gpuShare": 1, "seq": 1, "gpuSeconds": 600, "final": True}
     assert api.as_(METER).post("/api/v1/reports", json=report).status_code == 200
+    assert system.pods.items is not None
     system.pods.items[(NAMESPACE, "running")] = CommittedPod(NAMESPACE, 0.5, 1000, 2400, None, None)
     assert system.uncommitted_minutes() == 40.0
     assert system.cache.refresh()
@@ -134,38 +144,125 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     assert all(ANNOTATION_ADMISSION_ID not in r["pod"]["metadata"]["annotations"] for r in demoted)
     assert "cannot cover this pod's deadline: the pod commits 2.00 GPU-minutes (1 GPU x weight 1 x 120 s), and its " \
            "budget has 0.00 left uncommitted (60.00 remaining, less 20.00 committed by running pods' deadlines and 40.00 " \
-           "by pods just admitted or held for other webhook processes)" in demoted[0]["response"]["warnings"][0]
+           "by pods being admitted)" in demoted[0]["response"]["warnings"][0]
 
-    # Until the timekeeper has seen the pods, the webhook holds their reservations across refreshes.
-    assert system.cache.refresh() and system.cache.reservations.held(NAMESPACE) == 40 * 60_000_000
+    # Until the timekeeper has seen the pods, their reservations hold what they commit (the listing counts them too).
+    listed = api.get(f"/api/v1/budgets/{NAMESPACE}").json["uncommitted"]
+    assert (listed["gpuMinutes"], listed["committedGpuMinutes"], listed["reservedGpuMinutes"]) == (0.0, 20.0, 40.0)
     assert in_budget(system.burst(5, deadline=60)) == []
-    # Once it has, the listing counts them and the webhook gives its reservations up: still nothing is left.
+    # Once it has, the pods count instead of their reservations: still nothing is left.
     system.created_in_cluster(admitted)
-    assert system.uncommitted_minutes() == 0.0
+    listed = api.get(f"/api/v1/budgets/{NAMESPACE}").json["uncommitted"]
+    assert (listed["gpuMinutes"], listed["committedGpuMinutes"], listed["reservedGpuMinutes"]) == (0.0, 60.0, 0.0)
     assert committed_gauge(system) == {NAMESPACE: 60 * 60.0}  # 20 + 40 GPU-minutes, in GPU-seconds
     wide = format_statuses([system.timekeeper.get(f"/api/v1/budgets/{NAMESPACE}").json], wide=True).splitlines()
     assert wide[0].split()[-2:] == ["COMMITTED", "UNCOMMITTED"] and wide[1].split()[-4:] == ["safe", "demote", "60.0", "0.0"]
-    assert system.cache.refresh() and system.cache.reservations.held(NAMESPACE) == 0
     assert in_budget(system.burst(5, deadline=60)) == []
 
     # Five pods end: their 10 GPU-minutes are uncommitted again, for five more of the next burst.
     for result in admitted[:5]:
         del system.pods.items[(NAMESPACE, result["pod"]["metadata"]["name"])]
     assert system.uncommitted_minutes() == 10.0
-    assert system.cache.refresh()
     assert len(in_budget(system.burst(12, deadline=120))) == 5
 
 
-def test_a_budget_that_refuses_on_shortfall_refuses_with_the_numbers(system: System) -> None:
+def test_sibling_namespaces_bursting_at_once_never_overrun_their_parent(system: System) -> None:
+    """Each reservation is weighed against every budget on its path, one at a time: the siblings share the group's 10."""
+    api = system.timekeeper
+    assert api.put("/api/v1/budgets/team.vision", json={"gpuMinutes": 10}).status_code == 201
+    siblings = ("ml-a", "ml-b", "ml-c", "ml-d")
+    for namespace in siblings:
+        body = {"gpuMinutes": 100, "parent": "team.vision", "admission": "strict", "onShortfall": "refuse"}
+        assert api.put(f"/api/v1/budgets/{namespace}", json=body).status_code == 201
+    assert system.cache.refresh()
+    results = system.burst(40, deadline=60, namespaces=siblings)  # 10 per namespace, one GPU-minute each
+    assert len([r for r in results if r["response"]["allowed"]]) == 10
+    refused = next(r for r in results if not r["response"]["allowed"])["response"]["status"]["message"]
+    assert "and the budget of team.vision has 0.00 left uncommitted (10.00 remaining, less 0.00 committed by running " \
+           "pods' deadlines and 10.00 by pods being admitted)" in refused
+
+
+def test_a_reservation_no_pod_came_of_lapses(system: System, clock: Clock) -> None:
+    """A review that never became a pod (refused after the webhook, or sent by someone else) holds nothing for long."""
     api = system.timekeeper
     assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 3, "admission": "strict", "onShortfall": "refuse"}).status_code == 201
     assert system.cache.refresh()
-    assert len(in_budget(system.burst(3, deadline=60))) == 3  # 3 x 1 GPU-minute: exactly the budget
-    [extra] = system.burst(1, deadline=60)
-    assert not extra["response"]["allowed"]
-    assert extra["response"]["status"] == {"code": 403, "message": (
-        "namespace 'ml' cannot cover this pod's deadline: the pod commits 1.00 GPU-minutes (1 GPU x weight 1 x 60 s), and "
-        "its budget has 0.00 left uncommitted (3.00 remaining, less 0.00 committed by running pods' deadlines and 3.00 by "
-        "pods just admitted or held for other webhook processes)")}
-    [no_deadline] = system.burst(1, deadline=0)  # 0 is not a deadline: strict refuses
-    assert "admits only GPU pods with a deadline" in no_deadline["response"]["status"]["message"]
+    assert len(in_budget(system.burst(3, deadline=60))) == 3
+    assert in_budget(system.burst(1, deadline=60)) == []
+    clock.advance(seconds=29)
+    assert in_budget(system.burst(1, deadline=60)) == []
+    clock.advance(seconds=2)  # TIMEKEEPER_RESERVATION_SECONDS (30) after them
+    assert len(in_budget(system.burst(3, deadline=60))) == 3
+
+
+def test_a_dry_run_is_weighed_and_holds_nothing(system: System) -> None:
+    api = system.timekeeper
+    assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 1, "admission": "strict", "onShortfall": "refuse"}).status_code == 201
+    assert system.cache.refresh()
+    client = as_api_server(system.webhook)
+    for _ in range(3):
+        dry = client.post("/mutate", json=admission_review(system.pod(60), dry_run=True)).get_json()["response"]
+        assert dry["allowed"]
+    assert system.uncommitted_minutes() == 1.0
+    assert client.post("/mutate", json=admission_review(system.pod(61), dry_run=True)).get_json()["response"]["allowed"] is False
+
+
+def test_a_pod_claiming_another_pods_admission_id_is_refused_and_a_forged_one_replaces_nothing(system: System) -> None:
+    """Forty pods carrying one id are forty reservations; the id of a pod the timekeeper sees is refused."""
+    api = system.timekeeper
+    assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 10, "admission": "strict", "onShortfall": "refuse"}).status_code == 201
+    assert system.cache.refresh()
+    forged = {ANNOTATION_ADMISSION_ID: "a" * 16}
+    results = system.burst(40, deadline=60, annotations=forged)
+    admitted = [r for r in results if r["response"]["allowed"]]
+    assert len(admitted) == 10
+    ids = {r["pod"]["metadata"]["annotations"][ANNOTATION_ADMISSION_ID] for r in admitted}
+    assert len(ids) == 10 and "a" * 16 not in ids
+    system.created_in_cluster(admitted)
+    api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 100, "admission": "strict", "onShortfall": "refuse"})
+    stolen = admitted[0]["pod"]
+    (copy,) = system.burst(1, deadline=60, annotations={ANNOTATION_ADMISSION_ID: stolen["metadata"]["annotations"][ANNOTATION_ADMISSION_ID]})
+    assert copy["response"]["status"] == {"code": 403, "message": (
+        f"the pod carries gpusharing.io/admission-id {stolen['metadata']['annotations'][ANNOTATION_ADMISSION_ID]!r}, the "
+        f"admission of pod {NAMESPACE}/{stolen['metadata']['name']}: remove the annotation (the GPU-sharing webhook sets it)")}
+
+
+@pytest.mark.parametrize(("broken", "reason"), [
+    (None, "the timekeeper has not yet listed the cluster's pods"),
+    (60.0, "the timekeeper's watch of the cluster's pods has failed for 6"),
+])
+def test_what_cannot_be_counted_is_refused_under_strict_and_admitted_saying_so_under_safe(
+    system: System, broken: float | None, reason: str
+) -> None:
+    api = system.timekeeper
+    for namespace, mode in (("strict-ns", "strict"), ("safe-ns", "safe")):
+        assert api.put(f"/api/v1/budgets/{namespace}", json={"gpuMinutes": 100, "admission": mode}).status_code == 201
+    assert system.cache.refresh()
+    if broken is None:
+        system.pods.items = None
+    else:
+        system.pods.broken_since = time.monotonic() - broken
+    assert api.get("/api/v1/budgets/strict-ns").json["committedGpuMinutes"] is None
+    (strict,) = system.burst(1, deadline=60, namespaces=("strict-ns",))
+    assert not strict["response"]["allowed"] and reason in strict["response"]["status"]["message"]
+    assert "its budget's admission is strict, so no GPU pod is admitted until it can be" in strict["response"]["status"]["message"]
+    (safe,) = system.burst(1, deadline=60, namespaces=("safe-ns",))
+    assert safe["response"]["allowed"] and safe["pod"]["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "unchecked"
+    assert reason in safe["response"]["warnings"][0]
+    system.pods.items, system.pods.broken_since = {}, None
+    assert system.burst(1, deadline=60, namespaces=("strict-ns",))[0]["response"]["allowed"]
+
+
+def test_only_the_webhook_reserves(system: System) -> None:
+    body = {"id": "x", "namespace": NAMESPACE, "microGpuSeconds": 1}
+    assert system.timekeeper.as_(METER).post("/api/v1/reservations", json=body).status_code == 403
+    assert system.timekeeper.as_(None).post("/api/v1/reservations", json=body).status_code == 401
+    for hostile in ({**body, "id": "a/b"}, {**body, "microGpuSeconds": 0}, {**body, "namespace": "Not_A_Namespace"},
+                    {**body, "dryRun": "yes"}, {**body, "extra": 1}):
+        assert system.timekeeper.as_(READER).post("/api/v1/reservations", json=hostile).status_code == 400
+
+
+def test_without_a_pod_watch_nothing_is_reserved_and_the_webhook_is_told_why(make_app: AppFactory) -> None:
+    api = SpecClient(make_app().test_client(), READER)  # no Kubernetes API: the cluster's pods are not followed
+    answer = api.post("/api/v1/reservations", json={"id": "a-review", "namespace": NAMESPACE, "microGpuSeconds": 1})
+    assert (answer.status_code, answer.json) == (503, {"error": "the timekeeper does not follow the cluster's pods (it has no Kubernetes API)"})

@@ -1,27 +1,51 @@
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 
 from demo.jsonhttp import reply_json
+from webhook.api.callers import Callers
 from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache
 from webhook.config import WebhookConfig
 
+API_SERVER_USER = "system:serviceaccount:gpusharing-system:gpusharing-apiserver"
+API_SERVER_TOKEN = "the-api-servers-token"
+
+
+def api_server_callers() -> Callers:
+    """Client authentication by token, with a TokenReview that knows the API server's token and a tenant's."""
+    users = {API_SERVER_TOKEN: API_SERVER_USER, "a-tenants-token": "system:serviceaccount:ml-team:default"}
+    return Callers(token_users=frozenset({API_SERVER_USER}), review=users.get)
+
+
+def as_api_server(app: Flask) -> FlaskClient:
+    """A test client that presents the API server's token, as its AdmissionConfiguration's kubeconfig would."""
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {API_SERVER_TOKEN}"
+    return client
+
 
 class FakeTimekeeper:
-    """The timekeeper's `GET /api/v1/budgets`, over real HTTP on loopback; `items`, `default` and `up` are set by tests."""
+    """The timekeeper's `GET /api/v1/budgets` and `POST /api/v1/reservations`, over real HTTP on loopback; `items`,
+    `default`, `up`, and the reservations' `reservation` (status and answer) and `delay` are set by tests."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self.default: dict[str, Any] | None = None  # None: a timekeeper from before the listing told its default
         self.up = True
+        self.reservation: tuple[int, Any] = (200, {"granted": True, "uncommitted": None})
+        self.delay = 0.0
         self.authorizations: list[str | None] = []
+        self.bodies: list[Any] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +57,12 @@ class FakeTimekeeper:
                     return
                 listing = {"items": fake.items} if fake.default is None else {"items": fake.items, "default": fake.default}
                 reply_json(self, 200 if self.path == "/api/v1/budgets" else 404, listing)
+
+            def do_POST(self) -> None:  # noqa: N802
+                fake.authorizations.append(self.headers.get("Authorization"))
+                fake.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                time.sleep(fake.delay)
+                reply_json(self, *fake.reservation)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -55,7 +85,7 @@ def timekeeper() -> Iterator[FakeTimekeeper]:
 
 @pytest.fixture
 def config() -> WebhookConfig:
-    return WebhookConfig()
+    return WebhookConfig(allowed_priority_classes=frozenset({"research-high"}))
 
 
 @pytest.fixture
@@ -68,4 +98,5 @@ def budgets(timekeeper: FakeTimekeeper) -> BudgetStateCache:
 
 @pytest.fixture
 def client(config: WebhookConfig, budgets: BudgetStateCache) -> FlaskClient:
-    return create_app(config, budgets).test_client()
+    """The webhook as the API server calls it: with client authentication, and so with the budgets' figures."""
+    return as_api_server(create_app(config, budgets, callers=api_server_callers()))

@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.gpu.dra import ClaimSource, ClaimSpec, claim_spec
 from gpusharing.settings.env import ConfigError
-from tests.webhook.conftest import FakeTimekeeper
+from tests.webhook.conftest import FakeTimekeeper, api_server_callers, as_api_server
 from webhook.admission.meter import SERVICE_ACCOUNT_TOKEN_DIR
 from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache
@@ -129,11 +129,27 @@ def test_sidecar_mode_container_for_older_clusters(budgets: BudgetStateCache) ->
     kubernetes_validate.validate(mutated, KUBERNETES_VERSION, strict=True)
 
 
-def test_in_budget_keeps_the_users_priority_class(client: FlaskClient) -> None:
+def test_in_budget_keeps_a_priority_class_the_administrator_allows(client: FlaskClient) -> None:
     response, mutated = admitted(client, gpu_pod(priorityClassName="research-high"))
     assert mutated["spec"]["priorityClassName"] == "research-high"
     assert mutated["spec"]["priority"] == 0  # the class did not change: nothing to recompute
     assert "warnings" not in response
+
+
+@pytest.mark.parametrize("endpoint", ["/mutate", "/validate"])
+def test_a_priority_class_of_the_pods_own_is_refused(client: FlaskClient, endpoint: str) -> None:
+    response = review(client, admission_review(gpu_pod(priorityClassName="system-cluster-critical")), endpoint)
+    assert not response["allowed"] and response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        "GPU pods get their priority class from the GPU-sharing webhook ('gpusharing-in-budget' in budget), not "
+        "'system-cluster-critical': remove spec.priorityClassName, or ask an administrator to allow the class "
+        "(GPUSHARING_ALLOWED_PRIORITY_CLASSES)")
+
+
+def test_in_budget_the_webhook_decides_between_its_own_classes(client: FlaskClient) -> None:
+    _, mutated = admitted(client, gpu_pod(priorityClassName="gpusharing-over-budget", priority=-1000))
+    assert mutated["spec"]["priorityClassName"] == "gpusharing-in-budget"
+    assert "priority" not in mutated["spec"]  # the Priority plugin computes it again from the new class
 
 
 def test_over_budget_demotes_with_a_warning(client: FlaskClient) -> None:
@@ -162,7 +178,7 @@ def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
     ]
     budgets = BudgetStateCache(timekeeper.url)
     assert budgets.refresh()
-    client = create_app(config, budgets).test_client()
+    client = as_api_server(create_app(config, budgets, callers=api_server_callers()))
     response, mutated = admitted(client, gpu_pod("ml-team", priorityClassName="research-high"))
     assert mutated["spec"]["priorityClassName"] == "research-high"  # in budget: the user's class stays
     assert mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "warning"
@@ -171,7 +187,27 @@ def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
     # An ancestor's warning reaches its namespaces; an entry the webhook cannot read is left out.
     assert response["warnings"] == ["namespace cv-team is part of team.vision, which has used 97 % of its 6000 GPU-minutes for November"]
     assert "patch" not in review(client, admission_review(mutated))  # the warning changes nothing on reinvocation
+    # Without client authentication anyone who reaches the webhook is answered: without any budget's figures.
+    anyone = create_app(config, budgets).test_client()
+    response, mutated = admitted(anyone, gpu_pod("ml-team"))
+    assert "warnings" not in response and mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "warning"
 
+
+@pytest.mark.parametrize(("authorization", "status", "message"), [
+    (None, 401, "the GPU-sharing webhook answers only the API server: present the API server's bearer token"),
+    ("Bearer forged", 401, "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience gpusharing-webhook)"),
+    ("Bearer a-tenants-token", 403, "system:serviceaccount:ml-team:default may not send admission reviews: only the API "
+                                    "server may (GPUSHARING_CLIENT_TOKEN_USERS)"),
+])
+def test_with_client_authentication_only_the_api_server_is_answered(
+    config: WebhookConfig, budgets: BudgetStateCache, authorization: str | None, status: int, message: str
+) -> None:
+    client = create_app(config, budgets, callers=api_server_callers()).test_client()
+    headers = {"Authorization": authorization} if authorization else {}
+    for endpoint in ("/mutate", "/validate"):
+        answer = client.post(endpoint, json=admission_review(gpu_pod()), headers=headers)
+        assert (answer.status_code, answer.get_json()) == (status, {"error": message})
+    assert client.get("/readyz").status_code == 200  # probes need no credentials
 
 def test_namespace_never_heard_of_is_unknown_and_in_budget(client: FlaskClient) -> None:
     _, mutated = admitted(client, gpu_pod("new-team"))
@@ -346,7 +382,47 @@ def test_update_may_not_change_the_record_but_may_change_other_annotations(clien
         for endpoint in ("/mutate", "/validate"):
             response = review(client, admission_review(tampered, "UPDATE", old=stored), endpoint)
             assert response["allowed"] is False and response["status"]["code"] == 403
-            assert "cannot be changed: " + next(iter(sorted(k for k in change if stored["metadata"]["annotations"].get(k) != change[k]))) in response["status"]["message"]
+            first = next(iter(sorted(k for k in change if stored["metadata"]["annotations"].get(k) != change[k])))
+            assert f"cannot be changed: annotation {first}" in response["status"]["message"]
+    labelled = copy.deepcopy(stored)
+    labelled["metadata"]["labels"] = {"gpusharing.io/gpu-share": "0.01"}
+    response = review(client, admission_review(labelled, "UPDATE", old=stored), "/validate")
+    assert not response["allowed"] and "cannot be changed: label gpusharing.io/gpu-share" in response["status"]["message"]
+
+
+def non_gpu_pod(**metadata: Any) -> dict[str, Any]:
+    return api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", **metadata},
+                           "spec": {"activeDeadlineSeconds": 315_360_000, "containers": [{"name": "web", "image": "nginx:1.27"}]}})
+
+
+@pytest.mark.parametrize("endpoint", ["/mutate", "/validate"])
+def test_a_pod_that_asks_for_no_gpu_may_carry_nothing_of_the_record(client: FlaskClient, endpoint: str) -> None:
+    """Such a pod would count as a GPU pod's commitment in the timekeeper, against its namespace and its siblings."""
+    assert review(client, admission_review(non_gpu_pod(annotations={"team": "web"})), endpoint)["allowed"]
+    forged = non_gpu_pod(annotations={"gpusharing.io/gpu-share": "1000", "gpusharing.io/admission-id": "a" * 16},
+                         labels={"gpusharing.io/gpu-model": "H100"})
+    response = review(client, admission_review(forged), endpoint)
+    assert not response["allowed"] and response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        "annotations and labels under gpusharing.io/ are the GPU-sharing webhook's record and this pod asks for no GPU: "
+        "remove annotation gpusharing.io/admission-id, annotation gpusharing.io/gpu-share, label gpusharing.io/gpu-model")
+
+
+def test_on_a_gpu_pod_only_the_webhooks_own_record_stands(client: FlaskClient) -> None:
+    pod = gpu_pod()
+    pod["metadata"]["annotations"].update({"gpusharing.io/gpu-share": "0.01", "gpusharing.io/admission-id": "a" * 16,
+                                           "gpusharing.io/anything": "x"})
+    pod["metadata"]["labels"] = {"gpusharing.io/gpu-model": "H100", "app": "infer"}
+    _, mutated = admitted(client, pod)
+    record = {k: v for k, v in mutated["metadata"]["annotations"].items() if k.startswith("gpusharing.io/")}
+    assert record == {"gpusharing.io/gpu-share": "0.3", "gpusharing.io/dialect": "hami", "gpusharing.io/gpu-memory-mib": "3000",
+                      "gpusharing.io/gpu-model": "NVIDIA A100-SXM4-80GB", "gpusharing.io/budget-state": "in-budget"}
+    assert mutated["metadata"]["labels"] == {"app": "infer"}
+    assert review(client, admission_review(mutated), "/validate")["allowed"]
+    # What another webhook adds under the prefix after ours is refused at validation.
+    mutated["metadata"]["labels"]["gpusharing.io/budget-state"] = "in-budget"
+    response = review(client, admission_review(mutated), "/validate")
+    assert not response["allowed"] and "may not be set by hand: label gpusharing.io/budget-state" in response["status"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -88,13 +88,11 @@ def test_a_kubeconfig_that_cannot_be_read_stops_the_webhook(tmp_path: Path) -> N
         watched_indexes(str(tmp_path / "missing"))
 
 
-def test_safe_admission_splits_each_uncommitted_budget_among_replicas_times_workers() -> None:
-    assert WebhookConfig.from_env({}).admission_slices == 1
-    config = WebhookConfig.from_env({"GPUSHARING_WEBHOOK_REPLICAS": "3", "GPUSHARING_WEBHOOK_WORKERS": "2",
-                                     "GPUSHARING_RESERVATION_SECONDS": "120"})
-    assert (config.admission_slices, config.reservation_seconds) == (6, 120.0)
-    with pytest.raises(ConfigError, match="GPUSHARING_WEBHOOK_REPLICAS"):
-        WebhookConfig.from_env({"GPUSHARING_WEBHOOK_REPLICAS": "0"})
+def test_safe_admission_waits_briefly_for_its_reservation() -> None:
+    assert WebhookConfig.from_env({}).reservation_timeout_seconds == 2.0
+    assert WebhookConfig.from_env({"GPUSHARING_RESERVATION_TIMEOUT_SECONDS": "0.5"}).reservation_timeout_seconds == 0.5
+    with pytest.raises(ConfigError, match="GPUSHARING_RESERVATION_TIMEOUT_SECONDS"):
+        WebhookConfig.from_env({"GPUSHARING_RESERVATION_TIMEOUT_SECONDS": "0"})
 
 
 def test_the_billing_finalizer_is_on_and_removed_by_the_timekeeper_of_the_webhooks_namespace() -> None:

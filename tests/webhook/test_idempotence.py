@@ -54,7 +54,7 @@ def gpu_pods(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pod=gpu_pods(), state=st.sampled_from(list(BudgetState)), mode=st.sampled_from(["native", "container"]))
 def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: str) -> None:
-    config = WebhookConfig(meter=MeterSpec(mode=mode))
+    config = WebhookConfig(meter=MeterSpec(mode=mode), allowed_priority_classes=frozenset({"research-high"}))
     first = admit(parse_review(admission_review(pod)), config, lambda _ns: NamespaceBudget(state), mutate=True)
     assert first.allowed, first.message
     assert first.patch
@@ -70,5 +70,6 @@ def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: s
 def test_mutated_pod_is_valid_against_the_kubernetes_schema(pod: dict[str, Any], state: BudgetState) -> None:
     import kubernetes_validate
 
-    decision = admit(parse_review(admission_review(pod)), WebhookConfig(), lambda _ns: NamespaceBudget(state), mutate=True)
+    config = WebhookConfig(allowed_priority_classes=frozenset({"research-high"}))
+    decision = admit(parse_review(admission_review(pod)), config, lambda _ns: NamespaceBudget(state), mutate=True)
     kubernetes_validate.validate(jsonpatch.apply_patch(pod, decision.patch), KUBERNETES_VERSION, strict=True)

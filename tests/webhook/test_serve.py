@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -15,9 +16,11 @@ from typing import Any
 import pytest
 import requests
 import trustme
+import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_pod
 from demo.processes import Service, child_pids, free_port
+from gpusharing.serving.certs import write_client_auth
 from tests.webhook.conftest import FakeTimekeeper
 
 
@@ -174,6 +177,39 @@ def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str
     # gunicorn's own lines take the same form, and the line came from one of the workers it booted.
     booted = {e["pid"] for e in entries if e["logger"] == "gunicorn.error" and e["message"].startswith("Booting worker")}
     assert len(booted) == 2 and line["pid"] in booted
+
+
+def test_with_a_client_ca_only_the_api_servers_certificate_is_answered(tls: dict[str, str], tmp_path: Path) -> None:
+    """The API server presents the client certificate of its AdmissionConfiguration's kubeconfig (as `gpusharing
+    certs --format client-auth` writes it); a pod that reaches the webhook has none, or one of another CA, which TLS
+    refuses."""
+    generated = write_client_auth("gpusharing-system", tmp_path / "client-auth")
+    (user,) = yaml.safe_load((generated / "apiserver" / "webhook-kubeconfig.yaml").read_text())["users"]
+    api_server, stranger = tmp_path / "apiserver.pem", tmp_path / "stranger.pem"
+    api_server.write_bytes(base64.b64decode(user["user"]["client-key-data"]) + base64.b64decode(user["user"]["client-certificate-data"]))
+    trustme.CA().issue_cert("kube-apiserver").private_key_and_cert_chain_pem.write_to_path(str(stranger))
+    port = free_port()
+    url = f"https://127.0.0.1:{port}"
+    args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", tls["cert"], "--key", tls["key"], "--workers", "1"]
+    review = admission_review(example_pod("vcuda-fraction.yaml"))
+    with Service("webhook", args, f"{url}/readyz", env={"GPUSHARING_CLIENT_CA_FILE": str(generated / "ca.crt")}, verify=tls["ca"]):
+        answer = requests.post(f"{url}/mutate", json=review, verify=tls["ca"], cert=str(api_server), timeout=5)
+        assert answer.status_code == 200 and answer.json()["response"]["allowed"]
+        anyone = requests.post(f"{url}/mutate", json=review, verify=tls["ca"], timeout=5)
+        assert anyone.status_code == 401
+        assert anyone.json() == {"error": "the GPU-sharing webhook answers only the API server: present a client certificate of the API server"}
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.post(f"{url}/mutate", json=review, verify=tls["ca"], cert=str(stranger), timeout=5)
+        assert requests.get(f"{url}/livez", verify=tls["ca"], timeout=5).status_code == 200  # the kubelet's probes
+
+
+def test_a_missing_client_ca_stops_the_webhook_at_start(tls: dict[str, str], tmp_path: Path) -> None:
+    env = {**os.environ, "GPUSHARING_CLIENT_CA_FILE": str(tmp_path / "missing.crt")}
+    done = subprocess.run([sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--cert", tls["cert"], "--key", tls["key"]],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr == f"gpusharing: GPUSHARING_CLIENT_CA_FILE={tmp_path / 'missing.crt'}: no such file\n"
+
+
 def hostile_review(where: str, key: str, value: object) -> dict[str, Any]:
     pod = api_server_pod({"metadata": {"name": "p", "annotations": {key: value} if where == "annotation" else {}},
                           "spec": {"containers": [{"name": "main", "image": "cuda",

@@ -5,6 +5,7 @@ short function that checks the caller, parses, calls a service and renders.
 - reports: `POST /api/v1/reports`, the meters' reports
 - pods: `/api/v1/pods`, what the ledger accounted per pod
 - usage: `/api/v1/usage` and `/api/v1/gpu-models`
+- reservations: `POST /api/v1/reservations`, safe admission's, made by the webhook
 - health: `/livez`, `/readyz`, `/metrics`
 - auth: who may call what; errors: every refusal's status; context: what the views share
 """
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from flask import Flask
 
-from timekeeper.api import budgets, health, pods, reports, usage
+from timekeeper.api import budgets, health, pods, reports, reservations, usage
 from timekeeper.api.errors import register_error_handlers
 
-BLUEPRINTS = (budgets.blueprint, reports.blueprint, pods.blueprint, usage.blueprint, health.blueprint)
+BLUEPRINTS = (budgets.blueprint, reports.blueprint, pods.blueprint, usage.blueprint, reservations.blueprint, health.blueprint)
 
 
 def register_api(app: Flask) -> None:

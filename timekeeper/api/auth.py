@@ -1,45 +1,44 @@
-"""Who may do what: meters report for their own pod, anyone authenticated reads, admins change budgets.
+"""Who may do what: meters report for their own pod and read nothing, readers read the namespaces Kubernetes lets
+them read, admins change budgets.
 
 Modes (TIMEKEEPER_AUTH):
 - tokenreview: bearer tokens are verified with the Kubernetes TokenReview API (audience gpusharing-timekeeper).
-  A pod-bound ServiceAccount token may report for that pod only; budget writes need a SubjectAccessReview
-  allowing verb `update` on resource `budgets` in API group `gpusharing.io`. Tokens in
-  TIMEKEEPER_STATIC_TOKENS_FILE, when set, are accepted too.
+  A pod-bound ServiceAccount token may report for that pod only, and read nothing. Reads need a SubjectAccessReview
+  allowing verb `get` on `gpubudgets` in API group `gpusharing.io` in the namespace read (`clustergpubudgets` for
+  a group's budget; `list` on `gpubudgets` in all namespaces for what spans them); budget writes need one allowing
+  verb `update` on resource `budgets`, safe admission's reservations (the webhook's) verb `create` on `reservations`.
+  Tokens in TIMEKEEPER_STATIC_TOKENS_FILE, when set, are accepted too.
 - static: only the tokens in TIMEKEEPER_STATIC_TOKENS_FILE: `TOKEN ROLE [NAME] [namespaces=NS,...]` per line, role
-  admin, reader or meter. A meter token may report for any pod (docker-compose has no pod identity to check), or
-  for any pod of the namespaces its line names.
+  admin, reader or meter. A reader reads everything and reserves (the webhook's token). A meter token may report for
+  any pod (docker-compose has no pod identity to check), or for any pod of the namespaces its line names, and reads
+  nothing.
 - none: every request is an admin's; for a local demo only.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Generic, TypeVar
 
 from gpusharing.compat import StrEnum
+from gpusharing.caching import TtlCache
 from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
-from gpusharing.names import NAMESPACE, InvalidName
+from gpusharing.names import NAMESPACE, InvalidName, is_group
 from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport
 from gpusharing.settings.env import ConfigError
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting.reports import ReportTerms
 from timekeeper.accounting.usage import recorded_labels
-from timekeeper.cluster.kube import Identity, KubeApi
+from timekeeper.cluster.kube import Access, Identity, KubeApi
 
-ADMIN_VERB = "update"
-ADMIN_RESOURCE = "budgets"
-ADMIN_GROUP = "gpusharing.io"
+GROUP = "gpusharing.io"
+ADMIN = Access("update", "budgets", GROUP)
+RESERVE = Access("create", "reservations", GROUP)  # the webhook's: safe admission's reservations
+NAMESPACE_BUDGETS, GROUP_BUDGETS = "gpubudgets", "clustergpubudgets"
 
-T = TypeVar("T")
 NAMESPACES_PREFIX = "namespaces="
 
 
@@ -118,63 +117,6 @@ def _namespaces(word: str, where: str) -> frozenset[str]:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-K = TypeVar("K", bound=Hashable)
-
-
-class TtlCache(Generic[K, T]):
-    """Answers of the API server reused for `seconds`, so that a report every 30 s per pod costs no API call.
-
-    Concurrent misses of one key make one call while the others wait for its answer; a call that fails is not
-    kept (each waiter gets its error, the next miss calls again). Entries go when they expire and, beyond
-    max_entries, oldest first: a flood of new keys pushes out the oldest, never everything at once.
-    """
-
-    def __init__(self, seconds: float, max_entries: int = 50_000, clock: Callable[[], float] = time.monotonic):
-        self._seconds = seconds
-        self._max = max_entries
-        self._clock = clock
-        self._entries: OrderedDict[K, tuple[float, T]] = OrderedDict()  # oldest first: in the order they expire
-        self._pending: dict[K, Future[T]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: K, compute: Callable[[], T]) -> T:
-        with self._lock:
-            now = self._clock()
-            hit = self._entries.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
-            pending = self._pending.get(key)
-            if pending is None:
-                pending = self._pending[key] = Future()
-                computing = True
-            else:
-                computing = False
-        if not computing:
-            return pending.result()
-        try:
-            value = compute()
-        except BaseException as failed:
-            with self._lock:
-                del self._pending[key]
-            pending.set_exception(failed)
-            raise
-        with self._lock:
-            del self._pending[key]
-            self._keep(key, value)
-        pending.set_result(value)
-        return value
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _keep(self, key: K, value: T) -> None:
-        now = self._clock()
-        self._entries.pop(key, None)
-        while self._entries and (len(self._entries) >= self._max or next(iter(self._entries.values()))[0] <= now):
-            self._entries.popitem(last=False)
-        self._entries[key] = (now + self._seconds, value)
-
-
 class Authenticator:
     def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0):
         if mode == "tokenreview" and kube is None:
@@ -183,7 +125,7 @@ class Authenticator:
         self._static = static_tokens
         self._kube = kube
         self._reviews: TtlCache[bytes, Identity | None] = TtlCache(cache_seconds)
-        self._grants: TtlCache[tuple[str, tuple[str, ...]], bool] = TtlCache(cache_seconds)
+        self._grants: TtlCache[tuple[str, tuple[str, ...], Access], bool] = TtlCache(cache_seconds)
         # A pod's annotations under gpusharing.io/ cannot change (the webhook refuses it), so they are read once.
         self._pod_terms: TtlCache[str, ReportTerms] = TtlCache(float("inf"))
 
@@ -206,17 +148,44 @@ class Authenticator:
         return Caller(identity.username, identity=identity)
 
     def check_admin(self, caller: Caller) -> None:
-        if caller.role is Role.ADMIN:
+        if caller.role is Role.ADMIN or self._allowed(caller, ADMIN):
             return
-        identity, kube = caller.identity, self._kube
-        if identity is not None and kube is not None:
-            key = (identity.username, identity.groups)
-            if self._grants.get(key, lambda: kube.may(identity, ADMIN_VERB, ADMIN_RESOURCE, ADMIN_GROUP)):
-                return
         raise Forbidden(
-            f"{caller.name} may not change budgets: an admin needs verb {ADMIN_VERB!r} on resource "
-            f"{ADMIN_RESOURCE!r} in API group {ADMIN_GROUP!r}"
+            f"{caller.name} may not change budgets: an admin needs verb {ADMIN.verb!r} on resource "
+            f"{ADMIN.resource!r} in API group {ADMIN.group!r}"
         )
+
+    def check_reserver(self, caller: Caller) -> None:
+        """Whether `caller` may reserve commitments for the pods it admits: the webhook (a static reader in
+        docker-compose, which has no Kubernetes to ask)."""
+        self.check_not_meter(caller)
+        if caller.role in (Role.ADMIN, Role.READER) or self._allowed(caller, RESERVE):
+            return
+        raise Forbidden(f"{caller.name} may not reserve commitments: the webhook needs verb {RESERVE.verb!r} on resource "
+                        f"{RESERVE.resource!r} in API group {GROUP!r}")
+
+    def check_read(self, caller: Caller, scope: str | None) -> None:
+        """Whether `caller` may read what concerns `scope`: a namespace, a group budget, or (None) every namespace."""
+        self.check_not_meter(caller)
+        if caller.role in (Role.ADMIN, Role.READER):
+            return
+        access = read_access(scope)
+        if not self._allowed(caller, access):
+            where = f"in namespace {access.namespace}" if access.namespace else f"named {access.name}" if access.name else "in all namespaces"
+            what = f"the budget of {scope}" if scope else "what spans every namespace (name a namespace to read one)"
+            raise Forbidden(f"{caller.name} may not read {what}: that needs verb {access.verb!r} on resource "
+                            f"{access.resource!r} in API group {GROUP!r} {where}")
+
+    def check_not_meter(self, caller: Caller) -> None:
+        """A meter's token (a static meter token, a pod's own) reports for its pod and reads nothing."""
+        if caller.role is Role.METER or (caller.identity is not None and caller.identity.pod_uid is not None):
+            raise Forbidden(f"{caller.name} is a meter's token (bound to a pod): it reports for its pod and reads nothing")
+
+    def _allowed(self, caller: Caller, access: Access) -> bool:
+        identity, kube = caller.identity, self._kube
+        if identity is None or kube is None:
+            return False
+        return self._grants.get((identity.username, identity.groups, access), lambda: kube.may(identity, access))
 
     def report_terms(self, caller: Caller, report: MeterReport) -> ReportTerms | None:
         """Checks that `caller` may send `report`; returns what to trust about the pod (None: the report itself)."""
@@ -257,6 +226,15 @@ class Authenticator:
         model = model if isinstance(model, str) and len(model) <= MAX_GPU_MODEL else None  # else: the default model's
         started = pod.status.start_time if pod.status is not None else None
         return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model, started)
+
+
+def read_access(scope: str | None) -> Access:
+    """What Kubernetes must allow a reader of `scope`, as it would allow reading the GPUBudget resources."""
+    if scope is None:
+        return Access("list", NAMESPACE_BUDGETS, GROUP)
+    if is_group(scope):
+        return Access("get", GROUP_BUDGETS, GROUP, name=scope)
+    return Access("get", NAMESPACE_BUDGETS, GROUP, namespace=scope)
 
 
 def _annotated_number(raw: str | None, low: Decimal | int, high: Decimal | int) -> float | None:

@@ -8,7 +8,7 @@ from flask import Blueprint, Response, jsonify
 
 from gpusharing.names import check_budget_name
 from timekeeper.api.auth import Caller
-from timekeeper.api.context import admin, body, caller, crossing, services, status_json
+from timekeeper.api.context import admin, body, crossing, reader, services, status_json
 from timekeeper.budgets.requests import budget_changes_from_json, budget_from_json, top_up_from_json
 from timekeeper.budgets.status import BudgetStatus, default_budget_json
 from timekeeper.budgets.store import BudgetChange
@@ -20,7 +20,7 @@ blueprint = Blueprint("budgets", __name__, url_prefix="/api/v1/budgets")
 
 @blueprint.get("")
 def list_budgets() -> Response:
-    caller()
+    reader(None)
     store = services().budgets
     default = default_budget_json(store.default_gpu_minutes, store.default_period)
     return jsonify(items=services().listed(store.statuses()), default=default)
@@ -28,8 +28,8 @@ def list_budgets() -> Response:
 
 @blueprint.get("/<name>")
 def get_budget(name: str) -> Response:
-    caller()
-    return status_json(services().budgets.status(check_budget_name(name)))
+    reader(check_budget_name(name))
+    return status_json(services().budgets.status(name))
 
 
 @blueprint.put("/<name>")
@@ -68,8 +68,8 @@ def post_top_up(name: str) -> tuple[Response, int]:
 
 @blueprint.get("/<name>/changes")
 def get_changes(name: str) -> Response:
-    caller()
-    return jsonify(items=services().budgets.changes(check_budget_name(name)))
+    reader(check_budget_name(name))
+    return jsonify(items=services().budgets.changes(name))
 
 
 def _answer_change(change: BudgetChange, who: Caller) -> tuple[Response, int]:

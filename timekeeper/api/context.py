@@ -28,6 +28,13 @@ def caller() -> Caller:
     return services().auth.caller(request.headers.get("Authorization") or request.headers.get(TIMEKEEPER_TOKEN_HEADER))
 
 
+def reader(scope: str | None) -> Caller:
+    """The caller, who must be allowed to read `scope`: a namespace, a group budget, or (None) every namespace (a 403)."""
+    who = caller()
+    services().auth.check_read(who, scope)
+    return who
+
+
 def admin() -> Caller:
     """The caller, who must be a budget admin (Forbidden: a 403)."""
     who = caller()

@@ -15,6 +15,7 @@ from gpusharing.serving.jsonbody import JsonBodyError
 from timekeeper.accounting.usage import UsageRequestError
 from timekeeper.api.auth import Forbidden, Unauthenticated
 from timekeeper.budgets.requests import BudgetRequestError
+from timekeeper.budgets.reservations import AdmissionIdTaken, Uncountable
 from timekeeper.budgets.store import HierarchyConflict, Managed, NoBudget, NoLimit
 from timekeeper.cluster.kube import KubeUnavailable
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 BAD_REQUESTS = (ReportError, UsageRequestError, BudgetRequestError, InvalidName, JsonBodyError)
-CONFLICTS = (NoLimit, Managed, HierarchyConflict)
+CONFLICTS = (NoLimit, Managed, HierarchyConflict, AdmissionIdTaken)
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -36,6 +37,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(Unauthenticated, _unauthenticated)
     app.register_error_handler(RequestEntityTooLarge, _too_large)
     app.register_error_handler(KubeUnavailable, _kube_unavailable)
+    app.register_error_handler(Uncountable, _answer(503))
     app.register_error_handler(FutureTimeout, _ledger_busy)
     app.register_error_handler(SQLAlchemyError, _database_unavailable)
     app.register_error_handler(HTTPException, _http_error)

@@ -8,7 +8,7 @@ import re
 from flask import Blueprint, Response, jsonify, request
 
 from gpusharing.names import check_namespace
-from timekeeper.api.context import caller, services
+from timekeeper.api.context import reader, services
 from timekeeper.budgets.requests import BudgetRequestError
 
 MAX_PODS = 10_000
@@ -18,11 +18,12 @@ blueprint = Blueprint("pods", __name__, url_prefix="/api/v1/pods")
 
 @blueprint.get("")
 def list_pods() -> Response:
-    caller()
     over_memory = _flag(request.args.get("overMemory", "false"), "overMemory")
     namespace = request.args.get("namespace")
+    scope = check_namespace(namespace) if namespace else None
+    reader(scope)
     limit = _limit(request.args.get("limit", "500"))
-    pods = services().ledger.pods(check_namespace(namespace) if namespace else None, over_memory, limit)
+    pods = services().ledger.pods(scope, over_memory, limit)
     return jsonify(items=[pod.to_json() for pod in pods])
 
 

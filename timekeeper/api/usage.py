@@ -8,17 +8,18 @@ from flask import Blueprint, Response, jsonify, request
 from gpusharing.names import check_namespace
 from gpusharing.units.weights import weight_number
 from timekeeper.accounting.usage import usage_csv, usage_request
-from timekeeper.api.context import caller, services
+from timekeeper.api.context import caller, reader, services
 
 blueprint = Blueprint("usage", __name__, url_prefix="/api/v1")
 
 
 @blueprint.get("/usage")
 def get_usage() -> Response:
-    caller()
     args = request.args
     namespace = args.get("namespace")
-    asked = usage_request(args.get("from"), args.get("to"), args.get("groupBy"), check_namespace(namespace) if namespace else None)
+    scope = check_namespace(namespace) if namespace else None
+    reader(scope)
+    asked = usage_request(args.get("from"), args.get("to"), args.get("groupBy"), scope)
     report = services().ledger.usage.report(asked)
     if request.accept_mimetypes.best_match(["application/json", "text/csv"]) == "text/csv":
         filename = f"gpu-usage-{asked.start}-{asked.end}.csv"
@@ -29,7 +30,7 @@ def get_usage() -> Response:
 
 @blueprint.get("/gpu-models")
 def get_gpu_models() -> Response:
-    caller()
+    services().auth.check_not_meter(caller())
     catalogue = services().config.catalogue
     return jsonify(
         items=[{"name": m.name, "memoryMiB": m.memory_mib, "billingWeight": weight_number(m.billing_weight)} for m in catalogue.models],

@@ -3,8 +3,9 @@
 The timekeeper follows the cluster's GPU pods (those the webhook recorded a share on) by a watch. A pod with a
 deadline that has not ended commits its share x its model's weight x the time its deadline leaves it: all of its
 deadline until it starts, then what remains of it (gpusharing.commitment). A pod without a deadline commits
-nothing it can be held to, and is not counted. The listing the webhook polls says, per namespace, what is still
-uncommitted and which admissions (the webhook's reservations) it has counted, so the webhook can give those up.
+nothing it can be held to, and is not counted. A pod being admitted holds its commitment as a reservation
+(timekeeper.budgets.reservations) until the watch brings the pod, whose admission id says which reservation it
+replaces. What is left uncommitted is counted along the namespace's path to its root budget.
 """
 
 from __future__ import annotations
@@ -80,64 +81,77 @@ def committed_pod(pod: Mapping[str, Any], catalogue: GpuCatalogue) -> CommittedP
 @dataclass(frozen=True)
 class NamespaceCommitments:
     micro_gpu_seconds: int
-    admission_ids: tuple[str, ...]
 
 
 def commitments_by_namespace(pods: Iterable[CommittedPod], now: dt.datetime) -> dict[str, NamespaceCommitments]:
-    """What each namespace's pods have committed, and the admissions counted in it."""
+    """What each namespace's pods have committed."""
     committed: dict[str, int] = defaultdict(int)
-    ids: dict[str, list[str]] = defaultdict(list)
     for pod in pods:
         committed[pod.namespace] += pod.committed(now)
-        if pod.admission_id:
-            ids[pod.namespace].append(pod.admission_id)
-    return {ns: NamespaceCommitments(committed[ns], tuple(sorted(ids[ns]))) for ns in committed}
+    return {ns: NamespaceCommitments(micro) for ns, micro in committed.items()}
 
 
-def uncommitted_json(
-    status: BudgetStatus, committed: Mapping[str, NamespaceCommitments] | None, group_committed: Mapping[str, int]
-) -> dict[str, Any]:
-    """The listing's word on a namespace's commitments: what its pods committed, and what is left uncommitted of the
-    tightest of its own budget and its ancestors' (each less what all the pods below it committed); null when the
-    timekeeper does not (yet) follow the cluster's pods, or when no budget above it has a limit."""
-    if committed is None:
-        return {"committedGpuMinutes": None, "uncommitted": None, "admissionIds": []}
-    own = committed.get(status.namespace, NamespaceCommitments(0, ()))
-    tightest: dict[str, Any] | None = None
+@dataclass(frozen=True)
+class Uncommitted:
+    """What the tightest budget over a namespace has left: its allowance less its use, less what the pods below it
+    committed and the admissions below it reserved (micro-GPU-seconds)."""
+
+    budget: str
+    micro_gpu_seconds: int
+    remaining_gpu_minutes: float | None
+    committed: int
+    reserved: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "microGpuSeconds": self.micro_gpu_seconds,
+            "gpuMinutes": gpu_minutes(self.micro_gpu_seconds),
+            "budget": self.budget,
+            "remainingGpuMinutes": self.remaining_gpu_minutes,
+            "committedGpuMinutes": gpu_minutes(self.committed),
+            "reservedGpuMinutes": gpu_minutes(self.reserved),
+        }
+
+
+def held_below(budgets: Mapping[str, Budget], held: Mapping[str, int]) -> dict[str, int]:
+    """What is held under each budget, from what each namespace holds: its own, and its ancestors' along its path."""
+    below: dict[str, int] = defaultdict(int)
+    for namespace, amount in held.items():
+        for name in (namespace, *ancestry(budgets, namespace)):
+            below[name] += amount
+    return below
+
+
+def tightest(status: BudgetStatus, committed_below: Mapping[str, int], reserved_below: Mapping[str, int]) -> Uncommitted | None:
+    """What is left uncommitted of the tightest of the namespace's budget and its ancestors' (each less what is
+    committed and reserved below it); None when none of them has a limit."""
+    least: Uncommitted | None = None
     for budget in (status, *status.ancestors):
         allowance = budget.allowance_gpu_minutes
         if allowance is None:
             continue
-        below = group_committed.get(budget.namespace, 0) if budget is not status else own.micro_gpu_seconds
-        left = max(0, round(allowance * MICROS_PER_GPU_MINUTE) - budget.used_micro_gpu_seconds - below)
-        if tightest is None or left < tightest["microGpuSeconds"]:
-            tightest = {
-                "microGpuSeconds": left,
-                "gpuMinutes": gpu_minutes(left),
-                "budget": budget.namespace,
-                "remainingGpuMinutes": budget.remaining_gpu_minutes,
-                "committedGpuMinutes": gpu_minutes(below),
-            }
-    return {
-        "committedGpuMinutes": gpu_minutes(own.micro_gpu_seconds),
-        "uncommitted": tightest,
-        "admissionIds": list(own.admission_ids) if status.admission.checks_commitments else [],
-    }
-
-
-def group_commitments(budgets: Mapping[str, Budget], committed: Mapping[str, NamespaceCommitments]) -> dict[str, int]:
-    """What the pods below each group committed (a namespace's commitments count in every ancestor's)."""
-    groups: dict[str, int] = defaultdict(int)
-    for namespace, own in committed.items():
-        for ancestor in ancestry(budgets, namespace):
-            groups[ancestor] += own.micro_gpu_seconds
-    return groups
+        committed, reserved = committed_below.get(budget.namespace, 0), reserved_below.get(budget.namespace, 0)
+        left = max(0, round(allowance * MICROS_PER_GPU_MINUTE) - budget.used_micro_gpu_seconds - committed - reserved)
+        if least is None or left < least.micro_gpu_seconds:
+            least = Uncommitted(budget.namespace, left, budget.remaining_gpu_minutes, committed, reserved)
+    return least
 
 
 def listing_json(
-    statuses: Iterable[BudgetStatus], committed: Mapping[str, NamespaceCommitments] | None, budgets: Mapping[str, Budget]
+    statuses: Iterable[BudgetStatus], committed: Mapping[str, NamespaceCommitments] | None, budgets: Mapping[str, Budget],
+    reserved: Mapping[str, int],
 ) -> list[dict[str, Any]]:
-    """Budget statuses as the API answers them, each with its commitments (`budgets`: all of them, the hierarchy)."""
-    groups = group_commitments(budgets, committed) if committed is not None else {}
-    return [{**status.to_json(), **uncommitted_json(status, committed, groups)} for status in statuses]
-
+    """Budget statuses as the API answers them, each with its commitments (`budgets`: all of them, the hierarchy;
+    `reserved`: what the admissions the pods do not yet count hold, by namespace). Their commitments are null while the
+    timekeeper does not know them (`committed` None)."""
+    if committed is None:
+        return [{**status.to_json(), "committedGpuMinutes": None, "uncommitted": None} for status in statuses]
+    committed_below = held_below(budgets, {ns: own.micro_gpu_seconds for ns, own in committed.items()})
+    reserved_below = held_below(budgets, reserved)
+    answers = []
+    for status in statuses:
+        own = committed.get(status.namespace)
+        least = tightest(status, committed_below, reserved_below)
+        answers.append({**status.to_json(), "committedGpuMinutes": gpu_minutes(own.micro_gpu_seconds if own else 0),
+                        "uncommitted": None if least is None else least.to_json()})
+    return answers

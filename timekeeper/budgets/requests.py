@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from gpusharing.commitment import ADMISSION_ID
 from gpusharing.compat import StrEnum
 from gpusharing.contract import AdmissionMode, Period, Shortfall
-from gpusharing.names import InvalidName, check_budget_name, is_group
+from gpusharing.names import InvalidName, check_budget_name, check_namespace, is_group
 from gpusharing.thresholds import check_warning_thresholds
 from timekeeper.budgets.status import Budget
 
@@ -91,6 +92,37 @@ def top_up_from_json(body: object) -> tuple[float, str]:
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON or not reason.isprintable():
         raise BudgetRequestError(f"reason must be a non-empty line of printable text of at most {MAX_REASON} characters")
     return _minutes(fields["gpuMinutes"], "gpuMinutes", allow_zero=False), reason.strip()
+
+
+MAX_RESERVATION = 2**62  # weighted micro-GPU-seconds: far beyond any commitment, and within a BIGINT
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Safe admission's request to hold a pod's commitment (`POST /api/v1/reservations`)."""
+
+    id: str  # the AdmissionReview's uid
+    namespace: str
+    micro_gpu_seconds: int
+    replaces: str | None = None  # the admission id the pod carried: the webhook's earlier reservation for it
+    dry_run: bool = False  # only whether it would be granted
+
+
+def reservation_from_json(body: object) -> Reservation:
+    """A reservation: id, namespace, microGpuSeconds, and optionally replaces and dryRun."""
+    fields = _object(body, required=("id", "namespace", "microGpuSeconds"), optional=("replaces", "dryRun"))
+    ids = [fields["id"], *([fields["replaces"]] if fields.get("replaces") is not None else [])]
+    if not all(isinstance(i, str) and ADMISSION_ID.fullmatch(i) for i in ids):
+        raise BudgetRequestError("id and replaces must be admission ids: 1 to 64 letters, digits and dashes")
+    micro = fields["microGpuSeconds"]
+    if isinstance(micro, bool) or not isinstance(micro, int) or not 0 < micro <= MAX_RESERVATION:
+        raise BudgetRequestError(f"microGpuSeconds must be a whole number from 1 to {MAX_RESERVATION}")
+    dry_run = fields.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise BudgetRequestError("dryRun must be true or false")
+    if not isinstance(fields["namespace"], str):
+        raise BudgetRequestError("namespace must be a namespace's name")
+    return Reservation(fields["id"], check_namespace(fields["namespace"]), micro, fields.get("replaces"), dry_run)
 
 
 def _object(body: object, required: tuple[str, ...], optional: tuple[str, ...]) -> dict[str, Any]:

@@ -64,7 +64,6 @@ class Controller:
         self,
         budgets: BudgetStore,
         kube: KubeApi,
-        in_budget_class: str,
         interval_seconds: float,
         lease_namespace: str,
         lease_seconds: float | None = None,
@@ -73,7 +72,6 @@ class Controller:
         self.budgets = budgets
         self.kube = kube
         self.biller = biller
-        self.in_budget_class = in_budget_class
         self.interval = interval_seconds
         identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.election = LeaderElection(kube, lease_namespace, identity, lease_seconds or max(3 * interval_seconds, 15.0))
@@ -270,7 +268,7 @@ class Controller:
 
     def _evict(self, namespace: str, done: ControllerPass) -> None:
         try:
-            names = eviction_candidates(self.kube.running_pods(namespace), self.in_budget_class)
+            names = eviction_candidates(self.kube.running_pods(namespace))
         except KubeUnavailable as exc:
             log.warning("%s; will try again", exc)
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gpusharing.contract import ANNOTATION_GPU_SHARE, BudgetState
+from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE, ANNOTATION_SAFE_ADMISSION, BudgetState
 from gpusharing.names import is_group
 from gpusharing.thresholds import usage_warning
 from timekeeper.budgets.status import BudgetStatus
@@ -16,14 +16,17 @@ RESTORED = "GPUBudgetRestored"
 THRESHOLD = "GPUBudgetWarning"
 
 
-def eviction_candidates(pods: Iterable[Any], in_budget_class: str) -> list[str]:
-    """Names of the running GPU pods that still carry the in-budget priority class (the webhook's GPU pods)."""
+def eviction_candidates(pods: Iterable[Any]) -> list[str]:
+    """Names of the running GPU pods the webhook admitted in budget, whatever priority class it let them keep (the
+    webhook's record says so): not those it admitted demoted, already at the over-budget class."""
     names = []
     for pod in pods:
-        metadata, spec, status = pod.metadata, pod.spec, pod.status
-        if metadata is None or spec is None or metadata.deletion_timestamp is not None:
+        metadata, status = pod.metadata, pod.status
+        if metadata is None or metadata.deletion_timestamp is not None:
             continue
-        if spec.priority_class_name != in_budget_class or ANNOTATION_GPU_SHARE not in (metadata.annotations or {}):
+        record = metadata.annotations or {}
+        demoted = record.get(ANNOTATION_BUDGET_STATE) == BudgetState.OVER_BUDGET or record.get(ANNOTATION_SAFE_ADMISSION) == "demoted"
+        if ANNOTATION_GPU_SHARE not in record or demoted:
             continue
         if status is not None and status.phase == "Running":
             names.append(metadata.name)

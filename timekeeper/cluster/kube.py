@@ -55,6 +55,17 @@ class Identity:
         return self.username[len(SERVICE_ACCOUNT_PREFIX):].split(":", 1)[0]
 
 
+@dataclass(frozen=True)
+class Access:
+    """What a SubjectAccessReview asks: a verb on a resource, in a namespace ("": all of them, or cluster-scoped)."""
+
+    verb: str
+    resource: str
+    group: str
+    namespace: str = ""
+    name: str = ""
+
+
 class EvictionResult(StrEnum):
     EVICTED = "evicted"
     REFUSED = "refused"  # 429: a PodDisruptionBudget does not allow it now; retried later, never forced
@@ -109,14 +120,16 @@ class KubeApi:
         user = status.user
         return Identity(user.username or "", user.uid or "", tuple(user.groups or ()), dict(user.extra or {}))
 
-    def may(self, identity: Identity, verb: str, resource: str, group: str) -> bool:
+    def may(self, identity: Identity, access: Access) -> bool:
+        attributes = client.V1ResourceAttributes(verb=access.verb, resource=access.resource, group=access.group,
+                                                 namespace=access.namespace or None, name=access.name or None)
         review = client.V1SubjectAccessReview(
             spec=client.V1SubjectAccessReviewSpec(
                 user=identity.username,
                 uid=identity.uid or None,
                 groups=list(identity.groups),
                 extra=identity.extra or None,
-                resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, group=group),
+                resource_attributes=attributes,
             )
         )
         answer = self._call("check an authorization", self.authorization.create_subject_access_review, review)

@@ -182,6 +182,17 @@ class BudgetWarningRow(Base):
     warned_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
 
+class ReservationRow(Base):
+    """Safe admission's reservation of a pod's commitment, until the timekeeper's pod watch sees the pod (or it lapses)."""
+
+    __tablename__ = "reservations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the AdmissionReview's uid, on the pod too
+    namespace: Mapped[str] = mapped_column(String(63))
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # weighted
+    expires_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+
+
 budgets = BudgetRow.__table__
 top_ups = TopUpRow.__table__
 budget_changes = BudgetChangeRow.__table__
@@ -192,3 +203,4 @@ pod_usage = PodUsageRow.__table__
 pod_labels = PodLabelRow.__table__
 gpu_model_weights = GpuModelWeightRow.__table__
 budget_warnings = BudgetWarningRow.__table__
+reservations = ReservationRow.__table__

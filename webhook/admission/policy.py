@@ -15,10 +15,12 @@ from gpusharing.contract import (
     ANNOTATION_GPU_SHARE,
     ANNOTATION_PREFIX,
     ANNOTATION_SAFE_ADMISSION,
+    WEBHOOK_ANNOTATIONS,
 )
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
+from gpusharing.messages import shortened
 from gpusharing.units.quantity import QuantityError, parse_whole_quantity
 from gpusharing.units.share import format_share
 from webhook.admission.guard import add_billing_finalizer, foreign_timekeeper_token, guard_update, missing_billing_finalizer
@@ -31,10 +33,10 @@ from webhook.admission.meter import (
 )
 from webhook.admission.patch import JsonPatch, pointer
 from webhook.admission.review import AdmissionRequest, Decision
-from webhook.admission.safe import Reserve, SafeAdmission, safe_admission
+from webhook.admission.safe import SafeAdmission, safe_admission
 from webhook.caches.budgets import NamespaceBudget
 from webhook.caches.jobs import JobLookup, no_jobs
-from webhook.caches.reservations import Grant
+from webhook.caches.reservations import Reserve, no_timekeeper
 from webhook.config import WebhookConfig
 
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
@@ -44,11 +46,12 @@ BudgetLookup = Callable[[str], NamespaceBudget]
 
 def admit(
     request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims,
-    jobs: JobLookup = no_jobs, reserve: Reserve | None = None,
+    jobs: JobLookup = no_jobs, reserve: Reserve = no_timekeeper, disclose: bool = True,
 ) -> Decision:
     """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
     specs of the resource claims a pod names and `jobs` the deadlines of Jobs (the webhook's in-memory indexes);
-    `reserve` holds safe admission's reservations (None: none are held, each pod is checked alone)."""
+    `reserve` holds safe admission's reservations (the timekeeper's). `disclose` False: the answer says no figures
+    of the namespace's budget (the caller is not known to be the API server)."""
     pod = request.object
     if not (request.is_pod or request.is_pod_subresource) or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
         return Decision()
@@ -76,30 +79,26 @@ def admit(
     if problem:
         return Decision.deny(403, problem, dialect)
     if gpu is None:
-        return Decision()
+        foreign = _reserved_keys(pod)
+        return Decision.deny(403, f"{RESERVED} and this pod asks for no GPU: remove {_listed(foreign)}") if foreign else Decision()
+    problem = _check_priority_class(pod, config)
+    if problem:
+        return Decision.deny(403, problem, dialect)
     if not mutate:
         problem = _check_record_matches(pod, record) or missing_billing_finalizer(pod, config)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
     budget = budget_of(request.namespace)
     weight = config.gpu_request.catalogue.weight_of(gpu.model)
-    safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs,
-                          reserve or _checked_alone(budget), dt.datetime.now(dt.timezone.utc), request.dry_run)
+    safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs, reserve,
+                          dt.datetime.now(dt.timezone.utc), request.uid, request.dry_run, disclose)
     if safe.refuse:
         refused = Decision.deny(403, safe.refuse, dialect)
         refused.safe_admission = safe.outcome
         return refused
-    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe)
+    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose)
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
-
-
-def _checked_alone(budget: NamespaceBudget) -> Reserve:
-    def reserve(namespace: str, admission_id: str, micro_gpu_seconds: int, hold: bool) -> Grant:
-        left = budget.uncommitted.micro_gpu_seconds if budget.uncommitted is not None else 0
-        return Grant(micro_gpu_seconds <= left, left)
-
-    return reserve
 
 
 def _shape_problem(pod: dict[str, Any]) -> str | None:
@@ -123,6 +122,36 @@ def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
     return dict(as_mapping(as_mapping(pod.get("metadata")).get("annotations")))
 
 
+def _labels(pod: dict[str, Any]) -> dict[str, Any]:
+    return dict(as_mapping(as_mapping(pod.get("metadata")).get("labels")))
+
+
+RESERVED = f"annotations and labels under {ANNOTATION_PREFIX} are the GPU-sharing webhook's record"
+
+
+def _reserved_keys(pod: dict[str, Any], kept: frozenset[str] = frozenset()) -> list[str]:
+    """The pod's annotations and labels under the webhook's prefix, but those in `kept` (annotations only)."""
+    annotations = [f"annotation {k}" for k in _annotations(pod) if k.startswith(ANNOTATION_PREFIX) and k not in kept]
+    return sorted(annotations) + sorted(f"label {k}" for k in _labels(pod) if str(k).startswith(ANNOTATION_PREFIX))
+
+
+def _listed(keys: list[str], most: int = 5) -> str:
+    """Keys a pod's author chose, quoted back within bounds (a pod may carry thousands)."""
+    shown = ", ".join(shortened(key) for key in keys[:most])
+    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def _check_priority_class(pod: dict[str, Any], config: WebhookConfig) -> str | None:
+    """A GPU pod's priority class is the webhook's: one of its two classes, or one an administrator allows."""
+    chosen = as_mapping(pod.get("spec")).get("priorityClassName")
+    ours = (config.priority_class_in_budget, config.priority_class_over_budget)
+    if chosen is None or chosen in ours or chosen in config.allowed_priority_classes:
+        return None
+    return (f"GPU pods get their priority class from the GPU-sharing webhook ({ours[0]!r} in budget), not "
+            f"{shortened(str(chosen))!r}: remove spec.priorityClassName, or ask an administrator to allow the class "
+            "(GPUSHARING_ALLOWED_PRIORITY_CLASSES)")
+
+
 def _record(gpu: GpuRequest) -> dict[str, str]:
     """The annotations that record the webhook's reading of the pod (budget state aside)."""
     return {
@@ -134,24 +163,24 @@ def _record(gpu: GpuRequest) -> dict[str, str]:
 
 
 def _check_record_unchanged(old: dict[str, Any], new: dict[str, Any]) -> Decision:
-    before = {k: v for k, v in _annotations(old).items() if k.startswith(ANNOTATION_PREFIX)}
-    after = {k: v for k, v in _annotations(new).items() if k.startswith(ANNOTATION_PREFIX)}
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    changed = []
+    for kind, read in (("annotation", _annotations), ("label", _labels)):
+        before = {k: v for k, v in read(old).items() if str(k).startswith(ANNOTATION_PREFIX)}
+        after = {k: v for k, v in read(new).items() if str(k).startswith(ANNOTATION_PREFIX)}
+        changed += sorted(f"{kind} {k}" for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     if changed:
-        return Decision.deny(
-            403,
-            f"annotations under {ANNOTATION_PREFIX} are the GPU-sharing webhook's record and cannot be changed: "
-            + ", ".join(changed),
-        )
+        return Decision.deny(403, f"{RESERVED} and cannot be changed: {_listed(changed)}")
     return Decision()
 
 
 def _check_record_matches(pod: dict[str, Any], record: dict[str, str]) -> str | None:
-    """At validation, a record annotation that is present must say what the pod asks for."""
+    """At validation, a record annotation that is present must say what the pod asks for, and nothing else under the
+    prefix may be there (the webhook removed it; another webhook after it may not add it)."""
     annotations = _annotations(pod)
     wrong = [f"{k}={annotations[k]!r} (the pod asks for {v!r})" for k, v in record.items() if annotations.get(k, v) != v]
+    wrong += _reserved_keys(pod, WEBHOOK_ANNOTATIONS)
     if wrong:
-        return "annotations under gpusharing.io/ are the GPU-sharing webhook's record and may not be set by hand: " + ", ".join(wrong)
+        return f"{RESERVED} and may not be set by hand: {_listed(wrong)}"
     return None
 
 
@@ -210,13 +239,13 @@ def _check_meter(
 
 def _mutation(
     pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
-    safe: SafeAdmission,
+    safe: SafeAdmission, disclose: bool,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
     # Above a warning threshold (its own budget's or an ancestor's): every GPU pod admitted says so, and
-    # `kubectl apply` prints it.
-    warnings: list[str] = [*budget.warnings, *safe.warnings]
+    # `kubectl apply` prints it; its figures only to the API server.
+    warnings: list[str] = [*(budget.warnings if disclose else ()), *safe.warnings]
     metadata = as_mapping(pod.get("metadata"))
     spec = as_mapping(pod.get("spec"))
 
@@ -229,9 +258,13 @@ def _mutation(
     if not isinstance(annotations, dict):
         patch.add(pointer("metadata", "annotations"), wanted)
     else:
+        for key in sorted(k for k in annotations if k.startswith(ANNOTATION_PREFIX) and k not in wanted):
+            patch.remove(pointer("metadata", "annotations", key))  # only the webhook's own values stand
         for key, value in wanted.items():
             if annotations.get(key) != value:
                 patch.add(pointer("metadata", "annotations", key), value)
+    for key in sorted(k for k in _labels(pod) if str(k).startswith(ANNOTATION_PREFIX)):
+        patch.remove(pointer("metadata", "labels", key))
 
     if safe.deadline_seconds is not None:  # the Job's deadline, carried onto its pod
         patch.add(pointer("spec", "activeDeadlineSeconds"), safe.deadline_seconds)
@@ -245,8 +278,8 @@ def _mutation(
             "and may be preempted by pods of namespaces within budget"
             + (f" (its priority class {current_class!r} was replaced)" if current_class not in (None, wanted_class) else "")
         )
-    else:
-        wanted_class = current_class or config.priority_class_in_budget
+    else:  # an administrator's allowed class stays; _check_priority_class has refused any other of the pod's own
+        wanted_class = current_class if current_class in config.allowed_priority_classes else config.priority_class_in_budget
     if wanted_class != current_class:
         patch.add(pointer("spec", "priorityClassName"), wanted_class)
         # The API server's Priority plugin runs again after a webhook changes a pod and recomputes these from

@@ -19,8 +19,10 @@ from gpusharing.serving.server import release_memory
 from webhook import metrics
 from webhook.admission.policy import admit
 from webhook.admission.review import AdmissionRequest, BadReview, Decision, parse_review, review_response
+from webhook.api.callers import Callers, Refused
 from webhook.caches.budgets import BudgetStateCache
 from webhook.caches.jobs import JobLookup
+from webhook.caches.reservations import Reserve
 from webhook.config import WebhookConfig
 
 log = logging.getLogger(__name__)
@@ -37,12 +39,15 @@ REVIEWER = "gpusharing.reviewer"  # the app.extensions key of the process's Revi
 
 @dataclass
 class Reviewer:
-    """What a review is decided with: the settings and the caches (never a network call per review)."""
+    """What a review is decided with: the settings and the caches, and safe admission's reservations (the one call
+    a review may make, for a GPU pod with a deadline under safe or strict admission)."""
 
     config: WebhookConfig
+    callers: Callers
     budgets: BudgetStateCache
     claims: ClaimLookup
     jobs: JobLookup
+    reserve: Reserve
     large_reviews: threading.Lock
 
 
@@ -62,17 +67,24 @@ def validate() -> tuple[Response, int]:
 def _review(endpoint: str, mutate: bool) -> tuple[Response, int]:
     started = time.perf_counter()
     reviewer: Reviewer = current_app.extensions[REVIEWER]
+    try:  # before the body is read: a stranger's costs nothing
+        caller = reviewer.callers.caller(request.environ, request.headers.get("Authorization"))
+    except Refused as refused:
+        metrics.REFUSED_CALLERS.labels(endpoint, str(refused.status)).inc()
+        log.warning("refused a review on /%s from %s: %s", endpoint, request.remote_addr, refused,
+                    extra={"endpoint": endpoint, "decision": "refused-caller"})
+        return jsonify(error=str(refused)), refused.status
     body = request.get_data(cache=False)
     if len(body) <= LARGE_REVIEW_BYTES:
-        return _answer(reviewer, endpoint, mutate, body, started)
+        return _answer(reviewer, endpoint, mutate, body, started, caller.authenticated)
     with reviewer.large_reviews:
         try:
-            return _answer(reviewer, endpoint, mutate, body, started)
+            return _answer(reviewer, endpoint, mutate, body, started, caller.authenticated)
         finally:
             release_memory()
 
 
-def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, started: float) -> tuple[Response, int]:
+def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, started: float, disclose: bool) -> tuple[Response, int]:
     try:
         admission = parse_review(read_json(body))
     except (BadReview, JsonBodyError) as exc:
@@ -84,7 +96,8 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
               "operation": admission.operation, "endpoint": endpoint}
     budgets = reviewer.budgets
     try:
-        decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, budgets.reserve)
+        decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, reviewer.reserve,
+                         disclose)
     except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
         log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
         decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")

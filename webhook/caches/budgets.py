@@ -6,46 +6,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
 from gpusharing.outage import Outage
 from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 from gpusharing.thresholds import usage_warning
-from webhook.caches.reservations import Grant, Reservations
 
 log = logging.getLogger(__name__)
 
 LISTING_PATH = "/api/v1/budgets"
 
 
-MAX_ADMISSION_IDS = 100_000  # per namespace in one listing: more running pods than any namespace has
-
-
-@dataclass(frozen=True)
-class Uncommitted:
-    """What the tightest budget over a namespace has left once its running pods' deadlines are counted."""
-
-    micro_gpu_seconds: int
-    budget: str  # the namespace's own budget, or the ancestor whose is tighter
-    remaining_gpu_minutes: float
-    committed_gpu_minutes: float
-
-
 @dataclass(frozen=True)
 class NamespaceBudget:
     """What admission needs of a namespace's budget: its effective state (over budget through an ancestor too),
-    the warnings every GPU pod admitted there gets (its own budget's or an ancestor's, above a threshold), and for
-    safe admission what is left uncommitted (None: unlimited, or `commitments_known` False: not known)."""
+    the warnings every GPU pod admitted there gets (its own budget's or an ancestor's, above a threshold), and how
+    its own budget admits (safe admission reserves with the timekeeper, webhook.caches.reservations)."""
 
     state: BudgetState
     warnings: tuple[str, ...] = ()
     admission: AdmissionMode = AdmissionMode.OPEN
     on_shortfall: Shortfall = Shortfall.DEMOTE
-    commitments_known: bool = False
-    uncommitted: Uncommitted | None = None
-    admission_ids: frozenset[str] = field(default_factory=frozenset)  # the reservations the timekeeper has counted
 
 
 UNKNOWN = NamespaceBudget(BudgetState.UNKNOWN)
@@ -98,21 +81,9 @@ def _warnings(namespace: str, raw: object) -> tuple[str, ...]:
 def _admission(item: Mapping[str, Any]) -> dict[str, Any]:
     """Safe admission's part of a listed budget; what the webhook cannot read leaves the budget open (as before)."""
     try:
-        mode, shortfall = AdmissionMode(item.get("admission", "open")), Shortfall(item.get("onShortfall", "demote"))
+        return {"admission": AdmissionMode(item.get("admission", "open")), "on_shortfall": Shortfall(item.get("onShortfall", "demote"))}
     except ValueError:
         return {}
-    known = isinstance(item.get("committedGpuMinutes"), (int, float))
-    raw, ids = item.get("uncommitted"), item.get("admissionIds")
-    uncommitted = None
-    if isinstance(raw, Mapping):
-        try:
-            uncommitted = Uncommitted(int(raw["microGpuSeconds"]), str(raw["budget"]), float(raw["remainingGpuMinutes"]),
-                                      float(raw["committedGpuMinutes"]))
-        except (KeyError, TypeError, ValueError):
-            known = False
-    admission_ids = frozenset(i for i in ids[:MAX_ADMISSION_IDS] if isinstance(i, str)) if isinstance(ids, list) else frozenset()
-    return {"admission": mode, "on_shortfall": shortfall, "commitments_known": known, "uncommitted": uncommitted,
-            "admission_ids": admission_ids}
 
 
 def _state(raw: object) -> BudgetState:
@@ -132,7 +103,6 @@ class BudgetStateCache:
         token_file: str | None = None,
         refresh_seconds: float = 5.0,
         on_refresh: Any = None,
-        reservations: Reservations | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self._http = JsonClient(timekeeper_url, timeout=5, connect_timeout=2) if timekeeper_url else None
@@ -143,7 +113,6 @@ class BudgetStateCache:
         self._states = BudgetStates({})
         self._listed = False  # whether the timekeeper has ever answered
         self._outage = Outage(log, f"the timekeeper's budget listing {self._url}", "polls", clock)
-        self.reservations = reservations or Reservations()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -152,20 +121,6 @@ class BudgetStateCache:
 
     def budget_of(self, namespace: str) -> NamespaceBudget:
         return self._states.of(namespace)
-
-    def reserve(self, namespace: str, admission_id: str, micro_gpu_seconds: int, hold: bool = True) -> Grant:
-        """Safe admission's reservation of a pod's commitment against what the namespace has left uncommitted now
-        (`hold` False: only whether it would be granted)."""
-        with self.reservations.lock:
-            uncommitted = self._states.of(namespace).uncommitted
-            left = uncommitted.micro_gpu_seconds if uncommitted is not None else 0
-            return self.reservations.reserve(namespace, admission_id, micro_gpu_seconds, left, hold)
-
-    def swap(self, states: BudgetStates) -> None:
-        """Puts a listing in force, and gives up the reservations it counts, at once (no pod sees one without the other)."""
-        with self.reservations.lock:
-            self._states = states
-            self.reservations.settle({ns: budget.admission_ids for ns, budget in states.listed.items()})
 
     def refresh(self) -> bool:
         """One poll; on failure the last known states stay in force."""
@@ -182,7 +137,7 @@ class BudgetStateCache:
             self._outage.failed(exc, meanwhile)
             self._report(False)
             return False
-        self.swap(states)
+        self._states = states
         self._listed = True
         self._outage.succeeded("budget states are current again")
         self._report(True)
@@ -208,12 +163,17 @@ class BudgetStateCache:
             self._stop.wait(self._refresh_seconds)
 
     def _token(self) -> str | None:
-        if not self._token_file:
-            return None
-        with open(self._token_file, encoding="utf-8") as handle:  # read afresh: the kubelet rotates it
-            return handle.read().strip()
+        return read_token(self._token_file)
 
     def _report(self, ok: bool) -> None:
         # A stopping worker's metrics files may already be gone: a poll that ends after stop() counts nothing.
         if self._on_refresh is not None and not self._stop.is_set():
             self._on_refresh(ok)
+
+
+def read_token(path: str | None) -> str | None:
+    """The bearer token the webhook presents to the timekeeper, read afresh: the kubelet rotates it."""
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read().strip()

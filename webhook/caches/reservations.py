@@ -1,79 +1,108 @@
-"""Safe admission's local reservations: what this webhook process has committed of each namespace's uncommitted
-budget since the timekeeper last counted.
+"""Safe admission's reservations, asked of the timekeeper: the one call the webhook makes while it reviews a pod, for
+a GPU pod with a deadline under safe or strict admission only, within a short timeout.
 
-The timekeeper's listing says what a namespace has left uncommitted, as of the pods it has seen. Between two
-listings a burst of pods would each find the same figure, so every pod admitted in budget reserves its commitment
-here, and the next pod only gets what is left. A reservation ends when a listing counts its pod (its admission id
-is among the listing's), or after `keep_seconds` when no pod ever came of it (the API server refused it after the
-webhook, say). Each of the `slices` webhook processes (replicas x workers) reserves against its own equal slice of
-the uncommitted budget, so that together they cannot overrun it.
+A reservation must be weighed against every budget on its namespace's path to the root, one at a time, whichever
+webhook worker, replica or sibling namespace admits the pod; no process's own memory can do that, so the timekeeper
+weighs it in its database (timekeeper.budgets.reservations). What cannot be asked (the timekeeper unreachable, slow,
+or unable to count) is an unknown answer: strict admission refuses the pod, safe admission admits it saying so.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
-# A reinvoked webhook sees the pod it patched moments earlier, with the admission id it gave it.
-REINVOCATION_SECONDS = 30.0
+from gpusharing.serving.jsonhttp import JsonClient, Unreachable
+
+RESERVATIONS_PATH = "/api/v1/reservations"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: str  # the AdmissionReview's uid, written on the pod as gpusharing.io/admission-id
+    namespace: str
+    micro_gpu_seconds: int
+    replaces: str | None = None  # the admission id the pod already carries (a reinvoked webhook's, or forged)
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Uncommitted:
+    """What the tightest budget over a namespace had left before the pod, and why."""
+
+    micro_gpu_seconds: int
+    budget: str  # the namespace's own budget, or the ancestor whose is tighter
+    remaining_gpu_minutes: float
+    committed_gpu_minutes: float  # by the running pods' deadlines
+    reserved_gpu_minutes: float  # by pods being admitted
+
+
+class Outcome(StrEnum):
+    GRANTED = "granted"
+    SHORT = "short"  # the budgets on the path do not cover the pod
+    TAKEN = "taken"  # the pod claims another pod's admission id
+    UNKNOWN = "unknown"  # nothing could be counted: `reason` says why
 
 
 @dataclass(frozen=True)
 class Grant:
-    granted: bool
-    available: int  # micro-GPU-seconds this process could commit in the namespace before this pod
+    outcome: Outcome
+    uncommitted: Uncommitted | None = None  # None with GRANTED: no budget on the path has a limit
+    reason: str = ""
 
 
-@dataclass
-class _Reservation:
-    micro_gpu_seconds: int
-    at: float
+Reserve = Callable[[Reservation], Grant]
 
 
-class Reservations:
-    def __init__(self, slices: int = 1, keep_seconds: float = 300.0, clock: Callable[[], float] = time.monotonic):
-        self.slices = slices
-        self.keep_seconds = keep_seconds
-        self.clock = clock
-        self.lock = threading.Lock()  # held by the budget cache while it swaps in a listing and settles
-        self._held: dict[str, dict[str, _Reservation]] = {}
-        self._totals: dict[str, int] = {}  # the sum of each namespace's reservations: a burst's pods add in O(1)
+def no_timekeeper(asked: Reservation) -> Grant:
+    return Grant(Outcome.UNKNOWN, reason="the webhook has no timekeeper to reserve with (GPUSHARING_TIMEKEEPER_URL)")
 
-    def reserve(self, namespace: str, admission_id: str, micro_gpu_seconds: int, uncommitted: int, hold: bool = True) -> Grant:
-        """Reserves the pod's commitment if this process's slice of `uncommitted`, less its reservations, covers it
-        (the caller holds `lock`, and read `uncommitted` under it); `hold` False only answers (a dry run)."""
-        now = self.clock()
-        held = self._held.setdefault(namespace, {})
-        available = uncommitted // self.slices - self._totals.get(namespace, 0)
-        earlier = held.get(admission_id)
-        if earlier is not None:
-            if earlier.micro_gpu_seconds == micro_gpu_seconds and now - earlier.at < REINVOCATION_SECONDS:
-                return Grant(True, available + micro_gpu_seconds)
-            available += earlier.micro_gpu_seconds  # the pod's earlier reservation, which this one replaces
-        if micro_gpu_seconds > available:
-            return Grant(False, max(0, available))
-        if hold:
-            if earlier is not None:  # the same id again, later or for another amount: it replaces the earlier
-                self._totals[namespace] -= earlier.micro_gpu_seconds
-            held[admission_id] = _Reservation(micro_gpu_seconds, now)
-            self._totals[namespace] = self._totals.get(namespace, 0) + micro_gpu_seconds
-        return Grant(True, available)
 
-    def settle(self, counted: Mapping[str, frozenset[str]]) -> None:
-        """Gives up what a new listing counts (admission ids by namespace), and what has waited too long (under `lock`)."""
-        expired = self.clock() - self.keep_seconds
-        for namespace in list(self._held):
-            ids = counted.get(namespace, frozenset())
-            kept = {i: r for i, r in self._held[namespace].items() if i not in ids and r.at > expired}
-            if kept:
-                self._held[namespace] = kept
-                self._totals[namespace] = sum(r.micro_gpu_seconds for r in kept.values())
-            else:
-                del self._held[namespace]
-                self._totals.pop(namespace, None)
+def grant_of(answer: object) -> Grant:
+    """The timekeeper's answer to a reservation; ValueError when it is not one."""
+    if not isinstance(answer, Mapping) or not isinstance(answer.get("granted"), bool):
+        raise ValueError("expected an object with granted true or false")
+    raw = answer.get("uncommitted")
+    uncommitted = None
+    if raw is not None:
+        try:
+            uncommitted = Uncommitted(int(raw["microGpuSeconds"]), str(raw["budget"]), float(raw["remainingGpuMinutes"] or 0.0),
+                                      float(raw["committedGpuMinutes"]), float(raw["reservedGpuMinutes"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"uncommitted is not what the timekeeper answers: {exc!r}") from None
+    return Grant(Outcome.GRANTED if answer["granted"] else Outcome.SHORT, uncommitted)
 
-    def held(self, namespace: str) -> int:
-        with self.lock:
-            return self._totals.get(namespace, 0)
+
+class TimekeeperReservations:
+    """Reserve, over one kept-alive connection to the timekeeper per thread."""
+
+    def __init__(self, timekeeper_url: str, token: Callable[[], str | None], timeout_seconds: float):
+        self._url = timekeeper_url
+        self._token = token
+        self._timeout = timeout_seconds
+        self._local = threading.local()
+
+    def __call__(self, asked: Reservation) -> Grant:
+        body: dict[str, Any] = {"id": asked.id, "namespace": asked.namespace, "microGpuSeconds": asked.micro_gpu_seconds,
+                                "replaces": asked.replaces, "dryRun": asked.dry_run}
+        try:
+            answer = self._client().request("POST", RESERVATIONS_PATH, body, token=self._token())
+        except (Unreachable, OSError) as exc:
+            return Grant(Outcome.UNKNOWN, reason=f"the timekeeper did not answer: {exc}")
+        if answer.status == 409:
+            return Grant(Outcome.TAKEN, reason=answer.message)
+        if answer.status != 200:
+            return Grant(Outcome.UNKNOWN, reason=f"the timekeeper could not reserve (HTTP {answer.status}): {answer.message}")
+        try:
+            return grant_of(answer.json())
+        except ValueError as exc:
+            return Grant(Outcome.UNKNOWN, reason=f"the timekeeper's answer was not understood: {exc}")
+
+    def _client(self) -> JsonClient:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = JsonClient(self._url, timeout=self._timeout)
+        return client  # type: ignore[no-any-return]

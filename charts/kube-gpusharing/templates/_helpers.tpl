@@ -135,10 +135,10 @@ manifests/base/webhook-configurations.yaml for the default prefixes (tests/manif
 {{- join " || " $clauses -}}
 {{- end }}
 
-{{/* Validation also sees pods that carry, or carried, what the webhook adds: its gpusharing.io/ record, the billing
-finalizer, the meter. */}}
+{{/* Validation also sees pods that carry, or carried, what the webhook adds: its gpusharing.io/ record (annotations
+or labels), the billing finalizer, the meter. */}}
 {{- define "gpusharing.asksForAGpuOrCarriesWhatTheWebhookAdded" -}}
-{{- include "gpusharing.asksForAGpu" . }} || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (has(object.metadata.finalizers) && 'gpusharing.io/billing' in object.metadata.finalizers) || (request.operation == 'UPDATE' && has(oldObject.metadata.finalizers) && 'gpusharing.io/billing' in oldObject.metadata.finalizers) || (request.operation == 'UPDATE' && has(oldObject.spec.initContainers) && oldObject.spec.initContainers.exists(c, c.name == 'gpusharing-meter')) || (request.operation == 'UPDATE' && has(oldObject.spec.containers) && oldObject.spec.containers.exists(c, c.name == 'gpusharing-meter'))
+{{- include "gpusharing.asksForAGpu" . }} || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (has(object.metadata.labels) && object.metadata.labels.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k, k.startsWith('gpusharing.io/'))) || (request.operation == 'UPDATE' && has(oldObject.metadata.labels) && oldObject.metadata.labels.exists(k, k.startsWith('gpusharing.io/'))) || (has(object.metadata.finalizers) && 'gpusharing.io/billing' in object.metadata.finalizers) || (request.operation == 'UPDATE' && has(oldObject.metadata.finalizers) && 'gpusharing.io/billing' in oldObject.metadata.finalizers) || (request.operation == 'UPDATE' && has(oldObject.spec.initContainers) && oldObject.spec.initContainers.exists(c, c.name == 'gpusharing-meter')) || (request.operation == 'UPDATE' && has(oldObject.spec.containers) && oldObject.spec.containers.exists(c, c.name == 'gpusharing-meter'))
 {{- end }}
 
 {{/* TIMEKEEPER_DATABASE_URL: the bundled PostgreSQL's, with its password from the Secret, or the external one's. */}}
@@ -157,6 +157,22 @@ finalizer, the meter. */}}
     secretKeyRef:
       name: {{ .Values.database.external.secretName }}
       key: {{ .Values.database.external.key }}
+{{- end }}
+{{- end }}
+
+{{/* The webhook's settings of issue 22: who may send it reviews, which priority classes GPU pods may keep. */}}
+{{- define "gpusharing.webhookTenancyEnv" -}}
+{{- $auth := .Values.webhook.clientAuth }}
+{{- if eq $auth.mode "certificate" }}
+- name: GPUSHARING_CLIENT_CA_FILE
+  value: /etc/gpusharing/client-ca/ca.crt
+{{- else if eq $auth.mode "token" }}
+- name: GPUSHARING_CLIENT_TOKEN_USERS
+  value: {{ join "," ($auth.tokenUsers | default (list (printf "system:serviceaccount:%s:gpusharing-apiserver" .Release.Namespace))) | quote }}
+{{- end }}
+{{- with .Values.priorityClasses.allowed }}
+- name: GPUSHARING_ALLOWED_PRIORITY_CLASSES
+  value: {{ join "," . | quote }}
 {{- end }}
 {{- end }}
 
