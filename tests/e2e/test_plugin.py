@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import yaml
-from kubernetes import utils
 
 from tests.admin.test_cluster import PROXY_VARIABLES, exec_plugin
 from tests.connectproxy import ConnectProxy

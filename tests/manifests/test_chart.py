@@ -17,6 +17,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
 
 from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
 from gpusharing.serving.certs import service_names
