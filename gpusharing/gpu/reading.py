@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpusharing.compat import StrEnum
+from gpusharing.compat import StrEnum, from_iso
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import BOUNDS, MAX_DIGITS, QuantityError, QuantityOutOfBounds, parse_whole_quantity
 from gpusharing.units.share import MAX_GPU_SHARE
@@ -33,7 +33,7 @@ def instant(raw: object) -> dt.datetime | None:
     if not isinstance(raw, str):
         return None
     try:
-        at = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        at = from_iso(raw)
     except ValueError:
         return None
     return at if at.tzinfo is not None else None

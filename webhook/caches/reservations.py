@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
+from gpusharing.compat import StrEnum
 from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 
 RESERVATIONS_PATH = "/api/v1/reservations"
