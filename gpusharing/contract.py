@@ -15,6 +15,9 @@ ANNOTATION_GPU_MODEL = "gpusharing.io/gpu-model"  # the catalogue's model the po
 ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 # Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
 ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
+# On a pod admitted out of budget because its owner is held (an idle pod of the owner's was evicted): the owner,
+# KIND/NAME, for `gpusharing explain`.
+ANNOTATION_IDLE_HOLD = "gpusharing.io/idle-hold"
 
 # On every governed GPU pod (added by the webhook): the timekeeper removes it once the pod's bill is closed, so that
 # no pod disappears unbilled, even one deleted while every timekeeper was down.

@@ -13,12 +13,14 @@ from gpusharing.contract import (
     ANNOTATION_GPU_MEMORY,
     ANNOTATION_GPU_MODEL,
     ANNOTATION_GPU_SHARE,
+    ANNOTATION_IDLE_HOLD,
     ANNOTATION_PREFIX,
     ANNOTATION_SAFE_ADMISSION,
 )
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
+from gpusharing.kube.owners import controller_of
 from gpusharing.units.quantity import QuantityError, parse_whole_quantity
 from gpusharing.units.share import format_share
 from webhook.admission.meter import (
@@ -218,7 +220,11 @@ def _mutation(
     metadata = as_mapping(pod.get("metadata"))
     spec = as_mapping(pod.get("spec"))
 
+    owner = controller_of(pod)
+    held = budget.idle_holds.get(owner.uid) if owner is not None else None  # an idle pod of its owner was evicted
     wanted = {**record, ANNOTATION_BUDGET_STATE: str(state)}
+    if held and owner is not None:
+        wanted[ANNOTATION_IDLE_HOLD] = f"{owner.kind}/{owner.name}"
     if safe.admission_id:
         wanted[ANNOTATION_ADMISSION_ID] = safe.admission_id
     if safe.outcome:
@@ -235,9 +241,9 @@ def _mutation(
         patch.add(pointer("spec", "activeDeadlineSeconds"), safe.deadline_seconds)
 
     current_class = spec.get("priorityClassName")
-    if state.demoted or safe.short:
+    if state.demoted or safe.short or held:
         wanted_class = config.priority_class_over_budget
-        why = safe.short or f"namespace {namespace!r} is over its GPU budget"
+        why = safe.short or held or f"namespace {namespace!r} is over its GPU budget"
         warnings.append(
             f"{why}: the pod gets priority class {wanted_class!r} "
             "and may be preempted by pods of namespaces within budget"

@@ -44,6 +44,8 @@ class NamespaceBudget:
     commitments_known: bool = False
     uncommitted: Uncommitted | None = None
     admission_ids: frozenset[str] = field(default_factory=frozenset)  # the reservations the timekeeper has counted
+    # Owners held out of budget (uid -> what the timekeeper says of the hold): an idle pod of theirs was evicted.
+    idle_holds: Mapping[str, str] = field(default_factory=dict)
 
 
 UNKNOWN = NamespaceBudget(BudgetState.UNKNOWN)
@@ -75,7 +77,8 @@ def states_from_listing(body: object) -> BudgetStates:
         if isinstance(item, Mapping) and isinstance(item.get("namespace"), str):
             namespace = item["namespace"]
             listed[namespace] = NamespaceBudget(
-                _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item)
+                _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item),
+                idle_holds=_idle_holds(item.get("idleHolds")),
             )
     default = body.get("default")
     return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN)
@@ -111,6 +114,19 @@ def _admission(item: Mapping[str, Any]) -> dict[str, Any]:
     admission_ids = frozenset(i for i in ids[:MAX_ADMISSION_IDS] if isinstance(i, str)) if isinstance(ids, list) else frozenset()
     return {"admission": mode, "on_shortfall": shortfall, "commitments_known": known, "uncommitted": uncommitted,
             "admission_ids": admission_ids}
+
+
+def _idle_holds(raw: object) -> dict[str, str]:
+    """The listing's held owners, by uid, each with the sentence a pod it makes is admitted with; what the webhook
+    cannot read is left out (its pods are admitted as any other)."""
+    holds = {}
+    for hold in raw[:MAX_ADMISSION_IDS] if isinstance(raw, list) else []:
+        if not isinstance(hold, Mapping) or not all(isinstance(hold.get(k), str) for k in ("uid", "kind", "name", "pod", "heldAt")):
+            continue
+        holds[hold["uid"]] = (f"{hold['kind']} {hold['name']} is held out of budget since {hold['heldAt']}: its pod "
+                              f"{hold['pod']} left its GPU idle and was evicted, and it is back in budget once one of its "
+                              "pods uses its GPU")
+    return holds
 
 
 def _state(raw: object) -> BudgetState:
