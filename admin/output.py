@@ -124,12 +124,14 @@ def format_usage(report: dict[str, Any]) -> str:
     rows = [[*("-" if item[field] is None else str(item[field]) for field in fields), *_usage_amounts(item)]
             for item in report["items"]]
     rows.append(["TOTAL", *[""] * (len(fields) - 1), *_usage_amounts(report["total"])])
-    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "BILLED GPU-MINUTES", "IDLE GPU-MINUTES"], rows)
+    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "BILLED GPU-MINUTES", "IDLE GPU-MINUTES",
+                         "IDLE BILLED GPU-MINUTES"], rows)
 
 
 def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
-    idle = amounts["idleGpuMinutes"]
-    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle)]
+    idle, cost = amounts["idleGpuMinutes"], amounts.get("idleBilledGpuMinutes")
+    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle),
+            "-" if cost is None else _minutes(cost)]
 
 
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]

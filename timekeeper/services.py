@@ -14,12 +14,14 @@ from gpusharing.kube.client import in_cluster_available
 from gpusharing.settings.env import ConfigError, load_code
 from timekeeper import metrics
 from timekeeper.accounting.reports import ReportLedger, ReportQueue
+from timekeeper.accounting.streaks import IdleLedger, holds_by_namespace
 from timekeeper.api.auth import Authenticator, StaticTokens, load_static_tokens
 from timekeeper.budgets.commitments import listing_json
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, Clock
 from timekeeper.cluster.billing import Biller
 from timekeeper.cluster.controller import Controller
+from timekeeper.cluster.idling import Idler
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments, watched_pods
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
@@ -46,6 +48,7 @@ class Services:
     database: Database
     budgets: BudgetStore
     ledger: ReportLedger
+    idle: IdleLedger
     reports: ReportQueue
     controller: Controller | None  # None without a Kubernetes API
     commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
@@ -54,9 +57,11 @@ class Services:
 
     def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
-        below it)."""
+        below it) and a namespace's owners held out of budget after an idle pod of theirs was evicted."""
         committed = None if self.commitments is None else self.commitments.by_namespace()
-        return listing_json(statuses, committed, self.budgets.budgets() if committed else {})
+        held = holds_by_namespace(self.idle.holds())
+        return [{**item, "idleHolds": [hold.to_json() for hold in held.get(item["namespace"], [])]}
+                for item in listing_json(statuses, committed, self.budgets.budgets() if committed else {})]
 
     def on_stop(self) -> list[Callable[[], None]]:
         """On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its
@@ -87,19 +92,23 @@ def build_services(
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
     db = Database.from_config(config)
-    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
-    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
+    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock, config.default_idle)
+    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
+                          meter_interval_seconds=config.meter_interval_seconds)
+    idle = IdleLedger(db)
     controller = None
     if kube is not None:
         biller = Biller(ledger, kube, config.gpu_request, config.billing_interval_seconds, config.meter_interval_seconds)
+        idler = Idler(idle, budgets, kube, biller.pods, config.priority_class_in_budget, config.billing_interval_seconds,
+                      2 * config.meter_interval_seconds)
         controller = Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds,
-                                config.lease_namespace, biller=biller)
+                                config.lease_namespace, biller=biller, idler=idler)
     if controller is not None and background:
         controller.start()
     if commitments is None and kube is not None and background:
         commitments = watched_pods(kube, config.catalogue, clock, metrics.record_pod_sync)
-    return Services(config, auth, db, budgets, ledger, ReportQueue(ledger), controller, commitments,
-                    metrics.LedgerCollector(ledger, commitments), head_revision())
+    return Services(config, auth, db, budgets, ledger, idle, ReportQueue(ledger), controller, commitments,
+                    metrics.LedgerCollector(ledger, commitments, idle), head_revision())
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:
