@@ -21,6 +21,8 @@ from tests.gpusharing import test_backends as backends
 from tests.gpusharing import test_dra as dra
 from tests.gpusharing.test_request import INVALID
 from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, installable_manifests, kustomize
+from timekeeper.budgets.idle import FIELDS as IDLE_FIELDS
+from timekeeper.budgets.idle import IdleAction
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
@@ -65,7 +67,7 @@ def test_the_gpubudget_examples_match_their_crds_schema(objects: list[dict[str, 
         assert version["served"] and version["storage"] and version["subresources"] == {"status": {}}
         Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(obj)
         columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-        assert columns == ["Budget", "Used", "Remaining", "Percent", "State", "Period End", "Age"]
+        assert columns == ["Budget", "Used", "Remaining", "Percent", "Idle", "State", "Period End", "Age"]
     assert crds["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
 
 
@@ -254,6 +256,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),  # DRA pods' bills
         ("", "events", "create"),
         ("", "namespaces", "get"),
+        ("apps", "replicasets", "get"),  # idle pods' Events on the Deployment that owns their ReplicaSet
         *{("gpusharing.io", resource, verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("get", "list", "watch")},
         *{("gpusharing.io", f"{resource}/status", verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("update", "patch")},
     }
@@ -374,3 +377,23 @@ def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classe
         assert find(objects, "PriorityClass", env[variable])
     timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "TIMEKEEPER_PRIORITY_CLASS_IN_BUDGET", "value": env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"]} in timekeeper
+
+
+def test_the_crds_take_an_idle_policy_as_the_api_does(objects: list[dict[str, Any]]) -> None:
+    """The structural schema of spec.idle, as JSON Schema (its CEL rules on durations run on the real API server)."""
+    from jsonschema import Draft4Validator
+
+    for crd in (o for o in objects if o["kind"] == "CustomResourceDefinition"):
+        (version,) = crd["spec"]["versions"]
+        schema = version["schema"]["openAPIV3Schema"]
+        idle = schema["properties"]["spec"]["properties"]["idle"]
+        assert set(idle["properties"]) == set(IDLE_FIELDS) and idle["required"] == ["after"]
+        actions = [str(action) for action in IdleAction]
+        assert idle["properties"]["action"]["enum"] == actions
+        obj = {"apiVersion": "gpusharing.io/v1alpha1", "kind": crd["spec"]["names"]["kind"], "metadata": {"name": "x.y"}}
+        policy = {"after": "4h", "action": "evict", "warnBefore": "30m", "utilisationPercent": 0.5, "minAge": "1h"}
+        Draft4Validator(schema).validate({**obj, "spec": {"gpuMinutes": 1, "idle": policy}})
+        errors = Draft4Validator(schema).iter_errors({**obj, "spec": {"gpuMinutes": 1, "idle": {"action": "kill"}}})
+        assert sorted(error.message for error in errors) == ["'after' is a required property", f"'kill' is not one of {actions}"]
+        assert {"name": "Idle", "type": "number", "jsonPath": ".status.idleGpuHours",
+                "description": "GPU-hours idle this period"} in version["additionalPrinterColumns"]
