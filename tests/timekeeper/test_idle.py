@@ -7,6 +7,7 @@ tests/e2e/test_idle.py."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,11 +15,13 @@ import pytest
 from flask import Flask
 
 from gpusharing.contract import Period
-from gpusharing.kube.watching import WatchedObjects
 from gpusharing.gpu.request import GpuRequestSettings
+from gpusharing.kube.owners import Owner
+from gpusharing.kube.watching import WatchedObjects
 from gpusharing.report import MeterReport
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient
+from tests.timekeeper.test_kubectl_plugin import cluster, plugin  # noqa: F401 (cluster: a fixture)
 from timekeeper.accounting.idle import IdleState, PodFacts, Reading, Streak, next_streak, outlook, verdict
 from timekeeper.accounting.record import RecordedPod, recorded_pod
 from timekeeper.accounting.reports import ReportLedger, ReportTerms
@@ -271,7 +274,7 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(fake_kube: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock) -> Cluster:
+def leader(fake_kube: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock) -> Cluster:
     return Cluster(fake_kube, ledger, store, clock)
 
 
@@ -284,114 +287,160 @@ def first(passes: list[IdlePass], kind: str) -> int | None:
     return next((i + 1 for i, done in enumerate(passes) if getattr(done, kind)), None)
 
 
-def test_warnings_come_at_the_right_interval_on_the_pod_and_its_owner_once_per_streak(cluster: Cluster) -> None:
-    policy(cluster.store, after="5m", warnBefore="2m")
-    cluster.pod("nb-0", owner="nb-7d9")
-    passes = cluster.play({"nb-0": 0}, steps=12)
+def test_warnings_come_at_the_right_interval_on_the_pod_and_its_owner_once_per_streak(leader: Cluster) -> None:
+    policy(leader.store, after="5m", warnBefore="2m")
+    leader.pod("nb-0", owner="nb-7d9")
+    passes = leader.play({"nb-0": 0}, steps=12)
     # The streak begins at the first report; 3 min (6 intervals) later it is warned of, at 5 min it is acted on.
     assert first(passes, "warned") == 7 and first(passes, "acted") == 11
     assert sum(len(done.warned) for done in passes) == 1 and sum(len(done.acted) for done in passes) == 1
-    warnings = cluster.events(IDLE_WARNING)
+    warnings = leader.events(IDLE_WARNING)
     assert [(kind, name) for kind, name, _ in warnings] == [("Pod", "nb-0"), ("ReplicaSet", "nb-7d9")]
     assert warnings[0][2].startswith("the GPU of pod nb-0 has been idle for 3m (every meter reading under 1 % "
                                      "utilisation): it will be reported idle at 2026-11-27T09:05:30Z unless it uses its GPU "
                                      "(the idle policy of the budget of ml: warn after 5m idle (under 1 % utilisation), "
                                      "warned 2m before)")
-    assert "nothing else is done" in cluster.events(IDLE)[0][2] and cluster.fake.evicted == []
+    assert "nothing else is done" in leader.events(IDLE)[0][2] and leader.fake.evicted == []
     # A busy interval ends the streak; the next one is warned of again.
-    passes = cluster.play({"nb-0": 60}) + cluster.play({"nb-0": 0}, steps=7)
+    passes = leader.play({"nb-0": 60}) + leader.play({"nb-0": 0}, steps=7)
     assert first(passes, "warned") == 8
 
 
 def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budgets(
-    cluster: Cluster, make_app: AppFactory, fake_kube: FakeKube,
+    leader: Cluster, make_app: AppFactory, fake_kube: FakeKube,
 ) -> None:
-    policy(cluster.store, after="2m", action="demote")
-    cluster.pod("nb-0", owner="nb-7d9")
+    policy(leader.store, after="2m", action="demote")
+    leader.pod("nb-0", owner="nb-7d9")
     fake_kube.refuse_evictions.add(("ml", "nb-0"))  # a PodDisruptionBudget allows no disruption now
-    passes = cluster.play({"nb-0": 0}, steps=5)
+    passes = leader.play({"nb-0": 0}, steps=5)
     assert first(passes, "held") == 5 and not any(done.evicted or done.refused for done in passes)
-    (hold,) = cluster.idle.holds()
+    (hold,) = leader.idle.holds()
     assert (hold.owner.kind, hold.owner.name, hold.pod) == ("ReplicaSet", "nb-7d9", "nb-0")
     # The webhook learns of the hold from the listing it polls, before the pod is evicted.
     listing = SpecClient(make_app().test_client(), METER).get("/api/v1/budgets").json["items"]
     assert [item["idleHolds"] for item in listing if item["namespace"] == "ml"] == [
         [{"kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9", "pod": "nb-0", "heldAt": "2026-11-27T09:02:30Z"}]]
-    passes = cluster.play({"nb-0": 0}, steps=int(HOLD_LEAD_SECONDS // INTERVAL) + 2)
+    passes = leader.play({"nb-0": 0}, steps=int(HOLD_LEAD_SECONDS // INTERVAL) + 2)
     assert first(passes, "refused") is not None and sum(len(d.refused) for d in passes) >= 2  # tried again each pass
     fake_kube.refuse_evictions.clear()
-    (done,) = cluster.play({"nb-0": 0})
+    (done,) = leader.play({"nb-0": 0})
     assert done.evicted == ["ml/nb-0"] and fake_kube.evicted == [("ml", "nb-0")]
-    (_, _, message), owner_event = cluster.events(IDLE)
+    (_, _, message), owner_event = leader.events(IDLE)
     assert message.endswith("; evicted; ReplicaSet nb-7d9's next pods are admitted out of budget until one uses its GPU")
     assert owner_event[:2] == ("ReplicaSet", "nb-7d9")
     # Its replacement, admitted out of budget, uses its GPU: the owner is back in budget.
-    cluster.gone("nb-0")
-    cluster.pod("nb-1", owner="nb-7d9", priority=OVER_BUDGET)
-    (done,) = cluster.play({"nb-1": 80})
-    assert done.released == ["ml/ReplicaSet/nb-7d9"] and cluster.idle.holds() == []
+    leader.gone("nb-0")
+    leader.pod("nb-1", owner="nb-7d9", priority=OVER_BUDGET)
+    (done,) = leader.play({"nb-1": 80})
+    assert done.released == ["ml/ReplicaSet/nb-7d9"] and leader.idle.holds() == []
 
 
-def test_demote_leaves_bare_pods_and_pods_already_out_of_budget_running(cluster: Cluster) -> None:
-    policy(cluster.store, after="2m", action="demote")
-    cluster.pod("debug")
-    cluster.pod("nb-1", owner="nb-7d9", priority=OVER_BUDGET)
-    passes = cluster.play({"debug": 0, "nb-1": 0}, steps=8)
-    assert cluster.fake.evicted == [] and cluster.idle.holds() == []
-    told = {name: message for kind, name, message in cluster.events(IDLE) if kind == "Pod"}
+def test_demote_leaves_bare_pods_and_pods_already_out_of_budget_running(leader: Cluster) -> None:
+    policy(leader.store, after="2m", action="demote")
+    leader.pod("debug")
+    leader.pod("nb-1", owner="nb-7d9", priority=OVER_BUDGET)
+    passes = leader.play({"debug": 0, "nb-1": 0}, steps=8)
+    assert leader.fake.evicted == [] and leader.idle.holds() == []
+    told = {name: message for kind, name, message in leader.events(IDLE) if kind == "Pod"}
     assert told["debug"].endswith("it is not evicted: it has no owner to re-create it demoted (the action evict would stop it)")
     assert told["nb-1"].endswith(f"it is not evicted: it already runs out of budget (priority class {OVER_BUDGET})")
     assert sum(len(done.acted) for done in passes) == 2  # once each
 
 
-def test_evict_stops_a_bare_pod_at_once(cluster: Cluster) -> None:
-    policy(cluster.store, after="2m", action="evict")
-    cluster.pod("debug")
-    passes = cluster.play({"debug": 0}, steps=5)
-    assert first(passes, "evicted") == 5 and cluster.fake.evicted == [("ml", "debug")] and cluster.idle.holds() == []
+def test_evict_stops_a_bare_pod_at_once(leader: Cluster) -> None:
+    policy(leader.store, after="2m", action="evict")
+    leader.pod("debug")
+    passes = leader.play({"debug": 0}, steps=5)
+    assert first(passes, "evicted") == 5 and leader.fake.evicted == [("ml", "debug")] and leader.idle.holds() == []
 
 
 @pytest.mark.parametrize("case", ["exempt", "no NVML data", "silent meter", "too young"])
-def test_what_the_policy_never_acts_on(cluster: Cluster, case: str) -> None:
-    policy(cluster.store, after="2m", action="evict", minAge="70m")
-    meter = cluster.pod("nb-0", labels={"gpusharing.io/idle-exempt": "true"} if case == "exempt" else None)
+def test_what_the_policy_never_acts_on(leader: Cluster, case: str) -> None:
+    policy(leader.store, after="2m", action="evict", minAge="70m")
+    meter = leader.pod("nb-0", labels={"gpusharing.io/idle-exempt": "true"} if case == "exempt" else None)
     if case == "silent meter":
         meter.report(0)
         meter.report(0)
-        passes = cluster.play({}, steps=10)  # the pod runs on, its meter says nothing: unknown
+        passes = leader.play({}, steps=10)  # the pod runs on, its meter says nothing: unknown
     else:
-        passes = cluster.play({"nb-0": None if case == "no NVML data" else 0}, steps=10)
+        passes = leader.play({"nb-0": None if case == "no NVML data" else 0}, steps=10)
     assert not any(done.warned or done.acted or done.held for done in passes)
-    assert cluster.fake.evicted == [] and cluster.events(IDLE) == []
+    assert leader.fake.evicted == [] and leader.events(IDLE) == []
     if case == "too young":  # started an hour before the first report: acted on once 70 minutes old
-        passes = cluster.play({"nb-0": 0}, steps=12)
+        passes = leader.play({"nb-0": 0}, steps=12)
         assert first(passes, "evicted") == 10  # ten minutes after the first report: the ten passes above, ten more
 
 
-def test_a_budget_status_shows_idle_gpu_hours_and_the_pods_idle_beyond_their_warning(cluster: Cluster) -> None:
-    policy(cluster.store, after="2m")
-    cluster.pod("nb-0")
-    passes = cluster.play({"nb-0": 0}, steps=6)
-    statuses = {status.namespace: status for status in cluster.store.statuses()}
+def test_a_budget_status_shows_idle_gpu_hours_and_the_pods_idle_beyond_their_warning(leader: Cluster) -> None:
+    policy(leader.store, after="2m")
+    leader.pod("nb-0")
+    passes = leader.play({"nb-0": 0}, steps=6)
+    statuses = {status.namespace: status for status in leader.store.statuses()}
     idle = budget_idle(statuses, passes[-1])
     # 0.5 GPU idle for 6 intervals of 30 s: 90 GPU-seconds.
     assert idle["ml"].idle_gpu_hours == pytest.approx(90 / 3600) and idle["ml"].idle_pods == ("ml/nb-0 (idle 2m30s)",)
     obj = {"metadata": {"name": "budget", "namespace": "ml", "generation": 1}}
-    status = resource_status(obj, statuses["ml"], None, [], cluster.clock.now, idle["ml"])
+    status = resource_status(obj, statuses["ml"], None, [], leader.clock.now, idle["ml"])
     assert status["idleGpuHours"] == 0.03
     (condition,) = [c for c in status["conditions"] if c["type"] == "Idle"]
     assert (condition["status"], condition["reason"]) == ("True", "PodsIdle")
     assert condition["message"] == "1 GPU pod(s) idle beyond the warning of their idle policy: ml/nb-0 (idle 2m30s)"
 
 
-def test_the_metrics_count_idle_pods_and_idle_gpu_time_per_namespace(cluster: Cluster, make_app: AppFactory) -> None:
-    policy(cluster.store, after="2m")
-    cluster.pod("nb-0")
-    cluster.pod("train")
-    cluster.play({"nb-0": 0, "train": 90}, steps=6)
+def test_the_metrics_count_idle_pods_and_idle_gpu_time_per_namespace(leader: Cluster, make_app: AppFactory) -> None:
+    policy(leader.store, after="2m")
+    leader.pod("nb-0")
+    leader.pod("train")
+    leader.play({"nb-0": 0, "train": 90}, steps=6)
     app: Flask = make_app()  # on the same database and clock
     text = app.test_client().get("/metrics").get_data(as_text=True)
     assert 'gpusharing_timekeeper_idle_pods{namespace="ml"} 1.0' in text
     assert 'gpusharing_timekeeper_idle_pods_warned{namespace="ml"} 1.0' in text
     # 0.5 GPU x 180 s idle, and 0.5 x 180 x 10 % of the busy pod's.
     assert 'gpusharing_timekeeper_idle_gpu_seconds{namespace="ml"} 99.0' in text
+
+
+# -- explained: `gpusharing explain` and `kubectl gpusharing explain` ----------------------------------------------------
+
+def test_explain_tells_a_pods_idle_streak_when_it_is_acted_on_and_why(
+    cluster: FakeKube, app: Flask, clock: Clock, capsys: pytest.CaptureFixture[str],
+) -> None:
+    admin = {"Authorization": "Bearer admin-token"}
+    policy_json = {"after": "4h", "action": "evict", "warnBefore": "30m", "minAge": "1h"}
+    assert app.test_client().put("/api/v1/budgets/team-a", headers=admin, json={"gpuMinutes": 6000, "idle": policy_json}).status_code == 201
+    pods = {}
+    for name, labels in (("nb-0", {}), ("nb-1", {"gpusharing.io/idle-exempt": "true"}), ("blind", {})):
+        pod = cluster.add_pod("team-a", name, share="0.5")
+        pod["metadata"]["labels"] = labels
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9",
+                                               "controller": True}]
+        pod["status"]["startTime"] = "2028-02-28T20:00:00Z"
+        pods[name] = pod
+    began = clock.now
+    for seq in range(1, 8):  # three minutes of reports, every 30 s
+        for name, utilisation in (("nb-0", 0.2), ("nb-1", 0), ("blind", None)):
+            body = {"podUid": pods[name]["metadata"]["uid"], "namespace": "team-a", "pod": name, "gpuShare": 0.5, "seq": seq,
+                    "gpuSeconds": 15.0 * seq, **({} if utilisation is None else {"gpuUtilizationPercent": utilisation})}
+            assert app.test_client().post("/api/v1/reports", headers={"Authorization": f"Bearer {METER}"}, json=body).status_code == 200
+        clock.advance(seconds=INTERVAL)
+    IdleLedger(app.extensions["database"]).hold("team-a", Owner("apps/v1", "ReplicaSet", "nb-7d9", "uid-nb-7d9"), "nb-old", began)
+
+    def explained(name: str) -> dict[str, str]:
+        code, out, err = plugin(capsys, "explain", f"pod/{name}")
+        assert (code, err) == (0, "")
+        return {key: value.strip() for key, value in (line.split(":", 1) for line in out.splitlines())}
+
+    fields = explained("nb-0")
+    assert fields["Idle"] == "idle for 3m: every report since 2028-02-28T23:00:00Z read GPU utilisation under 1 %"
+    assert fields["Idle policy"] == "evict after 4h idle (under 1 % utilisation), warned 30m before, pods older than 1h: the budget of team-a"
+    assert fields["Idle outlook"] == ("to be warned (GPUIdleWarning) once idle to 2028-02-29T02:30:00Z; "
+                                      "to be acted on (evict) once idle to 2028-02-29T03:00:00Z")
+    assert fields["Owner held"] == ("ReplicaSet nb-7d9 since 2028-02-28T23:00:00Z (its pod nb-old was evicted idle): its new "
+                                    "pods are admitted out of budget until one uses its GPU")
+    fields = explained("nb-1")
+    assert fields["Idle"].endswith('exempt (gpusharing.io/idle-exempt: "true"): never acted on') and "Idle outlook" not in fields
+    fields = explained("blind")
+    assert fields["Idle"].startswith("unknown: its meter reads no GPU utilisation (no NVML data") and "Idle outlook" not in fields
+    code, out, _ = plugin(capsys, "explain", "pod/nb-0", "-o", "json")
+    idle = json.loads(out)["idle"]
+    assert (idle["state"], idle["idleSeconds"], idle["actAt"]) == ("idle", 180.0, "2028-02-29T03:00:00Z")
