@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +20,14 @@ from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.owners import Owner
 from gpusharing.kube.watching import WatchedObjects
 from gpusharing.report import MeterReport
+from sidecar.client import TimekeeperClient
+from sidecar.config import MeterConfig
+from sidecar.meter import Meter as MeterLoop
+from sidecar.nvml import MIB, NvmlReader
+from sidecar.state import StateFile
 from tests.fakekube import FakeKube
-from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient
+from tests.sidecar.fake_nvml import POD_PID, FakeDevice, FakeNvml, pod_proc
+from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient, served
 from tests.timekeeper.test_kubectl_plugin import cluster, plugin  # noqa: F401 (cluster: a fixture)
 from timekeeper.accounting.idle import IdleState, PodFacts, Reading, Streak, next_streak, outlook, verdict
 from timekeeper.accounting.record import RecordedPod, recorded_pod
@@ -444,3 +451,39 @@ def test_explain_tells_a_pods_idle_streak_when_it_is_acted_on_and_why(
     code, out, _ = plugin(capsys, "explain", "pod/nb-0", "-o", "json")
     idle = json.loads(out)["idle"]
     assert (idle["state"], idle["idleSeconds"], idle["actAt"]) == ("idle", 180.0, "2028-02-29T03:00:00Z")
+
+
+# -- measured: the usage report's idle column, from a trace played through the meter's NVML seam ----------------------
+
+TRACE = [0, 0, 50, 100, 0, 25, 0, 0, 80, 0, 3, 0]  # the pod's GPU utilisation in each interval, percent
+
+
+def test_the_usage_reports_idle_columns_are_the_trace_played_through_the_meter(
+    app: Flask, clock: Clock, tmp_path: Path,
+) -> None:
+    """The real meter reads a fake NVML playing TRACE and reports to the timekeeper (static tokens: its reports are the
+    bill); the usage report's idle GPU-minutes are the share x each interval x (1 - its utilisation), to the
+    micro-GPU-second, and the idle streak is the trace's last idle run."""
+    uid = "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f"
+    (tmp_path / "token").write_text(METER)
+    nvml = FakeNvml([FakeDevice("NVIDIA H100 80GB HBM3", [(POD_PID, 4096 * MIB)], TRACE)])
+    gpu = NvmlReader(nvml, uid, pod_proc(tmp_path / "proc", uid))
+    meter_clock = [1_700_000_000.0]
+    with served(app) as url:
+        config = MeterConfig(namespace="ml", pod_name="nb-0", pod_uid=uid, gpu_share=0.5, timekeeper_url=url,
+                             token_path=tmp_path / "token", state_dir=tmp_path, interval_seconds=INTERVAL)
+        meter = MeterLoop(config, TimekeeperClient(url, config.token_path), StateFile(tmp_path), gpu, lambda: meter_clock[0])
+        for _ in TRACE:  # the first report, at the start, bills nothing; each later one the interval before it
+            assert meter.report(final=False, timeout=5).delivery.value == "accepted"
+            meter_clock[0] += INTERVAL
+            clock.advance(seconds=INTERVAL)
+    usage = SpecClient(app.test_client(), "admin-token").get("/api/v1/usage?from=2028-02-28&to=2028-03-01&groupBy=pod").json
+    (row,) = usage["items"]
+    idle = sum(0.5 * INTERVAL * (100 - utilisation) / 100 for utilisation in TRACE[1:])
+    assert row["gpuSeconds"] == 0.5 * INTERVAL * (len(TRACE) - 1) and row["meteredGpuMinutes"] == row["gpuMinutes"]
+    assert round(row["idleGpuMinutes"] * 60 * 1_000_000) == round(idle * 1_000_000)
+    # The H100's billing weight (2.5 in the shipped catalogue) prices the idle part as it priced the bill.
+    assert row["idleBilledGpuMinutes"] == pytest.approx(row["idleGpuMinutes"] * row["billedGpuMinutes"] / row["gpuMinutes"])
+    (pod,) = SpecClient(app.test_client(), "admin-token").get("/api/v1/pods?namespace=ml").json["items"]
+    assert pod["gpuUtilizationPercent"] == TRACE[-1]
+    assert pod["idleSince"] == "2028-02-28T23:05:30Z"  # the last report's: the one before it read 3 %, not idle
