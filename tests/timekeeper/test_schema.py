@@ -112,15 +112,21 @@ def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str
     engine.dispose()
 
 
+def migrated_to(revision: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A new SQLite or PostgreSQL database migrated up to `revision`: as a release before it left it."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
+    else:
+        url = request.getfixturevalue("postgres").create_database(f"before_{revision}")
+    upgrade(url, revision)
+    return url
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods_go_on(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres").create_database("before_billing_record")
-    upgrade(url, "0004_safe_admission")
+    url = migrated_to("0004_safe_admission", backend, tmp_path, request)
     engine = create_engine(url)
     start = dt.datetime(2026, 11, 25, 10, 0, tzinfo=dt.timezone.utc)
     with engine.begin() as conn:  # 0004's columns: one pod ended (final), one in flight, billed 30 GPU-s by its meter
@@ -153,11 +159,7 @@ def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods
 def test_usage_from_before_idle_policies_gets_its_idle_cost_and_budgets_no_policy(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres").create_database("before_idle")
-    upgrade(url, "0005_billing_record")
+    url = migrated_to("0005_billing_record", backend, tmp_path, request)
     engine = create_engine(url)
     day = dt.date(2026, 11, 25)
     with engine.begin() as conn:  # an H100 day (weight 2.5) 40 % idle, and a day of a pod whose meter read nothing
