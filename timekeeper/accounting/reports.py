@@ -320,7 +320,7 @@ class ReportLedger:
         pod_charges: dict[tuple[str, str], PodCharge] = defaultdict(lambda: NO_CHARGE)
         billed: dict[int, int] = {}
         # Read before the transaction, so that nothing waits on it while the ledgers are locked.
-        thresholds = {entry.namespace: self.idle_threshold(entry.namespace) for entry in entries if not entry.observed}
+        thresholds = {ns: self.idle_threshold(ns) for ns in {entry.namespace for entry in entries if not entry.observed}}
         with self.db.pipeline() as conn:
             # The budgets travel with the lock; they are needed after the charges.
             budget_rows = self.budgets.budget_rows(conn, {entry.namespace for entry in entries})
