@@ -55,7 +55,8 @@ def idle_of(pod: dict[str, Any], status: dict[str, Any] | None, ledger: dict[str
     from its record, its namespace's budget and its ledger: its state, when it is warned and acted on, and why."""
     ledger, status = ledger or {}, status or {}
     raw = status.get("idleInForce")
-    policy = None if raw is None else PolicyInForce(idle_policy_from_json({k: raw[k] for k in FIELDS}), raw.get("from") or "")  # type: ignore[arg-type]
+    rule = None if raw is None else idle_policy_from_json({key: raw[key] for key in FIELDS})
+    policy = None if rule is None else PolicyInForce(rule, raw.get("from") or "")
     streak = Streak(instant(ledger.get("idleSince")), instant(ledger.get("idleWarnedAt")), instant(ledger.get("idleActedAt")))
     reading = Reading(ledger.get("gpuUtilizationPercent"), instant(ledger.get("lastReportAt")))
     # Silence is the leader's to judge, by the meters' interval it knows: a meter it flagged is silent, else fresh.
