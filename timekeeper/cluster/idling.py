@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpusharing.contract import Period
 from gpusharing.kube.watching import WatchedObjects
 from gpusharing.units.duration import format_duration
 from gpusharing.units.weights import MICROS_PER_SECOND
@@ -116,8 +115,9 @@ class Idler:
                     done.warned.append(f"{pod.namespace}/{pod.name}")
                     metrics.IDLE_ACTIONS.labels("warning", "done").inc()
         self._release(holds, pods, budgets, done, now)
-        earliest = min(period_window(kind, now).start for kind in Period).date()
-        done.use = self.idle.idle_use(earliest)
+        # The idle GPU time of the periods in use since the earliest one's start (all of it only under period none).
+        kinds = {budget.period for budget in budgets.values()} | {self.budgets.default_period}
+        done.use = self.idle.idle_use(min(period_window(kind, now).start for kind in kinds).date())
         self.last = done
         return done
 
