@@ -12,6 +12,7 @@ exist; 130 interrupted. Every failure is one line on stderr that says what to do
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ from admin.output import (
     format_statuses,
     format_tree,
     format_usage,
+    idle_of,
     pod_record,
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
@@ -67,7 +69,8 @@ examples:
   gpusharing pods -n ml-team --limit 20 -o wide
 """,
     "explain": """Reads the pod's record (its gpusharing.io/ annotations, priority class and meter) through the API server of
-the kubeconfig's context, and its namespace's budget and the pod's metered use from the timekeeper.
+the kubeconfig's context, and its namespace's budget and the pod's metered use from the timekeeper: why it got its
+share, class and state, what it is billed, and its idle streak (when the idle policy warns of it and acts on it).
 
 examples:
   kubectl gpusharing explain pod/train-0 -n ml-team
@@ -287,7 +290,7 @@ def _explain_pod(api: TimekeeperClient, args: argparse.Namespace) -> None:
     assert api.cluster is not None
     namespace = getattr(args, "selected_namespace", None) or api.cluster.namespace
     pod = api.pod(namespace, args.pod)
-    explanation: dict[str, Any] = {"pod": pod_record(pod), "namespace": None, "metering": None}
+    explanation: dict[str, Any] = {"pod": pod_record(pod), "namespace": None, "metering": None, "idle": None}
     problem = None
     if explanation["pod"]["governed"]:
         try:
@@ -295,6 +298,8 @@ def _explain_pod(api: TimekeeperClient, args: argparse.Namespace) -> None:
             uid = explanation["pod"]["uid"]
             metered = api.call("GET", "pods", query={"namespace": namespace, "limit": str(MAX_PODS)})["items"]
             explanation["metering"] = next((p for p in metered if p.get("podUid") == uid), None)
+            explanation["idle"] = idle_of(explanation["pod"], explanation["namespace"], explanation["metering"],
+                                          dt.datetime.now(dt.timezone.utc))
         except Refused as exc:
             problem = exc
     emit(args, explanation, lambda wide: format_explanation(explanation))

@@ -4,13 +4,18 @@ JSON or YAML."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
 
-from gpusharing.contract import ANNOTATION_PREFIX, AdmissionMode
+from gpusharing.contract import ANNOTATION_PREFIX, IDLE_EXEMPT_LABEL, AdmissionMode
+from gpusharing.gpu.reading import instant
+from gpusharing.kube.owners import controller_of
+from timekeeper.accounting.idle import PodFacts, Reading, Streak, outlook, verdict
+from timekeeper.budgets.idle import FIELDS, PolicyInForce, idle_policy_from_json
 
 
 def emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> None:
@@ -30,12 +35,65 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
     record = {k[len(ANNOTATION_PREFIX):]: v for k, v in (metadata.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
     meters = [("native sidecar", c) for c in spec.get("initContainers") or [] if c.get("name") == "gpusharing-meter"]
     meters += [("container", c) for c in spec.get("containers") or [] if c.get("name") == "gpusharing-meter"]
+    owner = controller_of(pod)
     return {
         "namespace": metadata.get("namespace"), "name": metadata.get("name"), "uid": metadata.get("uid"),
         "phase": (pod.get("status") or {}).get("phase"), "governed": bool(record), "record": record,
         "priorityClassName": spec.get("priorityClassName"), "priority": spec.get("priority"),
         "meter": meters[0][0] if meters else None,
+        "startTime": (pod.get("status") or {}).get("startTime"),
+        "owner": None if owner is None else {"kind": owner.kind, "name": owner.name, "uid": owner.uid},
+        "idleExempt": (metadata.get("labels") or {}).get(IDLE_EXEMPT_LABEL) == "true",
     }
+
+
+def idle_of(pod: dict[str, Any], status: dict[str, Any] | None, ledger: dict[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
+    """What the idle policy in force says of the pod (timekeeper.accounting.idle, as the timekeeper's leader judges it),
+    from its record, its namespace's budget and its ledger: its state, when it is warned and acted on, and why."""
+    ledger, status = ledger or {}, status or {}
+    raw = status.get("idleInForce")
+    rule = None if raw is None else idle_policy_from_json({key: raw[key] for key in FIELDS})
+    policy = None if rule is None else PolicyInForce(rule, raw.get("from") or "")
+    streak = Streak(instant(ledger.get("idleSince")), instant(ledger.get("idleWarnedAt")), instant(ledger.get("idleActedAt")))
+    reading = Reading(ledger.get("gpuUtilizationPercent"), instant(ledger.get("lastReportAt")))
+    # Silence is the leader's to judge, by the meters' interval it knows: a meter it flagged is silent, else fresh.
+    fresh = 0.0 if ledger.get("meterSilentSince") else float("inf")
+    judged = verdict(streak, reading, policy, PodFacts(instant(pod.get("startTime")), pod.get("idleExempt", False)), now, fresh)
+    owner = pod.get("owner") or {}
+    held = next((hold for hold in status.get("idleHolds") or [] if hold.get("uid") == owner.get("uid")), None)
+    return {"state": str(judged.state), "idleSeconds": judged.idle_seconds, "why": judged.why,
+            "policy": raw, "warnAt": _iso(judged.warn_at), "actAt": _iso(judged.act_at), "outlook": outlook(judged, streak),
+            "ownerHeld": held}
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return None if at is None else at.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _idle(explanation: dict[str, Any]) -> list[tuple[str, str]]:
+    """The pod's idle streak, the policy in force and what it will do, and an owner held out of budget."""
+    idle, record = explanation.get("idle"), explanation["pod"]["record"]
+    if idle is None:
+        return []
+    policy = idle["policy"]
+    if policy is None:
+        rule = "none: no budget up its namespace's chain sets one, nor the default budget (TIMEKEEPER_IDLE_*)"
+    else:
+        whose = f"the budget of {policy['from']}" if policy.get("from") else "the default budget (TIMEKEEPER_IDLE_*)"
+        rule = (f"{policy['action']} after {policy['after']} idle (under {policy['utilisationPercent']:g} % utilisation)"
+                + (f", warned {policy['warnBefore']} before" if policy["warnBefore"] not in ("0s", "0") else "")
+                + (f", pods older than {policy['minAge']}" if policy["minAge"] not in ("0s", "0") else "") + f": {whose}")
+    lines = [("Idle", idle["why"]), ("Idle policy", rule)]
+    if idle["outlook"]:
+        lines.append(("Idle outlook", idle["outlook"]))
+    if "idle-hold" in record:
+        lines.append(("Out of budget", f"admitted so because its owner {record['idle-hold']} was held: an idle pod of "
+                                        "its was evicted (its priority class stays for its life)"))
+    if idle["ownerHeld"]:
+        hold = idle["ownerHeld"]
+        lines.append(("Owner held", f"{hold['kind']} {hold['name']} since {hold['heldAt']} (its pod {hold['pod']} was "
+                                     "evicted idle): its new pods are admitted out of budget until one uses its GPU"))
+    return lines
 
 
 def format_explanation(explanation: dict[str, Any]) -> str:
@@ -66,6 +124,7 @@ def format_explanation(explanation: dict[str, Any]) -> str:
         lines.append(("New GPU pods", _new_pods(status["state"])))
     if status is not None:
         lines += _billing(metering)
+    lines += _idle(explanation)
     return _fields(lines)
 
 
@@ -121,12 +180,14 @@ def format_usage(report: dict[str, Any]) -> str:
     rows = [[*("-" if item[field] is None else str(item[field]) for field in fields), *_usage_amounts(item)]
             for item in report["items"]]
     rows.append(["TOTAL", *[""] * (len(fields) - 1), *_usage_amounts(report["total"])])
-    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "BILLED GPU-MINUTES", "IDLE GPU-MINUTES"], rows)
+    return format_table([*(field.upper() for field in fields), "GPU-MINUTES", "BILLED GPU-MINUTES", "IDLE GPU-MINUTES",
+                         "IDLE BILLED GPU-MINUTES"], rows)
 
 
 def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
-    idle = amounts["idleGpuMinutes"]
-    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle)]
+    idle, cost = amounts["idleGpuMinutes"], amounts.get("idleBilledGpuMinutes")
+    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle),
+            "-" if cost is None else _minutes(cost)]
 
 
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]
@@ -174,9 +235,9 @@ def format_pods(pods: Sequence[dict[str, Any]], wide: bool = False) -> str:
                _mib(pod["gpuMemoryUsedMiB"]), _mib(pod["gpuMemoryRequestedMiB"]), _mib(pod["gpuMemoryOverRequestMiB"]),
                "-" if pod["gpuUtilizationPercent"] is None else f"{pod['gpuUtilizationPercent']:g}%",
                pod["lastReportAt"], "yes" if pod["final"] else "no"]
-        rows.append(row + ([pod["podUid"], str(pod["seq"]), pod["firstReportAt"]] if wide else []))
+        rows.append(row + ([pod["podUid"], str(pod["seq"]), pod["firstReportAt"], pod.get("idleSince") or "-"] if wide else []))
     columns = ["POD", "SHARE", "GPU-MINUTES", "MEMORY USED", "REQUESTED", "OVER", "GPU UTIL", "LAST REPORT", "ENDED"]
-    return format_table(columns + (["UID", "REPORTS", "FIRST REPORT"] if wide else []), rows)
+    return format_table(columns + (["UID", "REPORTS", "FIRST REPORT", "IDLE SINCE"] if wide else []), rows)
 
 
 def format_tree(items: Sequence[dict[str, Any]]) -> str:

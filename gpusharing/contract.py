@@ -15,11 +15,19 @@ ANNOTATION_GPU_MODEL = "gpusharing.io/gpu-model"  # the catalogue's model the po
 ANNOTATION_ADMISSION_ID = "gpusharing.io/admission-id"
 # Safe admission's verdict on the pod (reserved, demoted, no-deadline, unchecked), for `gpusharing explain`.
 ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
+# On a pod admitted out of budget because its owner is held (an idle pod of the owner's was evicted): the owner,
+# KIND/NAME, for `gpusharing explain`.
+ANNOTATION_IDLE_HOLD = "gpusharing.io/idle-hold"
+# Labels under the prefix that are not the webhook's record but its users' word: a pod's author exempts the pod from
+# idle policies (they stand, and may change).
+IDLE_EXEMPT_LABEL = "gpusharing.io/idle-exempt"
+TENANT_LABELS = frozenset((IDLE_EXEMPT_LABEL,))
+
 # Everything the webhook writes under the prefix: on a GPU pod nothing else under it stands (annotations or labels),
 # and a pod that asks for no GPU may carry nothing under it.
 WEBHOOK_ANNOTATIONS = frozenset((
     ANNOTATION_GPU_SHARE, ANNOTATION_DIALECT, ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL,
-    ANNOTATION_ADMISSION_ID, ANNOTATION_SAFE_ADMISSION,
+    ANNOTATION_ADMISSION_ID, ANNOTATION_SAFE_ADMISSION, ANNOTATION_IDLE_HOLD,
 ))
 
 # The finalizer the webhook puts on every GPU pod it governs, which the timekeeper alone removes once the pod's bill

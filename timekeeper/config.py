@@ -14,6 +14,7 @@ from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_text
 from gpusharing.settings.gpu import gpu_request_settings
+from timekeeper.budgets.idle import IdlePolicy, IdlePolicyError, idle_policy_from_json
 
 AUTH_MODES = ("tokenreview", "static", "none")
 DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"
@@ -28,6 +29,7 @@ class TimekeeperConfig:
     static_tokens_file: str | None = None
     default_gpu_minutes: float | None = None  # budget of a namespace without one; None: unlimited
     default_period: Period = Period.MONTHLY
+    default_idle: IdlePolicy | None = None  # the default budget's idle policy (TIMEKEEPER_IDLE_*); None: none
     kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
     demotion_interval_seconds: float = 10.0  # how often the controller's pass runs (statuses, retries, ended pods' bills)
     billing_interval_seconds: float = 30.0  # how often running pods' bills grow from the API server's record
@@ -64,6 +66,7 @@ class TimekeeperConfig:
             static_tokens_file=tokens_file,
             default_gpu_minutes=env_float("TIMEKEEPER_DEFAULT_GPU_MINUTES", 0.0, 0.0, environ) if raw_default else None,
             default_period=Period(env_choice("TIMEKEEPER_DEFAULT_PERIOD", "monthly", tuple(Period), environ)),
+            default_idle=default_idle_policy(environ),
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
             billing_interval_seconds=env_float("TIMEKEEPER_BILLING_INTERVAL_SECONDS", 30.0, 0.1, environ),
@@ -82,6 +85,30 @@ class TimekeeperConfig:
             gpu_request=gpu_request_settings(environ),
             catalogue_source=environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()[:253] or cls.catalogue_source,
         )
+
+
+IDLE_SETTINGS = {"after": "TIMEKEEPER_IDLE_AFTER", "action": "TIMEKEEPER_IDLE_ACTION",
+                 "warnBefore": "TIMEKEEPER_IDLE_WARN_BEFORE", "utilisationPercent": "TIMEKEEPER_IDLE_UTILISATION_PERCENT",
+                 "minAge": "TIMEKEEPER_IDLE_MIN_AGE"}
+
+
+def default_idle_policy(environ: Mapping[str, str]) -> IdlePolicy | None:
+    """The default budget's idle policy, from TIMEKEEPER_IDLE_AFTER and the settings beside it; None when it is unset."""
+    given = {key: environ[name].strip() for key, name in IDLE_SETTINGS.items() if environ.get(name, "").strip()}
+    if "after" not in given:
+        stray = [IDLE_SETTINGS[key] for key in given]
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} set without TIMEKEEPER_IDLE_AFTER: set it (e.g. 4h) for a default idle policy")
+        return None
+    if "utilisationPercent" in given:
+        try:
+            given["utilisationPercent"] = float(given["utilisationPercent"])  # type: ignore[assignment]
+        except ValueError:
+            raise ConfigError(f"TIMEKEEPER_IDLE_UTILISATION_PERCENT={given['utilisationPercent']!r} must be a number") from None
+    try:
+        return idle_policy_from_json(given, labels=IDLE_SETTINGS)
+    except IdlePolicyError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 DATABASE_URL_FORMS = "sqlite:///PATH or postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE"

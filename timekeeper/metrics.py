@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ from gpusharing.units.weights import MICROS_PER_SECOND
 
 if TYPE_CHECKING:
     from timekeeper.accounting.reports import ReportLedger
+    from timekeeper.accounting.streaks import IdleLedger
+    from timekeeper.budgets.status import BudgetStatus
     from timekeeper.cluster.pods import PodCommitments
 
 MIB = 1024 * 1024
@@ -40,6 +43,12 @@ WARNINGS = Counter(
     "Budgets that reached a warning threshold (each once per period), by the highest threshold reached.",
     ["threshold"],
 )
+IDLE_ACTIONS = Counter(
+    "gpusharing_timekeeper_idle_actions",
+    "What the idle policies did, by action (warning: a GPUIdleWarning; warn, demote, evict: the policy's action) and "
+    "result (done, evicted, refused by a PodDisruptionBudget, gone, spared: left running by demote).",
+    ["action", "result"],
+)
 POD_SYNCS = Counter(
     "gpusharing_timekeeper_pod_syncs",
     "Lists and watches of the cluster's GPU pods (for safe admission's commitments, and for billing), by outcome.",
@@ -63,9 +72,10 @@ class LedgerCollector(Collector):
     Read from the database rather than kept in each worker, so that every worker and every replica agrees.
     """
 
-    def __init__(self, ledger: "ReportLedger", commitments: "PodCommitments | None" = None):
+    def __init__(self, ledger: "ReportLedger", commitments: "PodCommitments | None" = None, idle: "IdleLedger | None" = None):
         self.ledger = ledger
         self.commitments = commitments
+        self.idle = idle
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         # Prometheus' base units: GPU-seconds (budgets are set in GPU-minutes), bytes (meters report MiB).
@@ -88,7 +98,8 @@ class LedgerCollector(Collector):
             "1 per budget: its kind (namespace or group), parent and the budget that limits it ('' for none).",
             labels=["namespace", "kind", "parent", "limited_by"],
         )
-        for status in self.ledger.budgets.statuses():
+        statuses = self.ledger.budgets.statuses()
+        for status in statuses:
             ns = status.namespace
             used.add_metric([ns], status.used_gpu_minutes * 60)
             if status.allowance_gpu_minutes is not None:
@@ -142,3 +153,37 @@ class LedgerCollector(Collector):
         for ns, commitment in sorted((by_namespace or {}).items()):
             committed.add_metric([ns], commitment.micro_gpu_seconds / MICROS_PER_SECOND)
         yield from (budget, used, remaining, state, info, top, silent, over, share, seconds, committed)
+        if self.idle is not None:
+            yield from self._idle(self.idle, statuses)
+
+    def _idle(self, idle: "IdleLedger", statuses: list["BudgetStatus"]) -> Iterator[GaugeMetricFamily]:
+        """Per namespace: its GPU pods idle now and beyond their policy's warning, and its idle GPU time this period."""
+        pods = GaugeMetricFamily(
+            "gpusharing_timekeeper_idle_pods",
+            "Running GPU pods whose meter's latest reading (within two meter intervals) continued an idle streak: GPU "
+            "utilisation under the idle policy's threshold (1 % without one). Unknown utilisation is never idle.",
+            labels=["namespace"],
+        )
+        warned = GaugeMetricFamily(
+            "gpusharing_timekeeper_idle_pods_warned",
+            "Of those, the pods idle beyond the warning of the idle policy in force (warned, or acted on and still running).",
+            labels=["namespace"],
+        )
+        fresh_since = self.ledger.budgets.clock() - dt.timedelta(seconds=self.ledger.streak_gap_seconds)  # 2 intervals
+        for ns, (now_idle, beyond) in sorted(idle.idle_now(fresh_since).items()):
+            pods.add_metric([ns], float(now_idle))
+            warned.add_metric([ns], float(beyond))
+        seconds = GaugeMetricFamily(
+            "gpusharing_timekeeper_idle_gpu_seconds",
+            "GPU time the namespace's pods were billed for in its current period while their GPU was idle (share x time "
+            "x (1 - utilisation), where the meter read utilisation; raw, not weighted).",
+            labels=["namespace"], unit="gpu_seconds",
+        )
+        windows = [status.window for status in statuses if status.kind == "namespace"]
+        use = idle.idle_use(min((w.start for w in windows), default=self.ledger.budgets.clock()).date())
+        for status in statuses:
+            if status.kind == "namespace" and status.namespace in use:
+                window = status.window
+                raw, _ = use[status.namespace].between(window.start.date(), window.end.date() if window.end else None)
+                seconds.add_metric([status.namespace], raw / MICROS_PER_SECOND)
+        yield from (pods, warned, seconds)

@@ -14,6 +14,7 @@ from gpusharing.kube.client import in_cluster_available
 from gpusharing.settings.env import ConfigError, load_code
 from timekeeper import metrics
 from timekeeper.accounting.reports import ReportLedger, ReportQueue
+from timekeeper.accounting.streaks import IdleLedger, holds_by_namespace
 from timekeeper.api.auth import Authenticator, StaticTokens, load_static_tokens
 from timekeeper.budgets.commitments import listing_json
 from timekeeper.budgets.reservations import ReservationStore
@@ -21,6 +22,7 @@ from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, Clock
 from timekeeper.cluster.billing import Biller
 from timekeeper.cluster.controller import Controller
+from timekeeper.cluster.idling import Idler
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments, watched_pods
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
@@ -48,6 +50,7 @@ class Services:
     budgets: BudgetStore
     reservations: ReservationStore
     ledger: ReportLedger
+    idle: IdleLedger
     reports: ReportQueue
     controller: Controller | None  # None without a Kubernetes API
     commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
@@ -56,13 +59,16 @@ class Services:
 
     def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
-        below it)."""
+        below it) and a namespace's owners held out of budget after an idle pod of theirs was evicted."""
         pods = self.commitments
         committed = None if pods is None else pods.by_namespace()
+        held_idle = holds_by_namespace(self.idle.holds())
         if pods is None or committed is None:
-            return listing_json(statuses, None, {}, {})
-        held = self.reservations.held(pods.counted_ids())
-        return listing_json(statuses, committed, self.budgets.budgets() if committed or held else {}, held)
+            listed = listing_json(statuses, None, {}, {})
+        else:
+            held = self.reservations.held(pods.counted_ids())
+            listed = listing_json(statuses, committed, self.budgets.budgets() if committed or held else {}, held)
+        return [{**item, "idleHolds": [hold.to_json() for hold in held_idle.get(item["namespace"], [])]} for item in listed]
 
     def on_stop(self) -> list[Callable[[], None]]:
         """On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its
@@ -93,19 +99,23 @@ def build_services(
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
     db = Database.from_config(config)
-    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
-    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
+    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock, config.default_idle)
+    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
+                          meter_interval_seconds=config.meter_interval_seconds)
+    idle = IdleLedger(db)
     controller = None
     if kube is not None:
         biller = Biller(ledger, kube, config.gpu_request, config.billing_interval_seconds, config.meter_interval_seconds)
-        controller = Controller(budgets, kube, config.demotion_interval_seconds, config.lease_namespace, biller=biller)
+        idler = Idler(idle, budgets, kube, biller.pods, config.billing_interval_seconds, 2 * config.meter_interval_seconds)
+        controller = Controller(budgets, kube, config.demotion_interval_seconds, config.lease_namespace, biller=biller,
+                                idler=idler)
     if controller is not None and background:
         controller.start()
     if commitments is None and kube is not None and background:
         commitments = watched_pods(kube, config.catalogue, clock, config.reservation_seconds, metrics.record_pod_sync)
-    return Services(config, auth, db, budgets, ReservationStore(budgets, config.reservation_seconds), ledger,
+    return Services(config, auth, db, budgets, ReservationStore(budgets, config.reservation_seconds), ledger, idle,
                     ReportQueue(ledger), controller, commitments,
-                    metrics.LedgerCollector(ledger, commitments), head_revision())
+                    metrics.LedgerCollector(ledger, commitments, idle), head_revision())
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:

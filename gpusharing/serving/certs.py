@@ -22,7 +22,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from gpusharing.settings.arguments import host_name, namespace, object_name, whole_number
 from gpusharing.settings.env import ConfigError
 
-
 PrivateKey = ec.EllipticCurvePrivateKey
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook CA")])
 CLIENT_CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook client CA")])

@@ -24,6 +24,8 @@ from tests.gpusharing import test_backends as backends
 from tests.gpusharing import test_dra as dra
 from tests.gpusharing.test_request import INVALID
 from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, crds, installable_manifests, kustomize, overlay
+from timekeeper.budgets.idle import FIELDS as IDLE_FIELDS
+from timekeeper.budgets.idle import IdleAction
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}
@@ -68,7 +70,7 @@ def test_the_gpubudget_examples_match_their_crds_schema() -> None:
         assert version["served"] and version["storage"] and version["subresources"] == {"status": {}}
         Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(obj)
         columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-        assert columns == ["Budget", "Used", "Remaining", "Percent", "State", "Period End", "Age"]
+        assert columns == ["Budget", "Used", "Remaining", "Percent", "Idle", "State", "Period End", "Age"]
     assert definitions["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
 
 
@@ -322,6 +324,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),  # DRA pods' bills
         ("", "events", "create"),
         ("", "namespaces", "get"),
+        ("apps", "replicasets", "get"),  # idle pods' Events on the Deployment that owns their ReplicaSet
         *{("gpusharing.io", resource, verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("get", "list", "watch")},
         *{("gpusharing.io", f"{resource}/status", verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("update", "patch")},
     }
@@ -494,3 +497,23 @@ def test_the_client_auth_component_makes_the_webhook_answer_the_api_servers_cert
     admission = yaml.safe_load((apiserver / "admission-configuration.yaml").read_text())
     assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {"/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"}
     assert (apiserver / "webhook-kubeconfig.yaml").stat().st_mode & 0o077 == 0  # the client key: for the control plane alone
+
+
+def test_the_crds_take_an_idle_policy_as_the_api_does() -> None:
+    """The structural schema of spec.idle, as JSON Schema (its CEL rules on durations run on the real API server)."""
+    from jsonschema import Draft4Validator
+
+    for crd in crds():
+        (version,) = crd["spec"]["versions"]
+        schema = version["schema"]["openAPIV3Schema"]
+        idle = schema["properties"]["spec"]["properties"]["idle"]
+        assert set(idle["properties"]) == set(IDLE_FIELDS) and idle["required"] == ["after"]
+        actions = [str(action) for action in IdleAction]
+        assert idle["properties"]["action"]["enum"] == actions
+        obj = {"apiVersion": "gpusharing.io/v1alpha1", "kind": crd["spec"]["names"]["kind"], "metadata": {"name": "x.y"}}
+        policy = {"after": "4h", "action": "evict", "warnBefore": "30m", "utilisationPercent": 0.5, "minAge": "1h"}
+        Draft4Validator(schema).validate({**obj, "spec": {"gpuMinutes": 1, "idle": policy}})
+        errors = Draft4Validator(schema).iter_errors({**obj, "spec": {"gpuMinutes": 1, "idle": {"action": "kill"}}})
+        assert sorted(error.message for error in errors) == ["'after' is a required property", f"'kill' is not one of {actions}"]
+        assert {"name": "Idle", "type": "number", "jsonPath": ".status.idleGpuHours",
+                "description": "GPU-hours idle this period"} in version["additionalPrinterColumns"]

@@ -73,7 +73,7 @@ def test_the_component_adds_alerts_scraping_and_the_dashboard_and_nothing_else(m
     assert added == {("PrometheusRule", "gpusharing"), ("ServiceMonitor", "gpusharing-timekeeper"),
                      ("ServiceMonitor", "gpusharing-webhook"), ("ConfigMap", "gpusharing-dashboard")}
     alerts = {rule["alert"] for group in rule_groups(monitoring) for rule in group["rules"]}
-    assert alerts == {"GPUBudgetWarning", "GPUBudgetExhausted", "GPUBudgetExhaustionForecast", "GPUMetersSilent",
+    assert alerts == {"GPUBudgetWarning", "GPUBudgetExhausted", "GPUBudgetExhaustionForecast", "GPUPodsIdle", "GPUMetersSilent",
                       "GPUMeterReportsRefused", "GPUSharingTimekeeperDown", "GPUSharingWebhookDown",
                       "GPUSharingWebhookCannotReachTimekeeper"}
 
@@ -83,7 +83,7 @@ def test_promtool_checks_the_rules_and_the_dashboards_queries_and_the_alerts_fir
 ) -> None:
     groups = rule_groups(monitoring)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    assert "SUCCESS: 8 rules found" in run(promtool, "check", "rules", "rules.yaml", cwd=tmp_path)
+    assert "SUCCESS: 9 rules found" in run(promtool, "check", "rules", "rules.yaml", cwd=tmp_path)
     # The dashboard's queries, parsed by Prometheus' own parser as recording rules.
     records = [{"record": f"dashboard:query_{i}", "expr": q} for i, q in enumerate(dashboard_queries(dashboard(monitoring)))]
     (tmp_path / "dashboard.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
@@ -109,4 +109,5 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(monitoring: l
     expressions += [v["query"]["query"] for v in board["templating"]["list"] if isinstance(v.get("query"), dict)]
     used = {name for expr in expressions for name in re.findall(r"\b(gpusharing_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[-+*/<>=,]|\s+(?:and|unless|or)\b)", expr)}
     assert used and used <= exported_metrics(), used - exported_metrics()
-    assert {"gpusharing_timekeeper_pod_gpu_seconds", "gpusharing_timekeeper_remaining_gpu_seconds"} <= used
+    assert {"gpusharing_timekeeper_pod_gpu_seconds", "gpusharing_timekeeper_remaining_gpu_seconds",
+            "gpusharing_timekeeper_idle_gpu_seconds", "gpusharing_timekeeper_idle_pods_warned"} <= used

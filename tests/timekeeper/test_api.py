@@ -32,7 +32,7 @@ def test_set_get_and_list_a_budget(api: SpecClient) -> None:
         "usedGpuMinutes": 0.0, "remainingGpuMinutes": 6000.0, "topUpGpuMinutes": 0.0, "percentUsed": 0.0,
         "evictOnExhaustion": True, "state": "in-budget", "ownState": "in-budget", "limitedBy": "team-a",
         "kind": "namespace", "parent": None, "ancestors": [], "managedBy": None, "warningThresholds": [80, 95],
-        "admission": "open", "onShortfall": "demote", "warnings": [],
+        "admission": "open", "onShortfall": "demote", "warnings": [], "idle": None, "idleInForce": None, "idleHolds": [],
         # Without a Kubernetes API the timekeeper does not see the cluster's pods: their commitments are not known.
         "committedGpuMinutes": None, "uncommitted": None,
     }

@@ -1,9 +1,12 @@
-"""Where the timekeeper finds the Kubernetes API: its own setting, then KUBECONFIG as kubectl reads it, then in-cluster."""
+"""Where the timekeeper finds the Kubernetes API: its own setting, then KUBECONFIG as kubectl reads it, then in-cluster;
+the default budget's idle policy from TIMEKEEPER_IDLE_*."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpusharing.settings.env import ConfigError
+from timekeeper.budgets.idle import IdleAction, IdlePolicy
 from timekeeper.config import TimekeeperConfig
 
 
@@ -18,3 +21,25 @@ from timekeeper.config import TimekeeperConfig
 )
 def test_the_kubeconfig_follows_the_kubernetes_clients_convention(environ: dict[str, str], kubeconfig: str | None) -> None:
     assert TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", **environ}).kubeconfig == kubeconfig
+
+
+def test_the_default_budgets_idle_policy_comes_from_the_idle_settings() -> None:
+    environ = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_IDLE_AFTER": "4h", "TIMEKEEPER_IDLE_ACTION": "evict",
+               "TIMEKEEPER_IDLE_WARN_BEFORE": "30m", "TIMEKEEPER_IDLE_UTILISATION_PERCENT": "2.5", "TIMEKEEPER_IDLE_MIN_AGE": "1h"}
+    assert TimekeeperConfig.from_env(environ).default_idle == IdlePolicy(4 * 3600, IdleAction.EVICT, 1800, 2.5, 3600)
+    assert TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none"}).default_idle is None  # no policy unless asked
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"TIMEKEEPER_IDLE_ACTION": "evict"}, "TIMEKEEPER_IDLE_ACTION set without TIMEKEEPER_IDLE_AFTER: set it (e.g. 4h)"),
+    ({"TIMEKEEPER_IDLE_AFTER": "4 hours"}, "TIMEKEEPER_IDLE_AFTER must be a duration as Kubernetes writes it"),
+    ({"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_WARN_BEFORE": "1h"},
+     "TIMEKEEPER_IDLE_WARN_BEFORE (1h) must be shorter than TIMEKEEPER_IDLE_AFTER (1h)"),
+    ({"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_UTILISATION_PERCENT": "one"},
+     "TIMEKEEPER_IDLE_UTILISATION_PERCENT='one' must be a number"),
+    ({"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_ACTION": "kill"}, "TIMEKEEPER_IDLE_ACTION must be one of warn, demote, evict"),
+])
+def test_idle_settings_that_cannot_be_a_policy_are_refused_in_one_line(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", **environ})
+    assert str(refused.value).startswith(message)

@@ -84,7 +84,7 @@ def test_output_formats_and_namespaces(cluster: FakeKube, capsys: pytest.Capture
     assert code == 0 and header.endswith("TOP-UPS  ADMISSION  ON SHORTFALL  COMMITTED  UNCOMMITTED")
     assert row.split()[-4:] == ["open", "demote", "-", "-"]
     code, out, _ = plugin(capsys, "pods", "-o", "wide", "-n", "team-a")
-    assert code == 0 and out.split()[-4:] == ["UID", "REPORTS", "FIRST", "REPORT"]
+    assert code == 0 and out.split()[-6:] == ["UID", "REPORTS", "FIRST", "REPORT", "IDLE", "SINCE"]
 
 
 def test_exit_statuses_and_one_line_errors(cluster: FakeKube, capsys: pytest.CaptureFixture[str]) -> None:

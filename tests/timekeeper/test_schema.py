@@ -10,7 +10,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, select
 
 from demo.processes import run_command
 from gpusharing.contract import AdmissionMode, Period, Shortfall
@@ -25,7 +25,7 @@ from timekeeper.budgets.store import BudgetStore
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import alembic_config, head_revision, schema_problem, upgrade
-from timekeeper.database.tables import Base, budgets, namespace_usage, pod_ledgers
+from timekeeper.database.tables import Base, budgets, namespace_usage, pod_ledgers, pod_usage
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,6 +118,16 @@ def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str
     engine.dispose()
 
 
+def migrated_to(revision: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A new SQLite or PostgreSQL database migrated up to `revision`: as a release before it left it."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
+    else:
+        url = request.getfixturevalue("postgres").create_database(f"before_{revision}")
+    upgrade(url, revision)
+    return url
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods_go_on(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest,
@@ -148,4 +158,32 @@ def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods
     database.dispose()
     command.downgrade(alembic_config(url), "0004_safe_admission")
     assert "observed_micro_gpu_seconds" not in {c["name"] for c in inspect(engine).get_columns("pod_ledgers")}
+    engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_usage_from_before_idle_policies_gets_its_idle_cost_and_budgets_no_policy(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    url = migrated_to("0005_billing_record", backend, tmp_path, request)
+    engine = create_engine(url)
+    day = dt.date(2026, 11, 25)
+    with engine.begin() as conn:  # an H100 day (weight 2.5) 40 % idle, and a day of a pod whose meter read nothing
+        conn.execute(pod_usage.insert().values(
+            [{"pod_uid": "uid-a", "day": day, "model": "NVIDIA H100 80GB HBM3", "micro_gpu_seconds": 3_600_000_000,
+              "weighted_micro_gpu_seconds": 9_000_000_000, "metered_micro_gpu_seconds": 3_600_000_000,
+              "idle_micro_gpu_seconds": 1_440_000_000},
+             {"pod_uid": "uid-b", "day": day, "model": "Tesla T4", "micro_gpu_seconds": 60_000_000,
+              "weighted_micro_gpu_seconds": 60_000_000, "metered_micro_gpu_seconds": 0, "idle_micro_gpu_seconds": 0}]))
+        conn.execute(budgets.insert().values(namespace="ml", gpu_minutes=60.0, period="monthly", evict_on_exhaustion=False,
+                                             warning_thresholds="80,95", created_at=dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc),
+                                             updated_at=dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)))
+    upgrade(url)
+    with engine.connect() as conn:
+        costs = dict(conn.execute(select(pod_usage.c.pod_uid, pod_usage.c.idle_weighted_micro_gpu_seconds)).all())
+        assert costs == {"uid-a": 3_600_000_000, "uid-b": 0}  # 1,440 idle GPU-s at the row's weight 2.5
+        assert conn.execute(select(budgets.c.idle)).scalar_one() is None
+    command.downgrade(alembic_config(url), "0005_billing_record")
+    assert "idle_since" not in {c["name"] for c in inspect(engine).get_columns("pod_ledgers")}
+    assert "idle_holds" not in inspect(engine).get_table_names()
     engine.dispose()

@@ -73,17 +73,20 @@ def test_idle_gpu_minutes_are_reported_beside_the_bill_where_utilisation_is_read
     items = api.get("/api/v1/usage?from=2028-02-28&to=2028-02-29").json["items"]
     assert items == [
         {"namespace": "team-a", "gpuSeconds": 180.0, "gpuMinutes": 3.0, "billedGpuSeconds": 180.0, "billedGpuMinutes": 3.0,
-         "meteredGpuMinutes": 2.0, "idleGpuMinutes": 0.75},
+         "meteredGpuMinutes": 2.0, "idleGpuMinutes": 0.75, "idleBilledGpuMinutes": 0.75},
         {"namespace": "team-b", "gpuSeconds": 60.0, "gpuMinutes": 1.0, "billedGpuSeconds": 60.0, "billedGpuMinutes": 1.0,
-         "meteredGpuMinutes": 0.0, "idleGpuMinutes": None},
+         "meteredGpuMinutes": 0.0, "idleGpuMinutes": None, "idleBilledGpuMinutes": None},
     ]
 
 
 def test_the_idle_part_is_integer_arithmetic() -> None:
-    assert pod_charge(1_000_001, 1000, 12.5) == PodCharge(1_000_001, 1_000_001, 1_000_001, 875_000)  # 875,000.875 rounded down
-    assert pod_charge(100_000, 1000, 33.3335) == PodCharge(100_000, 100_000, 100_000, 66_666)  # a thousandth of a percent: 33.334
+    assert pod_charge(1_000_001, 1000, 12.5) == PodCharge(1_000_001, 1_000_001, 1_000_001, 875_000, 875_000)  # 875,000.875 rounded down
+    assert pod_charge(100_000, 1000, 33.3335) == PodCharge(100_000, 100_000, 100_000, 66_666, 66_666)  # a thousandth of a percent: 33.334
     assert pod_charge(7, 2500, None) == PodCharge(7, 17)  # 17.5 rounded down
-    assert pod_charge(3 * 10**17, 1000, 0.001) == PodCharge(3 * 10**17, 3 * 10**17, 3 * 10**17, 3 * 10**17 - 3 * 10**12)
+    big = 3 * 10**17
+    assert pod_charge(big, 1000, 0.001) == PodCharge(big, big, big, big - 3 * 10**12, big - 3 * 10**12)
+    # The idle part's cost is weighted as the charge was: an H100 minute idle costs 2.5 T4 minutes.
+    assert pod_charge(1_000_000, 2500, 40) == PodCharge(1_000_000, 2_500_000, 1_000_000, 600_000, 1_500_000)
 
 
 def test_the_csv_reads_back_as_the_json(api: SpecClient) -> None:
@@ -201,10 +204,10 @@ def test_gpusharing_usage_prints_a_table_csv_or_json(
         code, out, err = run(capsys, "usage", *days)
         assert code == 0, err
         assert out.splitlines() == [
-            "NAMESPACE  GPU-MINUTES  BILLED GPU-MINUTES  IDLE GPU-MINUTES",
-            "team-a     2.0          2.0                 1.0",
-            "team-b     1.0          1.0                 -",
-            "TOTAL      3.0          3.0                 1.0",
+            "NAMESPACE  GPU-MINUTES  BILLED GPU-MINUTES  IDLE GPU-MINUTES  IDLE BILLED GPU-MINUTES",
+            "team-a     2.0          2.0                 1.0               1.0",
+            "team-b     1.0          1.0                 -                 -",
+            "TOTAL      3.0          3.0                 1.0               1.0",
         ]
         code, out, _ = run(capsys, "usage", *days, "--by", "namespace,day", "-o", "csv")
         assert code == 0
@@ -213,7 +216,7 @@ def test_gpusharing_usage_prints_a_table_csv_or_json(
         code, out, _ = run(capsys, "usage", *days, "--namespace", "team-b", "-o", "json")
         assert code == 0 and json.loads(out)["items"] == [
             {"namespace": "team-b", "gpuSeconds": 60.0, "gpuMinutes": 1.0, "billedGpuSeconds": 60.0, "billedGpuMinutes": 1.0,
-             "meteredGpuMinutes": 0.0, "idleGpuMinutes": None}]
+             "meteredGpuMinutes": 0.0, "idleGpuMinutes": None, "idleBilledGpuMinutes": None}]
         code, out, err = run(capsys, "usage", *days, "--by", "gpu")
         assert code == 2 and out == "" and "groupBy keys are namespace, day, model, pod or label:KEY" in err
         code, out, err = run(capsys, "budget", "ls", "--timekeeper", url, "--token", READER, "-o", "csv")

@@ -16,10 +16,18 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER
+from gpusharing.contract import (
+    ANNOTATION_BUDGET_STATE,
+    ANNOTATION_GPU_SHARE,
+    ANNOTATION_SAFE_ADMISSION,
+    BILLING_FINALIZER,
+    IDLE_EXEMPT_LABEL,
+    BudgetState,
+)
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, ClaimUnknown
 from gpusharing.gpu.reading import as_list, as_mapping, instant
 from gpusharing.gpu.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
+from gpusharing.kube.owners import Owner, controller_of
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting.ledger import Observation
@@ -42,6 +50,10 @@ class RecordedPod:
     deleted_at: dt.datetime | None  # metadata.deletionTimestamp: the end of its grace period
     finalizer: int | None  # the index of the billing finalizer among its finalizers, None without it
     claimed: Mapping[str, Any] | None = None  # a DRA pod: what pricing its claims needs (its spec, claim names)
+    # What the idle policy looks at (timekeeper.cluster.idling): who re-creates it, its exemption, its priority class.
+    owner: Owner | None = None
+    idle_exempt: bool = False
+    demoted: bool = False  # admitted out of budget, as the webhook's record says (not its priority class, the tenant's)
 
     def observation(self, share: float, now: dt.datetime, grace_seconds: float) -> Observation | None:
         """The pod's record now, or None when it never started. A pod whose deletion's grace period has passed by
@@ -90,6 +102,10 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         deleted_at=instant(metadata.get("deletionTimestamp")),
         finalizer=finalizers.index(BILLING_FINALIZER) if BILLING_FINALIZER in finalizers else None,
         claimed=claimed,
+        owner=controller_of(pod),
+        idle_exempt=as_mapping(metadata.get("labels")).get(IDLE_EXEMPT_LABEL) == "true",
+        demoted=annotations.get(ANNOTATION_BUDGET_STATE) == BudgetState.OVER_BUDGET
+        or annotations.get(ANNOTATION_SAFE_ADMISSION) == "demoted",
     )
 
 

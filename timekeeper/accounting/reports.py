@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import queue
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -29,6 +30,7 @@ from sqlalchemy import and_, bindparam, func, or_, select, update
 
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
+from timekeeper.accounting.idle import Streak, next_streak
 from timekeeper.accounting.ledger import (
     MICROS_PER_SECOND,
     NEW_POD,
@@ -44,6 +46,8 @@ from timekeeper.accounting.ledger import (
 )
 from timekeeper.accounting.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
 from timekeeper.accounting.weights import WeightLog, billing_model
+from timekeeper.budgets.hierarchy import idle_policy_of
+from timekeeper.budgets.idle import DEFAULT_UTILISATION_PERCENT
 from timekeeper.budgets.periods import iso_utc, usage_day
 from timekeeper.budgets.status import BudgetStatus, crossed
 from timekeeper.budgets.store import BudgetStore
@@ -100,6 +104,13 @@ class PodRecord:
     gpu_memory_used_mib: float | None
     gpu_memory_requested_mib: float | None
     gpu_utilization_percent: float | None
+    idle_since: dt.datetime | None = None
+    idle_warned_at: dt.datetime | None = None
+    idle_acted_at: dt.datetime | None = None
+
+    @property
+    def streak(self) -> Streak:
+        return Streak(self.idle_since, self.idle_warned_at, self.idle_acted_at)
 
     @property
     def memory_over_request_mib(self) -> float | None:
@@ -127,6 +138,9 @@ class PodRecord:
             "gpuMemoryRequestedMiB": self.gpu_memory_requested_mib,
             "gpuUtilizationPercent": self.gpu_utilization_percent,
             "gpuMemoryOverRequestMiB": self.memory_over_request_mib,
+            "idleSince": _instant(self.idle_since),
+            "idleWarnedAt": _instant(self.idle_warned_at),
+            "idleActedAt": _instant(self.idle_acted_at),
         }
 
 
@@ -165,11 +179,40 @@ class _Entry:
     observed: bool = False  # an observation: its idle part is read from the meter's latest reading, if recent
 
 
+@dataclass
+class _Locked:
+    """A pod's ledger row as a transaction locked it, and as the batch's reports and observations move it."""
+
+    namespace: str
+    ledger: PodLedger
+    reading: float | None  # the meter's recent utilisation reading, for the idle part of an observed interval
+    streak: Streak
+    last_report_at: dt.datetime | None
+
+
+class IdleThresholds:
+    """The idle threshold in force per namespace (the policy's `utilisationPercent`), from every budget read at most
+    every `refresh_seconds`: a policy change reaches the streaks within that time."""
+
+    def __init__(self, budgets: BudgetStore, refresh_seconds: float, monotonic: Callable[[], float] = time.monotonic):
+        self.store = budgets
+        self.refresh_seconds = refresh_seconds
+        self._monotonic = monotonic
+        self._read_at: float | None = None
+        self._budgets: dict[str, Any] = {}
+
+    def __call__(self, namespace: str) -> float:
+        if self._read_at is None or self._monotonic() - self._read_at >= self.refresh_seconds:
+            self._budgets, self._read_at = self.store.budgets(), self._monotonic()
+        policy = idle_policy_of(self._budgets, namespace, self.store.default_idle)
+        return DEFAULT_UTILISATION_PERCENT if policy is None else policy.policy.utilisation_percent
+
+
 class ReportLedger:
     def __init__(
         self, budgets: BudgetStore, stale_seconds: float = 900.0,
         catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
-        reading_seconds: float = 90.0,
+        reading_seconds: float = 90.0, meter_interval_seconds: float = 30.0, policy_refresh_seconds: float = 30.0,
     ):
         self.budgets = budgets
         self.db = budgets.db
@@ -179,6 +222,8 @@ class ReportLedger:
         self._weights_recorded = False
         self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as running
         self.reading_seconds = reading_seconds  # a meter's reading this recent tells how busy an observed interval was
+        self.streak_gap_seconds = 2 * meter_interval_seconds  # a longer silence between reports ends an idle streak
+        self.idle_threshold = IdleThresholds(budgets, policy_refresh_seconds)
         self.usage = UsageLedger(self.db)
         # Built once: constructing statements per report would cost more than running them.
         lock = (
@@ -274,21 +319,24 @@ class ReportLedger:
         charges: dict[str, int] = defaultdict(int)
         pod_charges: dict[tuple[str, str], PodCharge] = defaultdict(lambda: NO_CHARGE)
         billed: dict[int, int] = {}
+        # Read before the transaction, so that nothing waits on it while the ledgers are locked.
+        thresholds = {ns: self.idle_threshold(ns) for ns in {entry.namespace for entry in entries if not entry.observed}}
         with self.db.pipeline() as conn:
             # The budgets travel with the lock; they are needed after the charges.
             budget_rows = self.budgets.budget_rows(conn, {entry.namespace for entry in entries})
             ledgers = self._lock_ledgers(conn, entries, now)
             for entry in entries:
-                namespace, ledger, reading = ledgers[entry.pod_uid]
+                locked = ledgers[entry.pod_uid]
+                namespace = locked.namespace
                 if namespace != entry.namespace:
                     results[entry.index] = ReportError(
                         f"pod {entry.pod_uid} reports in namespace {namespace}, not {entry.namespace}"
                     )
                     continue
-                accounting = entry.apply(ledger, now)
-                ledgers[entry.pod_uid] = (namespace, accounting.ledger, reading)
+                accounting = entry.apply(locked.ledger, now)
+                locked.ledger = accounting.ledger
                 accounted[entry.index] = (namespace, accounting)
-                utilization = reading if entry.observed else entry.utilization_percent
+                utilization = locked.reading if entry.observed else entry.utilization_percent
                 charge = pod_charge(accounting.charge_micro_gpu_seconds, entry.model.billing_weight, utilization)
                 pod_charges[entry.pod_uid, entry.model.name] += charge
                 charges[namespace] += charge.weighted_micro_gpu_seconds
@@ -297,6 +345,7 @@ class ReportLedger:
                     advanced[entry.pod_uid] = {
                         **advanced.get(entry.pod_uid, {}), "pod_uid": entry.pod_uid, "pod": entry.pod,
                         **_ledger_columns(accounting.ledger), **entry.written,
+                        **({} if entry.observed else self._streak_columns(locked, entry, thresholds[namespace], now)),
                     }
             if advanced:  # a batch is all reports or all observations, which write different columns
                 write = self._observed if entries[0].observed else self._advance
@@ -321,11 +370,16 @@ class ReportLedger:
             )
         return results
 
-    def _lock_ledgers(
-        self, conn: Statements, entries: list[_Entry], now: dt.datetime
-    ) -> dict[str, tuple[str, PodLedger, float | None]]:
-        """uid -> (namespace, ledger, the meter's recent utilisation reading) of every pod in the batch, locked; pods
-        seen for the first time get a ledger."""
+    def _streak_columns(self, locked: _Locked, entry: _Entry, threshold: float, now: dt.datetime) -> dict[str, Any]:
+        """The pod's idle streak after an accepted report (timekeeper.accounting.idle), as its ledger keeps it."""
+        locked.streak = next_streak(locked.streak, locked.last_report_at, entry.utilization_percent, threshold, now,
+                                    self.streak_gap_seconds)
+        locked.last_report_at = now
+        return {"idle_since": locked.streak.since, "idle_warned_at": locked.streak.warned_at,
+                "idle_acted_at": locked.streak.acted_at}
+
+    def _lock_ledgers(self, conn: Statements, entries: list[_Entry], now: dt.datetime) -> dict[str, _Locked]:
+        """Every pod of the batch's ledger row, locked; pods seen for the first time get a ledger."""
         uids = sorted({entry.pod_uid for entry in entries})
         rows = {row.pod_uid: row for row in conn.execute(self._lock, {"uids": uids})}
         new = {}
@@ -347,11 +401,13 @@ class ReportLedger:
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
         fresh = now - dt.timedelta(seconds=self.reading_seconds)
         return {
-            uid: (
+            uid: _Locked(
                 row.namespace,
                 PodLedger(row.last_seq, row.metered_micro_gpu_seconds, row.observed_micro_gpu_seconds, row.micro_gpu_seconds,
                           row.final, row.started_at, row.observed_until, row.ended_at, row.billed_share or None),
                 row.gpu_utilization_percent if row.last_report_at is not None and row.last_report_at >= fresh else None,
+                Streak(row.idle_since, row.idle_warned_at, row.idle_acted_at),
+                row.last_report_at,
             )
             for uid, row in rows.items()
         }
@@ -432,10 +488,11 @@ class ReportLedger:
 _LEDGER_COLUMNS = ("micro_gpu_seconds", "metered_micro_gpu_seconds", "observed_micro_gpu_seconds", "last_seq", "final",
                    "started_at", "observed_until", "ended_at", "billed_share")
 _READING_COLUMNS = ("gpu_memory_used_mib", "gpu_utilization_percent", "gpu_memory_requested_mib", "last_report_at")
-_ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since")
+_STREAK_COLUMNS = ("idle_since", "idle_warned_at", "idle_acted_at")
+_ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since", *_STREAK_COLUMNS)
 _OBSERVING_COLUMNS = ("pod", *_LEDGER_COLUMNS)
 _OPENING_COLUMNS = ("pod_uid", "namespace", "pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "first_report_at")
-_LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, "gpu_utilization_percent", "last_report_at")
+_LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, "gpu_utilization_percent", "last_report_at", *_STREAK_COLUMNS)
 
 
 def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:

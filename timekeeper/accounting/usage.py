@@ -68,12 +68,13 @@ def is_label_key(key: str) -> bool:
 @dataclass(frozen=True)
 class PodCharge:
     """What one pod was charged, micro-GPU-seconds: raw (share × time), weighted (what budgets count), the raw
-    part with a utilisation reading, and of that part what the GPU left idle."""
+    part with a utilisation reading, of that part what the GPU left idle, and the idle part weighted (its cost)."""
 
     micro_gpu_seconds: int
     weighted_micro_gpu_seconds: int
     metered_micro_gpu_seconds: int = 0
     idle_micro_gpu_seconds: int = 0
+    idle_weighted_micro_gpu_seconds: int = 0
 
     def __add__(self, other: "PodCharge") -> "PodCharge":
         return PodCharge(*(getattr(self, column) + getattr(other, column) for column in _CHARGED))
@@ -84,15 +85,17 @@ NO_CHARGE = PodCharge(0, 0)
 
 def pod_charge(charge_micro: int, billing_weight: int, utilization_percent: float | None) -> PodCharge:
     """A raw charge, weighted, and its idle part: billed share × time × (1 − utilisation), in whole
-    micro-GPU-seconds. The utilisation is taken to a thousandth of a percent, so that all is integer arithmetic."""
+    micro-GPU-seconds, raw and weighted alike. The utilisation is taken to a thousandth of a percent, so that all is
+    integer arithmetic."""
     billed = weighted(charge_micro, billing_weight)
     if utilization_percent is None:
         return PodCharge(charge_micro, billed)
-    busy = round(utilization_percent * 1000)
-    return PodCharge(charge_micro, billed, charge_micro, charge_micro * (100_000 - busy) // 100_000)
+    idle = 100_000 - round(utilization_percent * 1000)
+    return PodCharge(charge_micro, billed, charge_micro, charge_micro * idle // 100_000, billed * idle // 100_000)
 
 
-_CHARGED = ("micro_gpu_seconds", "weighted_micro_gpu_seconds", "metered_micro_gpu_seconds", "idle_micro_gpu_seconds")
+_CHARGED = ("micro_gpu_seconds", "weighted_micro_gpu_seconds", "metered_micro_gpu_seconds", "idle_micro_gpu_seconds",
+            "idle_weighted_micro_gpu_seconds")
 
 
 class UsageLedger:
@@ -253,6 +256,7 @@ def _amounts(charge: PodCharge) -> dict[str, Any]:
         "billedGpuMinutes": charge.weighted_micro_gpu_seconds / MICROS_PER_GPU_MINUTE,
         "meteredGpuMinutes": metered / MICROS_PER_GPU_MINUTE,
         "idleGpuMinutes": charge.idle_micro_gpu_seconds / MICROS_PER_GPU_MINUTE if metered else None,
+        "idleBilledGpuMinutes": charge.idle_weighted_micro_gpu_seconds / MICROS_PER_GPU_MINUTE if metered else None,
     }
 
 
@@ -277,7 +281,8 @@ class UsageReport:
         }
 
 
-AMOUNT_COLUMNS = ("gpuSeconds", "gpuMinutes", "billedGpuSeconds", "billedGpuMinutes", "meteredGpuMinutes", "idleGpuMinutes")
+AMOUNT_COLUMNS = ("gpuSeconds", "gpuMinutes", "billedGpuSeconds", "billedGpuMinutes", "meteredGpuMinutes", "idleGpuMinutes",
+                  "idleBilledGpuMinutes")
 
 
 def usage_csv(fields: Sequence[str], items: Iterable[Mapping[str, Any]]) -> str:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
-from gpusharing.compat import StrEnum
 from gpusharing.caching import TtlCache
+from gpusharing.compat import StrEnum
 from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
 from gpusharing.names import NAMESPACE, InvalidName, is_group
 from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from gpusharing.contract import Period
 from gpusharing.names import is_group
+from timekeeper.budgets.idle import IdlePolicy, PolicyInForce, in_force
 from timekeeper.budgets.periods import PeriodWindow
 from timekeeper.budgets.status import Budget, BudgetStatus
 
@@ -21,6 +22,13 @@ def ancestry(budgets: Mapping[str, Budget], name: str) -> list[str]:
         chain.append(parent)
         parent = budgets[parent].parent
     return chain
+
+
+def idle_policy_of(budgets: Mapping[str, Budget], name: str, default: IdlePolicy | None) -> PolicyInForce | None:
+    """The idle policy in force for `name`: its budget's, else the nearest ancestor's that sets one, else `default`
+    (the default budget's settings)."""
+    chain = [name, *ancestry(budgets, name)] if name in budgets else []
+    return in_force([(n, budgets[n].idle) for n in chain], default)
 
 
 def hierarchy_problem(budgets: Mapping[str, Budget], name: str, parent: str | None, parent_must_exist: bool = True) -> str | None:
@@ -70,10 +78,12 @@ def roll_up(
     topped: TopUpsByPeriod,
     windows: Mapping[Period, PeriodWindow],
     managed_by: Mapping[str, str] | None = None,
+    default_idle: IdlePolicy | None = None,
 ) -> dict[str, BudgetStatus]:
     """Every budget's status: a namespace's use is its own, a group's the sum of its descendants' in the group's
     own period; each status carries its ancestors' (Slurm's Grp* limits: a namespace is over budget when it or any
-    ancestor is). A parent without a budget is no ancestor."""
+    ancestor is), and the idle policy in force: the nearest up its chain, else `default_idle`. A parent without a
+    budget is no ancestor."""
     chains = {name: ancestry(budgets, name) for name in budgets}
     group_used: dict[str, int] = {}
     for name, chain in chains.items():
@@ -96,7 +106,12 @@ def roll_up(
             (managed_by or {}).get(name),
             admission=budget.admission,
             on_shortfall=budget.on_shortfall,
+            idle=budget.idle,
         )
         for name, budget in budgets.items()
     }
-    return {name: replace(status, ancestors=tuple(alone[a] for a in chains[name])) for name, status in alone.items()}
+    return {
+        name: replace(status, ancestors=tuple(alone[a] for a in chains[name]),
+                      idle_in_force=idle_policy_of(budgets, name, default_idle))
+        for name, status in alone.items()
+    }

@@ -11,6 +11,7 @@ from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, select
 
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from timekeeper.budgets.hierarchy import roll_up
+from timekeeper.budgets.idle import from_stored
 from timekeeper.budgets.periods import PeriodWindow
 from timekeeper.budgets.status import Budget, BudgetStatus, effective_budget
 from timekeeper.database.tables import (
@@ -55,7 +56,7 @@ class StatusReads:
         for name in wanted - budgets_by_name.keys():
             budgets_by_name[name] = effective_budget(name, None, self.default.gpu_minutes, self.default.period)
         managed = {name: row.managed_by for name, row in rows.items() if row.managed_by}
-        statuses = roll_up(budgets_by_name, used, topped, self.windows, managed)
+        statuses = roll_up(budgets_by_name, used, topped, self.windows, managed, self.default.idle)
         return {name: statuses[name] for name in wanted}
 
 
@@ -105,4 +106,4 @@ def window_parameters(windows: dict[Period, PeriodWindow]) -> dict[str, object]:
 def budget_of_row(row: Any) -> Budget:
     thresholds = tuple(int(t) for t in row.warning_thresholds.split(",") if t)
     return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion), row.parent, thresholds,
-                  AdmissionMode(row.admission), Shortfall(row.on_shortfall))
+                  AdmissionMode(row.admission), Shortfall(row.on_shortfall), from_stored(row.idle))

@@ -10,6 +10,7 @@ from gpusharing.compat import StrEnum
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.names import InvalidName, check_budget_name, check_namespace, is_group
 from gpusharing.thresholds import check_warning_thresholds
+from timekeeper.budgets.idle import IdlePolicyError, idle_policy_from_json
 from timekeeper.budgets.status import Budget
 
 
@@ -23,12 +24,12 @@ MAX_REASON = 1000
 
 BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaustion": "evict_on_exhaustion",
                  "parent": "parent", "warningThresholds": "warning_thresholds", "admission": "admission",
-                 "onShortfall": "on_shortfall"}
+                 "onShortfall": "on_shortfall", "idle": "idle"}
 
 
 def budget_from_json(name: str, body: object, default_period: Period) -> Budget:
     """A budget from `PUT /api/v1/budgets/{name}`: gpuMinutes (a number, or null for unlimited), period,
-    evictOnExhaustion, parent, warningThresholds, admission, onShortfall."""
+    evictOnExhaustion, parent, warningThresholds, admission, onShortfall, idle."""
     fields = _object(body, required=("gpuMinutes",), optional=tuple(key for key in BUDGET_FIELDS if key != "gpuMinutes"))
     given = _budget_fields(fields)
     return replace(Budget(check_budget_name(name), given["gpu_minutes"], default_period), **given)
@@ -72,6 +73,11 @@ def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
         given["admission"] = _one_of(fields["admission"], "admission", AdmissionMode)
     if "onShortfall" in fields:
         given["on_shortfall"] = _one_of(fields["onShortfall"], "onShortfall", Shortfall)
+    if "idle" in fields:
+        try:
+            given["idle"] = idle_policy_from_json(fields["idle"])
+        except IdlePolicyError as exc:
+            raise BudgetRequestError(str(exc)) from None
     return given
 
 

@@ -9,6 +9,7 @@ from gpusharing.contract import AdmissionMode, BudgetState, Period, Shortfall
 from gpusharing.names import is_group
 from gpusharing.thresholds import DEFAULT_WARNING_THRESHOLDS
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
+from timekeeper.budgets.idle import IdlePolicy, PolicyInForce
 from timekeeper.budgets.periods import PeriodWindow, iso_utc
 
 # How bad a state is: a namespace's effective state is the worst of its own budget's and its ancestors'.
@@ -30,6 +31,7 @@ class Budget:
     # Safe admission's settings: they act on a namespace's own budget; a group's may carry them, to no effect.
     admission: AdmissionMode = AdmissionMode.OPEN
     on_shortfall: Shortfall = Shortfall.DEMOTE
+    idle: IdlePolicy | None = None  # its idle policy; None: the nearest ancestor's, else the default budget's
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class BudgetStatus:
     ancestors: tuple[BudgetStatus, ...] = ()
     admission: AdmissionMode = AdmissionMode.OPEN
     on_shortfall: Shortfall = Shortfall.DEMOTE
+    idle: IdlePolicy | None = None  # its own idle policy
+    idle_in_force: PolicyInForce | None = None  # the one that applies: its own, an ancestor's or the default budget's
 
     @property
     def used_gpu_minutes(self) -> float:
@@ -127,6 +131,8 @@ class BudgetStatus:
             "warningThresholds": list(self.warning_thresholds),
             "admission": str(self.admission),
             "onShortfall": str(self.on_shortfall),
+            "idle": None if self.idle is None else self.idle.to_json(),
+            "idleInForce": None if self.idle_in_force is None else self.idle_in_force.to_json(),
             "parent": self.parent,
             "ancestors": [status.namespace for status in self.ancestors],
             "managedBy": self.managed_by,
@@ -168,7 +174,8 @@ def default_budget_json(gpu_minutes: float | None, period: Period) -> dict[str, 
 
 
 def effective_budget(namespace: str, budget: Budget | None, default_gpu_minutes: float | None, default_period: Period) -> Budget:
-    """The namespace's own budget, or the default one (unlimited when no default is configured)."""
+    """The namespace's own budget, or the default one (unlimited when no default is configured; its idle policy, the
+    default budget's settings, comes to it as to every namespace without one, see hierarchy.roll_up)."""
     if budget is not None:
         return budget
     return Budget(namespace, default_gpu_minutes, default_period)

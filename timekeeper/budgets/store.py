@@ -13,6 +13,7 @@ from sqlalchemy import Connection, select
 from gpusharing.contract import BudgetState, Period
 from gpusharing.names import is_group
 from timekeeper.budgets.hierarchy import hierarchy_problem
+from timekeeper.budgets.idle import IdlePolicy, stored
 from timekeeper.budgets.periods import UTC, iso_utc, period_window
 from timekeeper.budgets.reads import (
     ALL_BUDGETS,
@@ -72,10 +73,12 @@ class BudgetStore:
         default_gpu_minutes: float | None = None,
         default_period: Period = Period.MONTHLY,
         clock: Clock = utc_now,
+        default_idle: IdlePolicy | None = None,
     ):
         self.db = db
         self.default_gpu_minutes = default_gpu_minutes
         self.default_period = default_period
+        self.default_idle = default_idle  # the default budget's idle policy: in force where no budget up a chain sets one
         self.clock = clock
 
     # -- reads ---------------------------------------------------------------------------------------------------
@@ -130,7 +133,7 @@ class BudgetStore:
             others = ()
             parameters["namespaces"] = sorted(namespaces)  # type: ignore[arg-type]
             used, topped = conn.execute(USAGE_OF, parameters), conn.execute(TOP_UPS_OF, parameters)
-        default = Budget("", self.default_gpu_minutes, self.default_period)
+        default = Budget("", self.default_gpu_minutes, self.default_period, idle=self.default_idle)
         return StatusReads(default, own, namespaces, windows, used, topped, others)
 
     def budgets(self) -> dict[str, Budget]:
@@ -198,6 +201,7 @@ class BudgetStore:
                 "warning_thresholds": ",".join(map(str, budget.warning_thresholds)),
                 "admission": budget.admission.value,
                 "on_shortfall": budget.on_shortfall.value,
+                "idle": stored(budget.idle),
                 "managed_by": owner,
                 "updated_at": now,
             }

@@ -30,6 +30,7 @@ from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, HierarchyConflict, NoBudget
 from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.demotion import eviction_candidates, threshold_event, transition_event
+from timekeeper.cluster.idling import IdlePass, Idler, IdleStatus, budget_idle
 from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable
 from timekeeper.cluster.leader import LeaderElection
 from timekeeper.cluster.resources import (
@@ -57,6 +58,7 @@ class ControllerPass:
     removed: list[str] = field(default_factory=list)  # budgets whose resource is gone
     statuses_written: list[str] = field(default_factory=list)
     billing: BillingPass | None = None  # None: not billed (no billing, or its watches have not listed yet)
+    idle: IdlePass | None = None  # the idle policies' last pass (None: none yet)
 
 
 class Controller:
@@ -68,10 +70,12 @@ class Controller:
         lease_namespace: str,
         lease_seconds: float | None = None,
         biller: Biller | None = None,
+        idler: Idler | None = None,
     ):
         self.budgets = budgets
         self.kube = kube
         self.biller = biller
+        self.idler = idler
         self.interval = interval_seconds
         identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.election = LeaderElection(kube, lease_namespace, identity, lease_seconds or max(3 * interval_seconds, 15.0))
@@ -113,6 +117,7 @@ class Controller:
                 resource_watch.start()
             done = ControllerPass()
             self._bill(done)
+            self._idle(done)
             problems = self._apply_resources(done)
             acted = self.budgets.acted_states()
             statuses = {s.namespace: s for s in self.budgets.statuses()}
@@ -127,7 +132,7 @@ class Controller:
                 self._warn(status, targets, done)
                 if status.kind == "namespace" and status.state is BudgetState.OVER_BUDGET and status.evict_on_exhaustion:
                     self._evict(status.namespace, done)
-            self._write_statuses(statuses, problems, done)
+            self._write_statuses(statuses, problems, done, budget_idle(statuses, done.idle))
             return done
 
     def _bill(self, done: ControllerPass) -> None:
@@ -139,6 +144,15 @@ class Controller:
             done.billing = self.biller.bill(self.budgets.clock())
         except Exception:  # a database outage: the record stays in the watch, the next pass bills the time since
             log.exception("billing pass failed; will try again")
+
+    def _idle(self, done: ControllerPass) -> None:
+        """The idle policies, on the pods the billing watch follows (timekeeper.cluster.idling)."""
+        if self.idler is None:
+            return
+        try:
+            done.idle = self.idler.run(self.budgets.clock())
+        except Exception:  # a database outage: the streaks stay in the ledger, the next pass acts on them
+            log.exception("idle pass failed; will try again")
 
     # -- resources into the ledger ----------------------------------------------------------------------------------
 
@@ -186,7 +200,8 @@ class Controller:
                 pass
         return problems
 
-    def _write_statuses(self, statuses: dict[str, BudgetStatus], problems: dict[str, Problem], done: ControllerPass) -> None:
+    def _write_statuses(self, statuses: dict[str, BudgetStatus], problems: dict[str, Problem], done: ControllerPass,
+                        idle: dict[str, IdleStatus]) -> None:
         now = dt.datetime.now(dt.timezone.utc)
         children: dict[str, list[str]] = {}
         for status in statuses.values():
@@ -195,7 +210,8 @@ class Controller:
         for w in self.watches:
             for obj in list(w.objects.values()):
                 name = budget_name(obj)
-                wanted = resource_status(obj, statuses.get(name), problems.get(name), sorted(children.get(name, [])), now)
+                wanted = resource_status(obj, statuses.get(name), problems.get(name), sorted(children.get(name, [])), now,
+                                         idle.get(name))
                 if not status_differs(obj.get("status"), wanted):
                     continue
                 metadata = obj["metadata"]

@@ -102,6 +102,7 @@ class KubeApi:
         self.coordination = client.CoordinationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.resource = client.ResourceV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
@@ -158,14 +159,29 @@ class KubeApi:
                             answers={404: True, 409: False, 422: False}, _preload_content=False)
         return answer is not False
 
-    def evict(self, namespace: str, name: str) -> EvictionResult:
-        """Asks for an eviction, which the API server grants only within the pods' PodDisruptionBudgets."""
-        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
-        refused = {429: EvictionResult.REFUSED, 404: EvictionResult.GONE}
+    def evict(self, namespace: str, name: str, uid: str | None = None) -> EvictionResult:
+        """Asks for an eviction, which the API server grants only within the pods' PodDisruptionBudgets (`uid`: of
+        that pod only, not one made since under its name)."""
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace), delete_options=options)
+        refused = {429: EvictionResult.REFUSED, 404: EvictionResult.GONE, 409: EvictionResult.GONE}
         answer = self._call(
             f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=refused
         )
         return answer if isinstance(answer, EvictionResult) else EvictionResult.EVICTED
+
+    def shown_owner(self, owner: ObjectRef) -> ObjectRef:
+        """The object whose Events `kubectl describe` shows for a pod's owner: a ReplicaSet's Deployment, else the
+        owner itself (also when the ReplicaSet is gone)."""
+        if owner.kind != "ReplicaSet" or owner.namespace is None:
+            return owner
+        found = self._call(f"read replicaset {owner.namespace}/{owner.name}", self.apps.read_namespaced_replica_set,
+                           owner.name, owner.namespace, answers={404: None})
+        references = (found.metadata.owner_references or []) if found is not None and found.metadata is not None else []
+        deployment = next((r for r in references if r.controller and r.kind == "Deployment"), None)
+        if deployment is None:
+            return owner
+        return ObjectRef(deployment.api_version, deployment.kind, deployment.name, deployment.uid, owner.namespace)
 
     def record_event(self, namespace: str, reason: str, message: str, warning: bool) -> bool:
         """An Event about the namespace itself, where `kubectl describe namespace` finds it.

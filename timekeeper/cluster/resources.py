@@ -22,6 +22,7 @@ from gpusharing.names import InvalidName, check_budget_name, is_group
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.budgets.requests import BUDGET_FIELDS, BudgetRequestError, budget_from_json
 from timekeeper.budgets.status import Budget, BudgetStatus
+from timekeeper.cluster.idling import IdleStatus
 from timekeeper.cluster.kube import CustomResource, KubeApi, KubeUnavailable, ObjectRef
 
 log = logging.getLogger(__name__)
@@ -90,9 +91,11 @@ def resource_status(
     problem: Problem | None,
     children: list[str],
     now: dt.datetime,
+    idle: IdleStatus | None = None,
 ) -> dict[str, Any]:
-    """The status subresource: the budget in its current period, and conditions Ready, Exhausted and Warning, each
-    keeping its lastTransitionTime while its status stays."""
+    """The status subresource: the budget in its current period, and conditions Ready, Exhausted and Warning (and,
+    once the idle policies have run, Idle and the idle GPU-hours), each keeping its lastTransitionTime while its
+    status stays."""
     generation = (obj.get("metadata") or {}).get("generation")
     result: dict[str, Any] = {"observedGeneration": generation}
     if status is not None:
@@ -112,6 +115,8 @@ def resource_status(
         })
         if is_group(status.namespace):
             result["children"] = children
+        if idle is not None:
+            result["idleGpuHours"] = round(idle.idle_gpu_hours, 2)
     state = status.state if status is not None else BudgetState.UNKNOWN
     limited_elsewhere = status is not None and status.limited_by not in (None, status.namespace)
     wanted = [
@@ -124,6 +129,8 @@ def resource_status(
          ("AncestorThresholdReached" if limited_elsewhere else "ThresholdReached") if state is BudgetState.WARNING else "BelowThresholds",
          _state_message(status)),
     ]
+    if idle is not None:
+        wanted.append(("Idle", bool(idle.idle_pods), "PodsIdle" if idle.idle_pods else "NoIdlePods", _idle_message(idle)))
     previous = {c.get("type"): c for c in ((obj.get("status") or {}).get("conditions") or []) if isinstance(c, dict)}
     conditions = []
     for kind, true, reason, message in wanted:
@@ -145,6 +152,13 @@ def _state_message(status: BudgetStatus | None) -> str:
     percent = limiting.percent_used or 0.0
     return (f"{limiting.namespace} has used {limiting.used_gpu_minutes:.1f} of {limiting.allowance_gpu_minutes:g} "
             f"GPU-minutes ({percent:.0f} %) in its {limiting.period} period")
+
+
+def _idle_message(idle: IdleStatus) -> str:
+    if not idle.idle_pods:
+        return "no GPU pod is idle beyond the warning of its idle policy"
+    shown = ", ".join(idle.idle_pods[:5]) + (f" and {len(idle.idle_pods) - 5} more" if len(idle.idle_pods) > 5 else "")
+    return f"{len(idle.idle_pods)} GPU pod(s) idle beyond the warning of their idle policy: {shown}"
 
 
 def status_differs(current: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:

@@ -56,6 +56,7 @@ class BudgetRow(Base):
     managed_by: Mapped[str | None] = mapped_column(String(253))  # "GPUBudget ns/name" or "ClusterGPUBudget name"
     admission: Mapped[str] = mapped_column(String(8), server_default=AdmissionMode.OPEN.value)  # an AdmissionMode
     on_shortfall: Mapped[str] = mapped_column(String(8), server_default=Shortfall.DEMOTE.value)  # a Shortfall
+    idle: Mapped[str | None] = mapped_column(Text)  # its idle policy, JSON as the API gives it (timekeeper.budgets.idle)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
@@ -110,6 +111,11 @@ class PodLedgerRow(Base):
     gpu_memory_used_mib: Mapped[float | None] = mapped_column(Float)
     gpu_memory_requested_mib: Mapped[float | None] = mapped_column(Float)
     gpu_utilization_percent: Mapped[float | None] = mapped_column(Float)
+    # Its idle streak (timekeeper.accounting.idle): since when every report read utilisation under the policy's
+    # threshold (None: its last report was busy, or unknown), and when this streak was warned of and acted on.
+    idle_since: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    idle_warned_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    idle_acted_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
 class NamespaceUsageRow(Base):
@@ -137,6 +143,7 @@ class PodUsageRow(Base):
     weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # x the model's billing weight then
     metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # the part charged with a utilisation reading
     idle_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # of the metered part, what the GPU left idle
+    idle_weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the same, billed
 
 
 class PodLabelRow(Base):
@@ -193,6 +200,20 @@ class ReservationRow(Base):
     expires_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
 
 
+class IdleHoldRow(Base):
+    """An owner (ReplicaSet, StatefulSet, Job, ...) whose idle pod was evicted: its next pods are admitted out of
+    budget until one of its pods uses its GPU again (timekeeper.cluster.idling)."""
+
+    __tablename__ = "idle_holds"
+
+    owner_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(253), index=True)
+    owner_kind: Mapped[str] = mapped_column(String(63))
+    owner_name: Mapped[str] = mapped_column(String(253))
+    pod: Mapped[str] = mapped_column(String(253))  # the pod evicted
+    held_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
 budgets = BudgetRow.__table__
 top_ups = TopUpRow.__table__
 budget_changes = BudgetChangeRow.__table__
@@ -204,3 +225,4 @@ pod_labels = PodLabelRow.__table__
 gpu_model_weights = GpuModelWeightRow.__table__
 budget_warnings = BudgetWarningRow.__table__
 reservations = ReservationRow.__table__
+idle_holds = IdleHoldRow.__table__

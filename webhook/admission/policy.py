@@ -13,13 +13,16 @@ from gpusharing.contract import (
     ANNOTATION_GPU_MEMORY,
     ANNOTATION_GPU_MODEL,
     ANNOTATION_GPU_SHARE,
+    ANNOTATION_IDLE_HOLD,
     ANNOTATION_PREFIX,
     ANNOTATION_SAFE_ADMISSION,
+    TENANT_LABELS,
     WEBHOOK_ANNOTATIONS,
 )
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
+from gpusharing.kube.owners import controller_of
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import QuantityError, parse_whole_quantity
 from gpusharing.units.share import format_share
@@ -132,7 +135,12 @@ RESERVED = f"annotations and labels under {ANNOTATION_PREFIX} are the GPU-sharin
 def _reserved_keys(pod: dict[str, Any], kept: frozenset[str] = frozenset()) -> list[str]:
     """The pod's annotations and labels under the webhook's prefix, but those in `kept` (annotations only)."""
     annotations = [f"annotation {k}" for k in _annotations(pod) if k.startswith(ANNOTATION_PREFIX) and k not in kept]
-    return sorted(annotations) + sorted(f"label {k}" for k in _labels(pod) if str(k).startswith(ANNOTATION_PREFIX))
+    return sorted(annotations) + sorted(f"label {k}" for k in _labels(pod) if _reserved_label(k))
+
+
+def _reserved_label(key: object) -> bool:
+    """A label under the prefix is the webhook's, but those a pod's author sets (TENANT_LABELS)."""
+    return str(key).startswith(ANNOTATION_PREFIX) and key not in TENANT_LABELS
 
 
 def _listed(keys: list[str], most: int = 5) -> str:
@@ -165,8 +173,9 @@ def _record(gpu: GpuRequest) -> dict[str, str]:
 def _check_record_unchanged(old: dict[str, Any], new: dict[str, Any]) -> Decision:
     changed = []
     for kind, read in (("annotation", _annotations), ("label", _labels)):
-        before = {k: v for k, v in read(old).items() if str(k).startswith(ANNOTATION_PREFIX)}
-        after = {k: v for k, v in read(new).items() if str(k).startswith(ANNOTATION_PREFIX)}
+        reserved = _reserved_label if kind == "label" else lambda k: str(k).startswith(ANNOTATION_PREFIX)
+        before = {k: v for k, v in read(old).items() if reserved(k)}
+        after = {k: v for k, v in read(new).items() if reserved(k)}
         changed += sorted(f"{kind} {k}" for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     if changed:
         return Decision.deny(403, f"{RESERVED} and cannot be changed: {_listed(changed)}")
@@ -249,7 +258,11 @@ def _mutation(
     metadata = as_mapping(pod.get("metadata"))
     spec = as_mapping(pod.get("spec"))
 
+    owner = controller_of(pod)
+    held = budget.idle_holds.get(owner.uid) if owner is not None else None  # an idle pod of its owner was evicted
     wanted = {**record, ANNOTATION_BUDGET_STATE: str(state)}
+    if held and owner is not None:
+        wanted[ANNOTATION_IDLE_HOLD] = f"{owner.kind}/{owner.name}"
     if safe.admission_id:
         wanted[ANNOTATION_ADMISSION_ID] = safe.admission_id
     if safe.outcome:
@@ -263,16 +276,16 @@ def _mutation(
         for key, value in wanted.items():
             if annotations.get(key) != value:
                 patch.add(pointer("metadata", "annotations", key), value)
-    for key in sorted(k for k in _labels(pod) if str(k).startswith(ANNOTATION_PREFIX)):
+    for key in sorted(k for k in _labels(pod) if _reserved_label(k)):
         patch.remove(pointer("metadata", "labels", key))
 
     if safe.deadline_seconds is not None:  # the Job's deadline, carried onto its pod
         patch.add(pointer("spec", "activeDeadlineSeconds"), safe.deadline_seconds)
 
     current_class = spec.get("priorityClassName")
-    if state.demoted or safe.short:
+    if state.demoted or safe.short or held:
         wanted_class = config.priority_class_over_budget
-        why = safe.short or f"namespace {namespace!r} is over its GPU budget"
+        why = safe.short or held or f"namespace {namespace!r} is over its GPU budget"
         warnings.append(
             f"{why}: the pod gets priority class {wanted_class!r} "
             "and may be preempted by pods of namespaces within budget"

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
@@ -29,6 +29,8 @@ class NamespaceBudget:
     warnings: tuple[str, ...] = ()
     admission: AdmissionMode = AdmissionMode.OPEN
     on_shortfall: Shortfall = Shortfall.DEMOTE
+    # Owners held out of budget (uid -> what the timekeeper says of the hold): an idle pod of theirs was evicted.
+    idle_holds: Mapping[str, str] = field(default_factory=dict)
 
 
 UNKNOWN = NamespaceBudget(BudgetState.UNKNOWN)
@@ -60,7 +62,8 @@ def states_from_listing(body: object) -> BudgetStates:
         if isinstance(item, Mapping) and isinstance(item.get("namespace"), str):
             namespace = item["namespace"]
             listed[namespace] = NamespaceBudget(
-                _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item)
+                _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item),
+                idle_holds=_idle_holds(item.get("idleHolds")),
             )
     default = body.get("default")
     return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN)
@@ -84,6 +87,22 @@ def _admission(item: Mapping[str, Any]) -> dict[str, Any]:
         return {"admission": AdmissionMode(item.get("admission", "open")), "on_shortfall": Shortfall(item.get("onShortfall", "demote"))}
     except ValueError:
         return {}
+
+
+MAX_IDLE_HOLDS = 100_000  # per namespace in one listing: more owners than any namespace has
+
+
+def _idle_holds(raw: object) -> dict[str, str]:
+    """The listing's held owners, by uid, each with the sentence a pod it makes is admitted with; what the webhook
+    cannot read is left out (its pods are admitted as any other)."""
+    holds = {}
+    for hold in raw[:MAX_IDLE_HOLDS] if isinstance(raw, list) else []:
+        if not isinstance(hold, Mapping) or not all(isinstance(hold.get(k), str) for k in ("uid", "kind", "name", "pod", "heldAt")):
+            continue
+        holds[hold["uid"]] = (f"{hold['kind']} {hold['name']} is held out of budget since {hold['heldAt']}: its pod "
+                              f"{hold['pod']} left its GPU idle and was evicted, and it is back in budget once one of its "
+                              "pods uses its GPU")
+    return holds
 
 
 def _state(raw: object) -> BudgetState:

@@ -1,0 +1,176 @@
+"""A fake of the part of pynvml the meter's NvmlReader calls, playing a utilisation trace: each reading of the GPU is
+one interval, and the pod's processes kept each device as busy as its trace says for that interval (the trace's last
+value holds after its end). MIG instances, GPM, per-process and per-device sampling, and the errors drivers raise
+where they lack one, are each faked the way NVML answers.
+
+`open_reader` (GPUSHARING_METER_GPU_READER=tests.sidecar.fake_nvml:open_reader) puts a real NvmlReader over it for a
+meter process, on a /proc made for the pod, with the trace of GPUSHARING_FAKE_NVML_TRACE (JSON: a list of percents,
+`null` for a driver that cannot say).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sidecar.nvml import MIB, NvmlReader
+
+TRACE_ENV = "GPUSHARING_FAKE_NVML_TRACE"
+POD_PID, OTHER_PID = 10, 20
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int, text: str = "") -> None:
+        super().__init__(text or f"NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class FakeDevice:
+    name: str
+    processes: list[tuple[int, int | None]]  # (pid, bytes of device memory, None: the driver will not say)
+    trace: list[float | None] = field(default_factory=lambda: [0.0])  # processes[0]'s utilisation per interval
+    others: float = 0.0  # the utilisation of the other processes on it (another pod's, on a shared GPU)
+    per_process: bool = True  # the driver samples utilisation per process
+    device_samples: bool = True  # ... and per device
+    mig: list["FakeDevice"] | None = None  # MIG instances: MIG mode enabled
+    gpm: bool = True  # GPM (Hopper and later): MIG instances' utilisation
+
+    def busy(self, reading: int) -> float | None:
+        return self.trace[min(reading, len(self.trace) - 1)]
+
+
+class FakeNvml:
+    NVMLError = NVMLError
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_NOT_FOUND = 6
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = 2
+
+    def __init__(self, devices: list[FakeDevice]) -> None:
+        self.devices = devices
+        self.reading = -1  # advanced by each reading of the GPU (nvmlDeviceGetCount begins one)
+        self.failure: str | None = None
+        self.freed: list[Any] = []
+
+    def _timestamp(self) -> int:
+        return (self.reading + 1) * 1_000_000  # µs, as NVML's samples carry them
+
+    def _traced(self, device: FakeDevice) -> float:
+        busy = device.busy(self.reading)
+        if busy is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        return busy
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        if self.failure:
+            raise NVMLError(999, self.failure)
+        self.reading += 1
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDevice:  # noqa: N802
+        return self.devices[index]
+
+    def nvmlDeviceGetName(self, device: FakeDevice) -> str | bytes:  # noqa: N802
+        return device.name.encode() if device.name == "Tesla T4" else device.name  # bytes, as bindings before 11.515 gave
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list[SimpleNamespace]:  # noqa: N802
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: FakeDevice, last_seen: int) -> list[SimpleNamespace]:  # noqa: N802
+        if not handle.per_process:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        busy = [(pid, self._traced(handle) if i == 0 else handle.others) for i, (pid, _) in enumerate(handle.processes)]
+        samples = [SimpleNamespace(pid=pid, timeStamp=self._timestamp(), smUtil=round(util)) for pid, util in busy if util > 0]
+        if self._timestamp() <= last_seen or not samples:  # NVML samples only the processes that ran
+            raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
+        return samples
+
+    def nvmlDeviceGetSamples(self, handle: FakeDevice, kind: int, last_seen: int) -> tuple[int, list[SimpleNamespace]]:  # noqa: N802
+        assert kind == self.NVML_GPU_UTILIZATION_SAMPLES
+        if not handle.device_samples:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        if self._timestamp() <= last_seen:
+            raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
+        value = round(min(100.0, self._traced(handle) + handle.others))
+        # Two samples in the interval: the busier second half and the idler first, whose mean is the interval's.
+        first, second = value // 2, value - value // 2
+        return kind, [SimpleNamespace(timeStamp=self._timestamp() - 500_000, sampleValue=SimpleNamespace(uiVal=2 * first)),
+                      SimpleNamespace(timeStamp=self._timestamp(), sampleValue=SimpleNamespace(uiVal=2 * second))]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(gpu=round(min(100.0, self._traced(handle) + handle.others)), memory=0)
+
+    # -- MIG and GPM -------------------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, device: FakeDevice) -> list[int]:  # noqa: N802
+        if device.mig is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        return [self.NVML_DEVICE_MIG_ENABLE, self.NVML_DEVICE_MIG_ENABLE]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeDevice) -> int:  # noqa: N802
+        assert device.mig is not None
+        return len(device.mig) + 1  # one slot empty
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeDevice, index: int) -> FakeDevice:  # noqa: N802
+        assert device.mig is not None
+        if index >= len(device.mig):
+            raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
+        return device.mig[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: FakeDevice) -> FakeDevice:  # noqa: N802
+        return handle  # stands for the instance's id
+
+    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(instance=None, reading=None)
+
+    def nvmlGpmMigSampleGet(self, device: FakeDevice, instance: FakeDevice, sample: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
+        if not instance.gpm:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        sample.instance, sample.reading = instance, self.reading
+        return sample
+
+    def c_nvmlGpmMetricsGet_t(self) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None,
+                               metrics=[SimpleNamespace(metricId=0, value=0.0)])
+
+    def nvmlGpmMetricsGet(self, metrics: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
+        assert metrics.version == self.NVML_GPM_METRICS_GET_VERSION and metrics.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL
+        later = metrics.sample2
+        metrics.metrics[0].value = later.instance.busy(later.reading)  # the instance's SM activity between the two
+        return metrics
+
+    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:  # noqa: N802
+        self.freed.append(sample)
+
+
+def pod_proc(directory: Path, pod_uid: str, host_view: bool = True) -> Path:
+    """A /proc as a meter sees it: pids 10 and 11 are the pod's (systemd and cgroupfs drivers), 20 another pod's;
+    `host_view`: the meter in the host's PID namespace with the host's cgroup view, else in the pod's own."""
+    cgroups = {
+        "10": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-a.scope\n",
+        "11": f"12:memory:/kubepods/besteffort/pod{pod_uid}/c0ffee\n",
+        "20": "0::/kubepods.slice/kubepods-podffffffff_0000_0000_0000_000000000000.slice/cri-containerd-b.scope\n",
+        "self": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-m.scope\n"
+                if host_view else "0::/\n",
+        "1": "0::/init.scope\n" if host_view else f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/pause.scope\n",
+    }
+    for pid, text in cgroups.items():
+        (directory / pid).mkdir(parents=True, exist_ok=True)
+        (directory / pid / "cgroup").write_text(text)
+    return directory
+
+
+def open_reader(pod_uid: str) -> NvmlReader:
+    """A real NvmlReader over one faked H100 that plays GPUSHARING_FAKE_NVML_TRACE for this pod's process."""
+    trace = json.loads(os.environ.get(TRACE_ENV, "[0]"))
+    proc = pod_proc(Path(tempfile.mkdtemp(prefix="fake-proc-")), pod_uid)
+    device = FakeDevice("NVIDIA H100 80GB HBM3", [(POD_PID, 1024 * MIB)], trace)
+    return NvmlReader(FakeNvml([device]), pod_uid, proc)

@@ -1,0 +1,269 @@
+"""The idle policy, acted on by the controller's leader: Events, evictions and holds for GPU pods nobody uses.
+
+Every billing interval the leader reads the streak of each running governed pod (kept by the report path from its
+meter's readings) and judges it by the policy in force (timekeeper.accounting.idle). Each streak is warned of once
+(`GPUIdleWarning` on the pod and its owner) and acted on once (`GPUIdle`), claimed in the database first so that two
+leaders never both act:
+
+- warn: the Event, nothing else;
+- demote: a pod that runs in budget and has an owner is evicted through the Eviction API (PodDisruptionBudgets
+  honoured; a refusal is retried on the next pass), and its owner is held: the webhook admits the owner's next pods
+  out of budget (the over-budget priority class) until one of its pods uses its GPU again. A bare pod (nothing would
+  re-create it) and a pod already out of budget are left running;
+- evict: as demote, and bare pods and pods already out of budget are evicted too.
+
+An owner is held before its pod is evicted, HOLD_LEAD_SECONDS ahead, so that the webhook (which polls the
+timekeeper) knows of the hold when the owner re-creates the pod. A hold ends when a pod of its owner reads busy, when
+the policy in force stops demoting or evicting, or a week after its owner was last seen with a pod.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gpusharing.kube.watching import WatchedObjects
+from gpusharing.units.duration import format_duration
+from gpusharing.units.weights import MICROS_PER_SECOND
+from timekeeper import metrics
+from timekeeper.accounting.idle import IdleState, IdleVerdict, PodFacts, Reading, Streak, verdict
+from timekeeper.accounting.record import RecordedPod
+from timekeeper.accounting.streaks import Hold, IdleLedger, IdleUse, Step
+from timekeeper.budgets.hierarchy import idle_policy_of
+from timekeeper.budgets.idle import IdleAction, PolicyInForce
+from timekeeper.budgets.periods import period_window
+from timekeeper.budgets.status import Budget, BudgetStatus
+from timekeeper.budgets.store import BudgetStore
+from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable, ObjectRef
+
+log = logging.getLogger(__name__)
+
+IDLE_WARNING = "GPUIdleWarning"
+IDLE = "GPUIdle"
+# The webhook polls the timekeeper every 5 s by default (GPUSHARING_BUDGET_REFRESH_SECONDS): a hold is written this
+# long before the eviction that makes the owner re-create its pod.
+HOLD_LEAD_SECONDS = 15.0
+FORGET_HOLDS_AFTER = dt.timedelta(days=7)
+
+
+@dataclass
+class IdlePass:
+    warned: list[str] = field(default_factory=list)  # namespace/pod: GPUIdleWarning
+    acted: list[str] = field(default_factory=list)  # namespace/pod: GPUIdle (the action taken, or why none was)
+    evicted: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # evictions a PodDisruptionBudget refused: tried again
+    held: list[str] = field(default_factory=list)  # namespace/Kind/name: owners held out of budget
+    released: list[str] = field(default_factory=list)  # holds ended
+    verdicts: dict[str, tuple[RecordedPod, IdleVerdict]] = field(default_factory=dict)  # uid -> the running pods'
+    use: dict[str, IdleUse] = field(default_factory=dict)  # namespace -> idle GPU time per day
+
+
+@dataclass(frozen=True)
+class IdleStatus:
+    """What a budget's status says of idleness: its idle GPU-hours this period, and its pods idle beyond the
+    warning of the policy in force (a group's: those of the namespaces below it)."""
+
+    idle_gpu_hours: float
+    idle_pods: tuple[str, ...]  # namespace/pod (idle 4h12m)
+
+
+class Idler:
+    def __init__(
+        self, idle: IdleLedger, budgets: BudgetStore, kube: KubeApi, pods: WatchedObjects[RecordedPod],
+        interval_seconds: float, fresh_seconds: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        self.idle = idle
+        self.budgets = budgets
+        self.kube = kube
+        self.pods = pods
+        self.interval = interval_seconds
+        self.fresh_seconds = fresh_seconds  # a meter's reading older than this is unknown (two meter intervals)
+        self._monotonic = monotonic
+        self._ran: float | None = None
+        self.last: IdlePass | None = None
+
+    def run(self, now: dt.datetime) -> IdlePass | None:
+        """One pass every interval (else the last one's result); None until the pod watch has listed the cluster."""
+        pods = self.pods.items
+        if pods is None:
+            return None
+        if self._ran is not None and self._monotonic() - self._ran < self.interval:
+            return self.last
+        self._ran = self._monotonic()
+        done = IdlePass()
+        running = {p.uid: p for p in pods.values() if p.started_at and p.finished_at is None and p.deleted_at is None}
+        ledgers = self.idle.pods(running.keys())
+        budgets = self.budgets.budgets()
+        holds = {hold.owner.uid: hold for hold in self.idle.holds()}
+        for uid, pod in sorted(running.items(), key=lambda item: (item[1].namespace, item[1].name)):
+            record = ledgers.get(uid)
+            if record is None:
+                continue  # not observed yet
+            policy = idle_policy_of(budgets, pod.namespace, self.budgets.default_idle)
+            judged = verdict(record.streak, Reading(record.gpu_utilization_percent, record.last_report_at), policy,
+                             PodFacts(pod.started_at, pod.idle_exempt), now, self.fresh_seconds)
+            done.verdicts[uid] = (pod, judged)
+            if judged.action_due and record.idle_acted_at is None and policy is not None:
+                self._act(pod, record.streak, judged, policy, holds, now, done)
+            elif judged.warning_due and record.idle_warned_at is None and policy is not None:
+                if self._tell(pod, record.streak, "idle_warned_at", IDLE_WARNING, _warning(pod, judged, policy), now):
+                    done.warned.append(f"{pod.namespace}/{pod.name}")
+                    metrics.IDLE_ACTIONS.labels("warning", "done").inc()
+        self._release(holds, pods, budgets, done, now)
+        # The idle GPU time of the periods in use since the earliest one's start (all of it only under period none).
+        kinds = {budget.period for budget in budgets.values()} | {self.budgets.default_period}
+        done.use = self.idle.idle_use(min(period_window(kind, now).start for kind in kinds).date())
+        self.last = done
+        return done
+
+    # -- acting --------------------------------------------------------------------------------------------------
+
+    def _act(self, pod: RecordedPod, streak: Streak, judged: IdleVerdict, policy: PolicyInForce,
+             holds: dict[str, Hold], now: dt.datetime, done: IdlePass) -> None:
+        action = policy.policy.action
+        said = _idle_for(pod, judged) + f": {_rule(policy)}"
+        spared = self._spared(pod, action)
+        if action is IdleAction.WARN or spared:
+            told = f"{said}; nothing else is done" if action is IdleAction.WARN else f"{said}; it is not evicted: {spared}"
+            if self._tell(pod, streak, "idle_acted_at", IDLE, told, now):
+                done.acted.append(f"{pod.namespace}/{pod.name}")
+                metrics.IDLE_ACTIONS.labels(str(action), "spared" if spared else "done").inc()
+            return
+        if pod.owner is not None:
+            hold = holds.get(pod.owner.uid)
+            if hold is None:  # first the hold, so that the webhook knows it when the owner re-creates the pod
+                self.idle.hold(pod.namespace, pod.owner, pod.name, now)
+                done.held.append(f"{pod.namespace}/{pod.owner.kind}/{pod.owner.name}")
+                return
+            if (now - hold.held_at).total_seconds() < HOLD_LEAD_SECONDS:
+                return
+        assert streak.since is not None
+        if not self.idle.claim(pod.uid, streak.since, "idle_acted_at", now):
+            return
+        fields = {"namespace": pod.namespace, "pod": pod.name}
+        try:
+            result = self.kube.evict(pod.namespace, pod.name, pod.uid)
+        except KubeUnavailable as exc:
+            self.idle.release(pod.uid, streak.since, "idle_acted_at")
+            log.warning("%s; will try again", exc, extra=fields)
+            return
+        metrics.EVICTIONS.labels(result.value).inc()
+        metrics.IDLE_ACTIONS.labels(str(action), result.value).inc()
+        if result is EvictionResult.REFUSED:
+            self.idle.release(pod.uid, streak.since, "idle_acted_at")
+            done.refused.append(f"{pod.namespace}/{pod.name}")
+            log.info("idle pod %s/%s: eviction refused by a PodDisruptionBudget; will try again", pod.namespace, pod.name,
+                     extra={**fields, "eviction": result.value})
+            return
+        if result is EvictionResult.GONE:
+            return
+        done.evicted.append(f"{pod.namespace}/{pod.name}")
+        done.acted.append(f"{pod.namespace}/{pod.name}")
+        held = (f"; {pod.owner.kind} {pod.owner.name}'s next pods are admitted out of budget until one uses its GPU"
+                if pod.owner is not None else "")
+        self._events(pod, IDLE, f"{said}; evicted{held}")
+
+    def _spared(self, pod: RecordedPod, action: IdleAction) -> str | None:
+        """Why `demote` leaves a pod running: nothing would re-create it, or it already runs out of budget."""
+        if action is not IdleAction.DEMOTE:
+            return None
+        if pod.owner is None:
+            return "it has no owner to re-create it demoted (the action evict would stop it)"
+        if pod.demoted:
+            return "it already runs out of budget (the webhook admitted it demoted)"
+        return None
+
+    def _tell(self, pod: RecordedPod, streak: Streak, step: Step, reason: str, message: str, now: dt.datetime) -> bool:
+        """An Event, once per streak: claimed first, given back when it cannot be sent; whether this pass sent it."""
+        assert streak.since is not None
+        if not self.idle.claim(pod.uid, streak.since, step, now):
+            return False
+        try:
+            self._events(pod, reason, message, strict=True)
+        except KubeUnavailable as exc:
+            self.idle.release(pod.uid, streak.since, step)
+            log.warning("%s; will try again", exc, extra={"namespace": pod.namespace, "pod": pod.name})
+            return False
+        return True
+
+    def _events(self, pod: RecordedPod, reason: str, message: str, strict: bool = False) -> None:
+        """The Event on the pod, and on its owner as `kubectl describe` shows it (a ReplicaSet's Deployment).
+        `strict`: a failure on the pod raises KubeUnavailable; the owner's is only logged."""
+        fields = {"namespace": pod.namespace, "pod": pod.name, "event": reason}
+        try:
+            self.kube.record_object_event(ObjectRef("v1", "Pod", pod.name, pod.uid, pod.namespace), reason, message, True)
+        except KubeUnavailable:
+            if strict:
+                raise
+        metrics.EVENTS.labels(reason).inc()
+        log.warning("%s", message, extra=fields)
+        if pod.owner is None:
+            return
+        owner = ObjectRef(pod.owner.api_version, pod.owner.kind, pod.owner.name, pod.owner.uid, pod.namespace)
+        try:
+            self.kube.record_object_event(self.kube.shown_owner(owner), reason, message, True)
+        except KubeUnavailable as exc:
+            log.warning("%s", exc, extra=fields)
+
+    # -- holds ---------------------------------------------------------------------------------------------------
+
+    def _release(self, holds: Mapping[str, Hold], pods: Mapping[tuple[str, str], RecordedPod],
+                 budgets: Mapping[str, Budget], done: IdlePass, now: dt.datetime) -> None:
+        """Ends the holds of owners whose GPU is used again, whose policy no longer evicts, or long gone."""
+        busy = {pod.owner.uid for pod, judged in done.verdicts.values() if pod.owner and judged.state is IdleState.BUSY}
+        seen = {pod.owner.uid for pod in pods.values() if pod.owner is not None}
+        ended = []
+        for uid, hold in holds.items():
+            policy = idle_policy_of(budgets, hold.namespace, self.budgets.default_idle)
+            lifted = policy is None or policy.policy.action is IdleAction.WARN
+            if uid in busy or lifted or (uid not in seen and now - hold.held_at > FORGET_HOLDS_AFTER):
+                ended.append(uid)
+                done.released.append(f"{hold.namespace}/{hold.owner.kind}/{hold.owner.name}")
+        self.idle.release_holds(ended)
+
+
+def budget_idle(statuses: Mapping[str, BudgetStatus], done: IdlePass | None) -> dict[str, IdleStatus]:
+    """Each budget's idle GPU-hours in its current period and its pods idle beyond their warning (a group's: those of
+    the namespaces below it)."""
+    if done is None:
+        return {}
+    below: dict[str, set[str]] = {}
+    for name, status in statuses.items():
+        if status.kind == "namespace":
+            for budget in (name, *(ancestor.namespace for ancestor in status.ancestors)):
+                below.setdefault(budget, set()).add(name)
+    beyond: dict[str, list[str]] = {}
+    for pod, judged in done.verdicts.values():
+        if judged.warning_due or judged.action_due:
+            beyond.setdefault(pod.namespace, []).append(f"{pod.namespace}/{pod.name} (idle {format_duration(round(judged.idle_seconds))})")
+    result = {}
+    for name, status in statuses.items():
+        window = status.window
+        namespaces = sorted(below.get(name, set()))
+        idle = sum(done.use[ns].between(window.start.date(), window.end.date() if window.end else None)[0]
+                   for ns in namespaces if ns in done.use)
+        result[name] = IdleStatus(idle / MICROS_PER_SECOND / 3600, tuple(p for ns in namespaces for p in sorted(beyond.get(ns, []))))
+    return result
+
+
+def _idle_for(pod: RecordedPod, judged: IdleVerdict) -> str:
+    assert judged.policy is not None
+    return (f"the GPU of pod {pod.name} has been idle for {format_duration(round(judged.idle_seconds))} (every meter "
+            f"reading under {judged.policy.policy.utilisation_percent:g} % utilisation)")
+
+
+def _rule(policy: PolicyInForce) -> str:
+    whose = f"the budget of {policy.source}" if policy.source else "the default budget"
+    return f"the idle policy of {whose}: {policy.policy.describe()}"
+
+
+def _warning(pod: RecordedPod, judged: IdleVerdict, policy: PolicyInForce) -> str:
+    assert judged.act_at is not None
+    action = {IdleAction.WARN: "it will be reported idle", IdleAction.DEMOTE: "it will be demoted",
+              IdleAction.EVICT: "it will be evicted"}[policy.policy.action]
+    when = judged.act_at.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{_idle_for(pod, judged)}: {action} at {when} unless it uses its GPU ({_rule(policy)})"
