@@ -27,7 +27,7 @@ from sidecar.nvml import MIB, NvmlReader
 from sidecar.state import StateFile
 from tests.fakekube import FakeKube
 from tests.sidecar.fake_nvml import POD_PID, FakeDevice, FakeNvml, pod_proc
-from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient, served
+from tests.timekeeper.conftest import METER, READER, AppFactory, Clock, SpecClient, served
 from tests.timekeeper.test_kubectl_plugin import cluster, plugin  # noqa: F401 (cluster: a fixture)
 from timekeeper.accounting.idle import IdleState, PodFacts, Reading, Streak, next_streak, outlook, verdict
 from timekeeper.accounting.record import RecordedPod, recorded_pod
@@ -242,13 +242,15 @@ class Cluster:
         self.pods: WatchedObjects[RecordedPod] = WatchedObjects("pods", lambda **_: None, lambda _: None)
         self.pods.items = {}
         self.idle = IdleLedger(store.db)
-        self.idler = Idler(self.idle, store, KubeApi(fake.api_client()), self.pods, IN_BUDGET, interval_seconds=0,
+        self.idler = Idler(self.idle, store, KubeApi(fake.api_client()), self.pods, interval_seconds=0,
                            fresh_seconds=2 * INTERVAL)
         self.meters: dict[str, Meter] = {}
 
     def pod(self, name: str, owner: str | None = None, labels: dict[str, str] | None = None,
-            priority: str = IN_BUDGET) -> Meter:
-        obj = self.fake.add_pod("ml", name, share="0.5", priority_class=priority)
+            demoted: bool = False) -> Meter:
+        obj = self.fake.add_pod("ml", name, share="0.5", priority_class=OVER_BUDGET if demoted else IN_BUDGET)
+        if demoted:  # the webhook's record: admitted out of budget
+            obj["metadata"]["annotations"]["gpusharing.io/budget-state"] = "over-budget"
         obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
         obj["metadata"]["labels"] = labels or {}
         if owner:
@@ -324,7 +326,7 @@ def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budget
     (hold,) = leader.idle.holds()
     assert (hold.owner.kind, hold.owner.name, hold.pod) == ("ReplicaSet", "nb-7d9", "nb-0")
     # The webhook learns of the hold from the listing it polls, before the pod is evicted.
-    listing = SpecClient(make_app().test_client(), METER).get("/api/v1/budgets").json["items"]
+    listing = SpecClient(make_app().test_client(), READER).get("/api/v1/budgets").json["items"]
     assert [item["idleHolds"] for item in listing if item["namespace"] == "ml"] == [
         [{"kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9", "pod": "nb-0", "heldAt": "2026-11-27T09:02:30Z"}]]
     passes = leader.play({"nb-0": 0}, steps=int(HOLD_LEAD_SECONDS // INTERVAL) + 2)
@@ -337,7 +339,7 @@ def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budget
     assert owner_event[:2] == ("ReplicaSet", "nb-7d9")
     # Its replacement, admitted out of budget, uses its GPU: the owner is back in budget.
     leader.gone("nb-0")
-    leader.pod("nb-1", owner="nb-7d9", priority=OVER_BUDGET)
+    leader.pod("nb-1", owner="nb-7d9", demoted=True)
     (done,) = leader.play({"nb-1": 80})
     assert done.released == ["ml/ReplicaSet/nb-7d9"] and leader.idle.holds() == []
 
@@ -345,12 +347,12 @@ def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budget
 def test_demote_leaves_bare_pods_and_pods_already_out_of_budget_running(leader: Cluster) -> None:
     policy(leader.store, after="2m", action="demote")
     leader.pod("debug")
-    leader.pod("nb-1", owner="nb-7d9", priority=OVER_BUDGET)
+    leader.pod("nb-1", owner="nb-7d9", demoted=True)
     passes = leader.play({"debug": 0, "nb-1": 0}, steps=8)
     assert leader.fake.evicted == [] and leader.idle.holds() == []
     told = {name: message for kind, name, message in leader.events(IDLE) if kind == "Pod"}
     assert told["debug"].endswith("it is not evicted: it has no owner to re-create it demoted (the action evict would stop it)")
-    assert told["nb-1"].endswith(f"it is not evicted: it already runs out of budget (priority class {OVER_BUDGET})")
+    assert told["nb-1"].endswith("it is not evicted: it already runs out of budget (the webhook admitted it demoted)")
     assert sum(len(done.acted) for done in passes) == 2  # once each
 
 
