@@ -118,16 +118,6 @@ def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str
     engine.dispose()
 
 
-def migrated_to(revision: str, backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    """A new SQLite or PostgreSQL database migrated up to `revision`: as a release before it left it."""
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'before.sqlite'}"
-    else:
-        url = request.getfixturevalue("postgres").create_database(f"before_{revision}")
-    upgrade(url, revision)
-    return url
-
-
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods_go_on(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest,
@@ -165,7 +155,7 @@ def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods
 def test_usage_from_before_idle_policies_gets_its_idle_cost_and_budgets_no_policy(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:
-    url = migrated_to("0005_billing_record", backend, tmp_path, request)
+    url = migrated_to("0006_reservations", backend, tmp_path, request)
     engine = create_engine(url)
     day = dt.date(2026, 11, 25)
     with engine.begin() as conn:  # an H100 day (weight 2.5) 40 % idle, and a day of a pod whose meter read nothing
@@ -183,7 +173,7 @@ def test_usage_from_before_idle_policies_gets_its_idle_cost_and_budgets_no_polic
         costs = dict(conn.execute(select(pod_usage.c.pod_uid, pod_usage.c.idle_weighted_micro_gpu_seconds)).all())
         assert costs == {"uid-a": 3_600_000_000, "uid-b": 0}  # 1,440 idle GPU-s at the row's weight 2.5
         assert conn.execute(select(budgets.c.idle)).scalar_one() is None
-    command.downgrade(alembic_config(url), "0005_billing_record")
+    command.downgrade(alembic_config(url), "0006_reservations")
     assert "idle_since" not in {c["name"] for c in inspect(engine).get_columns("pod_ledgers")}
     assert "idle_holds" not in inspect(engine).get_table_names()
     engine.dispose()
