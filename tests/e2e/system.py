@@ -224,20 +224,14 @@ class GpuSharing:
         if not self.plane.runs_controllers:
             pytest.skip("this test needs kube-controller-manager, which KUBEBUILDER_ASSETS does not hold")
 
-    def tenant_admin(self, namespace: str) -> requests.Session:
-        """HTTP to the API server as a tenant: a ServiceAccount bound to the built-in `admin` ClusterRole in
-        `namespace` alone (what a namespace's owner has; nothing cluster-wide)."""
-        self.service_account(namespace, "tenant-admin")
+    def bind(self, namespace: str, service_account: str, cluster_role: str) -> None:
+        """A new ServiceAccount holding `cluster_role` in `namespace` alone (a RoleBinding of its name)."""
+        self.service_account(namespace, service_account)
         self.rest("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "tenant-admin"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": "tenant-admin", "namespace": namespace}],
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": service_account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
         })
-        session = requests.Session()
-        session.trust_env = False
-        session.verify = str(self.plane.ca_file)
-        session.headers["Authorization"] = f"Bearer {self.token(namespace, 'tenant-admin', audience=None)}"
-        return session
 
     def service_account(self, namespace: str, name: str) -> None:
         self.rest("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
@@ -251,12 +245,7 @@ class GpuSharing:
     def namespace_admin(self, namespace: str) -> client.CoreV1Api:
         """A tenant's administrator: a ServiceAccount with the built-in `admin` ClusterRole bound in `namespace` alone
         (that role is aggregated by a controller, so the caller needs kube-controller-manager)."""
-        self.service_account(namespace, "tenant-admin")
-        self.rest("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "tenant-admin"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": "tenant-admin", "namespace": namespace}],
-        })
+        self.bind(namespace, "tenant-admin", "admin")
         api = self.core_api_as(namespace, "tenant-admin")
         wait_for(lambda: _allowed(lambda: api.list_namespaced_pod(namespace)), f"the admin of {namespace} to list its pods")
         return api

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import requests
 import yaml
+from kubernetes import client
 
 from demo.apiserver import EXAMPLES
 from demo.processes import Service
@@ -176,17 +177,16 @@ def test_a_forged_report_from_a_namespace_admin_does_not_stop_the_bill(
     gpusharing: GpuSharing, timekeepers: Timekeepers, forged: dict[str, Any],
 ) -> None:
     namespace = gpusharing.namespace("e2e-forged")
-    tenant = gpusharing.tenant_admin(namespace)
+    tenant = gpusharing.namespace_admin(namespace)
     pod = start(gpusharing, gpu_pod(gpusharing, namespace, "trainer"))
     # A namespace admin mints the pod's own token for the timekeeper's audience, without touching the pod.
-    minted = tenant.post(f"{gpusharing.plane.url}/api/v1/namespaces/{namespace}/serviceaccounts/default/token", json={
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
-            "audiences": ["gpusharing-timekeeper"], "expirationSeconds": 3600,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": pod["metadata"]["uid"]}}}, timeout=30)
-    assert minted.status_code == 201, minted.text
+    minted = tenant.create_namespaced_service_account_token("default", namespace, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=["gpusharing-timekeeper"], expiration_seconds=3600,
+                                       bound_object_ref=client.V1BoundObjectReference(
+                                           api_version="v1", kind="Pod", name="trainer", uid=pod["metadata"]["uid"]))))
     body = {"podUid": pod["metadata"]["uid"], "namespace": namespace, "pod": "trainer", "gpuShare": share_of(pod),
             "gpuSeconds": 0.5, **forged}
-    answer = timekeepers.call("POST", "/api/v1/reports", minted.json()["status"]["token"], body)
+    answer = timekeepers.call("POST", "/api/v1/reports", minted.status.token, body)
     assert answer.status_code == 200, answer.text  # accepted, as the pod's own meter's word: it is evidence
     time.sleep(3 * METER_INTERVAL_SECONDS)  # the pod keeps its GPU
     pod = finish(gpusharing, pod)

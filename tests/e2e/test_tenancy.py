@@ -199,12 +199,7 @@ def test_reads_are_scoped_to_the_namespaces_kubernetes_lets_the_caller_read(gpus
     tenant = gpusharing.token(mine, "default")
     assert statuses(gpusharing, tenant, READS, theirs) + statuses(gpusharing, tenant, CLUSTER_READS, theirs) == [403] * 7
     # A member of a namespace (RBAC's view role there) reads it, and it alone.
-    gpusharing.service_account(mine, "member")
-    gpusharing.rest("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{mine}/rolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "member-view"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
-        "subjects": [{"kind": "ServiceAccount", "name": "member", "namespace": mine}],
-    })
+    gpusharing.bind(mine, "member", "view")
     member = gpusharing.token(mine, "member")
     assert wait_for(lambda: statuses(gpusharing, member, READS, mine) == [200] * 4, "the view role aggregated")
     assert statuses(gpusharing, member, READS, theirs) + statuses(gpusharing, member, CLUSTER_READS, theirs) == [403] * 7
