@@ -9,7 +9,7 @@ PROMTOOL := $(BIN)/promtool
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
-.PHONY: test demo bench clean constraints test-python test-lowest plugin tools dist image
+.PHONY: test demo bench scale clean constraints test-python test-lowest plugin tools dist image
 
 # One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
 # with its release extra (make dist).
@@ -52,6 +52,14 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
 	$(BIN)/python bench/reservations.py
+	$(BIN)/python bench/cluster_scale.py
+
+# The cluster tier's scale run, larger than CI runs it (tests/cluster/test_scale.py prints its figures).
+SCALE_NODES ?= 200
+SCALE_PODS ?= 2000
+scale: $(VENV)/.installed
+	KUBEBUILDER_ASSETS=$${KUBEBUILDER_ASSETS:-$$(../shared/kube/unpack)} GPUSHARING_SCALE_NODES=$(SCALE_NODES) \
+	  GPUSHARING_SCALE_PODS=$(SCALE_PODS) $(BIN)/python -m pytest -s -q -p no:cacheprovider tests/cluster/test_scale.py
 
 # The archive krew's manifest (plugins/gpusharing.yaml) points at; prints its sha256.
 plugin:

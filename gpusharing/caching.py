@@ -7,7 +7,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -20,12 +20,19 @@ class TtlCache(Generic[K, T]):
     Concurrent misses of one key make one call while the others wait for its answer; a call that fails is not
     kept (each waiter gets its error, the next miss calls again). Entries go when they expire and, beyond
     max_entries, oldest first: a flood of new keys pushes out the oldest, never everything at once.
+
+    With an `executor`, the call runs there and a caller waits for it at most `wait` seconds
+    (concurrent.futures.TimeoutError): a slow API server delays no request longer, and the call goes on, so that a
+    caller who tries again finds its answer kept.
     """
 
-    def __init__(self, seconds: float, max_entries: int = 50_000, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, seconds: float, max_entries: int = 50_000, clock: Callable[[], float] = time.monotonic,
+                 executor: Executor | None = None, wait: float | None = None):
         self._seconds = seconds
         self._max = max_entries
         self._clock = clock
+        self._executor = executor
+        self._wait = wait
         self._entries: OrderedDict[K, tuple[float, T]] = OrderedDict()  # oldest first: in the order they expire
         self._pending: dict[K, Future[T]] = {}
         self._lock = threading.Lock()
@@ -42,20 +49,24 @@ class TtlCache(Generic[K, T]):
                 computing = True
             else:
                 computing = False
-        if not computing:
-            return pending.result()
+        if computing and self._executor is not None:
+            self._executor.submit(self._fill, key, compute, pending)
+        elif computing:
+            self._fill(key, compute, pending)
+        return pending.result(self._wait if self._executor is not None else None)
+
+    def _fill(self, key: K, compute: Callable[[], T], pending: Future[T]) -> None:
         try:
             value = compute()
         except BaseException as failed:
             with self._lock:
                 del self._pending[key]
             pending.set_exception(failed)
-            raise
+            return
         with self._lock:
             del self._pending[key]
             self._keep(key, value)
         pending.set_result(value)
-        return value
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -25,6 +25,7 @@ from timekeeper.cluster.controller import Controller
 from timekeeper.cluster.idling import Idler
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments, watched_pods
+from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import head_revision
@@ -56,6 +57,7 @@ class Services:
     commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
     collector: metrics.LedgerCollector
     schema_head: str
+    webhooks: WebhookListings  # what each webhook process holds in force
 
     def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
@@ -97,7 +99,7 @@ def build_services(
     if kube is None:
         log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
-    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
+    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds)
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock, config.default_idle)
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
@@ -107,15 +109,17 @@ def build_services(
     if kube is not None:
         biller = Biller(ledger, kube, config.gpu_request, config.billing_interval_seconds, config.meter_interval_seconds)
         idler = Idler(idle, budgets, kube, biller.pods, config.billing_interval_seconds, 2 * config.meter_interval_seconds)
-        controller = Controller(budgets, kube, config.demotion_interval_seconds, config.lease_namespace, biller=biller,
-                                idler=idler)
+        controller = Controller(budgets, kube, config.demotion_interval_seconds, config.lease_namespace,
+                                config.lease_seconds, biller=biller, idler=idler)
     if controller is not None and background:
         controller.start()
     if commitments is None and kube is not None and background:
-        commitments = watched_pods(kube, config.catalogue, clock, config.reservation_seconds, metrics.record_pod_sync)
+        # Replicas answer the webhooks alike: what is left of each deadline is reckoned by the database's clock.
+        commitments = watched_pods(kube, config.catalogue, db.now if config.clock == DEFAULT_CLOCK else clock,
+                                   config.reservation_seconds, metrics.record_pod_sync)
     return Services(config, auth, db, budgets, ReservationStore(budgets, config.reservation_seconds), ledger, idle,
                     ReportQueue(ledger), controller, commitments,
-                    metrics.LedgerCollector(ledger, commitments, idle), head_revision())
+                    metrics.LedgerCollector(ledger, commitments, idle), head_revision(), WebhookListings(db))
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:

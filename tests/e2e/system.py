@@ -66,9 +66,18 @@ def wait_for(condition: Callable[[], T], what: str, timeout: float = WAIT_SECOND
 
 
 class GpuSharing:
-    def __init__(self, plane: ControlPlane, directory: Path):
+    """The project on `plane`; `timekeeper_env` and `webhook_env` add to (or change) the settings each role runs with.
+    32 webhook threads by default: a burst of pods makes the API server dial connections it then leaves idle, and
+    gunicorn's gthread worker holds a thread on each until its first request (4 threads timed out bursts of 40 pods)."""
+
+    def __init__(self, plane: ControlPlane, directory: Path, timekeeper_env: dict[str, str] | None = None,
+                 webhook_env: dict[str, str] | None = None, webhook_threads: int = 32):
         self.plane = plane
         self.directory = directory
+        self.timekeeper_env = timekeeper_env or {}
+        self.database = self.timekeeper_env.get("TIMEKEEPER_DATABASE_URL", f"sqlite:///{directory / 'timekeeper.sqlite'}")
+        self.webhook_env = webhook_env or {}
+        self.webhook_threads = webhook_threads
         self.api = plane.api_client()
         self.session = plane.admin_session()
         self.manifests = crds() + kustomize(installable_manifests(directory))
@@ -110,13 +119,12 @@ class GpuSharing:
         api = urllib.parse.urlsplit(self.plane.url)
         self.timekeeper_link = Link(str(api.hostname), int(api.port or 443))
         self._stack.callback(self.timekeeper_link.close)
-        self.timekeeper, url = self.timekeeper_service("timekeeper", f"sqlite:///{self.directory / 'timekeeper.sqlite'}",
-                                                       api_url=f"https://127.0.0.1:{self.timekeeper_link.port}")
+        self.timekeeper, url = self.timekeeper_service("timekeeper", self.database, api_url=f"https://127.0.0.1:{self.timekeeper_link.port}")
         return url
 
     def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
-        """A timekeeper process on loopback with the manifests' ServiceAccount (and `env` on top), started; stopped
-        with the system at the latest."""
+        """A timekeeper process on loopback with the manifests' ServiceAccount (the system's `timekeeper_env`, and
+        `env` on top), started; stopped with the system at the latest."""
         kubeconfig = write_kubeconfig(
             self.directory / f"{name}.kubeconfig",
             api_url or self.plane.url,
@@ -136,6 +144,7 @@ class GpuSharing:
             "TIMEKEEPER_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
             "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": str(DEMOTION_INTERVAL_SECONDS),
+            **self.timekeeper_env,
             **env,
         }
         args = ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--threads", "8"]
@@ -171,15 +180,25 @@ class GpuSharing:
             # The API server's client certificate (its AdmissionConfiguration): no one else is answered.
             "GPUSHARING_CLIENT_CA_FILE": str(self.plane.webhook_client_ca),
             "GPUSHARING_ALLOWED_PRIORITY_CLASSES": ALLOWED_PRIORITY_CLASS,
+            **self.webhook_env,
         }
-        # 32 threads: a burst of pods makes the API server dial connections it then leaves idle, and gunicorn's gthread
-        # worker holds a thread on each until its first request (4 threads timed out bursts of 40 pods).
         args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(cert),
-                "--key", str(key), "--workers", "1", "--threads", "32"]
+                "--key", str(key), "--workers", "1", "--threads", str(self.webhook_threads)]
         return Service(name, args, f"https://127.0.0.1:{port}/readyz", env=env, verify=verify, log_path=self.directory / f"{name}.log")
 
     def stop(self) -> None:
         self._stack.close()
+
+    def __enter__(self) -> "GpuSharing":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     # --- the Kubernetes API ---------------------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ def test_a_list_is_read_a_page_at_a_time_and_only_what_is_extracted_is_kept(monk
 
 def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Not a line per list retried (every few seconds, for as long as the API server is away)."""
-    monkeypatch.setattr(watching, "BACKOFF_SECONDS", (0,))
+    monkeypatch.setattr(watching, "backoff_seconds", lambda failures: 0.0)
     failures = iter(range(12))
 
     def list_all(**kwargs: Any) -> SimpleNamespace:
@@ -55,7 +55,7 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(monkeypatch: 
     watched._run()
     (started, ended) = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert started == ("WARNING", "the list and watch of pods is unavailable: HTTP 503: Service Unavailable; the last known "
-                                  "pods stay in force, listed again with backoff (up to 0 s) (logged again when it is back)")
+                                  "pods stay in force, listed again with backoff (up to 30 s, jittered) (logged again when it is back)")
     assert ended[0] == "INFO" and ended[1].startswith("the list and watch of pods is back after ")
     assert ended[1].endswith(" (12 lists failed): 0 pods listed")  # how long it lasted: tests/gpusharing/test_outage.py
 
@@ -83,3 +83,32 @@ def test_a_failed_list_marks_the_watch_broken_until_it_lists_again() -> None:
         assert watched.items == {} and watched.broken_since is None
     finally:
         watched.stop()
+
+
+def test_backoff_doubles_to_its_cap_with_jitter() -> None:
+    lowest = [watching.backoff_seconds(n, lambda: 0.0) for n in range(1, 10)]
+    highest = [watching.backoff_seconds(n, lambda: 1.0) for n in range(1, 10)]
+    assert highest[:4] == [0.8, 1.6, 3.2, 6.4] and highest[-1] == watching.BACKOFF_MAX_SECONDS
+    assert lowest == [h / 2 for h in highest]  # every wait between half and all of its ceiling
+
+
+def test_a_list_that_succeeds_while_every_watch_fails_backs_off_further_each_time(monkeypatch: Any) -> None:
+    def list_all(**kwargs: Any) -> SimpleNamespace:
+        return SimpleNamespace(data=json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode())
+
+    watched = WatchedObjects("pods", list_all, lambda pod: pod)
+    failures: list[int] = []
+
+    def backoff(n: int) -> float:
+        failures.append(n)
+        if len(failures) == 4:
+            watched._stop.set()
+        return 0.0
+
+    def follow(version: str) -> Any:
+        raise RuntimeError("HTTP 403: watch forbidden")
+
+    monkeypatch.setattr(watching, "backoff_seconds", backoff)
+    monkeypatch.setattr(watched, "_follow", follow)
+    watched._run()
+    assert failures == [1, 2, 3, 4]  # the successful lists between them do not count as recovered

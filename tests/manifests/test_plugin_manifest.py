@@ -15,7 +15,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"

@@ -138,6 +138,22 @@ def test_an_api_outage_is_one_line_when_it_starts_and_one_when_it_ends(fake_kube
     assert lines[4][1] == "took the lease gpusharing-system/gpusharing-timekeeper as me"
 
 
+def test_a_leader_keeps_its_lease_while_it_works_and_knows_at_once_when_it_is_lost(fake_kube: FakeKube) -> None:
+    now = [0.0]
+    kube = KubeApi(fake_kube.api_client())
+    first, second = (LeaderElection(kube, "gpusharing-system", who, 9, monotonic=lambda: now[0]) for who in ("first", "second"))
+    assert first.try_acquire_or_renew() and first.term == 0
+    assert not second.try_acquire_or_renew()
+    for step in range(1, 10):  # a pass of 27 s, three times the lease, kept between its acts
+        now[0] = 3.0 * step
+        assert first.keep() and first.remaining_seconds() > 0
+        assert not second.try_acquire_or_renew()
+    now[0] += 9.5  # paused past its lease without renewing: it knows, without asking anyone
+    assert first.remaining_seconds() == 0
+    assert second.try_acquire_or_renew() and second.term == 1  # the successor's term is higher
+    assert not first.keep()  # the renewal it tries now is refused: the Lease is the second's
+
+
 def test_a_stale_write_loses_the_race(fake_kube: FakeKube) -> None:
     kube = KubeApi(fake_kube.api_client())
     election = LeaderElection(kube, "gpusharing-system", "me", 10)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,6 +47,8 @@ class FakeTimekeeper:
         self.delay = 0.0
         self.authorizations: list[str | None] = []
         self.bodies: list[Any] = []
+        self.polls: list[dict[str, str]] = []  # each poll's query: the webhook's name and the listing it holds
+        self.listed_at = 0.0  # each listing's stamp, one more than the last's
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -55,8 +58,11 @@ class FakeTimekeeper:
                     self.send_response(503)
                     self.end_headers()
                     return
-                listing = {"items": fake.items} if fake.default is None else {"items": fake.items, "default": fake.default}
-                reply_json(self, 200 if self.path == "/api/v1/budgets" else 404, listing)
+                path, _, query = self.path.partition("?")
+                fake.polls.append({key: values[0] for key, values in urllib.parse.parse_qs(query).items()})
+                fake.listed_at += 1
+                listing = {"items": fake.items, "listedAt": fake.listed_at, **({} if fake.default is None else {"default": fake.default})}
+                reply_json(self, 200 if path == "/api/v1/budgets" else 404, listing)
 
             def do_POST(self) -> None:  # noqa: N802
                 fake.authorizations.append(self.headers.get("Authorization"))

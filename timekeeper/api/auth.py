@@ -18,9 +18,13 @@ Modes (TIMEKEEPER_AUTH):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import TypeVar
 
 from gpusharing.caching import TtlCache
 from gpusharing.compat import StrEnum
@@ -32,7 +36,7 @@ from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting.reports import ReportTerms
 from timekeeper.accounting.usage import recorded_labels
-from timekeeper.cluster.kube import Access, Identity, KubeApi
+from timekeeper.cluster.kube import Access, Identity, KubeApi, KubeUnavailable
 
 GROUP = "gpusharing.io"
 ADMIN = Access("update", "budgets", GROUP)
@@ -117,17 +121,37 @@ def _namespaces(word: str, where: str) -> frozenset[str]:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+REVIEW_THREADS = 8  # API calls under way at once for requests (each bounded by the API's own timeout)
+
+
 class Authenticator:
-    def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0):
+    """Who calls, and what they may do. The API server's answers are cached; a request waits for one at most
+    `wait_seconds`, then gets a 503 (KubeUnavailable) to try again, while the call goes on for the next try."""
+
+    def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0,
+                 wait_seconds: float = 2.0):
         if mode == "tokenreview" and kube is None:
             raise ConfigError("TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)")
         self.mode = mode
         self._static = static_tokens
         self._kube = kube
-        self._reviews: TtlCache[bytes, Identity | None] = TtlCache(cache_seconds)
-        self._grants: TtlCache[tuple[str, tuple[str, ...], Access], bool] = TtlCache(cache_seconds)
+        self.wait_seconds = wait_seconds
+        calls = ThreadPoolExecutor(REVIEW_THREADS, thread_name_prefix="kube-review")
+        self._reviews: TtlCache[bytes, Identity | None] = TtlCache(cache_seconds, executor=calls, wait=wait_seconds)
+        self._grants: TtlCache[tuple[str, tuple[str, ...], Access], bool] = TtlCache(cache_seconds, executor=calls,
+                                                                                     wait=wait_seconds)
         # A pod's annotations under gpusharing.io/ cannot change (the webhook refuses it), so they are read once.
-        self._pod_terms: TtlCache[str, ReportTerms] = TtlCache(float("inf"))
+        self._pod_terms: TtlCache[str, ReportTerms] = TtlCache(float("inf"), executor=calls, wait=wait_seconds)
+
+    def _answer(self, cache: TtlCache[K, T], key: K, compute: Callable[[], T], what: str) -> T:
+        try:
+            return cache.get(key, compute)
+        except FutureTimeout:
+            raise KubeUnavailable(f"the Kubernetes API has not answered {what} within {self.wait_seconds:g} s (asked, "
+                                  "and kept for the next try)") from None
 
     def caller(self, authorization: str | None) -> Caller:
         if self.mode == "none":
@@ -142,7 +166,7 @@ class Authenticator:
         if self.mode == "static" or self._kube is None:
             raise Unauthenticated("the bearer token is not known to the timekeeper")
         kube = self._kube
-        identity = self._reviews.get(token_digest(token), lambda: kube.review_token(token))
+        identity = self._answer(self._reviews, token_digest(token), lambda: kube.review_token(token), "the TokenReview")
         if identity is None:
             raise Unauthenticated("the bearer token was not authenticated by the Kubernetes API (TokenReview)")
         return Caller(identity.username, identity=identity)
@@ -185,7 +209,8 @@ class Authenticator:
         identity, kube = caller.identity, self._kube
         if identity is None or kube is None:
             return False
-        return self._grants.get((identity.username, identity.groups, access), lambda: kube.may(identity, access))
+        return self._answer(self._grants, (identity.username, identity.groups, access), lambda: kube.may(identity, access),
+                            "the SubjectAccessReview")
 
     def report_terms(self, caller: Caller, report: MeterReport) -> ReportTerms | None:
         """Checks that `caller` may send `report`; returns what to trust about the pod (None: the report itself)."""
@@ -207,7 +232,8 @@ class Authenticator:
                 f"not to pod {report.pod_uid} in namespace {report.namespace}"
             )
         namespace, name = report.namespace, identity.pod_name
-        return self._pod_terms.get(identity.pod_uid, lambda: self._read_terms(namespace, name, report.pod_uid))
+        return self._answer(self._pod_terms, identity.pod_uid, lambda: self._read_terms(namespace, name, report.pod_uid),
+                            f"the read of pod {namespace}/{name}")
 
     def _read_terms(self, namespace: str, name: str, uid: str) -> ReportTerms:
         assert self._kube is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
 from gpusharing.names import check_budget_name
 from timekeeper.api.auth import Caller
@@ -20,10 +20,15 @@ blueprint = Blueprint("budgets", __name__, url_prefix="/api/v1/budgets")
 
 @blueprint.get("")
 def list_budgets() -> Response:
-    reader(None)
+    who = reader(None)
+    webhook = request.args.get("webhook")
+    if webhook is not None:  # what it holds in force holds evictions back: only the webhook's own say counts
+        services().auth.check_reserver(who)
+    # Stamped before it is read: the listing shows every change committed before listedAt.
+    listed_at = services().webhooks.poll(webhook, request.args.get("inForce"), request.args.get("refreshSeconds"))
     store = services().budgets
     default = default_budget_json(store.default_gpu_minutes, store.default_period)
-    return jsonify(items=services().listed(store.statuses()), default=default)
+    return jsonify(items=services().listed(store.statuses()), default=default, listedAt=listed_at)
 
 
 @blueprint.get("/<name>")

@@ -8,6 +8,15 @@ on every change the watches of GPUBudgets and ClusterGPUBudgets see. Each pass l
 so an eviction a PodDisruptionBudget refused is retried on the next pass, and a leader that dies leaves nothing
 half-done that the next cannot finish. Each Event is claimed in the database before it is sent, so that two
 leaders (one whose lease lapsed under a long pass) never both send it.
+
+A pass can outlast the Lease (hundreds of evictions): it renews the Lease as it goes, checks it before each
+namespace and each eviction, and stops the moment it is lost. Each eviction is claimed in the database under the
+leader's term first (timekeeper.cluster.fencing): a leader deposed while it believed it led (paused, or slowed
+past its Lease) evicts nothing once its successor has recorded itself, and no pod is ever evicted twice.
+
+A namespace's pods are evicted only once every live webhook process holds a listing read after the controller saw
+the namespace over budget (timekeeper.cluster.webhooks): the replacements its ReplicaSets make at once are then
+admitted with the over-budget class, never in budget to be evicted again.
 """
 
 from __future__ import annotations
@@ -30,9 +39,10 @@ from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, HierarchyConflict, NoBudget
 from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.demotion import eviction_candidates, threshold_event, transition_event
+from timekeeper.cluster.fencing import EvictionFence
 from timekeeper.cluster.idling import IdlePass, Idler, IdleStatus, budget_idle
 from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable
-from timekeeper.cluster.leader import LeaderElection
+from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
 from timekeeper.cluster.resources import (
     CLUSTER_GPU_BUDGETS,
     GPU_BUDGETS,
@@ -45,8 +55,11 @@ from timekeeper.cluster.resources import (
     resource_status,
     status_differs,
 )
+from timekeeper.cluster.webhooks import WebhookListings
 
 log = logging.getLogger(__name__)
+
+CLAIM_BATCH = 50  # evictions claimed in one transaction
 
 
 @dataclass
@@ -59,6 +72,12 @@ class ControllerPass:
     statuses_written: list[str] = field(default_factory=list)
     billing: BillingPass | None = None  # None: not billed (no billing, or its watches have not listed yet)
     idle: IdlePass | None = None  # the idle policies' last pass (None: none yet)
+    waiting: list[str] = field(default_factory=list)  # namespaces whose evictions wait for the webhooks
+    lost: bool = False  # the Lease was lost during the pass, which stopped there
+
+
+class LeaseLost(Exception):
+    """The controller no longer leads: the pass stops where it is."""
 
 
 class Controller:
@@ -79,6 +98,9 @@ class Controller:
         self.interval = interval_seconds
         identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.election = LeaderElection(kube, lease_namespace, identity, lease_seconds or max(3 * interval_seconds, 15.0))
+        self.fence = EvictionFence(budgets.db, f"{lease_namespace}/{LEASE_NAME}")
+        self.webhooks = WebhookListings(budgets.db)
+        self._over_since: dict[str, float] = {}  # namespaces to evict: when this process saw them over (the database's time)
         self.watches = [ResourceWatch(kube, GPU_BUDGETS, self.wake), ResourceWatch(kube, CLUSTER_GPU_BUDGETS, self.wake)]
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -107,7 +129,7 @@ class Controller:
     def run_once(self) -> ControllerPass | None:
         """One pass; None when another process leads."""
         with self._running:
-            if not self.election.try_acquire_or_renew():
+            if not self.election.try_acquire_or_renew() or not self.fence.enter(self.election.term, self.election.identity):
                 for resource_watch in self.watches:
                     resource_watch.stop()
                 if self.biller is not None:
@@ -116,24 +138,39 @@ class Controller:
             for resource_watch in self.watches:
                 resource_watch.start()
             done = ControllerPass()
-            self._bill(done)
-            self._idle(done)
-            problems = self._apply_resources(done)
-            acted = self.budgets.acted_states()
-            statuses = {s.namespace: s for s in self.budgets.statuses()}
-            for name in acted.keys() - statuses.keys():  # no longer listed: no budget and no use this period
-                try:
-                    statuses[name] = self.budgets.status(name)
-                except NoBudget:  # a group whose budget is gone
-                    continue
-            targets = self._resources_by_budget()
-            for status in statuses.values():
-                self._record_transition(status, acted.get(status.namespace, BudgetState.UNKNOWN), targets, done)
-                self._warn(status, targets, done)
-                if status.kind == "namespace" and status.state is BudgetState.OVER_BUDGET and status.evict_on_exhaustion:
-                    self._evict(status.namespace, done)
-            self._write_statuses(statuses, problems, done, budget_idle(statuses, done.idle))
+            try:
+                self._pass(done)
+            except LeaseLost as lost:
+                done.lost = True
+                log.warning("%s: the pass stops here, its leader's successor takes over", lost)
             return done
+
+    def _pass(self, done: ControllerPass) -> None:
+        self._bill(done)
+        self._idle(done)
+        problems = self._apply_resources(done)
+        acted = self.budgets.acted_states()
+        statuses = {s.namespace: s for s in self.budgets.statuses()}
+        for name in acted.keys() - statuses.keys():  # no longer listed: no budget and no use this period
+            try:
+                statuses[name] = self.budgets.status(name)
+            except NoBudget:  # a group whose budget is gone
+                continue
+        targets = self._resources_by_budget()
+        evicting = {s.namespace for s in statuses.values()
+                    if s.kind == "namespace" and s.state is BudgetState.OVER_BUDGET and s.evict_on_exhaustion}
+        self._over_since = {name: self._over_since.get(name) or self.webhooks.now() for name in evicting}
+        for status in statuses.values():
+            self._keep_lease()
+            self._record_transition(status, acted.get(status.namespace, BudgetState.UNKNOWN), targets, done)
+            self._warn(status, targets, done)
+            if status.namespace in evicting:
+                self._evict(status.namespace, done)
+        self._write_statuses(statuses, problems, done, budget_idle(statuses, done.idle))
+
+    def _keep_lease(self) -> None:
+        if not self.election.keep():
+            raise LeaseLost(f"lost the lease as {self.election.identity}")
 
     def _bill(self, done: ControllerPass) -> None:
         """Pods' bills from the API server's record, before anything reads the budgets' states."""
@@ -150,7 +187,7 @@ class Controller:
         if self.idler is None:
             return
         try:
-            done.idle = self.idler.run(self.budgets.clock())
+            done.idle = self.idler.run(self.budgets.clock(), self.election.keep)
         except Exception:  # a database outage: the streaks stay in the ledger, the next pass acts on them
             log.exception("idle pass failed; will try again")
 
@@ -283,20 +320,46 @@ class Controller:
         return recorded
 
     def _evict(self, namespace: str, done: ControllerPass) -> None:
+        behind = self.webhooks.behind(self._over_since[namespace])
+        if behind:
+            done.waiting.append(namespace)
+            log.info("%s: evictions wait for %d webhook process(es) to hold its over-budget state", namespace, behind,
+                     extra={"namespace": namespace})
+            return
         try:
-            names = eviction_candidates(self.kube.running_pods(namespace))
+            pods = eviction_candidates(self.kube.running_pods(namespace))
         except KubeUnavailable as exc:
             log.warning("%s; will try again", exc)
             return
-        for name in names:
+        for start in range(0, len(pods), CLAIM_BATCH):
+            batch = pods[start:start + CLAIM_BATCH]
+            self._keep_lease()
+            term = self.election.term
+            claimed = self.fence.claim_many(term, [(uid, namespace, name) for name, uid in batch])
+            if claimed is None:
+                raise LeaseLost(f"a later leader than {self.election.identity} (term {term}) has recorded itself")
+            evicted: set[str] = set()
             try:
-                result = self.kube.evict(namespace, name)
+                self._evict_claimed(namespace, [(name, uid) for name, uid in batch if uid in claimed], evicted, done)
+            finally:  # what was not evicted (refused, failed, or the Lease lost) is given back
+                self.fence.release(term, *(claimed - evicted))
+
+    def _evict_claimed(self, namespace: str, pods: list[tuple[str, str]], evicted: set[str], done: ControllerPass) -> None:
+        """Evicts claimed pods, the Lease checked before each; adds the uids evicted to `evicted`."""
+        for name, uid in pods:
+            self._keep_lease()
+            remaining = self.election.remaining_seconds()
+            if remaining <= 0:  # ran out between the check and now (the process was paused): not asked for
+                raise LeaseLost(f"the lease of {self.election.identity} ran out unrenewed")
+            try:
+                result = self.kube.evict(namespace, name, uid, timeout=remaining)
             except KubeUnavailable as exc:
                 log.warning("%s; will try again", exc)
                 continue
             metrics.EVICTIONS.labels(result.value).inc()
             fields = {"namespace": namespace, "pod": name, "eviction": result.value}
             if result is EvictionResult.EVICTED:
+                evicted.add(uid)
                 done.evicted.append(f"{namespace}/{name}")
                 log.info("evicted pod %s/%s: its namespace is over its GPU budget", namespace, name, extra=fields)
             elif result is EvictionResult.REFUSED:

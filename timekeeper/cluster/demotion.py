@@ -16,8 +16,8 @@ RESTORED = "GPUBudgetRestored"
 THRESHOLD = "GPUBudgetWarning"
 
 
-def eviction_candidates(pods: Iterable[Any]) -> list[str]:
-    """Names of the running GPU pods the webhook admitted in budget, whatever priority class it let them keep (the
+def eviction_candidates(pods: Iterable[Any]) -> list[tuple[str, str]]:
+    """Names and uids of the running GPU pods the webhook admitted in budget, whatever priority class it let them keep (the
     webhook's record says so): not those it admitted demoted, already at the over-budget class."""
     names = []
     for pod in pods:
@@ -29,7 +29,7 @@ def eviction_candidates(pods: Iterable[Any]) -> list[str]:
         if ANNOTATION_GPU_SHARE not in record or demoted:
             continue
         if status is not None and status.phase == "Running":
-            names.append(metadata.name)
+            names.append((metadata.name, metadata.uid))
     return sorted(names)
 
 

@@ -86,8 +86,9 @@ class Idler:
         self._ran: float | None = None
         self.last: IdlePass | None = None
 
-    def run(self, now: dt.datetime) -> IdlePass | None:
-        """One pass every interval (else the last one's result); None until the pod watch has listed the cluster."""
+    def run(self, now: dt.datetime, leading: Callable[[], bool] = lambda: True) -> IdlePass | None:
+        """One pass every interval (else the last one's result); None until the pod watch has listed the cluster.
+        `leading` is asked before each eviction: a controller that lost its Lease evicts nothing."""
         pods = self.pods.items
         if pods is None:
             return None
@@ -108,7 +109,7 @@ class Idler:
                              PodFacts(pod.started_at, pod.idle_exempt), now, self.fresh_seconds)
             done.verdicts[uid] = (pod, judged)
             if judged.action_due and record.idle_acted_at is None and policy is not None:
-                self._act(pod, record.streak, judged, policy, holds, now, done)
+                self._act(pod, record.streak, judged, policy, holds, now, done, leading)
             elif judged.warning_due and record.idle_warned_at is None and policy is not None:
                 if self._tell(pod, record.streak, "idle_warned_at", IDLE_WARNING, _warning(pod, judged, policy), now):
                     done.warned.append(f"{pod.namespace}/{pod.name}")
@@ -123,7 +124,7 @@ class Idler:
     # -- acting --------------------------------------------------------------------------------------------------
 
     def _act(self, pod: RecordedPod, streak: Streak, judged: IdleVerdict, policy: PolicyInForce,
-             holds: dict[str, Hold], now: dt.datetime, done: IdlePass) -> None:
+             holds: dict[str, Hold], now: dt.datetime, done: IdlePass, leading: Callable[[], bool]) -> None:
         action = policy.policy.action
         said = _idle_for(pod, judged) + f": {_rule(policy)}"
         spared = self._spared(pod, action)
@@ -145,6 +146,9 @@ class Idler:
         if not self.idle.claim(pod.uid, streak.since, "idle_acted_at", now):
             return
         fields = {"namespace": pod.namespace, "pod": pod.name}
+        if not leading():  # the claim goes back for the next leader
+            self.idle.release(pod.uid, streak.since, "idle_acted_at")
+            return
         try:
             result = self.kube.evict(pod.namespace, pod.name, pod.uid)
         except KubeUnavailable as exc:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +46,7 @@ class BudgetStates:
 
     listed: Mapping[str, NamespaceBudget]
     default: NamespaceBudget = UNKNOWN  # every namespace the listing leaves out
+    listed_at: float = 0.0  # the timekeeper's stamp on the listing (its database's time), told back on the next poll
 
     def of(self, namespace: str) -> NamespaceBudget:
         return self.listed.get(namespace, self.default)
@@ -65,8 +70,9 @@ def states_from_listing(body: object) -> BudgetStates:
                 _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item),
                 idle_holds=_idle_holds(item.get("idleHolds")),
             )
-    default = body.get("default")
-    return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN)
+    default, listed_at = body.get("default"), body.get("listedAt")
+    return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN,
+                        float(listed_at) if isinstance(listed_at, (int, float)) and math.isfinite(listed_at) else 0.0)
 
 
 def _warnings(namespace: str, raw: object) -> tuple[str, ...]:
@@ -114,7 +120,10 @@ def _state(raw: object) -> BudgetState:
 
 class BudgetStateCache:
     """The last known state of every namespace, and of those the timekeeper did not list; before the first answer
-    every namespace is unknown (treated as in budget)."""
+    every namespace is unknown (treated as in budget).
+
+    Each poll names this process and the listing it holds in force, so that the timekeeper evicts a namespace's
+    pods only once every webhook process admits its new pods as over budget (timekeeper.cluster.webhooks)."""
 
     def __init__(
         self,
@@ -134,6 +143,7 @@ class BudgetStateCache:
         self._outage = Outage(log, f"the timekeeper's budget listing {self._url}", "polls", clock)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"[-253:]
 
     def state_of(self, namespace: str) -> BudgetState:
         return self._states.of(namespace).state
@@ -146,7 +156,8 @@ class BudgetStateCache:
         if self._http is None:
             return False
         try:
-            answer = self._http.request("GET", LISTING_PATH, token=self._token())
+            held = {"webhook": self.name, "inForce": repr(self._states.listed_at), "refreshSeconds": str(self._refresh_seconds)}
+            answer = self._http.request("GET", LISTING_PATH, token=self._token(), query=held)
             if answer.status != 200:
                 raise ValueError(f"HTTP {answer.status}" + (f": {answer.message}" if answer.message else ""))
             states = states_from_listing(answer.json())

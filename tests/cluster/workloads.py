@@ -1,0 +1,102 @@
+"""GPU workloads of each dialect for the simulated nodes, created as teams create them, and what their creation cost."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.cluster.nodes import POOL_LABEL
+from tests.e2e.system import ApiError, GpuSharing
+
+# What one pod of each dialect asks for: a fraction of a device (a whole one where the dialect knows no fraction).
+REQUESTS: dict[str, dict[str, int]] = {
+    "hami": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000, "nvidia.com/gpucores": 10},
+    "whole": {"nvidia.com/gpu": 1},
+    "vcuda": {"tencent.com/vcuda-core": 25, "tencent.com/vcuda-memory": 8},
+    "aliyun": {"aliyun.com/gpu-mem": 5},
+}
+
+
+def pod_template(dialect: str | None, pool: str, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                 restart: str = "Always") -> dict[str, Any]:
+    """A pod spec for `pool`'s nodes asking for a GPU in `dialect` (None: no GPU)."""
+    container: dict[str, Any] = {"name": "work", "image": "registry.example.com/ml/train:1.0"}
+    if dialect is not None:
+        container["resources"] = {"limits": dict(REQUESTS[dialect])}
+    return {
+        "metadata": {"annotations": dict(annotations or {}), "labels": dict(labels or {})},
+        "spec": {"restartPolicy": restart, "nodeSelector": {POOL_LABEL: pool}, "containers": [container],
+                 "terminationGracePeriodSeconds": 30},
+    }
+
+
+def pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
+    manifest = {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(template)}
+    manifest["metadata"]["name"] = name
+    return manifest
+
+
+# The API server's words when the webhook did not answer within its timeoutSeconds: a controller tries again.
+TIMED_OUT = "context deadline exceeded"
+TRIES = 3
+
+
+@dataclass
+class Creations:
+    """Pods created by concurrent clients: what was made, what was refused, how long each create took, and the
+    creates the webhook did not answer in time (tried again, as a controller tries again)."""
+
+    created: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # the API server's messages
+    seconds: list[float] = field(default_factory=list)
+    timed_out: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def create_all(cluster: GpuSharing, namespace: str, manifests: Sequence[dict[str, Any]], clients: int = 16) -> Creations:
+    """Creates the manifests in the namespace from `clients` concurrent clients, as teams' controllers would."""
+    return create_across(cluster, [(namespace, manifest) for manifest in manifests], clients)
+
+
+def create_across(cluster: GpuSharing, manifests: Sequence[tuple[str, dict[str, Any]]], clients: int = 16) -> Creations:
+    """Creates each (namespace, manifest) from `clients` concurrent clients."""
+    done = Creations()
+
+    def create(item: tuple[str, dict[str, Any]]) -> None:
+        namespace, manifest = item
+        for attempt in range(1, TRIES + 1):
+            started = time.perf_counter()
+            try:
+                created = cluster.create(namespace, manifest)
+            except ApiError as exc:
+                with done._lock:
+                    if TIMED_OUT not in exc.message or attempt == TRIES:
+                        done.refused.append(exc.message)
+                        return
+                    done.timed_out += 1
+                continue
+            with done._lock:
+                done.seconds.append(time.perf_counter() - started)
+                done.created.append(created)
+            return
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(create, manifests))
+    return done
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def delete_namespaces(cluster: GpuSharing, *namespaces: str) -> None:
+    """Ends a scenario's workloads (and their meters' reports) for the tests after it: the namespace controller
+    deletes their pods, which the simulated kubelet stops."""
+    for namespace in namespaces:
+        cluster.rest("DELETE", f"/api/v1/namespaces/{namespace}")
