@@ -83,15 +83,20 @@ class WatchedObjects(Generic[T]):
         return self.items is not None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"watch-{self.kind}", daemon=True)
-        self._thread.start()
+        """Follows the objects (again, after stop(): a timekeeper that leads again lists anew)."""
+        self._stop.clear()
+        if self._thread is None or not self._thread.is_alive():  # one still stopping carries on instead
+            self._thread = threading.Thread(target=self._run, name=f"watch-{self.kind}", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
+        """Stops following; what was known is forgotten (unknown until the next start has listed)."""
         self._stop.set()
         if self._watch is not None:
             self._watch.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.items = None
 
     def _run(self) -> None:
         failures = 0

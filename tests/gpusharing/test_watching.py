@@ -112,3 +112,31 @@ def test_a_list_that_succeeds_while_every_watch_fails_backs_off_further_each_tim
     monkeypatch.setattr(watched, "_follow", follow)
     watched._run()
     assert failures == [1, 2, 3, 4]  # the successful lists between them do not count as recovered
+
+
+def test_a_watch_stopped_and_started_again_forgets_what_it_knew_and_lists_anew() -> None:
+    """A timekeeper that loses its Lease stops its watches and, leading again, starts them: they must follow again."""
+    lists: list[int] = []
+
+    def list_all(**kwargs: Any) -> SimpleNamespace:
+        lists.append(1)
+        pods = [{"metadata": {"namespace": "ml", "name": f"p{len(lists)}"}}]
+        return SimpleNamespace(data=json.dumps({"items": pods, "metadata": {"resourceVersion": "1"}}).encode())
+
+    watched = WatchedObjects("pods", list_all, lambda pod: pod["metadata"]["name"])
+    watched._follow = lambda version: iter(()) if watched._stop.wait(0.05) else iter(())  # type: ignore[method-assign]
+    deadline = time.monotonic() + 10  # stops a broken test from hanging; not a speed check
+    watched.start()
+    try:
+        while watched.items is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watched.items is not None
+        watched.stop()
+        assert watched.items is None  # unknown while stopped
+        listed = len(lists)
+        watched.start()
+        while (watched.items is None or len(lists) == listed) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watched.items is not None and len(lists) > listed
+    finally:
+        watched.stop()
