@@ -101,8 +101,8 @@ def test_db_downgrade_and_its_exit_statuses(tmp_path: Path, capsys: pytest.Captu
     assert current_revision(create_engine(url)) == "0003_usage_reports"
     code, out, err = db(capsys, "downgrade", "0004", *at)  # 2: not a downgrade from here
     assert (code, out) == (2, "") and err.endswith("to 0004: Destination 0004 is not a valid downgrade target from current head(s)")
-    code, out, err = db(capsys, "downgrade", "0009", *at)
-    assert (code, out, err) == (2, "", f"gpusharing: cannot migrate {url} to 0009: Can't locate revision identified by '0009'")
+    code, out, err = db(capsys, "downgrade", "0099", *at)
+    assert (code, out, err) == (2, "", f"gpusharing: cannot migrate {url} to 0099: Can't locate revision identified by '0099'")
     code, out, err = db(capsys, "downgrade", "base", "--database-url", "postgresql+psycopg://tk:secret@127.0.0.1:1/tk")
     assert (code, out) == (1, "")  # 1: the database cannot be reached; the password is not shown
     assert err == ("gpusharing: cannot migrate the database postgresql+psycopg://tk:***@127.0.0.1:1/tk: connection failed: "
