@@ -50,6 +50,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/webhook_load.py
 	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
+	$(BIN)/python bench/budget_reads.py
 	$(BIN)/python bench/meter_footprint.py
 	$(BIN)/python bench/reservations.py
 	$(BIN)/python bench/cluster_scale.py

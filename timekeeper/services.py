@@ -27,6 +27,7 @@ from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments, watched_pods
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
+from timekeeper.database.clock import DatabaseClock
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import head_revision
 
@@ -88,10 +89,12 @@ def build_services(
     commitments: PodCommitments | None = None,
 ) -> Services:
     """See timekeeper.app.create_app for what each argument defaults to."""
-    if clock is None:
+    db = Database.from_config(config)
+    if clock is None and config.clock == DEFAULT_CLOCK:
+        clock = DatabaseClock(db.now)  # what replicas compare is reckoned by one clock, the database's
+    elif clock is None:
         clock = load_code("TIMEKEEPER_CLOCK", config.clock)
-        if config.clock != DEFAULT_CLOCK:
-            log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
+        log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
     if kube is None:
         kube = kube_api(config)
     if config.auth == "none":
@@ -100,7 +103,6 @@ def build_services(
         log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds)
-    db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock, config.default_idle)
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
                           meter_interval_seconds=config.meter_interval_seconds)
@@ -115,8 +117,7 @@ def build_services(
         controller.start()
     if commitments is None and kube is not None and background:
         # Replicas answer the webhooks alike: what is left of each deadline is reckoned by the database's clock.
-        commitments = watched_pods(kube, config.catalogue, db.now if config.clock == DEFAULT_CLOCK else clock,
-                                   config.reservation_seconds, metrics.record_pod_sync)
+        commitments = watched_pods(kube, config.catalogue, clock, config.reservation_seconds, metrics.record_pod_sync)
     return Services(config, auth, db, budgets, ReservationStore(budgets, config.reservation_seconds), ledger, idle,
                     ReportQueue(ledger), controller, commitments,
                     metrics.LedgerCollector(ledger, commitments, idle), head_revision(), WebhookListings(db))

@@ -17,15 +17,17 @@ from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.report import MeterReport
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
+from tests.timekeeper.day_sums import day_sum_reads
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.reports import PodObservation, ReportLedger
 from timekeeper.app import create_app
+from timekeeper.budgets.periods import period_starts
 from timekeeper.budgets.status import Budget
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import alembic_config, head_revision, schema_problem, upgrade
-from timekeeper.database.tables import Base, budgets, namespace_usage, pod_ledgers, pod_usage
+from timekeeper.database.tables import Base, budgets, namespace_period_usage, namespace_usage, pod_ledgers, pod_usage
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -176,4 +178,39 @@ def test_usage_from_before_idle_policies_gets_its_idle_cost_and_budgets_no_polic
     command.downgrade(alembic_config(url), "0006_reservations")
     assert "idle_since" not in {c["name"] for c in inspect(engine).get_columns("pod_ledgers")}
     assert "idle_holds" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_daily_usage_from_before_rollups_is_rolled_up_into_every_kind_of_period(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    url = migrated_to("0009_eviction_fencing", backend, tmp_path, request)
+    engine = create_engine(url)
+    first = dt.date(2027, 12, 1)  # 100 days: ISO weeks across the new year, months, a leap day
+    days = [{"namespace": namespace, "day": first + dt.timedelta(days=n), "micro_gpu_seconds": (n + 1) * scale}
+            for n in range(100) for namespace, scale in (("ml", 1_000_000), ("cv", 7))]
+    with engine.begin() as conn:
+        conn.execute(namespace_usage.insert(), days)
+    upgrade(url)
+    expected: dict[tuple[str, str, dt.date], int] = {}
+    for row in days:
+        for kind, start in period_starts(row["day"]).items():
+            key = (row["namespace"], kind.value, start)
+            expected[key] = expected.get(key, 0) + row["micro_gpu_seconds"]
+    with engine.connect() as conn:
+        rolled = {(r.namespace, r.period, r.period_start): r.micro_gpu_seconds for r in conn.execute(select(namespace_period_usage))}
+    assert rolled == expected
+    assert rolled["ml", "none", dt.date(1970, 1, 1)] == 5050 * 1_000_000
+    assert rolled["ml", "weekly", dt.date(2027, 12, 27)] == sum(range(27, 34)) * 1_000_000  # Mon 27 Dec .. Sun 2 Jan
+    database = Database(url)
+    clock = dt.datetime(2028, 2, 29, 12, tzinfo=dt.timezone.utc)
+    store = BudgetStore(database, default_gpu_minutes=1.0, default_period=Period.MONTHLY, clock=lambda: clock)
+    with database.read() as conn:
+        assert store.statuses_in(conn, None, clock) == day_sum_reads(store, conn, None, clock).statuses()
+    assert store.status("ml").used_micro_gpu_seconds == sum(range(63, 92)) * 1_000_000  # February's 29 days
+    database.dispose()
+    command.downgrade(alembic_config(url), "0009_eviction_fencing")
+    assert "namespace_period_usage" not in inspect(engine).get_table_names()
+    assert "ix_top_ups_period_start" not in {index["name"] for index in inspect(engine).get_indexes("top_ups")}
     engine.dispose()

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,11 +48,11 @@ from timekeeper.accounting.usage import NO_CHARGE, Labels, PodCharge, UsageLedge
 from timekeeper.accounting.weights import WeightLog, billing_model
 from timekeeper.budgets.hierarchy import idle_policy_of
 from timekeeper.budgets.idle import DEFAULT_UTILISATION_PERCENT
-from timekeeper.budgets.periods import iso_utc, usage_day
+from timekeeper.budgets.periods import iso_utc, period_starts, usage_day
 from timekeeper.budgets.status import BudgetStatus, crossed
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.database.connection import Statements
-from timekeeper.database.tables import namespace_usage, pod_ledgers
+from timekeeper.database.tables import namespace_period_usage, namespace_usage, pod_ledgers
 
 
 @dataclass(frozen=True)
@@ -243,6 +243,15 @@ class ReportLedger:
                 set_={"micro_gpu_seconds": namespace_usage.c.micro_gpu_seconds + insert.excluded.micro_gpu_seconds},
             ),
         )
+        self._roll_up = self.db.bulk_insert(
+            namespace_period_usage,
+            ["namespace", "period", "period_start", "micro_gpu_seconds"],
+            lambda insert: insert.on_conflict_do_update(
+                index_elements=[namespace_period_usage.c.period, namespace_period_usage.c.period_start,
+                                namespace_period_usage.c.namespace],
+                set_={"micro_gpu_seconds": namespace_period_usage.c.micro_gpu_seconds + insert.excluded.micro_gpu_seconds},
+            ),
+        )
 
     def record(self, reports: Sequence[tuple[MeterReport, ReportTerms | None]]) -> list[ReportResult | ReportError]:
         """Accounts meter reports, in order, in one transaction (terms None: the report's own share and request are
@@ -354,6 +363,7 @@ class ReportLedger:
             charged = [{"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]]
             if charged:
                 self._charge.execute(conn, charged)
+                self._roll_up.execute(conn, rolled_up(charged))
             self.usage.charge(conn, day, pod_charges)
             # Read after the charges, in the same transaction; sent with them and the commit.
             reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
@@ -507,6 +517,16 @@ def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:
         "ended_at": ledger.ended_at,
         "billed_share": ledger.share or 0.0,
     }
+
+
+def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rollup rows of daily charges (namespace_usage's rows): each day's charge added to the period of each kind
+    it lies in, in namespace order as the day rows are (rows are locked in one order)."""
+    return [
+        {"namespace": row["namespace"], "period": kind.value, "period_start": start, "micro_gpu_seconds": row["micro_gpu_seconds"]}
+        for row in charged
+        for kind, start in period_starts(row["day"]).items()
+    ]
 
 
 def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime) -> dict[str, Any]:

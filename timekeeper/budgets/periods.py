@@ -43,6 +43,13 @@ def usage_day(at: dt.datetime) -> dt.date:
     return at.astimezone(UTC).date()
 
 
+def period_starts(day: dt.date) -> dict[Period, dt.date]:
+    """The first day of the period of each kind that the UTC day `day` lies in: where a charge of that day rolls up
+    (namespace_period_usage), and, for the current day, where a status reads its use."""
+    midnight = dt.datetime(day.year, day.month, day.day, tzinfo=UTC)
+    return {kind: period_window(kind, midnight).start.date() for kind in Period}
+
+
 def iso_utc(at: dt.datetime) -> str:
     """An instant as the API writes it: RFC 3339, UTC, whole seconds."""
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

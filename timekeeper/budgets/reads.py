@@ -1,5 +1,5 @@
-"""What budget statuses are read from: the SQL that sums each period's use and top-ups in one pass, and its rows
-made into statuses (the SQL side of timekeeper.budgets.status)."""
+"""What budget statuses are read from: the SQL that reads each current period's use (its rollup) and top-ups in one
+pass, and its rows made into statuses (the SQL side of timekeeper.budgets.status)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, select
+from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, or_, select
 
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from timekeeper.budgets.hierarchy import roll_up
@@ -17,7 +17,7 @@ from timekeeper.budgets.status import Budget, BudgetStatus, effective_budget
 from timekeeper.database.tables import (
     UtcDateTime,
     budgets,
-    namespace_usage,
+    namespace_period_usage,
     top_ups,
 )
 
@@ -65,11 +65,9 @@ def _per_period(value: Any, in_period: Callable[[Period], ColumnElement[bool]], 
     return [func.sum(case((in_period(kind), value), else_=0)).label(f"{prefix}_{kind}") for kind in Period]
 
 
-def _day_in(kind: Period) -> ColumnElement[bool]:
-    first = namespace_usage.c.day >= bindparam(f"{kind}_first_day", type_=Date())
-    if kind is Period.NONE:
-        return first
-    return and_(first, namespace_usage.c.day < bindparam(f"{kind}_end_day", type_=Date()))
+def _rollup_in(kind: Period) -> ColumnElement[bool]:
+    return and_(namespace_period_usage.c.period == kind.value,
+                namespace_period_usage.c.period_start == bindparam(f"{kind}_first_day", type_=Date()))
 
 
 def _top_up_in(kind: Period) -> ColumnElement[bool]:
@@ -79,15 +77,18 @@ def _top_up_in(kind: Period) -> ColumnElement[bool]:
 CHOSEN = bindparam("namespaces", expanding=True)
 ALL_BUDGETS = select(budgets)
 BUDGETS_OF = ALL_BUDGETS.where(budgets.c.namespace.in_(CHOSEN))
+# One indexed lookup per kind of period (the rollups' and the top-ups' keys lead with the period): what a status
+# reads does not grow with the history.
 USAGE = (
-    select(namespace_usage.c.namespace, *_per_period(namespace_usage.c.micro_gpu_seconds, _day_in, "used"))
-    .where(namespace_usage.c.day >= bindparam("earliest_day", type_=Date()))
-    .group_by(namespace_usage.c.namespace)
+    select(namespace_period_usage.c.namespace,
+           *_per_period(namespace_period_usage.c.micro_gpu_seconds, _rollup_in, "used"))
+    .where(or_(*(_rollup_in(kind) for kind in Period)))
+    .group_by(namespace_period_usage.c.namespace)
 )
-USAGE_OF = USAGE.where(namespace_usage.c.namespace.in_(CHOSEN))
+USAGE_OF = USAGE.where(namespace_period_usage.c.namespace.in_(CHOSEN))
 TOP_UPS = (
     select(top_ups.c.namespace, *_per_period(top_ups.c.gpu_minutes, _top_up_in, "topped"))
-    .where(top_ups.c.period_start >= bindparam("earliest_start", type_=UtcDateTime()))
+    .where(or_(*(_top_up_in(kind) for kind in Period)))
     .group_by(top_ups.c.namespace)
 )
 TOP_UPS_OF = TOP_UPS.where(top_ups.c.namespace.in_(CHOSEN))
@@ -98,8 +99,6 @@ def window_parameters(windows: dict[Period, PeriodWindow]) -> dict[str, object]:
     for kind, window in windows.items():
         parameters[f"{kind}_start"] = window.start
         parameters[f"{kind}_first_day"] = window.start.date()
-        if window.end is not None:
-            parameters[f"{kind}_end_day"] = window.end.date()
     return parameters
 
 

@@ -117,14 +117,14 @@ class BudgetStore:
     ) -> StatusReads:
         """Sends the reads of the use and top-ups in the current periods; StatusReads.statuses() has the result.
 
-        Use is kept per UTC day, so one pass over the days since the earliest period start gives every namespace's
-        use in every kind of period. Names that are part of a hierarchy (a group, or a budget with a parent) need
-        the whole of it: then every budget, use and top-up is read, as for the listing.
+        Use is rolled up per period of each kind as it is charged, so a namespace's use in its current periods is a
+        row per kind, however long its history. Names that are part of a hierarchy (a group, or a budget with a
+        parent) need the whole of it: then every budget, use and top-up of the current periods is read, as for the
+        listing.
         """
         own = {row.namespace: row for row in budget_rows}
         windows = {kind: period_window(kind, now) for kind in Period}
-        earliest = min(window.start for window in windows.values())
-        parameters = {**window_parameters(windows), "earliest_day": earliest.date(), "earliest_start": earliest}
+        parameters = window_parameters(windows)
         whole = namespaces is None or any(row.parent for row in own.values()) or any(is_group(n) for n in namespaces)
         if whole:
             others = conn.execute(ALL_BUDGETS) if namespaces is not None else ()

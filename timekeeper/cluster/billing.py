@@ -79,7 +79,7 @@ class Biller:
         """A pod deleted without the finalizer (or after it came off): billed to its end as it last was, else to when
         its deletion was seen."""
         if pod.finished_at is None:
-            pod = replace(pod, finished_at=dt.datetime.now(dt.timezone.utc) if pod.started_at else None)
+            pod = replace(pod, finished_at=self.ledger.budgets.clock() if pod.started_at else None)
         with self._departures:
             self._departed[pod.uid] = pod
 

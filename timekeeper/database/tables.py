@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import BigInteger, Boolean, Date, DateTime, Float, Integer, MetaData, String, Text, TypeDecorator
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Date,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    TypeDecorator,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -63,6 +76,8 @@ class BudgetRow(Base):
 
 class TopUpRow(Base):
     __tablename__ = "top_ups"
+    # Statuses read the top-ups of the current periods by their starts: an equality lookup, whatever the history.
+    __table_args__ = (Index("ix_top_ups_period_start", "period_start", "namespace"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     namespace: Mapped[str] = mapped_column(String(63), index=True)
@@ -128,6 +143,24 @@ class NamespaceUsageRow(Base):
 
     namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+
+
+class NamespacePeriodUsageRow(Base):
+    """A namespace's charges per period of each kind (the rollups of namespace_usage, written with it in one
+    transaction): a budget's use in its current period is one row, whatever the length of the history.
+
+    Keyed by the period's first UTC day (1970-01-01 for the one period of `none`): periods are whole UTC days that no
+    setting moves (timekeeper.budgets.periods), so a day's charges roll up into one period of each kind for good.
+    The primary key leads with the period, so that the current periods of every namespace are one range each.
+    """
+
+    __tablename__ = "namespace_period_usage"
+    __table_args__ = (PrimaryKeyConstraint("period", "period_start", "namespace"),)
+
+    namespace: Mapped[str] = mapped_column(String(253))
+    period: Mapped[str] = mapped_column(String(16))  # a Period's value
+    period_start: Mapped[dt.date] = mapped_column(Date)
     micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -254,6 +287,7 @@ top_ups = TopUpRow.__table__
 budget_changes = BudgetChangeRow.__table__
 pod_ledgers = PodLedgerRow.__table__
 namespace_usage = NamespaceUsageRow.__table__
+namespace_period_usage = NamespacePeriodUsageRow.__table__
 namespace_states = NamespaceStateRow.__table__
 pod_usage = PodUsageRow.__table__
 pod_labels = PodLabelRow.__table__

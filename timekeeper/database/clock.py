@@ -1,0 +1,61 @@
+"""The timekeeper's time in a cluster: the database's, which every replica reads alike.
+
+Replicas compare what they write by time: the day and the periods a charge lands in, whether a reservation has
+lapsed, whether a meter has gone silent, the period a warning is claimed in. Each replica's own clock may be off by
+seconds (or more, without NTP); the database's is one. Reading it costs a round trip, which a batch of reports (two
+round trips in all) and a status read (one) would feel, so the database's time is read every RESYNC_SECONDS and
+carried forward by the process's monotonic clock: between reads it is off by half a round trip and the monotonic
+clock's drift over those seconds (parts per million), milliseconds at most, against the seconds replicas' wall
+clocks may differ by.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy.exc import SQLAlchemyError
+
+RESYNC_SECONDS = 10.0
+
+
+class DatabaseClock:
+    """Now, by the database's time (a BudgetStore's clock); `read` reads it (Database.now)."""
+
+    def __init__(self, read: Callable[[], dt.datetime], resync_seconds: float = RESYNC_SECONDS,
+                 monotonic: Callable[[], float] = time.monotonic):
+        self.read = read
+        self.resync_seconds = resync_seconds
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        # The database's time and the monotonic instant it was read at; None until the first read.
+        self._read: tuple[dt.datetime, float] | None = None
+        self._next_read = 0.0  # monotonic: when to read it again
+
+    def __call__(self) -> dt.datetime:
+        if self._monotonic() >= self._next_read:
+            self._resync()
+        read = self._read
+        assert read is not None  # the first resync raised otherwise
+        at, monotonic = read
+        return at + dt.timedelta(seconds=self._monotonic() - monotonic)
+
+    def _resync(self) -> None:
+        with self._lock:
+            if self._monotonic() < self._next_read:
+                return  # another thread just read it
+            # Not again before the interval, even when it fails: a database down would otherwise cost every caller a
+            # connection attempt; the last reading carries on meanwhile (without one, the failure is the caller's).
+            self._next_read = self._monotonic() + self.resync_seconds
+            try:
+                before = self._monotonic()
+                now = self.read()
+                after = self._monotonic()
+            except SQLAlchemyError:
+                if self._read is None:
+                    self._next_read = 0.0
+                    raise
+                return
+            self._read = (now, (before + after) / 2)  # the server read its clock about halfway through
