@@ -50,7 +50,7 @@ def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state:
     assert annotations["gpusharing.io/budget-state"] == state
     spec = pod["spec"]
     assert spec["priorityClassName"] == priority_class
-    assert spec["priority"] == {IN_BUDGET: 1000, OVER_BUDGET: -1000}[priority_class]  # resolved by the Priority plugin
+    assert spec["priority"] == {IN_BUDGET: 1000, OVER_BUDGET: -1000}[priority_class]  # the class's, as the Priority plugin checks
     meter = meter_of(pod)
     assert meter["restartPolicy"] == "Always" and spec["initContainers"][0]["name"] == METER
     env = {e["name"]: e.get("value") for e in meter["env"]}
