@@ -12,9 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
+from demo.apiserver import EXAMPLES
 from tests.e2e.system import ALLOWED_PRIORITY_CLASS, GpuSharing, wait_for
 from tests.e2e.test_admission import EXAMPLE_PODS, IN_BUDGET, OVER_BUDGET, admissions_answered, assert_governed, example
+from tests.e2e.test_dra import ServerClaims, admitted_when_known
 from webhook.caches.priorities import PriorityClassIndex, ResolvedPriority
 
 POLICIES = {IN_BUDGET: "PreemptLowerPriority", OVER_BUDGET: "Never"}  # manifests/base/priorityclasses.yaml
@@ -39,6 +42,17 @@ def test_a_gpu_pod_of_every_example_costs_one_mutate_call(gpusharing: GpuSharing
     assert reviews == {"mutate": 1, "validate": 1}
     assert_governed(pod)  # the meter injected, the priority the class's
     assert_resolved(pod, IN_BUDGET)
+
+
+def test_a_pod_claiming_its_gpu_through_a_resource_claim_template_costs_one_mutate_call(gpusharing: GpuSharing) -> None:
+    namespace = gpusharing.namespace("e2e-one-call-dra")
+    gpusharing.create(namespace, yaml.safe_load((EXAMPLES / "dra" / "gpu-claim-template.yaml").read_text()))
+    pod = yaml.safe_load((EXAMPLES / "dra" / "gpu-pod.yaml").read_text())
+    admitted_when_known(gpusharing, namespace, {**pod, "metadata": {**pod["metadata"], "name": "probe"}})
+    created, reviews = created_counting_reviews(gpusharing, namespace, pod)
+    assert reviews == {"mutate": 1, "validate": 1}
+    assert_governed(created, claims=ServerClaims(gpusharing))
+    assert_resolved(created, IN_BUDGET)
 
 
 def test_over_budget_a_demoted_pod_costs_one_mutate_call_whatever_class_it_came_with(gpusharing: GpuSharing) -> None:
