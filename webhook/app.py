@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import NamedTuple
 
 from flask import Flask
 
@@ -18,6 +19,7 @@ from webhook.api.reviews import REVIEWER, Reviewer
 from webhook.caches.budgets import BudgetStateCache, read_token
 from webhook.caches.claims import ClaimIndex
 from webhook.caches.jobs import JobIndex, JobLookup, no_jobs
+from webhook.caches.priorities import PriorityClassIndex, PriorityLookup, no_priorities
 from webhook.caches.reservations import Reserve, TimekeeperReservations, no_timekeeper
 from webhook.config import WebhookConfig
 
@@ -26,9 +28,9 @@ log = logging.getLogger(__name__)
 
 def create_app(
     config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None, claims: ClaimLookup | None = None,
-    jobs: JobLookup | None = None, callers: Callers | None = None,
+    jobs: JobLookup | None = None, callers: Callers | None = None, priorities: PriorityLookup | None = None,
 ) -> Flask:
-    """The app; `budgets` defaults to a poller of the timekeeper, `claims` and `jobs` to watches of the cluster,
+    """The app; `budgets` defaults to a poller of the timekeeper, `claims`, `jobs` and `priorities` to watches of the cluster,
     `callers` to the client authentication the settings ask for; safe admission reserves with the timekeeper."""
     config = config or WebhookConfig.from_env()
     if budgets is None:
@@ -36,16 +38,16 @@ def create_app(
             config.timekeeper_url, config.timekeeper_token_file, config.budget_refresh_seconds, metrics.record_budget_refresh,
         )
         budgets.start()
-    if claims is None or jobs is None:
+    if claims is None or jobs is None or priorities is None:
         watched = watched_indexes(config.kubeconfig)
-        claims, jobs = claims or watched[0], jobs or watched[1]
+        claims, jobs, priorities = claims or watched.claims, jobs or watched.jobs, priorities or watched.priorities
     app = Flask("webhook")
     reserve: Reserve = no_timekeeper
     if config.timekeeper_url:
         token_file = config.timekeeper_token_file
         reserve = TimekeeperReservations(config.timekeeper_url, lambda: read_token(token_file), config.reservation_timeout_seconds)
     app.extensions[REVIEWER] = Reviewer(config, callers or configured_callers(config), budgets, claims, jobs, reserve,
-                                        threading.Lock())
+                                        threading.Lock(), priorities)
     # A stopping worker ends its poller first, so no line of it is cut off by the exit (or written unformatted).
     app.extensions[ON_STOP] = [budgets.stop]
     register_api(app)
@@ -59,23 +61,32 @@ def configured_callers(config: WebhookConfig) -> Callers:
     return Callers(bool(config.client_ca_file), config.client_token_users, review)
 
 
-def watched_indexes(kubeconfig: str | None) -> tuple[ClaimLookup, JobLookup]:
-    """The lookups of resource claims and of Jobs' deadlines: indexes fed by watches when the Kubernetes API can be
-    reached (KUBECONFIG or in-cluster); else claims are all refused, saying why, and no Job is known."""
+class Watched(NamedTuple):
+    claims: ClaimLookup
+    jobs: JobLookup
+    priorities: PriorityLookup
+
+
+def watched_indexes(kubeconfig: str | None) -> Watched:
+    """The lookups of resource claims, of Jobs' deadlines and of PriorityClasses: indexes fed by watches when the
+    Kubernetes API can be reached (KUBECONFIG or in-cluster); else claims are all refused, saying why, and no Job
+    and no PriorityClass is known (the API server's Priority plugin resolves the classes the webhook gives)."""
     if not kubeconfig and not in_cluster_available():
-        return no_claims, no_jobs
+        return Watched(no_claims, no_jobs, no_priorities)
     try:
         kube = api_client(kubeconfig, "GPUSHARING_KUBECONFIG")
     except ConfigError as exc:
         if kubeconfig:
             raise
         log.error("resource claims and Jobs are not read, so pods that claim devices are refused: %s", exc)
-        return _unreadable(f"the webhook cannot read resource claims: {exc}"), no_jobs
+        return Watched(_unreadable(f"the webhook cannot read resource claims: {exc}"), no_jobs, no_priorities)
     claims = ClaimIndex(kube, metrics.record_claim_sync)
     claims.start()
     jobs = JobIndex(kube, metrics.record_job_sync)
     jobs.start()
-    return claims.lookup, jobs.lookup
+    priorities = PriorityClassIndex(kube, metrics.record_priority_class_sync)
+    priorities.start()
+    return Watched(claims.lookup, jobs.lookup, priorities.lookup)
 
 
 def _unreadable(reason: str) -> ClaimLookup:

@@ -51,9 +51,26 @@ JOB_SYNCS = Counter(
 )
 
 
+PRIORITY_CLASS_SYNCS = Counter(
+    "gpusharing_webhook_priority_class_syncs",
+    "Lists and watches of PriorityClasses (whose value and preemption policy the webhook writes into GPU pods), by outcome.",
+    ["outcome"],
+)
+UNRESOLVED_PRIORITIES = Counter(
+    "gpusharing_webhook_unresolved_priorities",
+    "GPU pods given a priority class the webhook's watch did not know: the API server's Priority plugin resolved it, "
+    "and called the webhook a second time.",
+    ["priority_class"],
+)
+
+
 def record_claim_sync(kind: str, ok: bool) -> None:
     CLAIM_SYNCS.labels(kind, "ok" if ok else "failed").inc()
 
 
 def record_job_sync(ok: bool) -> None:
     JOB_SYNCS.labels("ok" if ok else "failed").inc()
+
+
+def record_priority_class_sync(ok: bool) -> None:
+    PRIORITY_CLASS_SYNCS.labels("ok" if ok else "failed").inc()

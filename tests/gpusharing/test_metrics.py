@@ -35,6 +35,8 @@ BOUNDED = {  # the label values a webhook metric may take, whatever the pods it 
     "outcome": {"ok", "failed"},
     "kind": {str(source) for source in ClaimSource},
     "verdict": set(VERDICTS),
+    # the classes the webhook gives (an allowed class of the pod's own is never resolved by the webhook)
+    "priority_class": {WebhookConfig().priority_class_in_budget, WebhookConfig().priority_class_over_budget},
 }
 PER_OBJECT_LABELS = {"pod", "uid", "pod_uid", "request_id", "name"}
 PER_POD_FAMILIES = {

@@ -337,6 +337,8 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
     assert granted(objects, "gpusharing-webhook") == {
         *{("resource.k8s.io", r, v) for r in ("resourceclaimtemplates", "resourceclaims") for v in ("list", "watch")},
         ("batch", "jobs", "list"), ("batch", "jobs", "watch"),  # Jobs' deadlines, carried onto their pods
+        # PriorityClasses' values, written into GPU pods as the Priority plugin would (one /mutate call per pod)
+        ("scheduling.k8s.io", "priorityclasses", "list"), ("scheduling.k8s.io", "priorityclasses", "watch"),
         ("gpusharing.io", "gpubudgets", "list"),  # the timekeeper's listing of every namespace's budget state
         ("gpusharing.io", "reservations", "create"),  # safe admission's reservations, made by the timekeeper
     }

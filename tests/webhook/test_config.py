@@ -73,14 +73,15 @@ def test_the_api_is_found_through_its_own_setting_then_kubeconfig_then_in_cluste
     assert WebhookConfig.from_env(environ).kubeconfig == kubeconfig
 
 
-def test_outside_a_cluster_without_a_kubeconfig_claims_are_refused_saying_why_and_no_job_is_known(
+def test_outside_a_cluster_without_a_kubeconfig_claims_are_refused_saying_why_and_no_job_or_priority_class_is_known(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    claims, jobs = watched_indexes(None)
+    claims, jobs, priorities = watched_indexes(None)
     with pytest.raises(ClaimUnknown, match="it has no access to the Kubernetes API"):
         claims(ClaimSource.TEMPLATE, "ml-team", "single-gpu")
     assert jobs("ml-team", "train", "uid-1") is None
+    assert priorities("gpusharing-in-budget") is None
 
 
 def test_a_kubeconfig_that_cannot_be_read_stops_the_webhook(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ from demo.apiserver import admission_review, api_server_pod
 from gpusharing.contract import BudgetState
 from webhook.admission.policy import admit
 from webhook.admission.review import parse_review
+from tests.webhook.test_priorities import CLASSES
 from webhook.caches.budgets import NamespaceBudget
+from webhook.caches.priorities import PriorityLookup, no_priorities
 from webhook.config import MeterSpec, WebhookConfig
 
 KUBERNETES_VERSION = "1.37.0"
@@ -52,15 +54,17 @@ def gpu_pods(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pod=gpu_pods(), state=st.sampled_from(list(BudgetState)), mode=st.sampled_from(["native", "container"]))
-def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: str) -> None:
+@given(pod=gpu_pods(), state=st.sampled_from(list(BudgetState)), mode=st.sampled_from(["native", "container"]),
+       priorities=st.sampled_from([no_priorities, CLASSES.get]))
+def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: str, priorities: PriorityLookup) -> None:
     config = WebhookConfig(meter=MeterSpec(mode=mode), allowed_priority_classes=frozenset({"research-high"}))
-    first = admit(parse_review(admission_review(pod)), config, lambda _ns: NamespaceBudget(state), mutate=True)
+    first = admit(parse_review(admission_review(pod)), config, lambda _ns: NamespaceBudget(state), mutate=True, priorities=priorities)
     assert first.allowed, first.message
     assert first.patch
     mutated = jsonpatch.apply_patch(pod, first.patch)
 
-    second = admit(parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=True)
+    second = admit(parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=True,
+                   priorities=priorities)
     assert second.allowed and second.patch == []
     assert admit(parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=False).allowed
 

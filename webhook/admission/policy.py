@@ -39,6 +39,7 @@ from webhook.admission.review import AdmissionRequest, Decision
 from webhook.admission.safe import SafeAdmission, safe_admission
 from webhook.caches.budgets import NamespaceBudget
 from webhook.caches.jobs import JobLookup, no_jobs
+from webhook.caches.priorities import PriorityLookup, ResolvedPriority, no_priorities
 from webhook.caches.reservations import Reserve, no_timekeeper
 from webhook.config import WebhookConfig
 
@@ -49,10 +50,11 @@ BudgetLookup = Callable[[str], NamespaceBudget]
 
 def admit(
     request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims,
-    jobs: JobLookup = no_jobs, reserve: Reserve = no_timekeeper, disclose: bool = True,
+    jobs: JobLookup = no_jobs, reserve: Reserve = no_timekeeper, disclose: bool = True, priorities: PriorityLookup = no_priorities,
 ) -> Decision:
     """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
-    specs of the resource claims a pod names and `jobs` the deadlines of Jobs (the webhook's in-memory indexes);
+    specs of the resource claims a pod names, `jobs` the deadlines of Jobs and `priorities` what a PriorityClass
+    resolves to (the webhook's in-memory indexes);
     `reserve` holds safe admission's reservations (the timekeeper's). `disclose` False: the answer says no figures
     of the namespace's budget (the caller is not known to be the API server)."""
     pod = request.object
@@ -98,7 +100,7 @@ def admit(
         refused = Decision.deny(403, safe.refuse, dialect)
         refused.safe_admission = safe.outcome
         return refused
-    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose)
+    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose, priorities)
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
@@ -248,7 +250,7 @@ def _check_meter(
 
 def _mutation(
     pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
-    safe: SafeAdmission, disclose: bool,
+    safe: SafeAdmission, disclose: bool, priorities: PriorityLookup,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
@@ -293,17 +295,28 @@ def _mutation(
         )
     else:  # an administrator's allowed class stays; _check_priority_class has refused any other of the pod's own
         wanted_class = current_class if current_class in config.allowed_priority_classes else config.priority_class_in_budget
+    unresolved = None
     if wanted_class != current_class:
         patch.add(pointer("spec", "priorityClassName"), wanted_class)
-        # The API server's Priority plugin runs again after a webhook changes a pod and recomputes these from
-        # the new class; a stale integer would get the pod refused.
-        for stale in ("priority", "preemptionPolicy"):
-            if stale in spec:
-                patch.remove(pointer("spec", stale))
+        unresolved = None if _resolve_priority(spec, priorities(wanted_class), patch) else wanted_class
 
     add_billing_finalizer(pod, config, patch)
     _inject_meter(pod, config, record, patch)
-    return Decision(patch=patch.operations, warnings=warnings, dialect=dialect)
+    return Decision(patch=patch.operations, warnings=warnings, dialect=dialect, unresolved_priority_class=unresolved)
+
+
+def _resolve_priority(spec: dict[str, Any], resolved: ResolvedPriority | None, patch: JsonPatch) -> bool:
+    """The pod's priority and preemption policy for its new class, as the API server's Priority plugin would write
+    them; that plugin runs again after a webhook changes a pod, and when it finds them so, it changes nothing and the
+    API server does not call the webhook again. Without the class's figures (`resolved` None), they are removed for
+    the plugin to resolve (a stale integer would get the pod refused); False then."""
+    wanted = {} if resolved is None else {"priority": resolved.value, "preemptionPolicy": resolved.preemption_policy}
+    for name in ("priority", "preemptionPolicy"):
+        if name in wanted and spec.get(name) != wanted[name]:
+            patch.add(pointer("spec", name), wanted[name])
+        elif name not in wanted and name in spec:
+            patch.remove(pointer("spec", name))
+    return resolved is not None
 
 
 def _inject_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], patch: JsonPatch) -> None:

@@ -53,6 +53,7 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     dialect: str = "none"  # for metrics
     safe_admission: str | None = None  # for metrics: safe admission's outcome, when it checked the pod
+    unresolved_priority_class: str | None = None  # for metrics: a class given that the webhook could not resolve
 
     @classmethod
     def deny(cls, code: int, message: str, dialect: str = "none") -> "Decision":

@@ -22,6 +22,7 @@ from webhook.admission.review import AdmissionRequest, BadReview, Decision, pars
 from webhook.api.callers import Callers, Refused
 from webhook.caches.budgets import BudgetStateCache
 from webhook.caches.jobs import JobLookup
+from webhook.caches.priorities import PriorityLookup
 from webhook.caches.reservations import Reserve
 from webhook.config import WebhookConfig
 
@@ -49,6 +50,7 @@ class Reviewer:
     jobs: JobLookup
     reserve: Reserve
     large_reviews: threading.Lock
+    priorities: PriorityLookup
 
 
 blueprint = Blueprint("reviews", __name__)
@@ -97,7 +99,7 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
     budgets = reviewer.budgets
     try:
         decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, reviewer.reserve,
-                         disclose)
+                         disclose, reviewer.priorities)
     except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
         log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
         decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
@@ -105,6 +107,8 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
     metrics.ADMISSIONS.labels(endpoint, admission.operation, outcome, decision.dialect).inc()
     if decision.safe_admission is not None:
         metrics.SAFE_ADMISSIONS.labels(decision.safe_admission).inc()
+    if decision.unresolved_priority_class is not None:
+        metrics.UNRESOLVED_PRIORITIES.labels(decision.unresolved_priority_class).inc()
     fields.update(decision=outcome, dialect=decision.dialect)
     _log_decision(reviewer, admission, decision, fields)
     metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
