@@ -265,14 +265,15 @@ class Cluster:
     def gone(self, name: str) -> None:
         self.pods.items.pop(("ml", name), None)  # type: ignore[union-attr]
 
-    def play(self, utilisations: dict[str, float | None], steps: int = 1) -> list[IdlePass]:
-        """Every meter reports (a name left out stays silent), then the leader's pass; `steps` times."""
+    def play(self, utilisations: dict[str, float | None], steps: int = 1, leading: bool = True) -> list[IdlePass]:
+        """Every meter reports (a name left out stays silent), then the leader's pass (`leading`: whether its Lease
+        still holds when it comes to evict); `steps` times."""
         passes = []
         for _ in range(steps):
             self.clock.advance(seconds=INTERVAL)
             for name, utilisation in utilisations.items():
                 self.meters[name].report(utilisation, after=0)
-            done = self.idler.run(self.clock.now)
+            done = self.idler.run(self.clock.now, lambda: leading)
             assert done is not None
             passes.append(done)
         return passes
@@ -361,6 +362,14 @@ def test_evict_stops_a_bare_pod_at_once(leader: Cluster) -> None:
     leader.pod("debug")
     passes = leader.play({"debug": 0}, steps=5)
     assert first(passes, "evicted") == 5 and leader.fake.evicted == [("ml", "debug")] and leader.idle.holds() == []
+
+
+def test_a_leader_that_lost_its_lease_evicts_no_idle_pod_and_its_successor_does(leader: Cluster) -> None:
+    policy(leader.store, after="2m", action="evict")
+    leader.pod("debug")
+    deposed = leader.play({"debug": 0}, steps=6, leading=False)
+    assert not any(done.evicted for done in deposed) and leader.fake.evicted == []
+    assert leader.play({"debug": 0})[0].evicted == ["ml/debug"] and leader.fake.evicted == [("ml", "debug")]
 
 
 @pytest.mark.parametrize("case", ["exempt", "no NVML data", "silent meter", "too young"])
