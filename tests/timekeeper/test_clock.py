@@ -4,6 +4,8 @@ carried forward by the monotonic clock; a test clock (TIMEKEEPER_CLOCK) replaces
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy.exc import OperationalError
@@ -86,3 +88,19 @@ def test_a_served_timekeeper_reckons_by_the_databases_time_and_a_test_clock_repl
     assert not isinstance(tested.budgets.clock, DatabaseClock)
     tested.reports.close()
     tested.database.dispose()
+
+
+def test_requests_that_come_while_the_first_reading_is_under_way_wait_for_it() -> None:
+    """The first requests after a start arrive together: none may find the clock without a reading (a 500)."""
+    reading = threading.Event()
+
+    def slow_first_read() -> dt.datetime:
+        reading.wait(5)  # held until every caller has come
+        return DATABASE_TIME
+
+    clock = DatabaseClock(slow_first_read)
+    with ThreadPoolExecutor(8) as callers:
+        answers = [callers.submit(clock) for _ in range(8)]
+        reading.set()
+        # Each is the database's time carried forward by the seconds since it was read: no more than the test lasts.
+        assert all(dt.timedelta(0) <= answer.result(timeout=10) - DATABASE_TIME < dt.timedelta(seconds=10) for answer in answers)

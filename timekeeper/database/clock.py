@@ -35,7 +35,7 @@ class DatabaseClock:
         self._next_read = 0.0  # monotonic: when to read it again
 
     def __call__(self) -> dt.datetime:
-        if self._monotonic() >= self._next_read:
+        if self._read is None or self._monotonic() >= self._next_read:
             self._resync()
         read = self._read
         assert read is not None  # the first resync raised otherwise
@@ -44,8 +44,8 @@ class DatabaseClock:
 
     def _resync(self) -> None:
         with self._lock:
-            if self._monotonic() < self._next_read:
-                return  # another thread just read it
+            if self._read is not None and self._monotonic() < self._next_read:
+                return  # another thread just read it (a first read is waited for: there is nothing to carry on)
             # Not again before the interval, even when it fails: a database down would otherwise cost every caller a
             # connection attempt; the last reading carries on meanwhile (without one, the failure is the caller's).
             self._next_read = self._monotonic() + self.resync_seconds
