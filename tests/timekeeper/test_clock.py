@@ -102,5 +102,5 @@ def test_requests_that_come_while_the_first_reading_is_under_way_wait_for_it() -
     with ThreadPoolExecutor(8) as callers:
         answers = [callers.submit(clock) for _ in range(8)]
         reading.set()
-        # Each is the database's time carried forward by the seconds since it was read: no more than the test lasts.
-        assert all(dt.timedelta(0) <= answer.result(timeout=10) - DATABASE_TIME < dt.timedelta(seconds=10) for answer in answers)
+        # Each is the database's time (carried forward by the moments since it was read), none the machine's own.
+        assert all(dt.timedelta(0) <= answer.result(timeout=10) - DATABASE_TIME < dt.timedelta(hours=1) for answer in answers)
