@@ -10,7 +10,7 @@ from flask import Flask
 
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient
-from timekeeper.cluster.controller import Controller
+from timekeeper.cluster.controller import Controller, ControllerPass
 from timekeeper.cluster.demotion import eviction_candidates
 from timekeeper.cluster.kube import KubeApi
 
@@ -211,3 +211,17 @@ def test_a_namespace_deleted_before_its_event_gets_none_and_is_not_tried_again(
     assert demoter.run_once().events == []  # type: ignore[union-attr]
     assert demoter.run_once().events == []  # type: ignore[union-attr]
     assert fake_kube.events == [] and fake_kube.count("GET", "/api/v1/namespaces/team-a") == 1
+
+
+def test_a_resource_the_watch_delivers_during_a_pass_gets_its_status_from_the_next(
+    demoter: Controller, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not Ready (Reconciled) with no figures: the pass applied the resources before the watch brought this one."""
+    written: list[str] = []
+    monkeypatch.setattr(demoter.kube, "patch_custom_status", lambda resource, namespace, name, body: written.append(name))
+    late = {"apiVersion": "gpusharing.io/v1alpha1", "kind": "GPUBudget", "metadata": {"namespace": "team-a", "name": "budget",
+                                                                                     "generation": 1}, "spec": {"gpuMinutes": 5}}
+    demoter.watches[0].objects = {("team-a", "budget"): late}
+    done = ControllerPass()
+    demoter._write_statuses({}, {}, done, {})
+    assert written == [] and done.statuses_written == []

@@ -247,6 +247,8 @@ class Controller:
         for w in self.watches:
             for obj in list(w.objects.values()):
                 name = budget_name(obj)
+                if name not in statuses and name not in problems:
+                    continue  # delivered by the watch after this pass applied the resources: the next pass does
                 wanted = resource_status(obj, statuses.get(name), problems.get(name), sorted(children.get(name, [])), now,
                                          idle.get(name))
                 if not status_differs(obj.get("status"), wanted):
