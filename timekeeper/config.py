@@ -30,6 +30,7 @@ class TimekeeperConfig:
     kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
     demotion_interval_seconds: float = 10.0  # how often the controller's pass runs (statuses, retries)
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
+    lease_seconds: float | None = None  # the controller's Lease; None: 3 passes, at least 15 s
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
     metrics_auth: str = "none"  # token: /metrics needs a token, as the budget listing does (it shows as much)
     db_pool_size: int = 10
@@ -59,6 +60,7 @@ class TimekeeperConfig:
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
+            lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ) if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip() else None,
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
             metrics_auth=env_choice("TIMEKEEPER_METRICS_AUTH", cls.metrics_auth, METRICS_AUTH, environ),
             db_pool_size=env_int("TIMEKEEPER_DB_POOL_SIZE", 10, 1, environ),

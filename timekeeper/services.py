@@ -89,7 +89,8 @@ def build_services(
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)
     controller = (
-        Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds, config.lease_namespace)
+        Controller(budgets, kube, config.priority_class_in_budget, config.demotion_interval_seconds, config.lease_namespace,
+                   config.lease_seconds)
         if kube else None
     )
     if controller is not None and background:

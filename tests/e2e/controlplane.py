@@ -1,13 +1,16 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and, for the cluster
+tier, kube-scheduler.
 
 The binaries come from the directory in KUBEBUILDER_ASSETS (controller-runtime envtest's convention): the project's
 `../shared/kube/unpack`, `setup-envtest use`, or the `kubernetes-server-linux-amd64` release archive's
-`server/bin` with an etcd beside them. No kubelet and no scheduler run: pods stay Pending, which is all admission
-needs; a test that needs a running pod writes its status itself.
+`server/bin` with an etcd beside them. No kubelet runs: without a scheduler pods stay Pending, which is all admission
+needs, and a test that needs a running pod writes its status itself; with one (tests/cluster) they are bound to the
+simulated Nodes of tests/cluster/nodes.py, which plays their kubelet.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 import trustme
 import yaml
@@ -30,6 +34,7 @@ from demo.processes import free_port
 
 REQUIRED = ("etcd", "kube-apiserver")
 CONTROLLER_MANAGER = "kube-controller-manager"  # optional: envtest's binaries come without it
+SCHEDULER = "kube-scheduler"  # the cluster tier's
 START_TIMEOUT_SECONDS = 90  # only stops a broken start from hanging; not a speed check
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMISSION_PLUGINS = (
@@ -45,12 +50,41 @@ CONTROLLERS = (
 )
 
 
+# The API server's own record of every eviction asked for: who asked, for which pod, and its answer.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata", "verbs": ["create"], "resources": [{"group": "", "resources": ["pods/eviction"]}]},
+              {"level": "None"}],
+}
+
+
 class ControlPlaneUnavailable(RuntimeError):
     """The binaries are missing or a component did not start; the message says which and why."""
 
 
-def missing_binaries(assets: Path) -> list[str]:
-    return [name for name in REQUIRED if not os.access(assets / name, os.X_OK)]
+def missing_binaries(assets: Path, required: tuple[str, ...] = REQUIRED) -> list[str]:
+    return [name for name in required if not os.access(assets / name, os.X_OK)]
+
+
+def control_plane_for(tier: str, scheduler: bool = False) -> "ControlPlane":
+    """The control plane of KUBEBUILDER_ASSETS for a test tier, with kube-scheduler if asked.
+
+    Without KUBEBUILDER_ASSETS (or, for `scheduler`, without kube-scheduler there: envtest's binaries have none) the
+    tier is skipped with a line saying how to enable it; under CI=true that fails the run instead, as does a
+    control plane that does not start.
+    """
+    wanted = (*REQUIRED, *([SCHEDULER] if scheduler else []))
+    how = (f"the {tier} needs a Kubernetes control plane: set KUBEBUILDER_ASSETS to a directory with {', '.join(wanted)} "
+           "and optionally kube-controller-manager (KUBEBUILDER_ASSETS=$(../shared/kube/unpack), or `setup-envtest use -p path`)")
+    assets = os.environ.get("KUBEBUILDER_ASSETS", "").strip()
+    if not assets or (scheduler and missing_binaries(Path(assets), (SCHEDULER,))):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but KUBEBUILDER_ASSETS={assets!r} will not do: {how}", pytrace=False)
+        pytest.skip(how)
+    try:
+        return ControlPlane.start(Path(assets), scheduler)
+    except ControlPlaneUnavailable as exc:
+        pytest.fail(f"the Kubernetes control plane could not be started: {exc}", pytrace=False)
 
 
 @dataclass
@@ -67,7 +101,7 @@ class ControlPlane:
         return CONTROLLER_MANAGER in self.processes
 
     @classmethod
-    def start(cls, assets: Path) -> "ControlPlane":
+    def start(cls, assets: Path, scheduler: bool = False) -> "ControlPlane":
         missing = missing_binaries(assets)
         if missing:
             raise ControlPlaneUnavailable(f"KUBEBUILDER_ASSETS={assets} lacks {', '.join(missing)}")
@@ -78,6 +112,8 @@ class ControlPlane:
         plane = cls(directory, f"https://127.0.0.1:{port}", directory / "ca.crt", directory / "admin.kubeconfig")
         try:
             plane._start(assets, port)
+            if scheduler:
+                plane._start_scheduler(assets)
         except BaseException:
             plane.stop()
             raise
@@ -101,6 +137,7 @@ class ControlPlane:
         (d / "sa.pub").write_bytes(
             key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
+        (d / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         write_kubeconfig(
             self.admin_kubeconfig,
             self.url,
@@ -137,6 +174,9 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24",
             f"--enable-admission-plugins={ADMISSION_PLUGINS}",
             "--profiling=false",
+            "--audit-policy-file", d / "audit-policy.yaml",
+            "--audit-log-path", d / "audit.log",
+            "--audit-log-format=json",
         )
         self._wait_ready()
         if not os.access(assets / CONTROLLER_MANAGER, os.X_OK):
@@ -152,7 +192,21 @@ class ControlPlane:
             "--leader-elect=false",
             "--secure-port=0",
             "--concurrent-job-syncs=2",
+            # The default 20 requests/s would make a ReplicaSet of thousands of pods a matter of minutes.
+            "--kube-api-qps=300",
+            "--kube-api-burst=600",
         )
+
+    def _start_scheduler(self, assets: Path) -> None:
+        """kube-scheduler, binding pods to whatever Nodes exist (the cluster tier's simulated GPU nodes)."""
+        configuration = self.directory / "scheduler.yaml"
+        configuration.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.admin_kubeconfig), "qps": 300, "burst": 600},
+            "leaderElection": {"leaderElect": False},
+        }))
+        self._run(SCHEDULER, assets / SCHEDULER, "--config", configuration, "--bind-address=127.0.0.1",
+                  f"--secure-port={free_port()}", "-v=1")
 
     def _run(self, name: str, *argv: object) -> None:
         log = (self.directory / f"{name}.log").open("wb")
@@ -164,6 +218,7 @@ class ControlPlane:
     def admin_session(self) -> requests.Session:
         """HTTP to the API server as the cluster admin (a client certificate in system:masters)."""
         session = requests.Session()
+        session.mount("https://", requests.adapters.HTTPAdapter(pool_maxsize=32))  # tests create from many threads
         session.trust_env = False
         session.verify = str(self.ca_file)
         session.cert = (str(self.directory / "admin.crt"), str(self.directory / "admin.key"))
@@ -184,6 +239,16 @@ class ControlPlane:
             if time.monotonic() > deadline:
                 raise ControlPlaneUnavailable(f"kube-apiserver not ready in {START_TIMEOUT_SECONDS} s:\n{self.log_tail('kube-apiserver')}")
             time.sleep(0.2)
+
+    def evictions(self, namespace: str) -> list[tuple[str, int]]:
+        """Every eviction of a pod of `namespace` the API server answered, as (pod, HTTP status), from its audit log."""
+        answered = []
+        for line in (self.directory / "audit.log").read_text().splitlines():
+            event = json.loads(line)
+            ref = event.get("objectRef", {})
+            if event.get("stage") == "ResponseComplete" and ref.get("namespace") == namespace and ref.get("subresource") == "eviction":
+                answered.append((ref["name"], int(event.get("responseStatus", {}).get("code", 0))))
+        return answered
 
     def log_tail(self, name: str, characters: int = 3000) -> str:
         path = self.directory / f"{name}.log"

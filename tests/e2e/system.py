@@ -61,9 +61,15 @@ def wait_for(condition: Callable[[], T], what: str, timeout: float = WAIT_SECOND
 
 
 class GpuSharing:
-    def __init__(self, plane: ControlPlane, directory: Path):
+    """The project on `plane`; `timekeeper_env` and `webhook_env` add to (or change) the settings each role runs with."""
+
+    def __init__(self, plane: ControlPlane, directory: Path, timekeeper_env: dict[str, str] | None = None,
+                 webhook_env: dict[str, str] | None = None, webhook_threads: int = 4):
         self.plane = plane
         self.directory = directory
+        self.timekeeper_env = timekeeper_env or {}
+        self.webhook_env = webhook_env or {}
+        self.webhook_threads = webhook_threads
         self.api = plane.api_client()
         self.session = plane.admin_session()
         self.manifests = kustomize(installable_manifests(directory))
@@ -82,7 +88,7 @@ class GpuSharing:
             path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
             wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True"
                                  for c in self.rest("GET", path).get("status", {}).get("conditions", [])), f"{path} established")
-        self.timekeeper_url = self._start_timekeeper()
+        self.timekeeper_url, self.timekeeper = self.start_timekeeper()
         self.webhook_url, ca_pem = self._start_webhook()
         self.ca_bundle = base64.b64encode(ca_pem).decode()
         for configuration in self.webhook_configurations():
@@ -100,14 +106,15 @@ class GpuSharing:
             configurations.append(configuration)
         return configurations
 
-    def _start_timekeeper(self) -> str:
+    def start_timekeeper(self, name: str = "timekeeper") -> tuple[str, Service]:
+        """A `gpusharing timekeeper serve` process on the one database (another replica, when one runs already)."""
         kubeconfig = write_kubeconfig(
-            self.directory / "timekeeper.kubeconfig",
+            self.directory / f"{name}.kubeconfig",
             self.plane.url,
             self.plane.ca_file,
             {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-timekeeper", audience=None)},
         )
-        database = f"sqlite:///{self.directory / 'timekeeper.sqlite'}"
+        database = self.timekeeper_env.get("TIMEKEEPER_DATABASE_URL", f"sqlite:///{self.directory / 'timekeeper.sqlite'}")
         subprocess.run(
             [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],
             env={**os.environ, "TIMEKEEPER_DATABASE_URL": database}, check=True, capture_output=True,
@@ -120,11 +127,11 @@ class GpuSharing:
             "TIMEKEEPER_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
             "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": str(DEMOTION_INTERVAL_SECONDS),
+            **self.timekeeper_env,
         }
         args = ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--threads", "8"]
-        log = self.directory / "timekeeper.log"
-        self.timekeeper = self._stack.enter_context(Service("timekeeper", args, f"{url}/readyz", env=env, log_path=log))
-        return url
+        log = self.directory / f"{name}.log"
+        return url, self._stack.enter_context(Service(name, args, f"{url}/readyz", env=env, log_path=log))
 
     def _start_webhook(self) -> tuple[str, bytes]:
         certificate = make_serving_certificate(["127.0.0.1", "localhost"])
@@ -145,9 +152,10 @@ class GpuSharing:
             "GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS),
             "GPUSHARING_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
+            **self.webhook_env,
         }
         args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
-                "--key", str(paths["key"]), "--workers", "1", "--threads", "4"]
+                "--key", str(paths["key"]), "--workers", "1", "--threads", str(self.webhook_threads)]
         log = self.directory / "webhook.log"
         self.webhook = self._stack.enter_context(
             Service("webhook", args, f"{url}/readyz", env=env, verify=str(paths["ca"]), log_path=log)

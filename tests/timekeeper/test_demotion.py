@@ -164,12 +164,13 @@ def test_eviction_candidates_are_running_gpu_pods_with_the_in_budget_class() -> 
 
     def pod(name: str, cls: str = "gpusharing-in-budget", phase: str = "Running", gpu: bool = True, deleting: bool = False) -> V1Pod:
         annotations = {"gpusharing.io/gpu-share": "0.25"} if gpu else {}
-        metadata = V1ObjectMeta(name=name, annotations=annotations, deletion_timestamp="2028-01-01T00:00:00Z" if deleting else None)
+        metadata = V1ObjectMeta(name=name, uid=f"uid-{name}", annotations=annotations,
+                                deletion_timestamp="2028-01-01T00:00:00Z" if deleting else None)
         return V1Pod(metadata=metadata, spec=V1PodSpec(containers=[], priority_class_name=cls), status=V1PodStatus(phase=phase))
 
     pods = [pod("b"), pod("a"), pod("low", cls="gpusharing-over-budget"), pod("user-class", cls="research"),
             pod("cpu", gpu=False), pod("done", phase="Succeeded"), pod("going", deleting=True)]
-    assert eviction_candidates(pods, "gpusharing-in-budget") == ["a", "b"]
+    assert eviction_candidates(pods, "gpusharing-in-budget") == [("a", "uid-a"), ("b", "uid-b")]
 
 
 def test_a_namespace_deleted_before_its_event_gets_none_and_is_not_tried_again(

@@ -8,6 +8,11 @@ on every change the watches of GPUBudgets and ClusterGPUBudgets see. Each pass l
 so an eviction a PodDisruptionBudget refused is retried on the next pass, and a leader that dies leaves nothing
 half-done that the next cannot finish. Each Event is claimed in the database before it is sent, so that two
 leaders (one whose lease lapsed under a long pass) never both send it.
+
+A pass can outlast the Lease (hundreds of evictions): it renews the Lease as it goes, checks it before each
+namespace and each eviction, and stops the moment it is lost. Each eviction is claimed in the database under the
+leader's term first (timekeeper.cluster.fencing): a leader deposed while it believed it led (paused, or slowed
+past its Lease) evicts nothing once its successor has recorded itself, and no pod is ever evicted twice.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, HierarchyConflict, NoBudget
 from timekeeper.cluster.demotion import eviction_candidates, threshold_event, transition_event
+from timekeeper.cluster.fencing import Claim, EvictionFence
 from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable
-from timekeeper.cluster.leader import LeaderElection
+from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
 from timekeeper.cluster.resources import (
     CLUSTER_GPU_BUDGETS,
     GPU_BUDGETS,
@@ -55,6 +61,11 @@ class ControllerPass:
     applied: list[str] = field(default_factory=list)  # budgets written from resources
     removed: list[str] = field(default_factory=list)  # budgets whose resource is gone
     statuses_written: list[str] = field(default_factory=list)
+    lost: bool = False  # the Lease was lost during the pass, which stopped there
+
+
+class LeaseLost(Exception):
+    """The controller no longer leads: the pass stops where it is."""
 
 
 class Controller:
@@ -73,6 +84,7 @@ class Controller:
         self.interval = interval_seconds
         identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.election = LeaderElection(kube, lease_namespace, identity, lease_seconds or max(3 * interval_seconds, 15.0))
+        self.fence = EvictionFence(budgets.db, f"{lease_namespace}/{LEASE_NAME}")
         self.watches = [ResourceWatch(kube, GPU_BUDGETS, self.wake), ResourceWatch(kube, CLUSTER_GPU_BUDGETS, self.wake)]
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -99,29 +111,41 @@ class Controller:
     def run_once(self) -> ControllerPass | None:
         """One pass; None when another process leads."""
         with self._running:
-            if not self.election.try_acquire_or_renew():
+            if not self.election.try_acquire_or_renew() or not self.fence.enter(self.election.term, self.election.identity):
                 for resource_watch in self.watches:
                     resource_watch.stop()
                 return None
             for resource_watch in self.watches:
                 resource_watch.start()
             done = ControllerPass()
-            problems = self._apply_resources(done)
-            acted = self.budgets.acted_states()
-            statuses = {s.namespace: s for s in self.budgets.statuses()}
-            for name in acted.keys() - statuses.keys():  # no longer listed: no budget and no use this period
-                try:
-                    statuses[name] = self.budgets.status(name)
-                except NoBudget:  # a group whose budget is gone
-                    continue
-            targets = self._resources_by_budget()
-            for status in statuses.values():
-                self._record_transition(status, acted.get(status.namespace, BudgetState.UNKNOWN), targets, done)
-                self._warn(status, targets, done)
-                if status.kind == "namespace" and status.state is BudgetState.OVER_BUDGET and status.evict_on_exhaustion:
-                    self._evict(status.namespace, done)
-            self._write_statuses(statuses, problems, done)
+            try:
+                self._pass(done)
+            except LeaseLost as lost:
+                done.lost = True
+                log.warning("%s: the pass stops here, its leader's successor takes over", lost)
             return done
+
+    def _pass(self, done: ControllerPass) -> None:
+        problems = self._apply_resources(done)
+        acted = self.budgets.acted_states()
+        statuses = {s.namespace: s for s in self.budgets.statuses()}
+        for name in acted.keys() - statuses.keys():  # no longer listed: no budget and no use this period
+            try:
+                statuses[name] = self.budgets.status(name)
+            except NoBudget:  # a group whose budget is gone
+                continue
+        targets = self._resources_by_budget()
+        for status in statuses.values():
+            self._keep_lease()
+            self._record_transition(status, acted.get(status.namespace, BudgetState.UNKNOWN), targets, done)
+            self._warn(status, targets, done)
+            if status.kind == "namespace" and status.state is BudgetState.OVER_BUDGET and status.evict_on_exhaustion:
+                self._evict(status.namespace, done)
+        self._write_statuses(statuses, problems, done)
+
+    def _keep_lease(self) -> None:
+        if not self.election.keep():
+            raise LeaseLost(f"lost the lease as {self.election.identity}")
 
     # -- resources into the ledger ----------------------------------------------------------------------------------
 
@@ -251,16 +275,30 @@ class Controller:
 
     def _evict(self, namespace: str, done: ControllerPass) -> None:
         try:
-            names = eviction_candidates(self.kube.running_pods(namespace), self.in_budget_class)
+            pods = eviction_candidates(self.kube.running_pods(namespace), self.in_budget_class)
         except KubeUnavailable as exc:
             log.warning("%s; will try again", exc)
             return
-        for name in names:
+        for name, uid in pods:
+            self._keep_lease()
+            term = self.election.term
+            claim = self.fence.claim(term, uid, namespace, name)
+            if claim is Claim.DEPOSED:
+                raise LeaseLost(f"a later leader than {self.election.identity} (term {term}) has recorded itself")
+            if claim is Claim.TAKEN:
+                continue
+            remaining = self.election.remaining_seconds()
+            if remaining <= 0:  # ran out between the check and now (the process was paused): not asked for
+                self.fence.release(term, uid)
+                raise LeaseLost(f"the lease of {self.election.identity} ran out unrenewed")
             try:
-                result = self.kube.evict(namespace, name)
+                result = self.kube.evict(namespace, name, uid, timeout=remaining)
             except KubeUnavailable as exc:
+                self.fence.release(term, uid)
                 log.warning("%s; will try again", exc)
                 continue
+            if result is not EvictionResult.EVICTED:
+                self.fence.release(term, uid)
             metrics.EVICTIONS.labels(result.value).inc()
             fields = {"namespace": namespace, "pod": name, "eviction": result.value}
             if result is EvictionResult.EVICTED:

@@ -16,8 +16,8 @@ RESTORED = "GPUBudgetRestored"
 THRESHOLD = "GPUBudgetWarning"
 
 
-def eviction_candidates(pods: Iterable[Any], in_budget_class: str) -> list[str]:
-    """Names of the running GPU pods that still carry the in-budget priority class (the webhook's GPU pods)."""
+def eviction_candidates(pods: Iterable[Any], in_budget_class: str) -> list[tuple[str, str]]:
+    """Names and uids of the running GPU pods that still carry the in-budget priority class (the webhook's GPU pods)."""
     names = []
     for pod in pods:
         metadata, spec, status = pod.metadata, pod.spec, pod.status
@@ -26,7 +26,7 @@ def eviction_candidates(pods: Iterable[Any], in_budget_class: str) -> list[str]:
         if spec.priority_class_name != in_budget_class or ANNOTATION_GPU_SHARE not in (metadata.annotations or {}):
             continue
         if status is not None and status.phase == "Running":
-            names.append(metadata.name)
+            names.append((metadata.name, metadata.uid))
     return sorted(names)
 
 

@@ -24,6 +24,8 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects live
 REPORTING_COMPONENT = "gpusharing-timekeeper"
+# Every call gives up after this long (connect and read): a slow API server delays a pass or a report, never stalls it.
+REQUEST_TIMEOUT_SECONDS = 10.0
 
 
 class KubeUnavailable(RuntimeError):
@@ -83,8 +85,9 @@ class CustomResource:
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient):
+    def __init__(self, api_client: client.ApiClient, timeout: float = REQUEST_TIMEOUT_SECONDS):
         self.api_client = api_client
+        self.timeout = timeout
         self.core = client.CoreV1Api(api_client)
         self.authentication = client.AuthenticationV1Api(api_client)
         self.authorization = client.AuthorizationV1Api(api_client)
@@ -130,12 +133,15 @@ class KubeApi:
         )
         return list(answer.items or [])
 
-    def evict(self, namespace: str, name: str) -> EvictionResult:
-        """Asks for an eviction, which the API server grants only within the pods' PodDisruptionBudgets."""
-        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
-        refused = {429: EvictionResult.REFUSED, 404: EvictionResult.GONE}
+    def evict(self, namespace: str, name: str, uid: str, timeout: float | None = None) -> EvictionResult:
+        """Asks for the eviction of the pod of that uid (not a namesake made since), which the API server grants only
+        within the pods' PodDisruptionBudgets; `timeout` shortens the call's."""
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                                     delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
+        refused = {429: EvictionResult.REFUSED, 404: EvictionResult.GONE, 409: EvictionResult.GONE}
         answer = self._call(
-            f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=refused
+            f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=refused,
+            timeout=timeout,
         )
         return answer if isinstance(answer, EvictionResult) else EvictionResult.EVICTED
 
@@ -208,10 +214,12 @@ class KubeApi:
             self._call(what, self.custom.patch_cluster_custom_object_status, resource.group, resource.version,
                        resource.plural, name, body, answers={404: None})
 
-    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, **kwargs: Any) -> Any:
-        """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return."""
+    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, timeout: float | None = None,
+              **kwargs: Any) -> Any:
+        """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return. The call
+        gives up after `timeout` seconds (default: the API's)."""
         try:
-            return method(*args, **kwargs)
+            return method(*args, _request_timeout=min(timeout or self.timeout, self.timeout), **kwargs)
         except ApiException as exc:
             if answers is not None and exc.status in answers:
                 return answers[exc.status]

@@ -6,6 +6,12 @@ for `leaseDurationSeconds` by its own monotonic clock (never by comparing its wa
 every write carries the resourceVersion it read, so that of two processes racing for it one wins and the other's
 write is refused (409). A process that stops gives the Lease up (holderIdentity emptied), so that the next takes
 over at once.
+
+A holder's work can outlast its Lease (a pass over hundreds of evictions): `keep()`, called before each act, renews
+the Lease once a third of it has passed and says whether it is still held, so that the work stops the moment it is
+lost. By its own clock, a holder holds the Lease for `lease_seconds` from the moment it sent its last successful
+write: no other process can take it over sooner. `term`, the Lease's leaseTransitions when this holder took it,
+fences what it does in the database (timekeeper.cluster.fencing), where a process's clock does not count.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ class LeaderElection:
         self._monotonic = monotonic
         self._observed: tuple[Any, ...] | None = None  # the record as last seen, and when (by our clock)
         self._observed_at = 0.0
+        self._renewed_at = 0.0  # when the last successful write of ours was sent, by our clock
         self.leading = False
+        self.term = 0  # the Lease's leaseTransitions when this process took it
 
     def try_acquire_or_renew(self) -> bool:
         """Takes or renews the Lease; False while another process holds it, or when the API cannot be reached."""
@@ -56,6 +64,17 @@ class LeaderElection:
         if self.leading != was_leading:
             log.info("%s the lease %s/%s as %s", "took" if self.leading else "lost", self.namespace, self.name, self.identity)
         return self.leading
+
+    def remaining_seconds(self) -> float:
+        """How much longer the Lease is surely ours (0 when it is not)."""
+        return max(0.0, self._renewed_at + self.lease_seconds - self._monotonic()) if self.leading else 0.0
+
+    def keep(self) -> bool:
+        """Before each act of the leader: renews the Lease once a third of it has passed; False once it is lost (or
+        has run out unrenewed), and the act must not happen."""
+        if self.leading and self._monotonic() - self._renewed_at >= self.lease_seconds / 3:
+            self.try_acquire_or_renew()
+        return self.remaining_seconds() > 0
 
     def release(self) -> None:
         """Gives the Lease up if this process holds it, so that another takes over without waiting for it to lapse."""
@@ -79,7 +98,11 @@ class LeaderElection:
             spec = client.V1LeaseSpec(holder_identity=self.identity, lease_duration_seconds=self.lease_seconds,
                                       acquire_time=now, renew_time=now, lease_transitions=0)
             body = client.V1Lease(metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace), spec=spec)
-            return self.kube.create_lease(self.namespace, body)  # False: another process created it first
+            sent = self._monotonic()
+            if not self.kube.create_lease(self.namespace, body):  # another process created it first
+                return False
+            self._renewed_at, self.term = sent, 0
+            return True
         spec = lease.spec or client.V1LeaseSpec()
         record = (spec.holder_identity, spec.renew_time, spec.lease_transitions, spec.lease_duration_seconds)
         if record != self._observed:
@@ -96,12 +119,15 @@ class LeaderElection:
         spec.renew_time = now
         lease.spec = spec
         # Carries the resourceVersion read: a process that wrote in between makes this one 409, and it lost.
+        sent = self._monotonic()
         written = self.kube.replace_lease(self.namespace, self.name, lease)
-        if written is not None and written.spec is not None:
-            self._observed = (written.spec.holder_identity, written.spec.renew_time, written.spec.lease_transitions,
-                              written.spec.lease_duration_seconds)
-            self._observed_at = self._monotonic()
-        return written is not None
+        if written is None or written.spec is None:
+            return False
+        self._observed = (written.spec.holder_identity, written.spec.renew_time, written.spec.lease_transitions,
+                          written.spec.lease_duration_seconds)
+        self._observed_at = self._monotonic()
+        self._renewed_at, self.term = sent, written.spec.lease_transitions or 0
+        return True
 
 
 def _now() -> dt.datetime:

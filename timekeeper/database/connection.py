@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from psycopg import ClientCursor
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, Engine, Table, Text, bindparam, cast, column, create_engine, event, func, select
+from sqlalchemy import ColumnElement, Connection, Engine, Float, Table, Text, bindparam, cast, column, create_engine, event, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable, Insert
@@ -93,6 +93,13 @@ class Database:
     def read(self) -> Iterator[Connection]:
         with self.engine.begin() as conn:
             yield conn
+
+    def clock(self) -> ColumnElement[float]:
+        """The database's time, in seconds since the epoch, as an SQL expression: the one clock that every replica and
+        worker reads alike, for whatever they compare."""
+        if self.is_sqlite:
+            return cast((func.julianday("now") - 2440587.5) * 86400.0, Float)
+        return cast(func.extract("epoch", func.clock_timestamp()), Float)
 
     def insert(self, table: Any) -> Insert:
         """An INSERT that knows ON CONFLICT on this backend."""

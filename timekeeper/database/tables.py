@@ -173,6 +173,30 @@ class BudgetWarningRow(Base):
     warned_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
 
+class ControllerTermRow(Base):
+    """The controller's term: the Lease's leaseTransitions when its holder took it, recorded before it evicts anything
+    (timekeeper.cluster.fencing). It only rises."""
+
+    __tablename__ = "controller_terms"
+
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)  # the Lease's namespace/name
+    term: Mapped[int] = mapped_column(BigInteger)
+    holder: Mapped[str] = mapped_column(String(253))
+    since: Mapped[float] = mapped_column(Float)  # the database's clock, seconds since the epoch
+
+
+class EvictionClaimRow(Base):
+    """A pod's eviction, claimed by the controller of a term before it asks the API server (timekeeper.cluster.fencing)."""
+
+    __tablename__ = "eviction_claims"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(253))
+    pod: Mapped[str] = mapped_column(String(253))
+    term: Mapped[int] = mapped_column(BigInteger)
+    claimed_at: Mapped[float] = mapped_column(Float, index=True)  # the database's clock, seconds since the epoch
+
+
 budgets = BudgetRow.__table__
 top_ups = TopUpRow.__table__
 budget_changes = BudgetChangeRow.__table__
@@ -183,3 +207,5 @@ pod_usage = PodUsageRow.__table__
 pod_labels = PodLabelRow.__table__
 gpu_model_weights = GpuModelWeightRow.__table__
 budget_warnings = BudgetWarningRow.__table__
+controller_terms = ControllerTermRow.__table__
+eviction_claims = EvictionClaimRow.__table__

@@ -1,0 +1,44 @@
+"""The controller's fencing: its term (the Lease's leaseTransitions when taken) and each eviction claimed under it, so
+that a deposed controller can evict nothing and no pod is evicted twice (timekeeper.cluster.fencing).
+
+Revision ID: 0007_eviction_fencing
+Revises: 0004_safe_admission
+Create Date: 2026-11-25
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0007_eviction_fencing"
+down_revision = "0004_safe_admission"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "controller_terms",
+        sa.Column("name", sa.String(253), nullable=False),
+        sa.Column("term", sa.BigInteger, nullable=False),
+        sa.Column("holder", sa.String(253), nullable=False),
+        sa.Column("since", sa.Float, nullable=False),
+        sa.PrimaryKeyConstraint("name", name="pk_controller_terms"),
+    )
+    op.create_table(
+        "eviction_claims",
+        sa.Column("pod_uid", sa.String(253), nullable=False),
+        sa.Column("namespace", sa.String(253), nullable=False),
+        sa.Column("pod", sa.String(253), nullable=False),
+        sa.Column("term", sa.BigInteger, nullable=False),
+        sa.Column("claimed_at", sa.Float, nullable=False),
+        sa.PrimaryKeyConstraint("pod_uid", name="pk_eviction_claims"),
+    )
+    op.create_index("ix_eviction_claims_claimed_at", "eviction_claims", ["claimed_at"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_eviction_claims_claimed_at", "eviction_claims")
+    op.drop_table("eviction_claims")
+    op.drop_table("controller_terms")

@@ -1,0 +1,49 @@
+"""The cluster tier: the project on a control plane with kube-scheduler and simulated GPU nodes (tests/cluster/nodes.py).
+
+Runs where KUBEBUILDER_ASSETS names a directory with etcd, kube-apiserver and kube-scheduler (and
+kube-controller-manager for Jobs, ReplicaSets and PodDisruptionBudgets); elsewhere it is skipped with a line saying
+how to enable it, except under CI=true, where a missing control plane fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.nodes import NodeSimulator
+from tests.e2e.controlplane import ControlPlane, control_plane_for
+from tests.e2e.system import GpuSharing
+
+LEASE_SECONDS = 2  # shorter than a pass over hundreds of pods: the controller must renew it while it works
+METER_INTERVAL_SECONDS = 1.0
+
+
+@pytest.fixture(scope="session")
+def cluster_plane() -> Iterator[ControlPlane]:
+    plane = control_plane_for("cluster tier", scheduler=True)
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuSharing]:
+    """The project installed from the manifests, its webhook and a timekeeper on loopback."""
+    system = GpuSharing(cluster_plane, tmp_path_factory.mktemp("cluster"), webhook_threads=16,
+                        timekeeper_env={"TIMEKEEPER_LEASE_SECONDS": str(LEASE_SECONDS)})
+    try:
+        system.start()
+    except Exception:
+        system.stop()
+        raise
+    yield system
+    system.stop()
+
+
+@pytest.fixture(scope="session")
+def nodes(cluster: GpuSharing, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeSimulator]:
+    """The simulated kubelet of every simulated node (tests add their own pools); meters as each pod's annotation says."""
+    simulator = NodeSimulator(cluster.plane, tmp_path_factory.mktemp("nodes"), timekeeper_url=cluster.timekeeper_url,
+                              meter_interval=METER_INTERVAL_SECONDS).start()
+    yield simulator
+    simulator.stop()

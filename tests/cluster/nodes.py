@@ -1,0 +1,449 @@
+"""Simulated GPU nodes, in the spirit of KWOK: Node objects the real kube-scheduler binds pods to, and their kubelet.
+
+The simulator creates Nodes with the extended resources of one GPU dialect each, renews their Leases, and plays the
+kubelet for the pods bound to them: a bound pod is marked Running as a kubelet reports it (startTime, every
+container running since `startedAt`, Ready); a pod annotated with `cluster.gpusharing.io/runs-for` (seconds) finishes
+after that long (containers terminated with exit code 0, phase Succeeded); a pod given a deletionTimestamp (deleted,
+evicted, preempted) has its meter stopped with SIGTERM and is then removed, as a kubelet removes a pod whose
+containers have stopped (after `cluster.gpusharing.io/stops-after` seconds, for a workload slow to stop).
+
+Meters (the simulator's `meters`, or a pod's `cluster.gpusharing.io/meter` annotation): with "process" each pod's injected meter runs as a real `gpusharing meter` process with the
+environment the webhook gave its container and a token bound to the pod (TokenRequest, the timekeeper's audience),
+so that what the timekeeper bills is what the meter measured between the pod's start and its SIGTERM; with
+"simulated" one thread reports for every running pod (a cumulative every interval, a final one on stop),
+as thousands of processes would on a 2-core machine cost more than the cluster they measure; with "none" nothing
+reports.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import itertools
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from gpusharing.contract import ANNOTATION_GPU_SHARE, TIMEKEEPER_TOKEN_AUDIENCE, MeterEnv
+from tests.e2e.controlplane import ControlPlane
+
+log = logging.getLogger(__name__)
+
+RUNS_FOR = "cluster.gpusharing.io/runs-for"  # seconds a simulated workload runs before it succeeds
+STOPS_AFTER = "cluster.gpusharing.io/stops-after"  # seconds a workload takes to stop after SIGTERM (a checkpoint)
+METER = "cluster.gpusharing.io/meter"  # how the pod's meter runs: process, simulated or none (else the simulator's own)
+METER_MODES = ("process", "simulated", "none")
+POOL_LABEL = "cluster.gpusharing.io/pool"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+LEASE_SECONDS = 40
+RENEW_SECONDS = 20
+METER_STOP_SECONDS = 10  # a meter gets this long after SIGTERM, as a container gets its grace period
+GPUS_PER_NODE = 8
+
+# The extended resources each dialect's device plugin advertises, for a node of GPUS_PER_NODE devices.
+DIALECTS: dict[str, dict[str, str]] = {
+    "hami": {"nvidia.com/gpu": str(GPUS_PER_NODE * 10), "nvidia.com/gpumem": str(GPUS_PER_NODE * 81920),
+             "nvidia.com/gpucores": str(GPUS_PER_NODE * 100)},
+    "whole": {"nvidia.com/gpu": str(GPUS_PER_NODE)},
+    "vcuda": {"tencent.com/vcuda-core": str(GPUS_PER_NODE * 100), "tencent.com/vcuda-memory": str(GPUS_PER_NODE * 320)},
+    "aliyun": {"aliyun.com/gpu-mem": str(GPUS_PER_NODE * 80), "aliyun.com/gpu-count": str(GPUS_PER_NODE)},
+}
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class RunningPod:
+    """What the simulated kubelet knows of a pod it runs."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    share: float | None  # the webhook's billed share; None: no meter (not a GPU pod)
+    meter_mode: str = "none"
+    started: float = field(default_factory=time.time)  # when its containers (and its meter) started
+    stopped: float | None = None  # when its meter was told to stop
+    meter: subprocess.Popen[bytes] | None = None
+    token: str = ""
+    seq: int = 0
+    final_accepted: bool = False
+
+
+class NodeSimulator:
+    def __init__(self, plane: ControlPlane, directory: Path, meters: str = "none", timekeeper_url: str = "",
+                 meter_interval: float = 1.0, time_scale: float = 1.0, workers: int = 8):
+        assert meters in METER_MODES
+        self.plane = plane
+        self.directory = directory
+        self.meters = meters
+        self.timekeeper_url = timekeeper_url
+        self.meter_interval = meter_interval
+        self.time_scale = time_scale
+        self.nodes: dict[str, str] = {}  # name -> pool
+        self.pods: dict[str, RunningPod] = {}  # by uid: every pod this kubelet started
+        self.finished: dict[str, RunningPod] = {}  # by uid: pods whose containers stopped
+        self._stopping: set[str] = set()  # uids of pods being deleted
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_ids = itertools.count()
+        self._timer_changed = threading.Condition()
+        self._stop = threading.Event()
+        self._local = threading.local()
+        self._threads = [threading.Thread(target=self._watch_pods, name="sim-watch", daemon=True),
+                         threading.Thread(target=self._run_timers, name="sim-timers", daemon=True),
+                         *(threading.Thread(target=self._work, name=f"sim-kubelet-{i}", daemon=True) for i in range(workers))]
+        self._threads.append(threading.Thread(target=self._report_loop, name="sim-meters", daemon=True))
+        self._reports = requests.Session()
+        self._reports.trust_env = False
+
+    # --- the API server -------------------------------------------------------------------------------------------
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = self.plane.admin_session()
+        return session
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+              ok: tuple[int, ...] = ()) -> dict[str, Any] | None:
+        response = self._session().request(method, f"{self.plane.url}{path}", data=None if body is None else json.dumps(body),
+                                           headers={"Content-Type": content_type}, timeout=30)
+        if response.status_code in ok:
+            return None
+        if response.status_code >= 300:
+            raise RuntimeError(f"{method} {path}: HTTP {response.status_code} {response.text[:300]}")
+        return dict(response.json())
+
+    # --- nodes ----------------------------------------------------------------------------------------------------
+
+    def add_pool(self, pool: str, count: int, dialect: str, pods_per_node: int = 110) -> list[str]:
+        """`count` Ready Nodes advertising `dialect`'s GPU resources, labelled with their pool; their names."""
+        names = []
+        for index in range(count):
+            name = f"sim-{pool}-{index:04d}"
+            capacity = {"cpu": "64", "memory": "512Gi", "pods": str(pods_per_node), "ephemeral-storage": "1Ti", **DIALECTS[dialect]}
+            node = {"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name,
+                                                          "cluster.gpusharing.io/dialect": dialect}}}
+            self._call("POST", "/api/v1/nodes", node)
+            address = f"10.{200 + len(self.nodes) // 65536 % 50}.{len(self.nodes) // 256 % 256}.{len(self.nodes) % 256}"
+            status = {"status": {
+                "capacity": capacity, "allocatable": capacity,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated",
+                                "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}],
+                "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
+                "nodeInfo": {"kubeletVersion": "v1.36.2-sim", "kubeProxyVersion": "", "architecture": "amd64",
+                             "operatingSystem": "linux", "containerRuntimeVersion": "sim://1", "kernelVersion": "",
+                             "osImage": "simulated", "machineID": name, "systemUUID": name, "bootID": name},
+            }}
+            self._call("PATCH", f"/api/v1/nodes/{name}/status", status, "application/strategic-merge-patch+json")
+            # The TaintNodesByCondition admission plugin taints a new Node not-ready; the node lifecycle controller,
+            # which would lift it once the Node reports Ready, does not run here.
+            self._call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}}, "application/merge-patch+json")
+            self._renew_lease(name)
+            with self._lock:
+                self.nodes[name] = pool
+            names.append(name)
+        return names
+
+    def _renew_lease(self, node: str) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases/{node}"
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        patch = {"spec": {"holderIdentity": node, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now}}
+        if self._call("PATCH", path, patch, "application/merge-patch+json", ok=(404,)) is None:
+            lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": node}, **patch}
+            self._call("POST", f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases", lease, ok=(409,))
+
+    def _renew_leases(self) -> None:
+        with self._lock:
+            nodes = list(self.nodes)
+        for node in nodes:
+            if self._stop.is_set():
+                return
+            try:
+                self._renew_lease(node)
+            except (RuntimeError, requests.RequestException) as exc:
+                log.warning("lease of %s not renewed: %s", node, exc)
+        self._at(time.monotonic() + RENEW_SECONDS, self._renew_leases)
+
+    # --- the kubelet ----------------------------------------------------------------------------------------------
+
+    def start(self) -> "NodeSimulator":
+        for thread in self._threads:
+            thread.start()
+        self._at(time.monotonic() + RENEW_SECONDS, self._renew_leases)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for _ in self._threads:
+            self._queue.put(None)
+        with self._timer_changed:
+            self._timer_changed.notify_all()
+        with self._lock:
+            meters = [p.meter for p in self.pods.values() if p.meter is not None and p.meter.poll() is None]
+        for meter in meters:
+            meter.kill()
+            meter.wait()
+
+    def _watch_pods(self) -> None:
+        """LIST then WATCH every pod; hands those on simulated nodes to the kubelet's workers."""
+        version = ""
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    listed = self._call("GET", "/api/v1/pods")
+                    assert listed is not None
+                    for pod in listed["items"]:
+                        self._consider(pod)
+                    version = listed["metadata"]["resourceVersion"]
+                for event in self._events(version):
+                    if event["type"] == "ERROR":  # 410 Gone: list again
+                        version = ""
+                        break
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._consider(event["object"])
+            except (requests.RequestException, RuntimeError, ValueError) as exc:
+                if not self._stop.is_set():
+                    log.warning("pod watch broke (%s); watching again", exc)
+                    time.sleep(0.5)
+
+    def _events(self, version: str) -> Iterator[dict[str, Any]]:
+        query = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
+        with self._session().get(f"{self.plane.url}/api/v1/pods", params=query, stream=True, timeout=(10, 330)) as response:
+            for line in response.iter_lines():
+                if self._stop.is_set():
+                    return
+                if line:
+                    yield json.loads(line)
+
+    def _consider(self, pod: dict[str, Any]) -> None:
+        metadata, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+        if spec.get("nodeName") not in self.nodes:
+            return
+        if metadata.get("deletionTimestamp"):
+            with self._lock:
+                if metadata["uid"] in self._stopping:
+                    return
+                self._stopping.add(metadata["uid"])
+            self._queue.put(("kill", pod))
+        elif status.get("phase", "Pending") == "Pending" and not status.get("startTime"):
+            with self._lock:
+                if metadata["uid"] in self.pods:
+                    return
+                mode = (metadata.get("annotations") or {}).get(METER, self.meters)
+                self.pods[metadata["uid"]] = RunningPod(metadata["namespace"], metadata["name"], metadata["uid"], spec["nodeName"],
+                                                         _share(pod), mode if mode in METER_MODES else self.meters)
+            self._queue.put(("start", pod))
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            action, pod = item
+            try:
+                {"start": self._start_pod, "kill": self._kill_pod, "finish": self._finish, "remove": self._remove_pod}[action](pod)
+            except Exception:  # one pod's failure must not stop the kubelet
+                log.exception("%s of pod %s/%s failed", action, pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def _start_pod(self, pod: dict[str, Any]) -> None:
+        metadata, spec = pod["metadata"], pod["spec"]
+        with self._lock:
+            running = self.pods[metadata["uid"]]
+        if running.share is not None and running.meter_mode != "none":
+            running.token = self._pod_token(pod)
+            if running.meter_mode == "process":
+                running.meter = self._start_meter(pod, running)
+        running.started = time.time()
+        started = now_rfc3339()
+        containers = [_container_status(c, "running", started) for c in spec.get("containers", [])]
+        inits = [_container_status(c, "running" if c.get("restartPolicy") == "Always" else "completed", started)
+                 for c in spec.get("initContainers", [])]
+        status = {"status": {
+            "phase": "Running", "startTime": started, "hostIP": "10.200.0.1", "podIP": _pod_ip(metadata["uid"]),
+            "conditions": [_condition(kind, "True", started) for kind in
+                           ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")],
+            "containerStatuses": containers, **({"initContainerStatuses": inits} if inits else {}),
+        }}
+        path = f"/api/v1/namespaces/{metadata['namespace']}/pods/{metadata['name']}/status"
+        if self._call("PATCH", path, status, "application/strategic-merge-patch+json", ok=(404,)) is None:
+            self._meter_stopped(running)  # deleted before it started
+            return
+        runs_for = (metadata.get("annotations") or {}).get(RUNS_FOR)
+        if runs_for and spec.get("restartPolicy") in ("Never", "OnFailure"):
+            self._at(time.monotonic() + float(runs_for), lambda: self._queue.put(("finish", pod)))
+
+    def _finish(self, pod: dict[str, Any]) -> None:
+        """The workload exits 0: its meter gets SIGTERM (native sidecars stop after the main containers), then the pod
+        is Succeeded."""
+        metadata, spec = pod["metadata"], pod["spec"]
+        with self._lock:
+            running = self.pods.get(metadata["uid"])
+            if running is None or running.uid in self.finished:
+                return
+        self._meter_stopped(running)
+        finished = now_rfc3339()
+        started = dt.datetime.fromtimestamp(running.started, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = {"status": {
+            "phase": "Succeeded",
+            "conditions": [_condition(kind, "False", finished, "PodCompleted") for kind in ("ContainersReady", "Ready")],
+            "containerStatuses": [_container_status(c, "terminated", started, finished) for c in spec.get("containers", [])],
+            **({"initContainerStatuses": [_container_status(c, "terminated", started, finished) for c in spec["initContainers"]]}
+               if spec.get("initContainers") else {}),
+        }}
+        path = f"/api/v1/namespaces/{metadata['namespace']}/pods/{metadata['name']}/status"
+        self._call("PATCH", path, status, "application/strategic-merge-patch+json", ok=(404,))
+
+    def _kill_pod(self, pod: dict[str, Any]) -> None:
+        """A pod being deleted: its containers get SIGTERM (the meter sends its final report), then it is removed."""
+        metadata = pod["metadata"]
+        with self._lock:
+            running = self.pods.get(metadata["uid"])
+        if running is not None:
+            self._meter_stopped(running)
+        stops_after = float((metadata.get("annotations") or {}).get(STOPS_AFTER, 0))
+        if stops_after:
+            self._at(time.monotonic() + stops_after, lambda: self._queue.put(("remove", pod)))
+        else:
+            self._remove_pod(pod)
+
+    def _remove_pod(self, pod: dict[str, Any]) -> None:
+        metadata = pod["metadata"]
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}}
+        self._call("DELETE", f"/api/v1/namespaces/{metadata['namespace']}/pods/{metadata['name']}", body, ok=(404, 409))
+
+    # --- meters ---------------------------------------------------------------------------------------------------
+
+    def _pod_token(self, pod: dict[str, Any]) -> str:
+        metadata, spec = pod["metadata"], pod["spec"]
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+            "audiences": [TIMEKEEPER_TOKEN_AUDIENCE], "expirationSeconds": 3600,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": metadata["name"], "uid": metadata["uid"]}}}
+        path = f"/api/v1/namespaces/{metadata['namespace']}/serviceaccounts/{spec.get('serviceAccountName', 'default')}/token"
+        answer = self._call("POST", path, request)
+        assert answer is not None
+        return str(answer["status"]["token"])
+
+    def _start_meter(self, pod: dict[str, Any], running: RunningPod) -> subprocess.Popen[bytes]:
+        """The pod's injected meter as a real process: its container's environment, the downward API resolved, the
+        token projected into a file, the state volume a directory of its own."""
+        meter = next(c for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]] if c["name"] == "gpusharing-meter")
+        home = self.directory / "meters" / running.uid
+        home.mkdir(parents=True)
+        (home / "token").write_text(running.token)
+        fields = {"metadata.namespace": running.namespace, "metadata.name": running.name, "metadata.uid": running.uid}
+        env = {e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in meter["env"]}
+        env.update({MeterEnv.TOKEN_PATH: str(home / "token"), MeterEnv.STATE_DIR: str(home / "state"),
+                    MeterEnv.TIMEKEEPER_URL: self.timekeeper_url, MeterEnv.INTERVAL: str(self.meter_interval),
+                    "GPUSHARING_METER_TIME_SCALE": str(self.time_scale), "GPUSHARING_METER_GPU_READER": "tests.cluster.nodes:no_gpu",
+                    "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        log_file = (home / "meter.log").open("wb")
+        return subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "meter"], env=env, stdout=log_file, stderr=subprocess.STDOUT)
+
+    def _meter_stopped(self, running: RunningPod) -> None:
+        """SIGTERM to the pod's meter, waited for as the kubelet waits out the grace period; once per pod."""
+        with self._lock:
+            if running.uid in self.finished:
+                return
+            self.finished[running.uid] = running
+            running.stopped = time.time()
+        if running.meter is not None and running.meter.poll() is None:
+            running.meter.send_signal(signal.SIGTERM)
+            try:
+                running.meter.wait(METER_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                running.meter.kill()
+                running.meter.wait()
+        elif running.meter_mode == "simulated" and running.share is not None and running.token:
+            self._report(running, final=True)
+
+    def _report_loop(self) -> None:
+        """Simulated meters: every running GPU pod reports its cumulative each interval."""
+        while not self._stop.wait(self.meter_interval):
+            with self._lock:
+                due = [p for uid, p in self.pods.items() if uid not in self.finished and p.token and p.meter_mode == "simulated"]
+            for running in due:
+                if self._stop.is_set():
+                    return
+                self._report(running, final=False)
+
+    def _report(self, running: RunningPod, final: bool) -> None:
+        with self._lock:
+            running.seq += 1
+            seq = running.seq
+        elapsed = ((running.stopped or time.time()) - running.started) * self.time_scale
+        body = {"podUid": running.uid, "namespace": running.namespace, "pod": running.name, "gpuShare": running.share,
+                "seq": seq, "gpuSeconds": round((running.share or 0) * elapsed, 3), "final": final}
+        try:
+            answer = self._reports.post(f"{self.timekeeper_url}/api/v1/reports", json=body, timeout=10,
+                                        headers={"Authorization": f"Bearer {running.token}"})
+        except requests.RequestException as exc:
+            log.warning("simulated report of %s/%s not delivered: %s", running.namespace, running.name, exc)
+            return
+        if final and answer.status_code == 200:
+            running.final_accepted = True
+
+    # --- timers ---------------------------------------------------------------------------------------------------
+
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        with self._timer_changed:
+            heapq.heappush(self._timers, (when, next(self._timer_ids), action))
+            self._timer_changed.notify()
+
+    def _run_timers(self) -> None:
+        while not self._stop.is_set():
+            with self._timer_changed:
+                while not self._stop.is_set() and (not self._timers or self._timers[0][0] > time.monotonic()):
+                    self._timer_changed.wait(self._timers[0][0] - time.monotonic() if self._timers else None)
+                if self._stop.is_set():
+                    return
+                _, _, action = heapq.heappop(self._timers)
+            try:
+                action()
+            except Exception:
+                log.exception("a simulated kubelet's timer failed")
+
+
+def no_gpu(pod_uid: str) -> None:
+    """The meters' GPU reader here: no device to read (GPUSHARING_METER_GPU_READER)."""
+    return None
+
+
+def _share(pod: dict[str, Any]) -> float | None:
+    raw = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_GPU_SHARE)
+    return float(raw) if raw is not None else None
+
+
+def _pod_ip(uid: str) -> str:
+    digest = int(uid.replace("-", "")[:6], 16)
+    return f"10.{244 + digest // 65536 % 8}.{digest // 256 % 256}.{digest % 256}"
+
+
+def _condition(kind: str, status: str, when: str, reason: str = "") -> dict[str, str]:
+    return {"type": kind, "status": status, "lastTransitionTime": when, **({"reason": reason} if reason else {})}
+
+
+def _container_status(container: dict[str, Any], state: str, started: str, finished: str = "") -> dict[str, Any]:
+    states = {
+        "running": {"running": {"startedAt": started}},
+        "completed": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": started}},
+        "terminated": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": finished}},
+    }
+    return {"name": container["name"], "image": container.get("image", ""), "imageID": f"sim://{container.get('image', '')}",
+            "containerID": f"sim://{container['name']}", "ready": state == "running", "started": state == "running",
+            "restartCount": 0, "state": states[state]}

@@ -1,0 +1,77 @@
+"""GPU workloads of each dialect for the simulated nodes, created as teams create them, and what their creation cost."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.cluster.nodes import POOL_LABEL
+from tests.e2e.system import ApiError, GpuSharing
+
+# What one pod of each dialect asks for: a fraction of a device (a whole one where the dialect knows no fraction).
+REQUESTS: dict[str, dict[str, int]] = {
+    "hami": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000, "nvidia.com/gpucores": 10},
+    "whole": {"nvidia.com/gpu": 1},
+    "vcuda": {"tencent.com/vcuda-core": 25, "tencent.com/vcuda-memory": 8},
+    "aliyun": {"aliyun.com/gpu-mem": 5},
+}
+
+
+def pod_template(dialect: str | None, pool: str, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                 restart: str = "Always") -> dict[str, Any]:
+    """A pod spec for `pool`'s nodes asking for a GPU in `dialect` (None: no GPU)."""
+    container: dict[str, Any] = {"name": "work", "image": "registry.example.com/ml/train:1.0"}
+    if dialect is not None:
+        container["resources"] = {"limits": dict(REQUESTS[dialect])}
+    return {
+        "metadata": {"annotations": dict(annotations or {}), "labels": dict(labels or {})},
+        "spec": {"restartPolicy": restart, "nodeSelector": {POOL_LABEL: pool}, "containers": [container],
+                 "terminationGracePeriodSeconds": 30},
+    }
+
+
+def pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
+    manifest = {"apiVersion": "v1", "kind": "Pod", **copy.deepcopy(template)}
+    manifest["metadata"]["name"] = name
+    return manifest
+
+
+@dataclass
+class Creations:
+    """Pods created by concurrent clients: what was made, what was refused, and how long each create took."""
+
+    created: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # the API server's messages
+    seconds: list[float] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def create_all(cluster: GpuSharing, namespace: str, manifests: Sequence[dict[str, Any]], clients: int = 16) -> Creations:
+    """Creates the manifests from `clients` concurrent clients, as teams' controllers would."""
+    done = Creations()
+
+    def create(manifest: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        try:
+            created = cluster.create(namespace, manifest)
+        except ApiError as exc:
+            with done._lock:
+                done.refused.append(exc.message)
+            return
+        with done._lock:
+            done.seconds.append(time.perf_counter() - started)
+            done.created.append(created)
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(create, manifests))
+    return done
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")

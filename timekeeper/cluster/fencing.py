@@ -1,0 +1,88 @@
+"""Fencing the controller's evictions in the database, so that a deposed controller can evict nothing and no pod is
+evicted twice.
+
+The Lease (timekeeper.cluster.leader) says who leads by each process's own clock; a process paused, or slowed past
+its Lease, can still believe it leads. So every eviction is first claimed here, in one short transaction, under the
+controller's term: the Lease's `leaseTransitions` when its holder took it, which rises with every new holder. A new
+holder records its term before its first eviction; from then on a claim under an older term is refused, whatever
+the older holder believes. A pod is claimed once: a second claim of it is refused while the first stands, so two
+controllers never both ask for its eviction. A claim is given back when its eviction was refused (a
+PodDisruptionBudget) or failed, so that a later pass tries again; one its holder never finished (it died) is
+taken over once it is older than any eviction request can last. Times are the database's, the one clock every
+replica shares.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from sqlalchemy import select
+
+from timekeeper.database.connection import Database
+from timekeeper.database.tables import controller_terms, eviction_claims
+
+STALE_CLAIM_SECONDS = 60.0  # far longer than an eviction request may last (its timeout), so its holder has given up
+KEPT_CLAIM_SECONDS = 86_400.0  # evicted pods' claims are forgotten after a day: their pods are long gone
+
+
+class Claim(enum.Enum):
+    CLAIMED = "claimed"  # this controller may ask for the eviction
+    TAKEN = "taken"  # another controller claimed the pod: it is being evicted
+    DEPOSED = "deposed"  # a controller of a later term has recorded itself: this one leads no more
+
+
+class EvictionFence:
+    def __init__(self, db: Database, name: str):
+        self.db = db
+        self.name = name  # the Lease's namespace/name
+
+    def enter(self, term: int, holder: str) -> bool:
+        """Records `term` as the controller's, unless a later one is recorded; whether `term` is now the current one.
+        Forgets the claims of pods evicted long ago."""
+        clock = self.db.clock()
+        with self.db.write() as conn:
+            query = select(controller_terms.c.term).where(controller_terms.c.name == self.name)
+            row = conn.execute(query if self.db.is_sqlite else query.with_for_update()).first()
+            if row is not None and row.term > term:
+                return False
+            if row is None:
+                conn.execute(self.db.insert(controller_terms).values(name=self.name, term=term, holder=holder, since=clock)
+                             .on_conflict_do_nothing())
+            elif row.term < term:
+                conn.execute(controller_terms.update().where(controller_terms.c.name == self.name)
+                             .values(term=term, holder=holder, since=clock))
+            conn.execute(eviction_claims.delete().where(eviction_claims.c.claimed_at < clock - KEPT_CLAIM_SECONDS))
+            recorded = conn.execute(query).scalar_one()
+        return bool(recorded == term)
+
+    def claim(self, term: int, pod_uid: str, namespace: str, pod: str) -> Claim:
+        """Claims the pod's eviction for the controller of `term`."""
+        clock = self.db.clock()
+        with self.db.write() as conn:
+            # Read FOR SHARE: a new holder's enter() waits for this claim to commit, and every claim after it sees its term.
+            query = select(controller_terms.c.term).where(controller_terms.c.name == self.name)
+            current = conn.execute(query if self.db.is_sqlite else query.with_for_update(read=True)).scalar()
+            if current != term:
+                return Claim.DEPOSED
+            claimed = conn.execute(
+                self.db.insert(eviction_claims)
+                .values(pod_uid=pod_uid, namespace=namespace, pod=pod, term=term, claimed_at=clock)
+                .on_conflict_do_nothing()
+                .returning(eviction_claims.c.pod_uid)
+            ).first()
+            if claimed is not None:
+                return Claim.CLAIMED
+            # Another's claim stands, unless an earlier term's holder left it unfinished longer than any request lasts.
+            taken_over = conn.execute(
+                eviction_claims.update()
+                .where((eviction_claims.c.pod_uid == pod_uid) & (eviction_claims.c.term < term)
+                       & (eviction_claims.c.claimed_at < clock - STALE_CLAIM_SECONDS))
+                .values(term=term, claimed_at=clock)
+                .returning(eviction_claims.c.pod_uid)
+            ).first()
+            return Claim.CLAIMED if taken_over is not None else Claim.TAKEN
+
+    def release(self, term: int, pod_uid: str) -> None:
+        """Gives back a claim whose eviction did not happen, so that a later pass may claim the pod again."""
+        with self.db.write() as conn:
+            conn.execute(eviction_claims.delete().where((eviction_claims.c.pod_uid == pod_uid) & (eviction_claims.c.term == term)))
