@@ -113,6 +113,22 @@ def test_leader_election_takes_over_only_a_lapsed_lease(fake_kube: FakeKube) -> 
     assert first.try_acquire_or_renew()  # given up: taken at once
 
 
+def test_a_leader_keeps_its_lease_while_it_works_and_knows_at_once_when_it_is_lost(fake_kube: FakeKube) -> None:
+    now = [0.0]
+    kube = KubeApi(fake_kube.api_client())
+    first, second = (LeaderElection(kube, "gpusharing-system", who, 9, monotonic=lambda: now[0]) for who in ("first", "second"))
+    assert first.try_acquire_or_renew() and first.term == 0
+    assert not second.try_acquire_or_renew()
+    for step in range(1, 10):  # a pass of 27 s, three times the lease, kept between its acts
+        now[0] = 3.0 * step
+        assert first.keep() and first.remaining_seconds() > 0
+        assert not second.try_acquire_or_renew()
+    now[0] += 9.5  # paused past its lease without renewing: it knows, without asking anyone
+    assert first.remaining_seconds() == 0
+    assert second.try_acquire_or_renew() and second.term == 1  # the successor's term is higher
+    assert not first.keep()  # the renewal it tries now is refused: the Lease is the second's
+
+
 def test_a_stale_write_loses_the_race(fake_kube: FakeKube) -> None:
     kube = KubeApi(fake_kube.api_client())
     election = LeaderElection(kube, "gpusharing-system", "me", 10)
