@@ -15,6 +15,7 @@ import re
 import secrets
 import threading
 import urllib.parse
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,6 +47,7 @@ class FakeKube:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.refuse_evictions: set[tuple[str, str]] = set()  # answered 429, as a PodDisruptionBudget would
         self.up = True
+        self.delay_seconds = 0.0  # every answer this late (a slow API server)
         self.events_up = True  # False: Events alone answer 503 (the API server's storage of them failing)
         self.evicted: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
@@ -178,6 +180,7 @@ class FakeKube:
             reply_json(handler, *self._proxy(handler, method, proxy, query, raw))
             return
         body = json.loads(raw or b"null") if length else None
+        time.sleep(self.delay_seconds)
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))

@@ -32,9 +32,11 @@ class TimekeeperConfig:
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
     lease_seconds: float | None = None  # the controller's Lease; None: 3 passes, at least 15 s
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
+    auth_wait_seconds: float = 2.0  # a request waits this long for one, then gets a 503 (the answer kept for its retry)
     metrics_auth: str = "none"  # token: /metrics needs a token, as the budget listing does (it shows as much)
     db_pool_size: int = 10
     sqlite_busy_timeout_ms: int = 10_000
+    db_statement_timeout_seconds: float = 30.0  # PostgreSQL cancels a statement (or its wait for a lock) after this
     host: str = "0.0.0.0"
     port: int = 8080
     workers: int = 2
@@ -62,9 +64,11 @@ class TimekeeperConfig:
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
             lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ) if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip() else None,
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
+            auth_wait_seconds=env_float("TIMEKEEPER_AUTH_WAIT_SECONDS", 2.0, 0.1, environ),
             metrics_auth=env_choice("TIMEKEEPER_METRICS_AUTH", cls.metrics_auth, METRICS_AUTH, environ),
             db_pool_size=env_int("TIMEKEEPER_DB_POOL_SIZE", 10, 1, environ),
             sqlite_busy_timeout_ms=env_int("TIMEKEEPER_SQLITE_BUSY_TIMEOUT_MS", 10_000, 0, environ),
+            db_statement_timeout_seconds=env_float("TIMEKEEPER_DB_STATEMENT_TIMEOUT_SECONDS", 30.0, 0.1, environ),
             host=env_text("TIMEKEEPER_HOST", cls.host, environ),
             port=env_int("TIMEKEEPER_PORT", cls.port, 1, environ),
             workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),

@@ -84,7 +84,7 @@ def build_services(
     if kube is None:
         log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
-    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds)
+    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds)
     db = Database.from_config(config)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock)
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source)

@@ -1,7 +1,9 @@
 """Objects of one kind, kept in memory by a LIST and then a WATCH (the informer pattern, without client-go).
 
 A background thread lists the kind once, follows the watch from the list's resourceVersion, and lists again when the
-watch expires or breaks. Only what the caller extracts from each object is kept, so memory follows what is needed,
+watch expires or breaks. Failures in a row wait longer and longer (capped, jittered, as client-go's reflector
+backs off), and only a watch that delivered something counts as recovered: a list that succeeds while every watch
+fails at once (a proxy, RBAC that allows list and not watch) is not retried in a tight loop. Only what the caller extracts from each object is kept, so memory follows what is needed,
 not the objects' size. Readers on other threads see each entry before or after a change, never half of one.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
@@ -21,11 +24,20 @@ from gpusharing.gpu.reading import as_mapping
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300  # the API server ends a watch after this; the thread resumes from where it was
-BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
+BACKOFF_FIRST_SECONDS = 0.8  # client-go's reflector: 800 ms, doubled up to 30 s
+BACKOFF_MAX_SECONDS = 30.0
 LIST_PAGE = 500  # objects per list request, as client-go's informers ask
 
 Key = tuple[str, str]  # namespace, name
 T = TypeVar("T")
+
+
+def backoff_seconds(failures: int, uniform: Callable[[], float] = random.random) -> float:
+    """Seconds to wait after `failures` (>= 1) failures in a row: doubling from BACKOFF_FIRST_SECONDS up to
+    BACKOFF_MAX_SECONDS, each wait between half and all of that (jitter: caches of many processes that lost the
+    API server together do not come back to it together)."""
+    ceiling = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** min(failures - 1, 16))
+    return ceiling / 2 + uniform() * ceiling / 2
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -78,15 +90,14 @@ class WatchedObjects(Generic[T]):
         while not self._stop.is_set():
             try:
                 version = self._relist()
-                failures = 0
                 for _ in self._follow(version):
-                    failures = 0
+                    failures = 0  # the watch delivers: recovered
             except Exception as exc:  # the API may be down, forbid us, or time out: keep what we have, try again
                 if self._stop.is_set():  # stop() ended the watch under way
                     return
-                wait = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
-                log.warning("%s not followed (%s); the last known stay in force, retrying in %s s", self.kind, _reason(exc), wait)
+                wait = backoff_seconds(failures)
+                log.warning("%s not followed (%s); the last known stay in force, retrying in %.1f s", self.kind, _reason(exc), wait)
                 self._report(False)
                 self._stop.wait(wait)
 

@@ -30,3 +30,32 @@ def test_a_list_is_read_a_page_at_a_time_and_only_what_is_extracted_is_kept(monk
     assert watched.items == {("ml", "p0"): "p0", ("ml", "p2"): "p2", ("ml", "p4"): "p4"}
     assert [call.get("_continue") for call in calls] == [None, "2", "4"] and all(call["limit"] == 2 for call in calls)
     assert changes == [True]
+
+
+def test_backoff_doubles_to_its_cap_with_jitter() -> None:
+    lowest = [watching.backoff_seconds(n, lambda: 0.0) for n in range(1, 10)]
+    highest = [watching.backoff_seconds(n, lambda: 1.0) for n in range(1, 10)]
+    assert highest[:4] == [0.8, 1.6, 3.2, 6.4] and highest[-1] == watching.BACKOFF_MAX_SECONDS
+    assert lowest == [h / 2 for h in highest]  # every wait between half and all of its ceiling
+
+
+def test_a_list_that_succeeds_while_every_watch_fails_backs_off_further_each_time(monkeypatch: Any) -> None:
+    def list_all(**kwargs: Any) -> SimpleNamespace:
+        return SimpleNamespace(data=json.dumps({"items": [], "metadata": {"resourceVersion": "1"}}).encode())
+
+    watched = WatchedObjects("pods", list_all, lambda pod: pod)
+    failures: list[int] = []
+
+    def backoff(n: int) -> float:
+        failures.append(n)
+        if len(failures) == 4:
+            watched._stop.set()
+        return 0.0
+
+    def follow(version: str) -> Any:
+        raise RuntimeError("HTTP 403: watch forbidden")
+
+    monkeypatch.setattr(watching, "backoff_seconds", backoff)
+    monkeypatch.setattr(watched, "_follow", follow)
+    watched._run()
+    assert failures == [1, 2, 3, 4]  # the successful lists between them do not count as recovered

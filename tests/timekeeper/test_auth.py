@@ -124,6 +124,23 @@ def test_an_unreachable_api_server_is_503_not_a_refusal(cluster: tuple[SpecClien
     assert answer.status_code == 503 and "the Kubernetes API is unavailable" in answer.json["error"]
 
 
+def test_a_slow_api_server_holds_no_report_hostage(make_app: AppFactory, fake_kube: FakeKube) -> None:
+    api = SpecClient(make_app(kube=KubeApi(fake_kube.api_client()), auth="tokenreview", auth_wait_seconds=0.2).test_client())
+    pod = fake_kube.add_pod("team-a", "trainer", share="0.5")
+    token = fake_kube.pod_token(pod)
+    fake_kube.delay_seconds = 1.0  # five times what a report waits
+    late = api.as_(token).post("/api/v1/reports", json=report_of(pod, 1, 10, 0.5))
+    assert late.status_code == 503  # the meter tries again
+    assert "the Kubernetes API has not answered the TokenReview within 0.2 s" in late.json["error"]
+    fake_kube.delay_seconds = 0.0
+    deadline = time.monotonic() + 30  # stops a broken test from hanging; not a speed check
+    while (answer := api.as_(token).post("/api/v1/reports", json=report_of(pod, 2, 10, 0.5))).status_code == 503:
+        assert time.monotonic() < deadline, answer.json
+        time.sleep(0.1)
+    assert answer.status_code == 200, answer.json
+    assert fake_kube.count("POST", "/apis/authentication.k8s.io/v1/tokenreviews") == 1  # the late answer was kept
+
+
 def test_auth_none_lets_anyone_in_and_says_so_loudly(make_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
     api = SpecClient(make_app(auth="none").test_client())
     assert api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1}).status_code == 201

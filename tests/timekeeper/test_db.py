@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from flask import Flask
 from sqlalchemy import bindparam, select, text
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import METER, SpecClient
@@ -173,5 +173,15 @@ def test_the_pipeline_raises_a_dropped_connection_as_a_database_error_and_discar
         with db.pipeline() as conn:  # a new connection: the dropped one was not put back
             assert list(conn.execute(select(pod_ledgers))) == []
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "the pool had to discard it itself"
+    finally:
+        db.dispose()
+
+
+def test_a_statement_that_runs_too_long_is_cancelled_by_the_server(postgres_database: str) -> None:
+    db = Database(postgres_database, statement_timeout_ms=200)
+    try:
+        with pytest.raises(OperationalError, match="statement timeout"):
+            with db.read() as conn:
+                conn.execute(text("SELECT pg_sleep(5)"))
     finally:
         db.dispose()

@@ -18,7 +18,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
@@ -33,7 +34,7 @@ from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting.reports import ReportTerms
 from timekeeper.accounting.usage import recorded_labels
-from timekeeper.cluster.kube import Identity, KubeApi
+from timekeeper.cluster.kube import Identity, KubeApi, KubeUnavailable
 
 ADMIN_VERB = "update"
 ADMIN_RESOURCE = "budgets"
@@ -127,12 +128,19 @@ class TtlCache(Generic[K, T]):
     Concurrent misses of one key make one call while the others wait for its answer; a call that fails is not
     kept (each waiter gets its error, the next miss calls again). Entries go when they expire and, beyond
     max_entries, oldest first: a flood of new keys pushes out the oldest, never everything at once.
+
+    With an `executor`, the call runs there and a caller waits for it at most `wait` seconds (FutureTimeout): a
+    slow API server delays no request longer, and the call goes on, so that a caller who tries again finds its
+    answer kept.
     """
 
-    def __init__(self, seconds: float, max_entries: int = 50_000, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, seconds: float, max_entries: int = 50_000, clock: Callable[[], float] = time.monotonic,
+                 executor: Executor | None = None, wait: float | None = None):
         self._seconds = seconds
         self._max = max_entries
         self._clock = clock
+        self._executor = executor
+        self._wait = wait
         self._entries: OrderedDict[K, tuple[float, T]] = OrderedDict()  # oldest first: in the order they expire
         self._pending: dict[K, Future[T]] = {}
         self._lock = threading.Lock()
@@ -149,20 +157,24 @@ class TtlCache(Generic[K, T]):
                 computing = True
             else:
                 computing = False
-        if not computing:
-            return pending.result()
+        if computing and self._executor is not None:
+            self._executor.submit(self._fill, key, compute, pending)
+        elif computing:
+            self._fill(key, compute, pending)
+        return pending.result(self._wait if self._executor is not None else None)
+
+    def _fill(self, key: K, compute: Callable[[], T], pending: Future[T]) -> None:
         try:
             value = compute()
         except BaseException as failed:
             with self._lock:
                 del self._pending[key]
             pending.set_exception(failed)
-            raise
+            return
         with self._lock:
             del self._pending[key]
             self._keep(key, value)
         pending.set_result(value)
-        return value
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -175,17 +187,33 @@ class TtlCache(Generic[K, T]):
         self._entries[key] = (now + self._seconds, value)
 
 
+REVIEW_THREADS = 8  # API calls under way at once for requests (each bounded by the API's own timeout)
+
+
 class Authenticator:
-    def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0):
+    """Who calls, and what they may do. The API server's answers are cached; a request waits for one at most
+    `wait_seconds`, then gets a 503 (KubeUnavailable) to try again, while the call goes on for the next try."""
+
+    def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0,
+                 wait_seconds: float = 2.0):
         if mode == "tokenreview" and kube is None:
             raise ConfigError("TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)")
         self.mode = mode
         self._static = static_tokens
         self._kube = kube
-        self._reviews: TtlCache[bytes, Identity | None] = TtlCache(cache_seconds)
-        self._grants: TtlCache[tuple[str, tuple[str, ...]], bool] = TtlCache(cache_seconds)
+        self.wait_seconds = wait_seconds
+        calls = ThreadPoolExecutor(REVIEW_THREADS, thread_name_prefix="kube-review")
+        self._reviews: TtlCache[bytes, Identity | None] = TtlCache(cache_seconds, executor=calls, wait=wait_seconds)
+        self._grants: TtlCache[tuple[str, tuple[str, ...]], bool] = TtlCache(cache_seconds, executor=calls, wait=wait_seconds)
         # A pod's annotations under gpusharing.io/ cannot change (the webhook refuses it), so they are read once.
-        self._pod_terms: TtlCache[str, ReportTerms] = TtlCache(float("inf"))
+        self._pod_terms: TtlCache[str, ReportTerms] = TtlCache(float("inf"), executor=calls, wait=wait_seconds)
+
+    def _answer(self, cache: TtlCache[K, T], key: K, compute: Callable[[], T], what: str) -> T:
+        try:
+            return cache.get(key, compute)
+        except FutureTimeout:
+            raise KubeUnavailable(f"the Kubernetes API has not answered {what} within {self.wait_seconds:g} s (asked, "
+                                  "and kept for the next try)") from None
 
     def caller(self, authorization: str | None) -> Caller:
         if self.mode == "none":
@@ -200,7 +228,7 @@ class Authenticator:
         if self.mode == "static" or self._kube is None:
             raise Unauthenticated("the bearer token is not known to the timekeeper")
         kube = self._kube
-        identity = self._reviews.get(token_digest(token), lambda: kube.review_token(token))
+        identity = self._answer(self._reviews, token_digest(token), lambda: kube.review_token(token), "the TokenReview")
         if identity is None:
             raise Unauthenticated("the bearer token was not authenticated by the Kubernetes API (TokenReview)")
         return Caller(identity.username, identity=identity)
@@ -211,7 +239,8 @@ class Authenticator:
         identity, kube = caller.identity, self._kube
         if identity is not None and kube is not None:
             key = (identity.username, identity.groups)
-            if self._grants.get(key, lambda: kube.may(identity, ADMIN_VERB, ADMIN_RESOURCE, ADMIN_GROUP)):
+            if self._answer(self._grants, key, lambda: kube.may(identity, ADMIN_VERB, ADMIN_RESOURCE, ADMIN_GROUP),
+                            "the SubjectAccessReview"):
                 return
         raise Forbidden(
             f"{caller.name} may not change budgets: an admin needs verb {ADMIN_VERB!r} on resource "
@@ -238,7 +267,8 @@ class Authenticator:
                 f"not to pod {report.pod_uid} in namespace {report.namespace}"
             )
         namespace, name = report.namespace, identity.pod_name
-        return self._pod_terms.get(identity.pod_uid, lambda: self._read_terms(namespace, name, report.pod_uid))
+        return self._answer(self._pod_terms, identity.pod_uid, lambda: self._read_terms(namespace, name, report.pod_uid),
+                            f"the read of pod {namespace}/{name}")
 
     def _read_terms(self, namespace: str, name: str, uid: str) -> ReportTerms:
         assert self._kube is not None

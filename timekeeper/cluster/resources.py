@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes import watch
 
 from gpusharing.contract import BudgetState, Period
+from gpusharing.kube.watching import WATCH_SECONDS, backoff_seconds
 from gpusharing.names import InvalidName, check_budget_name, is_group
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.budgets.requests import BUDGET_FIELDS, BudgetRequestError, budget_from_json
@@ -185,14 +186,17 @@ class ResourceWatch:
             self._watch.stop()
 
     def _run(self) -> None:
+        failures = 0
         while not self._stop.is_set():
             try:
                 version = self._list()
-                if version is not None:
-                    self._follow(version)
+                if version is not None and self._follow(version):
+                    failures = 0  # the watch delivered: recovered
+                    continue
             except Exception as exc:  # the API server went away, a watch expired (410): list again
                 log.info("watch of %s ended (%s); listing again", self.resource.plural, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            self._stop.wait(self.retry_seconds if not self.synced else 1.0)
+            failures += 1
+            self._stop.wait(self.retry_seconds if not self.served else backoff_seconds(failures))
 
     def _list(self) -> str | None:
         try:
@@ -213,18 +217,22 @@ class ResourceWatch:
         self.wake()
         return str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
-    def _follow(self, version: str) -> None:
+    def _follow(self, version: str) -> bool:
+        """Applies the watch's events until it ends; whether it delivered any."""
         self._watch = watch.Watch()
         stream = self._watch.stream(
             self.kube.custom.list_cluster_custom_object, self.resource.group, self.resource.version,
-            self.resource.plural, resource_version=version, timeout_seconds=300, allow_watch_bookmarks=True,
+            self.resource.plural, resource_version=version, timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True,
+            _request_timeout=WATCH_SECONDS + 30,
         )
+        delivered = False
         for event in stream:
             if self._stop.is_set():
-                return
+                return delivered
             kind, obj = event.get("type"), event.get("object")
             if kind == "ERROR" or not isinstance(obj, dict):
-                return  # e.g. 410 Gone: the version is too old, list again
+                return delivered  # e.g. 410 Gone: the version is too old, list again
+            delivered = True
             if kind == "BOOKMARK":
                 continue
             if kind == "DELETED":
@@ -232,6 +240,7 @@ class ResourceWatch:
             else:
                 self.objects[_key(obj)] = obj
             self.wake()
+        return delivered
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:

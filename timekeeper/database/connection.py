@@ -24,6 +24,7 @@ from timekeeper.config import TimekeeperConfig
 
 _BEGIN = "timekeeper_sqlite_begin"
 CONNECT_TIMEOUT_SECONDS = 5  # an unreachable server is reported (503, /readyz) rather than waited for
+STATEMENT_TIMEOUT_MS = 30_000  # PostgreSQL's statement_timeout for every statement of the timekeeper's
 
 Parameters = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
@@ -38,22 +39,26 @@ class Statements(Protocol):
 
 
 class Database:
-    def __init__(self, url: str, pool_size: int = 10, sqlite_busy_timeout_ms: int = 10_000):
+    def __init__(self, url: str, pool_size: int = 10, sqlite_busy_timeout_ms: int = 10_000,
+                 statement_timeout_ms: int = STATEMENT_TIMEOUT_MS):
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         if self.is_sqlite:
             self.engine = _sqlite_engine(url, pool_size, sqlite_busy_timeout_ms)
         else:
             # No pre-ping: it would cost a round trip per transaction; a dropped connection fails one request (503).
+            # A statement that runs (or waits for a lock) past the timeout is cancelled by the server: a 503, not a
+            # request thread held.
             self.engine = create_engine(
-                url, pool_size=pool_size, max_overflow=pool_size, connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+                url, pool_size=pool_size, max_overflow=pool_size,
+                connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS, "options": f"-c statement_timeout={statement_timeout_ms}"},
             )
         self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
         self._statements = None if self.is_sqlite else PreparedStatements(self.engine.dialect)
 
     @classmethod
     def from_config(cls, config: TimekeeperConfig) -> "Database":
-        return cls(config.database_url, config.db_pool_size, config.sqlite_busy_timeout_ms)
+        return cls(config.database_url, config.db_pool_size, config.sqlite_busy_timeout_ms, int(config.db_statement_timeout_seconds * 1000))
 
     @contextmanager
     def write(self) -> Iterator[Connection]:

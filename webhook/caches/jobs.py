@@ -2,14 +2,16 @@
 
 The Job controller enforces a Job's deadline itself and never writes it on the pods it creates. Safe admission
 needs it on the pod, where the timekeeper sees it and the kubelet enforces it: the webhook carries what is left of
-the Job's deadline onto each pod the Job creates. The Job controller creates pods moments after the Job appears, so
-a pod whose Job the watch has not yet delivered waits for it, briefly.
+the Job's deadline onto each pod the Job creates. A review never waits for the API server: a pod whose Job the
+watch has not delivered (the Job controller, which learns of Jobs by a watch of its own, seldom outruns this one;
+or an owner that does not exist) is reviewed by its own deadline. Waiting for it, even a second, let anyone who may
+create pods naming unknown Jobs hold every webhook thread, and every other tenant's GPU pod past the API server's
+webhook timeout.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,29 +69,18 @@ def no_jobs(namespace: str, name: str, uid: str) -> JobDeadline | None:
 
 
 class JobIndex:
-    """Every Job's deadline; `lookup` waits up to `wait_seconds` for a Job the watch has not yet delivered."""
+    """Every Job's deadline, followed by a watch; `lookup` answers from memory at once."""
 
-    def __init__(self, api_client: client.ApiClient, on_sync: Callable[[bool], None] | None = None, wait_seconds: float = 1.0):
-        self._changed = threading.Condition()
-        self.wait_seconds = wait_seconds
+    def __init__(self, api_client: client.ApiClient, on_sync: Callable[[bool], None] | None = None):
         self._watched = WatchedObjects("Jobs", client.BatchV1Api(api_client).list_job_for_all_namespaces, job_deadline,
-                                       on_sync=on_sync, on_change=self._notify)
+                                       on_sync=on_sync)
 
     def lookup(self, namespace: str, name: str, uid: str) -> JobDeadline | None:
-        def found() -> JobDeadline | None:
-            job = (self._watched.items or {}).get((namespace, name))
-            return job if job is not None and job.uid == uid else None
-
-        with self._changed:
-            self._changed.wait_for(found, timeout=self.wait_seconds)
-        return found()
+        job = (self._watched.items or {}).get((namespace, name))
+        return job if job is not None and job.uid == uid else None
 
     def start(self) -> None:
         self._watched.start()
 
     def stop(self) -> None:
         self._watched.stop()
-
-    def _notify(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
