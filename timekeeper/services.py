@@ -21,6 +21,7 @@ from timekeeper.budgets.store import BudgetStore, Clock
 from timekeeper.cluster.controller import Controller
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments, watched_pods
+from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import head_revision
@@ -50,6 +51,7 @@ class Services:
     commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
     collector: metrics.LedgerCollector
     schema_head: str
+    webhooks: WebhookListings  # what each webhook process holds in force
 
     def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
@@ -98,7 +100,7 @@ def build_services(
     if commitments is None and kube is not None and background:
         commitments = watched_pods(kube, config.catalogue, clock, metrics.record_pod_sync)
     return Services(config, auth, db, budgets, ledger, ReportQueue(ledger), controller, commitments,
-                    metrics.LedgerCollector(ledger, commitments), head_revision())
+                    metrics.LedgerCollector(ledger, commitments), head_revision(), WebhookListings(db))
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:

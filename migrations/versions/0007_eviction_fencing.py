@@ -1,5 +1,7 @@
 """The controller's fencing: its term (the Lease's leaseTransitions when taken) and each eviction claimed under it, so
-that a deposed controller can evict nothing and no pod is evicted twice (timekeeper.cluster.fencing).
+that a deposed controller can evict nothing and no pod is evicted twice (timekeeper.cluster.fencing); and which
+budget listing each webhook process holds, so that a crossing's evictions wait until every webhook knows of it
+(timekeeper.cluster.webhooks).
 
 Revision ID: 0007_eviction_fencing
 Revises: 0004_safe_admission
@@ -36,9 +38,19 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("pod_uid", name="pk_eviction_claims"),
     )
     op.create_index("ix_eviction_claims_claimed_at", "eviction_claims", ["claimed_at"])
+    op.create_table(
+        "webhook_listings",
+        sa.Column("webhook", sa.String(253), nullable=False),
+        sa.Column("in_force_at", sa.Float, nullable=False),
+        sa.Column("expires_at", sa.Float, nullable=False),
+        sa.PrimaryKeyConstraint("webhook", name="pk_webhook_listings"),
+    )
+    op.create_index("ix_webhook_listings_expires_at", "webhook_listings", ["expires_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_webhook_listings_expires_at", "webhook_listings")
+    op.drop_table("webhook_listings")
     op.drop_index("ix_eviction_claims_claimed_at", "eviction_claims")
     op.drop_table("eviction_claims")
     op.drop_table("controller_terms")

@@ -125,6 +125,7 @@ def test_the_listing_tells_the_default_budget_and_the_state_of_a_namespace_it_le
 ) -> None:
     api = SpecClient(make_app(default_gpu_minutes=default_gpu_minutes, default_period=Period.WEEKLY).test_client(), ADMIN)
     listing = api.get("/api/v1/budgets").json
+    assert listing.pop("listedAt") > 0  # the database's time
     assert listing == {"items": [], "default": {"gpuMinutes": default_gpu_minutes, "period": "weekly", "state": state}}
     assert api.get("/api/v1/budgets/newteam").json["state"] == state
 

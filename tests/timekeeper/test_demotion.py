@@ -66,6 +66,32 @@ def test_running_in_budget_gpu_pods_are_evicted_and_the_rest_left_alone(
     assert fake_kube.count("DELETE", "/api/v1") == 0  # evicted through the Eviction API, never deleted
 
 
+def test_evictions_wait_until_every_webhook_process_holds_a_listing_that_shows_the_crossing(
+    api: SpecClient, demoter: Controller, fake_kube: FakeKube
+) -> None:
+    fake_kube.add_pod("team-a", "trainer")
+    poll = "/api/v1/budgets?webhook={}&inForce={}&refreshSeconds=5"
+    before = {name: api.get(poll.format(name, 0)).json["listedAt"] for name in ("replica-1", "replica-2")}
+    api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
+    spend(api, "team-a", 90)
+    for name, listed in before.items():  # both hold a listing from before the crossing
+        api.get(poll.format(name, listed))
+    assert demoter.run_once().waiting == ["team-a"] and fake_kube.evicted == []  # type: ignore[union-attr]
+    after = api.get(poll.format("replica-1", before["replica-1"])).json
+    assert [i["state"] for i in after["items"]] == ["over-budget"]
+    api.get(poll.format("replica-1", after["listedAt"]))  # replica-1 now holds it; replica-2 not yet
+    assert demoter.run_once().waiting == ["team-a"] and fake_kube.evicted == []  # type: ignore[union-attr]
+    api.get(poll.format("replica-2", api.get(poll.format("replica-2", before["replica-2"])).json["listedAt"]))
+    assert demoter.run_once().evicted == ["team-a/trainer"]  # type: ignore[union-attr]
+
+
+def test_a_poll_that_names_itself_wrongly_is_refused_with_the_rule(api: SpecClient) -> None:
+    for query, rule in (("webhook=a%20b", "webhook must be 1 to 253 letters"), ("webhook=w&inForce=nan", "inForce must be a number"),
+                        ("webhook=w&refreshSeconds=1e9", "refreshSeconds must be a number from 0.1 to 3600")):
+        refused = api.get(f"/api/v1/budgets?{query}")
+        assert refused.status_code == 400 and rule in refused.json["error"]
+
+
 def test_an_eviction_a_disruption_budget_refuses_is_retried_later_never_forced(
     api: SpecClient, demoter: Controller, fake_kube: FakeKube
 ) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -22,6 +23,8 @@ class FakeTimekeeper:
         self.default: dict[str, Any] | None = None  # None: a timekeeper from before the listing told its default
         self.up = True
         self.authorizations: list[str | None] = []
+        self.polls: list[dict[str, str]] = []  # each poll's query: the webhook's name and the listing it holds
+        self.listed_at = 0.0  # each listing's stamp, one more than the last's
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,8 +34,11 @@ class FakeTimekeeper:
                     self.send_response(503)
                     self.end_headers()
                     return
-                listing = {"items": fake.items} if fake.default is None else {"items": fake.items, "default": fake.default}
-                reply_json(self, 200 if self.path == "/api/v1/budgets" else 404, listing)
+                path, _, query = self.path.partition("?")
+                fake.polls.append({key: values[0] for key, values in urllib.parse.parse_qs(query).items()})
+                fake.listed_at += 1
+                listing = {"items": fake.items, "listedAt": fake.listed_at, **({} if fake.default is None else {"default": fake.default})}
+                reply_json(self, 200 if path == "/api/v1/budgets" else 404, listing)
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -121,3 +121,11 @@ def test_an_unforeseen_failure_does_not_end_the_polling(timekeeper: FakeTimekeep
     finally:
         cache.stop()
     assert len(polls) >= 3
+
+
+def test_each_poll_tells_the_timekeeper_which_listing_this_process_holds(timekeeper: FakeTimekeeper) -> None:
+    cache = BudgetStateCache(timekeeper.url, refresh_seconds=0.5)
+    assert cache.refresh() and cache.refresh()
+    first, second = timekeeper.polls
+    assert first == {"webhook": cache.name, "inForce": "0.0", "refreshSeconds": "0.5"}  # none yet
+    assert second == {**first, "inForce": "1.0"}  # the listing stamped 1.0, put in force by the first poll

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
 from gpusharing.names import check_budget_name
 from timekeeper.api.auth import Caller
@@ -21,9 +21,11 @@ blueprint = Blueprint("budgets", __name__, url_prefix="/api/v1/budgets")
 @blueprint.get("")
 def list_budgets() -> Response:
     caller()
+    # Stamped before it is read: the listing shows every change committed before listedAt.
+    listed_at = services().webhooks.poll(*(request.args.get(key) for key in ("webhook", "inForce", "refreshSeconds")))
     store = services().budgets
     default = default_budget_json(store.default_gpu_minutes, store.default_period)
-    return jsonify(items=services().listed(store.statuses()), default=default)
+    return jsonify(items=services().listed(store.statuses()), default=default, listedAt=listed_at)
 
 
 @blueprint.get("/<name>")

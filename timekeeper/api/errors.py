@@ -17,11 +17,12 @@ from timekeeper.api.auth import Forbidden, Unauthenticated
 from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.store import HierarchyConflict, Managed, NoBudget, NoLimit
 from timekeeper.cluster.kube import KubeUnavailable
+from timekeeper.cluster.webhooks import ListingQueryError
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-BAD_REQUESTS = (ReportError, UsageRequestError, BudgetRequestError, InvalidName, JsonBodyError)
+BAD_REQUESTS = (ReportError, UsageRequestError, BudgetRequestError, InvalidName, JsonBodyError, ListingQueryError)
 CONFLICTS = (NoLimit, Managed, HierarchyConflict)
 
 

@@ -13,6 +13,10 @@ A pass can outlast the Lease (hundreds of evictions): it renews the Lease as it 
 namespace and each eviction, and stops the moment it is lost. Each eviction is claimed in the database under the
 leader's term first (timekeeper.cluster.fencing): a leader deposed while it believed it led (paused, or slowed
 past its Lease) evicts nothing once its successor has recorded itself, and no pod is ever evicted twice.
+
+A namespace's pods are evicted only once every live webhook process holds a listing read after the controller saw
+the namespace over budget (timekeeper.cluster.webhooks): the replacements its ReplicaSets make at once are then
+admitted with the over-budget class, never in budget to be evicted again.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from timekeeper.cluster.demotion import eviction_candidates, threshold_event, tr
 from timekeeper.cluster.fencing import Claim, EvictionFence
 from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
+from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.cluster.resources import (
     CLUSTER_GPU_BUDGETS,
     GPU_BUDGETS,
@@ -61,6 +66,7 @@ class ControllerPass:
     applied: list[str] = field(default_factory=list)  # budgets written from resources
     removed: list[str] = field(default_factory=list)  # budgets whose resource is gone
     statuses_written: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)  # namespaces whose evictions wait for the webhooks
     lost: bool = False  # the Lease was lost during the pass, which stopped there
 
 
@@ -85,6 +91,8 @@ class Controller:
         identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.election = LeaderElection(kube, lease_namespace, identity, lease_seconds or max(3 * interval_seconds, 15.0))
         self.fence = EvictionFence(budgets.db, f"{lease_namespace}/{LEASE_NAME}")
+        self.webhooks = WebhookListings(budgets.db)
+        self._over_since: dict[str, float] = {}  # namespaces to evict: when this process saw them over (the database's time)
         self.watches = [ResourceWatch(kube, GPU_BUDGETS, self.wake), ResourceWatch(kube, CLUSTER_GPU_BUDGETS, self.wake)]
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -135,11 +143,14 @@ class Controller:
             except NoBudget:  # a group whose budget is gone
                 continue
         targets = self._resources_by_budget()
+        evicting = {s.namespace for s in statuses.values()
+                    if s.kind == "namespace" and s.state is BudgetState.OVER_BUDGET and s.evict_on_exhaustion}
+        self._over_since = {name: self._over_since.get(name) or self.webhooks.now() for name in evicting}
         for status in statuses.values():
             self._keep_lease()
             self._record_transition(status, acted.get(status.namespace, BudgetState.UNKNOWN), targets, done)
             self._warn(status, targets, done)
-            if status.kind == "namespace" and status.state is BudgetState.OVER_BUDGET and status.evict_on_exhaustion:
+            if status.namespace in evicting:
                 self._evict(status.namespace, done)
         self._write_statuses(statuses, problems, done)
 
@@ -274,6 +285,12 @@ class Controller:
         return recorded
 
     def _evict(self, namespace: str, done: ControllerPass) -> None:
+        behind = self.webhooks.behind(self._over_since[namespace])
+        if behind:
+            done.waiting.append(namespace)
+            log.info("%s: evictions wait for %d webhook process(es) to hold its over-budget state", namespace, behind,
+                     extra={"namespace": namespace})
+            return
         try:
             pods = eviction_candidates(self.kube.running_pods(namespace), self.in_budget_class)
         except KubeUnavailable as exc:

@@ -197,6 +197,17 @@ class EvictionClaimRow(Base):
     claimed_at: Mapped[float] = mapped_column(Float, index=True)  # the database's clock, seconds since the epoch
 
 
+class WebhookListingRow(Base):
+    """Which budget listing each webhook process holds in force, as it said when it last polled
+    (timekeeper.cluster.webhooks): a crossing's evictions wait until every live one holds a listing that shows it."""
+
+    __tablename__ = "webhook_listings"
+
+    webhook: Mapped[str] = mapped_column(String(253), primary_key=True)  # the process's own name for itself
+    in_force_at: Mapped[float] = mapped_column(Float)  # the listing's listedAt (the database's clock); 0: none yet
+    expires_at: Mapped[float] = mapped_column(Float, index=True)  # live until then: a few of its poll intervals
+
+
 budgets = BudgetRow.__table__
 top_ups = TopUpRow.__table__
 budget_changes = BudgetChangeRow.__table__
@@ -209,3 +220,4 @@ gpu_model_weights = GpuModelWeightRow.__table__
 budget_warnings = BudgetWarningRow.__table__
 controller_terms = ControllerTermRow.__table__
 eviction_claims = EvictionClaimRow.__table__
+webhook_listings = WebhookListingRow.__table__

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
+import secrets
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +59,7 @@ class BudgetStates:
 
     listed: Mapping[str, NamespaceBudget]
     default: NamespaceBudget = UNKNOWN  # every namespace the listing leaves out
+    listed_at: float = 0.0  # the timekeeper's stamp on the listing (its database's time), told back on the next poll
 
     def of(self, namespace: str) -> NamespaceBudget:
         return self.listed.get(namespace, self.default)
@@ -77,8 +82,9 @@ def states_from_listing(body: object) -> BudgetStates:
             listed[namespace] = NamespaceBudget(
                 _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item)
             )
-    default = body.get("default")
-    return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN)
+    default, listed_at = body.get("default"), body.get("listedAt")
+    return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN,
+                        float(listed_at) if isinstance(listed_at, (int, float)) and math.isfinite(listed_at) else 0.0)
 
 
 def _warnings(namespace: str, raw: object) -> tuple[str, ...]:
@@ -122,7 +128,10 @@ def _state(raw: object) -> BudgetState:
 
 class BudgetStateCache:
     """The last known state of every namespace, and of those the timekeeper did not list; before the first answer
-    every namespace is unknown (treated as in budget)."""
+    every namespace is unknown (treated as in budget).
+
+    Each poll names this process and the listing it holds in force, so that the timekeeper evicts a namespace's
+    pods only once every webhook process admits its new pods as over budget (timekeeper.cluster.webhooks)."""
 
     def __init__(
         self,
@@ -141,6 +150,7 @@ class BudgetStateCache:
         self.reservations = reservations or Reservations()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"[-253:]
 
     def state_of(self, namespace: str) -> BudgetState:
         return self._states.of(namespace).state
@@ -167,7 +177,8 @@ class BudgetStateCache:
         if self._http is None:
             return False
         try:
-            answer = self._http.request("GET", LISTING_PATH, token=self._token())
+            held = {"webhook": self.name, "inForce": repr(self._states.listed_at), "refreshSeconds": str(self._refresh_seconds)}
+            answer = self._http.request("GET", LISTING_PATH, token=self._token(), query=held)
             if answer.status != 200:
                 raise ValueError(f"HTTP {answer.status}: {answer.message}")
             states = states_from_listing(answer.json())
