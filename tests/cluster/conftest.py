@@ -17,6 +17,8 @@ from tests.e2e.system import GpuSharing
 
 LEASE_SECONDS = 2  # shorter than a pass over hundreds of pods: the controller must renew it while it works
 METER_INTERVAL_SECONDS = 1.0
+WEBHOOK_REFRESH_SECONDS = 2  # as a cluster would poll (the default is 5): a crossing takes the webhook a while to learn
+TIME_SCALE = 60  # meters bill a GPU-minute per second of a whole GPU: budgets run out within a test
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +32,8 @@ def cluster_plane() -> Iterator[ControlPlane]:
 def cluster(cluster_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuSharing]:
     """The project installed from the manifests, its webhook and a timekeeper on loopback."""
     system = GpuSharing(cluster_plane, tmp_path_factory.mktemp("cluster"), webhook_threads=16,
-                        timekeeper_env={"TIMEKEEPER_LEASE_SECONDS": str(LEASE_SECONDS)})
+                        timekeeper_env={"TIMEKEEPER_LEASE_SECONDS": str(LEASE_SECONDS)},
+                        webhook_env={"GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS)})
     try:
         system.start()
     except Exception:
@@ -44,6 +47,6 @@ def cluster(cluster_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
 def nodes(cluster: GpuSharing, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeSimulator]:
     """The simulated kubelet of every simulated node (tests add their own pools); meters as each pod's annotation says."""
     simulator = NodeSimulator(cluster.plane, tmp_path_factory.mktemp("nodes"), timekeeper_url=cluster.timekeeper_url,
-                              meter_interval=METER_INTERVAL_SECONDS).start()
+                              meter_interval=METER_INTERVAL_SECONDS, time_scale=TIME_SCALE).start()
     yield simulator
     simulator.stop()

@@ -78,7 +78,10 @@ class RunningPod:
     meter_mode: str = "none"
     started: float = field(default_factory=time.time)  # when its containers (and its meter) started
     stopped: float | None = None  # when its meter was told to stop
+    exited: float | None = None  # when its meter process had exited
+    priority_class: str = ""  # as admitted
     meter: subprocess.Popen[bytes] | None = None
+    home: Path | None = None  # a process meter's directory: its token, its state volume, its log
     token: str = ""
     seq: int = 0
     final_accepted: bool = False
@@ -250,7 +253,8 @@ class NodeSimulator:
                     return
                 mode = (metadata.get("annotations") or {}).get(METER, self.meters)
                 self.pods[metadata["uid"]] = RunningPod(metadata["namespace"], metadata["name"], metadata["uid"], spec["nodeName"],
-                                                         _share(pod), mode if mode in METER_MODES else self.meters)
+                                                         _share(pod), mode if mode in METER_MODES else self.meters,
+                                                         priority_class=spec.get("priorityClassName", ""))
             self._queue.put(("start", pod))
 
     def _work(self) -> None:
@@ -343,7 +347,7 @@ class NodeSimulator:
         """The pod's injected meter as a real process: its container's environment, the downward API resolved, the
         token projected into a file, the state volume a directory of its own."""
         meter = next(c for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]] if c["name"] == "gpusharing-meter")
-        home = self.directory / "meters" / running.uid
+        home = running.home = self.directory / "meters" / running.uid
         home.mkdir(parents=True)
         (home / "token").write_text(running.token)
         fields = {"metadata.namespace": running.namespace, "metadata.name": running.name, "metadata.uid": running.uid}
@@ -369,8 +373,17 @@ class NodeSimulator:
             except subprocess.TimeoutExpired:
                 running.meter.kill()
                 running.meter.wait()
+            running.exited = time.time()
         elif running.meter_mode == "simulated" and running.share is not None and running.token:
             self._report(running, final=True)
+
+    def billable_seconds(self, running: RunningPod) -> tuple[float, float]:
+        """What a process meter may bill for its pod, at least and at most: its share x time scale x the time from
+        its start (its state file says when) to its SIGTERM, and to its exit."""
+        assert running.home is not None and running.stopped is not None and running.exited is not None and running.share
+        started = json.loads((running.home / "state" / "meter-state.json").read_text())["startedAt"]
+        rate = running.share * self.time_scale
+        return rate * (running.stopped - started), rate * (running.exited - started)
 
     def _report_loop(self) -> None:
         """Simulated meters: every running GPU pod reports its cumulative each interval."""
