@@ -379,9 +379,13 @@ class NodeSimulator:
 
     def billable_seconds(self, running: RunningPod) -> tuple[float, float]:
         """What a process meter may bill for its pod, at least and at most: its share x time scale x the time from
-        its start (its state file says when) to its SIGTERM, and to its exit."""
+        its start (its state file says when) to its SIGTERM, and to its exit; nothing when it was stopped before it
+        started counting (a pod preempted as it started)."""
         assert running.home is not None and running.stopped is not None and running.exited is not None and running.share
-        started = json.loads((running.home / "state" / "meter-state.json").read_text())["startedAt"]
+        state = running.home / "state" / "meter-state.json"
+        if not state.exists():
+            return 0.0, 0.0
+        started = json.loads(state.read_text())["startedAt"]
         rate = running.share * self.time_scale
         return rate * (running.stopped - started), rate * (running.exited - started)
 
