@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 PROMTOOL := $(BIN)/promtool
 
-.PHONY: test demo bench clean constraints test-python test-lowest plugin tools
+.PHONY: test demo bench scale clean constraints test-python test-lowest plugin tools
 
 $(STAMP): setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ bench: $(STAMP)
 	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
+
+# The cluster tier's scale run, larger than CI runs it (tests/cluster/test_scale.py prints its figures).
+SCALE_NODES ?= 200
+SCALE_PODS ?= 2000
+scale: $(STAMP)
+	KUBEBUILDER_ASSETS=$${KUBEBUILDER_ASSETS:-$$(../shared/kube/unpack)} GPUSHARING_SCALE_NODES=$(SCALE_NODES) \
+	  GPUSHARING_SCALE_PODS=$(SCALE_PODS) $(BIN)/python -m pytest -s -q -p no:cacheprovider tests/cluster/test_scale.py
 
 # The archive krew's manifest (plugins/gpusharing.yaml) points at; prints its sha256.
 plugin:

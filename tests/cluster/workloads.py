@@ -52,10 +52,16 @@ class Creations:
 
 
 def create_all(cluster: GpuSharing, namespace: str, manifests: Sequence[dict[str, Any]], clients: int = 16) -> Creations:
-    """Creates the manifests from `clients` concurrent clients, as teams' controllers would."""
+    """Creates the manifests in the namespace from `clients` concurrent clients, as teams' controllers would."""
+    return create_across(cluster, [(namespace, manifest) for manifest in manifests], clients)
+
+
+def create_across(cluster: GpuSharing, manifests: Sequence[tuple[str, dict[str, Any]]], clients: int = 16) -> Creations:
+    """Creates each (namespace, manifest) from `clients` concurrent clients."""
     done = Creations()
 
-    def create(manifest: dict[str, Any]) -> None:
+    def create(item: tuple[str, dict[str, Any]]) -> None:
+        namespace, manifest = item
         started = time.perf_counter()
         try:
             created = cluster.create(namespace, manifest)

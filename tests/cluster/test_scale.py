@@ -1,0 +1,112 @@
+"""The scale run: hundreds of simulated GPU nodes, thousands of GPU pods created in bursts, simulated meters, one
+namespace demoted; it prints what admission adds to a create, how long the demotion took, the evictions and memory.
+
+Kept to a minute or two in CI (GPUSHARING_SCALE_NODES, GPUSHARING_SCALE_PODS: 100 and 1,000 by default);
+`make scale` runs it larger by hand. The figures are printed, never asserted: this machine is shared.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+
+from demo.processes import child_pids
+from tests.cluster.nodes import DIALECTS, METER, NodeSimulator
+from tests.cluster.workloads import create_across, create_all, percentile, pod, pod_template
+from tests.e2e.system import GpuSharing, wait_for
+
+NODES = int(os.environ.get("GPUSHARING_SCALE_NODES", "100"))
+PODS = int(os.environ.get("GPUSHARING_SCALE_PODS", "1000"))
+TEAMS = 10
+CLIENTS = 16  # concurrent creators, as many teams' controllers at once
+REPORT_SECONDS = 10.0  # simulated meters report this often here (30 s in a cluster)
+# Each pod's dialect in turn: whole devices (8 to a node) are one pod in eight, shared ones the rest.
+DIALECT_CYCLE = ("hami", "vcuda", "aliyun", "hami", "vcuda", "aliyun", "hami", "whole")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def mutate_calls(cluster: GpuSharing) -> float:
+    """The webhook's /mutate reviews so far, from its metrics."""
+    text = requests.get(f"{cluster.webhook_url}/metrics", verify=cluster.webhook.verify, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("gpusharing_webhook_admissions_total{") and 'endpoint="mutate"' in line)
+
+
+def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster.require_controllers()
+    for dialect in DIALECTS:
+        nodes.add_pool(f"scale-{dialect}", NODES // len(DIALECTS), dialect)
+    teams = [cluster.namespace("scale-team") for _ in range(TEAMS)]
+    baseline_namespace = cluster.namespace("scale-baseline")
+    interval, nodes.meter_interval = nodes.meter_interval, REPORT_SECONDS
+    figures: list[str] = []
+    try:
+        # The same creates with no GPU (the webhook is never called), then with one, from CLIENTS concurrent clients.
+        plain = [pod(f"cpu-{i:05d}", pod_template(None, f"scale-{DIALECT_CYCLE[i % 8]}")) for i in range(PODS // 2)]
+        baseline = create_all(cluster, baseline_namespace, plain, CLIENTS)
+        gpu = [(teams[i % TEAMS], pod(f"gpu-{i:05d}", pod_template(DIALECT_CYCLE[i % 8], f"scale-{DIALECT_CYCLE[i % 8]}",
+                                                                   {METER: "simulated"}))) for i in range(PODS)]
+        started, calls = time.monotonic(), mutate_calls(cluster)
+        made = create_across(cluster, gpu, CLIENTS)
+        burst, calls = time.monotonic() - started, mutate_calls(cluster) - calls
+        figures.append(f"creates from {CLIENTS} clients: {len(baseline.seconds)} without a GPU p50 {_ms(baseline.seconds, .5)} "
+                       f"p99 {_ms(baseline.seconds, .99)}; {len(made.seconds)} GPU pods in {burst:.0f} s p50 {_ms(made.seconds, .5)} "
+                       f"p99 {_ms(made.seconds, .99)} (added p50 {_ms(made.seconds, .5, baseline.seconds)}, "
+                       f"p99 {_ms(made.seconds, .99, baseline.seconds)}); refused {len(made.refused)}; "
+                       f"{calls / max(1, len(made.created)):.2f} /mutate calls per GPU pod")
+        assert made.refused == [], Counter(r[:120] for r in made.refused).most_common(3)  # no webhook timeout, no refusal
+        running = lambda namespace: sum(p["status"].get("phase") == "Running" for p in cluster.pods(namespace))  # noqa: E731
+        started = time.monotonic()
+        wait_for(lambda: all(running(team) == PODS // TEAMS for team in teams), "every GPU pod running", timeout=600)
+        figures.append(f"every GPU pod scheduled and running {time.monotonic() - started:.0f} s after the last was created")
+
+        # One team runs out (a report of a pod of its own crosses): each of its running pods is evicted once.
+        demoted = teams[0]
+        cluster.set_budget(demoted, gpu_minutes=1, evict=True)
+        trigger = cluster.create(demoted, pod("trigger", pod_template("whole", "scale-whole", {METER: "none"})))
+        wait_for(lambda: (cluster.pod(demoted, "trigger") or {}).get("status", {}).get("phase") == "Running", "the trigger running")
+        started = time.monotonic()
+        assert cluster.report(trigger, cluster.token(demoted, "default", pod=trigger), gpu_seconds=120).status_code == 200
+        in_budget = lambda: [p for p in cluster.pods(demoted) if "deletionTimestamp" not in p["metadata"]  # noqa: E731
+                             and p["spec"].get("priorityClassName") == "gpusharing-in-budget"]
+        wait_for(lambda: not in_budget(), "the namespace's pods evicted", timeout=600)
+        demotion = time.monotonic() - started
+        granted = Counter(name for name, status in cluster.plane.evictions(demoted) if status == 201)
+        figures.append(f"demotion of {PODS // TEAMS + 1} running pods: {demotion:.1f} s from the report that crossed; "
+                       f"{sum(granted.values())} evictions, {sum(t > 1 for t in granted.values())} pods evicted twice")
+        assert sorted(granted) == sorted(p.name for p in nodes.pods.values() if p.namespace == demoted)
+        assert set(granted.values()) == {1}
+
+        # Billing is what ran: each evicted pod's final report, as its meter posted it, is what its ledger holds.
+        metered = lambda: [p for p in nodes.finished.values() if p.namespace == demoted and p.meter_mode == "simulated"]  # noqa: E731
+        wait_for(lambda: len(metered()) == PODS // TEAMS and all(p.final_accepted for p in metered()), "the final reports")
+        answer = cluster.timekeeper_call("GET", f"/api/v1/pods?namespace={demoted}", cluster.budget_admin_token()).json()
+        posted = {p.uid: round((p.share or 0) * ((p.stopped or 0) - p.started) * nodes.time_scale, 3) for p in metered()}
+        billed = {item["podUid"]: item["gpuSeconds"] for item in answer["items"] if item["podUid"] in posted}
+        assert billed == pytest.approx(posted, abs=0.001)
+        figures.append(f"billed {sum(billed.values()):,.1f} GPU-seconds = posted {sum(posted.values()):,.1f}")
+
+        webhook = max(rss_mib(pid) for pid in child_pids(cluster.webhook.process.pid))  # type: ignore[union-attr]
+        timekeeper = max(rss_mib(pid) for pid in child_pids(cluster.timekeeper.process.pid))  # type: ignore[union-attr]
+        figures.append(f"resident memory: webhook worker {webhook:.0f} MiB, timekeeper worker {timekeeper:.0f} MiB "
+                       f"({NODES} nodes, {PODS} GPU pods, {PODS // 2} other pods)")
+    finally:
+        nodes.meter_interval = interval
+        with capsys.disabled():
+            print("\nscale run: " + "\nscale run: ".join(figures))
+
+
+def _ms(seconds: list[float], fraction: float, baseline: list[float] | None = None) -> str:
+    value = percentile(seconds, fraction) - (percentile(baseline, fraction) if baseline else 0.0)
+    return f"{value * 1000:.0f} ms"
