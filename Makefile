@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/webhook_memory.py
 	$(BIN)/python bench/timekeeper_ingest.py
 	$(BIN)/python bench/meter_footprint.py
+	$(BIN)/python bench/cluster_scale.py
 
 # The cluster tier's scale run, larger than CI runs it (tests/cluster/test_scale.py prints its figures).
 SCALE_NODES ?= 200

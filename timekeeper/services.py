@@ -98,7 +98,9 @@ def build_services(
     if controller is not None and background:
         controller.start()
     if commitments is None and kube is not None and background:
-        commitments = watched_pods(kube, config.catalogue, clock, metrics.record_pod_sync)
+        # Replicas answer the webhooks alike: what is left of each deadline is reckoned by the database's clock.
+        commitments = watched_pods(kube, config.catalogue, db.now if config.clock == DEFAULT_CLOCK else clock,
+                                   metrics.record_pod_sync)
     return Services(config, auth, db, budgets, ledger, ReportQueue(ledger), controller, commitments,
                     metrics.LedgerCollector(ledger, commitments), head_revision(), WebhookListings(db))
 

@@ -31,16 +31,10 @@ def cluster_plane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def cluster(cluster_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuSharing]:
     """The project installed from the manifests, its webhook and a timekeeper on loopback."""
-    system = GpuSharing(cluster_plane, tmp_path_factory.mktemp("cluster"), webhook_threads=16,
-                        timekeeper_env={"TIMEKEEPER_LEASE_SECONDS": str(LEASE_SECONDS)},
-                        webhook_env={"GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS)})
-    try:
-        system.start()
-    except Exception:
-        system.stop()
-        raise
-    yield system
-    system.stop()
+    with GpuSharing(cluster_plane, tmp_path_factory.mktemp("cluster"), webhook_threads=16,
+                    timekeeper_env={"TIMEKEEPER_LEASE_SECONDS": str(LEASE_SECONDS)},
+                    webhook_env={"GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS)}) as system:
+        yield system
 
 
 @pytest.fixture(scope="session")

@@ -24,11 +24,5 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 @pytest.fixture(scope="session")
 def gpusharing(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuSharing]:
     """The project installed from `kubectl kustomize manifests/`, its webhook and timekeeper running on loopback."""
-    system = GpuSharing(control_plane, tmp_path_factory.mktemp("gpusharing"))
-    try:
-        system.start()
-    except Exception:
-        system.stop()
-        raise
-    yield system
-    system.stop()
+    with GpuSharing(control_plane, tmp_path_factory.mktemp("gpusharing")) as system:
+        yield system

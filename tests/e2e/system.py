@@ -165,6 +165,17 @@ class GpuSharing:
     def stop(self) -> None:
         self._stack.close()
 
+    def __enter__(self) -> "GpuSharing":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     # --- the Kubernetes API ---------------------------------------------------------------------------------------
 
     def rest(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None, patch: str = "") -> Any:

@@ -36,10 +36,9 @@ class WebhookListings:
     def poll(self, webhook: str | None, in_force: str | None, refresh: str | None) -> float:
         """Records what the polling webhook holds in force (when it names itself); the database's time, which the
         listing about to be read is stamped with (`listedAt`)."""
-        clock = self.db.clock()
         if webhook is None:
-            with self.db.read() as conn:
-                return float(conn.execute(select(clock)).scalar_one())
+            return self.now()
+        clock = self.db.clock()
         if not _NAME.fullmatch(webhook):
             raise ListingQueryError("webhook must be 1 to 253 letters, digits and . _ : - (the webhook process's name)")
         held, every = _number("inForce", in_force or "0", 0.0, 1e12), _number("refreshSeconds", refresh or "5", 0.1, MAX_REFRESH_SECONDS)
@@ -58,8 +57,7 @@ class WebhookListings:
             return int(conn.execute(query).scalar_one())
 
     def now(self) -> float:
-        with self.db.read() as conn:
-            return float(conn.execute(select(self.db.clock())).scalar_one())
+        return self.db.now().timestamp()
 
 
 def _number(name: str, raw: str, low: float, high: float) -> float:

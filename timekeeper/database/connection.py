@@ -106,6 +106,12 @@ class Database:
             return cast((func.julianday("now") - 2440587.5) * 86400.0, Float)
         return cast(func.extract("epoch", func.clock_timestamp()), Float)
 
+    def now(self) -> dt.datetime:
+        """The database's time: what replicas compare (commitments' deadlines, crossings and listings) is read from
+        this one clock, never from each process's own."""
+        with self.read() as conn:
+            return dt.datetime.fromtimestamp(float(conn.execute(select(self.clock())).scalar_one()), dt.timezone.utc)
+
     def insert(self, table: Any) -> Insert:
         """An INSERT that knows ON CONFLICT on this backend."""
         return (sqlite.insert if self.is_sqlite else postgresql.insert)(table)  # type: ignore[no-any-return]
