@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.nodes import METER, RUNS_FOR, NodeSimulator
-from tests.cluster.workloads import create_all, pod, pod_template
+from tests.cluster.workloads import create_all, delete_namespaces, pod, pod_template
 from tests.e2e.system import ApiError, GpuSharing, wait_for
 
 GPU = {"tencent.com/vcuda-core": 100, "tencent.com/vcuda-memory": 40}  # a whole device: 8 to a node
@@ -41,74 +41,76 @@ def test_a_day_of_several_teams(cluster: GpuSharing, nodes: NodeSimulator) -> No
     nodes.add_pool("day", 2, "vcuda")
     nodes.add_pool("day-audio", 1, "vcuda")
     vision, speech, nlp, audio = (cluster.namespace(f"day-{team}") for team in ("vision", "speech", "nlp", "audio"))
+    try:
+        # vision: four trainers behind a disruption budget, metered by real meter processes (a GPU-minute a second).
+        cluster.set_budget(vision, gpu_minutes=4, evict=True)
+        trainers = whole_gpu(pod_template("vcuda", "day", {METER: "process"}, {"app": "train"}))
+        cluster.create(vision, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train"},
+                                "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "train"}}}})
+        cluster.create(vision, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "train"}, "spec": {
+            "replicas": 4, "selector": {"matchLabels": {"app": "train"}}, "template": trainers}})
+        # nlp: a Job of three pods that each run 4 s and complete.
+        evaluation = whole_gpu(pod_template("vcuda", "day", {METER: "process", RUNS_FOR: "4"}, restart="Never"))
+        cluster.create(nlp, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "eval"}, "spec": {
+            "parallelism": 3, "completions": 3, "backoffLimit": 0, "template": evaluation}})
 
-    # vision: four trainers behind a disruption budget, metered by real meter processes (a GPU-minute a second).
-    cluster.set_budget(vision, gpu_minutes=4, evict=True)
-    trainers = whole_gpu(pod_template("vcuda", "day", {METER: "process"}, {"app": "train"}))
-    cluster.create(vision, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train"},
-                            "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "train"}}}})
-    cluster.create(vision, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "train"}, "spec": {
-        "replicas": 4, "selector": {"matchLabels": {"app": "train"}}, "template": trainers}})
-    # nlp: a Job of three pods that each run 4 s and complete.
-    evaluation = whole_gpu(pod_template("vcuda", "day", {METER: "process", RUNS_FOR: "4"}, restart="Never"))
-    cluster.create(nlp, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "eval"}, "spec": {
-        "parallelism": 3, "completions": 3, "backoffLimit": 0, "template": evaluation}})
+        # vision runs out: an Event, and its in-budget pods evicted within the disruption budget.
+        on_namespace = {"fieldSelector": f"involvedObject.kind=Namespace,involvedObject.name={vision},reason=GPUBudgetExhausted"}
+        wait_for(lambda: cluster.rest("GET", "/api/v1/events", query=on_namespace)["items"], "vision's budget to run out", timeout=120)
+        in_budget = lambda: [p for p in nodes.pods.values() if p.namespace == vision and p.priority_class == "gpusharing-in-budget"]  # noqa: E731
+        wait_for(lambda: len(in_budget()) >= 4 and all(p.stopped for p in in_budget()), "vision's in-budget pods to be evicted",
+                 timeout=180)
+        job = wait_for(lambda: (j := cluster.rest("GET", f"/apis/batch/v1/namespaces/{nlp}/jobs/eval")).get("status", {}).get("succeeded") == 3 and j,
+                       "nlp's Job to complete", timeout=120)
+        assert job["status"]["succeeded"] == 3
 
-    # vision runs out: an Event, and its in-budget pods evicted within the disruption budget.
-    on_namespace = {"fieldSelector": f"involvedObject.kind=Namespace,involvedObject.name={vision},reason=GPUBudgetExhausted"}
-    wait_for(lambda: cluster.rest("GET", "/api/v1/events", query=on_namespace)["items"], "vision's budget to run out", timeout=120)
-    in_budget = lambda: [p for p in nodes.pods.values() if p.namespace == vision and p.priority_class == "gpusharing-in-budget"]  # noqa: E731
-    wait_for(lambda: len(in_budget()) >= 4 and all(p.stopped for p in in_budget()), "vision's in-budget pods to be evicted",
-             timeout=180)
-    job = wait_for(lambda: (j := cluster.rest("GET", f"/apis/batch/v1/namespaces/{nlp}/jobs/eval")).get("status", {}).get("succeeded") == 3 and j,
-                   "nlp's Job to complete", timeout=120)
-    assert job["status"]["succeeded"] == 3
+        # speech fills the pool: the scheduler preempts vision's demoted replacements to make room.
+        demoted = lambda: [p for p in cluster.pods(vision) if p["spec"].get("priorityClassName") == "gpusharing-over-budget"]  # noqa: E731
+        wait_for(lambda: sum(p["status"].get("phase") == "Running" for p in demoted()) == 4, "vision's demoted replacements running",
+                 timeout=120)
+        speakers = whole_gpu(pod_template("vcuda", "day", {METER: "simulated"}))
+        made = create_all(cluster, speech, [pod(f"speak-{i:02d}", speakers) for i in range(SLOTS - 2)], clients=4)
+        assert not made.refused
+        wait_for(lambda: sum(p["status"].get("phase") == "Running" for p in cluster.pods(speech)) == SLOTS - 2,
+                 "every speech pod running, room made by preemption", timeout=180)
+        assert len(events(cluster, vision, "Preempted")) >= 2
 
-    # speech fills the pool: the scheduler preempts vision's demoted replacements to make room.
-    demoted = lambda: [p for p in cluster.pods(vision) if p["spec"].get("priorityClassName") == "gpusharing-over-budget"]  # noqa: E731
-    wait_for(lambda: sum(p["status"].get("phase") == "Running" for p in demoted()) == 4, "vision's demoted replacements running",
-             timeout=120)
-    speakers = whole_gpu(pod_template("vcuda", "day", {METER: "simulated"}))
-    made = create_all(cluster, speech, [pod(f"speak-{i:02d}", speakers) for i in range(SLOTS - 2)], clients=4)
-    assert not made.refused
-    wait_for(lambda: sum(p["status"].get("phase") == "Running" for p in cluster.pods(speech)) == SLOTS - 2,
-             "every speech pod running, room made by preemption", timeout=180)
-    assert len(events(cluster, vision, "Preempted")) >= 2
+        # audio admits a pod only when what its budget has left uncommitted covers the pod's deadline.
+        cluster.timekeeper_call("PUT", f"/api/v1/budgets/{audio}", cluster.budget_admin_token(),
+                                {"gpuMinutes": 10, "admission": "strict", "onShortfall": "refuse"})
+        short = whole_gpu(pod_template("vcuda", "day-audio", {METER: "none"}))
+        short["spec"]["activeDeadlineSeconds"] = 120  # two GPU-minutes
+        for name, deadline, refusal in (("forever", None, "admits only GPU pods with a deadline"),
+                                        ("too-long", 3600, "cannot cover this pod's deadline")):
+            manifest = pod(name, short)
+            if deadline is None:
+                del manifest["spec"]["activeDeadlineSeconds"]
+            else:
+                manifest["spec"]["activeDeadlineSeconds"] = deadline
+            with pytest.raises(ApiError, match=refusal):
+                wait_for(lambda m=manifest: _admitted_or_refused(cluster, audio, m), "audio's commitments to be known")
+        admitted = cluster.create(audio, pod("short", short))
+        assert admitted["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "reserved"
 
-    # audio admits a pod only when what its budget has left uncommitted covers the pod's deadline.
-    cluster.timekeeper_call("PUT", f"/api/v1/budgets/{audio}", cluster.budget_admin_token(),
-                            {"gpuMinutes": 10, "admission": "strict", "onShortfall": "refuse"})
-    short = whole_gpu(pod_template("vcuda", "day-audio", {METER: "none"}))
-    short["spec"]["activeDeadlineSeconds"] = 120  # two GPU-minutes
-    for name, deadline, refusal in (("forever", None, "admits only GPU pods with a deadline"),
-                                    ("too-long", 3600, "cannot cover this pod's deadline")):
-        manifest = pod(name, short)
-        if deadline is None:
-            del manifest["spec"]["activeDeadlineSeconds"]
-        else:
-            manifest["spec"]["activeDeadlineSeconds"] = deadline
-        with pytest.raises(ApiError, match=refusal):
-            wait_for(lambda m=manifest: _admitted_or_refused(cluster, audio, m), "audio's commitments to be known")
-    admitted = cluster.create(audio, pod("short", short))
-    assert admitted["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "reserved"
+        # Each of vision's pods was evicted once; none of its replacements was admitted in budget.
+        granted = Counter(name for name, status in cluster.plane.evictions(vision) if status == 201)
+        assert sorted(granted) == sorted(p.name for p in in_budget()) and set(granted.values()) == {1}
+        assert any(status == 429 for _, status in cluster.plane.evictions(vision))  # the disruption budget held some back
+        replacements = {p.uid: p.priority_class for p in nodes.pods.values() if p.namespace == vision} | {
+            p["metadata"]["uid"]: p["spec"].get("priorityClassName") for p in cluster.pods(vision)}
+        assert Counter(replacements.values())["gpusharing-in-budget"] == 4  # the four first pods, and no replacement
 
-    # Each of vision's pods was evicted once; none of its replacements was admitted in budget.
-    granted = Counter(name for name, status in cluster.plane.evictions(vision) if status == 201)
-    assert sorted(granted) == sorted(p.name for p in in_budget()) and set(granted.values()) == {1}
-    assert any(status == 429 for _, status in cluster.plane.evictions(vision))  # the disruption budget held some back
-    replacements = {p.uid: p.priority_class for p in nodes.pods.values() if p.namespace == vision} | {
-        p["metadata"]["uid"]: p["spec"].get("priorityClassName") for p in cluster.pods(vision)}
-    assert Counter(replacements.values())["gpusharing-in-budget"] == 4  # the four first pods, and no replacement
-
-    # Billing is what ran: each stopped meter's pod billed between what it ran until SIGTERM and until its exit.
-    for namespace in (vision, nlp):
-        ledger = billed(cluster, namespace)
-        stopped = [p for p in nodes.finished.values() if p.namespace == namespace and p.meter is not None]
-        assert stopped
-        for running in stopped:
-            least, most = nodes.billable_seconds(running)
-            entry = ledger.get(running.uid, {"final": True, "gpuSeconds": 0.0})  # stopped before it counted: nothing
-            assert entry["final"] and least - 0.001 <= entry["gpuSeconds"] <= most + 0.001, (running.name, least, entry, most)
+        # Billing is what ran: each stopped meter's pod billed between what it ran until SIGTERM and until its exit.
+        for namespace in (vision, nlp):
+            ledger = billed(cluster, namespace)
+            stopped = [p for p in nodes.finished.values() if p.namespace == namespace and p.meter is not None]
+            assert stopped
+            for running in stopped:
+                least, most = nodes.billable_seconds(running)
+                entry = ledger.get(running.uid, {"final": True, "gpuSeconds": 0.0})  # stopped before it counted: nothing
+                assert entry["final"] and least - 0.001 <= entry["gpuSeconds"] <= most + 0.001, (running.name, least, entry, most)
+    finally:
+        delete_namespaces(cluster, vision, speech, nlp, audio)
 
 
 def _admitted_or_refused(cluster: GpuSharing, namespace: str, manifest: dict[str, Any]) -> bool:

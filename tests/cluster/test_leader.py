@@ -13,7 +13,7 @@ from pathlib import Path
 from demo.processes import child_pids
 from tests.cluster.conftest import LEASE_SECONDS
 from tests.cluster.nodes import METER, STOPS_AFTER, NodeSimulator
-from tests.cluster.workloads import create_all, pod, pod_template
+from tests.cluster.workloads import create_all, delete_namespaces, pod, pod_template
 from tests.e2e.system import SYSTEM_NAMESPACE, GpuSharing, wait_for
 from timekeeper.cluster.leader import LEASE_NAME
 
@@ -67,3 +67,4 @@ def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_timekeepe
         assert "the pass stops here" in logs[leader].read_text()  # the deposed leader stopped
     finally:
         second.stop()
+        delete_namespaces(cluster, namespace)

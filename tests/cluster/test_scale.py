@@ -17,7 +17,7 @@ import requests
 
 from demo.processes import child_pids
 from tests.cluster.nodes import DIALECTS, METER, NodeSimulator
-from tests.cluster.workloads import create_across, create_all, percentile, pod, pod_template
+from tests.cluster.workloads import create_across, create_all, delete_namespaces, percentile, pod, pod_template
 from tests.e2e.system import GpuSharing, wait_for
 
 NODES = int(os.environ.get("GPUSHARING_SCALE_NODES", "100"))
@@ -102,6 +102,7 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
         figures.append(f"resident memory: webhook worker {webhook:.0f} MiB, timekeeper worker {timekeeper:.0f} MiB "
                        f"({NODES} nodes, {PODS} GPU pods, {PODS // 2} other pods)")
     finally:
+        delete_namespaces(cluster, *teams, baseline_namespace)
         nodes.meter_interval = interval
         with capsys.disabled():
             print("\nscale run: " + "\nscale run: ".join(figures))

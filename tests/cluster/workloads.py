@@ -81,3 +81,10 @@ def create_across(cluster: GpuSharing, manifests: Sequence[tuple[str, dict[str, 
 def percentile(values: Sequence[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def delete_namespaces(cluster: GpuSharing, *namespaces: str) -> None:
+    """Ends a scenario's workloads (and their meters' reports) for the tests after it: the namespace controller
+    deletes their pods, which the simulated kubelet stops."""
+    for namespace in namespaces:
+        cluster.rest("DELETE", f"/api/v1/namespaces/{namespace}")
