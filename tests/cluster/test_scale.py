@@ -63,9 +63,10 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
         figures.append(f"creates from {CLIENTS} clients: {len(baseline.seconds)} without a GPU p50 {_ms(baseline.seconds, .5)} "
                        f"p99 {_ms(baseline.seconds, .99)}; {len(made.seconds)} GPU pods in {burst:.0f} s p50 {_ms(made.seconds, .5)} "
                        f"p99 {_ms(made.seconds, .99)} (added p50 {_ms(made.seconds, .5, baseline.seconds)}, "
-                       f"p99 {_ms(made.seconds, .99, baseline.seconds)}); refused {len(made.refused)}; "
+                       f"p99 {_ms(made.seconds, .99, baseline.seconds)}); {made.timed_out} webhook timeouts (tried again), "
+                       f"refused {len(made.refused)}; "
                        f"{calls / max(1, len(made.created)):.2f} /mutate calls per GPU pod")
-        assert made.refused == [], Counter(r[:120] for r in made.refused).most_common(3)  # no webhook timeout, no refusal
+        assert made.refused == [], Counter(r[:120] for r in made.refused).most_common(3)  # every pod admitted
         running = lambda namespace: sum(p["status"].get("phase") == "Running" for p in cluster.pods(namespace))  # noqa: E731
         started = time.monotonic()
         wait_for(lambda: all(running(team) == PODS // TEAMS for team in teams), "every GPU pod running", timeout=600)
