@@ -38,7 +38,7 @@ from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore, HierarchyConflict, NoBudget
 from timekeeper.cluster.demotion import eviction_candidates, threshold_event, transition_event
-from timekeeper.cluster.fencing import Claim, EvictionFence
+from timekeeper.cluster.fencing import EvictionFence
 from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
 from timekeeper.cluster.webhooks import WebhookListings
@@ -56,6 +56,8 @@ from timekeeper.cluster.resources import (
 )
 
 log = logging.getLogger(__name__)
+
+CLAIM_BATCH = 50  # evictions claimed in one transaction
 
 
 @dataclass
@@ -296,29 +298,35 @@ class Controller:
         except KubeUnavailable as exc:
             log.warning("%s; will try again", exc)
             return
-        for name, uid in pods:
+        for start in range(0, len(pods), CLAIM_BATCH):
+            batch = pods[start:start + CLAIM_BATCH]
             self._keep_lease()
             term = self.election.term
-            claim = self.fence.claim(term, uid, namespace, name)
-            if claim is Claim.DEPOSED:
+            claimed = self.fence.claim_many(term, [(uid, namespace, name) for name, uid in batch])
+            if claimed is None:
                 raise LeaseLost(f"a later leader than {self.election.identity} (term {term}) has recorded itself")
-            if claim is Claim.TAKEN:
-                continue
+            evicted: set[str] = set()
+            try:
+                self._evict_claimed(namespace, [(name, uid) for name, uid in batch if uid in claimed], evicted, done)
+            finally:  # what was not evicted (refused, failed, or the Lease lost) is given back
+                self.fence.release(term, *(claimed - evicted))
+
+    def _evict_claimed(self, namespace: str, pods: list[tuple[str, str]], evicted: set[str], done: ControllerPass) -> None:
+        """Evicts claimed pods, the Lease checked before each; adds the uids evicted to `evicted`."""
+        for name, uid in pods:
+            self._keep_lease()
             remaining = self.election.remaining_seconds()
             if remaining <= 0:  # ran out between the check and now (the process was paused): not asked for
-                self.fence.release(term, uid)
                 raise LeaseLost(f"the lease of {self.election.identity} ran out unrenewed")
             try:
                 result = self.kube.evict(namespace, name, uid, timeout=remaining)
             except KubeUnavailable as exc:
-                self.fence.release(term, uid)
                 log.warning("%s; will try again", exc)
                 continue
-            if result is not EvictionResult.EVICTED:
-                self.fence.release(term, uid)
             metrics.EVICTIONS.labels(result.value).inc()
             fields = {"namespace": namespace, "pod": name, "eviction": result.value}
             if result is EvictionResult.EVICTED:
+                evicted.add(uid)
                 done.evicted.append(f"{namespace}/{name}")
                 log.info("evicted pod %s/%s: its namespace is over its GPU budget", namespace, name, extra=fields)
             elif result is EvictionResult.REFUSED:

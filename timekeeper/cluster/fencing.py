@@ -7,14 +7,15 @@ controller's term: the Lease's `leaseTransitions` when its holder took it, which
 holder records its term before its first eviction; from then on a claim under an older term is refused, whatever
 the older holder believes. A pod is claimed once: a second claim of it is refused while the first stands, so two
 controllers never both ask for its eviction. A claim is given back when its eviction was refused (a
-PodDisruptionBudget) or failed, so that a later pass tries again; one its holder never finished (it died) is
-taken over once it is older than any eviction request can last. Times are the database's, the one clock every
+PodDisruptionBudget) or failed, or when its holder stops (its Lease lost), so that a later pass or leader tries
+again; one its holder never finished (it died) is taken over once it is older than any eviction request can last.
+Claims are made a batch at a time, one short transaction for many pods. Times are the database's, the one clock every
 replica shares.
 """
 
 from __future__ import annotations
 
-import enum
+from collections.abc import Sequence
 
 from sqlalchemy import select
 
@@ -23,12 +24,6 @@ from timekeeper.database.tables import controller_terms, eviction_claims
 
 STALE_CLAIM_SECONDS = 60.0  # far longer than an eviction request may last (its timeout), so its holder has given up
 KEPT_CLAIM_SECONDS = 86_400.0  # evicted pods' claims are forgotten after a day: their pods are long gone
-
-
-class Claim(enum.Enum):
-    CLAIMED = "claimed"  # this controller may ask for the eviction
-    TAKEN = "taken"  # another controller claimed the pod: it is being evicted
-    DEPOSED = "deposed"  # a controller of a later term has recorded itself: this one leads no more
 
 
 class EvictionFence:
@@ -55,34 +50,39 @@ class EvictionFence:
             recorded = conn.execute(query).scalar_one()
         return bool(recorded == term)
 
-    def claim(self, term: int, pod_uid: str, namespace: str, pod: str) -> Claim:
-        """Claims the pod's eviction for the controller of `term`."""
+    def claim_many(self, term: int, pods: Sequence[tuple[str, str, str]]) -> set[str] | None:
+        """Claims the evictions of (uid, namespace, name) pods for the controller of `term`, in one transaction; the
+        uids claimed (the others are another's), or None when a later term is recorded."""
         clock = self.db.clock()
+        claimed: set[str] = set()
         with self.db.write() as conn:
             # Read FOR SHARE: a new holder's enter() waits for this claim to commit, and every claim after it sees its term.
             query = select(controller_terms.c.term).where(controller_terms.c.name == self.name)
             current = conn.execute(query if self.db.is_sqlite else query.with_for_update(read=True)).scalar()
             if current != term:
-                return Claim.DEPOSED
-            claimed = conn.execute(
-                self.db.insert(eviction_claims)
-                .values(pod_uid=pod_uid, namespace=namespace, pod=pod, term=term, claimed_at=clock)
-                .on_conflict_do_nothing()
-                .returning(eviction_claims.c.pod_uid)
-            ).first()
-            if claimed is not None:
-                return Claim.CLAIMED
-            # Another's claim stands, unless an earlier term's holder left it unfinished longer than any request lasts.
-            taken_over = conn.execute(
-                eviction_claims.update()
-                .where((eviction_claims.c.pod_uid == pod_uid) & (eviction_claims.c.term < term)
-                       & (eviction_claims.c.claimed_at < clock - STALE_CLAIM_SECONDS))
-                .values(term=term, claimed_at=clock)
-                .returning(eviction_claims.c.pod_uid)
-            ).first()
-            return Claim.CLAIMED if taken_over is not None else Claim.TAKEN
+                return None
+            for pod_uid, namespace, pod in pods:
+                inserted = conn.execute(
+                    self.db.insert(eviction_claims)
+                    .values(pod_uid=pod_uid, namespace=namespace, pod=pod, term=term, claimed_at=clock)
+                    .on_conflict_do_nothing()
+                    .returning(eviction_claims.c.pod_uid)
+                ).first()
+                # Another's claim stands, unless an earlier term's holder left it unfinished longer than any request lasts.
+                taken_over = inserted or conn.execute(
+                    eviction_claims.update()
+                    .where((eviction_claims.c.pod_uid == pod_uid) & (eviction_claims.c.term < term)
+                           & (eviction_claims.c.claimed_at < clock - STALE_CLAIM_SECONDS))
+                    .values(term=term, claimed_at=clock)
+                    .returning(eviction_claims.c.pod_uid)
+                ).first()
+                if taken_over is not None:
+                    claimed.add(pod_uid)
+        return claimed
 
-    def release(self, term: int, pod_uid: str) -> None:
-        """Gives back a claim whose eviction did not happen, so that a later pass may claim the pod again."""
+    def release(self, term: int, *pod_uids: str) -> None:
+        """Gives back claims whose evictions did not happen, so that a later pass (or leader) may claim the pods again."""
+        if not pod_uids:
+            return
         with self.db.write() as conn:
-            conn.execute(eviction_claims.delete().where((eviction_claims.c.pod_uid == pod_uid) & (eviction_claims.c.term == term)))
+            conn.execute(eviction_claims.delete().where(eviction_claims.c.pod_uid.in_(pod_uids) & (eviction_claims.c.term == term)))
