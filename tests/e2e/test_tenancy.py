@@ -14,11 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
+import sqlalchemy
 import yaml
 
 from demo.apiserver import EXAMPLES, admission_review, api_server_pod
 from gpusharing.contract import ANNOTATION_ADMISSION_ID
 from tests.e2e.system import ALLOWED_PRIORITY_CLASS, ApiError, GpuSharing, wait_for
+from timekeeper.database.tables import webhook_listings
 
 
 def gpu_pod(name: str, deadline: int | None = None, share: str = "0.5", **metadata: Any) -> dict[str, Any]:
@@ -240,3 +242,24 @@ def test_the_webhook_answers_the_api_server_alone_and_probes(gpusharing: GpuShar
     ca = gpusharing.webhook_ca_file
     assert requests.post(f"{gpusharing.webhook_url}/validate", json=review, verify=ca, timeout=10).status_code == 401
     assert requests.get(f"{gpusharing.webhook_url}/readyz", verify=ca, timeout=10).status_code == 200
+
+
+def test_only_the_webhook_may_say_what_listing_it_holds_which_holds_a_crossings_evictions(gpusharing: GpuSharing) -> None:
+    """A poll naming itself as a webhook process that holds an old listing would hold every crossing's evictions back:
+    a namespace admin reads no listing at all, and a reader of every namespace who is not the webhook may read it
+    but not name itself."""
+    tenant_namespace = gpusharing.namespace("e2e-forger")
+    gpusharing.bind(tenant_namespace, "ns-admin", "admin")
+    namespace_admin, reader = gpusharing.token(tenant_namespace, "ns-admin"), gpusharing.budget_admin_token()
+    poll = "/api/v1/budgets?webhook=forged-webhook&inForce=0&refreshSeconds=3600"
+    assert wait_for(lambda: gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{tenant_namespace}", namespace_admin).status_code
+                    == 200, "the admin role aggregated")  # it reads its own namespace: its refusal below is the poll's
+    assert gpusharing.timekeeper_call("GET", poll, namespace_admin).status_code == 403
+    assert gpusharing.timekeeper_call("GET", "/api/v1/budgets", reader).status_code == 200
+    refused = gpusharing.timekeeper_call("GET", poll, reader)
+    assert refused.status_code == 403 and "may not name itself as a webhook process" in refused.json()["error"]
+    engine = sqlalchemy.create_engine(gpusharing.database)
+    with engine.connect() as conn:
+        listed = {row.webhook for row in conn.execute(sqlalchemy.select(webhook_listings))}
+    engine.dispose()
+    assert "forged-webhook" not in listed and listed  # the webhook's own polls are there

@@ -179,13 +179,13 @@ class Authenticator:
             f"{ADMIN.resource!r} in API group {ADMIN.group!r}"
         )
 
-    def check_reserver(self, caller: Caller) -> None:
-        """Whether `caller` may reserve commitments for the pods it admits: the webhook (a static reader in
-        docker-compose, which has no Kubernetes to ask)."""
+    def check_reserver(self, caller: Caller, what: str = "reserve commitments") -> None:
+        """Whether `caller` may do what only the webhook does (by default, reserve commitments for the pods it admits):
+        the webhook (a static reader in docker-compose, which has no Kubernetes to ask)."""
         self.check_not_meter(caller)
         if caller.role in (Role.ADMIN, Role.READER) or self._allowed(caller, RESERVE):
             return
-        raise Forbidden(f"{caller.name} may not reserve commitments: the webhook needs verb {RESERVE.verb!r} on resource "
+        raise Forbidden(f"{caller.name} may not {what}: the webhook needs verb {RESERVE.verb!r} on resource "
                         f"{RESERVE.resource!r} in API group {GROUP!r}")
 
     def check_read(self, caller: Caller, scope: str | None) -> None:

@@ -23,7 +23,7 @@ def list_budgets() -> Response:
     who = reader(None)
     webhook = request.args.get("webhook")
     if webhook is not None:  # what it holds in force holds evictions back: only the webhook's own say counts
-        services().auth.check_reserver(who)
+        services().auth.check_reserver(who, "name itself as a webhook process (what it holds in force holds evictions back)")
     # Stamped before it is read: the listing shows every change committed before listedAt.
     listed_at = services().webhooks.poll(webhook, request.args.get("inForce"), request.args.get("refreshSeconds"))
     store = services().budgets
