@@ -1,6 +1,7 @@
 """An HTTP-level fake of the Kubernetes API on 127.0.0.1, for the official `kubernetes` client.
 
-It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), pod eviction, events and
+It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), the lists of the
+controller's informers (not their watches), pod eviction, events and
 the controller's Lease (with resourceVersion conflicts, as the API server answers them); and what `kubectl gpusharing`
 asks: TokenRequest, and the service proxy to the timekeeper, which drops the Authorization header as the real API
 server does. Tests set its state (tokens, admins, pods, refused evictions, where the proxy leads) and read what was
@@ -28,6 +29,10 @@ from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
+# What the controller's informers list (their watches are not faked: tests list again, ClusterInformers.list_now).
+_LISTED = {"/api/v1/pods": "pods", "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
+           "/apis/gpusharing.io/v1alpha1/gpubudgets": "gpubudgets",
+           "/apis/gpusharing.io/v1alpha1/clustergpubudgets": "clustergpubudgets"}
 _EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
@@ -62,6 +67,7 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.access_reviews: list[dict[str, Any]] = []
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.custom: dict[str, list[dict[str, Any]]] = {}  # plural -> GPUBudgets, ClusterGPUBudgets, ResourceClaims
         self._versions = iter(range(1, 1 << 62))
         self.service_account_tokens: dict[tuple[str, str], str] = {}  # (namespace, name) -> what TokenRequest returns
         self.token_requests: list[dict[str, Any]] = []
@@ -266,6 +272,10 @@ class FakeKube:
             if "status.phase%3DRunning" in query or "status.phase=Running" in query:
                 items = [p for p in items if p["status"]["phase"] == "Running"]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        if method == "GET" and path in _LISTED:
+            kind = _LISTED[path]
+            items = list(self.pods.values()) if kind == "pods" else self.custom.get(kind, [])
+            return 200, {"kind": "List", "metadata": {"resourceVersion": str(next(self._versions))}, "items": items}
         if (match := _LEASES.match(path)) is not None:
             return self._lease(method, match["ns"], match["name"] or (body or {}).get("metadata", {}).get("name"), body)
         if method == "GET" and (match := _NAMESPACE.match(path)) is not None:

@@ -10,7 +10,7 @@ from gpusharing.serving.server import ON_STOP
 from timekeeper import metrics
 from timekeeper.api import register_api
 from timekeeper.api.context import SERVICES
-from timekeeper.budgets.store import Clock
+from gpusharing.clock import Clock
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments
 from timekeeper.config import TimekeeperConfig
@@ -24,13 +24,14 @@ def create_app(
     background: bool = True,
     commitments: PodCommitments | None = None,
 ) -> Flask:
-    """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `clock` to
-    TIMEKEEPER_CLOCK, `background` runs the controller's loop and follows the cluster's GPU pods (`commitments`,
-    for safe admission)."""
+    """The app of the web replicas; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API (for
+    TokenReviews and SubjectAccessReviews), `clock` to the database's time (TIMEKEEPER_CLOCK in tests), `background`
+    follows the cluster's GPU pods (`commitments`, for safe admission). The cluster work is the controller's
+    process (timekeeper.cluster.manager)."""
     services = build_services(config or TimekeeperConfig.from_env(), kube, clock, background, commitments)
     app = Flask("timekeeper")
     app.extensions.update({SERVICES: services, ON_STOP: services.on_stop()}, ledger=services.ledger,
-                          reports=services.reports, controller=services.controller, database=services.database)
+                          reports=services.reports, database=services.database)
     app.before_request(_start_clock)
     app.after_request(_observe)
     register_api(app)

@@ -1,4 +1,4 @@
-"""`gpusharing timekeeper serve`, `gpusharing db upgrade` and `db downgrade` (the admin's commands are in admin.commands)."""
+"""`gpusharing timekeeper serve` and `controller`, `gpusharing db upgrade` and `db downgrade` (the admin's commands are in admin.commands)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument("--workers", type=whole_number(1, MAX_WORKERS), help="gunicorn worker processes (TIMEKEEPER_WORKERS, default 2)")
     run.add_argument("--threads", type=whole_number(1, MAX_THREADS), help="threads per worker (TIMEKEEPER_THREADS, default 32)")
     run.set_defaults(run=_serve)
+    controller = commands.add_parser(
+        "controller",
+        help="run the timekeeper's cluster work: billing, idle policies, GPUBudgets, evictions (settings: TIMEKEEPER_*)",
+        description="Run the controller: the timekeeper's work on the cluster (bills from the API server's record, idle "
+        "policies, GPUBudgets into the ledger and their status, Events, evictions), under a Lease so that one replica acts "
+        "at a time. It reads the same TIMEKEEPER_* settings and database as `gpusharing timekeeper serve`, and serves "
+        "/livez, /readyz and /metrics over plain HTTP on TIMEKEEPER_CONTROLLER_PORT (default 8081).",
+        epilog="examples:\n"
+        "  KUBECONFIG=~/.kube/config gpusharing timekeeper controller      # off-cluster, on the kubeconfig's cluster\n"
+        "  gpusharing timekeeper controller --port 9090",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    controller.add_argument("--host", help="address of /livez, /readyz and /metrics (TIMEKEEPER_HOST, default 0.0.0.0)")
+    controller.add_argument("--port", type=whole_number(1, 65535), help="their port (TIMEKEEPER_CONTROLLER_PORT, default 8081)")
+    controller.set_defaults(run=_control)
 
     db = subparsers.add_parser("db", help="the timekeeper's database")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
@@ -60,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from timekeeper.api.auth import load_static_tokens
+    from timekeeper.auth import load_static_tokens
     from timekeeper.config import TimekeeperConfig
     from timekeeper.database.connection import Database
     from timekeeper.database.schema import schema_problem
@@ -86,6 +101,33 @@ def _serve(args: argparse.Namespace) -> int:
         "timekeeper.app:create_app",
         ServerOptions(host=config.host, port=config.port, workers=config.workers, threads=config.threads),
     )
+    return 0
+
+
+def _control(args: argparse.Namespace) -> int:
+    """Runs the controller until SIGTERM or SIGINT, then gives its Lease up."""
+    import signal
+    import threading
+
+    from timekeeper.cluster.health import serve_health
+    from timekeeper.config import TimekeeperConfig
+    from timekeeper.database.schema import schema_problem
+    from timekeeper.services import build_controller
+
+    config = TimekeeperConfig.from_env()
+    manager = build_controller(config)
+    problem = schema_problem(manager.budget_sync.budgets.db.engine)
+    if problem:
+        raise ConfigError(f"not running: {problem}")
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    server = serve_health(args.host or config.host, args.port or config.controller_port, lambda: manager.synced)
+    manager.start()
+    print(f"controller running (/livez, /readyz, /metrics on port {server.server_address[1]})", file=sys.stderr, flush=True)
+    stopping.wait()
+    manager.stop()
+    server.shutdown()
     return 0
 
 

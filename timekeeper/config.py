@@ -23,6 +23,31 @@ DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
 
 
 @dataclass(frozen=True)
+class TaskIntervals:
+    """How often each of the controller's tasks runs (timekeeper.cluster.manager), in seconds."""
+
+    budgets: float = 10.0  # resources into the ledger, crossings' Events and evictions; at once on a GPUBudget change
+    statuses: float = 10.0  # GPUBudget and ClusterGPUBudget status
+    bills: float = 30.0  # running pods' bills grow from the API server's record
+    ended: float = 5.0  # ended pods' bills close and their finalizers come off
+    idle: float = 10.0  # idle policies: an action comes within one run of its deadline
+    silent_meters: float = 30.0  # MeterSilent Events
+    events: float = 5.0  # the Event queue, besides whenever an Event is queued
+
+
+TASK_SETTINGS = {
+    "budgets": "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "statuses": "TIMEKEEPER_STATUS_INTERVAL_SECONDS",
+    "bills": "TIMEKEEPER_BILLING_INTERVAL_SECONDS", "ended": "TIMEKEEPER_ENDED_INTERVAL_SECONDS",
+    "idle": "TIMEKEEPER_IDLE_INTERVAL_SECONDS", "silent_meters": "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS",
+}
+
+
+def task_intervals(environ: Mapping[str, str]) -> TaskIntervals:
+    defaults = TaskIntervals()
+    return TaskIntervals(**{field: env_float(name, getattr(defaults, field), 0.1, environ) for field, name in TASK_SETTINGS.items()})
+
+
+@dataclass(frozen=True)
 class TimekeeperConfig:
     database_url: str = DEFAULT_DATABASE_URL
     auth: str = "tokenreview"
@@ -31,11 +56,11 @@ class TimekeeperConfig:
     default_period: Period = Period.MONTHLY
     default_idle: IdlePolicy | None = None  # the default budget's idle policy (TIMEKEEPER_IDLE_*); None: none
     kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
-    demotion_interval_seconds: float = 10.0  # how often the controller's pass runs (statuses, retries, ended pods' bills)
-    billing_interval_seconds: float = 30.0  # how often running pods' bills grow from the API server's record
+    tasks: TaskIntervals = field(default_factory=TaskIntervals)  # the controller's tasks' intervals
+    controller_port: int = 8081  # the controller's /livez, /readyz and /metrics (plain HTTP)
     meter_interval_seconds: float = 30.0  # the meters' report interval (GPUSHARING_METER_INTERVAL): silent after two
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
-    lease_seconds: float | None = None  # the controller's Lease; None: 3 passes, at least 15 s
+    lease_seconds: float | None = None  # the controller's Lease; None: 3 budget passes, at least 15 s
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
     reservation_seconds: float = 30.0  # how long safe admission's reservation waits for its pod in the pod watch
     auth_wait_seconds: float = 2.0  # a request waits this long for one, then gets a 503 (the answer kept for its retry)
@@ -71,8 +96,8 @@ class TimekeeperConfig:
             default_period=Period(env_choice("TIMEKEEPER_DEFAULT_PERIOD", "monthly", tuple(Period), environ)),
             default_idle=default_idle_policy(environ),
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
-            demotion_interval_seconds=env_float("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", 10.0, 0.1, environ),
-            billing_interval_seconds=env_float("TIMEKEEPER_BILLING_INTERVAL_SECONDS", 30.0, 0.1, environ),
+            tasks=task_intervals(environ),
+            controller_port=env_int("TIMEKEEPER_CONTROLLER_PORT", cls.controller_port, 1, environ),
             meter_interval_seconds=env_float("TIMEKEEPER_METER_INTERVAL_SECONDS", 30.0, 0.05, environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
             lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ) if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip() else None,

@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -54,6 +54,35 @@ POD_SYNCS = Counter(
     "Lists and watches of the cluster's GPU pods (for safe admission's commitments, and for billing), by outcome.",
     ["outcome"],
 )
+
+
+# The controller's machinery (timekeeper.cluster.manager): its tasks, its Event queue, its caches.
+TASK_DURATION = Histogram(
+    "gpusharing_controller_task_duration_seconds",
+    "Time one run of a controller task took, by task.",
+    ["task"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0),
+    unit="seconds",
+)
+TASK_LAG = Histogram(
+    "gpusharing_controller_task_lag_seconds",
+    "How late a controller task's run began after it was due, by task (another task's slow run never adds to it).",
+    ["task"],
+    buckets=(0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0),
+    unit="seconds",
+)
+EVENTS_QUEUED = Gauge("gpusharing_controller_events_queued", "Events waiting in the controller's queue to be sent.",
+                      multiprocess_mode="livesum")
+EVENTS_DROPPED = Counter("gpusharing_controller_events_dropped", "Events dropped because the controller's queue was full.")
+CACHED_OBJECTS = Gauge("gpusharing_controller_cached_objects", "Objects held in the controller's informer caches, by kind.",
+                       ["kind"], multiprocess_mode="livesum")
+LEADING = Gauge("gpusharing_controller_leading", "1 while this controller replica holds the Lease, else 0.",
+                multiprocess_mode="livesum")
+
+
+def observe_task(task: str, seconds: float, late: float) -> None:
+    TASK_DURATION.labels(task).observe(seconds)
+    TASK_LAG.labels(task).observe(late)
 
 
 def record_pod_sync(ok: bool) -> None:

@@ -10,20 +10,19 @@ from typing import Any
 
 import yaml
 
+from gpusharing.clock import Clock, ReadClock
 from gpusharing.kube.client import in_cluster_available
 from gpusharing.settings.env import ConfigError, load_code
 from timekeeper import metrics
 from timekeeper.accounting.reports import ReportLedger, ReportQueue
 from timekeeper.accounting.streaks import IdleLedger, holds_by_namespace
-from timekeeper.api.auth import Authenticator, StaticTokens, load_static_tokens
+from timekeeper.auth import Authenticator, StaticTokens, load_static_tokens
 from timekeeper.budgets.commitments import listing_json
 from timekeeper.budgets.reservations import ReservationStore
 from timekeeper.budgets.status import BudgetStatus
-from timekeeper.budgets.store import BudgetStore, Clock
-from timekeeper.cluster.billing import Biller
-from timekeeper.cluster.controller import Controller
-from timekeeper.cluster.idling import Idler
+from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.manager import ControllerManager
 from timekeeper.cluster.pods import PodCommitments, watched_pods
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
@@ -54,7 +53,6 @@ class Services:
     ledger: ReportLedger
     idle: IdleLedger
     reports: ReportQueue
-    controller: Controller | None  # None without a Kubernetes API
     commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
     collector: metrics.LedgerCollector
     schema_head: str
@@ -74,11 +72,33 @@ class Services:
         return [{**item, "idleHolds": [hold.to_json() for hold in held_idle.get(item["namespace"], [])]} for item in listed]
 
     def on_stop(self) -> list[Callable[[], None]]:
-        """On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its
-        evictions and Events recorded as done) and it gives up its Lease, then the report queue, already empty,
-        closes."""
-        return [*([self.controller.stop] if self.controller is not None else []), self.reports.close,
-                *([self.commitments.stop] if self.commitments is not None else [])]
+        """On SIGTERM, once the requests in flight are answered: the report queue, already empty, closes."""
+        return [self.reports.close, *([self.commitments.stop] if self.commitments is not None else [])]
+
+
+@dataclass
+class Stores:
+    """What the web replicas and the controller both keep in the database, reckoned by one clock."""
+
+    database: Database
+    clock: Clock
+    budgets: BudgetStore
+    ledger: ReportLedger
+    idle: IdleLedger
+
+
+def build_stores(config: TimekeeperConfig, clock: Clock | None = None) -> Stores:
+    """See timekeeper.app.create_app for what `clock` defaults to."""
+    db = Database.from_config(config)
+    if clock is None and config.clock == DEFAULT_CLOCK:
+        clock = DatabaseClock(db.now)  # what replicas compare is reckoned by one clock, the database's
+    elif clock is None:
+        clock = ReadClock(load_code("TIMEKEEPER_CLOCK", config.clock))
+        log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
+    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock.now, config.default_idle)
+    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
+                          meter_interval_seconds=config.meter_interval_seconds)
+    return Stores(db, clock, budgets, ledger, IdleLedger(db))
 
 
 def build_services(
@@ -88,39 +108,32 @@ def build_services(
     background: bool = True,
     commitments: PodCommitments | None = None,
 ) -> Services:
-    """See timekeeper.app.create_app for what each argument defaults to."""
-    db = Database.from_config(config)
-    if clock is None and config.clock == DEFAULT_CLOCK:
-        clock = DatabaseClock(db.now)  # what replicas compare is reckoned by one clock, the database's
-    elif clock is None:
-        clock = load_code("TIMEKEEPER_CLOCK", config.clock)
-        log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
+    """The web replicas' services: no controller, no Lease (see build_controller)."""
+    stores = build_stores(config, clock)
     if kube is None:
         kube = kube_api(config)
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)
-    if kube is None:
-        log.warning("no Kubernetes API configured: namespaces over budget get no Event and no pod is evicted")
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds)
-    budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock, config.default_idle)
-    ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
-                          meter_interval_seconds=config.meter_interval_seconds)
-    idle = IdleLedger(db)
-    controller = None
-    if kube is not None:
-        biller = Biller(ledger, kube, config.gpu_request, config.billing_interval_seconds, config.meter_interval_seconds)
-        idler = Idler(idle, budgets, kube, biller.pods, config.billing_interval_seconds, 2 * config.meter_interval_seconds)
-        controller = Controller(budgets, kube, config.demotion_interval_seconds, config.lease_namespace,
-                                config.lease_seconds, biller=biller, idler=idler)
-    if controller is not None and background:
-        controller.start()
     if commitments is None and kube is not None and background:
         # Replicas answer the webhooks alike: what is left of each deadline is reckoned by the database's clock.
-        commitments = watched_pods(kube, config.catalogue, clock, config.reservation_seconds, metrics.record_pod_sync)
-    return Services(config, auth, db, budgets, ReservationStore(budgets, config.reservation_seconds), ledger, idle,
-                    ReportQueue(ledger), controller, commitments,
-                    metrics.LedgerCollector(ledger, commitments, idle), head_revision(), WebhookListings(db))
+        commitments = watched_pods(kube, config.catalogue, stores.clock.now, config.reservation_seconds, metrics.record_pod_sync)
+    return Services(config, auth, stores.database, stores.budgets, ReservationStore(stores.budgets, config.reservation_seconds),
+                    stores.ledger, stores.idle, ReportQueue(stores.ledger), commitments,
+                    metrics.LedgerCollector(stores.ledger, commitments, stores.idle), head_revision(),
+                    WebhookListings(stores.database))
+
+
+def build_controller(config: TimekeeperConfig, kube: KubeApi | None = None, clock: Clock | None = None) -> ControllerManager:
+    """The controller process's manager (`gpusharing timekeeper controller`), not started. ConfigError without a
+    Kubernetes API: the controller's work is the cluster's."""
+    if kube is None:
+        kube = kube_api(config)
+    if kube is None:
+        raise ConfigError("the controller works on a cluster: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or run it in one")
+    stores = build_stores(config, clock)
+    return ControllerManager(config, stores.budgets, stores.ledger, stores.idle, kube, stores.clock)
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:

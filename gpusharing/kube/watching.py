@@ -1,4 +1,6 @@
-"""Objects of one kind, kept in memory by a LIST and then a WATCH (the informer pattern, without client-go).
+"""Objects of one kind, kept in memory by a LIST and then a WATCH (the informer pattern, without client-go): the one
+list-and-watch implementation of every role. In the timekeeper's controller one of each kind is shared by every task
+that reads it (timekeeper.cluster.informers), as client-go's shared informers are.
 
 A background thread lists the kind once, follows the watch from the list's resourceVersion, and lists again when the
 watch expires or breaks. Failures in a row wait longer and longer (capped, jittered, as client-go's reflector
@@ -52,8 +54,9 @@ class WatchedObjects(Generic[T]):
 
     `items` is None until the first list succeeded; `broken_since` is the time (time.monotonic) the list or watch
     failed, while it has not listed again since. `on_sync(ok)` is told of each list or watch that succeeded or
-    failed (metrics); `on_change()` of every change to the items; `on_delete(value)` of each kept object the watch
-    saw deleted, as it last was (a deletion while no watch ran is only seen as its absence from the next list).
+    failed (metrics); every `on_change()` subscribed, of every change to the items; every `on_delete(value)`, of
+    each kept object the watch saw deleted, as it last was (a deletion while no watch ran is only seen as its
+    absence from the next list). `list_options` narrow the list and the watch on the server (label_selector, ...).
     """
 
     def __init__(
@@ -64,13 +67,16 @@ class WatchedObjects(Generic[T]):
         on_sync: Callable[[bool], None] | None = None,
         on_change: Callable[[], None] | None = None,
         on_delete: Callable[[T], None] | None = None,
+        **list_options: str,
     ):
         self.kind = kind
         self._list_all = list_all
+        self._list_options = list_options
         self._extract = extract
         self._on_sync = on_sync
-        self._on_change = on_change
-        self._on_delete = on_delete
+        self._on_change: list[Callable[[], None]] = []
+        self._on_delete: list[Callable[[T], None]] = []
+        self.subscribe(on_change, on_delete)
         self.items: dict[Key, T] | None = None
         self.broken_since: float | None = None
         self._stop = threading.Event()
@@ -81,6 +87,13 @@ class WatchedObjects(Generic[T]):
     @property
     def synced(self) -> bool:
         return self.items is not None
+
+    def subscribe(self, on_change: Callable[[], None] | None = None, on_delete: Callable[[T], None] | None = None) -> None:
+        """Adds a reader's handlers; each is called on the watch's thread, so it must return quickly."""
+        if on_change is not None:
+            self._on_change.append(on_change)
+        if on_delete is not None:
+            self._on_delete.append(on_delete)
 
     def start(self) -> None:
         """Follows the objects (again, after stop(): a timekeeper that leads again lists anew)."""
@@ -97,6 +110,10 @@ class WatchedObjects(Generic[T]):
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.items = None
+
+    def list_now(self) -> None:
+        """Lists every object again, in this thread, as the watch's thread does before it watches."""
+        self._relist()
 
     def _run(self) -> None:
         failures = 0
@@ -122,7 +139,7 @@ class WatchedObjects(Generic[T]):
         items: dict[Key, T] = {}
         page: dict[str, Any] = {}
         while True:
-            response = self._list_all(limit=LIST_PAGE, _preload_content=False, _request_timeout=60, **page)
+            response = self._list_all(limit=LIST_PAGE, _preload_content=False, _request_timeout=60, **self._list_options, **page)
             body = json.loads(response.data)
             for obj in body.get("items", []):
                 value = self._extract(obj)
@@ -148,7 +165,7 @@ class WatchedObjects(Generic[T]):
         self._watch = stream = watch.Watch(return_type="object")
         while not self._stop.is_set():
             for event in stream.stream(
-                self._list_all, resource_version=version, timeout_seconds=WATCH_SECONDS,
+                self._list_all, resource_version=version, timeout_seconds=WATCH_SECONDS, **self._list_options,
                 allow_watch_bookmarks=True, _request_timeout=WATCH_SECONDS + 30,
             ):
                 kind, obj = event["type"], as_mapping(event["raw_object"])
@@ -164,9 +181,9 @@ class WatchedObjects(Generic[T]):
                         items.pop(key_of(obj), None)
                 elif kind == "DELETED":
                     items.pop(key_of(obj), None)
-                    last = self._extract(obj) if self._on_delete is not None else None
-                    if last is not None and self._on_delete is not None:
-                        self._on_delete(last)
+                    last = self._extract(obj) if self._on_delete else None
+                    for on_delete in self._on_delete if last is not None else ():
+                        on_delete(last)
                 if kind != "BOOKMARK":
                     self._changed()
                 yield
@@ -176,8 +193,8 @@ class WatchedObjects(Generic[T]):
             self._on_sync(ok)
 
     def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change()
+        for on_change in self._on_change:
+            on_change()
 
 
 def _reason(exc: Exception) -> str:

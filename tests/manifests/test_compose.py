@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpusharing.cli import _ROLES, build_parser
-from timekeeper.api.auth import Role, load_static_tokens
+from timekeeper.auth import Role, load_static_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,6 +24,8 @@ from gpusharing.gpu.request import GpuRequestSettings
 from tests.fakekube import FakeKube
 from tests.postgres import PostgresServer
 from timekeeper.app import create_app
+from timekeeper.services import build_controller
+from timekeeper.cluster.manager import ControllerManager, ControllerPass
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.pods import PodCommitments
 from timekeeper.config import TimekeeperConfig
@@ -65,16 +67,26 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 class Clock:
-    """The timekeeper's notion of now, moved by tests."""
+    """The timekeeper's Clock (gpusharing.clock), moved by tests: `at` is the time of day; advance() moves it and the
+    monotonic clock together."""
 
-    def __init__(self, now: dt.datetime):
-        self.now = now
+    def __init__(self, at: dt.datetime):
+        self.at = at
+        self.elapsed = 0.0
+
+    def now(self) -> dt.datetime:
+        return self.at
+
+    def monotonic(self) -> float:
+        return self.elapsed
 
     def __call__(self) -> dt.datetime:
-        return self.now
+        return self.at
 
     def advance(self, **delta: float) -> None:
-        self.now += dt.timedelta(**delta)
+        step = dt.timedelta(**delta)
+        self.at += step
+        self.elapsed += step.total_seconds()
 
 
 @pytest.fixture
@@ -101,7 +113,7 @@ AppFactory = Callable[..., Flask]
 
 @pytest.fixture
 def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppFactory]:
-    """create_app on the test's database; static tokens unless told otherwise; the demoter runs when tests say so."""
+    """create_app on the test's database; static tokens unless told otherwise."""
     apps: list[Flask] = []
 
     def make(kube: KubeApi | None = None, commitments: PodCommitments | None = None, **settings: Any) -> Flask:
@@ -114,10 +126,37 @@ def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppF
 
     yield make
     for app in apps:
-        if app.extensions["controller"] is not None:
-            app.extensions["controller"].stop()
         app.extensions["reports"].close()
         app.extensions["database"].dispose()
+
+
+ControllerFactory = Callable[..., ControllerManager]
+
+
+@pytest.fixture
+def make_controller(database_url: str, clock: Clock) -> Iterator[ControllerFactory]:
+    """The controller (its tasks, its caches) on the test's database and clock, against an API (the HTTP fake);
+    tests run its tasks with run_controller."""
+    managers: list[ControllerManager] = []
+
+    def make(kube: KubeApi, identity: str | None = None, **settings: Any) -> ControllerManager:
+        config = TimekeeperConfig(**{"database_url": database_url, **settings})
+        manager = build_controller(config, kube, clock)
+        if identity is not None:
+            manager.election.identity = identity
+        managers.append(manager)
+        return manager
+
+    yield make
+    for manager in managers:
+        manager.stop()
+        manager.budget_sync.budgets.db.dispose()
+
+
+def run_controller(manager: ControllerManager) -> ControllerPass:
+    """Every task of the controller once, on what the API holds now (its caches listed again first)."""
+    manager.informers.list_now()
+    return manager.run_all()
 
 
 class SpecClient:

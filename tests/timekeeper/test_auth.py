@@ -12,7 +12,7 @@ import pytest
 from gpusharing.settings.env import ConfigError
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import ADMIN, AppFactory, SpecClient
-from timekeeper.api.auth import Caller, Role, load_static_tokens
+from timekeeper.auth import Caller, Role, load_static_tokens
 from timekeeper.cluster.kube import KubeApi
 
 

@@ -90,7 +90,7 @@ def test_a_meter_may_fill_a_gap_but_not_claim_more_than_its_share_since_the_reco
 ) -> None:
     ledger = ledgers[0]
     terms = ReportTerms(0.5, None, started_at=START)
-    clock.now = at(100)
+    clock.at = at(100)
     ledger.record([(MeterReport("uid-1", "ml", "pod-uid-1", 0.5, 1, 40.0), terms)])
     assert billed(ledger, "uid-1") == 40 * MICROS  # nothing observed yet: the meter's word, within 0.5 x 100 s
     ledger.record([(MeterReport("uid-1", "ml", "pod-uid-1", 0.5, 2, 10**9), terms)])

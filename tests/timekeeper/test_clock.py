@@ -44,25 +44,25 @@ class Readings:
 def test_the_databases_time_is_carried_forward_and_read_again_after_the_interval() -> None:
     monotonic, readings = Monotonic(), Readings()
     clock = DatabaseClock(readings, resync_seconds=10.0, monotonic=monotonic)
-    assert clock() == DATABASE_TIME and readings.count == 1
+    assert clock.now() == DATABASE_TIME and readings.count == 1
     monotonic.now += 9.5
-    assert clock() == DATABASE_TIME + dt.timedelta(seconds=9.5) and readings.count == 1  # no round trip
+    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=9.5) and readings.count == 1  # no round trip
     monotonic.now += 0.5
-    assert clock() == DATABASE_TIME + dt.timedelta(seconds=12) and readings.count == 2  # the database says 12 s passed
+    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=12) and readings.count == 2  # the database says 12 s passed
 
 
 def test_a_database_down_at_a_reading_leaves_the_last_one_in_force_and_is_asked_again_after_the_interval() -> None:
     monotonic, readings = Monotonic(), Readings()
     clock = DatabaseClock(readings, resync_seconds=10.0, monotonic=monotonic)
-    clock()
+    clock.now()
     readings.down = True
     monotonic.now += 10.0
-    assert clock() == DATABASE_TIME + dt.timedelta(seconds=10)
+    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=10)
     monotonic.now += 5.0
-    assert clock() == DATABASE_TIME + dt.timedelta(seconds=15)  # not asked meanwhile: no connection attempt per call
+    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=15)  # not asked meanwhile: no connection attempt per call
     readings.down = False
     monotonic.now += 5.0
-    assert clock() == DATABASE_TIME + dt.timedelta(seconds=12) and readings.count == 2
+    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=12) and readings.count == 2
 
 
 def test_without_a_reading_the_databases_failure_is_the_callers_and_the_next_call_asks_again() -> None:
@@ -70,16 +70,16 @@ def test_without_a_reading_the_databases_failure_is_the_callers_and_the_next_cal
     readings.down = True
     clock = DatabaseClock(readings, resync_seconds=10.0, monotonic=monotonic)
     with pytest.raises(OperationalError):
-        clock()
+        clock.now()
     readings.down = False
-    assert clock() == DATABASE_TIME
+    assert clock.now() == DATABASE_TIME
 
 
 def test_a_served_timekeeper_reckons_by_the_databases_time_and_a_test_clock_replaces_it(database_url: str) -> None:
     services = build_services(TimekeeperConfig(database_url=database_url, auth="none"), background=False)
     clock = services.budgets.clock
     assert isinstance(clock, DatabaseClock)
-    before, now, after = services.database.now(), clock(), services.database.now()
+    before, now, after = services.database.now(), clock.now(), services.database.now()
     assert now.tzinfo is not None and before - dt.timedelta(seconds=1) <= now <= after + dt.timedelta(seconds=1)
     services.reports.close()
     services.database.dispose()

@@ -104,7 +104,7 @@ def test_the_default_budgets_policy_is_in_force_where_no_budget_up_the_chain_set
 
 @pytest.fixture
 def store(database_url: str, clock: Clock) -> Iterator[BudgetStore]:
-    clock.now = T0
+    clock.at = T0
     db = Database(database_url)
     yield BudgetStore(db, clock=clock)
     db.dispose()
@@ -121,12 +121,12 @@ class Meter:
     def __init__(self, ledger: ReportLedger, clock: Clock, uid: str, name: str, namespace: str = "ml", share: float = 0.5):
         self.ledger, self.clock, self.uid, self.name, self.namespace, self.share = ledger, clock, uid, name, namespace, share
         self.seq = 0
-        self.started = clock.now
+        self.started = clock.at
 
     def report(self, utilisation: float | None, after: float = INTERVAL) -> None:
         self.clock.advance(seconds=after)
         self.seq += 1
-        gpu_seconds = self.share * (self.clock.now - self.started).total_seconds()
+        gpu_seconds = self.share * (self.clock.at - self.started).total_seconds()
         report = MeterReport(self.uid, self.namespace, self.name, self.share, self.seq, gpu_seconds,
                              gpu_utilization_percent=utilisation)
         (result,) = self.ledger.record([(report, ReportTerms(self.share, None, started_at=self.started))])
@@ -141,7 +141,7 @@ def test_a_streak_lasts_while_every_report_reads_idle(ledger: ReportLedger, cloc
     meter.report(50)
     assert meter.streak().since is None
     meter.report(0.5)
-    began = clock.now
+    began = clock.at
     for utilisation in (0, 0.99, 0):
         meter.report(utilisation)
         assert meter.streak().since == began
@@ -160,7 +160,7 @@ def test_unknown_utilisation_and_a_silent_meter_end_a_streak(ledger: ReportLedge
         meter.report(0)
     else:
         meter.report(0, after=3 * INTERVAL)  # the meter was silent for two intervals: what happened then is unknown
-    assert meter.streak().since == clock.now  # a new streak, from this report
+    assert meter.streak().since == clock.at  # a new streak, from this report
 
 
 def test_the_threshold_is_the_policy_in_force(ledger: ReportLedger, store: BudgetStore, clock: Clock) -> None:
@@ -168,7 +168,7 @@ def test_the_threshold_is_the_policy_in_force(ledger: ReportLedger, store: Budge
     store.set_budget(Budget("ml", None, Period.MONTHLY, parent="team.vision"), "admin")
     meter = Meter(ledger, clock, "uid-serve", "serve")
     meter.report(7)  # an inference replica answering a request now and then: idle under the group's 10 %
-    assert meter.streak().since == clock.now
+    assert meter.streak().since == clock.at
     meter.report(12)
     assert meter.streak().since is None
 
@@ -256,7 +256,7 @@ class Cluster:
         if owner:
             obj["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
                                                    "uid": f"uid-{owner}", "controller": True}]
-        obj["status"]["startTime"] = (self.clock.now - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        obj["status"]["startTime"] = (self.clock.at - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.pods.items[("ml", name)] = recorded_pod(obj, GpuRequestSettings())  # type: ignore[index, assignment]
         meter = Meter(self.ledger, self.clock, obj["metadata"]["uid"], name)
         self.meters[name] = meter
@@ -273,7 +273,7 @@ class Cluster:
             self.clock.advance(seconds=INTERVAL)
             for name, utilisation in utilisations.items():
                 self.meters[name].report(utilisation, after=0)
-            done = self.idler.run(self.clock.now, lambda: leading)
+            done = self.idler.run(self.clock.at, lambda: leading)
             assert done is not None
             passes.append(done)
         return passes
@@ -398,7 +398,7 @@ def test_a_budget_status_shows_idle_gpu_hours_and_the_pods_idle_beyond_their_war
     # 0.5 GPU idle for 6 intervals of 30 s: 90 GPU-seconds.
     assert idle["ml"].idle_gpu_hours == pytest.approx(90 / 3600) and idle["ml"].idle_pods == ("ml/nb-0 (idle 2m30s)",)
     obj = {"metadata": {"name": "budget", "namespace": "ml", "generation": 1}}
-    status = resource_status(obj, statuses["ml"], None, [], leader.clock.now, idle["ml"])
+    status = resource_status(obj, statuses["ml"], None, [], leader.clock.at, idle["ml"])
     assert status["idleGpuHours"] == 0.03
     (condition,) = [c for c in status["conditions"] if c["type"] == "Idle"]
     assert (condition["status"], condition["reason"]) == ("True", "PodsIdle")
@@ -434,7 +434,7 @@ def test_explain_tells_a_pods_idle_streak_when_it_is_acted_on_and_why(
                                                "controller": True}]
         pod["status"]["startTime"] = "2028-02-28T20:00:00Z"
         pods[name] = pod
-    began = clock.now
+    began = clock.at
     for seq in range(1, 8):  # three minutes of reports, every 30 s
         for name, utilisation in (("nb-0", 0.2), ("nb-1", 0), ("blind", None)):
             body = {"podUid": pods[name]["metadata"]["uid"], "namespace": "team-a", "pod": name, "gpuShare": 0.5, "seq": seq,

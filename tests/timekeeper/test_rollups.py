@@ -83,10 +83,10 @@ def test_statuses_from_rollups_equal_those_from_the_days(
                 seq += 1
                 cumulative[name] += gpu_seconds
                 batch.append((MeterReport(f"uid-{name}", name, name, 1.0, seq, float(cumulative[name])), None))
-        clock.now = when
+        clock.at = when
         ledger.record(batch)
     for name, day, gpu_minutes in top_ups:
-        clock.now = at(day)
+        clock.at = at(day)
         store.top_up(name, float(gpu_minutes), "test", "test")
     # Read at the first and the last microsecond of every day charged or topped up.
     for day in sorted({d for _, d, _, _ in charged} | {d for _, d, _ in top_ups}):
@@ -101,7 +101,7 @@ def test_each_days_charges_roll_up_into_the_period_of_each_kind_it_lies_in(share
     ledger = ReportLedger(BudgetStore(shared, clock=clock))
     days = (0, 6, 7, 11, 12, 42, 70, 71, 72)  # a Monday, Sunday, Monday, Dec 31, Jan 1, Jan 31, Feb 28, 29, Mar 1
     for seq, day in enumerate(days, start=1):
-        clock.now = at(day, LAST_MICROSECOND)
+        clock.at = at(day, LAST_MICROSECOND)
         ledger.record([(MeterReport("uid-a", "ns-a", "trainer", 1.0, seq, float(seq)), None)])
     with shared.read() as conn:
         rolled = {(row.period, row.period_start): row.micro_gpu_seconds for row in conn.execute(select(namespace_period_usage))}

@@ -80,11 +80,12 @@ class IdleLedger:
 
     # -- owners held out of budget -------------------------------------------------------------------------------
 
-    def hold(self, namespace: str, owner: Owner, pod: str, now: dt.datetime) -> None:
+    def hold(self, namespace: str, owner: Owner, pod: str, now: dt.datetime) -> Hold:
         values = {"namespace": namespace, "owner_kind": owner.kind, "owner_name": owner.name, "pod": pod, "held_at": now}
         with self.db.write() as conn:
             conn.execute(self.db.insert(idle_holds).values(owner_uid=owner.uid, **values)
                          .on_conflict_do_update(index_elements=[idle_holds.c.owner_uid], set_=values))
+        return Hold(namespace, owner, pod, now)
 
     def holds(self) -> list[Hold]:
         with self.db.read() as conn:

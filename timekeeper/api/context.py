@@ -10,7 +10,7 @@ from flask import Response, current_app, jsonify, request
 
 from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER, BudgetState
 from gpusharing.serving.jsonbody import JsonBodyError, read_json
-from timekeeper.api.auth import Caller
+from timekeeper.auth import Caller
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.services import Services
 
@@ -53,12 +53,7 @@ def status_json(status: BudgetStatus) -> Response:
 
 
 def crossing(crossed: bool, status: BudgetStatus, cause: str) -> None:
-    """Wakes the controller when a change moved a state or passed a warning threshold."""
-    if not crossed:
-        return
-    if status.state is BudgetState.OVER_BUDGET:
+    """Logs a change that took a namespace over its budget (the controller acts on it on its next `budgets` run)."""
+    if crossed and status.state is BudgetState.OVER_BUDGET:
         log.info("namespace %s went over its GPU budget: %s", status.namespace, cause,
                  extra={"namespace": status.namespace, "state": str(status.state)})
-    controller = services().controller
-    if controller is not None:
-        controller.wake()

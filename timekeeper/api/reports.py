@@ -8,7 +8,7 @@ from flask import Blueprint, Response, jsonify
 
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
-from timekeeper.api.auth import Forbidden, Unauthenticated
+from timekeeper.auth import Forbidden, Unauthenticated
 from timekeeper.api.context import body, caller, crossing, services
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,13 @@
-"""Bills governed GPU pods from the API server's record, on the controller's passes (one timekeeper process at a
-time: the Lease's holder).
+"""Bills governed GPU pods from the API server's record, as tasks of the controller's leader.
 
-The leader follows the cluster's governed pods and ResourceClaims by watches. Every TIMEKEEPER_BILLING_INTERVAL_SECONDS
-each running pod's bill grows by its share for the time since its last observation, and on every pass each pod that
-ended (its containers terminated, or deleted) has its bill closed at its end and then its billing finalizer removed,
+The controller's shared caches follow the cluster's governed pods and ResourceClaims. Every
+TIMEKEEPER_BILLING_INTERVAL_SECONDS (the `bills` task) each running pod's bill grows by its share for the time since
+its last observation, and every TIMEKEEPER_ENDED_INTERVAL_SECONDS (the `ended` task) each pod that ended (its
+containers terminated, or deleted) has its bill closed at its end and then its billing finalizer removed,
 so the API server lets it go only once it is billed. A pod the watch lost sight of without an end (deleted without the
 finalizer while no timekeeper watched) is closed as last observed; its meter's reports may still fill the gap. Running
-pods whose meter has not reported for two meter intervals are still billed, and flagged: an Event on the pod, once.
+pods whose meter has not reported for two meter intervals are still billed, and flagged by the `silent-meters` task:
+an Event on the pod, once.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import partial
 
-from gpusharing.gpu.dra import ClaimSpec, allocated_claim_spec
+from gpusharing.gpu.dra import ClaimSpec
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.watching import WatchedObjects
-from timekeeper import metrics
-from timekeeper.accounting.record import RecordedPod, allocation_lookup, claimed_share, recorded_pod
+from timekeeper.accounting.record import RecordedPod, allocation_lookup, claimed_share
 from timekeeper.accounting.reports import PodObservation, ReportLedger
+from timekeeper.cluster.events import Event, EventQueue
+from timekeeper.cluster.informers import GovernedPod
 from timekeeper.cluster.kube import KubeApi, KubeUnavailable, ObjectRef
 
 log = logging.getLogger(__name__)
@@ -38,62 +38,57 @@ class BillingPass:
     observed: int = 0  # pods whose bill grew or closed
     closed: list[str] = field(default_factory=list)  # namespace/pod
     released: list[str] = field(default_factory=list)  # finalizers removed
-    silent: list[str] = field(default_factory=list)  # meters newly flagged silent
 
 
 class Biller:
+    """Three tasks on the controller's scheduler: `bills` (every running pod's bill grows), `ended` (the bills of
+    pods that ended close, their finalizers come off) and `silent-meters`, on the shared pod and claim caches."""
+
     def __init__(
-        self, ledger: ReportLedger, kube: KubeApi, settings: GpuRequestSettings, interval_seconds: float,
-        meter_interval_seconds: float, monotonic: Callable[[], float] = time.monotonic,
+        self, ledger: ReportLedger, kube: KubeApi, settings: GpuRequestSettings, pods: WatchedObjects[GovernedPod],
+        claims: WatchedObjects[ClaimSpec], events: EventQueue, meter_interval_seconds: float,
     ):
         self.ledger = ledger
         self.kube = kube
         self.settings = settings
-        self.interval = interval_seconds
+        self.pods = pods
+        self.claims = claims
+        self.events = events
         self.meter_interval = meter_interval_seconds
-        self._monotonic = monotonic
-        self._last_full: float | None = None
         self._closed: set[str] = set()  # uids whose bill this process closed and whose finalizer is gone
         self._departed: dict[str, RecordedPod] = {}  # seen deleted by the watch, not billed yet
         self._departures = threading.Lock()
-        self.pods = WatchedObjects("governed GPU pods", kube.core.list_pod_for_all_namespaces,
-                                   partial(recorded_pod, settings=settings), on_sync=metrics.record_pod_sync,
-                                   on_delete=self._depart)
-        self.claims: WatchedObjects[ClaimSpec] = WatchedObjects(
-            "ResourceClaims", kube.resource.list_resource_claim_for_all_namespaces, allocated_claim_spec)
-        self._started = False
+        self._billing = threading.Lock()  # `bills` and `ended` observe one pod at a time
+        pods.subscribe(on_delete=self._depart)
 
-    def start(self) -> None:
-        if not self._started:
-            self.pods.start()
-            self.claims.start()
-            self._started = True
-
-    def stop(self) -> None:
-        if self._started:
-            self.pods.stop()
-            self.claims.stop()
-            self._started = False
-
-    def _depart(self, pod: RecordedPod) -> None:
+    def _depart(self, pod: GovernedPod) -> None:
         """A pod deleted without the finalizer (or after it came off): billed to its end as it last was, else to when
         its deletion was seen."""
-        if pod.finished_at is None:
-            pod = replace(pod, finished_at=self.ledger.budgets.clock() if pod.started_at else None)
+        record = pod.record
+        if record.finished_at is None:
+            record = replace(record, finished_at=self.ledger.budgets.clock() if record.started_at else None)
         with self._departures:
-            self._departed[pod.uid] = pod
+            self._departed[record.uid] = record
 
-    def bill(self, now: dt.datetime) -> BillingPass | None:
-        """One pass: every pod's bill when the interval has passed (else only the pods that ended), None until the
-        watches have listed the cluster."""
-        pods = self.pods.items
-        if pods is None or self.claims.items is None:
+    def bill_running(self, now: dt.datetime) -> BillingPass | None:
+        """The `bills` task: every pod's bill grows to now (and ended ones close); None until the caches have listed."""
+        return self._bill(now, grow=True)
+
+    def close_ended(self, now: dt.datetime) -> BillingPass | None:
+        """The `ended` task: only the pods that ended are billed to their end and let go."""
+        return self._bill(now, grow=False)
+
+    def _bill(self, now: dt.datetime, grow: bool) -> BillingPass | None:
+        items = self.pods.items
+        if items is None or self.claims.items is None:
             return None
-        due = self._last_full is None or self._monotonic() - self._last_full >= self.interval
-        if due:
-            self._last_full = self._monotonic()
+        with self._billing:
+            pods = {key: pod.record for key, pod in list(items.items())}
+            return self._observe(pods, now, grow)
+
+    def _observe(self, pods: Mapping[tuple[str, str], RecordedPod], now: dt.datetime, grow: bool) -> BillingPass:
         done = BillingPass()
-        lookup = allocation_lookup(self.claims.items)
+        lookup = allocation_lookup(self.claims.items or {})
         observations: list[PodObservation] = []
         ended: dict[str, RecordedPod] = {}
         with self._departures:
@@ -113,10 +108,10 @@ class Biller:
             if observation.ended:
                 if pod.uid not in departed:  # a departed pod has no finalizer left to release
                     ended[pod.uid] = pod
-            elif not due:
+            elif not grow:
                 continue
             observations.append(PodObservation(pod.uid, pod.namespace, pod.name, share, observation, pod.labels, model))
-        if due:
+        if grow:
             watched = {pod.uid for pod in pods.values()} | departed.keys()
             observations += [PodObservation(uid, namespace, name, 0.0, None)
                              for uid, namespace, name in self.ledger.open_observed() if uid not in watched]
@@ -127,12 +122,10 @@ class Biller:
         with self._departures:
             for uid in departed:
                 self._departed.pop(uid, None)
-        if due:  # forget what the watch no longer holds: the set stays the size of the cluster's ended pods
+        if grow:  # forget what the watch no longer holds: the set stays the size of the cluster's ended pods
             self._closed &= {pod.uid for pod in pods.values()}
         done.closed = [f"{pod.namespace}/{pod.name}" for pod in ended.values()]
         self._release(ended, done)
-        if due:
-            self._flag_silent(pods, now, done)
         return done
 
     def _release(self, ended: Mapping[str, RecordedPod], done: BillingPass) -> None:
@@ -150,20 +143,22 @@ class Biller:
                 self._closed.add(uid)
                 done.released.append(f"{pod.namespace}/{pod.name}")
 
-    def _flag_silent(self, pods: Mapping[tuple[str, str], RecordedPod], now: dt.datetime, done: BillingPass) -> None:
-        """An Event, once, on each running pod whose meter has said nothing for two meter intervals."""
+    def flag_silent(self, now: dt.datetime) -> list[str] | None:
+        """The `silent-meters` task: an Event, once, on each running pod whose meter has said nothing for two meter
+        intervals; the pods flagged (namespace/pod), None until the pods are listed."""
+        items = self.pods.items
+        if items is None:
+            return None
         quiet_since = now - dt.timedelta(seconds=2 * self.meter_interval)
-        running = {pod.uid: pod for pod in pods.values()
-                   if pod.started_at is not None and pod.started_at < quiet_since and pod.finished_at is None
-                   and pod.deleted_at is None}
+        running = {pod.record.uid: pod.record for pod in list(items.values())
+                   if pod.record.started_at is not None and pod.record.started_at < quiet_since
+                   and pod.record.finished_at is None and pod.record.deleted_at is None}
+        flagged = []
         for uid in self.ledger.claim_silent(list(running), quiet_since, now):
             pod = running[uid]
             message = (f"the GPU meter of pod {pod.name} has not reported for {2 * self.meter_interval:g}s: the pod is "
                        "billed from its recorded start all the same; its GPU utilisation and memory are unknown")
-            try:
-                self.kube.record_object_event(ObjectRef("v1", "Pod", pod.name, uid, pod.namespace), METER_SILENT, message, True)
-            except KubeUnavailable as exc:
-                log.warning("%s", exc)
-            metrics.EVENTS.labels(METER_SILENT).inc()
-            done.silent.append(f"{pod.namespace}/{pod.name}")
+            self.events.put(Event(METER_SILENT, message, about=ObjectRef("v1", "Pod", pod.name, uid, pod.namespace)))
+            flagged.append(f"{pod.namespace}/{pod.name}")
             log.warning("%s", message, extra={"namespace": pod.namespace, "pod": pod.name, "event": METER_SILENT})
+        return flagged

@@ -1,36 +1,27 @@
 """Acting on budgets that cross: which Event a change of state deserves, which pods an exhausted namespace loses.
-Plain functions; timekeeper.cluster.controller acts on them."""
+Plain functions; timekeeper.cluster.budgetsync acts on them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE, ANNOTATION_SAFE_ADMISSION, BudgetState
+from gpusharing.contract import BudgetState
 from gpusharing.names import is_group
 from gpusharing.thresholds import usage_warning
 from timekeeper.budgets.status import BudgetStatus
+from timekeeper.cluster.informers import GovernedPod
 
 EXHAUSTED = "GPUBudgetExhausted"
 RESTORED = "GPUBudgetRestored"
 THRESHOLD = "GPUBudgetWarning"
 
 
-def eviction_candidates(pods: Iterable[Any]) -> list[tuple[str, str]]:
-    """Names and uids of the running GPU pods the webhook admitted in budget, whatever priority class it let them keep (the
-    webhook's record says so): not those it admitted demoted, already at the over-budget class."""
-    names = []
-    for pod in pods:
-        metadata, status = pod.metadata, pod.status
-        if metadata is None or metadata.deletion_timestamp is not None:
-            continue
-        record = metadata.annotations or {}
-        demoted = record.get(ANNOTATION_BUDGET_STATE) == BudgetState.OVER_BUDGET or record.get(ANNOTATION_SAFE_ADMISSION) == "demoted"
-        if ANNOTATION_GPU_SHARE not in record or demoted:
-            continue
-        if status is not None and status.phase == "Running":
-            names.append((metadata.name, metadata.uid))
-    return sorted(names)
+def eviction_candidates(pods: Iterable[GovernedPod]) -> list[GovernedPod]:
+    """The running GPU pods the webhook admitted in budget, whatever priority class it let them keep (the webhook's
+    record says so): not those it admitted demoted, already at the over-budget class; by name."""
+    running = [pod for pod in pods if pod.record.started_at is not None and pod.record.finished_at is None
+               and pod.record.deleted_at is None and not pod.record.demoted]
+    return sorted(running, key=lambda pod: pod.record.name)
 
 
 def transition_event(status: BudgetStatus, previous: BudgetState) -> tuple[str, str, bool] | None:

@@ -12,16 +12,17 @@ leaders never both act:
   re-create it) and a pod already out of budget are left running;
 - evict: as demote, and bare pods and pods already out of budget are evicted too.
 
-An owner is held before its pod is evicted, HOLD_LEAD_SECONDS ahead, so that the webhook (which polls the
-timekeeper) knows of the hold when the owner re-creates the pod. A hold ends when a pod of its owner reads busy, when
-the policy in force stops demoting or evicting, or a week after its owner was last seen with a pod.
+An owner is held from the moment its pod is warned of (or, without a warning, is due), and the pod is evicted through
+the controller's one eviction path (timekeeper.cluster.evictions) once every webhook process has acknowledged the
+hold, so that the owner's replacement is admitted out of budget; the eviction then comes within one pass of the
+deadline. A hold ends when a pod of its owner reads busy, when the policy in force stops demoting or evicting, or a
+week after its owner was last seen with a pod.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,15 +38,16 @@ from timekeeper.budgets.idle import IdleAction, PolicyInForce
 from timekeeper.budgets.periods import period_window
 from timekeeper.budgets.status import Budget, BudgetStatus
 from timekeeper.budgets.store import BudgetStore
-from timekeeper.cluster.kube import EvictionResult, KubeApi, KubeUnavailable, ObjectRef
+from timekeeper.cluster.events import Event, EventQueue
+from timekeeper.cluster.evictions import EvictionPath, PodRef
+from timekeeper.cluster.informers import GovernedPod
+from timekeeper.cluster.kube import ObjectRef
+from timekeeper.cluster.resources import IdleStatus
 
 log = logging.getLogger(__name__)
 
 IDLE_WARNING = "GPUIdleWarning"
 IDLE = "GPUIdle"
-# The webhook polls the timekeeper every 5 s by default (GPUSHARING_BUDGET_REFRESH_SECONDS): a hold is written this
-# long before the eviction that makes the owner re-create its pod.
-HOLD_LEAD_SECONDS = 15.0
 FORGET_HOLDS_AFTER = dt.timedelta(days=7)
 
 
@@ -55,46 +57,34 @@ class IdlePass:
     acted: list[str] = field(default_factory=list)  # namespace/pod: GPUIdle (the action taken, or why none was)
     evicted: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # evictions a PodDisruptionBudget refused: tried again
+    waiting: list[str] = field(default_factory=list)  # evictions waiting for the webhooks to acknowledge the hold
     held: list[str] = field(default_factory=list)  # namespace/Kind/name: owners held out of budget
     released: list[str] = field(default_factory=list)  # holds ended
     verdicts: dict[str, tuple[RecordedPod, IdleVerdict]] = field(default_factory=dict)  # uid -> the running pods'
     use: dict[str, IdleUse] = field(default_factory=dict)  # namespace -> idle GPU time per day
 
 
-@dataclass(frozen=True)
-class IdleStatus:
-    """What a budget's status says of idleness: its idle GPU-hours this period, and its pods idle beyond the
-    warning of the policy in force (a group's: those of the namespaces below it)."""
-
-    idle_gpu_hours: float
-    idle_pods: tuple[str, ...]  # namespace/pod (idle 4h12m)
-
-
 class Idler:
+    """The `idle` task of the controller's leader, on the shared pod cache."""
+
     def __init__(
-        self, idle: IdleLedger, budgets: BudgetStore, kube: KubeApi, pods: WatchedObjects[RecordedPod],
-        interval_seconds: float, fresh_seconds: float,
-        monotonic: Callable[[], float] = time.monotonic,
+        self, idle: IdleLedger, budgets: BudgetStore, pods: WatchedObjects[GovernedPod], evictions: EvictionPath,
+        events: EventQueue, fresh_seconds: float,
     ):
         self.idle = idle
         self.budgets = budgets
-        self.kube = kube
         self.pods = pods
-        self.interval = interval_seconds
+        self.evictions = evictions
+        self.events = events
         self.fresh_seconds = fresh_seconds  # a meter's reading older than this is unknown (two meter intervals)
-        self._monotonic = monotonic
-        self._ran: float | None = None
         self.last: IdlePass | None = None
 
-    def run(self, now: dt.datetime, leading: Callable[[], bool] = lambda: True) -> IdlePass | None:
-        """One pass every interval (else the last one's result); None until the pod watch has listed the cluster.
-        `leading` is asked before each eviction: a controller that lost its Lease evicts nothing."""
-        pods = self.pods.items
-        if pods is None:
+    def run(self, now: dt.datetime) -> IdlePass | None:
+        """One pass; None until the pod cache has listed the cluster. LeaseLost when the Lease is lost on the way."""
+        items = self.pods.items
+        if items is None:
             return None
-        if self._ran is not None and self._monotonic() - self._ran < self.interval:
-            return self.last
-        self._ran = self._monotonic()
+        pods = {key: pod.record for key, pod in list(items.items())}
         done = IdlePass()
         running = {p.uid: p for p in pods.values() if p.started_at and p.finished_at is None and p.deleted_at is None}
         ledgers = self.idle.pods(running.keys())
@@ -108,9 +98,13 @@ class Idler:
             judged = verdict(record.streak, Reading(record.gpu_utilization_percent, record.last_report_at), policy,
                              PodFacts(pod.started_at, pod.idle_exempt), now, self.fresh_seconds)
             done.verdicts[uid] = (pod, judged)
-            if judged.action_due and record.idle_acted_at is None and policy is not None:
-                self._act(pod, record.streak, judged, policy, holds, now, done, leading)
-            elif judged.warning_due and record.idle_warned_at is None and policy is not None:
+            if policy is None:
+                continue
+            if (judged.warning_due or judged.action_due) and record.idle_acted_at is None:
+                self._hold(pod, policy, holds, now, done)
+            if judged.action_due and record.idle_acted_at is None:
+                self._act(pod, record.streak, judged, policy, holds, now, done)
+            elif judged.warning_due and record.idle_warned_at is None:
                 if self._tell(pod, record.streak, "idle_warned_at", IDLE_WARNING, _warning(pod, judged, policy), now):
                     done.warned.append(f"{pod.namespace}/{pod.name}")
                     metrics.IDLE_ACTIONS.labels("warning", "done").inc()
@@ -123,8 +117,18 @@ class Idler:
 
     # -- acting --------------------------------------------------------------------------------------------------
 
+    def _hold(self, pod: RecordedPod, policy: PolicyInForce, holds: dict[str, Hold], now: dt.datetime,
+              done: IdlePass) -> None:
+        """Holds the owner of a pod the policy will evict, from its warning on: by its deadline every webhook
+        admits the owner's next pods out of budget, and the eviction waits only for their acknowledgement."""
+        if pod.owner is None or pod.owner.uid in holds or self._spared(pod, policy.policy.action) \
+                or policy.policy.action is IdleAction.WARN:
+            return
+        holds[pod.owner.uid] = self.idle.hold(pod.namespace, pod.owner, pod.name, now)
+        done.held.append(f"{pod.namespace}/{pod.owner.kind}/{pod.owner.name}")
+
     def _act(self, pod: RecordedPod, streak: Streak, judged: IdleVerdict, policy: PolicyInForce,
-             holds: dict[str, Hold], now: dt.datetime, done: IdlePass, leading: Callable[[], bool]) -> None:
+             holds: dict[str, Hold], now: dt.datetime, done: IdlePass) -> None:
         action = policy.policy.action
         said = _idle_for(pod, judged) + f": {_rule(policy)}"
         spared = self._spared(pod, action)
@@ -134,39 +138,24 @@ class Idler:
                 done.acted.append(f"{pod.namespace}/{pod.name}")
                 metrics.IDLE_ACTIONS.labels(str(action), "spared" if spared else "done").inc()
             return
-        if pod.owner is not None:
-            hold = holds.get(pod.owner.uid)
-            if hold is None:  # first the hold, so that the webhook knows it when the owner re-creates the pod
-                self.idle.hold(pod.namespace, pod.owner, pod.name, now)
-                done.held.append(f"{pod.namespace}/{pod.owner.kind}/{pod.owner.name}")
-                return
-            if (now - hold.held_at).total_seconds() < HOLD_LEAD_SECONDS:
-                return
+        # The owner's replacement must be admitted under the hold: every webhook has acknowledged it first.
+        hold = holds.get(pod.owner.uid) if pod.owner is not None else None
+        acknowledged_after = hold.held_at.timestamp() if hold is not None else 0.0
+        ref = PodRef(pod.namespace, pod.name, pod.uid)
+        result = self.evictions.evict(f"its GPU is idle ({_rule(policy)})", [ref], acknowledged_after)
+        if result.waiting:
+            done.waiting.append(str(ref))
+            return
+        if result.refused:
+            done.refused.append(str(ref))
+            metrics.IDLE_ACTIONS.labels(str(action), "refused").inc()
+            return
         assert streak.since is not None
-        if not self.idle.claim(pod.uid, streak.since, "idle_acted_at", now):
-            return
-        fields = {"namespace": pod.namespace, "pod": pod.name}
-        if not leading():  # the claim goes back for the next leader
-            self.idle.release(pod.uid, streak.since, "idle_acted_at")
-            return
-        try:
-            result = self.kube.evict(pod.namespace, pod.name, pod.uid)
-        except KubeUnavailable as exc:
-            self.idle.release(pod.uid, streak.since, "idle_acted_at")
-            log.warning("%s; will try again", exc, extra=fields)
-            return
-        metrics.EVICTIONS.labels(result.value).inc()
-        metrics.IDLE_ACTIONS.labels(str(action), result.value).inc()
-        if result is EvictionResult.REFUSED:
-            self.idle.release(pod.uid, streak.since, "idle_acted_at")
-            done.refused.append(f"{pod.namespace}/{pod.name}")
-            log.info("idle pod %s/%s: eviction refused by a PodDisruptionBudget; will try again", pod.namespace, pod.name,
-                     extra={**fields, "eviction": result.value})
-            return
-        if result is EvictionResult.GONE:
-            return
-        done.evicted.append(f"{pod.namespace}/{pod.name}")
-        done.acted.append(f"{pod.namespace}/{pod.name}")
+        if not result.evicted or not self.idle.claim(pod.uid, streak.since, "idle_acted_at", now):
+            return  # gone meanwhile, or acted on already
+        metrics.IDLE_ACTIONS.labels(str(action), "evicted").inc()
+        done.evicted.append(str(ref))
+        done.acted.append(str(ref))
         held = (f"; {pod.owner.kind} {pod.owner.name}'s next pods are admitted out of budget until one uses its GPU"
                 if pod.owner is not None else "")
         self._events(pod, IDLE, f"{said}; evicted{held}")
@@ -182,36 +171,23 @@ class Idler:
         return None
 
     def _tell(self, pod: RecordedPod, streak: Streak, step: Step, reason: str, message: str, now: dt.datetime) -> bool:
-        """An Event, once per streak: claimed first, given back when it cannot be sent; whether this pass sent it."""
+        """An Event, once per streak: claimed first, given back when it cannot be sent; whether this pass queued it."""
         assert streak.since is not None
-        if not self.idle.claim(pod.uid, streak.since, step, now):
+        since = streak.since
+        if not self.idle.claim(pod.uid, since, step, now):
             return False
-        try:
-            self._events(pod, reason, message, strict=True)
-        except KubeUnavailable as exc:
-            self.idle.release(pod.uid, streak.since, step)
-            log.warning("%s; will try again", exc, extra={"namespace": pod.namespace, "pod": pod.name})
-            return False
+        self._events(pod, reason, message, on_failure=lambda: self.idle.release(pod.uid, since, step))
         return True
 
-    def _events(self, pod: RecordedPod, reason: str, message: str, strict: bool = False) -> None:
+    def _events(self, pod: RecordedPod, reason: str, message: str, on_failure: Callable[[], None] | None = None) -> None:
         """The Event on the pod, and on its owner as `kubectl describe` shows it (a ReplicaSet's Deployment).
-        `strict`: a failure on the pod raises KubeUnavailable; the owner's is only logged."""
-        fields = {"namespace": pod.namespace, "pod": pod.name, "event": reason}
-        try:
-            self.kube.record_object_event(ObjectRef("v1", "Pod", pod.name, pod.uid, pod.namespace), reason, message, True)
-        except KubeUnavailable:
-            if strict:
-                raise
-        metrics.EVENTS.labels(reason).inc()
-        log.warning("%s", message, extra=fields)
-        if pod.owner is None:
-            return
-        owner = ObjectRef(pod.owner.api_version, pod.owner.kind, pod.owner.name, pod.owner.uid, pod.namespace)
-        try:
-            self.kube.record_object_event(self.kube.shown_owner(owner), reason, message, True)
-        except KubeUnavailable as exc:
-            log.warning("%s", exc, extra=fields)
+        `on_failure`: when the pod's cannot be sent (the owner's is only logged)."""
+        self.events.put(Event(reason, message, about=ObjectRef("v1", "Pod", pod.name, pod.uid, pod.namespace),
+                              on_failure=on_failure))
+        log.warning("%s", message, extra={"namespace": pod.namespace, "pod": pod.name, "event": reason})
+        if pod.owner is not None:
+            owner = ObjectRef(pod.owner.api_version, pod.owner.kind, pod.owner.name, pod.owner.uid, pod.namespace)
+            self.events.put(Event(reason, message, about=owner, shown_owner=True))
 
     # -- holds ---------------------------------------------------------------------------------------------------
 

@@ -9,24 +9,16 @@ ClusterGPUBudget holds a group's (a team, a department), named as the group (`te
 from __future__ import annotations
 
 import datetime as dt
-import logging
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import watch
-
 from gpusharing.contract import BudgetState, Period
-from gpusharing.kube.watching import WATCH_SECONDS, backoff_seconds
 from gpusharing.names import InvalidName, check_budget_name, is_group
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.budgets.requests import BUDGET_FIELDS, BudgetRequestError, budget_from_json
 from timekeeper.budgets.status import Budget, BudgetStatus
-from timekeeper.cluster.idling import IdleStatus
-from timekeeper.cluster.kube import CustomResource, KubeApi, KubeUnavailable, ObjectRef
-
-log = logging.getLogger(__name__)
+from timekeeper.cluster.kube import CustomResource, ObjectRef
 
 GROUP, VERSION = "gpusharing.io", "v1alpha1"
 GPU_BUDGETS = CustomResource(GROUP, VERSION, "gpubudgets", namespaced=True)
@@ -76,6 +68,15 @@ def event_target(obj: Mapping[str, Any]) -> ObjectRef:
     metadata = obj["metadata"]
     kind = "GPUBudget" if metadata.get("namespace") else "ClusterGPUBudget"
     return ObjectRef(f"{GROUP}/{VERSION}", kind, metadata["name"], metadata.get("uid", ""), metadata.get("namespace"))
+
+
+@dataclass(frozen=True)
+class IdleStatus:
+    """What a budget's status says of idleness: its idle GPU-hours this period, and its pods idle beyond the
+    warning of the policy in force (a group's: those of the namespaces below it)."""
+
+    idle_gpu_hours: float
+    idle_pods: tuple[str, ...]  # namespace/pod (idle 4h12m)
 
 
 @dataclass(frozen=True)
@@ -165,98 +166,3 @@ def _idle_message(idle: IdleStatus) -> str:
 def status_differs(current: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:
     """Whether writing `wanted` would change what the object shows."""
     return dict(current or {}) != dict(wanted)
-
-
-class ResourceWatch:
-    """The objects of one custom resource, kept by list+watch in a thread; `wake` is called on every change.
-
-    `objects` is only trusted once `synced` (a list succeeded since the last start): the controller removes budgets
-    whose resource is gone only then. When the API does not serve the resource (no CRD), `served` is False and
-    the list is tried again after a while.
-    """
-
-    def __init__(self, kube: KubeApi, resource: CustomResource, wake: Callable[[], None], retry_seconds: float = 10.0):
-        self.kube = kube
-        self.resource = resource
-        self.wake = wake
-        self.retry_seconds = retry_seconds
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        self.synced = False
-        self.served = True
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._watch: watch.Watch | None = None
-
-    def start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name=f"watch-{self.resource.plural}", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.synced = False
-        if self._watch is not None:
-            self._watch.stop()
-
-    def _run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                version = self._list()
-                if version is not None and self._follow(version):
-                    failures = 0  # the watch delivered: recovered
-                    continue
-            except Exception as exc:  # the API server went away, a watch expired (410): list again
-                log.info("watch of %s ended (%s); listing again", self.resource.plural, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            failures += 1
-            self._stop.wait(self.retry_seconds if not self.served else backoff_seconds(failures))
-
-    def _list(self) -> str | None:
-        try:
-            listing = self.kube.list_custom(self.resource)
-        except KubeUnavailable as exc:
-            log.warning("%s; will try again", exc)
-            self.synced = False
-            return None
-        if listing is None:
-            if self.served:
-                log.info("the API serves no %s (its CRD is not installed): budgets come from the REST API only",
-                         self.resource.plural)
-            self.served = self.synced = False
-            return None
-        self.served = True
-        self.objects = {_key(obj): obj for obj in listing.get("items") or []}
-        self.synced = True
-        self.wake()
-        return str((listing.get("metadata") or {}).get("resourceVersion") or "")
-
-    def _follow(self, version: str) -> bool:
-        """Applies the watch's events until it ends; whether it delivered any."""
-        self._watch = watch.Watch()
-        stream = self._watch.stream(
-            self.kube.custom.list_cluster_custom_object, self.resource.group, self.resource.version,
-            self.resource.plural, resource_version=version, timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True,
-            _request_timeout=WATCH_SECONDS + 30,
-        )
-        delivered = False
-        for event in stream:
-            if self._stop.is_set():
-                return delivered
-            kind, obj = event.get("type"), event.get("object")
-            if kind == "ERROR" or not isinstance(obj, dict):
-                return delivered  # e.g. 410 Gone: the version is too old, list again
-            delivered = True
-            if kind == "BOOKMARK":
-                continue
-            if kind == "DELETED":
-                self.objects.pop(_key(obj), None)
-            else:
-                self.objects[_key(obj)] = obj
-            self.wake()
-        return delivered
-
-
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    metadata = obj.get("metadata") or {}
-    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")

@@ -22,7 +22,8 @@ RESYNC_SECONDS = 10.0
 
 
 class DatabaseClock:
-    """Now, by the database's time (a BudgetStore's clock); `read` reads it (Database.now)."""
+    """The timekeeper's Clock (gpusharing.clock) in a cluster: now() by the database's time, which `read` reads
+    (Database.now); monotonic() the process's."""
 
     def __init__(self, read: Callable[[], dt.datetime], resync_seconds: float = RESYNC_SECONDS,
                  monotonic: Callable[[], float] = time.monotonic):
@@ -34,7 +35,10 @@ class DatabaseClock:
         self._read: tuple[dt.datetime, float] | None = None
         self._next_read = 0.0  # monotonic: when to read it again
 
-    def __call__(self) -> dt.datetime:
+    def monotonic(self) -> float:
+        return self._monotonic()
+
+    def now(self) -> dt.datetime:
         if self._read is None or self._monotonic() >= self._next_read:
             self._resync()
         read = self._read

@@ -1,0 +1,157 @@
+"""The controller: the timekeeper's cluster work in a process of its own (`gpusharing timekeeper controller`), built as
+kube-controller-manager builds its controllers: shared informer caches (timekeeper.cluster.informers), named tasks
+on one scheduler (gpusharing.scheduling), one Clock, leader election on a Lease (timekeeper.cluster.leader), one
+fenced eviction path (timekeeper.cluster.evictions) and one queue of Events (timekeeper.cluster.events).
+
+Every replica keeps the caches warm; only the Lease's holder runs the leader's tasks. A new concern is one more task
+here, on the same machinery:
+
+| task | every | what it does |
+| --- | --- | --- |
+| lease | a fifth of the Lease (2 s at most) | takes or renews the Lease; a new holder records its term for the fence |
+| budgets | TIMEKEEPER_DEMOTION_INTERVAL_SECONDS, and on a GPUBudget change | resources into the ledger, crossings' Events and evictions |
+| statuses | TIMEKEEPER_STATUS_INTERVAL_SECONDS | GPUBudget and ClusterGPUBudget status |
+| bills | TIMEKEEPER_BILLING_INTERVAL_SECONDS | every running pod's bill grows from the record |
+| ended | TIMEKEEPER_ENDED_INTERVAL_SECONDS | ended pods' bills close, their finalizers come off |
+| idle | TIMEKEEPER_IDLE_INTERVAL_SECONDS | idle policies: warnings, holds, demotions and evictions |
+| silent-meters | TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS | a MeterSilent Event on each pod whose meter went quiet |
+| events | when an Event is queued | sends the queued Events |
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gpusharing.clock import Clock
+from gpusharing.scheduling import Task, TaskScheduler
+from timekeeper import metrics
+from timekeeper.accounting.reports import ReportLedger
+from timekeeper.accounting.streaks import IdleLedger
+from timekeeper.budgets.store import BudgetStore
+from timekeeper.cluster.billing import Biller, BillingPass
+from timekeeper.cluster.budgetsync import BudgetPass, BudgetSync
+from timekeeper.cluster.events import EventQueue
+from timekeeper.cluster.evictions import EvictionPath, LeaseLost
+from timekeeper.cluster.fencing import EvictionFence
+from timekeeper.cluster.idling import IdlePass, Idler
+from timekeeper.cluster.informers import ClusterInformers
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
+from timekeeper.cluster.webhooks import WebhookListings
+from timekeeper.config import TimekeeperConfig
+
+log = logging.getLogger(__name__)
+
+LEASE_RETRY_SECONDS = 2.0  # client-go's retryPeriod: how often a follower asks for the Lease
+
+
+@dataclass
+class ControllerPass:
+    """Every task run once (tests and `run_all`): what each did; None where it did not run or had nothing yet."""
+
+    budgets: BudgetPass | None = None
+    statuses: list[Any] | None = None
+    billing: BillingPass | None = None
+    ended: BillingPass | None = None
+    idle: IdlePass | None = None
+    silent: list[Any] | None = None
+    leading: bool = False
+
+
+class ControllerManager:
+    def __init__(self, config: TimekeeperConfig, budgets: BudgetStore, ledger: ReportLedger, idle: IdleLedger,
+                 kube: KubeApi, clock: Clock, identity: str | None = None):
+        self.config = config
+        self.clock = clock
+        self.informers = ClusterInformers(kube, config.gpu_request)
+        identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        intervals = config.tasks
+        lease_seconds = config.lease_seconds or max(3 * intervals.budgets, 15.0)
+        self.election = LeaderElection(kube, config.lease_namespace, identity, lease_seconds, monotonic=clock.monotonic)
+        self.fence = EvictionFence(budgets.db, f"{config.lease_namespace}/{LEASE_NAME}")
+        self.evictions = EvictionPath(kube, self.election, self.fence, WebhookListings(budgets.db))
+        self.scheduler = TaskScheduler(clock, leading=self.leading, observe=metrics.observe_task)
+        self.events = EventQueue(kube, wake=lambda: self.scheduler.wake("events"))
+        fresh = 2 * config.meter_interval_seconds  # a reading is fresh for two meter intervals
+        self.biller = Biller(ledger, kube, config.gpu_request, self.informers.pods, self.informers.claims, self.events,
+                             config.meter_interval_seconds)
+        self.idler = Idler(idle, budgets, self.informers.pods, self.evictions, self.events, fresh)
+        self.budget_sync = BudgetSync(budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last)
+        self._leading = False
+        now = budgets.clock
+        for task in (
+            Task("lease", min(LEASE_RETRY_SECONDS, self.election.lease_seconds / 5), self._lead, leader_only=False),
+            Task("budgets", intervals.budgets, self.budget_sync.sync),
+            Task("statuses", intervals.statuses, self.budget_sync.write_statuses),
+            Task("bills", intervals.bills, lambda: self.biller.bill_running(now())),
+            Task("ended", intervals.ended, lambda: self.biller.close_ended(now())),
+            Task("idle", intervals.idle, lambda: self.idler.run(now())),
+            Task("silent-meters", intervals.silent_meters, lambda: self.biller.flag_silent(now())),
+            Task("events", intervals.events, self.events.send, leader_only=False),
+        ):
+            self.scheduler.add(Task(task.name, task.interval_seconds, _stops_on_lost_lease(task.name, task.run),
+                                    task.leader_only))
+        for watched in self.informers.budgets.values():
+            watched.subscribe(on_change=lambda: self.scheduler.wake("budgets", "statuses"))
+
+    def leading(self) -> bool:
+        return self._leading and self.election.remaining_seconds() > 0
+
+    def _lead(self) -> bool:
+        was = self._leading
+        self._leading = self.election.try_acquire_or_renew() and self.fence.enter(self.election.term, self.election.identity)
+        metrics.LEADING.set(1 if self._leading else 0)
+        if self._leading and not was:  # a new holder acts at once, on caches already warm
+            self.scheduler.wake()
+        return self._leading
+
+    def start(self) -> None:
+        self.informers.start()
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        """On SIGTERM: the runs under way finish (their evictions and Events recorded as done), the Lease is given
+        up so that the other replica takes over at once, the caches stop."""
+        self.scheduler.stop()
+        self.events.send()
+        self.election.release()
+        self._leading = False
+        self.informers.stop()
+
+    @property
+    def synced(self) -> bool:
+        """Whether the caches have listed the cluster (readiness)."""
+        return all(informer.synced for informer in (self.informers.pods, self.informers.claims))
+
+    def run_all(self) -> ControllerPass:
+        """Every task once, now, in this thread (the lease first): what each did."""
+        self.scheduler.wake()
+        ran = self.scheduler.run_due()
+        self.informers.measure()
+        return ControllerPass(
+            budgets=_as(ran.get("budgets"), BudgetPass), statuses=_as(ran.get("statuses"), list),
+            billing=_as(ran.get("bills"), BillingPass), ended=_as(ran.get("ended"), BillingPass),
+            idle=_as(ran.get("idle"), IdlePass), silent=_as(ran.get("silent-meters"), list), leading=self.leading())
+
+
+def _stops_on_lost_lease(name: str, run: Callable[[], object]) -> Callable[[], object]:
+    def task() -> object:
+        try:
+            return run()
+        except LeaseLost as lost:
+            log.warning("%s: task %s stops here, the Lease's next holder takes over", lost, name)
+            return None
+    return task
+
+
+T = TypeVar("T")
+
+
+def _as(value: object, kind: type[T]) -> T | None:
+    return value if isinstance(value, kind) else None
