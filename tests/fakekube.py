@@ -30,6 +30,7 @@ from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 # What the controller's informers list (their watches are not faked: tests list again, ClusterInformers.list_now).
+WATCH_SECONDS = 0.5  # how long a watch lasts here
 _LISTED = {"/api/v1/pods": "pods", "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
            "/apis/gpusharing.io/v1alpha1/gpubudgets": "gpubudgets",
            "/apis/gpusharing.io/v1alpha1/clustergpubudgets": "clustergpubudgets"}
@@ -207,7 +208,7 @@ class FakeKube:
             reply_json(handler, *self._proxy(handler, method, proxy, query, raw))
             return
         body = json.loads(raw or b"null") if length else None
-        time.sleep(self.delay_seconds)
+        time.sleep(self.delay_seconds + (WATCH_SECONDS if "watch=true" in query else 0.0))
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
@@ -272,6 +273,8 @@ class FakeKube:
             if "status.phase%3DRunning" in query or "status.phase=Running" in query:
                 items = [p for p in items if p["status"]["phase"] == "Running"]
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+        if method == "GET" and path in _LISTED and "watch=true" in query:  # a watch that sees no change, then ends
+            return 200, {"type": "BOOKMARK", "object": {"kind": "Bookmark", "metadata": {"resourceVersion": "1"}}}
         if method == "GET" and path in _LISTED:
             kind = _LISTED[path]
             items = list(self.pods.values()) if kind == "pods" else self.custom.get(kind, [])

@@ -106,6 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _control(args: argparse.Namespace) -> int:
     """Runs the controller until SIGTERM or SIGINT, then gives its Lease up."""
+    import logging
     import signal
     import threading
 
@@ -124,7 +125,8 @@ def _control(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stopping.set())
     server = serve_health(args.host or config.host, args.port or config.controller_port, lambda: manager.synced)
     manager.start()
-    print(f"controller running (/livez, /readyz, /metrics on port {server.server_address[1]})", file=sys.stderr, flush=True)
+    logging.getLogger("timekeeper.cluster.manager").info("controller running: /livez, /readyz and /metrics on port %d",
+                                                          server.server_address[1])
     stopping.wait()
     manager.stop()
     server.shutdown()

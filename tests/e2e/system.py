@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,7 +37,11 @@ from tests.kustomize import crds, installable_manifests, kustomize
 
 SYSTEM_NAMESPACE = "gpusharing-system"
 WEBHOOK_REFRESH_SECONDS = 0.2
-DEMOTION_INTERVAL_SECONDS = 0.5
+# The controller's tasks other than billing run every half second here (billing's tests set their own interval).
+TASK_INTERVALS = {name: "0.5" for name in ("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "TIMEKEEPER_STATUS_INTERVAL_SECONDS",
+                                           "TIMEKEEPER_ENDED_INTERVAL_SECONDS", "TIMEKEEPER_IDLE_INTERVAL_SECONDS",
+                                           "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS")}
+CONTROLLER_SERVICE_ACCOUNT = "gpusharing-timekeeper"
 WAIT_SECONDS = 60  # only stops a broken test from hanging; never a speed check
 ALLOWED_PRIORITY_CLASS = "e2e-allowed-high"  # GPUSHARING_ALLOWED_PRIORITY_CLASSES of the webhook
 
@@ -119,8 +123,46 @@ class GpuSharing:
         api = urllib.parse.urlsplit(self.plane.url)
         self.timekeeper_link = Link(str(api.hostname), int(api.port or 443))
         self._stack.callback(self.timekeeper_link.close)
-        self.timekeeper, url = self.timekeeper_service("timekeeper", self.database, api_url=f"https://127.0.0.1:{self.timekeeper_link.port}")
+        api_url = f"https://127.0.0.1:{self.timekeeper_link.port}"
+        self.timekeeper, url = self.timekeeper_service("timekeeper", self.database, api_url=api_url)
+        self.controller = self.controller_service("controller", self.database, api_url=api_url)
         return url
+
+    def controller_service(self, name: str, database: str, api_url: str | None = None, **env: str) -> Service:
+        """A controller process (`gpusharing timekeeper controller`) on loopback with the manifests' ServiceAccount
+        (the system's `timekeeper_env`, and `env` on top), started once its caches have listed the cluster; stopped
+        with the system at the latest. The database must be migrated (timekeeper_service does)."""
+        kubeconfig = write_kubeconfig(
+            self.directory / f"{name}.kubeconfig",
+            api_url or self.plane.url,
+            self.plane.ca_file,
+            {"token": self.token(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT, audience=None)},
+        )
+        port = free_port()
+        settings = {"TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_KUBECONFIG": "", "KUBECONFIG": str(kubeconfig),
+                    **TASK_INTERVALS, **self.timekeeper_env, **env}
+        args = ["timekeeper", "controller", "--host", "127.0.0.1", "--port", str(port)]
+        return self._stack.enter_context(Service(name, args, f"http://127.0.0.1:{port}/readyz", env=settings,
+                                                 log_path=self.directory / f"{name}.log"))
+
+    @contextmanager
+    def timekeeper_settings(self, **env: str) -> Iterator[None]:
+        """Meanwhile, the system's timekeeper and controller run with `env` on top of their settings."""
+        services = (self.timekeeper, self.controller)
+        before = [dict(service.env) for service in services]
+        for service in services:
+            service.stop()
+            service.env.update(env)
+        for service in services:
+            service.__enter__()
+        try:
+            yield
+        finally:
+            for service, settings in zip(services, before):
+                service.stop()
+                service.env = settings
+            for service in services:
+                service.__enter__()
 
     def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
         """A timekeeper process on loopback with the manifests' ServiceAccount (the system's `timekeeper_env`, and
@@ -143,7 +185,6 @@ class GpuSharing:
             "TIMEKEEPER_AUTH": "tokenreview",
             "TIMEKEEPER_KUBECONFIG": "",  # found through KUBECONFIG, as the Kubernetes client finds it
             "KUBECONFIG": str(kubeconfig),
-            "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": str(DEMOTION_INTERVAL_SECONDS),
             **self.timekeeper_env,
             **env,
         }

@@ -34,7 +34,8 @@ REPLICAS = 2
 
 
 class Timekeepers:
-    """Two replicas of the timekeeper on one database, in place of the system's one for this module."""
+    """Two replicas of the timekeeper, each with its controller, on one database, in place of the system's for this
+    module."""
 
     def __init__(self, gpusharing: GpuSharing, database: str):
         self.gpusharing = gpusharing
@@ -43,12 +44,11 @@ class Timekeepers:
         self.urls: list[str] = []
 
     def start(self) -> None:
+        settings = {"TIMEKEEPER_BILLING_INTERVAL_SECONDS": "0.5", "TIMEKEEPER_METER_INTERVAL_SECONDS": str(METER_INTERVAL_SECONDS)}
         for index in range(REPLICAS):
-            service, url = self.gpusharing.timekeeper_service(
-                f"billing-{index}-{time.monotonic_ns()}", self.database, upgrade=index == 0,
-                TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5", TIMEKEEPER_METER_INTERVAL_SECONDS=str(METER_INTERVAL_SECONDS),
-            )
-            self.services.append(service)
+            name = f"billing-{index}-{time.monotonic_ns()}"
+            service, url = self.gpusharing.timekeeper_service(name, self.database, upgrade=index == 0, **settings)
+            self.services += [service, self.gpusharing.controller_service(f"{name}-controller", self.database, **settings)]
             self.urls.append(url)
 
     def stop(self) -> None:
@@ -75,14 +75,14 @@ def timekeepers(request: pytest.FixtureRequest, gpusharing: GpuSharing, tmp_path
         database = f"sqlite:///{tmp_path_factory.mktemp('billing') / 'timekeeper.sqlite'}"
     else:
         database = request.getfixturevalue("postgres").create_database(f"e2e_billing_{os.getpid()}")
-    gpusharing.timekeeper.stop()  # the system's own timekeeper would bill (and release) the same pods
+    gpusharing.controller.stop()  # the system's own controller would bill (and release) the same pods
     replicas = Timekeepers(gpusharing, database)
     try:
         replicas.start()
         yield replicas
     finally:
         replicas.stop()
-        gpusharing.timekeeper.__enter__()
+        gpusharing.controller.__enter__()
 
 
 # --- a kubelet's part ---------------------------------------------------------------------------------------------

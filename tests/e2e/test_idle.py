@@ -34,17 +34,11 @@ METER_INTERVAL = 0.5
 
 @pytest.fixture(scope="module")
 def timekeeper(gpusharing: GpuSharing) -> Iterator[Service]:
-    """The system's timekeeper, on its own address (which the webhook polls), passing its idle policies every half
-    second and judging meters that report every half second."""
-    service = gpusharing.timekeeper
-    before = dict(service.env)
-    service.stop()
-    service.env.update(TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5", TIMEKEEPER_METER_INTERVAL_SECONDS=str(2 * METER_INTERVAL))
-    service.__enter__()
-    yield service
-    service.stop()
-    service.env = before
-    service.__enter__()
+    """The system's timekeeper, on its own address (which the webhook polls), and its controller, passing the idle
+    policies every half second and judging meters that report every half second."""
+    with gpusharing.timekeeper_settings(TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5",
+                                        TIMEKEEPER_METER_INTERVAL_SECONDS=str(2 * METER_INTERVAL)):
+        yield gpusharing.timekeeper
 
 
 def now() -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import requests
+
 from demo.processes import Service, free_port
 
 
@@ -18,3 +20,24 @@ class TimekeeperProcess(Service):
             env={"TIMEKEEPER_DATABASE_URL": database_url, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file, **env},
             log_path=log_path,
         )
+
+
+class ControllerProcess(Service):
+    """`gpusharing timekeeper controller` on the database, ready once its caches have listed the API's objects."""
+
+    def __init__(self, database_url: str, log_path: Path, **env: str):
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        super().__init__(
+            f"controller-{port}",
+            ["timekeeper", "controller", "--host", "127.0.0.1", "--port", str(port)],
+            f"http://127.0.0.1:{port}/readyz",
+            env={"TIMEKEEPER_DATABASE_URL": database_url, **env},
+            log_path=log_path,
+        )
+
+    def task_runs(self, task: str) -> float:
+        """How many times the task has run, as its /metrics says."""
+        text = requests.get(f"{self.url}/metrics", timeout=10).text
+        prefix = f'gpusharing_controller_task_duration_seconds_count{{task="{task}"}} '
+        return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)

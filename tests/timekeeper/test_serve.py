@@ -14,6 +14,7 @@ from sqlalchemy import create_engine
 
 from demo.processes import Service, free_port, run_command
 from tests.fakekube import FakeKube
+from tests.timekeeper.process import ControllerProcess
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import ADMIN, METER
 from timekeeper.database.schema import schema_problem
@@ -93,8 +94,9 @@ def test_a_crossing_a_transition_and_an_eviction_each_leave_an_info_line(
     url = f"http://127.0.0.1:{port}"
     env = {"TIMEKEEPER_DATABASE_URL": migrated, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
            "TIMEKEEPER_KUBECONFIG": str(kubeconfig), "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.2", "GPUSHARING_LOG_FORMAT": "json"}
-    log = tmp_path / "timekeeper.log"
-    with Service("timekeeper", ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port)], f"{url}/readyz", env=env, log_path=log):
+    log, controller_log = tmp_path / "timekeeper.log", tmp_path / "controller.log"
+    with Service("timekeeper", ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port)], f"{url}/readyz", env=env, log_path=log), \
+            ControllerProcess(migrated, controller_log, **env):
         admin = {"Authorization": f"Bearer {ADMIN}"}
         set_ = requests.put(f"{url}/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True}, headers=admin, timeout=10)
         assert set_.status_code == 201
@@ -106,7 +108,8 @@ def test_a_crossing_a_transition_and_an_eviction_each_leave_an_info_line(
             assert time.monotonic() < deadline, "the pod was never evicted"
             time.sleep(0.05)
 
-    entries = [json.loads(line) for line in log.read_text().splitlines()]  # every line is JSON, gunicorn's too
+    # Every line is JSON, gunicorn's too; the web replica logs the crossing, the controller what it did of it.
+    entries = [json.loads(line) for path in (log, controller_log) for line in path.read_text().splitlines()]
     info = [e for e in entries if e["level"] == "info" and e.get("namespace") == "team-a"]
     assert any(e.get("actor") == "alice" and e["message"].startswith("namespace team-a: budget set by alice") for e in info)
     assert any(e["message"] == "namespace team-a went over its GPU budget: the report of pod train-0" for e in info)

@@ -54,6 +54,7 @@ class RecordedPod:
     owner: Owner | None = None
     idle_exempt: bool = False
     demoted: bool = False  # admitted out of budget, as the webhook's record says (not its priority class, the tenant's)
+    running: bool = False  # its phase is Running, as its kubelet says
 
     def observation(self, share: float, now: dt.datetime, grace_seconds: float) -> Observation | None:
         """The pod's record now, or None when it never started. A pod whose deletion's grace period has passed by
@@ -106,6 +107,7 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         idle_exempt=as_mapping(metadata.get("labels")).get(IDLE_EXEMPT_LABEL) == "true",
         demoted=annotations.get(ANNOTATION_BUDGET_STATE) == BudgetState.OVER_BUDGET
         or annotations.get(ANNOTATION_SAFE_ADMISSION) == "demoted",
+        running=status.get("phase") == "Running",
     )
 
 

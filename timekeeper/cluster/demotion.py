@@ -19,8 +19,7 @@ THRESHOLD = "GPUBudgetWarning"
 def eviction_candidates(pods: Iterable[GovernedPod]) -> list[GovernedPod]:
     """The running GPU pods the webhook admitted in budget, whatever priority class it let them keep (the webhook's
     record says so): not those it admitted demoted, already at the over-budget class; by name."""
-    running = [pod for pod in pods if pod.record.started_at is not None and pod.record.finished_at is None
-               and pod.record.deleted_at is None and not pod.record.demoted]
+    running = [pod for pod in pods if pod.record.running and pod.record.deleted_at is None and not pod.record.demoted]
     return sorted(running, key=lambda pod: pod.record.name)
 
 
