@@ -10,7 +10,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from demo.processes import child_pids
 from tests.cluster.conftest import LEASE_SECONDS
 from tests.cluster.nodes import METER, STOPS_AFTER, NodeSimulator
 from tests.cluster.workloads import create_all, delete_namespaces, pod, pod_template
@@ -25,7 +24,7 @@ def evictions(log: Path, namespace: str) -> Counter[str]:
     return Counter(name for ns, name in EVICTED.findall(log.read_text(errors="replace")) if ns == namespace)
 
 
-def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_timekeepers(cluster: GpuSharing, nodes: NodeSimulator) -> None:
+def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_controllers(cluster: GpuSharing, nodes: NodeSimulator) -> None:
     cluster.require_controllers()
     nodes.add_pool("leader", 10, "hami")
     namespace = cluster.namespace("cluster-leader")
@@ -37,17 +36,18 @@ def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_timekeepe
     running = lambda: sum(p["status"].get("phase") == "Running" for p in cluster.pods(namespace))  # noqa: E731
     wait_for(lambda: running() == PODS, f"{PODS} pods running on the simulated nodes", timeout=300)
 
-    second, second_url = cluster.timekeeper_service("timekeeper-2", cluster.database)
+    second = cluster.controller_service("controller-2", cluster.database)
     lease_path = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/{LEASE_NAME}"
-    logs = {cluster.timekeeper: cluster.directory / "timekeeper.log", second: cluster.directory / "timekeeper-2.log"}
+    logs = {cluster.controller: cluster.directory / "controller.log", second: cluster.directory / "controller-2.log"}
     try:
         cluster.set_budget(namespace, gpu_minutes=1, evict=True)  # below what its pods have used: over budget at once
 
         terminating = lambda: sum("deletionTimestamp" in p["metadata"] for p in cluster.pods(namespace))  # noqa: E731
         wait_for(lambda: terminating() >= 50, "the pass to have evicted 50 pods")
         holder = cluster.rest("GET", lease_path)["spec"]["holderIdentity"]
-        (leader,) = [s for s in logs if any(f"-{pid}-" in holder for pid in child_pids(s.process.pid))]  # type: ignore[union-attr]
-        (worker,) = child_pids(leader.process.pid)  # type: ignore[union-attr]
+        (leader,) = [s for s in logs if s.process is not None and f"-{s.process.pid}-" in holder]
+        assert leader.process is not None
+        worker = leader.process.pid
         os.kill(worker, signal.SIGSTOP)  # the leader, paused mid-pass, still believes it leads
         try:
             wait_for(lambda: cluster.rest("GET", lease_path)["spec"]["holderIdentity"] != holder, "a successor to take the lease")
@@ -61,7 +61,7 @@ def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_timekeepe
         assert set(granted) == {f"train-{i:03d}" for i in range(PODS)}
         assert [name for name, times in granted.items() if times > 1] == []  # the API server granted no pod's eviction twice
         assert all(evictions(log, namespace) for log in logs.values()), "both evicted: the successor took over mid-pass"
-        assert "the pass stops here" in logs[leader].read_text()  # the deposed leader stopped
+        assert "stops here" in logs[leader].read_text()  # the deposed leader stopped
     finally:
         second.stop()
         delete_namespaces(cluster, namespace)

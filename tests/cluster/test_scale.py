@@ -108,8 +108,9 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
 
         webhook = max(rss_mib(pid) for pid in child_pids(cluster.webhook.process.pid))  # type: ignore[union-attr]
         timekeeper = max(rss_mib(pid) for pid in child_pids(cluster.timekeeper.process.pid))  # type: ignore[union-attr]
-        figures.append(f"resident memory: webhook worker {webhook:.0f} MiB, timekeeper worker {timekeeper:.0f} MiB "
-                       f"({NODES} nodes, {PODS} GPU pods, {PODS // 2} other pods)")
+        controller = rss_mib(cluster.controller.process.pid)  # type: ignore[union-attr]
+        figures.append(f"resident memory: webhook worker {webhook:.0f} MiB, timekeeper worker {timekeeper:.0f} MiB, "
+                       f"controller {controller:.0f} MiB ({NODES} nodes, {PODS} GPU pods, {PODS // 2} other pods)")
     finally:
         delete_namespaces(cluster, *teams, baseline_namespace)
         nodes.meter_interval = interval
