@@ -35,12 +35,12 @@ def pod(share: str | None = "0.5", deadline: Any = 1200, phase: str = "Pending",
     status: dict[str, Any] = {"phase": phase}
     if started:
         status["startTime"] = started
-    return {"metadata": {"namespace": "ml", "name": "p", "annotations": annotations}, "spec": spec, "status": status}
+    return {"metadata": {"namespace": "ml", "name": "p", "uid": "uid-p", "annotations": annotations}, "spec": spec, "status": status}
 
 
 def test_a_pod_not_started_commits_its_whole_deadline() -> None:
     committed = committed_pod(pod(), CATALOGUE)
-    assert committed == CommittedPod("ml", 0.5, 1000, 1200, None, "a" * 16)
+    assert committed == CommittedPod("ml", 0.5, 1000, 1200, None, "a" * 16, "p", "uid-p")
     assert committed.committed(NOW) == 10 * MINUTE  # 0.5 GPU x 1200 s
 
 
