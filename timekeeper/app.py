@@ -12,7 +12,6 @@ from timekeeper.api import register_api
 from timekeeper.api.context import SERVICES
 from timekeeper.budgets.store import Clock
 from timekeeper.cluster.kube import KubeApi
-from timekeeper.cluster.pods import PodCommitments
 from timekeeper.config import TimekeeperConfig
 from timekeeper.services import build_services
 
@@ -22,12 +21,10 @@ def create_app(
     kube: KubeApi | None = None,
     clock: Clock | None = None,
     background: bool = True,
-    commitments: PodCommitments | None = None,
 ) -> Flask:
     """The app; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API, `clock` to
-    TIMEKEEPER_CLOCK, `background` runs the controller's loop and follows the cluster's GPU pods (`commitments`,
-    for safe admission)."""
-    services = build_services(config or TimekeeperConfig.from_env(), kube, clock, background, commitments)
+    TIMEKEEPER_CLOCK, `background` runs the controller's loop."""
+    services = build_services(config or TimekeeperConfig.from_env(), kube, clock, background)
     app = Flask("timekeeper")
     app.extensions.update({SERVICES: services, ON_STOP: services.on_stop()}, ledger=services.ledger,
                           reports=services.reports, controller=services.controller, database=services.database)

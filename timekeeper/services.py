@@ -24,7 +24,7 @@ from timekeeper.cluster.billing import Biller
 from timekeeper.cluster.controller import Controller
 from timekeeper.cluster.idling import Idler
 from timekeeper.cluster.kube import KubeApi
-from timekeeper.cluster.pods import PodCommitments, watched_pods
+from timekeeper.cluster.pods import PublishedCommitments
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.database.clock import DatabaseClock
@@ -55,7 +55,7 @@ class Services:
     idle: IdleLedger
     reports: ReportQueue
     controller: Controller | None  # None without a Kubernetes API
-    commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
+    commitments: PublishedCommitments  # the committed pods the controller publishes (this process watches no pods)
     collector: metrics.LedgerCollector
     schema_head: str
     webhooks: WebhookListings  # what each webhook process holds in force
@@ -63,10 +63,10 @@ class Services:
     def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
         below it) and a namespace's owners held out of budget after an idle pod of theirs was evicted."""
-        pods = self.commitments
-        committed = None if pods is None else pods.by_namespace()
+        pods = self.commitments.read()
+        committed = pods.by_namespace()
         held_idle = holds_by_namespace(self.idle.holds())
-        if pods is None or committed is None:
+        if committed is None:
             listed = listing_json(statuses, None, {}, {})
         else:
             held = self.reservations.held(pods.counted_ids())
@@ -77,8 +77,7 @@ class Services:
         """On SIGTERM, once the requests in flight are answered: the controller's pass under way finishes (its
         evictions and Events recorded as done) and it gives up its Lease, then the report queue, already empty,
         closes."""
-        return [*([self.controller.stop] if self.controller is not None else []), self.reports.close,
-                *([self.commitments.stop] if self.commitments is not None else [])]
+        return [*([self.controller.stop] if self.controller is not None else []), self.reports.close]
 
 
 def build_services(
@@ -86,7 +85,6 @@ def build_services(
     kube: KubeApi | None = None,
     clock: Clock | None = None,
     background: bool = True,
-    commitments: PodCommitments | None = None,
 ) -> Services:
     """See timekeeper.app.create_app for what each argument defaults to."""
     db = Database.from_config(config)
@@ -115,9 +113,9 @@ def build_services(
                                 config.lease_seconds, biller=biller, idler=idler)
     if controller is not None and background:
         controller.start()
-    if commitments is None and kube is not None and background:
-        # Replicas answer the webhooks alike: what is left of each deadline is reckoned by the database's clock.
-        commitments = watched_pods(kube, config.catalogue, clock, config.reservation_seconds, metrics.record_pod_sync)
+    # Replicas answer the webhooks alike: what the controller published, what is left of each deadline reckoned by
+    # the database's clock.
+    commitments = PublishedCommitments(db, clock, config.reservation_seconds)
     return Services(config, auth, db, budgets, ReservationStore(budgets, config.reservation_seconds), ledger, idle,
                     ReportQueue(ledger), controller, commitments,
                     metrics.LedgerCollector(ledger, commitments, idle), head_revision(), WebhookListings(db))
