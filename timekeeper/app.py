@@ -12,7 +12,6 @@ from timekeeper.api import register_api
 from timekeeper.api.context import SERVICES
 from gpusharing.clock import Clock
 from timekeeper.cluster.kube import KubeApi
-from timekeeper.cluster.pods import PodCommitments
 from timekeeper.config import TimekeeperConfig
 from timekeeper.services import build_services
 
@@ -21,14 +20,12 @@ def create_app(
     config: TimekeeperConfig | None = None,
     kube: KubeApi | None = None,
     clock: Clock | None = None,
-    background: bool = True,
-    commitments: PodCommitments | None = None,
 ) -> Flask:
     """The app of the web replicas; `kube` defaults to TIMEKEEPER_KUBECONFIG, KUBECONFIG or the in-cluster API (for
-    TokenReviews and SubjectAccessReviews), `clock` to the database's time (TIMEKEEPER_CLOCK in tests), `background`
-    follows the cluster's GPU pods (`commitments`, for safe admission). The cluster work is the controller's
+    TokenReviews and SubjectAccessReviews), `clock` to the database's time (TIMEKEEPER_CLOCK in tests). Safe
+    admission's commitments are read from what the controller publishes; the cluster work is the controller's
     process (timekeeper.cluster.manager)."""
-    services = build_services(config or TimekeeperConfig.from_env(), kube, clock, background, commitments)
+    services = build_services(config or TimekeeperConfig.from_env(), kube, clock)
     app = Flask("timekeeper")
     app.extensions.update({SERVICES: services, ON_STOP: services.on_stop()}, ledger=services.ledger,
                           reports=services.reports, database=services.database)

@@ -32,6 +32,7 @@ class TaskIntervals:
     ended: float = 5.0  # ended pods' bills close and their finalizers come off
     idle: float = 10.0  # idle policies: an action comes within one run of its deadline
     silent_meters: float = 30.0  # MeterSilent Events
+    commitments: float = 1.0  # safe admission's committed pods published for the web replicas
     events: float = 5.0  # the Event queue, besides whenever an Event is queued
 
 
@@ -39,6 +40,7 @@ TASK_SETTINGS = {
     "budgets": "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "statuses": "TIMEKEEPER_STATUS_INTERVAL_SECONDS",
     "bills": "TIMEKEEPER_BILLING_INTERVAL_SECONDS", "ended": "TIMEKEEPER_ENDED_INTERVAL_SECONDS",
     "idle": "TIMEKEEPER_IDLE_INTERVAL_SECONDS", "silent_meters": "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS",
+    "commitments": "TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS",
 }
 
 

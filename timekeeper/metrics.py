@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from timekeeper.accounting.reports import ReportLedger
     from timekeeper.accounting.streaks import IdleLedger
     from timekeeper.budgets.status import BudgetStatus
-    from timekeeper.cluster.pods import PodCommitments
+    from timekeeper.cluster.pods import PublishedCommitments
 
 MIB = 1024 * 1024
 # The per-pod series (pods overrunning their GPU memory, running pods) are at most this many each: bounded cardinality.
@@ -101,7 +101,7 @@ class LedgerCollector(Collector):
     Read from the database rather than kept in each worker, so that every worker and every replica agrees.
     """
 
-    def __init__(self, ledger: "ReportLedger", commitments: "PodCommitments | None" = None, idle: "IdleLedger | None" = None):
+    def __init__(self, ledger: "ReportLedger", commitments: "PublishedCommitments | None" = None, idle: "IdleLedger | None" = None):
         self.ledger = ledger
         self.commitments = commitments
         self.idle = idle

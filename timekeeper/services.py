@@ -23,7 +23,7 @@ from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.manager import ControllerManager
-from timekeeper.cluster.pods import PodCommitments, watched_pods
+from timekeeper.cluster.pods import PublishedCommitments
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.database.clock import DatabaseClock
@@ -53,7 +53,7 @@ class Services:
     ledger: ReportLedger
     idle: IdleLedger
     reports: ReportQueue
-    commitments: PodCommitments | None  # None until the cluster's GPU pods are followed
+    commitments: PublishedCommitments  # the committed pods the controller publishes (this process watches no pods)
     collector: metrics.LedgerCollector
     schema_head: str
     webhooks: WebhookListings  # what each webhook process holds in force
@@ -61,10 +61,10 @@ class Services:
     def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
         below it) and a namespace's owners held out of budget after an idle pod of theirs was evicted."""
-        pods = self.commitments
-        committed = None if pods is None else pods.by_namespace()
+        pods = self.commitments.read()
+        committed = pods.by_namespace()
         held_idle = holds_by_namespace(self.idle.holds())
-        if pods is None or committed is None:
+        if committed is None:
             listed = listing_json(statuses, None, {}, {})
         else:
             held = self.reservations.held(pods.counted_ids())
@@ -73,7 +73,7 @@ class Services:
 
     def on_stop(self) -> list[Callable[[], None]]:
         """On SIGTERM, once the requests in flight are answered: the report queue, already empty, closes."""
-        return [self.reports.close, *([self.commitments.stop] if self.commitments is not None else [])]
+        return [self.reports.close]
 
 
 @dataclass
@@ -105,8 +105,6 @@ def build_services(
     config: TimekeeperConfig,
     kube: KubeApi | None = None,
     clock: Clock | None = None,
-    background: bool = True,
-    commitments: PodCommitments | None = None,
 ) -> Services:
     """The web replicas' services: no controller, no Lease (see build_controller)."""
     stores = build_stores(config, clock)
@@ -116,9 +114,9 @@ def build_services(
         log.warning(NO_AUTH_WARNING)
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
     auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds)
-    if commitments is None and kube is not None and background:
-        # Replicas answer the webhooks alike: what is left of each deadline is reckoned by the database's clock.
-        commitments = watched_pods(kube, config.catalogue, stores.clock.now, config.reservation_seconds, metrics.record_pod_sync)
+    # Replicas answer the webhooks alike: what the controller published, what is left of each deadline reckoned by
+    # the database's clock.
+    commitments = PublishedCommitments(stores.database, stores.clock.now, config.reservation_seconds)
     return Services(config, auth, stores.database, stores.budgets, ReservationStore(stores.budgets, config.reservation_seconds),
                     stores.ledger, stores.idle, ReportQueue(stores.ledger), commitments,
                     metrics.LedgerCollector(stores.ledger, commitments, stores.idle), head_revision(),

@@ -59,7 +59,7 @@ def exposition(tmp_path: Path) -> str:
 
     url = f"sqlite:///{tmp_path / 'timekeeper.sqlite'}"
     upgrade(url)
-    app = create_timekeeper(TimekeeperConfig(database_url=url, auth="none"), kube=None, background=False)
+    app = create_timekeeper(TimekeeperConfig(database_url=url, auth="none"), kube=None)
     timekeeper = app.test_client()
     timekeeper.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
     report = {"podUid": "u1", "namespace": "team-a", "pod": "p", "gpuShare": 1, "seq": 1, "gpuSeconds": 120,

@@ -27,7 +27,6 @@ from timekeeper.app import create_app
 from timekeeper.services import build_controller
 from timekeeper.cluster.manager import ControllerManager, ControllerPass
 from timekeeper.cluster.kube import KubeApi
-from timekeeper.cluster.pods import PodCommitments
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.schema import upgrade
 from timekeeper.database.tables import Base
@@ -116,11 +115,11 @@ def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppF
     """create_app on the test's database; static tokens unless told otherwise."""
     apps: list[Flask] = []
 
-    def make(kube: KubeApi | None = None, commitments: PodCommitments | None = None, **settings: Any) -> Flask:
+    def make(kube: KubeApi | None = None, **settings: Any) -> Flask:
         if "catalogue" in settings:  # the GPU models, read with the rest of the GPU request's settings
             settings["gpu_request"] = GpuRequestSettings(catalogue=settings.pop("catalogue"))
         config = TimekeeperConfig(**{"database_url": database_url, "auth": "static", "static_tokens_file": tokens_file, **settings})
-        app = create_app(config, kube=kube, clock=clock, background=False, commitments=commitments)
+        app = create_app(config, kube=kube, clock=clock)
         apps.append(app)
         return app
 

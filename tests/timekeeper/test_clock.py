@@ -76,7 +76,7 @@ def test_without_a_reading_the_databases_failure_is_the_callers_and_the_next_cal
 
 
 def test_a_served_timekeeper_reckons_by_the_databases_time_and_a_test_clock_replaces_it(database_url: str) -> None:
-    services = build_services(TimekeeperConfig(database_url=database_url, auth="none"), background=False)
+    services = build_services(TimekeeperConfig(database_url=database_url, auth="none"))
     clock = services.budgets.clock
     assert isinstance(clock, DatabaseClock)
     before, now, after = services.database.now(), clock.now(), services.database.now()
@@ -84,7 +84,7 @@ def test_a_served_timekeeper_reckons_by_the_databases_time_and_a_test_clock_repl
     services.reports.close()
     services.database.dispose()
     tested = build_services(TimekeeperConfig(database_url=database_url, auth="none",
-                                             clock="tests.timekeeper.fake_clock:now"), background=False)
+                                             clock="tests.timekeeper.fake_clock:now"))
     assert not isinstance(tested.budgets.clock, DatabaseClock)
     tested.reports.close()
     tested.database.dispose()

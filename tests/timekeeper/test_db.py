@@ -116,7 +116,7 @@ def test_a_connection_the_server_dropped_fails_one_report_with_503_and_the_retry
     dropping_server: tuple[str, PostgresServer], tokens_file: str
 ) -> None:
     url, server = dropping_server
-    app: Flask = create_app(TimekeeperConfig(database_url=url, auth="static", static_tokens_file=tokens_file), background=False)
+    app: Flask = create_app(TimekeeperConfig(database_url=url, auth="static", static_tokens_file=tokens_file))
     meter = SpecClient(app.test_client(), METER)
     try:
         body = {"podUid": "uid-1", "namespace": "team-a", "pod": "trainer", "gpuShare": 0.5, "seq": 1, "gpuSeconds": 60.0}

@@ -1,13 +1,12 @@
 """Safe admission end to end on each database: the webhook (the real app, polling the real timekeeper over HTTP)
 reserves each pod's commitment with the timekeeper, which weighs it against every budget on the namespace's path,
 and concurrent bursts of pods never commit more than is left. The cluster's pods are the one part played here: the
-pods the webhook admitted are handed to the timekeeper's pod index as its watch would deliver them."""
+pods the webhook admitted are published in the database as the timekeeper's controller publishes its watch's (a
+CommitmentPublisher, every simulated second), and the web side reads them there."""
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,9 @@ from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, S
 from tests.webhook.conftest import api_server_callers, as_api_server
 from tests.webhook.test_admission import patch_of
 from timekeeper.budgets.commitments import CommittedPod, committed_pod
-from timekeeper.cluster.pods import PodCommitments
+from timekeeper.api.context import SERVICES
+from timekeeper.cluster.pods import CommitmentPublisher
+from timekeeper.database.tables import commitment_publications
 from timekeeper.metrics import LedgerCollector
 from webhook.app import create_app as create_webhook
 from webhook.caches.budgets import BudgetStateCache
@@ -35,23 +36,25 @@ NAMESPACE = "ml"
 OVER_BUDGET_CLASS = WebhookConfig().priority_class_over_budget
 
 
-class PodIndex:
-    """The timekeeper's pods, as its watch would keep them (`items` of gpusharing.kube.watching.WatchedObjects)."""
-
-    def __init__(self) -> None:
-        self.items: dict[tuple[str, str], CommittedPod] | None = {}
-        self.broken_since: float | None = None
-
-    def stop(self) -> None:
-        pass
-
-
 class System:
-    def __init__(self, timekeeper: SpecClient, pods: PodIndex, commitments: PodCommitments, webhook: Any, cache: BudgetStateCache,
-                 metrics: LedgerCollector):
-        self.timekeeper, self.pods, self.commitments, self.webhook, self.cache = timekeeper, pods, commitments, webhook, cache
+    def __init__(self, timekeeper: SpecClient, publisher: CommitmentPublisher, clock: Clock, webhook: Any,
+                 cache: BudgetStateCache, metrics: LedgerCollector):
+        self.timekeeper, self.publisher, self.clock, self.webhook, self.cache = timekeeper, publisher, clock, webhook, cache
         self.metrics = metrics
+        self.pods: dict[str, CommittedPod] = {}  # the controller's watch's committed pods, by uid
+        self.healthy = True  # whether its watch is
         self.created = 0
+
+    def publish(self) -> None:
+        """What the controller does every second: the committed pods its watch holds, published in the database."""
+        self.publisher.publish(self.pods, self.healthy)
+
+    def elapse(self, seconds: float) -> None:
+        """Time passes, the controller publishing every second."""
+        while seconds > 0:
+            self.clock.advance(seconds=min(1.0, seconds))
+            seconds -= 1.0
+            self.publish()
 
     def burst(self, count: int, deadline: int, namespaces: tuple[str, ...] = (NAMESPACE,),
               annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -85,15 +88,25 @@ class System:
         }, namespace)
 
     def created_in_cluster(self, admitted: list[dict[str, Any]]) -> None:
-        assert self.pods.items is not None
         for result in admitted:
             pod = result["pod"]
-            committed = self.commitments.saw(committed_pod(pod, WebhookConfig().gpu_request.catalogue))  # as the watch brings it
+            pod["metadata"]["uid"] = uid(pod["metadata"]["namespace"], pod["metadata"]["name"])  # the API server's
+            committed = committed_pod(pod, WebhookConfig().gpu_request.catalogue)  # as the controller's watch brings it
             assert committed is not None
-            self.pods.items[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = committed
+            self.pods[committed.uid] = committed
+        self.publish()
+
+    def ended(self, admitted: list[dict[str, Any]]) -> None:
+        for result in admitted:
+            del self.pods[uid(result["pod"]["metadata"]["namespace"], result["pod"]["metadata"]["name"])]
+        self.publish()
 
     def uncommitted_minutes(self, namespace: str = NAMESPACE) -> float:
         return float(self.timekeeper.get(f"/api/v1/budgets/{namespace}").json["uncommitted"]["gpuMinutes"])
+
+
+def uid(namespace: str, name: str) -> str:
+    return f"uid-{namespace}-{name}"
 
 
 def verdicts(verdict: str) -> float:
@@ -110,10 +123,9 @@ def in_budget(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def system(make_app: AppFactory, tmp_path: Path) -> Iterator[System]:
-    pods = PodIndex()
-    commitments = PodCommitments(pods, lambda: dt.datetime.now(dt.timezone.utc))  # type: ignore[arg-type]
-    app = make_app(commitments=commitments)
+def system(make_app: AppFactory, tmp_path: Path, clock: Clock) -> Iterator[System]:
+    app = make_app()
+    publisher = CommitmentPublisher(app.extensions["database"], clock)  # the controller's, on the same database
     timekeeper = SpecClient(app.test_client(), ADMIN)
     token = tmp_path / "token"
     token.write_text(READER)
@@ -121,7 +133,10 @@ def system(make_app: AppFactory, tmp_path: Path) -> Iterator[System]:
         cache = BudgetStateCache(url, str(token))
         webhook = create_webhook(WebhookConfig(timekeeper_url=url, timekeeper_token_file=str(token)), cache, no_claims, no_jobs,
                                  api_server_callers())
-        yield System(timekeeper, pods, commitments, webhook, cache, LedgerCollector(app.extensions["ledger"], commitments))
+        collector = LedgerCollector(app.extensions["ledger"], app.extensions[SERVICES].commitments)
+        system = System(timekeeper, publisher, clock, webhook, cache, collector)
+        system.publish()  # the controller's watch has listed the cluster's pods: none yet
+        yield system
 
 
 def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: System) -> None:
@@ -130,8 +145,8 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     # 10 GPU-minutes used, and a pod committing 20 more: 40 left uncommitted.
     report = {"podUid": "used-1", "namespace": NAMESPACE, "pod": "done", "gpuShare": 1, "seq": 1, "gpuSeconds": 600, "final": True}
     assert api.as_(METER).post("/api/v1/reports", json=report).status_code == 200
-    assert system.pods.items is not None
-    system.pods.items[(NAMESPACE, "running")] = CommittedPod(NAMESPACE, 0.5, 1000, 2400, None, None)
+    system.pods[uid(NAMESPACE, "running")] = CommittedPod(NAMESPACE, 0.5, 1000, 2400, None, None, "running", uid(NAMESPACE, "running"))
+    system.publish()
     assert system.uncommitted_minutes() == 40.0
     assert system.cache.refresh()
 
@@ -160,8 +175,7 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     assert in_budget(system.burst(5, deadline=60)) == []
 
     # Five pods end: their 10 GPU-minutes are uncommitted again, for five more of the next burst.
-    for result in admitted[:5]:
-        del system.pods.items[(NAMESPACE, result["pod"]["metadata"]["name"])]
+    system.ended(admitted[:5])
     assert system.uncommitted_minutes() == 10.0
     assert len(in_budget(system.burst(12, deadline=120))) == 5
 
@@ -189,9 +203,9 @@ def test_a_reservation_no_pod_came_of_lapses(system: System, clock: Clock) -> No
     assert system.cache.refresh()
     assert len(in_budget(system.burst(3, deadline=60))) == 3
     assert in_budget(system.burst(1, deadline=60)) == []
-    clock.advance(seconds=29)
+    system.elapse(29)
     assert in_budget(system.burst(1, deadline=60)) == []
-    clock.advance(seconds=2)  # TIMEKEEPER_RESERVATION_SECONDS (30) after them
+    system.elapse(2)  # TIMEKEEPER_RESERVATION_SECONDS (30) after them
     assert len(in_budget(system.burst(3, deadline=60))) == 3
 
 
@@ -227,21 +241,26 @@ def test_a_pod_claiming_another_pods_admission_id_is_refused_and_a_forged_one_re
         f"admission of pod {NAMESPACE}/{stolen['metadata']['name']}: remove the annotation (the GPU-sharing webhook sets it)")}
 
 
-@pytest.mark.parametrize(("broken", "reason"), [
-    (None, "the timekeeper has not yet listed the cluster's pods"),
-    (60.0, "the timekeeper's watch of the cluster's pods has failed for 6"),
+@pytest.mark.parametrize(("failure", "reason"), [
+    ("unpublished", "the timekeeper's controller has not published the cluster's pods yet"),
+    ("watch failed", "the timekeeper's controller's watch of the cluster's pods has failed for 60 s"),
+    ("controller stopped", "the timekeeper's controller last published the cluster's pods 60 s ago"),
 ])
 def test_what_cannot_be_counted_is_refused_under_strict_and_admitted_saying_so_under_safe(
-    system: System, broken: float | None, reason: str
+    system: System, failure: str, reason: str
 ) -> None:
     api = system.timekeeper
     for namespace, mode in (("strict-ns", "strict"), ("safe-ns", "safe")):
         assert api.put(f"/api/v1/budgets/{namespace}", json={"gpuMinutes": 100, "admission": mode}).status_code == 201
     assert system.cache.refresh()
-    if broken is None:
-        system.pods.items = None
+    if failure == "unpublished":  # a database the controller has not published into yet
+        with system.publisher.db.write() as conn:
+            conn.execute(commitment_publications.delete())
+    elif failure == "watch failed":  # the controller publishes, from a watch failing for a minute
+        system.healthy = False
+        system.elapse(60)
     else:
-        system.pods.broken_since = time.monotonic() - broken
+        system.clock.advance(seconds=60)
     assert api.get("/api/v1/budgets/strict-ns").json["committedGpuMinutes"] is None
     (strict,) = system.burst(1, deadline=60, namespaces=("strict-ns",))
     assert not strict["response"]["allowed"] and reason in strict["response"]["status"]["message"]
@@ -249,7 +268,8 @@ def test_what_cannot_be_counted_is_refused_under_strict_and_admitted_saying_so_u
     (safe,) = system.burst(1, deadline=60, namespaces=("safe-ns",))
     assert safe["response"]["allowed"] and safe["pod"]["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "unchecked"
     assert reason in safe["response"]["warnings"][0]
-    system.pods.items, system.pods.broken_since = {}, None
+    system.healthy = True
+    system.publish()
     assert system.burst(1, deadline=60, namespaces=("strict-ns",))[0]["response"]["allowed"]
 
 
@@ -262,7 +282,7 @@ def test_only_the_webhook_reserves(system: System) -> None:
         assert system.timekeeper.as_(READER).post("/api/v1/reservations", json=hostile).status_code == 400
 
 
-def test_without_a_pod_watch_nothing_is_reserved_and_the_webhook_is_told_why(make_app: AppFactory) -> None:
-    api = SpecClient(make_app().test_client(), READER)  # no Kubernetes API: the cluster's pods are not followed
+def test_without_the_controllers_publications_nothing_is_reserved_and_the_webhook_is_told_why(make_app: AppFactory) -> None:
+    api = SpecClient(make_app().test_client(), READER)  # no controller has published the cluster's pods (none runs)
     answer = api.post("/api/v1/reservations", json={"id": "a-review", "namespace": NAMESPACE, "microGpuSeconds": 1})
-    assert (answer.status_code, answer.json) == (503, {"error": "the timekeeper does not follow the cluster's pods (it has no Kubernetes API)"})
+    assert (answer.status_code, answer.json) == (503, {"error": "the timekeeper's controller has not published the cluster's pods yet"})

@@ -59,10 +59,10 @@ def test_a_missing_sqlite_file_is_named_and_not_created_by_looking(tmp_path: Pat
 
 def test_readyz_is_503_with_the_reason_when_the_database_is_behind_or_gone(tmp_path: Path, postgres: PostgresServer) -> None:
     (tmp_path / "empty.sqlite").touch()
-    behind = create_app(TimekeeperConfig(database_url=f"sqlite:///{tmp_path / 'empty.sqlite'}", auth="none"), background=False)
+    behind = create_app(TimekeeperConfig(database_url=f"sqlite:///{tmp_path / 'empty.sqlite'}", auth="none"))
     answer = SpecClient(behind.test_client()).get("/readyz")
     assert answer.status_code == 503 and "not migrated" in answer.json["reason"]
-    gone = create_app(TimekeeperConfig(database_url=postgres.url("no_such_database"), auth="none"), background=False)
+    gone = create_app(TimekeeperConfig(database_url=postgres.url("no_such_database"), auth="none"))
     answer = SpecClient(gone.test_client()).get("/readyz")
     assert answer.status_code == 503 and answer.json["reason"].startswith("the database is unreachable")
     for app in (behind, gone):

@@ -114,7 +114,7 @@ def test_a_deadline_the_api_server_would_refuse_counts_as_none() -> None:
         assert decide(pod(hostile), budget(AdmissionMode.STRICT)).refuse is not None  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("reason", ["the timekeeper has not yet listed the cluster's pods",
+@pytest.mark.parametrize("reason", ["the timekeeper's controller has not published the cluster's pods yet",
                                     "the timekeeper did not answer: no answer from 127.0.0.1:8080 within 2 s"])
 def test_what_cannot_be_counted_is_refused_under_strict_and_admitted_saying_so_under_safe(reason: str) -> None:
     unknown = Timekeeper(answer=Grant(Outcome.UNKNOWN, reason=reason))
@@ -235,8 +235,8 @@ def test_the_reservation_is_asked_of_the_timekeeper_with_the_webhooks_token(time
 
 
 @pytest.mark.parametrize(("status", "answer", "reason"), [
-    (503, {"error": "the timekeeper has not yet listed the cluster's pods"},
-     "the timekeeper could not reserve (HTTP 503): the timekeeper has not yet listed the cluster's pods"),
+    (503, {"error": "the timekeeper's controller has not published the cluster's pods yet"},
+     "the timekeeper could not reserve (HTTP 503): the timekeeper's controller has not published the cluster's pods yet"),
     (200, {"granted": "yes"}, "the timekeeper's answer was not understood: expected an object with granted true or false"),
 ])
 def test_an_answer_that_is_not_a_grant_is_unknown(timekeeper: FakeTimekeeper, status: int, answer: Any, reason: str) -> None:

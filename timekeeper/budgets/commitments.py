@@ -1,10 +1,11 @@
 """What the namespaces' GPU pods have committed of their budgets, and what is left uncommitted (safe admission).
 
-The timekeeper follows the cluster's GPU pods (those the webhook recorded a share on) by a watch. A pod with a
+The timekeeper's controller follows the cluster's GPU pods (those the webhook recorded a share on) by a watch and
+publishes the committed ones in the database, where the web replicas read them (timekeeper.cluster.pods). A pod with a
 deadline that has not ended commits its share x its model's weight x the time its deadline leaves it: all of its
 deadline until it starts, then what remains of it (gpusharing.commitment). A pod without a deadline commits
 nothing it can be held to, and is not counted. A pod being admitted holds its commitment as a reservation
-(timekeeper.budgets.reservations) until the watch brings the pod, whose admission id says which reservation it
+(timekeeper.budgets.reservations) until the controller publishes the pod, whose admission id says which reservation it
 replaces. What is left uncommitted is counted along the namespace's path to its root budget.
 """
 
@@ -40,6 +41,8 @@ class CommittedPod:
     deadline_seconds: int
     started_at: dt.datetime | None  # None: not started yet (its whole deadline is ahead)
     admission_id: str | None = None
+    name: str = ""  # the pod's, as the controller publishes it (admitted_as names it)
+    uid: str = ""  # the pod's metadata.uid: what the controller publishes it by
 
     def remaining_seconds(self, now: dt.datetime) -> float:
         if self.started_at is None:
@@ -75,6 +78,8 @@ def committed_pod(pod: Mapping[str, Any], catalogue: GpuCatalogue) -> CommittedP
         deadline,
         instant(status.get("startTime")),
         admission_id if isinstance(admission_id, str) and len(admission_id) <= MAX_ADMISSION_ID else None,
+        str(metadata.get("name", "")),
+        str(metadata.get("uid", "")),
     )
 
 

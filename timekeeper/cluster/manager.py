@@ -15,6 +15,7 @@ here, on the same machinery:
 | ended | TIMEKEEPER_ENDED_INTERVAL_SECONDS | ended pods' bills close, their finalizers come off |
 | idle | TIMEKEEPER_IDLE_INTERVAL_SECONDS | idle policies: warnings, holds, demotions and evictions |
 | silent-meters | TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS | a MeterSilent Event on each pod whose meter went quiet |
+| commitments | TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS | safe admission's committed pods published for the web replicas |
 | events | when an Event is queued | sends the queued Events |
 """
 
@@ -43,6 +44,7 @@ from timekeeper.cluster.idling import IdlePass, Idler
 from timekeeper.cluster.informers import ClusterInformers
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
+from timekeeper.cluster.pods import CommitmentPublisher, by_uid
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import TimekeeperConfig
 
@@ -82,6 +84,7 @@ class ControllerManager:
         self.biller = Biller(ledger, kube, config.gpu_request, self.informers.pods, self.informers.claims, self.events,
                              config.meter_interval_seconds)
         self.idler = Idler(idle, budgets, self.informers.pods, self.evictions, self.events, fresh)
+        self.commitments = CommitmentPublisher(budgets.db, budgets.clock, identity)
         self.budget_sync = BudgetSync(budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last)
         self._leading = False
         now = budgets.clock
@@ -93,12 +96,19 @@ class ControllerManager:
             Task("ended", intervals.ended, lambda: self.biller.close_ended(now())),
             Task("idle", intervals.idle, lambda: self.idler.run(now())),
             Task("silent-meters", intervals.silent_meters, lambda: self.biller.flag_silent(now())),
+            Task("commitments", intervals.commitments, self._publish_commitments),
             Task("events", intervals.events, self.events.send, leader_only=False),
         ):
             self.scheduler.add(Task(task.name, task.interval_seconds, _stops_on_lost_lease(task.name, task.run),
                                     task.leader_only))
         for watched in self.informers.budgets.values():
             watched.subscribe(on_change=lambda: self.scheduler.wake("budgets", "statuses"))
+
+    def _publish_commitments(self) -> None:
+        pods = self.informers.pods
+        items = pods.items
+        committed = [pod.commitment for pod in list((items or {}).values()) if pod.commitment is not None]
+        self.commitments.publish(by_uid(committed), items is not None and pods.broken_since is None)
 
     def leading(self) -> bool:
         return self._leading and self.election.remaining_seconds() > 0

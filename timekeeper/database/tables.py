@@ -282,6 +282,38 @@ class WebhookListingRow(Base):
     expires_at: Mapped[float] = mapped_column(Float, index=True)  # live until then: a few of its poll intervals
 
 
+class CommittedPodRow(Base):
+    """A GPU pod with a deadline that has not ended, as the controller last published it from its pod watch
+    (timekeeper.cluster.pods): what the web replicas count for safe admission. A pod that left the committed set
+    (ended, deleted) stays a while, `gone_at` set, so that its admission id keeps its reservation given up."""
+
+    __tablename__ = "committed_pods"
+
+    uid: Mapped[str] = mapped_column(String(253), primary_key=True)  # the pod's metadata.uid
+    namespace: Mapped[str] = mapped_column(String(253))
+    name: Mapped[str] = mapped_column(String(253))
+    share: Mapped[float] = mapped_column(Float)  # the billed share the webhook recorded
+    weight: Mapped[int] = mapped_column(Integer)  # thousandths, of its GPU model
+    deadline_seconds: Mapped[int] = mapped_column(Integer)  # its activeDeadlineSeconds, bounded
+    started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # None: not started (its whole deadline ahead)
+    admission_id: Mapped[str | None] = mapped_column(String(64))  # gpusharing.io/admission-id: the reservation it replaces
+    seen_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)  # the database's time the controller last saw it change
+    gone_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the database's time it left the set; None: committed
+
+
+class CommitmentPublicationRow(Base):
+    """The controller's heartbeat for committed_pods (one row): who last published, when, and whether its pod watch
+    was healthy; `confirmed_at` is the last publication by a healthy watch, as of which the rows are the cluster's."""
+
+    __tablename__ = "commitment_publications"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)  # "committed-pods"
+    publisher: Mapped[str] = mapped_column(String(253))  # the publishing process's name for itself
+    published_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)  # the database's time of its last publication
+    healthy: Mapped[bool] = mapped_column(Boolean)  # whether its pod watch was healthy then
+    confirmed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the last with a healthy watch; None: none yet
+
+
 budgets = BudgetRow.__table__
 top_ups = TopUpRow.__table__
 budget_changes = BudgetChangeRow.__table__
@@ -298,3 +330,5 @@ idle_holds = IdleHoldRow.__table__
 controller_terms = ControllerTermRow.__table__
 eviction_claims = EvictionClaimRow.__table__
 webhook_listings = WebhookListingRow.__table__
+committed_pods = CommittedPodRow.__table__
+commitment_publications = CommitmentPublicationRow.__table__
