@@ -64,6 +64,7 @@ RENDERINGS = (
     Rendering("base/rbac.yaml", "rbac.yaml"),
     Rendering("base/postgres.yaml", "database.yaml", leave_out=(("Secret", "gpusharing-database"),)),
     Rendering("base/timekeeper.yaml", "timekeeper.yaml"),
+    Rendering("base/controller.yaml", "controller.yaml"),
     Rendering("base/webhook.yaml", "webhook.yaml"),
     Rendering("base/webhook-configurations.yaml", "webhook-configurations.yaml"),
     Rendering("base/networkpolicy.yaml", "networkpolicy.yaml"),

@@ -67,7 +67,8 @@ COMBINATIONS = {
         "imagePullSecrets": [{"name": "regcred"}],
         "webhook": {"replicas": 2, "failurePolicy": "Ignore", "exemptNamespaces": ["kube-system", "ml-sandbox"],
                     "env": [{"name": "GPUSHARING_ALIYUN_MEM_UNIT", "value": "MiB"}]},
-        "meter": {"image": "registry.example.com/gpusharing-meter:0.2.0", "mode": "container"},
+        "meter": {"image": "registry.example.com/gpusharing-meter:0.2.0", "mode": "container", "intervalSeconds": 10},
+        "controller": {"replicas": 3, "env": [{"name": "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "value": "5"}]},
         "timekeeper": {"auth": "none", "staticTokensSecret": "admin-tokens", "defaultBudget": {"gpuMinutes": 0, "period": "weekly"},
                        "metricsAuth": "token"},
         "database": {"password": "s3cretPassw0rd", "postgres": {"storageClassName": "fast", "storage": "50Gi"}},
@@ -87,6 +88,7 @@ COMBINATIONS = {
         "tolerations": [{"key": "example.com/dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
         "webhook": POD_VALUES,
         "timekeeper": POD_VALUES,
+        "controller": POD_VALUES,
         "database": {"postgres": POD_VALUES},
         "certgen": POD_VALUES,
     },
@@ -175,6 +177,9 @@ def test_the_chart_and_its_image_have_the_packages_version() -> None:
     ({"gpuModels": {"default": "x", "models": [{"name": "x", "memoryMiB": 1, "migComputeSlices": 3}]}}, "/gpuModels/models/0/migComputeSlices"),
     ({"tls": {"certManager": False}}, "additional properties 'tls' not allowed"),
     ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+    ({"meter": {"intervalSeconds": 0}}, "/meter/intervalSeconds"),
+    ({"controller": {"replicas": 0}}, "/controller/replicas"),
+    ({"controller": {"auth": "none"}}, "additional properties 'auth' not allowed"),
 ])
 def test_the_schema_refuses_bad_values_and_says_where(values: dict[str, Any], where: str) -> None:
     with helm.Chart.load(CHART) as chart:
@@ -293,7 +298,7 @@ def test_every_pod_takes_the_conventional_values_its_component_and_the_release_g
     values = COMBINATIONS["conventional values"]
     objects = render(values)
     templates = pod_templates(objects)
-    assert len(templates) == 5  # webhook, timekeeper, postgres, the certgen's Job and CronJob
+    assert len(templates) == 6  # webhook, timekeeper, controller, postgres, the certgen's Job and CronJob
     for name, pod in templates:
         metadata, spec = pod["metadata"], pod["spec"]
         assert metadata["annotations"] == {**values["podAnnotations"], **POD_VALUES["podAnnotations"]}, name
@@ -318,8 +323,8 @@ def test_pod_labels_never_change_a_selector() -> None:
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items() and labels["team"] == "a"
 
 
-def test_the_defaults_spread_the_webhook_and_the_timekeeper_over_nodes() -> None:
-    for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+def test_the_defaults_spread_the_webhook_the_timekeeper_and_the_controller_over_nodes() -> None:
+    for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
         deployment = find(render(), "Deployment", name)
         (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
         assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -332,7 +337,7 @@ def test_the_name_overrides_rename_every_object_and_every_reference_to_it() -> N
         if obj["kind"] not in fixed:
             assert obj["metadata"]["name"].startswith("gpu-governance"), (obj["kind"], obj["metadata"]["name"])
     text = json.dumps(objects).replace('"audience": "gpusharing-timekeeper"', "")  # the tokens' audience is the contract's
-    assert not re.findall(r"(?<![\w.-])gpusharing-(?:webhook|timekeeper|postgres|database|certgen|budget-admin|gpu-models|dashboard)\b", text)
+    assert not re.findall(r"(?<![\w.-])gpusharing-(?:webhook|timekeeper|controller|postgres|database|certgen|budget-admin|gpu-models|dashboard)\b", text)
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     for _, pod in pod_templates(objects):
         assert ("ServiceAccount", pod["spec"].get("serviceAccountName", "default")) in names | {("ServiceAccount", "default")}
@@ -364,7 +369,7 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_unless_the_values_give_one()
     assert yaml.safe_load(given["data"]["gpu-models.yaml"]) == CATALOGUE
     catalogue_from(yaml.safe_load(given["data"]["gpu-models.yaml"]), "the rendered catalogue")  # the services take it
     assert given["metadata"]["name"] != shipped["metadata"]["name"]  # a new name: both Deployments roll
-    for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+    for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
         pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
         assert {"name": "gpu-models", "configMap": {"name": given["metadata"]["name"]}} in pod["volumes"]
         container = pod["containers"][0]
@@ -372,7 +377,7 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_unless_the_values_give_one()
         assert env_of(container)["GPUSHARING_GPU_MODELS_FILE"] == f"{mount['mountPath']}/gpu-models.yaml"
 
 
-@pytest.mark.parametrize("component", ["webhook", "timekeeper"])
+@pytest.mark.parametrize("component", ["webhook", "timekeeper", "controller"])
 def test_the_setting_the_catalogue_replaces_is_refused_with_what_to_give_instead(component: str) -> None:
     with pytest.raises(helm.HelmError, match=f"{component}.env sets GPUSHARING_DEVICE_MEMORY_MIB, which the GPU-model catalogue replaces: give gpuModels"):
         render({component: {"env": [{"name": "GPUSHARING_DEVICE_MEMORY_MIB", "value": "40960"}]}})
@@ -403,7 +408,7 @@ def test_the_notes_name_only_what_the_release_has(combination: str) -> None:
 def test_service_monitors_scrape_the_services_ports_and_the_webhook_over_its_tls() -> None:
     objects = render(COMBINATIONS["service monitors"])
     monitors = [o for o in objects if o["kind"] == "ServiceMonitor"]
-    assert {m["metadata"]["name"] for m in monitors} == {"gpusharing-webhook", "gpusharing-timekeeper"}
+    assert {m["metadata"]["name"] for m in monitors} == {"gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"}
     for monitor in monitors:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -434,12 +439,18 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), NAMESPACE]
     timekeeper = containers(objects, "gpusharing-timekeeper")
     tk_env = env_of(timekeeper[1])
+    (controller,) = containers(objects, "gpusharing-controller")
+    ct_env = env_of(controller)
+    assert env["GPUSHARING_METER_INTERVAL_SECONDS"] == tk_env["GPUSHARING_METER_INTERVAL_SECONDS"] == ct_env["GPUSHARING_METER_INTERVAL_SECONDS"] == "10"
+    assert (ct_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], ct_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("0", "weekly")  # the same budgets
+    assert ct_env["TIMEKEEPER_DEMOTION_INTERVAL_SECONDS"] == "5" and "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS" not in tk_env
+    assert find(objects, "Deployment", "gpusharing-controller")["spec"]["replicas"] == 3
     assert (tk_env["TIMEKEEPER_AUTH"], tk_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], tk_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("none", "0", "weekly")
     assert tk_env["TIMEKEEPER_STATIC_TOKENS_FILE"] == "/etc/gpusharing/static-tokens/tokens"
     assert tk_env["TIMEKEEPER_METRICS_AUTH"] == "token"
     scrape = find(objects, "ServiceMonitor", "gpusharing-timekeeper")["spec"]["endpoints"][0]
     assert scrape["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-timekeeper-token", "key": "token"}}
-    for container in [webhook, *timekeeper]:
+    for container in [webhook, *timekeeper, controller]:
         assert container["image"] == "registry.example.com/gpusharing:0.2.0" and container["imagePullPolicy"] == "Always"
     for name, pod in pod_templates(objects):
         spec = pod["spec"]
