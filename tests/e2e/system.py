@@ -3,8 +3,15 @@
 Everything `kubectl kustomize manifests/crds` and `manifests/` render is created as it is, except that the webhook
 configurations' clientConfig points at the webhook on loopback with its CA (no kubelet runs the certgen's Job here:
 tests/e2e/test_certgen.py runs the certgen itself). The timekeeper runs in `tokenreview` mode and the webhook
-watches resource claims, each with the kubeconfig of its own ServiceAccount (found through KUBECONFIG), so the RBAC
-of manifests/ is what lets them work.
+watches resource claims, each with the kubeconfig of a ServiceAccount of manifests/ (found through KUBECONFIG), so
+the RBAC of manifests/ is what lets them work.
+
+Until `gpusharing timekeeper controller` exists, the loopback timekeeper (`timekeeper serve`) still does the cluster
+work in its own process, under the Lease: it runs with the controller's ServiceAccount (gpusharing-controller, the
+one the webhook lets remove the billing finalizer), which the harness also binds, in this test cluster alone, to the
+web timekeeper's ClusterRole (INTERIM_BINDING: TokenReviews and SubjectAccessReviews for the API). Once the controller
+runs as its own process, the timekeeper takes TIMEKEEPER_ACCOUNT's kubeconfig, the controller CONTROLLER_ACCOUNT's,
+and the interim binding goes.
 """
 
 from __future__ import annotations
@@ -40,6 +47,12 @@ WEBHOOK_REFRESH_SECONDS = 0.2
 DEMOTION_INTERVAL_SECONDS = 0.5
 WAIT_SECONDS = 60  # only stops a broken test from hanging; never a speed check
 ALLOWED_PRIORITY_CLASS = "e2e-allowed-high"  # GPUSHARING_ALLOWED_PRIORITY_CLASSES of the webhook
+TIMEKEEPER_ACCOUNT = "gpusharing-timekeeper"  # the web timekeeper's ServiceAccount (manifests/base/rbac.yaml)
+CONTROLLER_ACCOUNT = "gpusharing-controller"  # the controller's: the cluster work, the Lease, the billing finalizer
+# Interim, until the controller is a process of its own: the loopback timekeeper serves the API and does the cluster
+# work in one process, as CONTROLLER_ACCOUNT, which this binding lets also do what the web timekeeper's ClusterRole
+# grants. Made by the harness in the test cluster only; never part of manifests/.
+INTERIM_BINDING = "e2e-interim-controller-serves-the-timekeeper-api"
 
 T = TypeVar("T")
 
@@ -92,6 +105,11 @@ class GpuSharing:
         for obj in self.manifests:
             if not obj["kind"].endswith("WebhookConfiguration"):
                 utils.create_from_dict(self.api, obj)
+        self.rest("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": INTERIM_BINDING},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TIMEKEEPER_ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT, "namespace": SYSTEM_NAMESPACE}],
+        })
         for crd in (o for o in self.manifests if o["kind"] == "CustomResourceDefinition"):
             path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
             wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True"
@@ -122,15 +140,25 @@ class GpuSharing:
         self.timekeeper, url = self.timekeeper_service("timekeeper", self.database, api_url=f"https://127.0.0.1:{self.timekeeper_link.port}")
         return url
 
-    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
-        """A timekeeper process on loopback with the manifests' ServiceAccount (the system's `timekeeper_env`, and
-        `env` on top), started; stopped with the system at the latest."""
-        kubeconfig = write_kubeconfig(
+    def service_account_kubeconfig(self, name: str, service_account: str, api_url: str | None = None) -> Path:
+        """A kubeconfig (`name`.kubeconfig in the system's directory) with a token of the manifests' `service_account`
+        in the system's namespace, for the API server at `api_url` (default: the control plane's)."""
+        return write_kubeconfig(
             self.directory / f"{name}.kubeconfig",
             api_url or self.plane.url,
             self.plane.ca_file,
-            {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-timekeeper", audience=None)},
+            {"token": self.token(SYSTEM_NAMESPACE, service_account, audience=None)},
         )
+
+    def controller_kubeconfig(self, name: str, api_url: str | None = None) -> Path:
+        """The kubeconfig of the controller's ServiceAccount (gpusharing-controller), as a controller process takes it."""
+        return self.service_account_kubeconfig(name, CONTROLLER_ACCOUNT, api_url)
+
+    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
+        """A timekeeper process on loopback (the system's `timekeeper_env`, and `env` on top), started; stopped with the
+        system at the latest. It runs as the controller's ServiceAccount: it still does the cluster work (see the
+        module's docstring, INTERIM_BINDING)."""
+        kubeconfig = self.controller_kubeconfig(name, api_url)
         if upgrade:
             subprocess.run(
                 [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],

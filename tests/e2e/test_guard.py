@@ -1,6 +1,6 @@
 """What a namespace's admin cannot do to a GPU pod's bill, on a real API server: the official client's patches as
 `kubectl patch` and `kubectl debug` send them, as a ServiceAccount with the built-in `admin` role in its namespace
-alone; and the billing finalizer removed by the timekeeper's own ServiceAccount (the RBAC of manifests/)."""
+alone; and the billing finalizer removed by the controller's own ServiceAccount (the RBAC of manifests/)."""
 
 from __future__ import annotations
 
