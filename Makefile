@@ -9,7 +9,7 @@ PROMTOOL := $(BIN)/promtool
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
-.PHONY: test demo bench scale clean constraints test-python test-lowest plugin tools dist image
+.PHONY: test demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
 
 # One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
 # with its release extra (make dist).
@@ -31,6 +31,11 @@ $(VENV)/.release: $(INSTALL_INPUTS) | $(BIN)/python
 
 test: $(VENV)/.installed tools
 	$(BIN)/python -m pytest
+
+# The kustomize install's files (manifests/) rendered from the Helm chart, their one source (release/manifests.py);
+# tests/manifests/test_rendered.py fails, under `make test`, when the committed ones differ from a fresh render.
+manifests: $(VENV)/.installed
+	$(BIN)/python -m release.manifests
 
 # promtool, which tests/manifests/test_monitoring.py checks the alerts with: the machine's, else the binary alone
 # from Debian's prometheus package (not the server). Without it those tests are skipped, and fail under CI=true.

@@ -12,13 +12,14 @@ from gpusharing.settings.gpu import gpu_request_settings
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 SIDECAR_MODES = ("native", "container")
-TIMEKEEPER_SERVICE_ACCOUNT = "gpusharing-timekeeper"  # the timekeeper's ServiceAccount, in the webhook's namespace
+BILLING_SERVICE_ACCOUNT = "gpusharing-controller"  # the timekeeper's controller's ServiceAccount, in the webhook's namespace: it closes bills
 CLUSTER_ADMINS = "system:masters"  # the group that may clear the billing finalizer of a stuck pod
 
 
-def timekeeper_account(namespace: str) -> str:
-    """The username the API server gives the timekeeper's ServiceAccount tokens."""
-    return f"system:serviceaccount:{namespace}:{TIMEKEEPER_SERVICE_ACCOUNT}"
+def billing_account(namespace: str) -> str:
+    """The username the API server gives the tokens of the controller's ServiceAccount, which removes the billing
+    finalizer once a pod's bill is closed."""
+    return f"system:serviceaccount:{namespace}:{BILLING_SERVICE_ACCOUNT}"
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class WebhookConfig:
     reservation_timeout_seconds: float = 2.0
     # The billing finalizer on every governed pod, and the users who may remove it (besides cluster admins).
     billing_finalizer: bool = True
-    billing_accounts: frozenset[str] = frozenset((timekeeper_account("gpusharing-system"),))
+    billing_accounts: frozenset[str] = frozenset((billing_account("gpusharing-system"),))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WebhookConfig:
@@ -98,5 +99,5 @@ class WebhookConfig:
             client_token_users=token_users,
             reservation_timeout_seconds=env_float("GPUSHARING_RESERVATION_TIMEOUT_SECONDS", 2.0, 0.05, environ),
             billing_finalizer=env_flag("GPUSHARING_BILLING_FINALIZER", True, environ),
-            billing_accounts=frozenset(env_list("GPUSHARING_BILLING_ACCOUNTS", (timekeeper_account(own_namespace),), environ)),
+            billing_accounts=frozenset(env_list("GPUSHARING_BILLING_ACCOUNTS", (billing_account(own_namespace),), environ)),
         )

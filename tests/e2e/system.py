@@ -3,8 +3,12 @@
 Everything `kubectl kustomize manifests/crds` and `manifests/` render is created as it is, except that the webhook
 configurations' clientConfig points at the webhook on loopback with its CA (no kubelet runs the certgen's Job here:
 tests/e2e/test_certgen.py runs the certgen itself). The timekeeper runs in `tokenreview` mode and the webhook
-watches resource claims, each with the kubeconfig of its own ServiceAccount (found through KUBECONFIG), so the RBAC
-of manifests/ is what lets them work.
+watches resource claims, each with the kubeconfig of a ServiceAccount of manifests/ (found through KUBECONFIG), so
+the RBAC of manifests/ is what lets them work.
+
+The web timekeeper (`timekeeper serve`) runs with its own ServiceAccount's kubeconfig (gpusharing-timekeeper), the
+controller (`timekeeper controller`) with the controller's (gpusharing-controller, which the webhook lets remove the
+billing finalizer), so each is held to its own RBAC.
 """
 
 from __future__ import annotations
@@ -41,9 +45,10 @@ WEBHOOK_REFRESH_SECONDS = 0.2
 TASK_INTERVALS = {name: "0.5" for name in ("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "TIMEKEEPER_STATUS_INTERVAL_SECONDS",
                                            "TIMEKEEPER_ENDED_INTERVAL_SECONDS", "TIMEKEEPER_IDLE_INTERVAL_SECONDS",
                                            "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS")}
-CONTROLLER_SERVICE_ACCOUNT = "gpusharing-timekeeper"
 WAIT_SECONDS = 60  # only stops a broken test from hanging; never a speed check
 ALLOWED_PRIORITY_CLASS = "e2e-allowed-high"  # GPUSHARING_ALLOWED_PRIORITY_CLASSES of the webhook
+TIMEKEEPER_ACCOUNT = "gpusharing-timekeeper"  # the web timekeeper's ServiceAccount (manifests/base/rbac.yaml)
+CONTROLLER_ACCOUNT = "gpusharing-controller"  # the controller's: the cluster work, the Lease, the billing finalizer
 
 T = TypeVar("T")
 
@@ -132,12 +137,7 @@ class GpuSharing:
         """A controller process (`gpusharing timekeeper controller`) on loopback with the manifests' ServiceAccount
         (the system's `timekeeper_env`, and `env` on top), started once its caches have listed the cluster; stopped
         with the system at the latest. The database must be migrated (timekeeper_service does)."""
-        kubeconfig = write_kubeconfig(
-            self.directory / f"{name}.kubeconfig",
-            api_url or self.plane.url,
-            self.plane.ca_file,
-            {"token": self.token(SYSTEM_NAMESPACE, CONTROLLER_SERVICE_ACCOUNT, audience=None)},
-        )
+        kubeconfig = self.service_account_kubeconfig(name, CONTROLLER_ACCOUNT, api_url)
         port = free_port()
         settings = {"TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_KUBECONFIG": "", "KUBECONFIG": str(kubeconfig),
                     **TASK_INTERVALS, **self.timekeeper_env, **env}
@@ -164,15 +164,20 @@ class GpuSharing:
             for service in services:
                 service.__enter__()
 
-    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
-        """A timekeeper process on loopback with the manifests' ServiceAccount (the system's `timekeeper_env`, and
-        `env` on top), started; stopped with the system at the latest."""
-        kubeconfig = write_kubeconfig(
+    def service_account_kubeconfig(self, name: str, service_account: str, api_url: str | None = None) -> Path:
+        """A kubeconfig (`name`.kubeconfig in the system's directory) with a token of the manifests' `service_account`
+        in the system's namespace, for the API server at `api_url` (default: the control plane's)."""
+        return write_kubeconfig(
             self.directory / f"{name}.kubeconfig",
             api_url or self.plane.url,
             self.plane.ca_file,
-            {"token": self.token(SYSTEM_NAMESPACE, "gpusharing-timekeeper", audience=None)},
+            {"token": self.token(SYSTEM_NAMESPACE, service_account, audience=None)},
         )
+
+    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
+        """A web timekeeper process on loopback as the manifests' ServiceAccount of the timekeeper (the system's
+        `timekeeper_env`, and `env` on top), started; stopped with the system at the latest."""
+        kubeconfig = self.service_account_kubeconfig(name, TIMEKEEPER_ACCOUNT, api_url)
         if upgrade:
             subprocess.run(
                 [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],

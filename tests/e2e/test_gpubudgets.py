@@ -14,8 +14,7 @@ import requests
 import yaml
 
 from demo.apiserver import EXAMPLES
-from tests.e2e.controlplane import write_kubeconfig
-from tests.e2e.system import SYSTEM_NAMESPACE, ApiError, GpuSharing, wait_for
+from tests.e2e.system import CONTROLLER_ACCOUNT, SYSTEM_NAMESPACE, ApiError, GpuSharing, wait_for
 from tests.e2e.test_timekeeper import events, gpu_pod
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
@@ -194,9 +193,8 @@ def test_namespace_members_read_their_gpubudget_and_cannot_change_it(gpusharing:
 def test_one_controller_leads_and_another_takes_over_a_lapsed_lease(gpusharing: GpuSharing) -> None:
     lease = gpusharing.rest("GET", f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/{LEASE_NAME}")
     assert lease["spec"]["holderIdentity"]  # the running timekeeper leads
-    # Two more candidates, with the timekeeper's own ServiceAccount (the RBAC of manifests/), on a Lease of their own.
-    kubeconfig = write_kubeconfig(gpusharing.directory / "candidate.kubeconfig", gpusharing.plane.url, gpusharing.plane.ca_file,
-                                  {"token": gpusharing.token(SYSTEM_NAMESPACE, "gpusharing-timekeeper", audience=None)})
+    # Two more candidates, with the controller's own ServiceAccount (the RBAC of manifests/), on a Lease of their own.
+    kubeconfig = gpusharing.service_account_kubeconfig("candidate", CONTROLLER_ACCOUNT)
     kube = KubeApi.from_kubeconfig(str(kubeconfig))
     first, second = (LeaderElection(kube, SYSTEM_NAMESPACE, who, lease_seconds=1, name="e2e-election") for who in ("first", "second"))
     assert first.try_acquire_or_renew() and not second.try_acquire_or_renew()

@@ -1,6 +1,6 @@
 """What a namespace's admin cannot do to a GPU pod's bill, on a real API server: the official client's patches as
 `kubectl patch` and `kubectl debug` send them, as a ServiceAccount with the built-in `admin` role in its namespace
-alone; and the billing finalizer removed by the timekeeper's own ServiceAccount (the RBAC of manifests/)."""
+alone; and the billing finalizer removed by the controller's own ServiceAccount (the RBAC of manifests/)."""
 
 from __future__ import annotations
 
@@ -100,16 +100,16 @@ def test_the_billing_finalizer_holds_a_deleted_pod_until_the_timekeeper_removes_
     # kubectl patch pod train --type=json -p '[{"op": "remove", "path": "/metadata/finalizers/0"}]'
     remove = [{"op": "remove", "path": "/metadata/finalizers/0"}]
     message = refusal(lambda: tenant.admin.patch_namespaced_pod("train", tenant.namespace, remove))
-    assert f"the finalizer {FINALIZER} keeps this GPU pod until the timekeeper has closed its bill: only the timekeeper " \
-           f"(system:serviceaccount:{SYSTEM_NAMESPACE}:gpusharing-timekeeper) removes it" in message
+    assert f"the finalizer {FINALIZER} keeps this GPU pod until the timekeeper has closed its bill: only the timekeeper's " \
+           f"controller (system:serviceaccount:{SYSTEM_NAMESPACE}:gpusharing-controller) removes it" in message
     assert f"'system:serviceaccount:{tenant.namespace}:tenant-admin' may not" in message
     # Nor through the pod's status, whose finalizers the API server lets change: the webhook leaves pods/status to
     # the kubelets and controllers that write it, and no built-in role gives a tenant that.
     message = refusal(lambda: tenant.admin.patch_namespaced_pod_status("train", tenant.namespace, remove))
     assert 'cannot patch resource "pods/status"' in message
 
-    timekeeper = gpusharing.core_api_as(SYSTEM_NAMESPACE, "gpusharing-timekeeper")
-    timekeeper.patch_namespaced_pod("train", tenant.namespace, remove)
+    controller = gpusharing.core_api_as(SYSTEM_NAMESPACE, "gpusharing-controller")
+    controller.patch_namespaced_pod("train", tenant.namespace, remove)
     wait_for(lambda: gpusharing.pod(tenant.namespace, "train") is None, "the pod gone once its bill is closed")
 
 

@@ -1,7 +1,7 @@
-"""The Helm chart: Helm lints it, its schema refuses bad values, it renders for the defaults the same objects as
-`kubectl kustomize manifests/` and `manifests/crds` (one source of truth: a change to manifests/ that the chart
-misses fails here), with cert-manager those of the manifests' cert-manager component, and every object it renders
-for other values validates strictly and says what those values promise."""
+"""The Helm chart, the installation's one source (manifests/ is rendered from it: tests/manifests/test_rendered.py):
+Helm lints it, its schema refuses bad values, with cert-manager it renders what the manifests' hand-written
+cert-manager component makes of them, and every object it renders for other values validates strictly and says what
+those values promise."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from cryptography import x509
 from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
 from gpusharing.serving.certs import service_names
 from tests.helm import CHART, NAMESPACE, notes, render
-from tests.kustomize import MANIFESTS, crds, installable_manifests, kustomize, overlay
+from tests.kustomize import MANIFESTS, crds, installable_manifests, overlay
 from tests.manifests.test_manifests import KUBERNETES_VERSION, find
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version")
@@ -67,7 +67,8 @@ COMBINATIONS = {
         "imagePullSecrets": [{"name": "regcred"}],
         "webhook": {"replicas": 2, "failurePolicy": "Ignore", "exemptNamespaces": ["kube-system", "ml-sandbox"],
                     "env": [{"name": "GPUSHARING_ALIYUN_MEM_UNIT", "value": "MiB"}]},
-        "meter": {"image": "registry.example.com/gpusharing-meter:0.2.0", "mode": "container"},
+        "meter": {"image": "registry.example.com/gpusharing-meter:0.2.0", "mode": "container", "intervalSeconds": 10},
+        "controller": {"replicas": 3, "env": [{"name": "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "value": "5"}]},
         "timekeeper": {"auth": "none", "staticTokensSecret": "admin-tokens", "defaultBudget": {"gpuMinutes": 0, "period": "weekly"},
                        "metricsAuth": "token"},
         "database": {"password": "s3cretPassw0rd", "postgres": {"storageClassName": "fast", "storage": "50Gi"}},
@@ -87,6 +88,7 @@ COMBINATIONS = {
         "tolerations": [{"key": "example.com/dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
         "webhook": POD_VALUES,
         "timekeeper": POD_VALUES,
+        "controller": POD_VALUES,
         "database": {"postgres": POD_VALUES},
         "certgen": POD_VALUES,
     },
@@ -95,17 +97,13 @@ COMBINATIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def manifests(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return kustomize(installable_manifests(tmp_path_factory.mktemp("install")))
-
-
 def key(obj: dict[str, Any]) -> tuple[str, str, str]:
     return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
 
 
 def normalized(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """What may legitimately differ between the chart and kustomize taken out: Helm's labels, the hashes in
+    """What may legitimately differ between the chart and kustomize (the cert-manager component's patches are
+    kustomize's own, written by hand) taken out: Helm's labels, the hashes in
     generated names, the database Secret's data (a password each made) and Helm's keep policy on it."""
     text = HASHED.sub(r"\1", json.dumps(objects))
     result = {}
@@ -135,20 +133,11 @@ def assert_same_objects(chart: list[dict[str, Any]], manifests: list[dict[str, A
         assert rendered[identity] == obj, identity
 
 
-def test_the_defaults_render_the_objects_of_the_manifests(manifests: list[dict[str, Any]]) -> None:
-    assert_same_objects(render(), manifests)
-
-
 def test_with_cert_manager_the_chart_renders_the_manifests_cert_manager_component(tmp_path: Path) -> None:
     installable_manifests(tmp_path)
     component = overlay(tmp_path / "with-cert-manager", {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]})
     assert_same_objects(render(COMBINATIONS["cert-manager"]), component)
     assert not [o for o in component if "certgen" in o["metadata"]["name"]]
-
-
-def test_with_namespace_create_the_namespace_is_the_manifests_one(manifests: list[dict[str, Any]]) -> None:
-    [namespace] = [o for o in render({"namespace": {"create": True}}) if o["kind"] == "Namespace"]
-    assert normalized([namespace]) == normalized([find(manifests, "Namespace", NAMESPACE)])
 
 
 @pytest.mark.parametrize("combination", sorted(COMBINATIONS))
@@ -188,6 +177,9 @@ def test_the_chart_and_its_image_have_the_packages_version() -> None:
     ({"gpuModels": {"default": "x", "models": [{"name": "x", "memoryMiB": 1, "migComputeSlices": 3}]}}, "/gpuModels/models/0/migComputeSlices"),
     ({"tls": {"certManager": False}}, "additional properties 'tls' not allowed"),
     ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+    ({"meter": {"intervalSeconds": 0}}, "/meter/intervalSeconds"),
+    ({"controller": {"replicas": 0}}, "/controller/replicas"),
+    ({"controller": {"auth": "none"}}, "additional properties 'auth' not allowed"),
 ])
 def test_the_schema_refuses_bad_values_and_says_where(values: dict[str, Any], where: str) -> None:
     with helm.Chart.load(CHART) as chart:
@@ -306,7 +298,7 @@ def test_every_pod_takes_the_conventional_values_its_component_and_the_release_g
     values = COMBINATIONS["conventional values"]
     objects = render(values)
     templates = pod_templates(objects)
-    assert len(templates) == 5  # webhook, timekeeper, postgres, the certgen's Job and CronJob
+    assert len(templates) == 6  # webhook, timekeeper, controller, postgres, the certgen's Job and CronJob
     for name, pod in templates:
         metadata, spec = pod["metadata"], pod["spec"]
         assert metadata["annotations"] == {**values["podAnnotations"], **POD_VALUES["podAnnotations"]}, name
@@ -331,8 +323,8 @@ def test_pod_labels_never_change_a_selector() -> None:
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items() and labels["team"] == "a"
 
 
-def test_the_defaults_spread_the_webhook_and_the_timekeeper_over_nodes() -> None:
-    for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+def test_the_defaults_spread_the_webhook_the_timekeeper_and_the_controller_over_nodes() -> None:
+    for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
         deployment = find(render(), "Deployment", name)
         (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
         assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -345,7 +337,7 @@ def test_the_name_overrides_rename_every_object_and_every_reference_to_it() -> N
         if obj["kind"] not in fixed:
             assert obj["metadata"]["name"].startswith("gpu-governance"), (obj["kind"], obj["metadata"]["name"])
     text = json.dumps(objects).replace('"audience": "gpusharing-timekeeper"', "")  # the tokens' audience is the contract's
-    assert not re.findall(r"(?<![\w.-])gpusharing-(?:webhook|timekeeper|postgres|database|certgen|budget-admin|gpu-models|dashboard)\b", text)
+    assert not re.findall(r"(?<![\w.-])gpusharing-(?:webhook|timekeeper|controller|postgres|database|certgen|budget-admin|gpu-models|dashboard)\b", text)
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     for _, pod in pod_templates(objects):
         assert ("ServiceAccount", pod["spec"].get("serviceAccountName", "default")) in names | {("ServiceAccount", "default")}
@@ -377,7 +369,7 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_unless_the_values_give_one()
     assert yaml.safe_load(given["data"]["gpu-models.yaml"]) == CATALOGUE
     catalogue_from(yaml.safe_load(given["data"]["gpu-models.yaml"]), "the rendered catalogue")  # the services take it
     assert given["metadata"]["name"] != shipped["metadata"]["name"]  # a new name: both Deployments roll
-    for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+    for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
         pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
         assert {"name": "gpu-models", "configMap": {"name": given["metadata"]["name"]}} in pod["volumes"]
         container = pod["containers"][0]
@@ -385,7 +377,7 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_unless_the_values_give_one()
         assert env_of(container)["GPUSHARING_GPU_MODELS_FILE"] == f"{mount['mountPath']}/gpu-models.yaml"
 
 
-@pytest.mark.parametrize("component", ["webhook", "timekeeper"])
+@pytest.mark.parametrize("component", ["webhook", "timekeeper", "controller"])
 def test_the_setting_the_catalogue_replaces_is_refused_with_what_to_give_instead(component: str) -> None:
     with pytest.raises(helm.HelmError, match=f"{component}.env sets GPUSHARING_DEVICE_MEMORY_MIB, which the GPU-model catalogue replaces: give gpuModels"):
         render({component: {"env": [{"name": "GPUSHARING_DEVICE_MEMORY_MIB", "value": "40960"}]}})
@@ -416,7 +408,7 @@ def test_the_notes_name_only_what_the_release_has(combination: str) -> None:
 def test_service_monitors_scrape_the_services_ports_and_the_webhook_over_its_tls() -> None:
     objects = render(COMBINATIONS["service monitors"])
     monitors = [o for o in objects if o["kind"] == "ServiceMonitor"]
-    assert {m["metadata"]["name"] for m in monitors} == {"gpusharing-webhook", "gpusharing-timekeeper"}
+    assert {m["metadata"]["name"] for m in monitors} == {"gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"}
     for monitor in monitors:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -447,12 +439,18 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
         assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), NAMESPACE]
     timekeeper = containers(objects, "gpusharing-timekeeper")
     tk_env = env_of(timekeeper[1])
+    (controller,) = containers(objects, "gpusharing-controller")
+    ct_env = env_of(controller)
+    assert env["GPUSHARING_METER_INTERVAL_SECONDS"] == tk_env["GPUSHARING_METER_INTERVAL_SECONDS"] == ct_env["GPUSHARING_METER_INTERVAL_SECONDS"] == "10"
+    assert (ct_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], ct_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("0", "weekly")  # the same budgets
+    assert ct_env["TIMEKEEPER_DEMOTION_INTERVAL_SECONDS"] == "5" and "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS" not in tk_env
+    assert find(objects, "Deployment", "gpusharing-controller")["spec"]["replicas"] == 3
     assert (tk_env["TIMEKEEPER_AUTH"], tk_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], tk_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("none", "0", "weekly")
     assert tk_env["TIMEKEEPER_STATIC_TOKENS_FILE"] == "/etc/gpusharing/static-tokens/tokens"
     assert tk_env["TIMEKEEPER_METRICS_AUTH"] == "token"
     scrape = find(objects, "ServiceMonitor", "gpusharing-timekeeper")["spec"]["endpoints"][0]
     assert scrape["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-timekeeper-token", "key": "token"}}
-    for container in [webhook, *timekeeper]:
+    for container in [webhook, *timekeeper, controller]:
         assert container["image"] == "registry.example.com/gpusharing:0.2.0" and container["imagePullPolicy"] == "Always"
     for name, pod in pod_templates(objects):
         spec = pod["spec"]

@@ -26,7 +26,7 @@ def compose() -> dict[str, Any]:
 def test_compose_file_is_valid_by_the_compose_specification(compose: dict[str, Any]) -> None:
     parsed = compose_spec.PyCompose.from_json(json.dumps(compose))
     parsed.validate()
-    assert set(parsed.service_names()) == {"postgres", "migrate", "timekeeper", "webhook", "meter"}
+    assert set(parsed.service_names()) == {"postgres", "migrate", "timekeeper", "controller", "webhook", "meter"}
 
 
 def test_services_wait_for_what_they_need(compose: dict[str, Any]) -> None:
@@ -37,6 +37,7 @@ def test_services_wait_for_what_they_need(compose: dict[str, Any]) -> None:
             if condition["condition"] == "service_healthy":
                 assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
     assert services["timekeeper"]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+    assert services["controller"]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
     assert services["migrate"]["command"] == ["db", "upgrade"]
 
 
@@ -55,6 +56,16 @@ def test_ports_healthchecks_and_volumes(compose: dict[str, Any]) -> None:
             else:
                 assert source in named, source
     assert "meter-state:/var/lib/gpusharing-meter" in services["meter"]["volumes"]
+
+
+def test_the_controller_runs_beside_the_timekeeper_on_its_image_and_database(compose: dict[str, Any]) -> None:
+    timekeeper, controller = compose["services"]["timekeeper"], compose["services"]["controller"]
+    assert controller["command"] == ["timekeeper", "controller"]
+    assert (controller["image"], controller["build"]) == (timekeeper["image"], timekeeper["build"])
+    shared = {k: v for k, v in timekeeper["environment"].items() if k.startswith("TIMEKEEPER_") and "AUTH" not in k and "TOKENS" not in k}
+    assert shared.items() <= controller["environment"].items()
+    assert "http://127.0.0.1:8081/livez" in " ".join(controller["healthcheck"]["test"])
+    assert "ports" not in controller  # it serves no API
 
 
 def test_static_tokens_match_the_token_files(compose: dict[str, Any]) -> None:

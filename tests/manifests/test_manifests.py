@@ -286,7 +286,7 @@ def test_webhook_deployment_is_highly_available(objects: list[dict[str, Any]]) -
 def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
     workloads = [(o["metadata"]["name"], o["spec"]) for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
     workloads += [(o["metadata"]["name"], o["spec"]["jobTemplate"]["spec"]) for o in objects if o["kind"] == "CronJob"]
-    assert len(workloads) == 5
+    assert len(workloads) == 6  # webhook, timekeeper, controller, postgres, the certgen's Job and CronJob
     for name, spec in workloads:
         pod = spec["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
@@ -312,13 +312,53 @@ def granted(objects: list[dict[str, Any]], role: str) -> set[tuple[str, str, str
     return {(group, resource, verb) for group, resource, verb, _ in granted_in(find(objects, "ClusterRole", role))}
 
 
+def test_controller_does_the_cluster_work_under_a_lease_with_the_timekeepers_database(objects: list[dict[str, Any]]) -> None:
+    deployment = find(objects, "Deployment", "gpusharing-controller")
+    assert deployment["spec"]["replicas"] == 2
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "gpusharing-controller"
+    (container,) = spec["containers"]
+    assert container["args"] == ["timekeeper", "controller"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8081}]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/livez")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TIMEKEEPER_LEASE_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]
+    tk_env = {e["name"]: e for e in timekeeper["containers"][0]["env"]}
+    shared = ("DATABASE_PASSWORD", "TIMEKEEPER_DATABASE_URL", "GPUSHARING_GPU_MODELS_FILE", "GPUSHARING_METER_INTERVAL_SECONDS")
+    assert {name: env[name] for name in shared} == {name: tk_env[name] for name in shared}
+    assert "TIMEKEEPER_LEASE_NAMESPACE" not in tk_env  # the Lease is the controller's alone
+    assert container["securityContext"] == timekeeper["containers"][0]["securityContext"]
+    assert spec["securityContext"] == timekeeper["securityContext"]
+    (term,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    budget = find(objects, "PodDisruptionBudget", "gpusharing-controller")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": deployment["spec"]["selector"]}
+    service = find(objects, "Service", "gpusharing-controller")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics"}]
+
+
+def test_the_meters_interval_is_one_setting_of_the_webhook_the_timekeeper_and_the_controller(objects: list[dict[str, Any]]) -> None:
+    for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
+        (container,) = find(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+        assert {"name": "GPUSHARING_METER_INTERVAL_SECONDS", "value": "30"} in container["env"], name
+
+
 def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
+    # The web timekeeper: the API's callers, the reporting pod's terms, and the GPU pods safe admission follows.
     assert granted(objects, "gpusharing-timekeeper") == {
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
+        ("", "pods", "get"),  # a reporting pod's admitted terms
+        ("", "pods", "list"), ("", "pods", "watch"),  # safe admission: what the running pods' deadlines commit
+    }
+    # The controller: the cluster work.
+    assert granted(objects, "gpusharing-controller") == {
         ("", "pods", "get"),
         ("", "pods", "list"),
-        ("", "pods", "watch"),  # safe admission: what the running pods' deadlines commit; billing: what ran
+        ("", "pods", "watch"),  # billing: what ran
         ("", "pods", "patch"),  # the billing finalizer, removed once a pod's bill is closed
         ("", "pods/eviction", "create"),
         ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),  # DRA pods' bills
@@ -328,9 +368,13 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         *{("gpusharing.io", resource, verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("get", "list", "watch")},
         *{("gpusharing.io", f"{resource}/status", verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("update", "patch")},
     }
-    election = find(objects, "Role", "gpusharing-timekeeper-leader-election")
+    election = find(objects, "Role", "gpusharing-controller-leader-election")
     assert election["metadata"]["namespace"] == "gpusharing-system"
     assert election["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+    bindings = {(o["kind"], o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
+    assert {(kind, role) for kind, role, subject in bindings if subject == "gpusharing-timekeeper"} == {("ClusterRoleBinding", "gpusharing-timekeeper")}
+    assert {(kind, role) for kind, role, subject in bindings if subject == "gpusharing-controller"} == {
+        ("ClusterRoleBinding", "gpusharing-controller"), ("RoleBinding", "gpusharing-controller-leader-election")}
     viewer = find(objects, "ClusterRole", "gpusharing-gpubudget-viewer")
     assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert {verb for rule in viewer["rules"] for verb in rule["verbs"]} == {"get", "list", "watch"}  # never more
@@ -353,12 +397,16 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
     assert "audience" not in token_source and token_source["expirationSeconds"] <= 3600
 
 
-def test_network_policy_opens_only_the_timekeeper_port_to_all_pods(objects: list[dict[str, Any]]) -> None:
+def test_network_policy_opens_only_the_timekeeper_port_and_the_controllers_metrics_to_all_pods(objects: list[dict[str, Any]]) -> None:
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
     deny = next(p for p in policies if p["spec"]["podSelector"] == {})
     assert deny["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in deny["spec"]
     from_everywhere = [p for p in policies if any(source.get("namespaceSelector") == {} for rule in p["spec"].get("ingress", []) for source in rule.get("from", []))]
-    assert [(p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"], p["spec"]["ingress"][0]["ports"][0]["port"]) for p in from_everywhere] == [("gpusharing-timekeeper", 8080)]
+    assert {(p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"], p["spec"]["ingress"][0]["ports"][0]["port"]) for p in from_everywhere} == {
+        ("gpusharing-timekeeper", 8080), ("gpusharing-controller", 8081)}
+    (database,) = [p for p in policies if p["metadata"]["name"] == "postgres-from-timekeeper"]
+    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in database["spec"]["ingress"][0]["from"]] == [
+        "gpusharing-timekeeper", "gpusharing-controller"]
 
 
 def database_password(objects: list[dict[str, Any]]) -> str:
@@ -374,7 +422,8 @@ def test_the_database_password_is_generated_from_database_env_and_reaches_postgr
     postgres = find(objects, "StatefulSet", "gpusharing-postgres")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "POSTGRES_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}} in postgres["env"]
     timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]
-    for container in (timekeeper["initContainers"][0], timekeeper["containers"][0]):
+    controller = find(objects, "Deployment", "gpusharing-controller")["spec"]["template"]["spec"]
+    for container in (timekeeper["initContainers"][0], timekeeper["containers"][0], controller["containers"][0]):
         names = [e["name"] for e in container["env"]]
         # Kubernetes expands $(VAR) only from variables defined before.
         assert names.index("DATABASE_PASSWORD") < names.index("TIMEKEEPER_DATABASE_URL")
@@ -399,7 +448,7 @@ def test_an_overlays_images_override_reaches_the_meter_image_and_the_certgen(ins
     templates = [o["spec"]["template"] for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
     templates += [o["spec"]["jobTemplate"]["spec"]["template"] for o in objects if o["kind"] == "CronJob"]
     ours = [c for t in templates for c in t["spec"].get("initContainers", []) + t["spec"]["containers"] if "gpusharing" in c["image"]]
-    assert len(ours) == 5 and {c["image"] for c in ours} == {"registry.example.com/gpusharing:0.2.0"}
+    assert len(ours) == 6 and {c["image"] for c in ours} == {"registry.example.com/gpusharing:0.2.0"}
     webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "GPUSHARING_METER_IMAGE", "value": "registry.example.com/gpusharing:0.2.0"} in webhook["env"]
     timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]
@@ -462,7 +511,7 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_mounted_by_both_and_an_overl
         [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpusharing-gpu-models-")]
         assert config_map["data"] == {"gpu-models.yaml": content}
         catalogue_from(yaml.safe_load(content), "the catalogue")
-        for name in ("gpusharing-webhook", "gpusharing-timekeeper"):
+        for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
             pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
             assert {"name": "gpu-models", "configMap": {"name": config_map["metadata"]["name"]}} in pod["volumes"]
             (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "gpu-models"]

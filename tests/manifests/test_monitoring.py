@@ -71,7 +71,8 @@ def test_the_component_adds_alerts_scraping_and_the_dashboard_and_nothing_else(m
     base = {(o["kind"], o["metadata"]["name"]) for o in kustomize(installable_manifests(tmp_path))}
     added = {(o["kind"], o["metadata"]["name"]) for o in monitoring} - base
     assert added == {("PrometheusRule", "gpusharing"), ("ServiceMonitor", "gpusharing-timekeeper"),
-                     ("ServiceMonitor", "gpusharing-webhook"), ("ConfigMap", "gpusharing-dashboard")}
+                     ("ServiceMonitor", "gpusharing-controller"), ("ServiceMonitor", "gpusharing-webhook"),
+                     ("ConfigMap", "gpusharing-dashboard")}
     alerts = {rule["alert"] for group in rule_groups(monitoring) for rule in group["rules"]}
     assert alerts == {"GPUBudgetWarning", "GPUBudgetExhausted", "GPUBudgetExhaustionForecast", "GPUPodsIdle", "GPUMetersSilent",
                       "GPUMeterReportsRefused", "GPUSharingTimekeeperDown", "GPUSharingWebhookDown",

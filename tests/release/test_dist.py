@@ -44,7 +44,7 @@ def test_the_chart_packages_to_the_same_bytes_from_any_clone(tmp_path: Path) -> 
         assert chart_yaml is not None
         metadata = yaml.safe_load(chart_yaml.read())
     assert {(m.mtime, m.mode) for m in members if m.isfile()} == {(EPOCH, 0o644)}
-    assert "kube-gpusharing/templates/crds.yaml" in {m.name for m in members}  # a link to manifests/, followed
+    assert "kube-gpusharing/templates/crds.yaml" in {m.name for m in members}  # the CRDs, rendered into manifests/crds too
     assert (metadata["version"], metadata["appVersion"]) == (dist.version(), dist.version())
 
 

@@ -96,13 +96,13 @@ def test_safe_admission_waits_briefly_for_its_reservation() -> None:
         WebhookConfig.from_env({"GPUSHARING_RESERVATION_TIMEOUT_SECONDS": "0"})
 
 
-def test_the_billing_finalizer_is_on_and_removed_by_the_timekeeper_of_the_webhooks_namespace() -> None:
+def test_the_billing_finalizer_is_on_and_removed_by_the_controller_of_the_webhooks_namespace() -> None:
     config = WebhookConfig.from_env({})
     assert config.billing_finalizer is True
-    assert config.billing_accounts == {"system:serviceaccount:gpusharing-system:gpusharing-timekeeper"}
-    # Installed elsewhere (the chart's release namespace), the timekeeper's ServiceAccount is there too.
+    assert config.billing_accounts == {"system:serviceaccount:gpusharing-system:gpusharing-controller"}
+    # Installed elsewhere (the chart's release namespace), the controller's ServiceAccount is there too.
     elsewhere = WebhookConfig.from_env({"GPUSHARING_WEBHOOK_NAMESPACE": "gpu-governance"})
-    assert elsewhere.billing_accounts == {"system:serviceaccount:gpu-governance:gpusharing-timekeeper"}
+    assert elsewhere.billing_accounts == {"system:serviceaccount:gpu-governance:gpusharing-controller"}
     given = WebhookConfig.from_env({"GPUSHARING_BILLING_FINALIZER": "off", "GPUSHARING_BILLING_ACCOUNTS": " closer , ops "})
     assert (given.billing_finalizer, given.billing_accounts) == (False, {"closer", "ops"})
     with pytest.raises(ConfigError, match="GPUSHARING_BILLING_FINALIZER='sometimes' must be true or false"):

@@ -16,7 +16,7 @@ from webhook.caches.budgets import BudgetStateCache
 from webhook.config import WebhookConfig
 
 FINALIZER = "gpusharing.io/billing"
-TIMEKEEPER = {"username": "system:serviceaccount:gpusharing-system:gpusharing-timekeeper",
+CONTROLLER = {"username": "system:serviceaccount:gpusharing-system:gpusharing-controller",
               "groups": ["system:serviceaccounts", "system:serviceaccounts:gpusharing-system", "system:authenticated"]}
 NAMESPACE_ADMIN = {"username": "system:serviceaccount:ml-team:admin",
                    "groups": ["system:serviceaccounts", "system:serviceaccounts:ml-team", "system:authenticated"]}
@@ -86,15 +86,15 @@ def test_with_the_setting_off_no_finalizer_is_added_or_required(budgets: BudgetS
     assert update(client, stored, without_finalizer(stored))["allowed"]
 
 
-def test_only_the_timekeeper_or_a_cluster_admin_removes_the_finalizer(client: FlaskClient) -> None:
+def test_only_the_controller_or_a_cluster_admin_removes_the_finalizer(client: FlaskClient) -> None:
     stored = stored_gpu_pod(client)
     released = without_finalizer(stored)
     assert refused(update(client, stored, released, NAMESPACE_ADMIN),
                    f"the finalizer {FINALIZER} keeps this GPU pod until the timekeeper has closed its bill",
-                   "only the timekeeper (system:serviceaccount:gpusharing-system:gpusharing-timekeeper) removes it",
+                   "only the timekeeper's controller (system:serviceaccount:gpusharing-system:gpusharing-controller) removes it",
                    "or a cluster admin (group system:masters)", "'system:serviceaccount:ml-team:admin' may not")
     assert refused(update(client, stored, released, {"username": ""}), "'an anonymous user' may not")
-    assert update(client, stored, released, TIMEKEEPER)["allowed"]
+    assert update(client, stored, released, CONTROLLER)["allowed"]
     assert update(client, stored, released, CLUSTER_ADMIN)["allowed"]
     # Other finalizers, and everything else a namespace admin may change, stay theirs.
     relabelled = copy.deepcopy(stored)
@@ -116,8 +116,8 @@ def test_the_accounts_that_may_remove_the_finalizer_are_a_setting(budgets: Budge
     client = create_app(WebhookConfig.from_env({"GPUSHARING_BILLING_ACCOUNTS": accounts}), budgets).test_client()
     stored = stored_gpu_pod(client)
     assert update(client, stored, without_finalizer(stored), {"username": "ops-robot"})["allowed"]
-    assert refused(update(client, stored, without_finalizer(stored), TIMEKEEPER),
-                   "only the timekeeper (ops-robot, system:serviceaccount:billing:closer) removes it")
+    assert refused(update(client, stored, without_finalizer(stored), CONTROLLER),
+                   "only the timekeeper's controller (ops-robot, system:serviceaccount:billing:closer) removes it")
 
 
 # --- tokens for the timekeeper -----------------------------------------------------------------------------------

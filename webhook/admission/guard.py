@@ -1,9 +1,9 @@
 """What keeps a GPU pod's bill beyond the reach of the pod's own users, once the pod is admitted.
 
 The billing finalizer holds a deleted GPU pod until the timekeeper has closed its bill: the webhook adds it, and only
-the timekeeper or a cluster admin may take it off. The meter, its volumes and its token stay as the webhook injected
-them: no other volume may hold a token for the timekeeper, and no UPDATE of the pod or of its ephemeral containers or
-resources may change, remove or reach into the meter. Plain functions of the pod, the request and the settings.
+the timekeeper's controller (which closes bills) or a cluster admin may take it off. The meter, its volumes and its
+token stay as the webhook injected them: no other volume may hold a token for the timekeeper, and no UPDATE of the pod
+or of its ephemeral containers or resources may change, remove or reach into the meter. Plain functions of the pod, the request and the settings.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _finalizer_removed(old: dict[str, Any], new: dict[str, Any], request: Admiss
     if request.username in config.billing_accounts or CLUSTER_ADMINS in request.groups:
         return None
     return (f"the finalizer {BILLING_FINALIZER} keeps this GPU pod until the timekeeper has closed its bill: only the "
-            f"timekeeper ({', '.join(sorted(config.billing_accounts))}) removes it, or a cluster admin (group "
+            f"timekeeper's controller ({', '.join(sorted(config.billing_accounts))}) removes it, or a cluster admin (group "
             f"{CLUSTER_ADMINS}) when no timekeeper is left to; {request.username or 'an anonymous user'!r} may not")
 
 

@@ -213,3 +213,30 @@ kustomize names what it generates), so that a change rolls the pods that mount i
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The settings the timekeeper and its controller both read: one database, one budget arithmetic, one catalogue of
+billing weights, the meters' interval (each Deployment then adds timekeeper.env, which is for both).
+*/}}
+{{- define "gpusharing.timekeeperSharedEnv" -}}
+{{- $tk := .Values.timekeeper }}
+{{- include "gpusharing.databaseEnv" . }}
+- name: GPUSHARING_GPU_MODELS_FILE  # the models' billing weights
+  value: {{ include "gpusharing.gpuModelsFile" . }}
+{{ include "gpusharing.meterIntervalEnv" . }}
+{{- if not (kindIs "invalid" $tk.defaultBudget.gpuMinutes) }}
+- name: TIMEKEEPER_DEFAULT_GPU_MINUTES
+  value: {{ $tk.defaultBudget.gpuMinutes | toString | quote }}
+{{- end }}
+{{- with $tk.defaultBudget.period }}
+- name: TIMEKEEPER_DEFAULT_PERIOD
+  value: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* The meters' report interval, which the webhook injects into each meter and the timekeeper and its controller
+reckon silent meters and idle streaks by. */}}
+{{- define "gpusharing.meterIntervalEnv" -}}
+- name: GPUSHARING_METER_INTERVAL_SECONDS  # the meters' report interval (meter.intervalSeconds)
+  value: {{ .Values.meter.intervalSeconds | toString | quote }}
+{{- end }}
