@@ -347,18 +347,18 @@ def test_the_meters_interval_is_one_setting_of_the_webhook_the_timekeeper_and_th
 
 
 def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
-    # The web timekeeper: the API's callers, the reporting pod's terms, and the GPU pods safe admission follows.
+    # The web timekeeper: the API's callers and the reporting pod's terms; it follows no pods (the controller publishes
+    # safe admission's commitments).
     assert granted(objects, "gpusharing-timekeeper") == {
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "pods", "get"),  # a reporting pod's admitted terms
-        ("", "pods", "list"), ("", "pods", "watch"),  # safe admission: what the running pods' deadlines commit
     }
     # The controller: the cluster work.
     assert granted(objects, "gpusharing-controller") == {
         ("", "pods", "get"),
         ("", "pods", "list"),
-        ("", "pods", "watch"),  # billing: what ran
+        ("", "pods", "watch"),  # billing: what ran; safe admission: what the deadlines commit
         ("", "pods", "patch"),  # the billing finalizer, removed once a pod's bill is closed
         ("", "pods/eviction", "create"),
         ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),  # DRA pods' bills
