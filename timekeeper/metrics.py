@@ -169,7 +169,7 @@ class LedgerCollector(Collector):
             "Of those, the pods idle beyond the warning of the idle policy in force (warned, or acted on and still running).",
             labels=["namespace"],
         )
-        fresh_since = self.ledger.budgets.clock() - dt.timedelta(seconds=self.ledger.streak_gap_seconds)  # 2 intervals
+        fresh_since = self.ledger.budgets.clock() - dt.timedelta(seconds=self.ledger.fresh_seconds)  # fresh readings
         for ns, (now_idle, beyond) in sorted(idle.idle_now(fresh_since).items()):
             pods.add_metric([ns], float(now_idle))
             warned.add_metric([ns], float(beyond))

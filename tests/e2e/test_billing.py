@@ -46,7 +46,7 @@ class Timekeepers:
         for index in range(REPLICAS):
             service, url = self.gpusharing.timekeeper_service(
                 f"billing-{index}-{time.monotonic_ns()}", self.database, upgrade=index == 0,
-                TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5", TIMEKEEPER_METER_INTERVAL_SECONDS=str(METER_INTERVAL_SECONDS),
+                TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5", GPUSHARING_METER_INTERVAL_SECONDS=str(METER_INTERVAL_SECONDS),
             )
             self.services.append(service)
             self.urls.append(url)

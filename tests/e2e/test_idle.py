@@ -39,7 +39,7 @@ def timekeeper(gpusharing: GpuSharing) -> Iterator[Service]:
     service = gpusharing.timekeeper
     before = dict(service.env)
     service.stop()
-    service.env.update(TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5", TIMEKEEPER_METER_INTERVAL_SECONDS=str(2 * METER_INTERVAL))
+    service.env.update(TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5", GPUSHARING_METER_INTERVAL_SECONDS=str(2 * METER_INTERVAL))
     service.__enter__()
     yield service
     service.stop()
