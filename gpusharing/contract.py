@@ -1,4 +1,5 @@
-"""Names the services agree on: the webhook's annotations, budget states, and how the meter is wired."""
+"""Names the services agree on: the webhook's annotations, budget states, how the meter is wired, and the intervals
+and bounds both sides of a conversation reckon by."""
 
 from __future__ import annotations
 
@@ -95,8 +96,33 @@ class MeterEnv:
     TIMEKEEPER_URL = "GPUSHARING_TIMEKEEPER_URL"
     TOKEN_PATH = "GPUSHARING_TOKEN_PATH"
     STATE_DIR = "GPUSHARING_METER_STATE_DIR"
-    INTERVAL = "GPUSHARING_METER_INTERVAL"
+    INTERVAL = "GPUSHARING_METER_INTERVAL"  # the webhook's METER_INTERVAL_SETTING, so the meter reports as billed
 
+
+# The meter's report interval, in seconds: one setting, GPUSHARING_METER_INTERVAL_SECONDS, which the webhook gives
+# every meter it injects (as MeterEnv.INTERVAL) and the timekeeper reckons by, so that both always agree. Below the
+# minimum a meter would only be busy writing its state file; above the maximum two intervals of silence would outlast
+# the quarter of an hour after which the timekeeper stops counting a pod it has not heard from as running.
+METER_INTERVAL_SETTING = "GPUSHARING_METER_INTERVAL_SECONDS"
+DEFAULT_METER_INTERVAL_SECONDS = 30.0
+MIN_METER_INTERVAL_SECONDS = 0.05
+MAX_METER_INTERVAL_SECONDS = 300.0
+# How many meter intervals a reading stays fresh: one report may be late or lost, not two.
+FRESH_INTERVALS = 2
+
+
+def fresh_for(meter_interval_seconds: float) -> float:
+    """How long a meter's reading stays fresh, in seconds: two meter intervals. An older reading tells nothing of how
+    busy the pod's GPU is now (its utilisation is unknown), and a meter not heard from for longer is silent."""
+    return FRESH_INTERVALS * meter_interval_seconds
+
+
+# How often the webhook polls the timekeeper's budget listing (GPUSHARING_BUDGET_REFRESH_SECONDS, sent along as the
+# poll's `refreshSeconds`), in seconds: the timekeeper refuses a poll outside these bounds, so the webhook refuses to
+# start with a setting outside them.
+DEFAULT_BUDGET_REFRESH_SECONDS = 5.0
+MIN_BUDGET_REFRESH_SECONDS = 0.1
+MAX_BUDGET_REFRESH_SECONDS = 3600.0
 
 # Where the webhook mounts the meter's token and its state volume.
 METER_TOKEN_DIR = "/var/run/secrets/gpusharing"

@@ -7,14 +7,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpusharing.contract import METER_STATE_DIR, METER_TOKEN_DIR, METER_TOKEN_FILE, MeterEnv
+from gpusharing.contract import (
+    DEFAULT_METER_INTERVAL_SECONDS,
+    MAX_METER_INTERVAL_SECONDS,
+    METER_STATE_DIR,
+    METER_TOKEN_DIR,
+    METER_TOKEN_FILE,
+    MIN_METER_INTERVAL_SECONDS,
+    MeterEnv,
+)
 from gpusharing.settings.env import ConfigError, env_code, env_float, env_text, env_url
 from gpusharing.units.share import MAX_GPU_SHARE
 
 TIME_SCALE = "GPUSHARING_METER_TIME_SCALE"
 GPU_READER = "GPUSHARING_METER_GPU_READER"
 DEFAULT_GPU_READER = "sidecar.nvml:open_reader"
-MIN_INTERVAL_SECONDS = 0.05  # below this the meter would only be busy writing its state file
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,8 @@ class MeterConfig:
     timekeeper_url: str
     token_path: Path = Path(METER_TOKEN_DIR) / METER_TOKEN_FILE  # projected token, re-read for every report
     state_dir: Path = Path(METER_STATE_DIR)  # the emptyDir that outlives a restart of the meter
-    interval_seconds: float = 30.0
+    # The webhook injects the interval the timekeeper reckons by; this default is for a meter run by hand.
+    interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS
     time_scale: float = 1.0  # DEMO ONLY: bills this many seconds per second so `make demo` spends a budget fast
     gpu_memory_requested_mib: float | None = None
     gpu_reader: str = DEFAULT_GPU_READER  # module:function opening the GPU reader; tests name a fake GPU
@@ -41,7 +49,8 @@ class MeterConfig:
             timekeeper_url=str(env_url(MeterEnv.TIMEKEEPER_URL, environ=environ, required=True)),
             token_path=Path(env_text(MeterEnv.TOKEN_PATH, str(cls.token_path), environ)),
             state_dir=Path(env_text(MeterEnv.STATE_DIR, str(cls.state_dir), environ)),
-            interval_seconds=env_float(MeterEnv.INTERVAL, cls.interval_seconds, MIN_INTERVAL_SECONDS, environ),
+            interval_seconds=env_float(MeterEnv.INTERVAL, cls.interval_seconds, MIN_METER_INTERVAL_SECONDS, environ,
+                                       maximum=MAX_METER_INTERVAL_SECONDS),
             time_scale=_time_scale(environ),
             # 0 or unset: not known, so no overrun can be judged (0 would make any use an overrun).
             gpu_memory_requested_mib=env_float(MeterEnv.GPU_MEMORY_MIB, 0.0, 0.0, environ) or None,

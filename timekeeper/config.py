@@ -9,17 +9,20 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from gpusharing.contract import Period
+from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, METER_INTERVAL_SETTING, Period
 from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.gpu.request import GpuRequestSettings
-from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_text
+from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_text, refuse_retired
 from gpusharing.settings.gpu import gpu_request_settings
+from gpusharing.settings.meter import meter_interval_seconds
 from timekeeper.budgets.idle import IdlePolicy, IdlePolicyError, idle_policy_from_json
 
 AUTH_MODES = ("tokenreview", "static", "none")
 DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"
 METRICS_AUTH = ("none", "token")
 DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
+# Settings no longer read, and what to set instead: refused at start rather than silently ignored.
+RETIRED_SETTINGS = {"TIMEKEEPER_METER_INTERVAL_SECONDS": METER_INTERVAL_SETTING}
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,9 @@ class TimekeeperConfig:
     kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
     tasks: TaskIntervals = field(default_factory=TaskIntervals)  # the controller's tasks' intervals
     controller_port: int = 8081  # the controller's /livez, /readyz and /metrics (plain HTTP)
-    meter_interval_seconds: float = 30.0  # the meters' report interval (GPUSHARING_METER_INTERVAL): silent after two
+    # The meters' report interval, the one the webhook injects (GPUSHARING_METER_INTERVAL_SECONDS): a reading is fresh,
+    # and a meter is silent after, gpusharing.contract.fresh_for of it.
+    meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
     lease_seconds: float | None = None  # the controller's Lease; None: 3 budget passes, at least 15 s
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
@@ -85,6 +90,7 @@ class TimekeeperConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> TimekeeperConfig:
+        refuse_retired(RETIRED_SETTINGS, environ)
         auth = env_choice("TIMEKEEPER_AUTH", cls.auth, AUTH_MODES, environ)
         tokens_file = environ.get("TIMEKEEPER_STATIC_TOKENS_FILE", "").strip() or None
         if auth == "static" and tokens_file is None:
@@ -100,7 +106,7 @@ class TimekeeperConfig:
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
             tasks=task_intervals(environ),
             controller_port=env_int("TIMEKEEPER_CONTROLLER_PORT", cls.controller_port, 1, environ),
-            meter_interval_seconds=env_float("TIMEKEEPER_METER_INTERVAL_SECONDS", 30.0, 0.05, environ),
+            meter_interval_seconds=meter_interval_seconds(environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
             lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ) if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip() else None,
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),

@@ -90,8 +90,9 @@ def record_pod_sync(ok: bool) -> None:
 
 
 TOP_PODS = 20  # the pods shown by GPU time: a bounded number of series, whatever the number of pods
-SILENT_AFTER_SECONDS = 120  # meters report every 30 s: a running pod not heard from this long is silent
-GONE_AFTER_SECONDS = 3600  # ... and one not heard from this long (killed without its final report) is let go
+# A running pod whose meter is not heard from for the contract's two meter intervals (the ledger's fresh_seconds) is
+# silent; one not heard from this long (killed without its final report) is let go.
+GONE_AFTER_SECONDS = 3600
 
 
 class LedgerCollector(Collector):
@@ -147,9 +148,9 @@ class LedgerCollector(Collector):
         silent = GaugeMetricFamily(
             "gpusharing_timekeeper_meters_silent",
             "Running pods whose meter is silent: flagged by the controller (no report for two meter intervals; the pod "
-            f"is billed all the same), or off a cluster, heard from within the last hour but not for {SILENT_AFTER_SECONDS} s.",
+            "is billed all the same), or off a cluster, heard from within the last hour but not for two meter intervals.",
         )
-        silent.add_metric([], float(self.ledger.silent_meters(SILENT_AFTER_SECONDS, GONE_AFTER_SECONDS)))
+        silent.add_metric([], float(self.ledger.silent_meters(self.ledger.fresh_seconds, GONE_AFTER_SECONDS)))
         over = GaugeMetricFamily(
             "gpusharing_timekeeper_pod_gpu_memory_over_request_bytes",
             "GPU memory a running pod uses beyond what it requested; only pods that overrun are listed.",
@@ -198,7 +199,7 @@ class LedgerCollector(Collector):
             "Of those, the pods idle beyond the warning of the idle policy in force (warned, or acted on and still running).",
             labels=["namespace"],
         )
-        fresh_since = self.ledger.budgets.clock() - dt.timedelta(seconds=self.ledger.streak_gap_seconds)  # 2 intervals
+        fresh_since = self.ledger.budgets.clock() - dt.timedelta(seconds=self.ledger.fresh_seconds)  # fresh readings
         for ns, (now_idle, beyond) in sorted(idle.idle_now(fresh_since).items()):
             pods.add_metric([ns], float(now_idle))
             warned.add_metric([ns], float(beyond))

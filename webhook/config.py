@@ -6,9 +6,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpusharing.contract import (
+    DEFAULT_BUDGET_REFRESH_SECONDS,
+    DEFAULT_METER_INTERVAL_SECONDS,
+    MAX_BUDGET_REFRESH_SECONDS,
+    MIN_BUDGET_REFRESH_SECONDS,
+)
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.settings.env import ConfigError, env_choice, env_flag, env_float, env_list, env_text, env_url
 from gpusharing.settings.gpu import gpu_request_settings
+from gpusharing.settings.meter import meter_interval_seconds
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 SIDECAR_MODES = ("native", "container")
@@ -36,6 +43,7 @@ class MeterSpec:
     memory_limit: str = "64Mi"
     run_as_user: int = 65532
     token_expiration_seconds: int = 3600
+    interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS  # GPUSHARING_METER_INTERVAL_SECONDS, the timekeeper's too
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class WebhookConfig:
     allowed_priority_classes: frozenset[str] = frozenset()
     timekeeper_url: str | None = None  # where budget states are polled from; None: every namespace is unknown
     timekeeper_token_file: str | None = None
-    budget_refresh_seconds: float = 5.0
+    budget_refresh_seconds: float = DEFAULT_BUDGET_REFRESH_SECONDS  # within the bounds the timekeeper accepts
     kubeconfig: str | None = None  # where resource claims and Jobs are watched from; None: in-cluster, if in a cluster
     # Who may send reviews (the API server's client authentication): a client certificate signed by this CA, or a
     # bearer token TokenReview authenticates for one of these users. Neither: anyone, answered without budget figures.
@@ -83,6 +91,7 @@ class WebhookConfig:
                 timekeeper_url=str(
                     env_url("GPUSHARING_METER_TIMEKEEPER_URL", timekeeper_url or meter_defaults.timekeeper_url, environ)
                 ),
+                interval_seconds=meter_interval_seconds(environ),
             ),
             own_namespace=own_namespace,
             exempt_namespaces=frozenset((*exempt, own_namespace)),
@@ -93,7 +102,8 @@ class WebhookConfig:
             allowed_priority_classes=frozenset(env_list("GPUSHARING_ALLOWED_PRIORITY_CLASSES", (), environ)),
             timekeeper_url=timekeeper_url,
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
-            budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", 5.0, 0.1, environ),
+            budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", DEFAULT_BUDGET_REFRESH_SECONDS,
+                                             MIN_BUDGET_REFRESH_SECONDS, environ, maximum=MAX_BUDGET_REFRESH_SECONDS),
             kubeconfig=kubeconfig,
             client_ca_file=environ.get("GPUSHARING_CLIENT_CA_FILE", "").strip() or None,
             client_token_users=token_users,

@@ -26,12 +26,16 @@ def env_int(name: str, default: int, minimum: int = 0, environ: Mapping[str, str
     return int(_env_number(name, default, minimum, int, "a whole number", environ))
 
 
-def env_float(name: str, default: float, minimum: float = 0.0, environ: Mapping[str, str] = os.environ) -> float:
-    return _env_number(name, default, minimum, float, "a finite number", environ)
+def env_float(
+    name: str, default: float, minimum: float = 0.0, environ: Mapping[str, str] = os.environ, maximum: float | None = None,
+) -> float:
+    """A finite number of at least `minimum` (and at most `maximum`, if given); unset: `default`."""
+    return _env_number(name, default, minimum, float, "a finite number", environ, maximum)
 
 
 def _env_number(
-    name: str, default: float, minimum: float, parse: Callable[[str], float], kind: str, environ: Mapping[str, str]
+    name: str, default: float, minimum: float, parse: Callable[[str], float], kind: str, environ: Mapping[str, str],
+    maximum: float | None = None,
 ) -> float:
     raw = environ.get(name, "").strip()
     if not raw:
@@ -40,9 +44,19 @@ def _env_number(
         value = parse(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} must be {kind}") from None
+    if maximum is not None and not minimum <= value <= maximum:  # NaN too
+        raise ConfigError(f"{name}={raw!r} must be {kind} from {minimum:g} to {maximum:g}")
     if not minimum <= value < float("inf"):
         raise ConfigError(f"{name}={raw!r} must be {kind}, at least {minimum:g}")
     return value
+
+
+def refuse_retired(retired: Mapping[str, str], environ: Mapping[str, str] = os.environ) -> None:
+    """ConfigError for the first setting of `retired` (old name: what to set instead) that is set: a setting no longer
+    read is refused, not ignored, so an installation that still sets it learns where its value must go."""
+    for name, instead in retired.items():
+        if environ.get(name, "").strip():
+            raise ConfigError(f"{name} is no longer read: set {instead} instead")
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...], environ: Mapping[str, str] = os.environ) -> str:

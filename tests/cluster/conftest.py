@@ -35,7 +35,7 @@ def cluster(cluster_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
                                     # Bills grow from the record every 2 s: budgets run out within a test.
                                     "TIMEKEEPER_BILLING_INTERVAL_SECONDS": "2",
                                     # The scale run's simulated meters report every 10 s: silent after two of those.
-                                    "TIMEKEEPER_METER_INTERVAL_SECONDS": "10"},
+                                    "GPUSHARING_METER_INTERVAL_SECONDS": "10"},
                     webhook_env={"GPUSHARING_BUDGET_REFRESH_SECONDS": str(WEBHOOK_REFRESH_SECONDS)}) as system:
         yield system
 

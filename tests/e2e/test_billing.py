@@ -44,7 +44,7 @@ class Timekeepers:
         self.urls: list[str] = []
 
     def start(self) -> None:
-        settings = {"TIMEKEEPER_BILLING_INTERVAL_SECONDS": "0.5", "TIMEKEEPER_METER_INTERVAL_SECONDS": str(METER_INTERVAL_SECONDS)}
+        settings = {"TIMEKEEPER_BILLING_INTERVAL_SECONDS": "0.5", "GPUSHARING_METER_INTERVAL_SECONDS": str(METER_INTERVAL_SECONDS)}
         for index in range(REPLICAS):
             name = f"billing-{index}-{time.monotonic_ns()}"
             service, url = self.gpusharing.timekeeper_service(name, self.database, upgrade=index == 0, **settings)

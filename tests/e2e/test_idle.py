@@ -37,7 +37,7 @@ def timekeeper(gpusharing: GpuSharing) -> Iterator[Service]:
     """The system's timekeeper, on its own address (which the webhook polls), and its controller, passing the idle
     policies every half second and judging meters that report every half second."""
     with gpusharing.timekeeper_settings(TIMEKEEPER_BILLING_INTERVAL_SECONDS="0.5",
-                                        TIMEKEEPER_METER_INTERVAL_SECONDS=str(2 * METER_INTERVAL)):
+                                        GPUSHARING_METER_INTERVAL_SECONDS=str(2 * METER_INTERVAL)):
         yield gpusharing.timekeeper
 
 

@@ -2,7 +2,17 @@
 
 import pytest
 
-from gpusharing.settings.env import ConfigError, env_choice, env_flag, env_float, env_int, env_list, env_text, env_url
+from gpusharing.settings.env import (
+    ConfigError,
+    env_choice,
+    env_flag,
+    env_float,
+    env_int,
+    env_list,
+    env_text,
+    env_url,
+    refuse_retired,
+)
 
 
 def test_defaults_when_unset_or_blank() -> None:
@@ -30,6 +40,9 @@ def test_values_are_read() -> None:
         (lambda: env_int("N", 1, 1, environ={"N": "0"}), "N='0' must be a whole number, at least 1"),
         (lambda: env_float("F", 1, environ={"F": "inf"}), "F='inf' must be a finite number, at least 0"),
         (lambda: env_float("F", 1, environ={"F": "nan"}), "F='nan' must be a finite number, at least 0"),
+        (lambda: env_float("F", 1, 0.5, {"F": "0.4"}, maximum=2), "F='0.4' must be a finite number from 0.5 to 2"),
+        (lambda: env_float("F", 1, 0.5, {"F": "2.5"}, maximum=2), "F='2.5' must be a finite number from 0.5 to 2"),
+        (lambda: env_float("F", 1, 0.5, {"F": "nan"}, maximum=2), "F='nan' must be a finite number from 0.5 to 2"),
         (lambda: env_choice("C", "a", ("a", "b"), environ={"C": "z"}), "C='z' must be one of a, b"),
         (lambda: env_text("T", environ={}), "T must be set"),
         (lambda: env_flag("Y", False, environ={"Y": "maybe"}), "Y='maybe' must be true or false"),
@@ -61,3 +74,15 @@ def test_urls_lose_their_trailing_slash_and_may_be_optional_or_required() -> Non
     assert env_url("U", "http://d", environ={}) == "http://d"
     with pytest.raises(ConfigError, match="^U must be set$"):
         env_url("U", environ={}, required=True)
+
+
+def test_a_bounded_number_may_be_either_bound() -> None:
+    assert env_float("F", 1, 0.5, {"F": "0.5"}, maximum=2) == 0.5 and env_float("F", 1, 0.5, {"F": "2"}, maximum=2) == 2
+
+
+def test_a_setting_no_longer_read_is_refused_saying_what_to_set_instead() -> None:
+    retired = {"OLD_SECONDS": "NEW_SECONDS"}
+    refuse_retired(retired, {"NEW_SECONDS": "10", "OLD_SECONDS": " "})  # unset or blank: nothing to say
+    with pytest.raises(ConfigError) as refused:
+        refuse_retired(retired, {"OLD_SECONDS": "10"})
+    assert str(refused.value) == "OLD_SECONDS is no longer read: set NEW_SECONDS instead"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from gpusharing.contract import BudgetState, Period
+from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, BudgetState, Period, fresh_for
 from gpusharing.report import MeterReport
 from gpusharing.units.weights import MICROS_PER_SECOND
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
@@ -435,7 +435,9 @@ def test_meters_gone_quiet_are_counted_and_let_go_after_an_hour(app: Flask, api:
         return next(line for line in api.get("/metrics").data.decode().splitlines() if line.startswith("gpusharing_timekeeper_meters_silent "))
 
     assert silent().endswith(" 0.0")
-    clock.advance(minutes=3)
+    clock.advance(seconds=fresh_for(DEFAULT_METER_INTERVAL_SECONDS))  # two meter intervals: not yet silent
+    assert silent().endswith(" 0.0")
+    clock.advance(seconds=1)
     assert silent().endswith(" 1.0")  # the finished pod is not silent, the other is
     clock.advance(minutes=60)
     assert silent().endswith(" 0.0")

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER
+from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, fresh_for
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.report import MeterReport
 from tests.fakekube import FakeKube
@@ -24,6 +25,7 @@ from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.billing import METER_SILENT, Biller
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.database.connection import Database
+from timekeeper.database.tables import pod_usage
 
 UTC = dt.timezone.utc
 START = dt.datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
@@ -97,6 +99,32 @@ def test_a_meter_may_fill_a_gap_but_not_claim_more_than_its_share_since_the_reco
     assert billed(ledger, "uid-1") == 50 * MICROS  # capped at 0.5 x 100 s
     ledger.observe([observed("uid-1", 120)])
     assert billed(ledger, "uid-1") == 60 * MICROS and ledger.budgets.status("ml").used_micro_gpu_seconds == 60 * MICROS
+
+
+def idle_seconds(ledger: ReportLedger, uid: str) -> float:
+    """The part of the pod's charges its meter's readings called idle, GPU-seconds."""
+    query = select(func.coalesce(func.sum(pod_usage.c.idle_micro_gpu_seconds), 0)).where(pod_usage.c.pod_uid == uid)
+    with ledger.db.read() as conn:
+        return conn.execute(query).scalar_one() / MICROS
+
+
+@pytest.mark.parametrize("interval", [10.0, 30.0])
+def test_a_reading_tells_how_busy_an_observed_interval_was_for_two_meter_intervals(
+    database_url: str, clock: Clock, interval: float,
+) -> None:
+    """gpusharing.contract.fresh_for: an observation the meter's last reading (idle) is two intervals old or less is
+    billed idle; a moment later the reading is stale, and the observed time's utilisation unknown."""
+    db = Database(database_url)
+    ledger = ReportLedger(BudgetStore(db, clock=clock), meter_interval_seconds=interval)
+    for uid, silence in (("uid-fresh", fresh_for(interval)), ("uid-stale", fresh_for(interval) + 1)):
+        clock.now = at(interval)
+        reading = MeterReport(uid, "ml", f"pod-{uid}", 0.5, 1, 0.5 * interval, gpu_utilization_percent=0.0)
+        ledger.record([(reading, ReportTerms(0.5, None, started_at=START))])  # the interval it covers: idle
+        clock.now = at(interval + silence)
+        ledger.observe([observed(uid, interval + silence)])
+    assert idle_seconds(ledger, "uid-fresh") == 0.5 * (interval + fresh_for(interval))
+    assert idle_seconds(ledger, "uid-stale") == 0.5 * interval
+    db.dispose()
 
 
 def test_a_pod_lost_from_sight_is_listed_until_closed(ledgers: list[ReportLedger]) -> None:

@@ -43,3 +43,26 @@ def test_idle_settings_that_cannot_be_a_policy_are_refused_in_one_line(environ: 
     with pytest.raises(ConfigError) as refused:
         TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", **environ})
     assert str(refused.value).startswith(message)
+
+
+def test_the_meters_interval_is_the_installations_one_setting_the_webhook_injects() -> None:
+    assert TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none"}).meter_interval_seconds == 30.0
+    environ = {"TIMEKEEPER_AUTH": "none", "GPUSHARING_METER_INTERVAL_SECONDS": "12.5"}
+    assert TimekeeperConfig.from_env(environ).meter_interval_seconds == 12.5
+
+
+def test_the_timekeepers_own_meter_interval_is_refused_naming_the_setting_to_use_instead() -> None:
+    environ = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_METER_INTERVAL_SECONDS": "10"}
+    with pytest.raises(ConfigError) as refused:
+        TimekeeperConfig.from_env(environ)
+    assert str(refused.value) == ("TIMEKEEPER_METER_INTERVAL_SECONDS is no longer read: "
+                                  "set GPUSHARING_METER_INTERVAL_SECONDS instead")
+    with pytest.raises(ConfigError):  # set beside the new one too: the old value would be lost without a word
+        TimekeeperConfig.from_env({**environ, "GPUSHARING_METER_INTERVAL_SECONDS": "10"})
+
+
+@pytest.mark.parametrize("raw", ["0.01", "301", "-30"])
+def test_a_meter_interval_out_of_bounds_is_refused_with_the_bounds(raw: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", "GPUSHARING_METER_INTERVAL_SECONDS": raw})
+    assert str(refused.value) == f"GPUSHARING_METER_INTERVAL_SECONDS={raw!r} must be a finite number from 0.05 to 300"

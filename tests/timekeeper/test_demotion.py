@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from gpusharing.settings.env import ConfigError
 from tests.fakekube import FakeKube
 from tests.timekeeper.conftest import METER, AppFactory, Clock, SpecClient
 from timekeeper.cluster.controller import Controller, ControllerPass
 from timekeeper.cluster.demotion import eviction_candidates
 from timekeeper.cluster.kube import KubeApi
+from webhook.config import WebhookConfig
 
 
 @pytest.fixture
@@ -90,6 +92,17 @@ def test_a_poll_that_names_itself_wrongly_is_refused_with_the_rule(api: SpecClie
                         ("webhook=w&refreshSeconds=1e9", "refreshSeconds must be a number from 0.1 to 3600")):
         refused = api.get(f"/api/v1/budgets?{query}")
         assert refused.status_code == 400 and rule in refused.json["error"]
+
+
+@pytest.mark.parametrize(("raw", "polls"), [("0.1", True), ("3600", True), ("0.09", False), ("3600.5", False)])
+def test_a_webhook_polls_at_a_refresh_the_timekeeper_accepts_or_does_not_start(api: SpecClient, raw: str, polls: bool) -> None:
+    """The bounds of GPUSHARING_BUDGET_REFRESH_SECONDS are those of the poll's refreshSeconds (the contract's)."""
+    try:
+        refresh = str(WebhookConfig.from_env({"GPUSHARING_BUDGET_REFRESH_SECONDS": raw}).budget_refresh_seconds)
+    except ConfigError:
+        refresh = None
+    answer = api.get(f"/api/v1/budgets?webhook=w&refreshSeconds={refresh or raw}")
+    assert (refresh is not None) is polls is (answer.status_code == 200), answer.json
 
 
 def test_an_eviction_a_disruption_budget_refuses_is_retried_later_never_forced(

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from gpusharing.contract import Period
+from gpusharing.contract import Period, fresh_for
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.owners import Owner
 from gpusharing.kube.watching import WatchedObjects
@@ -243,7 +243,7 @@ class Cluster:
         self.pods.items = {}
         self.idle = IdleLedger(store.db)
         self.idler = Idler(self.idle, store, KubeApi(fake.api_client()), self.pods, interval_seconds=0,
-                           fresh_seconds=2 * INTERVAL)
+                           fresh_seconds=fresh_for(INTERVAL))  # as the timekeeper's services build it
         self.meters: dict[str, Meter] = {}
 
     def pod(self, name: str, owner: str | None = None, labels: dict[str, str] | None = None,

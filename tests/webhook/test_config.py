@@ -41,6 +41,11 @@ def test_gpusharing_device_memory_mib_keeps_naming_the_default_models_memory() -
         ({"GPUSHARING_HAMI_RESOURCE_MEM": "nvidia.com/gpu"}, "GPUSHARING_HAMI_RESOURCE_NAME, _MEM, _MEM_PERCENTAGE and _CORES must be four different"),
         ({"GPUSHARING_HAMI_MEMORY_FACTOR": "0"}, "GPUSHARING_HAMI_MEMORY_FACTOR='0' must be a whole number, at least 1"),
         ({"GPUSHARING_DRA_DEVICES_PER_NODE": "0"}, "GPUSHARING_DRA_DEVICES_PER_NODE='0' must be a whole number, at least 1"),
+        # A poll the timekeeper would answer 400 to (its refreshSeconds bounds, the contract's): refused at start.
+        ({"GPUSHARING_BUDGET_REFRESH_SECONDS": "0.05"}, "GPUSHARING_BUDGET_REFRESH_SECONDS='0.05' must be a finite number from 0.1 to 3600"),
+        ({"GPUSHARING_BUDGET_REFRESH_SECONDS": "7200"}, "GPUSHARING_BUDGET_REFRESH_SECONDS='7200' must be a finite number from 0.1 to 3600"),
+        ({"GPUSHARING_METER_INTERVAL_SECONDS": "0"}, "GPUSHARING_METER_INTERVAL_SECONDS='0' must be a finite number from 0.05 to 300"),
+        ({"GPUSHARING_METER_INTERVAL_SECONDS": "1h"}, "GPUSHARING_METER_INTERVAL_SECONDS='1h' must be a finite number"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_it(environ: dict[str, str], message: str) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, func, or_, select, update
 
+from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, fresh_for
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
 from timekeeper.accounting.idle import Streak, next_streak
@@ -212,7 +213,7 @@ class ReportLedger:
     def __init__(
         self, budgets: BudgetStore, stale_seconds: float = 900.0,
         catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
-        reading_seconds: float = 90.0, meter_interval_seconds: float = 30.0, policy_refresh_seconds: float = 30.0,
+        meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS, policy_refresh_seconds: float = 30.0,
     ):
         self.budgets = budgets
         self.db = budgets.db
@@ -221,8 +222,9 @@ class ReportLedger:
         self.weights = WeightLog(self.db)
         self._weights_recorded = False
         self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as running
-        self.reading_seconds = reading_seconds  # a meter's reading this recent tells how busy an observed interval was
-        self.streak_gap_seconds = 2 * meter_interval_seconds  # a longer silence between reports ends an idle streak
+        # The contract's one rule: a meter's reading this recent tells how busy an observed interval was, and a longer
+        # silence between two reports (a silent meter) ends an idle streak.
+        self.fresh_seconds = fresh_for(meter_interval_seconds)
         self.idle_threshold = IdleThresholds(budgets, policy_refresh_seconds)
         self.usage = UsageLedger(self.db)
         # Built once: constructing statements per report would cost more than running them.
@@ -383,7 +385,7 @@ class ReportLedger:
     def _streak_columns(self, locked: _Locked, entry: _Entry, threshold: float, now: dt.datetime) -> dict[str, Any]:
         """The pod's idle streak after an accepted report (timekeeper.accounting.idle), as its ledger keeps it."""
         locked.streak = next_streak(locked.streak, locked.last_report_at, entry.utilization_percent, threshold, now,
-                                    self.streak_gap_seconds)
+                                    self.fresh_seconds)
         locked.last_report_at = now
         return {"idle_since": locked.streak.since, "idle_warned_at": locked.streak.warned_at,
                 "idle_acted_at": locked.streak.acted_at}
@@ -409,7 +411,7 @@ class ReportLedger:
             self._open.execute(conn, [new[uid] for uid in sorted(new)])
             self.usage.label(conn, labels)
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
-        fresh = now - dt.timedelta(seconds=self.reading_seconds)
+        fresh = now - dt.timedelta(seconds=self.fresh_seconds)
         return {
             uid: _Locked(
                 row.namespace,

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from gpusharing.contract import fresh_for
 from gpusharing.gpu.dra import ClaimSpec
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.watching import WatchedObjects
@@ -149,14 +150,14 @@ class Biller:
         items = self.pods.items
         if items is None:
             return None
-        quiet_since = now - dt.timedelta(seconds=2 * self.meter_interval)
+        quiet_since = now - dt.timedelta(seconds=fresh_for(self.meter_interval))
         running = {pod.record.uid: pod.record for pod in list(items.values())
                    if pod.record.started_at is not None and pod.record.started_at < quiet_since
                    and pod.record.finished_at is None and pod.record.deleted_at is None}
         flagged = []
         for uid in self.ledger.claim_silent(list(running), quiet_since, now):
             pod = running[uid]
-            message = (f"the GPU meter of pod {pod.name} has not reported for {2 * self.meter_interval:g}s: the pod is "
+            message = (f"the GPU meter of pod {pod.name} has not reported for {fresh_for(self.meter_interval):g}s: the pod is "
                        "billed from its recorded start all the same; its GPU utilisation and memory are unknown")
             self.events.put(Event(METER_SILENT, message, about=ObjectRef("v1", "Pod", pod.name, uid, pod.namespace)))
             flagged.append(f"{pod.namespace}/{pod.name}")

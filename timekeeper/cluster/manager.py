@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpusharing.clock import Clock
+from gpusharing.contract import fresh_for
 from gpusharing.scheduling import Task, TaskScheduler
 from timekeeper import metrics
 from timekeeper.accounting.reports import ReportLedger
@@ -80,10 +81,9 @@ class ControllerManager:
         self.evictions = EvictionPath(kube, self.election, self.fence, WebhookListings(budgets.db))
         self.scheduler = TaskScheduler(clock, leading=self.leading, observe=metrics.observe_task)
         self.events = EventQueue(kube, wake=lambda: self.scheduler.wake("events"))
-        fresh = 2 * config.meter_interval_seconds  # a reading is fresh for two meter intervals
         self.biller = Biller(ledger, kube, config.gpu_request, self.informers.pods, self.informers.claims, self.events,
                              config.meter_interval_seconds)
-        self.idler = Idler(idle, budgets, self.informers.pods, self.evictions, self.events, fresh)
+        self.idler = Idler(idle, budgets, self.informers.pods, self.evictions, self.events, fresh_for(config.meter_interval_seconds))
         self.commitments = CommitmentPublisher(budgets.db, budgets.clock, identity)
         self.budget_sync = BudgetSync(budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last)
         self._leading = False

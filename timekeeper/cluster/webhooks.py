@@ -16,12 +16,12 @@ import re
 
 from sqlalchemy import func, select
 
+from gpusharing.contract import DEFAULT_BUDGET_REFRESH_SECONDS, MAX_BUDGET_REFRESH_SECONDS, MIN_BUDGET_REFRESH_SECONDS
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import webhook_listings
 
 LIVE_POLLS = 3  # a webhook process is live this many of its poll intervals after its last poll
 LIVE_SLACK_SECONDS = 5.0  # and this much more, for a slow answer
-MAX_REFRESH_SECONDS = 3600.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
 
 
@@ -41,12 +41,14 @@ class WebhookListings:
         clock = self.db.clock()
         if not _NAME.fullmatch(webhook):
             raise ListingQueryError("webhook must be 1 to 253 letters, digits and . _ : - (the webhook process's name)")
-        held, every = _number("inForce", in_force or "0", 0.0, 1e12), _number("refreshSeconds", refresh or "5", 0.1, MAX_REFRESH_SECONDS)
+        held = _number("inForce", in_force or "0", 0.0, 1e12)
+        every = _number("refreshSeconds", refresh or str(DEFAULT_BUDGET_REFRESH_SECONDS), MIN_BUDGET_REFRESH_SECONDS,
+                        MAX_BUDGET_REFRESH_SECONDS)
         values = {"in_force_at": held, "expires_at": clock + LIVE_POLLS * every + LIVE_SLACK_SECONDS}
         with self.db.write() as conn:
             conn.execute(self.db.insert(webhook_listings).values(webhook=webhook, **values)
                          .on_conflict_do_update(index_elements=["webhook"], set_=values))
-            conn.execute(webhook_listings.delete().where(webhook_listings.c.expires_at < clock - MAX_REFRESH_SECONDS))
+            conn.execute(webhook_listings.delete().where(webhook_listings.c.expires_at < clock - MAX_BUDGET_REFRESH_SECONDS))
             return float(conn.execute(select(clock)).scalar_one())
 
     def behind(self, since: float) -> int:

@@ -64,6 +64,8 @@ def meter_container(spec: MeterSpec, gpu_share: str, gpu_memory_mib: int) -> dic
             {"name": MeterEnv.TIMEKEEPER_URL, "value": spec.timekeeper_url},
             {"name": MeterEnv.TOKEN_PATH, "value": f"{METER_TOKEN_DIR}/{METER_TOKEN_FILE}"},
             {"name": MeterEnv.STATE_DIR, "value": METER_STATE_DIR},
+            # The interval the timekeeper reckons by (GPUSHARING_METER_INTERVAL_SECONDS): fresh readings, silent meters.
+            {"name": MeterEnv.INTERVAL, "value": seconds_text(spec.interval_seconds)},
         ],
         "resources": {
             "requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
@@ -107,6 +109,12 @@ def meter_volumes(spec: MeterSpec) -> list[dict[str, Any]]:
         {"name": state_volume_name(spec), "emptyDir": {"sizeLimit": "1Mi"}},
         {"name": no_api_volume_name(spec), "emptyDir": {"sizeLimit": "1Ki"}},
     ]
+
+
+def seconds_text(seconds: float) -> str:
+    """Seconds as an environment variable carries them, read back as the same float: `30`, `0.5`."""
+    text = repr(float(seconds))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def _field_env(name: str, field_path: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusharing.contract import AdmissionMode, BudgetState, Shortfall
+from gpusharing.contract import DEFAULT_BUDGET_REFRESH_SECONDS, AdmissionMode, BudgetState, Shortfall
 from gpusharing.outage import Outage
 from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 from gpusharing.thresholds import usage_warning
@@ -129,7 +129,7 @@ class BudgetStateCache:
         self,
         timekeeper_url: str | None,
         token_file: str | None = None,
-        refresh_seconds: float = 5.0,
+        refresh_seconds: float = DEFAULT_BUDGET_REFRESH_SECONDS,
         on_refresh: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ):
