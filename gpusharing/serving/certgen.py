@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import json
 import logging
 import os
@@ -185,12 +186,12 @@ def sync(
         ("MutatingWebhookConfiguration", admission.read_mutating_webhook_configuration, admission.patch_mutating_webhook_configuration),
         ("ValidatingWebhookConfiguration", admission.read_validating_webhook_configuration, admission.patch_validating_webhook_configuration),
     ):
-        configuration = _wait_for(f"{kind} {target.configuration}", lambda: read(target.configuration), wait_seconds, say)
+        configuration = _wait_for(f"{kind} {target.configuration}", functools.partial(read, target.configuration), wait_seconds, say)
         webhooks = [(w.name, w.client_config.ca_bundle) for w in configuration.webhooks or []]
         changes = ca_bundle_patch(webhooks, bundle)
         if changes:
             _call(f"patch the caBundle of {kind} {target.configuration}",
-                  lambda: patch(target.configuration, changes, field_manager=FIELD_MANAGER))
+                  functools.partial(patch, target.configuration, changes, field_manager=FIELD_MANAGER))
             say(f"{kind} {target.configuration}: caBundle set to the CA bundle of {where}")
     if planned is None:
         expires = x509.load_pem_x509_certificate(data["tls.crt"]).not_valid_after_utc
