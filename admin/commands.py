@@ -93,10 +93,10 @@ def global_options(parser: argparse.ArgumentParser) -> None:
     _connection_options(parser, argparse.SUPPRESS)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     connection = argparse.ArgumentParser(add_help=False)
     _connection_options(connection, argparse.SUPPRESS)
-    sub = {"parents": [connection], "formatter_class": argparse.RawDescriptionHelpFormatter}
+    sub: dict[str, Any] = {"parents": [connection], "formatter_class": argparse.RawDescriptionHelpFormatter}
 
     budget = subparsers.add_parser(
         "budget", help="namespaces' GPU-minute budgets, through the timekeeper's API", epilog=EXAMPLES["budget"], **sub

@@ -246,7 +246,7 @@ def write_client_auth(namespace: str, output: Path, days: int = 365, api_server_
 MAX_DAYS = 3650  # ten years: beyond it a renewal is forgotten rather than planned
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     certs = subparsers.add_parser(
         "certs",
         help="make a CA and the webhook's serving certificate: in the cluster (the certgen Job), as a kustomize "

@@ -30,9 +30,9 @@ from sqlalchemy import and_, bindparam, func, or_, select, update
 
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
+from gpusharing.units.weights import MICROS_PER_SECOND
 from timekeeper.accounting.idle import Streak, next_streak
 from timekeeper.accounting.ledger import (
-    MICROS_PER_SECOND,
     NEW_POD,
     Accounting,
     Observation,

@@ -32,7 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql import Executable, Insert
+from sqlalchemy.sql import ClauseElement, Executable, Insert
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from timekeeper.config import TimekeeperConfig
 
@@ -126,9 +127,9 @@ class Database:
         with self.read() as conn:
             return dt.datetime.fromtimestamp(float(conn.execute(select(self.clock())).scalar_one()), dt.timezone.utc)
 
-    def insert(self, table: Any) -> Insert:
+    def insert(self, table: Table) -> sqlite.Insert | postgresql.Insert:
         """An INSERT that knows ON CONFLICT on this backend."""
-        return (sqlite.insert if self.is_sqlite else postgresql.insert)(table)  # type: ignore[no-any-return]
+        return sqlite.insert(table) if self.is_sqlite else postgresql.insert(table)
 
     def bulk_insert(self, table: Table, columns: Sequence[str], on_conflict: Callable[[Any], Insert]) -> BulkWrite:
         """An INSERT of many rows, each with `columns`; on_conflict adds its ON CONFLICT clause."""
@@ -209,7 +210,9 @@ class Pipeline:
 
     def __init__(self, conn: Connection, statements: PreparedStatements):
         self._statements = statements
-        self.driver: Any = conn.connection.driver_connection  # a psycopg Connection, in autocommit mode
+        driver = conn.connection.driver_connection  # a psycopg Connection, in autocommit mode
+        assert driver is not None
+        self.driver: Any = driver
         self._prepared = statements.prepared_on(self.driver)
         self._preparing: set[str] = set()
         self._cursor = ClientCursor(self.driver, row_factory=namedtuple_row)
@@ -265,7 +268,9 @@ class PreparedStatements:
         shape = self._shapes.get(key)
         if shape is None:
             # As SQLAlchemy does, an INSERT or UPDATE sets the columns its parameters name.
-            compiled = statement.compile(dialect=self._dialect, column_keys=list(names))  # type: ignore[attr-defined]
+            assert isinstance(statement, ClauseElement)  # every Executable this runs is one
+            compiled = statement.compile(dialect=self._dialect, column_keys=list(names))
+            assert isinstance(compiled, SQLCompiler)
             shape = self._shapes[key] = _Shape.of(compiled.construct_expanded_state(padded), padded)
         return shape.name, shape.sql, shape.values(padded)
 
@@ -282,7 +287,7 @@ class _Shape:
     @classmethod
     def of(cls, state: Any, parameters: Mapping[str, Any]) -> _Shape:
         expanded = {item: (name, index) for name, items in state.parameter_expansion.items() for index, item in enumerate(items)}
-        sources = []
+        sources: list[tuple[str | None, Any, Callable[[Any], Any] | None]] = []
         for name, value in zip(state.positiontup or (), state.positional_parameters or ()):
             processor = state.processors.get(name)
             if name in expanded:
