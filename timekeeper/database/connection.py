@@ -35,8 +35,6 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement, Executable, Insert
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from timekeeper.config import TimekeeperConfig
-
 _BEGIN = "timekeeper_sqlite_begin"
 CONNECT_TIMEOUT_SECONDS = 5  # an unreachable server is reported (503, /readyz) rather than waited for
 STATEMENT_TIMEOUT_MS = 30_000  # PostgreSQL's statement_timeout for every statement of the timekeeper's
@@ -51,6 +49,19 @@ class Statements(Protocol):
     """
 
     def execute(self, statement: Executable, parameters: Parameters = None, /) -> Iterable[Any]: ...
+
+
+class DatabaseSettings(Protocol):
+    """What Database.from_config reads of a role's settings (timekeeper.config.TimekeeperConfig has them)."""
+
+    @property
+    def database_url(self) -> str: ...
+    @property
+    def db_pool_size(self) -> int: ...
+    @property
+    def sqlite_busy_timeout_ms(self) -> int: ...
+    @property
+    def db_statement_timeout_seconds(self) -> float: ...
 
 
 class Database:
@@ -72,7 +83,9 @@ class Database:
         self._statements = None if self.is_sqlite else PreparedStatements(self.engine.dialect)
 
     @classmethod
-    def from_config(cls, config: TimekeeperConfig) -> "Database":
+    def from_config(cls, config: DatabaseSettings) -> Database:
+        """The database of the role's settings (TimekeeperConfig), read by their names: this layer imports no role's
+        configuration. Prefer passing the plain values to Database() itself."""
         return cls(config.database_url, config.db_pool_size, config.sqlite_busy_timeout_ms, int(config.db_statement_timeout_seconds * 1000))
 
     @contextmanager
