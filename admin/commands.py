@@ -33,7 +33,7 @@ from admin.output import (
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.settings.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
-from timekeeper.accounting.usage import UsageRequestError, usage_csv, usage_request
+from timekeeper.accounting.usage_report import UsageRequestError, usage_csv, usage_request
 
 PERIODS = tuple(period.value for period in Period)
 ADMISSION_MODES = tuple(mode.value for mode in AdmissionMode)

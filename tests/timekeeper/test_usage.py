@@ -15,7 +15,8 @@ from tests.timekeeper.conftest import ADMIN, METER, READER, Clock, SpecClient, s
 from tests.timekeeper.test_api import report
 from tests.timekeeper.test_auth import cluster  # noqa: F401 (a fixture)
 from tests.timekeeper.test_cli import run
-from timekeeper.accounting.usage import MAX_RECORDED_LABELS, PodCharge, pod_charge, recorded_labels
+from timekeeper.accounting.usage import PodCharge, pod_charge
+from timekeeper.accounting.usage_report import MAX_RECORDED_LABELS, recorded_labels
 
 MICROS = 1_000_000
 

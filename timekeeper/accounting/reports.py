@@ -44,7 +44,8 @@ from timekeeper.accounting.ledger import (
     observe,
     report,
 )
-from timekeeper.accounting.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
+from timekeeper.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
+from timekeeper.accounting.usage_report import Labels
 from timekeeper.accounting.weights import WeightLog, billing_model
 from timekeeper.budgets.hierarchy import idle_policy_of
 from timekeeper.budgets.idle import DEFAULT_UTILISATION_PERCENT

@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from gpusharing.names import InvalidName
 from gpusharing.report import ReportError
 from gpusharing.serving.jsonbody import JsonBodyError
-from timekeeper.accounting.usage import UsageRequestError
+from timekeeper.accounting.usage_report import UsageRequestError
 from timekeeper.api.auth import Forbidden, Unauthenticated
 from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.reservations import AdmissionIdTaken, Uncountable
