@@ -119,4 +119,4 @@ test-lowest:
 	.venv-lowest/bin/python -m pytest
 
 clean:
-	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info dist
+	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info dist .mypy_cache .ruff_cache .import_linter_cache
