@@ -9,7 +9,7 @@ PROMTOOL := $(BIN)/promtool
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
-.PHONY: test demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
+.PHONY: test lint demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
 
 # One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
 # with its release extra (make dist).
@@ -29,13 +29,20 @@ $(VENV)/.release: $(INSTALL_INPUTS) | $(BIN)/python
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[release]'
 	touch $@
 
-test: $(VENV)/.installed tools
+test: lint tools
 	$(BIN)/python -m pytest
 
 # The kustomize install's files (manifests/) rendered from the Helm chart, their one source (release/manifests.py);
 # tests/manifests/test_rendered.py fails, under `make test`, when the committed ones differ from a fresh render.
 manifests: $(VENV)/.installed
 	$(BIN)/python -m release.manifests
+
+# The static checks, before the suite (docs/development.md#static-checks): lint errors, type errors, and imports
+# that break a layer's contract (.importlinter) each fail it.
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # promtool, which tests/manifests/test_monitoring.py checks the alerts with: the machine's, else the binary alone
 # from Debian's prometheus package (not the server). Without it those tests are skipped, and fail under CI=true.
@@ -117,4 +124,4 @@ test-lowest:
 	.venv-lowest/bin/python -m pytest
 
 clean:
-	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info dist
+	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info dist .mypy_cache .ruff_cache .import_linter_cache

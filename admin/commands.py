@@ -33,7 +33,7 @@ from admin.output import (
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.settings.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
-from timekeeper.accounting.usage import UsageRequestError, usage_csv, usage_request
+from timekeeper.accounting.usage_report import UsageRequestError, usage_csv, usage_request
 
 PERIODS = tuple(period.value for period in Period)
 ADMISSION_MODES = tuple(mode.value for mode in AdmissionMode)
@@ -93,10 +93,10 @@ def global_options(parser: argparse.ArgumentParser) -> None:
     _connection_options(parser, argparse.SUPPRESS)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     connection = argparse.ArgumentParser(add_help=False)
     _connection_options(connection, argparse.SUPPRESS)
-    sub = {"parents": [connection], "formatter_class": argparse.RawDescriptionHelpFormatter}
+    sub: dict[str, Any] = {"parents": [connection], "formatter_class": argparse.RawDescriptionHelpFormatter}
 
     budget = subparsers.add_parser(
         "budget", help="namespaces' GPU-minute budgets, through the timekeeper's API", epilog=EXAMPLES["budget"], **sub

@@ -53,7 +53,7 @@ def idle_of(pod: dict[str, Any], status: dict[str, Any] | None, ledger: dict[str
     ledger, status = ledger or {}, status or {}
     raw = status.get("idleInForce")
     rule = None if raw is None else idle_policy_from_json({key: raw[key] for key in FIELDS})
-    policy = None if rule is None else PolicyInForce(rule, raw.get("from") or "")
+    policy = None if rule is None or raw is None else PolicyInForce(rule, raw.get("from") or "")
     streak = Streak(instant(ledger.get("idleSince")), instant(ledger.get("idleWarnedAt")), instant(ledger.get("idleActedAt")))
     reading = Reading(ledger.get("gpuUtilizationPercent"), instant(ledger.get("lastReportAt")))
     # Silence is the leader's to judge, by the meters' interval it knows: a meter it flagged is silent, else fresh.

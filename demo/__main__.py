@@ -191,7 +191,7 @@ def main() -> int:
         admitted = {name: decisions.admit(name, pod) for name, pod in pods.items()}
 
         step(f"meters of {', '.join(METERED)} run at {TIME_SCALE}x time until {NAMESPACE} is over budget")
-        meters = [start_meter(admitted[name], directory, timekeeper, directory / "meter-token") for name in METERED if admitted[name]]
+        meters = [start_meter(pod, directory, timekeeper, directory / "meter-token") for name in METERED if (pod := admitted[name])]
         stack.callback(_stop_meters, meters)
         deadline = time.monotonic() + 60
         while (status := budget_state(timekeeper))["state"] != "over-budget":

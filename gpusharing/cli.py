@@ -22,7 +22,7 @@ _ROLES = {
     "explain": "admin.commands",
     "usage": "admin.commands",
     "meter": "sidecar.cli",
-    "certs": "gpusharing.serving.certs",
+    "certs": "gpusharing.serving.certcommand",
 }
 
 EXAMPLES = """examples:

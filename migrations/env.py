@@ -18,6 +18,8 @@ def run_offline() -> None:
 
 
 def run_online() -> None:
+    if not url:
+        raise RuntimeError("no database URL: migrations run through timekeeper.database.schema.alembic_config")
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:
         # render_as_batch: SQLite changes tables by copying them; Alembic does that in batch mode.

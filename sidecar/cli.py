@@ -12,7 +12,7 @@ def prepare() -> None:
     block_stop_signals()
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     meter = subparsers.add_parser(
         "meter",
         help="the metering sidecar: report this pod's GPU use to the timekeeper until SIGTERM",

@@ -6,11 +6,11 @@ import time
 
 from flask import Flask, Response, g, request
 
+from gpusharing.clock import Clock
 from gpusharing.serving.server import ON_STOP
 from timekeeper import metrics
 from timekeeper.api import register_api
 from timekeeper.api.context import SERVICES
-from gpusharing.clock import Clock
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.config import TimekeeperConfig
 from timekeeper.services import build_services

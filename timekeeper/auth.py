@@ -35,7 +35,7 @@ from gpusharing.settings.env import ConfigError
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting.reports import ReportTerms
-from timekeeper.accounting.usage import recorded_labels
+from timekeeper.accounting.usage_report import recorded_labels
 from timekeeper.cluster.kube import Access, Identity, KubeApi, KubeUnavailable
 
 GROUP = "gpusharing.io"

@@ -10,7 +10,7 @@ from gpusharing.settings.arguments import whole_number
 from gpusharing.settings.env import ConfigError, load_code
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     timekeeper = subparsers.add_parser("timekeeper", help="the budget service")
     commands = timekeeper.add_subparsers(dest="timekeeper_command", required=True, metavar="COMMAND")
     run = commands.add_parser(
@@ -112,8 +112,8 @@ def _control(args: argparse.Namespace) -> int:
 
     from timekeeper.cluster.health import serve_health
     from timekeeper.config import TimekeeperConfig
+    from timekeeper.controller import build_controller
     from timekeeper.database.schema import schema_problem
-    from timekeeper.services import build_controller
 
     config = TimekeeperConfig.from_env()
     manager = build_controller(config)

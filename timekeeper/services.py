@@ -22,7 +22,6 @@ from timekeeper.budgets.reservations import ReservationStore
 from timekeeper.budgets.status import BudgetStatus
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.kube import KubeApi
-from timekeeper.cluster.manager import ControllerManager
 from timekeeper.cluster.pods import PublishedCommitments
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
@@ -106,7 +105,7 @@ def build_services(
     kube: KubeApi | None = None,
     clock: Clock | None = None,
 ) -> Services:
-    """The web replicas' services: no controller, no Lease (see build_controller)."""
+    """The web replicas' services: no controller, no Lease (see timekeeper.controller)."""
     stores = build_stores(config, clock)
     if kube is None:
         kube = kube_api(config)
@@ -121,17 +120,6 @@ def build_services(
                     stores.ledger, stores.idle, ReportQueue(stores.ledger), commitments,
                     metrics.LedgerCollector(stores.ledger, commitments, stores.idle), head_revision(),
                     WebhookListings(stores.database))
-
-
-def build_controller(config: TimekeeperConfig, kube: KubeApi | None = None, clock: Clock | None = None) -> ControllerManager:
-    """The controller process's manager (`gpusharing timekeeper controller`), not started. ConfigError without a
-    Kubernetes API: the controller's work is the cluster's."""
-    if kube is None:
-        kube = kube_api(config)
-    if kube is None:
-        raise ConfigError("the controller works on a cluster: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or run it in one")
-    stores = build_stores(config, clock)
-    return ControllerManager(config, stores.budgets, stores.ledger, stores.idle, kube, stores.clock)
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:

@@ -14,7 +14,7 @@ from gpusharing.settings.env import ConfigError, env_int, env_text
 MALLOC_ARENAS = 2
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     webhook = subparsers.add_parser("webhook", help="the admission webhook")
     commands = webhook.add_subparsers(dest="webhook_command", required=True, metavar="COMMAND")
     run = commands.add_parser(

@@ -101,8 +101,8 @@ def allocated_claim_spec(claim: Mapping[str, Any]) -> ClaimSpec | None:
         return None
     counts: dict[tuple[str, str], int] = {}
     for result in results:
-        request, _, sub = str(as_mapping(result).get("request", "")).partition("/")
-        counts[request, sub] = counts.get((request, sub), 0) + 1
+        name, _, sub = str(as_mapping(result).get("request", "")).partition("/")
+        counts[name, sub] = counts.get((name, sub), 0) + 1
     spec = claim_spec(as_mapping(claim.get("spec")))
     requests = []
     for request in spec.requests:

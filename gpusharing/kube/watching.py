@@ -41,7 +41,7 @@ def backoff_seconds(failures: int, uniform: Callable[[], float] = random.random)
     BACKOFF_MAX_SECONDS, each wait between half and all of that (jitter: caches of many processes that lost the
     API server together do not come back to it together)."""
     ceiling = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** min(failures - 1, 16))
-    return ceiling / 2 + uniform() * ceiling / 2
+    return float(ceiling / 2 + uniform() * ceiling / 2)
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -182,8 +182,9 @@ class WatchedObjects(Generic[T]):
                 elif kind == "DELETED":
                     items.pop(key_of(obj), None)
                     last = self._extract(obj) if self._on_delete else None
-                    for on_delete in self._on_delete if last is not None else ():
-                        on_delete(last)
+                    if last is not None:
+                        for on_delete in self._on_delete:
+                            on_delete(last)
                 if kind != "BOOKMARK":
                     self._changed()
                 yield

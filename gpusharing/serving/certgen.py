@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import json
 import logging
 import os
@@ -185,12 +186,12 @@ def sync(
         ("MutatingWebhookConfiguration", admission.read_mutating_webhook_configuration, admission.patch_mutating_webhook_configuration),
         ("ValidatingWebhookConfiguration", admission.read_validating_webhook_configuration, admission.patch_validating_webhook_configuration),
     ):
-        configuration = _wait_for(f"{kind} {target.configuration}", lambda: read(target.configuration), wait_seconds, say)
+        configuration = _wait_for(f"{kind} {target.configuration}", functools.partial(read, target.configuration), wait_seconds, say)
         webhooks = [(w.name, w.client_config.ca_bundle) for w in configuration.webhooks or []]
         changes = ca_bundle_patch(webhooks, bundle)
         if changes:
             _call(f"patch the caBundle of {kind} {target.configuration}",
-                  lambda: patch(target.configuration, changes, field_manager=FIELD_MANAGER))
+                  functools.partial(patch, target.configuration, changes, field_manager=FIELD_MANAGER))
             say(f"{kind} {target.configuration}: caBundle set to the CA bundle of {where}")
     if planned is None:
         expires = x509.load_pem_x509_certificate(data["tls.crt"]).not_valid_after_utc
@@ -202,7 +203,7 @@ def sync(
         "labels": {**LABELS, **((secret.metadata.labels or {}) if secret else {})},
     }
     if target.owner:
-        metadata["ownerReferences"] = [_owned_by(core, target)]
+        metadata["ownerReferences"] = [_owned_by(core, target.namespace, target.owner)]
     body = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -211,21 +212,22 @@ def sync(
         "data": {key: base64.b64encode(value).decode() for key, value in planned.data.items()},
     }
     if secret is None:
-        _call(f"create {where}", lambda: core.create_namespaced_secret(target.namespace, body, field_manager=FIELD_MANAGER))
+        # The client sends a dict body as it is (sanitize_for_serialization); its types name the model class alone.
+        _call(f"create {where}", lambda: core.create_namespaced_secret(target.namespace, body, field_manager=FIELD_MANAGER))  # type: ignore[arg-type]
     else:
         # Replaced, not patched: its resourceVersion makes a concurrent run's write fail rather than mix two certificates.
         metadata["resourceVersion"] = secret.metadata.resource_version
         metadata["annotations"] = secret.metadata.annotations
         if not target.owner:
             metadata["ownerReferences"] = api.sanitize_for_serialization(secret.metadata.owner_references)
-        _call(f"update {where}", lambda: core.replace_namespaced_secret(target.secret, target.namespace, body, field_manager=FIELD_MANAGER))
+        _call(f"update {where}", lambda: core.replace_namespaced_secret(target.secret, target.namespace, body, field_manager=FIELD_MANAGER))  # type: ignore[arg-type]
     say(f"{where}: {planned.why}")
 
 
-def _owned_by(core: client.CoreV1Api, target: Target) -> dict[str, Any]:
-    owner = _call(f"read ServiceAccount {target.namespace}/{target.owner}",
-                  lambda: core.read_namespaced_service_account(target.owner, target.namespace))
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "name": target.owner, "uid": owner.metadata.uid}
+def _owned_by(core: client.CoreV1Api, namespace: str, service_account: str) -> dict[str, Any]:
+    owner = _call(f"read ServiceAccount {namespace}/{service_account}",
+                  lambda: core.read_namespaced_service_account(service_account, namespace))
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "name": service_account, "uid": owner.metadata.uid}
 
 
 def _wait_for(what: str, read: Callable[[], Any], seconds: float, say: Callable[[str], None]) -> Any:
@@ -257,7 +259,7 @@ def _call(what: str, call: Callable[[], Any], missing_ok: bool = False) -> Any:
 
 def _message(exc: ApiException) -> str:
     try:
-        return str(json.loads(exc.body)["message"])
+        return str(json.loads(exc.body or "")["message"])
     except (TypeError, ValueError, KeyError):
         return str(exc.body or "").strip()[:200]
 

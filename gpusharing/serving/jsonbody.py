@@ -48,8 +48,10 @@ def _object_of_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     value = dict(pairs)
     if len(value) != len(pairs):
         seen: set[str] = set()
-        twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
-        raise JsonBodyError(f"the key {shortened(twice)!r} appears twice in one object")
+        for key, _ in pairs:
+            if key in seen:
+                raise JsonBodyError(f"the key {shortened(key)!r} appears twice in one object")
+            seen.add(key)
     return value
 
 

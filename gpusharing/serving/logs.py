@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpusharing.settings.env import env_choice
 
@@ -62,11 +62,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
-class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+if TYPE_CHECKING:  # generic in typeshed, not at run time before Python 3.11
+    _StreamHandler = logging.StreamHandler[TextIO]
+else:
+    _StreamHandler = logging.StreamHandler
+
+
+class _Handler(_StreamHandler):
     """Ours, so that configuring again replaces it rather than adding a second. It writes to sys.stderr as it is at
     each line (as logging's last resort does), not as it was when configured: a test may have replaced it since."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

@@ -60,7 +60,7 @@ class ServerOptions:
     malloc_arenas: int | None = None
 
 
-class _Server(BaseApplication):  # type: ignore[misc]
+class _Server(BaseApplication):
     def __init__(self, app_factory: str, options: ServerOptions, on_starting: Callable[[], None] | None):
         self._factory = app_factory
         self._options = options
@@ -108,7 +108,7 @@ class _Server(BaseApplication):  # type: ignore[misc]
         return getattr(importlib.import_module(module), name)()
 
 
-class _Logs(GunicornLogger):  # type: ignore[misc]
+class _Logs(GunicornLogger):
     """gunicorn's lines (start, workers, errors) through the root logger, formatted like every other line."""
 
     def setup(self, cfg: Any) -> None:

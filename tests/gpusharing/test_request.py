@@ -331,8 +331,8 @@ def test_the_limit_of_one_pod_is_admitted() -> None:
 
 
 def test_a_tiny_share_is_billed_at_the_smallest_share() -> None:
-    for annotations in ({"gpu-fraction": "0.0001"}, {"gpu-fraction": "0.0001000000000000000000000000001"}, {"gpu-memory": "1"}):
-        request = parse_gpu_request(pod(container(), annotations=annotations))
+    for tiny in ({"gpu-fraction": "0.0001"}, {"gpu-fraction": "0.0001000000000000000000000000001"}, {"gpu-memory": "1"}):
+        request = parse_gpu_request(pod(container(), annotations=tiny))
         assert request is not None and format_share(request.share) in ("0.0001", "0.0002")
     exact = parse_gpu_request(pod(container(), annotations={"gpu-fraction": "0.1000000000000000000000000000001"}))
     assert exact is not None and format_share(exact.share) == "0.1001"  # rounded up once, never down first

@@ -205,9 +205,9 @@ def backend_pods() -> list[tuple[str, dict[str, Any]]]:
     pods: list[tuple[str, dict[str, Any]]] = []
     pods += [(name, p) for name, p, expected in backends.KAI_VALIDATOR if expected is not None]
     pods += [(name, backends.pod_of(spec)) for name, spec, _ in backends.HAMI_ADMISSION]
-    for name, annotations, expected in backends.KAI_VALUES:
+    for name, given, expected in backends.KAI_VALUES:
         if expected is not None:
-            pods.append((name, backends.pod(backends.container("main"), annotations=annotations)))
+            pods.append((name, backends.pod(backends.container("main"), annotations=given)))
     for table in (backends.HAMI_REQUESTS, backends.GPU_MANAGER):
         pods += [(row[0], backends.pod(backends.container("main", limits=row[1]))) for row in table if row[-1] is not None]
     for name, limits, _, expected in backends.ALIYUN:

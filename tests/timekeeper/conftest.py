@@ -24,10 +24,10 @@ from gpusharing.gpu.request import GpuRequestSettings
 from tests.fakekube import FakeKube
 from tests.postgres import PostgresServer
 from timekeeper.app import create_app
-from timekeeper.services import build_controller
-from timekeeper.cluster.manager import ControllerManager, ControllerPass
 from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.manager import ControllerManager, ControllerPass
 from timekeeper.config import TimekeeperConfig
+from timekeeper.controller import build_controller
 from timekeeper.database.schema import upgrade
 from timekeeper.database.tables import Base
 

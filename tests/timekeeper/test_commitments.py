@@ -12,6 +12,7 @@ from sqlalchemy import event, select
 
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE, AdmissionMode, Period
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel
+from tests.timekeeper.conftest import Clock
 from timekeeper.budgets.commitments import (
     CommittedPod,
     NamespaceCommitments,
@@ -22,7 +23,6 @@ from timekeeper.budgets.commitments import (
 from timekeeper.budgets.hierarchy import roll_up
 from timekeeper.budgets.periods import period_window
 from timekeeper.budgets.status import Budget
-from tests.timekeeper.conftest import Clock
 from timekeeper.cluster.pods import (
     NOT_PUBLISHED,
     TAKEOVER_AFTER_SECONDS,

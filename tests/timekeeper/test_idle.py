@@ -421,7 +421,7 @@ def test_the_metrics_count_idle_pods_and_idle_gpu_time_per_namespace(leader: Clu
 # -- explained: `gpusharing explain` and `kubectl gpusharing explain` ----------------------------------------------------
 
 def test_explain_tells_a_pods_idle_streak_when_it_is_acted_on_and_why(
-    cluster: FakeKube, app: Flask, clock: Clock, capsys: pytest.CaptureFixture[str],
+    cluster: FakeKube, app: Flask, clock: Clock, capsys: pytest.CaptureFixture[str],  # noqa: F811 (the fixture imported above)
 ) -> None:
     admin = {"Authorization": "Bearer admin-token"}
     policy_json = {"after": "4h", "action": "evict", "warnBefore": "30m", "minAge": "1h"}

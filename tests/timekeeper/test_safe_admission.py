@@ -22,8 +22,8 @@ from gpusharing.gpu.dra import no_claims
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
 from tests.webhook.conftest import api_server_callers, as_api_server
 from tests.webhook.test_admission import patch_of
-from timekeeper.budgets.commitments import CommittedPod, committed_pod
 from timekeeper.api.context import SERVICES
+from timekeeper.budgets.commitments import CommittedPod, committed_pod
 from timekeeper.cluster.pods import CommitmentPublisher
 from timekeeper.database.tables import commitment_publications
 from timekeeper.metrics import LedgerCollector

@@ -14,9 +14,9 @@ from sqlalchemy import create_engine
 
 from demo.processes import Service, free_port, run_command
 from tests.fakekube import FakeKube
-from tests.timekeeper.process import ControllerProcess
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import ADMIN, METER
+from tests.timekeeper.process import ControllerProcess
 from timekeeper.database.schema import schema_problem
 from timekeeper.services import OFF_CLUSTER
 

@@ -15,7 +15,8 @@ from tests.timekeeper.conftest import ADMIN, METER, READER, Clock, SpecClient, s
 from tests.timekeeper.test_api import report
 from tests.timekeeper.test_auth import cluster  # noqa: F401 (a fixture)
 from tests.timekeeper.test_cli import run
-from timekeeper.accounting.usage import MAX_RECORDED_LABELS, PodCharge, pod_charge, recorded_labels
+from timekeeper.accounting.usage import PodCharge, pod_charge
+from timekeeper.accounting.usage_report import MAX_RECORDED_LABELS, recorded_labels
 
 MICROS = 1_000_000
 
@@ -146,7 +147,7 @@ def labelled_report(kube: FakeKube, api: SpecClient, name: str, labels: dict[str
     assert api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=body).json["outcome"] == "charged"
 
 
-def test_usage_is_grouped_by_the_labels_pods_had_at_their_first_report(cluster: tuple[SpecClient, FakeKube]) -> None:
+def test_usage_is_grouped_by_the_labels_pods_had_at_their_first_report(cluster: tuple[SpecClient, FakeKube]) -> None:  # noqa: F811
     api, kube = cluster
     api = api.as_(ADMIN)
     labelled_report(kube, api, "a", {"team": "vision", "example.com/project": "p1"}, 60)
@@ -177,7 +178,7 @@ def test_a_pods_labels_are_recorded_within_bounds() -> None:
     assert recorded_labels(None) == () and recorded_labels({"n": 1}) == ()
 
 
-def test_a_pod_with_hostile_labels_is_recorded_within_bounds(cluster: tuple[SpecClient, FakeKube]) -> None:
+def test_a_pod_with_hostile_labels_is_recorded_within_bounds(cluster: tuple[SpecClient, FakeKube]) -> None:  # noqa: F811
     api, kube = cluster
     api = api.as_(ADMIN)
     labels = {f"key-{index:04d}": "v" * 63 for index in range(2000)}

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from demo.apiserver import admission_review, api_server_pod
 from gpusharing.contract import BudgetState
+from tests.webhook.test_priorities import CLASSES
 from webhook.admission.policy import admit
 from webhook.admission.review import parse_review
-from tests.webhook.test_priorities import CLASSES
 from webhook.caches.budgets import NamespaceBudget
 from webhook.caches.priorities import PriorityLookup, no_priorities
 from webhook.config import MeterSpec, WebhookConfig

@@ -31,7 +31,7 @@ from gpusharing.kube.owners import Owner, controller_of
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting.ledger import Observation
-from timekeeper.accounting.usage import Labels, recorded_labels
+from timekeeper.accounting.usage_report import Labels, recorded_labels
 
 ENDED_PHASES = ("Succeeded", "Failed")
 

@@ -31,9 +31,9 @@ from sqlalchemy import and_, bindparam, func, or_, select, update
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, fresh_for
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
+from gpusharing.units.weights import MICROS_PER_SECOND
 from timekeeper.accounting.idle import Streak, next_streak
 from timekeeper.accounting.ledger import (
-    MICROS_PER_SECOND,
     NEW_POD,
     Accounting,
     Observation,
@@ -45,7 +45,8 @@ from timekeeper.accounting.ledger import (
     observe,
     report,
 )
-from timekeeper.accounting.usage import NO_CHARGE, Labels, PodCharge, UsageLedger, pod_charge
+from timekeeper.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
+from timekeeper.accounting.usage_report import Labels
 from timekeeper.accounting.weights import WeightLog, billing_model
 from timekeeper.budgets.hierarchy import idle_policy_of
 from timekeeper.budgets.idle import DEFAULT_UTILISATION_PERCENT

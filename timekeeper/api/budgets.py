@@ -7,8 +7,8 @@ import logging
 from flask import Blueprint, Response, jsonify, request
 
 from gpusharing.names import check_budget_name
-from timekeeper.auth import Caller
 from timekeeper.api.context import admin, body, crossing, reader, services, status_json
+from timekeeper.auth import Caller
 from timekeeper.budgets.requests import budget_changes_from_json, budget_from_json, top_up_from_json
 from timekeeper.budgets.status import BudgetStatus, default_budget_json
 from timekeeper.budgets.store import BudgetChange

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from flask import Flask, Response, jsonify, request
@@ -12,7 +13,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from gpusharing.names import InvalidName
 from gpusharing.report import ReportError
 from gpusharing.serving.jsonbody import JsonBodyError
-from timekeeper.accounting.usage import UsageRequestError
+from timekeeper.accounting.usage_report import UsageRequestError
 from timekeeper.auth import Forbidden, Unauthenticated
 from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.reservations import AdmissionIdTaken, Uncountable
@@ -23,8 +24,8 @@ from timekeeper.cluster.webhooks import ListingQueryError
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-BAD_REQUESTS = (ReportError, UsageRequestError, BudgetRequestError, InvalidName, JsonBodyError, ListingQueryError)
-CONFLICTS = (NoLimit, Managed, HierarchyConflict, AdmissionIdTaken)
+BAD_REQUESTS: tuple[type[Exception], ...] = (ReportError, UsageRequestError, BudgetRequestError, InvalidName, JsonBodyError, ListingQueryError)
+CONFLICTS: tuple[type[Exception], ...] = (NoLimit, Managed, HierarchyConflict, AdmissionIdTaken)
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -45,7 +46,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(Exception, _unexpected)
 
 
-def _answer(status: int):  # type: ignore[no-untyped-def]
+def _answer(status: int) -> Callable[[Exception], tuple[Response, int]]:
     def handler(exc: Exception) -> tuple[Response, int]:
         return jsonify(error=str(exc)), status
     return handler

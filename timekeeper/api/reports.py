@@ -8,8 +8,8 @@ from flask import Blueprint, Response, jsonify
 
 from gpusharing.report import MeterReport, ReportError
 from timekeeper import metrics
-from timekeeper.auth import Forbidden, Unauthenticated
 from timekeeper.api.context import body, caller, crossing, services
+from timekeeper.auth import Forbidden, Unauthenticated
 
 log = logging.getLogger(__name__)
 

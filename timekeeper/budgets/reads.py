@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, or_, select
+from sqlalchemy import BindParameter, ColumnElement, Date, and_, bindparam, case, func, or_, select
 
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from timekeeper.budgets.hierarchy import roll_up
@@ -74,7 +74,7 @@ def _top_up_in(kind: Period) -> ColumnElement[bool]:
     return top_ups.c.period_start == bindparam(f"{kind}_start", type_=UtcDateTime())
 
 
-CHOSEN = bindparam("namespaces", expanding=True)
+CHOSEN: BindParameter[list[str]] = bindparam("namespaces", expanding=True)
 ALL_BUDGETS = select(budgets)
 BUDGETS_OF = ALL_BUDGETS.where(budgets.c.namespace.in_(CHOSEN))
 # One indexed lookup per kind of period (the rollups' and the top-ups' keys lead with the period): what a status

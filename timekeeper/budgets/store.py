@@ -131,7 +131,7 @@ class BudgetStore:
             used, topped = conn.execute(USAGE, parameters), conn.execute(TOP_UPS, parameters)
         else:
             others = ()
-            parameters["namespaces"] = sorted(namespaces)  # type: ignore[arg-type]
+            parameters["namespaces"] = sorted(namespaces or ())  # not None here: `whole` otherwise
             used, topped = conn.execute(USAGE_OF, parameters), conn.execute(TOP_UPS_OF, parameters)
         default = Budget("", self.default_gpu_minutes, self.default_period, idle=self.default_idle)
         return StatusReads(default, own, namespaces, windows, used, topped, others)

@@ -98,9 +98,9 @@ class Biller:
             if pod.uid in self._closed:
                 continue
             priced = (pod.share, pod.model) if pod.claimed is None else claimed_share(pod, self.settings, lookup)
-            if priced is None or priced[0] is None:
+            share, model = priced if priced is not None else (None, None)
+            if share is None:
                 continue  # its claims' allocations are not known yet: observed at a later pass, for the whole time
-            share, model = priced
             observation = pod.observation(share, now, self.meter_interval)
             if observation is None:
                 if pod.deleted_at is not None or pod.finished_at is not None:

@@ -44,11 +44,11 @@ class Identity:
     @property
     def pod_uid(self) -> str | None:
         """Set for a pod-bound (projected) ServiceAccount token."""
-        return (self.extra.get(POD_UID_EXTRA) or [None])[0]
+        return next(iter(self.extra.get(POD_UID_EXTRA) or []), None)
 
     @property
     def pod_name(self) -> str | None:
-        return (self.extra.get(POD_NAME_EXTRA) or [None])[0]
+        return next(iter(self.extra.get(POD_NAME_EXTRA) or []), None)
 
     @property
     def service_account_namespace(self) -> str | None:
@@ -228,7 +228,8 @@ class KubeApi:
 
     def create_lease(self, namespace: str, lease: client.V1Lease) -> bool:
         """False when another process created it first (409)."""
-        created = self._call(f"create lease {namespace}/{lease.metadata.name}", self.coordination.create_namespaced_lease,
+        name = lease.metadata.name if lease.metadata is not None else ""
+        created = self._call(f"create lease {namespace}/{name}", self.coordination.create_namespaced_lease,
                              namespace, lease, answers={409: None})
         return created is not None
 

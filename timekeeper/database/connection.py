@@ -32,9 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql import Executable, Insert
-
-from timekeeper.config import TimekeeperConfig
+from sqlalchemy.sql import ClauseElement, Executable, Insert
+from sqlalchemy.sql.compiler import SQLCompiler
 
 _BEGIN = "timekeeper_sqlite_begin"
 CONNECT_TIMEOUT_SECONDS = 5  # an unreachable server is reported (503, /readyz) rather than waited for
@@ -50,6 +49,19 @@ class Statements(Protocol):
     """
 
     def execute(self, statement: Executable, parameters: Parameters = None, /) -> Iterable[Any]: ...
+
+
+class DatabaseSettings(Protocol):
+    """What Database.from_config reads of a role's settings (timekeeper.config.TimekeeperConfig has them)."""
+
+    @property
+    def database_url(self) -> str: ...
+    @property
+    def db_pool_size(self) -> int: ...
+    @property
+    def sqlite_busy_timeout_ms(self) -> int: ...
+    @property
+    def db_statement_timeout_seconds(self) -> float: ...
 
 
 class Database:
@@ -71,7 +83,9 @@ class Database:
         self._statements = None if self.is_sqlite else PreparedStatements(self.engine.dialect)
 
     @classmethod
-    def from_config(cls, config: TimekeeperConfig) -> "Database":
+    def from_config(cls, config: DatabaseSettings) -> Database:
+        """The database of the role's settings (TimekeeperConfig), read by their names: this layer imports no role's
+        configuration. Prefer passing the plain values to Database() itself."""
         return cls(config.database_url, config.db_pool_size, config.sqlite_busy_timeout_ms, int(config.db_statement_timeout_seconds * 1000))
 
     @contextmanager
@@ -126,9 +140,9 @@ class Database:
         with self.read() as conn:
             return dt.datetime.fromtimestamp(float(conn.execute(select(self.clock())).scalar_one()), dt.timezone.utc)
 
-    def insert(self, table: Any) -> Insert:
+    def insert(self, table: Table) -> sqlite.Insert | postgresql.Insert:
         """An INSERT that knows ON CONFLICT on this backend."""
-        return (sqlite.insert if self.is_sqlite else postgresql.insert)(table)  # type: ignore[no-any-return]
+        return sqlite.insert(table) if self.is_sqlite else postgresql.insert(table)
 
     def bulk_insert(self, table: Table, columns: Sequence[str], on_conflict: Callable[[Any], Insert]) -> BulkWrite:
         """An INSERT of many rows, each with `columns`; on_conflict adds its ON CONFLICT clause."""
@@ -209,7 +223,9 @@ class Pipeline:
 
     def __init__(self, conn: Connection, statements: PreparedStatements):
         self._statements = statements
-        self.driver: Any = conn.connection.driver_connection  # a psycopg Connection, in autocommit mode
+        driver = conn.connection.driver_connection  # a psycopg Connection, in autocommit mode
+        assert driver is not None
+        self.driver: Any = driver
         self._prepared = statements.prepared_on(self.driver)
         self._preparing: set[str] = set()
         self._cursor = ClientCursor(self.driver, row_factory=namedtuple_row)
@@ -265,7 +281,9 @@ class PreparedStatements:
         shape = self._shapes.get(key)
         if shape is None:
             # As SQLAlchemy does, an INSERT or UPDATE sets the columns its parameters name.
-            compiled = statement.compile(dialect=self._dialect, column_keys=list(names))  # type: ignore[attr-defined]
+            assert isinstance(statement, ClauseElement)  # every Executable this runs is one
+            compiled = statement.compile(dialect=self._dialect, column_keys=list(names))
+            assert isinstance(compiled, SQLCompiler)
             shape = self._shapes[key] = _Shape.of(compiled.construct_expanded_state(padded), padded)
         return shape.name, shape.sql, shape.values(padded)
 
@@ -282,7 +300,7 @@ class _Shape:
     @classmethod
     def of(cls, state: Any, parameters: Mapping[str, Any]) -> _Shape:
         expanded = {item: (name, index) for name, items in state.parameter_expansion.items() for index, item in enumerate(items)}
-        sources = []
+        sources: list[tuple[str | None, Any, Callable[[Any], Any] | None]] = []
         for name, value in zip(state.positiontup or (), state.positional_parameters or ()):
             processor = state.processors.get(name)
             if name in expanded:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     MetaData,
     PrimaryKeyConstraint,
     String,
+    Table,
     Text,
     TypeDecorator,
 )
@@ -314,21 +315,28 @@ class CommitmentPublicationRow(Base):
     confirmed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the last with a healthy watch; None: none yet
 
 
-budgets = BudgetRow.__table__
-top_ups = TopUpRow.__table__
-budget_changes = BudgetChangeRow.__table__
-pod_ledgers = PodLedgerRow.__table__
-namespace_usage = NamespaceUsageRow.__table__
-namespace_period_usage = NamespacePeriodUsageRow.__table__
-namespace_states = NamespaceStateRow.__table__
-pod_usage = PodUsageRow.__table__
-pod_labels = PodLabelRow.__table__
-gpu_model_weights = GpuModelWeightRow.__table__
-budget_warnings = BudgetWarningRow.__table__
-reservations = ReservationRow.__table__
-idle_holds = IdleHoldRow.__table__
-controller_terms = ControllerTermRow.__table__
-eviction_claims = EvictionClaimRow.__table__
-webhook_listings = WebhookListingRow.__table__
-committed_pods = CommittedPodRow.__table__
-commitment_publications = CommitmentPublicationRow.__table__
+def _table(row: type[Base]) -> Table:
+    """A model's Table, typed as one (declarative types `__table__` as any FromClause)."""
+    table = row.__table__
+    assert isinstance(table, Table)
+    return table
+
+
+budgets = _table(BudgetRow)
+top_ups = _table(TopUpRow)
+budget_changes = _table(BudgetChangeRow)
+pod_ledgers = _table(PodLedgerRow)
+namespace_usage = _table(NamespaceUsageRow)
+namespace_period_usage = _table(NamespacePeriodUsageRow)
+namespace_states = _table(NamespaceStateRow)
+pod_usage = _table(PodUsageRow)
+pod_labels = _table(PodLabelRow)
+gpu_model_weights = _table(GpuModelWeightRow)
+budget_warnings = _table(BudgetWarningRow)
+reservations = _table(ReservationRow)
+idle_holds = _table(IdleHoldRow)
+controller_terms = _table(ControllerTermRow)
+eviction_claims = _table(EvictionClaimRow)
+webhook_listings = _table(WebhookListingRow)
+committed_pods = _table(CommittedPodRow)
+commitment_publications = _table(CommitmentPublicationRow)

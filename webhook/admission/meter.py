@@ -130,8 +130,8 @@ def meter_identity(container: dict[str, Any], spec: MeterSpec) -> dict[str, Any]
     identity = {key: copy.deepcopy(container[key]) for key in GOVERNING_FIELDS if key in container}
     for env in as_list(identity.get("env")):
         field_ref = as_mapping(as_mapping(as_mapping(env).get("valueFrom")).get("fieldRef"))
-        if field_ref.get("apiVersion") == "v1":  # the API server's default
-            del field_ref["apiVersion"]  # type: ignore[attr-defined]
+        if isinstance(field_ref, dict) and field_ref.get("apiVersion") == "v1":  # the API server's default
+            del field_ref["apiVersion"]
     own = meter_volume_names(spec)
     mounts = [m for m in as_list(container.get("volumeMounts")) if as_mapping(m).get("name") in own or not isinstance(m, dict)]
     identity["volumeMounts"] = sorted(mounts, key=lambda m: json.dumps(m, sort_keys=True, default=str))

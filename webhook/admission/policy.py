@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpusharing.contract import (
@@ -97,9 +97,9 @@ def admit(
     safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs, reserve,
                           dt.datetime.now(dt.timezone.utc), request.uid, request.dry_run, disclose)
     if safe.refuse:
-        refused = Decision.deny(403, safe.refuse, dialect)
-        refused.safe_admission = safe.outcome
-        return refused
+        refusal = Decision.deny(403, safe.refuse, dialect)
+        refusal.safe_admission = safe.outcome
+        return refusal
     decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose, priorities)
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
@@ -305,7 +305,7 @@ def _mutation(
     return Decision(patch=patch.operations, warnings=warnings, dialect=dialect, unresolved_priority_class=unresolved)
 
 
-def _resolve_priority(spec: dict[str, Any], resolved: ResolvedPriority | None, patch: JsonPatch) -> bool:
+def _resolve_priority(spec: Mapping[str, Any], resolved: ResolvedPriority | None, patch: JsonPatch) -> bool:
     """The pod's priority and preemption policy for its new class, as the API server's Priority plugin would write
     them; that plugin runs again after a webhook changes a pod, and when it finds them so, it changes nothing and the
     API server does not call the webhook again. Without the class's figures (`resolved` None), they are removed for

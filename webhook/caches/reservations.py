@@ -102,7 +102,7 @@ class TimekeeperReservations:
             return Grant(Outcome.UNKNOWN, reason=f"the timekeeper's answer was not understood: {exc}")
 
     def _client(self) -> JsonClient:
-        client = getattr(self._local, "client", None)
+        client: JsonClient | None = getattr(self._local, "client", None)
         if client is None:
             client = self._local.client = JsonClient(self._url, timeout=self._timeout)
-        return client  # type: ignore[no-any-return]
+        return client
