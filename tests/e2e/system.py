@@ -145,6 +145,10 @@ class GpuSharing:
         return self._stack.enter_context(Service(name, args, f"http://127.0.0.1:{port}/readyz", env=settings,
                                                  log_path=self.directory / f"{name}.log"))
 
+    def controller_metrics(self) -> str:
+        """The system's controller's /metrics (what it did: evictions, idle actions, its tasks)."""
+        return requests.get(self.controller.ready_url.replace("/readyz", "/metrics"), timeout=10).text
+
     @contextmanager
     def timekeeper_settings(self, **env: str) -> Iterator[None]:
         """Meanwhile, the system's timekeeper and controller run with `env` on top of their settings."""

@@ -101,8 +101,8 @@ def test_a_gpubudget_owns_its_namespaces_budget_its_status_follows_use_hierarchy
     assert condition(status, "Warning")["status"] == "True" and status["percentUsed"] == 90
     (warned,) = wait_for(lambda: events(gpusharing, namespace, "GPUBudgetWarning"), "the GPUBudgetWarning Event")
     assert warned["type"] == "Warning" and f"namespace {namespace} has used 90 % of its 2 GPU-minutes for" in warned["message"]
-    on_resource = gpusharing.rest("GET", f"/api/v1/namespaces/{namespace}/events",
-                                  query={"fieldSelector": "involvedObject.kind=GPUBudget,reason=GPUBudgetWarning"})["items"]
+    on_resource = wait_for(lambda: gpusharing.rest("GET", f"/api/v1/namespaces/{namespace}/events", query={
+        "fieldSelector": "involvedObject.kind=GPUBudget,reason=GPUBudgetWarning"})["items"], "the warning on the GPUBudget too")
     assert len(on_resource) == 1
     # Many passes later, the budget was written into the ledger once: unchanged resources are not written again.
     changes = gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{namespace}/changes", admin).json()["items"]

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 import yaml
 
 from demo.apiserver import EXAMPLES
@@ -94,8 +93,7 @@ def events(gpusharing: GpuSharing, namespace: str, reason: str) -> list[dict[str
 
 
 def idle_actions(gpusharing: GpuSharing, result: str) -> float:
-    text = requests.get(f"{gpusharing.timekeeper_url}/metrics", timeout=10).text
-    lines = [line for line in text.splitlines()
+    lines = [line for line in gpusharing.controller_metrics().splitlines()
              if line.startswith(f'gpusharing_timekeeper_idle_actions_total{{action="demote",result="{result}"}}')]
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import requests
 import yaml
 
 from demo.apiserver import EXAMPLES
@@ -61,8 +60,8 @@ def events(gpusharing: GpuSharing, namespace: str, reason: str) -> list[dict[str
 
 
 def evictions_refused(gpusharing: GpuSharing) -> float:
-    metrics = requests.get(f"{gpusharing.timekeeper_url}/metrics", timeout=10).text
-    lines = [line for line in metrics.splitlines() if line.startswith('gpusharing_timekeeper_evictions_total{result="refused"}')]
+    lines = [line for line in gpusharing.controller_metrics().splitlines()
+             if line.startswith('gpusharing_timekeeper_evictions_total{result="refused"}')]
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
