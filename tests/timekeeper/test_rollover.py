@@ -61,7 +61,7 @@ def test_a_monthly_rollover_charges_every_gpu_second_to_one_period_and_flips_bac
         def report(pod: str, seq: int, cumulative: float) -> float:
             body = {"podUid": f"uid-{pod}", "namespace": "team-a", "pod": pod, "gpuShare": 1.0, "seq": seq, "gpuSeconds": cumulative}
             answer = call("POST", "reports", METER, json=body)
-            answers.append(("february" if clock.at < BOUNDARY else "march", answer))
+            answers.append(("february" if clock.now < BOUNDARY else "march", answer))
             charged: float = answer["chargedGpuSeconds"]
             return charged
 
