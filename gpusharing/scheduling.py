@@ -3,7 +3,7 @@ own, so that no task's slow run delays another's (a thousand Events to send neve
 
 A task runs every `interval_seconds` by the Clock's monotonic time, at once when woken (a watch saw a change, a
 Lease was won), and never twice at a time. A run that comes late is not made up for: the next one is due an interval
-after the late one was due, or at once when that has passed too. Leader-only tasks run only while `leading()`
+after the late one was due, or, when that has passed too, an interval after the late one began. Leader-only tasks run only while `leading()`
 says so. What each run took and how late it began are given to `observe` (metrics); an exception in a run is
 logged and the task runs again at its next time: a controller outlives a database or API outage.
 
@@ -115,7 +115,8 @@ class TaskScheduler:
         try:
             began = self.clock.monotonic()
             late = max(0.0, began - slot.due)
-            slot.due = max(slot.due + task.interval_seconds, began)  # a late run is not made up for
+            following = slot.due + task.interval_seconds
+            slot.due = following if following > began else began + task.interval_seconds  # no run made up for
             if task.leader_only and not self.leading():
                 return False
             slot.last = None

@@ -1,7 +1,8 @@
 """An HTTP-level fake of the Kubernetes API on 127.0.0.1, for the official `kubernetes` client.
 
 It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), the lists of the
-controller's informers (not their watches), pod eviction, events and
+controller's informers and their watches (which deliver only what a test queues, delete_pod's DELETED), pod
+eviction, events and
 the controller's Lease (with resourceVersion conflicts, as the API server answers them); and what `kubectl gpusharing`
 asks: TokenRequest, and the service proxy to the timekeeper, which drops the Authorization header as the real API
 server does. Tests set its state (tokens, admins, pods, refused evictions, where the proxy leads) and read what was
@@ -29,8 +30,8 @@ from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
 _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
-# What the controller's informers list (their watches are not faked: tests list again, ClusterInformers.list_now).
-WATCH_SECONDS = 0.5  # how long a watch lasts here
+# What the controller's informers list (tests list again, ClusterInformers.list_now; their watches deliver only what
+# a test queues: delete_pod's DELETED).
 _LISTED = {"/api/v1/pods": "pods", "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
            "/apis/gpusharing.io/v1alpha1/gpubudgets": "gpubudgets",
            "/apis/gpusharing.io/v1alpha1/clustergpubudgets": "clustergpubudgets"}
@@ -70,6 +71,8 @@ class FakeKube:
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.custom: dict[str, list[dict[str, Any]]] = {}  # plural -> GPUBudgets, ClusterGPUBudgets, ResourceClaims
         self._versions = iter(range(1, 1 << 62))
+        self._watched: list[tuple[str, int, dict[str, Any]]] = []  # (kind, resourceVersion, watch event) queued
+        self._watch_queued = threading.Condition()
         self.service_account_tokens: dict[tuple[str, str], str] = {}  # (namespace, name) -> what TokenRequest returns
         self.token_requests: list[dict[str, Any]] = []
         self.services: dict[tuple[str, str], str] = {}  # (namespace, "scheme:name:port") -> the URL the proxy leads to
@@ -158,6 +161,17 @@ class FakeKube:
         self.pods[(namespace, name)] = pod
         return pod
 
+    def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """Deletes the pod at once (no finalizer holds it), as the pod watch's DELETED event tells, the pod as it last was."""
+        with self._lock:
+            pod = self.pods.pop((namespace, name))
+            version = next(self._versions)
+        last = {**pod, "metadata": {**pod["metadata"], "resourceVersion": str(version)}}
+        with self._watch_queued:
+            self._watched.append(("pods", version, {"type": "DELETED", "object": last}))
+            self._watch_queued.notify_all()
+        return pod
+
     @staticmethod
     def namespace_uid(namespace: str) -> str:
         return str(uuid.uuid5(uuid.NAMESPACE_DNS, namespace))
@@ -208,11 +222,34 @@ class FakeKube:
             reply_json(handler, *self._proxy(handler, method, proxy, query, raw))
             return
         body = json.loads(raw or b"null") if length else None
-        time.sleep(self.delay_seconds + (WATCH_SECONDS if "watch=true" in query else 0.0))
+        time.sleep(self.delay_seconds)
+        if method == "GET" and path in _LISTED and "watch=" in query.lower() and self.up:
+            with self._lock:
+                self.requests.append((method, path))
+            self._watch(handler, _LISTED[path], urllib.parse.parse_qs(query))
+            return
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
         reply_json(handler, code, answer)
+
+    def _watch(self, handler: BaseHTTPRequestHandler, kind: str, query: dict[str, list[str]]) -> None:
+        """A watch from the resourceVersion asked: the events queued since, after waiting a little for one when there
+        is none (the client watches again at once: no request loop that spins)."""
+        since = int((query.get("resourceVersion") or ["0"])[0] or 0)
+
+        def pending() -> list[dict[str, Any]]:
+            return [event for each, version, event in self._watched if each == kind and version > since]
+
+        with self._watch_queued:
+            self._watch_queued.wait_for(lambda: bool(pending()), timeout=0.5)
+            events = pending()
+        payload = "".join(json.dumps(event) + "\n" for event in events).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
 
     def _proxy(self, handler: BaseHTTPRequestHandler, method: str, match: re.Match[str], query: str, raw: bytes) -> tuple[int, Any]:
         """The service proxy: the caller authenticated (then its Authorization header dropped), the request passed

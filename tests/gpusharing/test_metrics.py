@@ -25,7 +25,7 @@ from webhook.app import create_app as create_webhook
 from webhook.caches.budgets import BudgetStateCache
 from webhook.config import WebhookConfig
 
-NAME = re.compile(r"^gpusharing_(webhook|timekeeper)_[a-z][a-z0-9_]*[a-z0-9]$")
+NAME = re.compile(r"^gpusharing_(webhook|timekeeper|controller)_[a-z][a-z0-9_]*[a-z0-9]$")
 NOT_BASE_UNITS = ("_minutes", "_mib", "_milliseconds", "_kilobytes", "_megabytes", "_percent")
 BOUNDED = {  # the label values a webhook metric may take, whatever the pods it sees
     "endpoint": {"mutate", "validate"},

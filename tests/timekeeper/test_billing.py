@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,16 +15,15 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, fresh_for
-from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.report import MeterReport
 from tests.fakekube import FakeKube
-from tests.timekeeper.conftest import Clock
+from tests.timekeeper.conftest import Clock, ControllerFactory, run_controller
 from timekeeper.accounting.ledger import Observation
-from timekeeper.accounting.record import recorded_pod
 from timekeeper.accounting.reports import PodObservation, ReportLedger, ReportTerms
 from timekeeper.budgets.store import BudgetStore
-from timekeeper.cluster.billing import METER_SILENT, Biller
+from timekeeper.cluster.billing import METER_SILENT
 from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.manager import ControllerManager
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import pod_usage
 
@@ -146,7 +146,7 @@ def test_silence_is_flagged_once_by_one_process_and_a_report_clears_it(ledgers: 
     assert ledgers[0].silent_meters(120, 3600) == 0
 
 
-# -- the controller's billing pass, against an HTTP fake of the API (the real one: tests/e2e/test_billing.py) ----------
+# -- the controller's billing tasks, against an HTTP fake of the API (the real one: tests/e2e/test_billing.py) ----------
 
 def pod_object(fake: FakeKube, name: str, status: dict[str, Any], deleting: str | None = None) -> dict[str, Any]:
     pod = fake.add_pod("ml", name, share="0.5")
@@ -160,71 +160,93 @@ def pod_object(fake: FakeKube, name: str, status: dict[str, Any], deleting: str 
 
 
 @pytest.fixture
-def biller(ledgers: list[ReportLedger], fake_kube: FakeKube) -> Biller:
-    return Biller(ledgers[0], KubeApi(fake_kube.api_client()), GpuRequestSettings(), interval_seconds=30,
-                  meter_interval_seconds=30, monotonic=lambda: 0.0)
+def controller(make_controller: ControllerFactory, fake_kube: FakeKube) -> ControllerManager:
+    return make_controller(KubeApi(fake_kube.api_client()), meter_interval_seconds=30)
 
 
-def watch(biller: Biller, *pods: dict[str, Any]) -> None:
-    """What the watches would hold (the real watches are tested on the control plane)."""
-    biller.pods.items = {(p["metadata"]["namespace"], p["metadata"]["name"]): recorded_pod(p, biller.settings) for p in pods}
-    biller.claims.items = {}
+def run_at(controller: ControllerManager, clock: Clock, seconds: float) -> Any:
+    """The controller's tasks once, at START + `seconds`, on what the fake API holds."""
+    clock.advance(seconds=seconds - (clock.at - START).total_seconds())
+    return run_controller(controller)
 
 
-def test_a_pass_bills_running_pods_and_closes_and_releases_the_ended_ones(biller: Biller, fake_kube: FakeKube) -> None:
+def test_a_pass_bills_running_pods_and_closes_and_releases_the_ended_ones(
+    controller: ControllerManager, fake_kube: FakeKube, ledgers: list[ReportLedger], clock: Clock,
+) -> None:
     running = pod_object(fake_kube, "running", {"phase": "Running"})
     ended = pod_object(fake_kube, "ended", {"phase": "Succeeded", "containerStatuses": [
         {"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:00:40Z"}}}]})
-    watch(biller, running, ended)
-    done = biller.bill(at(90))
+    done = run_at(controller, clock, 90).billing
     assert done is not None and done.released == ["ml/ended"] and done.observed == 2
     assert fake_kube.pods["ml", "ended"]["metadata"]["finalizers"] == []
     assert fake_kube.pods["ml", "running"]["metadata"]["finalizers"] == [BILLING_FINALIZER]
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in (running, ended)}
-    assert billed(biller.ledger, uids["running"]) == 90 * MICROS and billed(biller.ledger, uids["ended"]) == 40 * MICROS
+    assert billed(ledgers[0], uids["running"]) == 90 * MICROS and billed(ledgers[0], uids["ended"]) == 40 * MICROS
 
 
-def test_a_finalizer_is_not_released_while_the_bill_cannot_be_written(biller: Biller, fake_kube: FakeKube, database_url: str) -> None:
+def test_a_finalizer_is_not_released_while_the_bill_cannot_be_written(
+    controller: ControllerManager, fake_kube: FakeKube, clock: Clock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ended = pod_object(fake_kube, "ended", {"phase": "Failed", "containerStatuses": [
         {"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:00:40Z"}}}]})
-    watch(biller, ended)
-    biller.ledger.db.dispose()
-    biller.ledger.db = biller.ledger.budgets.db = Database("sqlite:////nonexistent/dir/db.sqlite")
-    with pytest.raises(OperationalError):
-        biller.bill(at(90))
+
+    def unwritable(observations: Any) -> None:
+        raise OperationalError("INSERT INTO pod_ledgers", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(controller.biller.ledger, "observe", unwritable)  # the database refuses the bill's transaction
+    done = run_at(controller, clock, 90)
+    # The tasks failed (logged; they run again at their next time): no bill closed, no finalizer released.
+    assert done.billing is None and done.ended is None
     assert fake_kube.pods["ml", "ended"]["metadata"]["finalizers"] == [BILLING_FINALIZER]
+    assert ended["metadata"]["finalizers"] == [BILLING_FINALIZER]
+    monkeypatch.undo()  # the database is back: the next run closes the bill, then lets the pod go
+    assert run_at(controller, clock, 95).billing.released == ["ml/ended"]  # type: ignore[union-attr]
 
 
-def test_a_deleted_pod_is_billed_to_its_containers_end_then_let_go(biller: Biller, fake_kube: FakeKube) -> None:
+def test_a_deleted_pod_is_billed_to_its_containers_end_then_let_go(
+    controller: ControllerManager, fake_kube: FakeKube, ledgers: list[ReportLedger], clock: Clock,
+) -> None:
     deleted = pod_object(fake_kube, "deleted", {"phase": "Running", "containerStatuses": [
         {"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:01:00Z"}}}]}, deleting="2026-11-25T10:01:30Z")
-    watch(biller, deleted)
-    biller.bill(at(3600))  # the timekeeper came back an hour later: billed to the end, not to its return
-    assert billed(biller.ledger, deleted["metadata"]["uid"]) == 60 * MICROS
+    run_at(controller, clock, 3600)  # the timekeeper came back an hour later: billed to the end, not to its return
+    assert billed(ledgers[0], deleted["metadata"]["uid"]) == 60 * MICROS
     assert fake_kube.pods["ml", "deleted"]["metadata"]["finalizers"] == []
 
 
-def test_a_silent_meter_is_flagged_with_one_event_and_the_pod_still_billed(biller: Biller, fake_kube: FakeKube) -> None:
+def test_a_silent_meter_is_flagged_with_one_event_and_the_pod_still_billed(
+    controller: ControllerManager, fake_kube: FakeKube, ledgers: list[ReportLedger], clock: Clock,
+) -> None:
     silent = pod_object(fake_kube, "silent", {"phase": "Running"})
-    watch(biller, silent)
-    first = biller.bill(at(120))
-    biller._last_full = None  # the next full pass
-    second = biller.bill(at(150))
-    assert first is not None and first.silent == ["ml/silent"] and second is not None and second.silent == []
+    first = run_at(controller, clock, 120)
+    second = run_at(controller, clock, 150)  # every task runs again: the silent-meters task does not flag it twice
+    assert first.silent == ["ml/silent"] and second.silent == []
     assert [e["reason"] for e in fake_kube.events] == [METER_SILENT]
     assert fake_kube.events[0]["involvedObject"]["uid"] == silent["metadata"]["uid"]
-    assert billed(biller.ledger, silent["metadata"]["uid"]) == 150 * MICROS
+    assert billed(ledgers[0], silent["metadata"]["uid"]) == 150 * MICROS
 
 
-def test_a_pod_deleted_without_the_finalizer_is_billed_to_its_end_as_the_watch_last_saw_it(biller: Biller, fake_kube: FakeKube) -> None:
+def test_a_pod_deleted_without_the_finalizer_is_billed_to_its_end_as_the_watch_last_saw_it(
+    controller: ControllerManager, fake_kube: FakeKube, ledgers: list[ReportLedger], clock: Clock,
+) -> None:
     pod = pod_object(fake_kube, "unguarded", {"phase": "Running"})
     pod["metadata"]["finalizers"] = []
-    watch(biller, pod)
-    biller.bill(at(30))
+    run_at(controller, clock, 30)
     pod["status"] = {**pod["status"], "phase": "Succeeded", "containerStatuses": [
         {"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:00:50Z"}}}]}
-    biller.pods.items = {}  # the watch's DELETED event: gone from the items, handed over as it last was
-    biller._depart(recorded_pod(pod, biller.settings))  # type: ignore[arg-type]
-    biller.bill(at(35))  # not a full pass: departures are billed on every pass
-    assert billed(biller.ledger, pod["metadata"]["uid"]) == 50 * MICROS
-    assert biller.ledger.open_observed() == []
+    # Gone at once (no finalizer): only the pod watch's DELETED event carries how it ended.
+    pods, asked = controller.informers.pods, fake_kube.count("GET", "/api/v1/pods")
+    pods.start()
+    try:
+        deadline = time.monotonic() + 10  # stops a broken test from hanging; not a speed check
+        while fake_kube.count("GET", "/api/v1/pods") < asked + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # listed, and watching
+        fake_kube.delete_pod("ml", "unguarded")
+        while pods.items and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pods.items == {}
+    finally:
+        pods.stop()
+    done = run_at(controller, clock, 35)  # the cache, stopped, is listed again: the pod is no longer there
+    assert done.billing is not None and done.billing.observed == 1
+    assert billed(ledgers[0], pod["metadata"]["uid"]) == 50 * MICROS
+    assert ledgers[0].open_observed() == []

@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.clock import DatabaseClock
-from timekeeper.services import build_services
+from timekeeper.services import build_services, build_stores
 
 UTC = dt.timezone.utc
 DATABASE_TIME = dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)  # nothing like this machine's
@@ -76,17 +76,16 @@ def test_without_a_reading_the_databases_failure_is_the_callers_and_the_next_cal
 
 
 def test_a_served_timekeeper_reckons_by_the_databases_time_and_a_test_clock_replaces_it(database_url: str) -> None:
+    stores = build_stores(TimekeeperConfig(database_url=database_url, auth="none"))
+    assert isinstance(stores.clock, DatabaseClock)  # what the web replicas' and the controller's stores reckon by
+    stores.database.dispose()
     services = build_services(TimekeeperConfig(database_url=database_url, auth="none"))
-    clock = services.budgets.clock
-    assert isinstance(clock, DatabaseClock)
-    before, now, after = services.database.now(), clock.now(), services.database.now()
+    before, now, after = services.database.now(), services.budgets.clock(), services.database.now()
     assert now.tzinfo is not None and before - dt.timedelta(seconds=1) <= now <= after + dt.timedelta(seconds=1)
     services.reports.close()
     services.database.dispose()
-    tested = build_services(TimekeeperConfig(database_url=database_url, auth="none",
-                                             clock="tests.timekeeper.fake_clock:now"))
-    assert not isinstance(tested.budgets.clock, DatabaseClock)
-    tested.reports.close()
+    tested = build_stores(TimekeeperConfig(database_url=database_url, auth="none", clock="tests.timekeeper.fake_clock:now"))
+    assert not isinstance(tested.clock, DatabaseClock)
     tested.database.dispose()
 
 
@@ -100,7 +99,7 @@ def test_requests_that_come_while_the_first_reading_is_under_way_wait_for_it() -
 
     clock = DatabaseClock(slow_first_read)
     with ThreadPoolExecutor(8) as callers:
-        answers = [callers.submit(clock) for _ in range(8)]
+        answers = [callers.submit(clock.now) for _ in range(8)]
         reading.set()
         # Each is the database's time (carried forward by the moments since it was read), none the machine's own.
         assert all(dt.timedelta(0) <= answer.result(timeout=10) - DATABASE_TIME < dt.timedelta(hours=1) for answer in answers)

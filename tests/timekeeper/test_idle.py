@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flask import Flask
 
-from gpusharing.contract import Period, fresh_for
-from gpusharing.gpu.request import GpuRequestSettings
+from gpusharing.contract import Period
 from gpusharing.kube.owners import Owner
-from gpusharing.kube.watching import WatchedObjects
 from gpusharing.report import MeterReport
 from sidecar.client import TimekeeperClient
 from sidecar.config import MeterConfig
@@ -27,19 +25,31 @@ from sidecar.nvml import MIB, NvmlReader
 from sidecar.state import StateFile
 from tests.fakekube import FakeKube
 from tests.sidecar.fake_nvml import POD_PID, FakeDevice, FakeNvml, pod_proc
-from tests.timekeeper.conftest import METER, READER, AppFactory, Clock, SpecClient, served
+from tests.timekeeper.conftest import (
+    ADMIN,
+    METER,
+    READER,
+    AppFactory,
+    Clock,
+    ControllerFactory,
+    SpecClient,
+    run_controller,
+    served,
+)
 from tests.timekeeper.test_kubectl_plugin import cluster, plugin  # noqa: F401 (cluster: a fixture)
 from timekeeper.accounting.idle import IdleState, PodFacts, Reading, Streak, next_streak, outlook, verdict
-from timekeeper.accounting.record import RecordedPod, recorded_pod
 from timekeeper.accounting.reports import ReportLedger, ReportTerms
 from timekeeper.accounting.streaks import IdleLedger
 from timekeeper.budgets.idle import IdleAction, IdlePolicy, IdlePolicyError, PolicyInForce, idle_policy_from_json
 from timekeeper.budgets.status import Budget
 from timekeeper.budgets.store import BudgetStore
-from timekeeper.cluster.idling import HOLD_LEAD_SECONDS, IDLE, IDLE_WARNING, IdlePass, Idler, budget_idle
+from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS
+from timekeeper.cluster.idling import IDLE, IDLE_WARNING, IdlePass, budget_idle
 from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.manager import ControllerManager
 from timekeeper.cluster.resources import resource_status
 from timekeeper.database.connection import Database
+from timekeeper.database.tables import eviction_claims
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
@@ -235,46 +245,44 @@ IN_BUDGET, OVER_BUDGET = "gpusharing-in-budget", "gpusharing-over-budget"
 
 
 class Cluster:
-    """The leader's view: the fake API's pods as the billing watch holds them, their meters, and the Idler."""
+    """The fake API's pods, their meters, and the controller (its tasks run as run_controller runs them)."""
 
-    def __init__(self, fake: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock):
-        self.fake, self.ledger, self.store, self.clock = fake, ledger, store, clock
-        self.pods: WatchedObjects[RecordedPod] = WatchedObjects("pods", lambda **_: None, lambda _: None)
-        self.pods.items = {}
+    def __init__(self, fake: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock, controller: ControllerManager):
+        self.fake, self.ledger, self.store, self.clock, self.controller = fake, ledger, store, clock, controller
         self.idle = IdleLedger(store.db)
-        self.idler = Idler(self.idle, store, KubeApi(fake.api_client()), self.pods, interval_seconds=0,
-                           fresh_seconds=fresh_for(INTERVAL))  # as the timekeeper's services build it
         self.meters: dict[str, Meter] = {}
+        self.before_run: Callable[[], None] = lambda: None  # what happens before each run (a webhook polls)
 
     def pod(self, name: str, owner: str | None = None, labels: dict[str, str] | None = None,
-            demoted: bool = False) -> Meter:
+            demoted: bool = False, age: dt.timedelta = dt.timedelta(0)) -> Meter:
+        """A running pod, started `age` before its meter's first report (the record's start, which it is billed from)."""
         obj = self.fake.add_pod("ml", name, share="0.5", priority_class=OVER_BUDGET if demoted else IN_BUDGET)
         if demoted:  # the webhook's record: admitted out of budget
             obj["metadata"]["annotations"]["gpusharing.io/budget-state"] = "over-budget"
-        obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
         obj["metadata"]["labels"] = labels or {}
         if owner:
             obj["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
                                                    "uid": f"uid-{owner}", "controller": True}]
-        obj["status"]["startTime"] = (self.clock.at - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.pods.items[("ml", name)] = recorded_pod(obj, GpuRequestSettings())  # type: ignore[index, assignment]
+        obj["status"]["startTime"] = (self.clock.at - age).strftime("%Y-%m-%dT%H:%M:%SZ")
         meter = Meter(self.ledger, self.clock, obj["metadata"]["uid"], name)
         self.meters[name] = meter
         return meter
 
     def gone(self, name: str) -> None:
-        self.pods.items.pop(("ml", name), None)  # type: ignore[union-attr]
+        self.fake.pods.pop(("ml", name), None)
 
-    def play(self, utilisations: dict[str, float | None], steps: int = 1, leading: bool = True) -> list[IdlePass]:
-        """Every meter reports (a name left out stays silent), then the leader's pass (`leading`: whether its Lease
-        still holds when it comes to evict); `steps` times."""
-        passes = []
+    def play(self, utilisations: dict[str, float | None], steps: int = 1,
+             controllers: Sequence[ControllerManager] = ()) -> list[IdlePass | None]:
+        """Every meter reports (a name left out stays silent), then the controller's tasks run (`controllers`, in
+        turn: the idle pass of the last); `steps` times."""
+        passes: list[IdlePass | None] = []
         for _ in range(steps):
             self.clock.advance(seconds=INTERVAL)
             for name, utilisation in utilisations.items():
                 self.meters[name].report(utilisation, after=0)
-            done = self.idler.run(self.clock.at, lambda: leading)
-            assert done is not None
+            self.before_run()
+            for controller in controllers or (self.controller,):
+                done = run_controller(controller).idle
             passes.append(done)
         return passes
 
@@ -284,17 +292,23 @@ class Cluster:
 
 
 @pytest.fixture
-def leader(fake_kube: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock) -> Cluster:
-    return Cluster(fake_kube, ledger, store, clock)
+def leader(fake_kube: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock,
+           make_controller: ControllerFactory) -> Cluster:
+    return Cluster(fake_kube, ledger, store, clock, make_controller(KubeApi(fake_kube.api_client()), identity="first",
+                                                                    meter_interval_seconds=INTERVAL))
 
 
 def policy(store: BudgetStore, **idle: Any) -> None:
     store.set_budget(Budget("ml", None, Period.MONTHLY, idle=idle_policy_from_json(idle)), "admin")
 
 
-def first(passes: list[IdlePass], kind: str) -> int | None:
+def first(passes: Sequence[IdlePass | None], kind: str) -> int | None:
     """The step (from 1) of the first pass that did `kind` (warned, acted, evicted, held, ...)."""
-    return next((i + 1 for i, done in enumerate(passes) if getattr(done, kind)), None)
+    return next((i + 1 for i, done in enumerate(passes) if done is not None and getattr(done, kind)), None)
+
+
+def total(passes: Sequence[IdlePass | None], kind: str) -> int:
+    return sum(len(getattr(done, kind)) for done in passes if done is not None)
 
 
 def test_warnings_come_at_the_right_interval_on_the_pod_and_its_owner_once_per_streak(leader: Cluster) -> None:
@@ -303,7 +317,7 @@ def test_warnings_come_at_the_right_interval_on_the_pod_and_its_owner_once_per_s
     passes = leader.play({"nb-0": 0}, steps=12)
     # The streak begins at the first report; 3 min (6 intervals) later it is warned of, at 5 min it is acted on.
     assert first(passes, "warned") == 7 and first(passes, "acted") == 11
-    assert sum(len(done.warned) for done in passes) == 1 and sum(len(done.acted) for done in passes) == 1
+    assert total(passes, "warned") == 1 and total(passes, "acted") == 1
     warnings = leader.events(IDLE_WARNING)
     assert [(kind, name) for kind, name, _ in warnings] == [("Pod", "nb-0"), ("ReplicaSet", "nb-7d9")]
     assert warnings[0][2].startswith("the GPU of pod nb-0 has been idle for 3m (every meter reading under 1 % "
@@ -323,18 +337,20 @@ def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budget
     leader.pod("nb-0", owner="nb-7d9")
     fake_kube.refuse_evictions.add(("ml", "nb-0"))  # a PodDisruptionBudget allows no disruption now
     passes = leader.play({"nb-0": 0}, steps=5)
-    assert first(passes, "held") == 5 and not any(done.evicted or done.refused for done in passes)
+    # New by design: no warning before (warnBefore 0), so the owner is held when the action is due, and with no
+    # webhook process to acknowledge the hold the eviction is asked for in the same run (here refused).
+    assert first(passes, "held") == 5 and first(passes, "refused") == 5 and total(passes, "evicted") == 0
     (hold,) = leader.idle.holds()
     assert (hold.owner.kind, hold.owner.name, hold.pod) == ("ReplicaSet", "nb-7d9", "nb-0")
     # The webhook learns of the hold from the listing it polls, before the pod is evicted.
     listing = SpecClient(make_app().test_client(), READER).get("/api/v1/budgets").json["items"]
     assert [item["idleHolds"] for item in listing if item["namespace"] == "ml"] == [
         [{"kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9", "pod": "nb-0", "heldAt": "2026-11-27T09:02:30Z"}]]
-    passes = leader.play({"nb-0": 0}, steps=int(HOLD_LEAD_SECONDS // INTERVAL) + 2)
-    assert first(passes, "refused") is not None and sum(len(d.refused) for d in passes) >= 2  # tried again each pass
+    passes = leader.play({"nb-0": 0}, steps=2)
+    assert total(passes, "refused") == 2 and total(passes, "evicted") == 0  # tried again each run
     fake_kube.refuse_evictions.clear()
     (done,) = leader.play({"nb-0": 0})
-    assert done.evicted == ["ml/nb-0"] and fake_kube.evicted == [("ml", "nb-0")]
+    assert done is not None and done.evicted == ["ml/nb-0"] and fake_kube.evicted == [("ml", "nb-0")]
     (_, _, message), owner_event = leader.events(IDLE)
     assert message.endswith("; evicted; ReplicaSet nb-7d9's next pods are admitted out of budget until one uses its GPU")
     assert owner_event[:2] == ("ReplicaSet", "nb-7d9")
@@ -342,7 +358,7 @@ def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budget
     leader.gone("nb-0")
     leader.pod("nb-1", owner="nb-7d9", demoted=True)
     (done,) = leader.play({"nb-1": 80})
-    assert done.released == ["ml/ReplicaSet/nb-7d9"] and leader.idle.holds() == []
+    assert done is not None and done.released == ["ml/ReplicaSet/nb-7d9"] and leader.idle.holds() == []
 
 
 def test_demote_leaves_bare_pods_and_pods_already_out_of_budget_running(leader: Cluster) -> None:
@@ -354,7 +370,7 @@ def test_demote_leaves_bare_pods_and_pods_already_out_of_budget_running(leader: 
     told = {name: message for kind, name, message in leader.events(IDLE) if kind == "Pod"}
     assert told["debug"].endswith("it is not evicted: it has no owner to re-create it demoted (the action evict would stop it)")
     assert told["nb-1"].endswith("it is not evicted: it already runs out of budget (the webhook admitted it demoted)")
-    assert sum(len(done.acted) for done in passes) == 2  # once each
+    assert total(passes, "acted") == 2  # once each
 
 
 def test_evict_stops_a_bare_pod_at_once(leader: Cluster) -> None:
@@ -364,18 +380,95 @@ def test_evict_stops_a_bare_pod_at_once(leader: Cluster) -> None:
     assert first(passes, "evicted") == 5 and leader.fake.evicted == [("ml", "debug")] and leader.idle.holds() == []
 
 
-def test_a_leader_that_lost_its_lease_evicts_no_idle_pod_and_its_successor_does(leader: Cluster) -> None:
+def test_a_deposed_leader_evicts_no_idle_pod_and_its_successor_does(
+    leader: Cluster, make_controller: ControllerFactory,
+) -> None:
     policy(leader.store, after="2m", action="evict")
     leader.pod("debug")
-    deposed = leader.play({"debug": 0}, steps=6, leading=False)
-    assert not any(done.evicted for done in deposed) and leader.fake.evicted == []
-    assert leader.play({"debug": 0})[0].evicted == ["ml/debug"] and leader.fake.evicted == [("ml", "debug")]
+    leader.play({"debug": 0})  # the first controller takes the Lease
+    successor = make_controller(KubeApi(leader.fake.api_client()), identity="second", meter_interval_seconds=INTERVAL)
+    # The first stops renewing (paused); the second takes the Lease once it has seen it unrenewed for its duration.
+    taking = leader.play({"debug": 0}, steps=2, controllers=[successor])
+    assert taking[0] is None and taking[1] is not None and taking[1].evicted == []  # not due yet
+    # From now on both run at each step, the deposed one first: it acts on nothing, the successor evicts on time.
+    deposed: list[IdlePass | None] = []
+    evicted_by_deposed: list[tuple[str, str]] = []
+    for _ in range(3):  # the deadline comes at the second of these steps
+        before = len(leader.fake.evicted)
+        deposed += leader.play({"debug": 0}, controllers=[leader.controller])
+        evicted_by_deposed += leader.fake.evicted[before:]
+        run_controller(successor)
+    assert deposed == [None, None, None] and evicted_by_deposed == [] and leader.fake.evicted == [("ml", "debug")]
+
+
+def test_an_eviction_claimed_by_a_leader_that_died_is_taken_over_once_stale(
+    leader: Cluster, make_controller: ControllerFactory,
+) -> None:
+    policy(leader.store, after="2m", action="evict")
+    meter = leader.pod("debug")
+    leader.play({"debug": 0})  # the first controller (term 0) leads
+    # It claims the pod's eviction and dies before asking for it (its claim, made now by the database's clock).
+    db = leader.store.db
+    with db.write() as conn:
+        conn.execute(eviction_claims.insert().values(pod_uid=meter.uid, namespace="ml", pod="debug", term=0,
+                                                     claimed_at=db.clock()))
+    successor = make_controller(KubeApi(leader.fake.api_client()), identity="second", meter_interval_seconds=INTERVAL)
+    passes = leader.play({"debug": 0}, steps=5, controllers=[successor])  # takes the Lease (term 1) at the second
+    assert first(passes, "acted") is None and leader.fake.evicted == []  # the dead leader's claim stands, fresh
+    # The fence reckons by the database's clock (db.clock() in SQL), which the test's Clock does not move: the claim
+    # is aged through the table instead, as if STALE_CLAIM_SECONDS had passed.
+    with db.write() as conn:
+        conn.execute(eviction_claims.update().where(eviction_claims.c.pod_uid == meter.uid)
+                     .values(claimed_at=eviction_claims.c.claimed_at - STALE_CLAIM_SECONDS - 1))
+    (done,) = leader.play({"debug": 0}, controllers=[successor])
+    assert done is not None and done.evicted == ["ml/debug"] and leader.fake.evicted == [("ml", "debug")]
+
+
+def webhook(api: SpecClient, name: str, in_force: float) -> float:
+    """A webhook process's poll, saying which listing it holds in force; the listedAt of the listing it gets."""
+    listed: float = api.get(f"/api/v1/budgets?webhook={name}&inForce={in_force}&refreshSeconds=60").json["listedAt"]
+    return listed
+
+
+def test_an_idle_eviction_waits_for_a_webhook_holding_an_old_listing_and_comes_on_the_first_run_after_it_acknowledges(
+    leader: Cluster, make_app: AppFactory,
+) -> None:
+    policy(leader.store, after="2m", action="demote")
+    leader.pod("nb-0", owner="nb-7d9")
+    api = SpecClient(make_app().test_client(), ADMIN)
+    old = webhook(api, "replica-1", 0)  # a listing from before the hold
+    webhook(api, "replica-1", old)
+    passes = leader.play({"nb-0": 0}, steps=7)
+    assert first(passes, "held") == 5 and first(passes, "waiting") == 5 and total(passes, "evicted") == 0
+    assert leader.fake.evicted == [] and len(leader.idle.holds()) == 1
+    webhook(api, "replica-1", webhook(api, "replica-1", old))  # it reads the listing with the hold, and holds it
+    (done,) = leader.play({"nb-0": 0})
+    assert done is not None and done.evicted == ["ml/nb-0"] and leader.fake.evicted == [("ml", "nb-0")]
+
+
+def test_an_idle_eviction_comes_within_one_idle_run_of_its_deadline_when_no_webhook_lags(
+    leader: Cluster, make_app: AppFactory,
+) -> None:
+    policy(leader.store, after="2m", warnBefore="1m", action="demote")
+    leader.pod("nb-0", owner="nb-7d9")
+    api = SpecClient(make_app().test_client(), ADMIN)
+    held = [webhook(api, "replica-1", 0)]
+
+    def poll() -> None:  # before each run the webhook polls, holding the listing its last poll got
+        held.append(webhook(api, "replica-1", held[-1]))
+
+    leader.before_run = poll
+    passes = leader.play({"nb-0": 0}, steps=6)
+    # Held from the warning on (step 3), acknowledged by the next poll: evicted at the deadline (step 5).
+    assert first(passes, "warned") == 3 and first(passes, "held") == 3
+    assert first(passes, "evicted") == 5 and first(passes, "waiting") is None and leader.fake.evicted == [("ml", "nb-0")]
 
 
 @pytest.mark.parametrize("case", ["exempt", "no NVML data", "silent meter", "too young"])
 def test_what_the_policy_never_acts_on(leader: Cluster, case: str) -> None:
     policy(leader.store, after="2m", action="evict", minAge="70m")
-    meter = leader.pod("nb-0", labels={"gpusharing.io/idle-exempt": "true"} if case == "exempt" else None)
+    meter = leader.pod("nb-0", labels={"gpusharing.io/idle-exempt": "true"} if case == "exempt" else None,
+                       age=dt.timedelta(hours=1))
     if case == "silent meter":
         meter.report(0)
         meter.report(0)
@@ -394,6 +487,7 @@ def test_a_budget_status_shows_idle_gpu_hours_and_the_pods_idle_beyond_their_war
     leader.pod("nb-0")
     passes = leader.play({"nb-0": 0}, steps=6)
     statuses = {status.namespace: status for status in leader.store.statuses()}
+    assert passes[-1] is not None
     idle = budget_idle(statuses, passes[-1])
     # 0.5 GPU idle for 6 intervals of 30 s: 90 GPU-seconds.
     assert idle["ml"].idle_gpu_hours == pytest.approx(90 / 3600) and idle["ml"].idle_pods == ("ml/nb-0 (idle 2m30s)",)

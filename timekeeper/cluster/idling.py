@@ -14,7 +14,8 @@ leaders never both act:
 
 An owner is held from the moment its pod is warned of (or, without a warning, is due), and the pod is evicted through
 the controller's one eviction path (timekeeper.cluster.evictions) once every webhook process has acknowledged the
-hold, so that the owner's replacement is admitted out of budget; the eviction then comes within one pass of the
+hold (holds a listing read after this process saw the hold written, by the database's clock: the one the listings are
+stamped with, which the hold's recorded time need not be), so that the owner's replacement is admitted out of budget; the eviction then comes within one pass of the
 deadline. A hold ends when a pod of its owner reads busy, when the policy in force stops demoting or evicting, or a
 week after its owner was last seen with a pod.
 """
@@ -78,6 +79,8 @@ class Idler:
         self.events = events
         self.fresh_seconds = fresh_seconds  # a meter's reading older than this is unknown (two meter intervals)
         self.last: IdlePass | None = None
+        # Owner uid -> the database's time (the webhooks' listings' clock) once this process saw its hold written.
+        self._held_seen: dict[str, float] = {}
 
     def run(self, now: dt.datetime) -> IdlePass | None:
         """One pass; None until the pod cache has listed the cluster. LeaseLost when the Lease is lost on the way."""
@@ -90,6 +93,7 @@ class Idler:
         ledgers = self.idle.pods(running.keys())
         budgets = self.budgets.budgets()
         holds = {hold.owner.uid: hold for hold in self.idle.holds()}
+        self._held_seen = {uid: seen for uid, seen in self._held_seen.items() if uid in holds}
         for uid, pod in sorted(running.items(), key=lambda item: (item[1].namespace, item[1].name)):
             record = ledgers.get(uid)
             if record is None:
@@ -125,6 +129,7 @@ class Idler:
                 or policy.policy.action is IdleAction.WARN:
             return
         holds[pod.owner.uid] = self.idle.hold(pod.namespace, pod.owner, pod.name, now)
+        self._held_seen[pod.owner.uid] = self.evictions.webhooks.now()
         done.held.append(f"{pod.namespace}/{pod.owner.kind}/{pod.owner.name}")
 
     def _act(self, pod: RecordedPod, streak: Streak, judged: IdleVerdict, policy: PolicyInForce,
@@ -140,7 +145,9 @@ class Idler:
             return
         # The owner's replacement must be admitted under the hold: every webhook has acknowledged it first.
         hold = holds.get(pod.owner.uid) if pod.owner is not None else None
-        acknowledged_after = hold.held_at.timestamp() if hold is not None else 0.0
+        # By the listings' clock: a hold written before this process ran (another leader's) counts from now.
+        acknowledged_after = (self._held_seen.setdefault(hold.owner.uid, self.evictions.webhooks.now())
+                              if hold is not None else 0.0)
         ref = PodRef(pod.namespace, pod.name, pod.uid)
         result = self.evictions.evict(f"its GPU is idle ({_rule(policy)})", [ref], acknowledged_after)
         if result.waiting:
