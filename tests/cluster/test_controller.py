@@ -291,6 +291,9 @@ def test_an_idle_demotion_comes_within_one_pass_of_its_deadline_however_often_th
         evicted = demoted_once(cluster, namespace, demotion, timeout=AFTER + 60)
         within_one_pass(evicted, demotion, demotion.deadline)
     finally:
+        # The cluster's own setting again. The stopped process stays live for the controller until three of its polls
+        # and 5 s after its last one (up to 95 s after a 30 s poll): evictions of the tests after this one wait that
+        # long at most, as a cluster's wait while a rolled webhook's process ages out.
         webhook.stop()
         webhook.env[setting] = own
         webhook.__enter__()
