@@ -14,7 +14,8 @@ environment the webhook gave its container and a token bound to the pod (TokenRe
 so that its reports are the evidence beside the API server's record that the timekeeper bills from; with
 "simulated" one thread reports for every running pod (a cumulative every interval, a final one on stop),
 as thousands of processes would on a 2-core machine cost more than the cluster they measure; with "none" nothing
-reports.
+reports. A simulated meter reads no GPU utilisation, unless its pod is annotated with `cluster.gpusharing.io/utilisation`
+(a percent): then each of its reports says that its GPU was that busy (`gpuUtilizationPercent`; "0": an idle GPU).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ RUNS_FOR = "cluster.gpusharing.io/runs-for"  # seconds a simulated workload runs
 STOPS_AFTER = "cluster.gpusharing.io/stops-after"  # seconds a workload takes to stop after SIGTERM (a checkpoint)
 METER = "cluster.gpusharing.io/meter"  # how the pod's meter runs: process, simulated or none (else the simulator's own)
 METER_MODES = ("process", "simulated", "none")
+UTILISATION = "cluster.gpusharing.io/utilisation"  # the GPU utilisation (percent) a simulated meter reports
 POOL_LABEL = "cluster.gpusharing.io/pool"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
@@ -90,6 +92,7 @@ class RunningPod:
     home: Path | None = None  # a process meter's directory: its token, its state volume, its log
     token: str = ""
     seq: int = 0
+    utilisation: float | None = None  # what its simulated meter reports as gpuUtilizationPercent (None: no reading)
 
 
 class NodeSimulator:
@@ -253,10 +256,13 @@ class NodeSimulator:
             with self._lock:
                 if metadata["uid"] in self.pods:
                     return
-                mode = (metadata.get("annotations") or {}).get(METER, self.meters)
+                annotations = metadata.get("annotations") or {}
+                mode = annotations.get(METER, self.meters)
+                utilisation = annotations.get(UTILISATION)
                 self.pods[metadata["uid"]] = RunningPod(metadata["namespace"], metadata["name"], metadata["uid"], spec["nodeName"],
                                                          _share(pod), mode if mode in METER_MODES else self.meters,
-                                                         priority_class=spec.get("priorityClassName", ""))
+                                                         priority_class=spec.get("priorityClassName", ""),
+                                                         utilisation=None if utilisation is None else float(utilisation))
             self._queue.put(("start", pod))
 
     def _work(self) -> None:
@@ -419,6 +425,8 @@ class NodeSimulator:
         elapsed = (running.stopped or time.time()) - running.started
         body = {"podUid": running.uid, "namespace": running.namespace, "pod": running.name, "gpuShare": running.share,
                 "seq": seq, "gpuSeconds": round((running.share or 0) * elapsed, 3), "final": final}
+        if running.utilisation is not None:
+            body["gpuUtilizationPercent"] = running.utilisation
         reports = getattr(self._local, "reports", None)
         if reports is None:
             reports = self._local.reports = requests.Session()

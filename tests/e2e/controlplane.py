@@ -10,6 +10,7 @@ simulated Nodes of tests/cluster/nodes.py, which plays their kubelet.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -56,6 +57,16 @@ AUDIT_POLICY = {
     "rules": [{"level": "Metadata", "verbs": ["create"], "resources": [{"group": "", "resources": ["pods/eviction"]}]},
               {"level": "None"}],
 }
+
+
+@dataclass(frozen=True)
+class EvictionAnswer:
+    """One eviction as the API server's audit log records it: the pod, the HTTP status (201 granted, 429 refused by a
+    PodDisruptionBudget) and when the API server received the request."""
+
+    pod: str
+    code: int
+    received: dt.datetime
 
 
 class ControlPlaneUnavailable(RuntimeError):
@@ -272,12 +283,24 @@ class ControlPlane:
 
     def evictions(self, namespace: str) -> list[tuple[str, int]]:
         """Every eviction of a pod of `namespace` the API server answered, as (pod, HTTP status), from its audit log."""
+        return [(answer.pod, answer.code) for answer in self.eviction_answers(namespace)]
+
+    def eviction_answers(self, namespace: str) -> list[EvictionAnswer]:
+        """Every eviction of a pod of `namespace` the API server answered, with when it received the request, from
+        its audit log (a line the API server is still writing is left for the next read)."""
         answered = []
-        for line in (self.directory / "audit.log").read_text().splitlines():
-            event = json.loads(line)
+        lines = (self.directory / "audit.log").read_text().splitlines()
+        for index, line in enumerate(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                if index == len(lines) - 1:
+                    break
+                raise
             ref = event.get("objectRef", {})
             if event.get("stage") == "ResponseComplete" and ref.get("namespace") == namespace and ref.get("subresource") == "eviction":
-                answered.append((ref["name"], int(event.get("responseStatus", {}).get("code", 0))))
+                received = dt.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+                answered.append(EvictionAnswer(ref["name"], int(event.get("responseStatus", {}).get("code", 0)), received))
         return answered
 
     def log_tail(self, name: str, characters: int = 3000) -> str:

@@ -46,6 +46,21 @@ def test_the_share_is_read_from_the_spec_not_from_the_annotation_the_tenant_wrot
     assert record is not None and record.share == 2.0 and record.model == SETTINGS.catalogue.default.name
 
 
+@pytest.mark.parametrize(("annotations", "demoted"), [
+    ({}, False),
+    ({"gpusharing.io/budget-state": "in-budget"}, False),
+    ({"gpusharing.io/budget-state": "over-budget"}, True),
+    ({"gpusharing.io/budget-state": "in-budget", "gpusharing.io/safe-admission": "demoted"}, True),
+    # Its owner held for idleness: the webhook admitted it out of budget in a namespace within its budget.
+    ({"gpusharing.io/budget-state": "in-budget", "gpusharing.io/idle-hold": "ReplicaSet/nb-7d9"}, True),
+])
+def test_the_record_says_whether_the_webhook_admitted_the_pod_out_of_budget(annotations: dict[str, str], demoted: bool) -> None:
+    pod = governed()
+    pod["metadata"]["annotations"].update(annotations)
+    record = recorded_pod(pod, SETTINGS)
+    assert record is not None and record.demoted is demoted
+
+
 def test_a_running_pod_is_billed_from_the_kubelets_start_until_now() -> None:
     record = recorded_pod(governed(), SETTINGS)
     assert record is not None and record.finalizer is None

@@ -19,6 +19,7 @@ from typing import Any
 from gpusharing.contract import (
     ANNOTATION_BUDGET_STATE,
     ANNOTATION_GPU_SHARE,
+    ANNOTATION_IDLE_HOLD,
     ANNOTATION_SAFE_ADMISSION,
     BILLING_FINALIZER,
     IDLE_EXEMPT_LABEL,
@@ -105,8 +106,9 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         claimed=claimed,
         owner=controller_of(pod),
         idle_exempt=as_mapping(metadata.get("labels")).get(IDLE_EXEMPT_LABEL) == "true",
+        # Out of budget: its namespace was, safe admission demoted it, or its owner was held for idleness.
         demoted=annotations.get(ANNOTATION_BUDGET_STATE) == BudgetState.OVER_BUDGET
-        or annotations.get(ANNOTATION_SAFE_ADMISSION) == "demoted",
+        or annotations.get(ANNOTATION_SAFE_ADMISSION) == "demoted" or ANNOTATION_IDLE_HOLD in annotations,
         running=status.get("phase") == "Running",
     )
 
