@@ -9,7 +9,7 @@ of them every second, and measures:
 - the listing the webhook polls (its size, and the time to read it);
 - the webhook's p99 over AdmissionReviews at a fixed rate from 4 client processes (bench/webhook_load.py);
 - the demotion of one namespace of `--demote` running pods: from the report that crosses its budget to the last
-  eviction, through an HTTP-level fake of the Kubernetes API (tests/fakekube.py) that grants each at once. It
+  eviction, through an HTTP-level fake of the Kubernetes API (demo/kubeapi.py) that grants each at once. It
   includes the wait for the webhook to hold the crossing (up to two of its polls).
 
 Run by hand (about ten minutes on the 2-core development machine):
@@ -38,7 +38,7 @@ from webhook_load import run_phase  # noqa: E402
 
 from demo.processes import COMMAND, Service, child_pids, free_port  # noqa: E402
 from gpusharing.serving.certs import make_serving_certificate  # noqa: E402
-from tests.fakekube import FakeKube  # noqa: E402
+from demo.kubeapi import FakeKube  # noqa: E402
 
 ADMIN, METER = "bench-admin", "bench-meter"
 DEMOTED = "demoted-team"

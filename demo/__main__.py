@@ -1,8 +1,9 @@
 """`make demo`: the whole system on loopback, on its embedded defaults.
 
-The timekeeper on SQLite, the webhook over TLS with a fresh certificate, the example pods sent as the API server
-sends them, meters at accelerated time until the demo namespace is over budget, the next pod demoted, and a top-up
-promoting the namespace back. Everything it starts is stopped at the end.
+The timekeeper on SQLite, its controller against a stand-in Kubernetes API on loopback (demo/kubeapi.py), the
+webhook over TLS with a fresh certificate, the example pods sent as the API server sends them, three of them run
+with their meters until the demo namespace is over budget, the controller's Events and evictions, the next pod
+demoted, and a top-up promoting the namespace back. Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
@@ -22,15 +23,20 @@ from typing import Any
 import requests
 
 from demo.apiserver import admission_review, apply_patch, example_manifests, example_pod
+from demo.kubeapi import FakeKube
 from demo.processes import COMMAND, Service, free_port, run_command
 from gpusharing.serving.certs import make_serving_certificate
 
 NAMESPACE = "ml-team"
-BUDGET_GPU_MINUTES = 3
-TIME_SCALE = 60  # the meters bill a minute of GPU time for every second of the demo
+BUDGET_GPU_MINUTES = 1
+# The pods started this long before the demo runs them: the controller bills each from its recorded start (the meters'
+# reports are evidence, never more than the record allows), so the namespace runs out within half a minute.
+STARTED_SECONDS_AGO = 20
 ADMIN, READER, METER = "demo-admin-token", "demo-reader-token", "demo-meter-token"
 METERED = ("vcuda-fraction.yaml", "hami-fraction.yaml", "kai-fraction.yaml")
 REFRESH_SECONDS = 0.5  # how often each webhook worker polls the timekeeper
+CONTROLLER_INTERVALS = ("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "TIMEKEEPER_STATUS_INTERVAL_SECONDS",
+                        "TIMEKEEPER_ENDED_INTERVAL_SECONDS", "TIMEKEEPER_BILLING_INTERVAL_SECONDS")
 
 
 def step(text: str) -> None:
@@ -113,22 +119,31 @@ def wait_until(condition: Any, what: str, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
+def run_on_node(kube: FakeKube, admitted: dict[str, Any]) -> dict[str, Any]:
+    """The admitted pod as the API server would hold it once a kubelet runs it: named, with a uid, Running."""
+    metadata = admitted["metadata"]
+    name = metadata.get("name") or metadata["generateName"] + "x1"
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - STARTED_SECONDS_AGO))
+    pod = {**admitted, "metadata": {**metadata, "name": name, "namespace": NAMESPACE, "uid": str(uuid.uuid4())},
+           "status": {"phase": "Running", "startTime": started}}
+    return kube.run_pod(pod)
+
+
 def start_meter(pod: dict[str, Any], directory: Path, timekeeper: str, token_file: Path) -> subprocess.Popen[bytes]:
-    """A meter as the kubelet would run the injected sidecar: its environment from the pod, at accelerated time."""
+    """A meter as the kubelet would run the injected sidecar: its environment from the pod."""
     meter = next(c for c in pod["spec"]["initContainers"] if c["name"] == "gpusharing-meter")
     env = {e["name"]: e["value"] for e in meter["env"] if "value" in e}
-    name = pod["metadata"].get("name") or pod["metadata"]["generateName"] + "x1"
+    name = pod["metadata"]["name"]
     state = directory / f"meter-{name}"
     state.mkdir()
     env.update(
         GPUSHARING_NAMESPACE=NAMESPACE,
         GPUSHARING_POD_NAME=name,
-        GPUSHARING_POD_UID=str(uuid.uuid4()),
+        GPUSHARING_POD_UID=pod["metadata"]["uid"],
         GPUSHARING_TIMEKEEPER_URL=timekeeper,
         GPUSHARING_TOKEN_PATH=str(token_file),
         GPUSHARING_METER_STATE_DIR=str(state),
         GPUSHARING_METER_INTERVAL="0.5",
-        GPUSHARING_METER_TIME_SCALE=str(TIME_SCALE),
     )
     log = open(directory / f"meter-{name}.log", "wb")
     return subprocess.Popen([*COMMAND, "meter"], env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
@@ -162,6 +177,22 @@ def main() -> int:
         )
         print(f"    serving {timekeeper}")
 
+        step("the timekeeper's controller, against a stand-in Kubernetes API on loopback")
+        kube = FakeKube()
+        stack.callback(kube.close)
+        (directory / "kubeconfig").write_text(kube.kubeconfig())
+        ctl_port = free_port()
+        stack.enter_context(
+            Service(
+                "controller",
+                ["timekeeper", "controller", "--host", "127.0.0.1", "--port", str(ctl_port)],
+                f"http://127.0.0.1:{ctl_port}/readyz",
+                env={"TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_KUBECONFIG": str(directory / "kubeconfig"),
+                     **dict.fromkeys(CONTROLLER_INTERVALS, "0.5")},
+            )
+        )
+        print(f"    its tasks every 0.5 s; /metrics on http://127.0.0.1:{ctl_port}")
+
         step("webhook over TLS on loopback, with a fresh CA and serving certificate")
         paths = make_serving_certificate(["127.0.0.1", "localhost"]).write(directory / "tls")
         wh_port = free_port()
@@ -181,7 +212,8 @@ def main() -> int:
         print(f"    serving {webhook}; budget states polled from the timekeeper every 0.5 s")
 
         step(f"admin: gpusharing budget set {NAMESPACE} --gpu-minutes {BUDGET_GPU_MINUTES} --period daily")
-        gpusharing("budget", "set", NAMESPACE, "--gpu-minutes", str(BUDGET_GPU_MINUTES), "--period", "daily", env=env)
+        gpusharing("budget", "set", NAMESPACE, "--gpu-minutes", str(BUDGET_GPU_MINUTES), "--period", "daily",
+                   "--evict-on-exhaustion", env=env)
         print(gpusharing("budget", "ls", env=env), end="")
         webhook_learns(webhook, paths["ca"], "in-budget")
 
@@ -190,8 +222,10 @@ def main() -> int:
         pods = {name: example_pod(name, NAMESPACE) for name in example_manifests()} | invalid_examples()
         admitted = {name: decisions.admit(name, pod) for name, pod in pods.items()}
 
-        step(f"meters of {', '.join(METERED)} run at {TIME_SCALE}x time until {NAMESPACE} is over budget")
-        meters = [start_meter(pod, directory, timekeeper, directory / "meter-token") for name in METERED if (pod := admitted[name])]
+        step(f"{', '.join(METERED)} run, started {STARTED_SECONDS_AGO} s ago, each with its meter, until {NAMESPACE} is over "
+             "budget: the controller bills them from their recorded start")
+        running = [run_on_node(kube, pod) for name in METERED if (pod := admitted[name])]
+        meters = [start_meter(pod, directory, timekeeper, directory / "meter-token") for pod in running]
         stack.callback(_stop_meters, meters)
         deadline = time.monotonic() + 60
         while (status := budget_state(timekeeper))["state"] != "over-budget":
@@ -201,8 +235,17 @@ def main() -> int:
                 raise SystemExit(f"demo: the namespace never went over budget; the meters said:\n{logs}")
             time.sleep(1)
         print(f"    used {status['usedGpuMinutes']:6.2f} of {status['gpuMinutes']:g} GPU-minutes: {status['state']}")
+
+        step("the controller records the crossing and evicts the namespace's pods admitted in budget")
+        wait_until(lambda: len(kube.evicted) == len(running), "the controller to evict the running pods")
+        for namespace, name in kube.evicted:
+            print(f"    evicted {namespace}/{name} through the Eviction API (PodDisruptionBudgets honoured)")
+        wait_until(lambda: any(e["reason"] == "GPUBudgetExhausted" for e in kube.events), "the GPUBudgetExhausted Event")
+        for event in kube.events:
+            print(f"    Event {event['type']} {event['reason']} on {event['involvedObject']['kind']} "
+                  f"{event['involvedObject']['name']}: {event['message'][:90]}...")
         _stop_meters(meters)
-        print("    meters stopped (SIGTERM: each sent its final report)")
+        print("    meters stopped, as the kubelet stops evicted pods (SIGTERM: each sent its final report)")
 
         step("the next GPU pod of the namespace is demoted")
         webhook_learns(webhook, paths["ca"], "over-budget")

@@ -3,7 +3,7 @@
 the chosen context; and every kubeconfig it cannot use, every server it cannot reach and every credential refused
 is one line on stderr saying what to fix, with its exit status.
 
-The API server is the loopback fake of tests/fakekube.py over TLS (a test CA), its service proxy leading to a
+The API server is the loopback fake of demo/kubeapi.py over TLS (a test CA), its service proxy leading to a
 stand-in of the timekeeper's budget listing; the proxy is tests/connectproxy.py."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from flask import Flask
 
 from gpusharing.cli import main
 from tests.connectproxy import ConnectProxy
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import served
 
 SERVICE = ("gpusharing-system", "http:gpusharing-timekeeper:8080")

@@ -19,7 +19,7 @@ import yaml
 from flask import Flask
 
 from gpusharing.cli import main
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import served
 
 LISTING = {"items": [], "default": {"state": "in-budget"}}

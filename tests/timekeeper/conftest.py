@@ -21,7 +21,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 import timekeeper
 from gpusharing.gpu.request import GpuRequestSettings
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.postgres import PostgresServer
 from timekeeper.app import create_app
 from timekeeper.cluster.kube import KubeApi

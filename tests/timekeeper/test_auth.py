@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpusharing.settings.env import ConfigError
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import ADMIN, AppFactory, SpecClient
 from timekeeper.auth import Caller, Role, load_static_tokens
 from timekeeper.cluster.kube import KubeApi

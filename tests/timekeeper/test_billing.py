@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 
 from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, fresh_for
 from gpusharing.report import MeterReport
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import Clock, ControllerFactory, run_controller
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.reports import PodObservation, ReportLedger, ReportTerms

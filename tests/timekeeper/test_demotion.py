@@ -12,7 +12,7 @@ from flask import Flask
 
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.settings.env import ConfigError
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import METER, AppFactory, Clock, ControllerFactory, SpecClient, run_controller
 from timekeeper.cluster.budgetsync import BudgetPass
 from timekeeper.cluster.demotion import eviction_candidates

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from timekeeper import metrics
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.kube import KubeApi, ObjectRef

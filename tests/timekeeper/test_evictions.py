@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import Clock
 from timekeeper.cluster.evictions import EvictionPath, LeaseLost, PodRef
 from timekeeper.cluster.fencing import EvictionFence

@@ -23,7 +23,7 @@ from sidecar.config import MeterConfig
 from sidecar.meter import Meter as MeterLoop
 from sidecar.nvml import MIB, NvmlReader
 from sidecar.state import StateFile
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.sidecar.fake_nvml import POD_PID, FakeDevice, FakeNvml, pod_proc
 from tests.timekeeper.conftest import (
     ADMIN,

@@ -16,7 +16,7 @@ import yaml
 from flask import Flask
 
 from gpusharing.cli import main
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.kustomize import KUBECTL
 from tests.timekeeper.conftest import ADMIN, METER, READER, served
 

@@ -19,7 +19,7 @@ import requests
 from sqlalchemy import create_engine, select
 
 from gpusharing.settings.env import ConfigError
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import ADMIN, METER
 from tests.timekeeper.fake_clock import FileClock
 from tests.timekeeper.process import ControllerProcess, TimekeeperProcess

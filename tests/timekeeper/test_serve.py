@@ -13,7 +13,7 @@ import requests
 from sqlalchemy import create_engine
 
 from demo.processes import Service, free_port, run_command
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import ADMIN, METER
 from tests.timekeeper.process import ControllerProcess

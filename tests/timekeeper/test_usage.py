@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import ADMIN, METER, READER, Clock, SpecClient, served
 from tests.timekeeper.test_api import report
 from tests.timekeeper.test_auth import cluster  # noqa: F401 (a fixture)

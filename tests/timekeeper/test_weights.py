@@ -9,7 +9,7 @@ import pytest
 
 from gpusharing.contract import ANNOTATION_GPU_MODEL
 from gpusharing.gpu.catalogue import GpuCatalogue, load_catalogue
-from tests.fakekube import FakeKube
+from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient
 from tests.timekeeper.test_api import report
 from tests.timekeeper.test_auth import cluster  # noqa: F401 (a fixture)

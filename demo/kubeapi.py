@@ -161,16 +161,32 @@ class FakeKube:
         self.pods[(namespace, name)] = pod
         return pod
 
+    def run_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Holds the pod (as a kubelet that runs it reports it), as the pod watch's ADDED event tells."""
+        metadata = pod["metadata"]
+        with self._lock:
+            version = next(self._versions)
+            self.pods[(metadata["namespace"], metadata["name"])] = pod
+            self._queue_watched("pods", version, "ADDED", pod)
+        return pod
+
     def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """Deletes the pod at once (no finalizer holds it), as the pod watch's DELETED event tells, the pod as it last was."""
         with self._lock:
-            pod = self.pods.pop((namespace, name))
-            version = next(self._versions)
-        last = {**pod, "metadata": {**pod["metadata"], "resourceVersion": str(version)}}
-        with self._watch_queued:
-            self._watched.append(("pods", version, {"type": "DELETED", "object": last}))
-            self._watch_queued.notify_all()
+            return self._delete_pod((namespace, name))
+
+    def _delete_pod(self, key: tuple[str, str]) -> dict[str, Any]:
+        """Under the lock: the pod gone, and a DELETED event for the pod watch."""
+        pod = self.pods.pop(key)
+        self._queue_watched("pods", next(self._versions), "DELETED", pod)
         return pod
+
+    def _queue_watched(self, kind: str, version: int, event: str, obj: dict[str, Any]) -> None:
+        """An event for the watches of `kind`, the object as of `version`."""
+        at = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(version)}}
+        with self._watch_queued:
+            self._watched.append((kind, version, {"type": event, "object": at}))
+            self._watch_queued.notify_all()
 
     @staticmethod
     def namespace_uid(namespace: str) -> str:
@@ -303,7 +319,7 @@ class FakeKube:
                 if key in self.refuse_evictions:
                     return 429, _status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
                 self.evicted.append(key)
-                del self.pods[key]  # the kubelet stops it and its controller re-creates it (through the webhook)
+                self._delete_pod(key)  # the kubelet stops it and its controller re-creates it (through the webhook)
                 return 201, _status(201, "", "") | {"status": "Success"}
         if method == "GET" and (match := _PODS.match(path)) is not None:
             items = [p for (ns, _), p in self.pods.items() if ns == match["ns"]]
