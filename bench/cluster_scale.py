@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from webhook_load import run_phase  # noqa: E402
 
+from demo.kubeapi import FakeKube  # noqa: E402
 from demo.processes import COMMAND, Service, child_pids, free_port  # noqa: E402
 from gpusharing.serving.certs import make_serving_certificate  # noqa: E402
-from demo.kubeapi import FakeKube  # noqa: E402
 
 ADMIN, METER = "bench-admin", "bench-meter"
 DEMOTED = "demoted-team"

@@ -23,9 +23,9 @@ import trustme
 import yaml
 from flask import Flask
 
+from demo.kubeapi import FakeKube
 from gpusharing.cli import main
 from tests.connectproxy import ConnectProxy
-from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import served
 
 SERVICE = ("gpusharing-system", "http:gpusharing-timekeeper:8080")

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from flask import Flask
 
-from gpusharing.cli import main
 from demo.kubeapi import FakeKube
+from gpusharing.cli import main
 from tests.timekeeper.conftest import served
 
 LISTING = {"items": [], "default": {"state": "in-budget"}}

@@ -20,8 +20,8 @@ from sqlalchemy import create_engine, text
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 import timekeeper
-from gpusharing.gpu.request import GpuRequestSettings
 from demo.kubeapi import FakeKube
+from gpusharing.gpu.request import GpuRequestSettings
 from tests.postgres import PostgresServer
 from timekeeper.app import create_app
 from timekeeper.cluster.kube import KubeApi

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpusharing.settings.env import ConfigError
 from demo.kubeapi import FakeKube
+from gpusharing.settings.env import ConfigError
 from tests.timekeeper.conftest import ADMIN, AppFactory, SpecClient
 from timekeeper.auth import Caller, Role, load_static_tokens
 from timekeeper.cluster.kube import KubeApi

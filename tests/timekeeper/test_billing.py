@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
+from demo.kubeapi import FakeKube
 from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, fresh_for
 from gpusharing.report import MeterReport
-from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import Clock, ControllerFactory, run_controller
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.reports import PodObservation, ReportLedger, ReportTerms

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from demo.kubeapi import FakeKube
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.settings.env import ConfigError
-from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import METER, AppFactory, Clock, ControllerFactory, SpecClient, run_controller
 from timekeeper.cluster.budgetsync import BudgetPass
 from timekeeper.cluster.demotion import eviction_candidates

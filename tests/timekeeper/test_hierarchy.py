@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
+from demo.kubeapi import FakeKube
 from gpusharing.contract import BudgetState, Period
 from gpusharing.thresholds import check_warning_thresholds, usage_warning
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
-from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import METER, SpecClient
 from timekeeper.budgets.hierarchy import hierarchy_problem, roll_up
 from timekeeper.budgets.periods import period_window

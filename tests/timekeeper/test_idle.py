@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from demo.kubeapi import FakeKube
 from gpusharing.contract import Period
 from gpusharing.kube.owners import Owner
 from gpusharing.report import MeterReport
@@ -23,7 +24,6 @@ from sidecar.config import MeterConfig
 from sidecar.meter import Meter as MeterLoop
 from sidecar.nvml import MIB, NvmlReader
 from sidecar.state import StateFile
-from demo.kubeapi import FakeKube
 from tests.sidecar.fake_nvml import POD_PID, FakeDevice, FakeNvml, pod_proc
 from tests.timekeeper.conftest import (
     ADMIN,

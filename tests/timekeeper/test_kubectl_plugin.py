@@ -15,8 +15,8 @@ import pytest
 import yaml
 from flask import Flask
 
-from gpusharing.cli import main
 from demo.kubeapi import FakeKube
+from gpusharing.cli import main
 from tests.kustomize import KUBECTL
 from tests.timekeeper.conftest import ADMIN, METER, READER, served
 

@@ -18,8 +18,8 @@ import pytest
 import requests
 from sqlalchemy import create_engine, select
 
-from gpusharing.settings.env import ConfigError
 from demo.kubeapi import FakeKube
+from gpusharing.settings.env import ConfigError
 from tests.timekeeper.conftest import ADMIN, METER
 from tests.timekeeper.fake_clock import FileClock
 from tests.timekeeper.process import ControllerProcess, TimekeeperProcess

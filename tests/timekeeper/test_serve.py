@@ -12,8 +12,8 @@ import pytest
 import requests
 from sqlalchemy import create_engine
 
-from demo.processes import Service, free_port, run_command
 from demo.kubeapi import FakeKube
+from demo.processes import Service, free_port, run_command
 from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import ADMIN, METER
 from tests.timekeeper.process import ControllerProcess

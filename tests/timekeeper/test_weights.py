@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from demo.kubeapi import FakeKube
 from gpusharing.contract import ANNOTATION_GPU_MODEL
 from gpusharing.gpu.catalogue import GpuCatalogue, load_catalogue
-from demo.kubeapi import FakeKube
 from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient
 from tests.timekeeper.test_api import report
 from tests.timekeeper.test_auth import cluster  # noqa: F401 (a fixture)
