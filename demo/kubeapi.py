@@ -51,6 +51,11 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 SERVICE_ACCOUNT_TOKEN = "timekeeper-service-account"  # the token of api_client() and kubeconfig()
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client refusing the certificate is no error here
+
+
 class FakeKube:
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         """`tls`: serve HTTPS with this server context (handshakes in the handlers' threads)."""
@@ -104,9 +109,8 @@ class FakeKube:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.server.handle_error = lambda request, address: None  # a client refusing the certificate is no error here
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
@@ -374,7 +378,7 @@ class FakeKube:
         if method == "GET":
             return (200, lease) if lease else (404, _status(404, "NotFound", f'leases "{name}" not found'))
         if method == "POST" and lease is None or method == "PUT" and lease is not None:
-            if method == "PUT" and body["metadata"].get("resourceVersion") != lease["metadata"]["resourceVersion"]:
+            if method == "PUT" and lease is not None and body["metadata"].get("resourceVersion") != lease["metadata"]["resourceVersion"]:
                 return 409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
             stored = {**body, "metadata": {**body["metadata"], "namespace": namespace, "resourceVersion": str(next(self._versions))}}
             self.leases[key] = stored
