@@ -57,7 +57,7 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class FakeKube:
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
         """`tls`: serve HTTPS with this server context (handshakes in the handlers' threads)."""
         self.users: dict[str, dict[str, Any]] = {}  # token -> TokenReview user
         self.admins: set[str] = set()  # usernames a SubjectAccessReview allows everything of gpusharing.io
@@ -109,11 +109,11 @@ class FakeKube:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = _QuietServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer((host, port), Handler)
         self.server.daemon_threads = True
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
@@ -384,3 +384,29 @@ class FakeKube:
             self.leases[key] = stored
             return (201 if method == "POST" else 200), stored
         return (409, _status(409, "AlreadyExists", f'leases "{name}" already exists')) if lease else (404, _status(404, "NotFound", name))
+
+
+def main() -> int:
+    """`python -m demo.kubeapi`: the stand-in API alone, for docker-compose's controller (compose/kubeconfig), until
+    SIGTERM."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description="A stand-in Kubernetes API for the demo's controller (not a cluster).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=6443)
+    args = parser.parse_args()
+    fake = FakeKube(host=args.host, port=args.port)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    print(f"stand-in Kubernetes API on {fake.url}", flush=True)
+    try:
+        stopping.wait()
+    except KeyboardInterrupt:
+        pass
+    fake.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,6 +12,7 @@ import compose_spec
 import pytest
 import yaml
 
+from demo.kubeapi import SERVICE_ACCOUNT_TOKEN
 from gpusharing.cli import _ROLES, build_parser
 from timekeeper.auth import Role, load_static_tokens
 
@@ -26,7 +27,7 @@ def compose() -> dict[str, Any]:
 def test_compose_file_is_valid_by_the_compose_specification(compose: dict[str, Any]) -> None:
     parsed = compose_spec.PyCompose.from_json(json.dumps(compose))
     parsed.validate()
-    assert set(parsed.service_names()) == {"postgres", "migrate", "timekeeper", "controller", "webhook", "meter"}
+    assert set(parsed.service_names()) == {"postgres", "migrate", "timekeeper", "kube-api", "controller", "webhook", "meter"}
 
 
 def test_services_wait_for_what_they_need(compose: dict[str, Any]) -> None:
@@ -37,7 +38,8 @@ def test_services_wait_for_what_they_need(compose: dict[str, Any]) -> None:
             if condition["condition"] == "service_healthy":
                 assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
     assert services["timekeeper"]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
-    assert services["controller"]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+    assert services["controller"]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"},
+                                                    "kube-api": {"condition": "service_started"}}
     assert services["migrate"]["command"] == ["db", "upgrade"]
 
 
@@ -66,6 +68,17 @@ def test_the_controller_runs_beside_the_timekeeper_on_its_image_and_database(com
     assert shared.items() <= controller["environment"].items()
     assert "http://127.0.0.1:8081/livez" in " ".join(controller["healthcheck"]["test"])
     assert "ports" not in controller  # it serves no API
+
+
+def test_the_controller_works_against_the_stand_in_api_its_kubeconfig_names(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    mounted = {volume.split(":")[1]: volume.split(":")[0] for volume in services["controller"]["volumes"]}
+    kubeconfig = yaml.safe_load((ROOT / mounted[services["controller"]["environment"]["TIMEKEEPER_KUBECONFIG"]]).read_text())
+    (cluster,) = kubeconfig["clusters"]
+    assert cluster["cluster"]["server"] == f"http://kube-api:{services['kube-api']['command'][-1]}"
+    (user,) = kubeconfig["users"]
+    assert user["user"]["token"] == SERVICE_ACCOUNT_TOKEN  # the token the stand-in API accepts
+    assert services["kube-api"]["entrypoint"] == ["python", "-m", "demo.kubeapi"]
 
 
 def test_static_tokens_match_the_token_files(compose: dict[str, Any]) -> None:
