@@ -64,7 +64,7 @@ def test_retries_double_from_a_quarter_interval_up_to_four_intervals_with_jitter
 def test_the_bill_is_share_times_time_since_the_first_start(config: MeterConfig) -> None:
     clock = Clock(START)
     meter = make_meter(config, clock)
-    clock.at = START + 400
+    clock.now = START + 400
     assert meter.gpu_seconds() == 100.0
     assert make_meter(replace(config, time_scale=60.0), clock).gpu_seconds() == 6000.0
 
@@ -85,7 +85,7 @@ def test_a_first_start_saves_its_start_at_once(config: MeterConfig) -> None:
 def test_a_report_carries_the_requested_memory_and_the_gpu_reading(config: MeterConfig) -> None:
     clock = Clock(START)
     meter = make_meter(replace(config, gpu_memory_requested_mib=20480.0), clock, fake_gpu.FakeGpu())
-    clock.at += 40
+    clock.now += 40
     assert meter.build_report(5, final=True).to_json() == {
         "podUid": UID,
         "namespace": "ml",
@@ -159,7 +159,7 @@ def test_the_loop_backs_off_while_the_timekeeper_fails_then_keeps_the_interval_a
 
     def stop_requested(seconds: float) -> bool:  # stands for the wait between reports; time moves by what it waits
         waits.append(seconds)
-        clock.at += seconds
+        clock.now += seconds
         receiver.status = next(next_statuses)
         return len(waits) == 4
 
@@ -186,10 +186,10 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
     assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
     receiver.status = 503
     for _ in range(20):
-        clock.at += 60
+        clock.now += 60
         assert meter.report(final=False, timeout=5).delivery is Delivery.UNAVAILABLE
     receiver.status = 200
-    clock.at += 30
+    clock.now += 30
     assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "report 1 accepted: 0.000 GPU-seconds"),

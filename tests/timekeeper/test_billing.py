@@ -117,10 +117,10 @@ def test_a_reading_tells_how_busy_an_observed_interval_was_for_two_meter_interva
     db = Database(database_url)
     ledger = ReportLedger(BudgetStore(db, clock=clock), meter_interval_seconds=interval)
     for uid, silence in (("uid-fresh", fresh_for(interval)), ("uid-stale", fresh_for(interval) + 1)):
-        clock.now = at(interval)
+        clock.at = at(interval)
         reading = MeterReport(uid, "ml", f"pod-{uid}", 0.5, 1, 0.5 * interval, gpu_utilization_percent=0.0)
         ledger.record([(reading, ReportTerms(0.5, None, started_at=START))])  # the interval it covers: idle
-        clock.now = at(interval + silence)
+        clock.at = at(interval + silence)
         ledger.observe([observed(uid, interval + silence)])
     assert idle_seconds(ledger, "uid-fresh") == 0.5 * (interval + fresh_for(interval))
     assert idle_seconds(ledger, "uid-stale") == 0.5 * interval
