@@ -1,10 +1,12 @@
-"""docs/architecture.md stays true: every path it names exists, and every module of the roles and the core is named
-in it, so that a newcomer finds in one read the file where a change belongs."""
+"""docs/architecture.md stays true: every path it names exists, every module of the roles and the core is named in it,
+so that a newcomer finds in one read the file where a change belongs, and imports point down only (no cycle)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -36,3 +38,43 @@ def test_every_module_of_the_roles_and_the_core_is_placed() -> None:
             if not any(f"`{path}`" in line or (folder in line and f"`{module.name}`" in line) for line in lines):
                 unplaced.append(path)
     assert not unplaced, f"docs/architecture.md does not say where these live: {unplaced}"
+
+
+def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The modules that import each other, directly or through others (strongly connected sets of two or more)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            cycle = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(cycle) > 1:
+                cycles.append(sorted(cycle))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_imports_point_down_only_no_module_imports_itself_back() -> None:
+    graph = grimp.build_graph(*PACKAGES, "demo")
+    assert import_cycles(graph) == []
+
+
+def test_a_cycle_is_found() -> None:
+    graph = grimp.ImportGraph()
+    for importer, imported in (("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")):
+        graph.add_import(importer=importer, imported=imported)
+    assert import_cycles(graph) == [["a", "b", "c"]]
