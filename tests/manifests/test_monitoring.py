@@ -75,8 +75,8 @@ def test_the_component_adds_alerts_scraping_and_the_dashboard_and_nothing_else(m
                      ("ConfigMap", "gpusharing-dashboard")}
     alerts = {rule["alert"] for group in rule_groups(monitoring) for rule in group["rules"]}
     assert alerts == {"GPUBudgetWarning", "GPUBudgetExhausted", "GPUBudgetExhaustionForecast", "GPUPodsIdle", "GPUMetersSilent",
-                      "GPUMeterReportsRefused", "GPUSharingTimekeeperDown", "GPUSharingWebhookDown",
-                      "GPUSharingWebhookCannotReachTimekeeper"}
+                      "GPUMeterReportsRefused", "GPUSharingTimekeeperDown", "GPUSharingControllerNotLeading",
+                      "GPUSharingControllerTaskLagging", "GPUSharingWebhookDown", "GPUSharingWebhookCannotReachTimekeeper"}
 
 
 def test_promtool_checks_the_rules_and_the_dashboards_queries_and_the_alerts_fire_as_meant(
@@ -84,7 +84,7 @@ def test_promtool_checks_the_rules_and_the_dashboards_queries_and_the_alerts_fir
 ) -> None:
     groups = rule_groups(monitoring)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
-    assert "SUCCESS: 9 rules found" in run(promtool, "check", "rules", "rules.yaml", cwd=tmp_path)
+    assert "SUCCESS: 11 rules found" in run(promtool, "check", "rules", "rules.yaml", cwd=tmp_path)
     # The dashboard's queries, parsed by Prometheus' own parser as recording rules.
     records = [{"record": f"dashboard:query_{i}", "expr": q} for i, q in enumerate(dashboard_queries(dashboard(monitoring)))]
     (tmp_path / "dashboard.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
@@ -98,7 +98,7 @@ def exported_metrics() -> set[str]:
     names = {"up"}
     for module in ("timekeeper/metrics.py", "webhook/metrics.py"):
         source = (REPO / module).read_text()
-        for kind, name in re.findall(r'(Counter|Histogram|GaugeMetricFamily)\(\s*"([a-z_]+)"', source):
+        for kind, name in re.findall(r'(Counter|Histogram|GaugeMetricFamily|Gauge)\(\s*"([a-z_]+)"', source):
             names |= {f"{name}_total"} if kind == "Counter" else {f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "Histogram" else {name}
     return names
 
