@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusharing.contract import BudgetState
+from gpusharing.contract import MIN_BUDGET_REFRESH_SECONDS, BudgetState
 from tests.webhook.conftest import FakeTimekeeper
 from webhook.caches.budgets import BudgetStateCache, states_from_listing
 
@@ -140,11 +140,11 @@ def test_an_unforeseen_failure_does_not_end_the_polling(timekeeper: FakeTimekeep
     polls: list[int] = []
     real_refresh = cache.refresh
 
-    def refresh() -> bool:
+    def refresh(refresh_seconds: float | None = None) -> bool:
         polls.append(1)
         if len(polls) == 1:
             raise RuntimeError("a bug in one poll")
-        return real_refresh()
+        return real_refresh(refresh_seconds)
 
     cache.refresh = refresh  # type: ignore[method-assign]
     cache.start()
@@ -163,3 +163,15 @@ def test_each_poll_tells_the_timekeeper_which_listing_this_process_holds(timekee
     first, second = timekeeper.polls
     assert first == {"webhook": cache.name, "inForce": "0.0", "refreshSeconds": "0.5"}  # none yet
     assert second == {**first, "inForce": "1.0"}  # the listing stamped 1.0, put in force by the first poll
+
+
+def test_a_stopping_process_says_so_with_a_last_poll_at_the_shortest_interval(timekeeper: FakeTimekeeper) -> None:
+    """So that a crossing's evictions wait for it a few seconds at most, not a few of its poll intervals."""
+    cache = BudgetStateCache(timekeeper.url, refresh_seconds=30)
+    cache.start()
+    deadline = time.monotonic() + 30  # only stops a broken test from hanging
+    while not timekeeper.polls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cache.stop()
+    assert [poll["refreshSeconds"] for poll in timekeeper.polls] == ["30", str(MIN_BUDGET_REFRESH_SECONDS)]
+    assert timekeeper.polls[-1]["inForce"] == "1.0"  # the listing it held, to the last

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusharing.contract import DEFAULT_BUDGET_REFRESH_SECONDS, AdmissionMode, BudgetState, Shortfall
+from gpusharing.contract import DEFAULT_BUDGET_REFRESH_SECONDS, MIN_BUDGET_REFRESH_SECONDS, AdmissionMode, BudgetState, Shortfall
 from gpusharing.outage import Outage
 from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 from gpusharing.thresholds import usage_warning
@@ -151,12 +151,14 @@ class BudgetStateCache:
     def budget_of(self, namespace: str) -> NamespaceBudget:
         return self._states.of(namespace)
 
-    def refresh(self) -> bool:
-        """One poll; on failure the last known states stay in force."""
+    def refresh(self, refresh_seconds: float | None = None) -> bool:
+        """One poll, saying this process polls every `refresh_seconds` (default: its interval); on failure the last
+        known states stay in force."""
         if self._http is None:
             return False
         try:
-            held = {"webhook": self.name, "inForce": repr(self._states.listed_at), "refreshSeconds": str(self._refresh_seconds)}
+            every = self._refresh_seconds if refresh_seconds is None else refresh_seconds
+            held = {"webhook": self.name, "inForce": repr(self._states.listed_at), "refreshSeconds": str(every)}
             answer = self._http.request("GET", LISTING_PATH, token=self._token(), query=held)
             if answer.status != 200:
                 raise ValueError(f"HTTP {answer.status}" + (f": {answer.message}" if answer.message else ""))
@@ -180,9 +182,13 @@ class BudgetStateCache:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops polling, and says so with a last poll at the shortest interval the timekeeper takes: it then holds
+        no crossing's evictions back for this process beyond a few seconds, rather than a few of its poll intervals."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if self._listed:
+                self.refresh(MIN_BUDGET_REFRESH_SECONDS)
 
     def _run(self) -> None:
         while not self._stop.is_set():
