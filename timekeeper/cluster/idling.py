@@ -36,7 +36,7 @@ from timekeeper.accounting.record import RecordedPod
 from timekeeper.accounting.streaks import Hold, IdleLedger, IdleUse, Step
 from timekeeper.budgets.hierarchy import idle_policy_of
 from timekeeper.budgets.idle import IdleAction, PolicyInForce
-from timekeeper.budgets.periods import period_window
+from timekeeper.budgets.periods import iso_utc, period_window
 from timekeeper.budgets.status import Budget, BudgetStatus
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.events import Event, EventQueue
@@ -81,12 +81,16 @@ class Idler:
         self.last: IdlePass | None = None
         # Owner uid -> the database's time (the webhooks' listings' clock) once this process saw its hold written.
         self._held_seen: dict[str, float] = {}
+        # When this process's previous idle run and this one began (None: none yet), to say how late an action comes.
+        self._previous_run: dt.datetime | None = None
+        self._this_run: dt.datetime | None = None
 
     def run(self, now: dt.datetime) -> IdlePass | None:
         """One pass; None until the pod cache has listed the cluster. LeaseLost when the Lease is lost on the way."""
         items = self.pods.items
         if items is None:
             return None
+        self._previous_run, self._this_run = self._this_run, now
         pods = {key: pod.record for key, pod in list(items.items())}
         done = IdlePass()
         running = {p.uid: p for p in pods.values() if p.started_at and p.finished_at is None and p.deleted_at is None}
@@ -161,11 +165,24 @@ class Idler:
         if not result.evicted or not self.idle.claim(pod.uid, streak.since, "idle_acted_at", now):
             return  # gone meanwhile, or acted on already
         metrics.IDLE_ACTIONS.labels(str(action), "evicted").inc()
+        log.info("idle pod %s evicted %s", ref, self._when(judged),
+                 extra={"namespace": pod.namespace, "pod": pod.name, "deadline": iso_utc(judged.act_at) if judged.act_at else None})
         done.evicted.append(str(ref))
         done.acted.append(str(ref))
         held = (f"; {pod.owner.kind} {pod.owner.name}'s next pods are admitted out of budget until one uses its GPU"
                 if pod.owner is not None else "")
         self._events(pod, IDLE, f"{said}; evicted{held}")
+
+    def _when(self, judged: IdleVerdict) -> str:
+        """When an action comes, in idle runs: the first after its deadline, this replica's first (it just took the
+        Lease over), or later (the webhooks' acknowledgement of the hold was waited for)."""
+        deadline, previous, this = judged.act_at, self._previous_run, self._this_run
+        if previous is None:
+            return "on this replica's first idle run"
+        if deadline is None or previous < deadline:
+            return "on the first idle run after its deadline"
+        late = (this - deadline).total_seconds() if this is not None else 0.0
+        return f"{late:.1f} s after its deadline, once every webhook acknowledged the hold"
 
     def _spared(self, pod: RecordedPod, action: IdleAction) -> str | None:
         """Why `demote` leaves a pod running: nothing would re-create it, or it already runs out of budget."""
