@@ -35,9 +35,9 @@ Measured:
 The pods' meters are taken to report (GPUSHARING_METER_INTERVAL_SECONDS=300 and pods started at the run's start: no
 MeterSilent storm); the tasks run at their default intervals but for budgets (1 s, as the demotion's bound).
 
-How long it takes on the 2-core development machine: about 4 minutes at `--sizes 500:2500 --demote 200`, about 6 at
-`--sizes 2500:12500 --demote 500`; the default sizes with 5,000 pods demoted take well over an hour (a demotion of
-5,000 pods took about 4 minutes a layout at each size before). Run it smaller:
+How long it takes on the 2-core development machine (another suite running beside it): about 6 minutes at
+`--sizes 500:2500 --demote 200`, about 17 at `--sizes 2500:12500 --demote 500`; the default sizes, with 5,000 pods
+demoted, take hours (the controller's bills and idle runs grow faster than the pods). Run it smaller:
 
     .venv/bin/python bench/cluster_scale.py                                      # the default sizes (make bench)
     .venv/bin/python bench/cluster_scale.py --sizes 500:2500 --demote 200        # one small size, quickly
