@@ -1,9 +1,9 @@
 """An HTTP-level fake of the Kubernetes API on 127.0.0.1, for the official `kubernetes` client.
 
 It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), the lists of the
-controller's informers and their watches (which deliver only what a test queues, delete_pod's DELETED), pod
-eviction, events and
-the controller's Lease (with resourceVersion conflicts, as the API server answers them); and what `kubectl gpusharing`
+controller's informers (a page at a time when they ask a limit) and their watches (which deliver only what a test
+queues, delete_pod's DELETED; counted while open, watches_open and watches_peak), pod eviction, events and the
+controller's Lease (with resourceVersion conflicts, as the API server answers them); and what `kubectl gpusharing`
 asks: TokenRequest, and the service proxy to the timekeeper, which drops the Authorization header as the real API
 server does. Tests set its state (tokens, admins, pods, refused evictions, where the proxy leads) and read what was
 asked of it.
@@ -78,6 +78,9 @@ class FakeKube:
         self._versions = iter(range(1, 1 << 62))
         self._watched: list[tuple[str, int, dict[str, Any]]] = []  # (kind, resourceVersion, watch event) queued
         self._watch_queued = threading.Condition()
+        self._pages: dict[str, tuple[list[dict[str, Any]], str]] = {}  # continue token -> the rest of a list, its version
+        self.watches_open: dict[str, int] = {}  # plural -> watch requests open now
+        self.watches_peak: dict[str, int] = {}  # plural -> the most open at once since reset_watch_peaks()
         self.service_account_tokens: dict[tuple[str, str], str] = {}  # (namespace, name) -> what TokenRequest returns
         self.token_requests: list[dict[str, Any]] = []
         self.services: dict[tuple[str, str], str] = {}  # (namespace, "scheme:name:port") -> the URL the proxy leads to
@@ -210,6 +213,12 @@ class FakeKube:
         self.users[token] = {"username": username, "uid": str(uuid.uuid4()), "groups": groups or [], "extra": extra or {}}
         return token
 
+    def reset_watch_peaks(self) -> None:
+        """From now on, watches_peak counts the watches open at once (each client's watch ends within a second and is
+        opened again at once: the peak over a few seconds is how many watches are held)."""
+        with self._lock:
+            self.watches_peak = dict(self.watches_open)
+
     def count(self, method: str, prefix: str) -> int:
         return sum(1 for m, path in self.requests if m == method and path.startswith(prefix))
 
@@ -244,9 +253,16 @@ class FakeKube:
         body = json.loads(raw or b"null") if length else None
         time.sleep(self.delay_seconds)
         if method == "GET" and path in _LISTED and "watch=" in query.lower() and self.up:
+            kind = _LISTED[path]
             with self._lock:
                 self.requests.append((method, path))
-            self._watch(handler, _LISTED[path], urllib.parse.parse_qs(query))
+                self.watches_open[kind] = self.watches_open.get(kind, 0) + 1
+                self.watches_peak[kind] = max(self.watches_peak.get(kind, 0), self.watches_open[kind])
+            try:
+                self._watch(handler, kind, urllib.parse.parse_qs(query))
+            finally:
+                with self._lock:
+                    self.watches_open[kind] -= 1
             return
         with self._lock:
             self.requests.append((method, path))
@@ -333,9 +349,7 @@ class FakeKube:
         if method == "GET" and path in _LISTED and "watch=true" in query:  # a watch that sees no change, then ends
             return 200, {"type": "BOOKMARK", "object": {"kind": "Bookmark", "metadata": {"resourceVersion": "1"}}}
         if method == "GET" and path in _LISTED:
-            kind = _LISTED[path]
-            items = list(self.pods.values()) if kind == "pods" else self.custom.get(kind, [])
-            return 200, {"kind": "List", "metadata": {"resourceVersion": str(next(self._versions))}, "items": items}
+            return self._list(_LISTED[path], urllib.parse.parse_qs(query))
         if (match := _LEASES.match(path)) is not None:
             return self._lease(method, match["ns"], match["name"] or (body or {}).get("metadata", {}).get("name"), body)
         if method == "GET" and (match := _NAMESPACE.match(path)) is not None:
@@ -351,6 +365,25 @@ class FakeKube:
             self.events.append(body)
             return 201, body
         return 404, _status(404, "NotFound", f"{method} {path} is not faked")
+
+    def _list(self, kind: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        """A list, a page of `limit` at a time when asked (as the API server pages it, the rest under a continue token;
+        an unknown token is answered 410, as an expired one is)."""
+        token = (query.get("continue") or [""])[0]
+        if token:
+            if token not in self._pages:
+                return 410, _status(410, "Expired", "the provided continue parameter is too old")
+            items, version = self._pages.pop(token)
+        else:
+            items = list(self.pods.values()) if kind == "pods" else list(self.custom.get(kind, []))
+            version = str(next(self._versions))
+        metadata: dict[str, Any] = {"resourceVersion": version}
+        limit = int((query.get("limit") or ["0"])[0] or 0)
+        if 0 < limit < len(items):
+            metadata["continue"] = rest = secrets.token_hex(8)
+            self._pages[rest] = (items[limit:], version)
+            items = items[:limit]
+        return 200, {"kind": "List", "metadata": metadata, "items": items}
 
     def _json_patch(self, pod: dict[str, Any], operations: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
         """A JSON patch of `test` and `remove` operations on the pod's metadata, all or nothing (422 when a test fails)."""

@@ -57,8 +57,11 @@ class Service:
         env: dict[str, str] | None = None,
         verify: str | bool = True,
         log_path: Path | None = None,
+        cwd: Path | None = None,
     ):
+        """`cwd`: the directory it runs in (`python -m` imports the packages found there first: another checkout's)."""
         self.name = name
+        self.cwd = cwd
         self.args = args
         self.ready_url = ready_url
         self.env = {**os.environ, **(env or {})}
@@ -68,7 +71,8 @@ class Service:
 
     def __enter__(self) -> "Service":
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen([*COMMAND, *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen([*COMMAND, *self.args], env=self.env, cwd=self.cwd, stdout=log,
+                                            stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         session = requests.Session()
         session.trust_env = False

@@ -38,6 +38,10 @@ class ControllerProcess(Service):
 
     def task_runs(self, task: str) -> float:
         """How many times the task has run, as its /metrics says."""
+        return self.metric(f'gpusharing_controller_task_duration_seconds_count{{task="{task}"}}')
+
+    def metric(self, series: str) -> float:
+        """The value of one series (name and labels, as /metrics writes them) on its /metrics; 0 where absent."""
         text = requests.get(f"{self.url}/metrics", timeout=10).text
-        prefix = f'gpusharing_controller_task_duration_seconds_count{{task="{task}"}} '
+        prefix = f"{series} "
         return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)

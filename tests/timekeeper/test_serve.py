@@ -84,6 +84,32 @@ def test_db_upgrade_of_a_database_it_cannot_reach_is_one_line_without_the_passwo
     assert "Traceback" not in result.stderr
 
 
+def test_the_controller_alone_watches_the_pods_and_its_metrics_count_what_it_caches(
+    migrated: str, tokens_file: str, fake_kube: FakeKube, tmp_path: Path
+) -> None:
+    """One pod watch against the API server, the controller's, whatever the web replica's workers; its cache listed a
+    page at a time (1,200 governed pods: three pages), its size on its /metrics."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(fake_kube.kubeconfig())
+    for i in range(1200):
+        fake_kube.add_pod("team-a", f"train-{i:04d}")
+    fake_kube.add_pod("team-a", "no-gpu", share=None)  # not governed: not kept
+    port = free_port()
+    env = {"TIMEKEEPER_DATABASE_URL": migrated, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
+           "TIMEKEEPER_KUBECONFIG": str(kubeconfig)}
+    with Service("timekeeper", ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
+                 f"http://127.0.0.1:{port}/readyz", env=env, log_path=tmp_path / "timekeeper.log"), \
+            ControllerProcess(migrated, tmp_path / "controller.log", **env) as controller:
+        fake_kube.reset_watch_peaks()
+        deadline = time.monotonic() + 30
+        while (cached := controller.metric('gpusharing_controller_cached_objects{kind="governed GPU pods"}')) != 1200:
+            assert time.monotonic() < deadline, f"the controller's /metrics says {cached} pods cached"
+            time.sleep(0.1)
+        time.sleep(1.5)  # the fake ends each watch within 0.5 s: every watch held was opened again meanwhile
+        assert fake_kube.watches_peak["pods"] == 1
+    assert fake_kube.count("GET", "/api/v1/pods") >= 3  # the list's three pages (and the watches)
+
+
 def test_a_crossing_a_transition_and_an_eviction_each_leave_an_info_line(
     migrated: str, tokens_file: str, fake_kube: FakeKube, tmp_path: Path
 ) -> None:

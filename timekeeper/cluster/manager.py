@@ -117,6 +117,7 @@ class ControllerManager:
         was = self._leading
         self._leading = self.election.try_acquire_or_renew() and self.fence.enter(self.election.term, self.election.identity)
         metrics.LEADING.set(1 if self._leading else 0)
+        self.informers.measure()  # every replica's caches, as often as the Lease is asked for
         if self._leading and not was:  # a new holder acts at once, on caches already warm
             self.scheduler.wake()
         return self._leading
