@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 IDLE_WARNING = "GPUIdleWarning"
 IDLE = "GPUIdle"
 FORGET_HOLDS_AFTER = dt.timedelta(days=7)
+# The Clock that stamps a hold is the database's carried forward between readings (timekeeper.database.clock): off by
+# milliseconds at most, so a listing read this much after held_at surely holds the hold.
+HELD_AT_SLACK_SECONDS = 1.0
 
 
 @dataclass
@@ -149,9 +152,12 @@ class Idler:
             return
         # The owner's replacement must be admitted under the hold: every webhook has acknowledged it first.
         hold = holds.get(pod.owner.uid) if pod.owner is not None else None
-        # By the listings' clock: a hold written before this process ran (another leader's) counts from now.
-        acknowledged_after = (self._held_seen.setdefault(hold.owner.uid, self.evictions.webhooks.now())
-                              if hold is not None else 0.0)
+        # By the listings' clock (the database's). A hold another leader wrote counts from its held_at, read by the
+        # database's clock too, with HELD_AT_SLACK_SECONDS for the little the Clock carried it forward; a held_at
+        # the listings' clock has not reached yet (a test's Clock ahead of the database's) counts from now.
+        acknowledged_after = (self._held_seen.setdefault(
+            hold.owner.uid, min(hold.held_at.timestamp() + HELD_AT_SLACK_SECONDS, self.evictions.webhooks.now()))
+            if hold is not None else 0.0)
         ref = PodRef(pod.namespace, pod.name, pod.uid)
         result = self.evictions.evict(f"its GPU is idle ({_rule(policy)})", [ref], acknowledged_after)
         if result.waiting:
