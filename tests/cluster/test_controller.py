@@ -15,7 +15,8 @@
   it, never before.
 
 The bounds are the protocol's, not the machine's speed: never before the deadline (the streak's start, `idleSince`,
-plus `after`) by the API server's audit log, and on the first `idle` run after it, as the evicting controller says.
+plus `after`) by the API server's audit log, and on the first `idle` run that found it due, as the evicting controller
+says.
 """
 
 from __future__ import annotations
@@ -176,18 +177,17 @@ def demoted_once(cluster: GpuSharing, namespace: str, demotion: Demotion, timeou
     return evicted
 
 
-def within_one_pass(evicted: EvictionAnswer, demotion: Demotion, controllers: list[Service], takeover: bool = False) -> None:
+def within_one_pass(evicted: EvictionAnswer, demotion: Demotion, controllers: list[Service]) -> None:
     """The protocol's bounds, in idle runs rather than seconds: never before the deadline (the API server's audit
-    log), and on the first idle run after it, as the evicting controller says in its log (after a takeover, on the
-    successor's first idle run, if that came after the deadline)."""
+    log), and on the first idle run that found it due (a report showing the streak past `after`), as the evicting
+    controller says in its log: no run waited for the webhooks' acknowledgement of the hold, taken at the warning."""
     at = evicted.received
     assert at >= demotion.deadline, f"evicted at {at}, before the deadline {demotion.deadline}"
     name = f"{demotion.pod['metadata']['namespace']}/{demotion.pod['metadata']['name']}"
     said = [line for service in controllers for line in service.log_path.read_text(errors="replace").splitlines()
             if f"idle pod {name} evicted" in line]
     assert len(said) == 1, said
-    on_time = ["on the first idle run after its deadline", *(["on this replica's first idle run"] if takeover else [])]
-    assert any(words in said[0] for words in on_time), said[0]
+    assert "on the first idle run it was due" in said[0], said[0]
     print(f"\nidle demotion: deadline {demotion.deadline:%H:%M:%S}, evicted "
           f"{(at - demotion.deadline).total_seconds():.2f} s after it: {said[0].split(' evicted ', 1)[1]}")
 
@@ -217,7 +217,7 @@ def test_a_crossing_and_an_idle_demotion_each_survive_their_leader_killed_midway
         assert now() < demotion.deadline - dt.timedelta(seconds=TAKEOVER_SECONDS), "warned too late to kill its leader before the deadline"
         kill_leader(cluster, replicas, "idle")
         evicted = demoted_once(cluster, idle, demotion, timeout=after + 60)
-        within_one_pass(evicted, demotion, replicas, takeover=True)
+        within_one_pass(evicted, demotion, replicas)
 
         # The crossing: every trainer running in budget, then the budget runs out by use.
         originals = wait_for(lambda: (pods := running(cluster, crossing, "app=train")) and len(pods) == TRAINERS and pods,

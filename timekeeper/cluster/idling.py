@@ -84,19 +84,19 @@ class Idler:
         self.last: IdlePass | None = None
         # Owner uid -> the database's time (the webhooks' listings' clock) once this process saw its hold written.
         self._held_seen: dict[str, float] = {}
-        # When this process's previous idle run and this one began (None: none yet), to say how late an action comes.
-        self._previous_run: dt.datetime | None = None
-        self._this_run: dt.datetime | None = None
+        # Pods whose action was due on an earlier run and did not happen then (the webhooks had not acknowledged the
+        # hold, or a PodDisruptionBudget refused): since when, and why, to say how late the action comes.
+        self._held_back: dict[str, tuple[dt.datetime, str]] = {}
 
     def run(self, now: dt.datetime) -> IdlePass | None:
         """One pass; None until the pod cache has listed the cluster. LeaseLost when the Lease is lost on the way."""
         items = self.pods.items
         if items is None:
             return None
-        self._previous_run, self._this_run = self._this_run, now
         pods = {key: pod.record for key, pod in list(items.items())}
         done = IdlePass()
         running = {p.uid: p for p in pods.values() if p.started_at and p.finished_at is None and p.deleted_at is None}
+        self._held_back = {uid: held for uid, held in self._held_back.items() if uid in running}
         ledgers = self.idle.pods(running.keys())
         budgets = self.budgets.budgets()
         holds = {hold.owner.uid: hold for hold in self.idle.holds()}
@@ -162,8 +162,10 @@ class Idler:
         result = self.evictions.evict(f"its GPU is idle ({_rule(policy)})", [ref], acknowledged_after)
         if result.waiting:
             done.waiting.append(str(ref))
+            self._held_back.setdefault(pod.uid, (now, "once every webhook acknowledged the hold"))
             return
         if result.refused:
+            self._held_back.setdefault(pod.uid, (now, "once its PodDisruptionBudget allowed"))
             done.refused.append(str(ref))
             metrics.IDLE_ACTIONS.labels(str(action), "refused").inc()
             return
@@ -171,7 +173,7 @@ class Idler:
         if not result.evicted or not self.idle.claim(pod.uid, streak.since, "idle_acted_at", now):
             return  # gone meanwhile, or acted on already
         metrics.IDLE_ACTIONS.labels(str(action), "evicted").inc()
-        log.info("idle pod %s evicted %s", ref, self._when(judged),
+        log.info("idle pod %s evicted %s", ref, self._when(pod.uid, now),
                  extra={"namespace": pod.namespace, "pod": pod.name, "deadline": iso_utc(judged.act_at) if judged.act_at else None})
         done.evicted.append(str(ref))
         done.acted.append(str(ref))
@@ -179,16 +181,13 @@ class Idler:
                 if pod.owner is not None else "")
         self._events(pod, IDLE, f"{said}; evicted{held}")
 
-    def _when(self, judged: IdleVerdict) -> str:
-        """When an action comes, in idle runs: the first after its deadline, this replica's first (it just took the
-        Lease over), or later (the webhooks' acknowledgement of the hold was waited for)."""
-        deadline, previous, this = judged.act_at, self._previous_run, self._this_run
-        if previous is None:
-            return "on this replica's first idle run"
-        if deadline is None or previous < deadline:
-            return "on the first idle run after its deadline"
-        late = (this - deadline).total_seconds() if this is not None else 0.0
-        return f"{late:.1f} s after its deadline, once every webhook acknowledged the hold"
+    def _when(self, uid: str, now: dt.datetime) -> str:
+        """When an action came, in idle runs: on the first that found it due, or how much later, and why."""
+        held_back = self._held_back.pop(uid, None)
+        if held_back is None:
+            return "on the first idle run it was due"
+        since, why = held_back
+        return f"{(now - since).total_seconds():.1f} s after it was first due, {why}"
 
     def _spared(self, pod: RecordedPod, action: IdleAction) -> str | None:
         """Why `demote` leaves a pod running: nothing would re-create it, or it already runs out of budget."""
