@@ -64,28 +64,28 @@ class MeterReport:
         if missing:
             raise ReportError(f"missing field(s): {', '.join(missing)}")
         return cls(
-            pod_uid=UID.check(_text(body, "podUid"), "podUid"),
-            namespace=NAMESPACE.check(_text(body, "namespace"), "namespace"),
-            pod=POD_NAME.check(_text(body, "pod"), "pod"),
-            gpu_share=_number(body, "gpuShare", 0, MAX_GPU_SHARE),
+            pod_uid=UID.check(text_field(body, "podUid"), "podUid"),
+            namespace=NAMESPACE.check(text_field(body, "namespace"), "namespace"),
+            pod=POD_NAME.check(text_field(body, "pod"), "pod"),
+            gpu_share=number_field(body, "gpuShare", 0, MAX_GPU_SHARE),
             seq=_integer(body, "seq", 0, MAX_SEQ),
-            gpu_seconds=_number(body, "gpuSeconds", 0, MAX_GPU_SECONDS),
+            gpu_seconds=number_field(body, "gpuSeconds", 0, MAX_GPU_SECONDS),
             final=_flag(body, "final"),
-            gpu_memory_used_mib=_optional_number(body, "gpuMemoryUsedMiB", 0, MAX_GPU_MEMORY_MIB),
-            gpu_utilization_percent=_optional_number(body, "gpuUtilizationPercent", 0, 100),
-            gpu_memory_requested_mib=_optional_number(body, "gpuMemoryRequestedMiB", 0, MAX_GPU_MEMORY_MIB),
+            gpu_memory_used_mib=optional_number_field(body, "gpuMemoryUsedMiB", 0, MAX_GPU_MEMORY_MIB),
+            gpu_utilization_percent=optional_number_field(body, "gpuUtilizationPercent", 0, 100),
+            gpu_memory_requested_mib=optional_number_field(body, "gpuMemoryRequestedMiB", 0, MAX_GPU_MEMORY_MIB),
             gpu_model=_model(body.get("gpuModel")),
         )
 
 
-def _text(body: dict[str, Any], key: str) -> str:
+def text_field(body: dict[str, Any], key: str) -> str:
     value = body[key]
     if not isinstance(value, str) or not value:
         raise ReportError(f"{key} must be a non-empty string")
     return value
 
 
-def _number(body: dict[str, Any], key: str, low: float, high: float) -> float:
+def number_field(body: dict[str, Any], key: str, low: float, high: float) -> float:
     value = body[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ReportError(f"{key} must be a number")
@@ -94,8 +94,8 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float:
     return float(value)
 
 
-def _optional_number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
-    return None if body.get(key) is None else _number(body, key, low, high)
+def optional_number_field(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    return None if body.get(key) is None else number_field(body, key, low, high)
 
 
 def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int:
