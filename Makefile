@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CONSTRAINTS := constraints.txt
-INSTALL_INPUTS := setup.cfg pyproject.toml $(CONSTRAINTS)
+INSTALL_INPUTS := setup.cfg setup.py pyproject.toml $(CONSTRAINTS) nodeagent/podresources/api.proto
 PROMTOOL := $(BIN)/promtool
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
@@ -13,20 +13,21 @@ IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
 # One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
 # with its release extra (make dist).
+# PIP_BUILD_CONSTRAINT pins what builds the package too (setup.py's grpcio-tools, whose stubs need a grpcio as recent).
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(VENV)/.runtime: $(INSTALL_INPUTS) | $(BIN)/python
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e .
+	PIP_BUILD_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(BIN)/pip install --quiet -c $(CONSTRAINTS) -e .
 	touch $@
 
 $(VENV)/.installed: $(INSTALL_INPUTS) | $(BIN)/python
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
+	PIP_BUILD_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test]'
 	touch $@
 
 $(VENV)/.release: $(INSTALL_INPUTS) | $(BIN)/python
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[release]'
+	PIP_BUILD_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[release]'
 	touch $@
 
 test: lint tools

@@ -1,0 +1,172 @@
+"""A fake of the part of pynvml the node agent calls, playing per-process traces on a clock: each GPU holds the samples
+its driver would have taken (time, pid, SM utilisation), given explicitly or made every `period` seconds from each
+process's steady `busy` percent, and answers nvmlDeviceGetProcessUtilization with those after the caller's cursor and
+up to now, Not Found when there are none, as NVML does. MIG instances answer through GPM; a driver without
+per-process samples, without GPM, or failing, is faked the way NVML answers.
+
+`open_nvml` (GPUSHARING_NODE_AGENT_NVML=tests.nodeagent.fake_nvml:open_nvml) plays the trace in the JSON file named
+by GPUSHARING_FAKE_NODE_TRACE (`{"gpus": [{"uuid": …, "processes": {"pid": bytes}, "busy": {"pid": percent}}]}`) on
+the process's monotonic clock, for an agent process or the cluster tier's simulated nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+TRACE_ENV = "GPUSHARING_FAKE_NODE_TRACE"
+MIB = 1024 * 1024
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int, text: str = "") -> None:
+        super().__init__(text or f"NVML error {value}")
+        self.value = value
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    processes: dict[int, int | None] = field(default_factory=dict)  # pid: bytes of device memory (None: not said)
+    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (seconds, pid, SM %): what the driver sampled
+    busy: dict[int, int] = field(default_factory=dict)  # pid: a steady SM %, sampled every `period` seconds
+    period: float = 1.0
+    per_process: bool = True  # the driver samples per process
+    utilisation: float | None = 0.0  # the device's own (nvmlDeviceGetUtilizationRates); None: Not Supported
+    mig: list["FakeGpu"] | None = None  # MIG instances: MIG mode enabled
+    gpm: bool = True  # GPM (Hopper and later): a MIG instance's utilisation; `utilisation` is its SM activity
+    failing: bool = False  # the driver fails on it (a GPU fallen off the bus)
+
+
+class FakeNvml:
+    NVMLError = NVMLError
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_NOT_FOUND = 6
+    NVML_ERROR_GPU_IS_LOST = 15
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = 2
+
+    def __init__(self, gpus: list[FakeGpu], clock: Callable[[], float] | None = None) -> None:
+        self.gpus = gpus
+        self.now = 0.0
+        self._clock = clock or (lambda: self.now)  # seconds
+        self.failure: str | None = None  # the driver fails on everything
+        self.freed: list[Any] = []
+        self.cursors: list[int] = []  # every lastSeenTimeStamp asked with, in order
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def _sampled(self, gpu: FakeGpu, after: float, upto: float) -> list[tuple[float, int, int]]:
+        taken = [s for s in gpu.samples if after < s[0] <= upto]
+        first = int(after // gpu.period) + 1
+        for tick in range(first, int(upto // gpu.period) + 1):
+            taken.extend((tick * gpu.period, pid, busy) for pid, busy in gpu.busy.items() if busy > 0)
+        return taken
+
+    def _check(self, gpu: FakeGpu) -> None:
+        if gpu.failing:
+            raise NVMLError(self.NVML_ERROR_GPU_IS_LOST, "GPU is lost")
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        if self.failure:
+            raise NVMLError(999, self.failure)
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:  # noqa: N802
+        self._check(self.gpus[index])
+        return self.gpus[index]
+
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:  # noqa: N802
+        return handle.uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:  # noqa: N802
+        self._check(handle)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes.items()]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: FakeGpu, last_seen: int) -> list[SimpleNamespace]:  # noqa: N802
+        self._check(handle)
+        if not handle.per_process:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        self.cursors.append(last_seen)
+        samples = self._sampled(handle, last_seen / 1e6, self._clock())
+        if not samples:
+            raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
+        return [SimpleNamespace(pid=pid, timeStamp=round(at * 1e6), smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
+                for at, pid, sm in samples]
+
+    def nvmlDeviceGetSamples(self, handle: FakeGpu, kind: int, last_seen: int) -> tuple[int, list[SimpleNamespace]]:  # noqa: N802
+        raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")  # the device's last sample alone, below
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:  # noqa: N802
+        if handle.utilisation is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        return SimpleNamespace(gpu=round(handle.utilisation), memory=0)
+
+    # -- MIG and GPM -------------------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, device: FakeGpu) -> list[int]:  # noqa: N802
+        if device.mig is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        return [self.NVML_DEVICE_MIG_ENABLE, self.NVML_DEVICE_MIG_ENABLE]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeGpu) -> int:  # noqa: N802
+        assert device.mig is not None
+        return len(device.mig) + 1  # one slot empty
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeGpu, index: int) -> FakeGpu:  # noqa: N802
+        assert device.mig is not None
+        if index >= len(device.mig):
+            raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
+        return device.mig[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: FakeGpu) -> FakeGpu:  # noqa: N802
+        return handle  # stands for the instance's id
+
+    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(instance=None, busy=None)
+
+    def nvmlGpmMigSampleGet(self, device: FakeGpu, instance: FakeGpu, sample: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
+        if not instance.gpm:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        sample.instance, sample.busy = instance, instance.utilisation
+        return sample
+
+    def c_nvmlGpmMetricsGet_t(self) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None, metrics=[SimpleNamespace(metricId=0, value=0.0)])
+
+    def nvmlGpmMetricsGet(self, metrics: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
+        assert metrics.version == self.NVML_GPM_METRICS_GET_VERSION and metrics.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL
+        metrics.metrics[0].value = metrics.sample2.busy  # the instance's SM activity between the two samples
+        return metrics
+
+    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:  # noqa: N802
+        self.freed.append(sample)
+
+
+def gpus_from_trace(trace: dict[str, Any]) -> list[FakeGpu]:
+    """The GPUs of a JSON trace (see the module's docstring)."""
+    return [FakeGpu(uuid=gpu["uuid"], processes={int(pid): used for pid, used in gpu.get("processes", {}).items()},
+                    busy={int(pid): busy for pid, busy in gpu.get("busy", {}).items()}, period=gpu.get("period", 0.1))
+            for gpu in trace["gpus"]]
+
+
+def write_trace(path: Path, gpus: list[dict[str, Any]]) -> Path:
+    """Writes a trace for `open_nvml`: each GPU {"uuid", "processes": {pid: bytes}, "busy": {pid: percent}}."""
+    path.write_text(json.dumps({"gpus": gpus}))
+    return path
+
+
+def open_nvml() -> FakeNvml:
+    """The seam's function: the trace of GPUSHARING_FAKE_NODE_TRACE, played from now on the monotonic clock."""
+    trace = json.loads(Path(os.environ[TRACE_ENV]).read_text())
+    start = time.monotonic()
+    return FakeNvml(gpus_from_trace(trace), clock=lambda: time.monotonic() - start)
