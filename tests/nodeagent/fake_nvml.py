@@ -5,8 +5,10 @@ up to now, Not Found when there are none, as NVML does. MIG instances answer thr
 per-process samples, without GPM, or failing, is faked the way NVML answers.
 
 `open_nvml` (GPUSHARING_NODE_AGENT_NVML=tests.nodeagent.fake_nvml:open_nvml) plays the trace in the JSON file named
-by GPUSHARING_FAKE_NODE_TRACE (`{"gpus": [{"uuid": …, "processes": {"pid": bytes}, "busy": {"pid": percent}}]}`) on
-the process's monotonic clock, for an agent process or the cluster tier's simulated nodes.
+by GPUSHARING_FAKE_NODE_TRACE (`{"gpus": [{"uuid": …, "processes": {"pid": bytes}, "busy": {"pid": percent}}]}`;
+`"perProcess": false, "utilisation": null` for a GPU whose driver gives neither per-process samples nor its own) on
+the process's monotonic clock, read again when the file changes, for an agent process or the cluster tier's
+simulated nodes (tests/cluster/nodeagents.py).
 """
 
 from __future__ import annotations
@@ -155,18 +157,37 @@ class FakeNvml:
 def gpus_from_trace(trace: dict[str, Any]) -> list[FakeGpu]:
     """The GPUs of a JSON trace (see the module's docstring)."""
     return [FakeGpu(uuid=gpu["uuid"], processes={int(pid): used for pid, used in gpu.get("processes", {}).items()},
-                    busy={int(pid): busy for pid, busy in gpu.get("busy", {}).items()}, period=gpu.get("period", 0.1))
+                    busy={int(pid): busy for pid, busy in gpu.get("busy", {}).items()}, period=gpu.get("period", 0.1),
+                    per_process=gpu.get("perProcess", True), utilisation=gpu.get("utilisation", 0.0))
             for gpu in trace["gpus"]]
 
 
 def write_trace(path: Path, gpus: list[dict[str, Any]]) -> Path:
-    """Writes a trace for `open_nvml`: each GPU {"uuid", "processes": {pid: bytes}, "busy": {pid: percent}}."""
-    path.write_text(json.dumps({"gpus": gpus}))
+    """Writes a trace for `open_nvml` at once (a reader never sees half of it): each GPU {"uuid", "processes":
+    {pid: bytes}, "busy": {pid: percent}}."""
+    partial = path.with_name(path.name + ".new")
+    partial.write_text(json.dumps({"gpus": gpus}))
+    partial.replace(path)
     return path
+
+
+class TracedNvml(FakeNvml):
+    """A fake driver playing a trace file, read again whenever it changes (a simulated node's pods come and go): each
+    reading of the node (nvmlDeviceGetCount begins one) sees the processes and steady percents the file says now."""
+
+    def __init__(self, trace: Path) -> None:
+        start = time.monotonic()
+        super().__init__([], clock=lambda: time.monotonic() - start)
+        self.trace = trace
+        self._read: float | None = None
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        modified = self.trace.stat().st_mtime_ns
+        if modified != self._read:
+            self.gpus, self._read = gpus_from_trace(json.loads(self.trace.read_text())), modified
+        return super().nvmlDeviceGetCount()
 
 
 def open_nvml() -> FakeNvml:
     """The seam's function: the trace of GPUSHARING_FAKE_NODE_TRACE, played from now on the monotonic clock."""
-    trace = json.loads(Path(os.environ[TRACE_ENV]).read_text())
-    start = time.monotonic()
-    return FakeNvml(gpus_from_trace(trace), clock=lambda: time.monotonic() - start)
+    return TracedNvml(Path(os.environ[TRACE_ENV]))
