@@ -33,6 +33,14 @@ def test_a_uid_is_read_only_where_the_kubelet_puts_it_not_from_a_name_that_holds
     assert pods_of_processes(proc, [30, 31]) == {}
 
 
+def test_a_cgroup_a_tenant_makes_inside_its_own_pod_cannot_name_another_pod(tmp_path: Path) -> None:
+    """A container allowed to make cgroups (a privileged one) can name one after another pod: the kubelet's level,
+    nearer the root, is the one read."""
+    nested = systemd_cgroup(A).replace(".scope\n", f".scope/kubepods-pod{B.replace('-', '_')}.slice/work.scope\n")
+    proc, _ = node_view(tmp_path, {40: nested, 41: f"5:memory:/kubepods/burstable/pod{A}/0a1b/pod{B}/x\n"}, [])
+    assert pods_of_processes(proc, [40, 41]) == {40: A, 41: A}
+
+
 def test_pod_uids_come_from_the_kubelets_log_directories(tmp_path: Path) -> None:
     pods = [Pod("team-a", "trainer", A), Pod("team-b", "db-0", B), Pod("team-b", "notebook.v2", C)]
     _, logs = node_view(tmp_path, {}, pods)

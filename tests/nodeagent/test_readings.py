@@ -64,6 +64,11 @@ def test_a_pod_on_two_gpus_reads_the_share_of_both_it_used() -> None:
     assert readings(devices, [window(GPU0, {10: 90.0}), window(GPU1, {})], {10: A})["a"] == (45.0, 0.0)
 
 
+def test_what_a_pod_uses_beyond_one_devices_share_does_not_make_up_for_another_it_leaves_idle() -> None:
+    devices = node(("team-a/a", [("nvidia.com/gpu", GPU0), ("nvidia.com/gpu", GPU1)]))
+    assert readings(devices, [window(GPU0, {10: 80.0, 11: 70.0}), window(GPU1, {})], {10: A, 11: A})["a"] == (50.0, 0.0)
+
+
 def test_a_sharing_plugins_shares_name_their_gpu_by_prefix() -> None:
     """gpushare's ids are `<uuid>-_-<n>` per unit of memory; the pod holds 4 of 16 units of GPU0."""
     allocatable = [("aliyun.com/gpu-mem", f"{GPU0}-_-{n}") for n in range(16)]
