@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from demo.jsonhttp import reply_json
+
 
 @pytest.fixture
 def socket_dir() -> Iterator[Path]:
@@ -68,12 +70,7 @@ def endpoint() -> Iterator[ReadingsEndpoint]:
                 recorder.received.append(Received(self.path, self.headers.get("Authorization"), body))
                 status, answer = recorder.answer()
                 recorder.arrived.notify_all()
-            payload = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            reply_json(self, status, answer)
 
         def log_message(self, *args: Any) -> None:
             pass

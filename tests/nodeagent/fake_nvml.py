@@ -22,14 +22,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tests.gpusharing.fake_nvml import FakeMigDriver, NVMLError
+
 TRACE_ENV = "GPUSHARING_FAKE_NODE_TRACE"
 MIB = 1024 * 1024
-
-
-class NVMLError(Exception):
-    def __init__(self, value: int, text: str = "") -> None:
-        super().__init__(text or f"NVML error {value}")
-        self.value = value
 
 
 @dataclass
@@ -46,22 +42,15 @@ class FakeGpu:
     failing: bool = False  # the driver fails on it (a GPU fallen off the bus)
 
 
-class FakeNvml:
-    NVMLError = NVMLError
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_NOT_FOUND = 6
+class FakeNvml(FakeMigDriver):
     NVML_ERROR_GPU_IS_LOST = 15
-    NVML_DEVICE_MIG_ENABLE = 1
-    NVML_GPU_UTILIZATION_SAMPLES = 1
-    NVML_GPM_METRICS_GET_VERSION = 1
-    NVML_GPM_METRIC_SM_UTIL = 2
 
     def __init__(self, gpus: list[FakeGpu], clock: Callable[[], float] | None = None) -> None:
+        super().__init__()
         self.gpus = gpus
         self.now = 0.0
         self._clock = clock or (lambda: self.now)  # seconds
         self.failure: str | None = None  # the driver fails on everything
-        self.freed: list[Any] = []
         self.cursors: list[int] = []  # every lastSeenTimeStamp asked with, in order
 
     def advance(self, seconds: float) -> None:
@@ -113,45 +102,8 @@ class FakeNvml:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
         return SimpleNamespace(gpu=round(handle.utilisation), memory=0)
 
-    # -- MIG and GPM -------------------------------------------------------------------------------------------------
-
-    def nvmlDeviceGetMigMode(self, device: FakeGpu) -> list[int]:  # noqa: N802
-        if device.mig is None:
-            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
-        return [self.NVML_DEVICE_MIG_ENABLE, self.NVML_DEVICE_MIG_ENABLE]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeGpu) -> int:  # noqa: N802
-        assert device.mig is not None
-        return len(device.mig) + 1  # one slot empty
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeGpu, index: int) -> FakeGpu:  # noqa: N802
-        assert device.mig is not None
-        if index >= len(device.mig):
-            raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
-        return device.mig[index]
-
-    def nvmlDeviceGetGpuInstanceId(self, handle: FakeGpu) -> FakeGpu:  # noqa: N802
-        return handle  # stands for the instance's id
-
-    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(instance=None, busy=None)
-
-    def nvmlGpmMigSampleGet(self, device: FakeGpu, instance: FakeGpu, sample: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
-        if not instance.gpm:
-            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
-        sample.instance, sample.busy = instance, instance.utilisation
-        return sample
-
-    def c_nvmlGpmMetricsGet_t(self) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None, metrics=[SimpleNamespace(metricId=0, value=0.0)])
-
-    def nvmlGpmMetricsGet(self, metrics: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
-        assert metrics.version == self.NVML_GPM_METRICS_GET_VERSION and metrics.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL
-        metrics.metrics[0].value = metrics.sample2.busy  # the instance's SM activity between the two samples
-        return metrics
-
-    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:  # noqa: N802
-        self.freed.append(sample)
+    def instance_busy(self, instance: FakeGpu) -> float | None:
+        return instance.utilisation  # a MIG instance's SM activity, as its GPM sample carries it
 
 
 def gpus_from_trace(trace: dict[str, Any]) -> list[FakeGpu]:
