@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,52 @@ def test_a_restarted_kubelet_is_followed_at_the_next_listing(socket_dir: Path) -
 def test_no_kubelet_at_all_is_unavailable_not_a_crash(socket_dir: Path) -> None:
     with pytest.raises(KubeletUnavailable, match="UNAVAILABLE"):
         PodResources(socket_dir / "absent.sock", DEFAULT_RESOURCES).read()
+
+
+def kubelet_messages() -> Any:
+    """The kubelet's own ListPodResourcesResponse, with the fields the agent's .proto leaves out (a device's NUMA
+    topology, a container's CPU ids and memory), built from a descriptor at run time: what a kubelet sends."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    label, optional, repeated = descriptor_pb2.FieldDescriptorProto, 1, 3
+    types = {"string": label.TYPE_STRING, "int64": label.TYPE_INT64, "uint64": label.TYPE_UINT64}
+    schema = {
+        "NUMANode": [("ID", 1, "int64", optional)],
+        "TopologyInfo": [("nodes", 1, ".full.NUMANode", repeated)],
+        "ContainerDevices": [("resource_name", 1, "string", optional), ("device_ids", 2, "string", repeated),
+                             ("topology", 3, ".full.TopologyInfo", optional)],
+        "ContainerMemory": [("memory_type", 1, "string", optional), ("size", 2, "uint64", optional),
+                            ("topology", 3, ".full.TopologyInfo", optional)],
+        "ContainerResources": [("name", 1, "string", optional), ("devices", 2, ".full.ContainerDevices", repeated),
+                               ("cpu_ids", 3, "int64", repeated), ("memory", 4, ".full.ContainerMemory", repeated)],
+        "PodResources": [("name", 1, "string", optional), ("namespace", 2, "string", optional),
+                         ("containers", 3, ".full.ContainerResources", repeated)],
+        "ListPodResourcesResponse": [("pod_resources", 1, ".full.PodResources", repeated)],
+    }
+    file = descriptor_pb2.FileDescriptorProto(name="kubelet_full.proto", package="full", syntax="proto3")
+    for name, fields in schema.items():
+        message = file.message_type.add(name=name)
+        for field_name, number, kind, cardinality in fields:
+            field = message.field.add(name=field_name, number=number, label=cardinality)
+            if kind.startswith("."):
+                field.type, field.type_name = label.TYPE_MESSAGE, kind
+            else:
+                field.type = types[kind]
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("full.ListPodResourcesResponse"))
+
+
+def test_what_the_kubelet_sends_beyond_the_fields_read_is_skipped() -> None:
+    from nodeagent.podresources import api_pb2
+
+    full = kubelet_messages()()
+    pod = full.pod_resources.add(name="trainer", namespace="team-a")
+    container = pod.containers.add(name="main", cpu_ids=[2, 3])
+    container.memory.add(memory_type="memory", size=1 << 30).topology.nodes.add(ID=0)
+    device = container.devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-1", "GPU-2"])
+    device.topology.nodes.add(ID=1)
+    read = api_pb2.ListPodResourcesResponse.FromString(full.SerializeToString())
+    (pod_read,) = read.pod_resources
+    assert (pod_read.name, pod_read.namespace, pod_read.containers[0].name) == ("trainer", "team-a", "main")
+    assert [(d.resource_name, list(d.device_ids)) for d in pod_read.containers[0].devices] == [("nvidia.com/gpu", ["GPU-1", "GPU-2"])]
