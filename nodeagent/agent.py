@@ -96,9 +96,12 @@ class NodeAgent:
         log.info("node agent on %s reporting every %g s to %s", self.config.node, interval, self.config.timekeeper_url)
         while not self.stop.wait(max(0.0, due - self.monotonic())):
             due = max(due + interval, self.monotonic())  # a long pause skips beats instead of catching up
-            batch = self.read()
-            if batch is not None:
-                self.deliver(batch, due)
+            try:
+                batch = self.read()
+                if batch is not None:
+                    self.deliver(batch, due)
+            except Exception:  # one interval's batch lost, never the agent: the DaemonSet's pod keeps reporting
+                log.exception("this interval's readings were not sent")
 
     def _note_ignored(self, body: Any) -> None:
         """Logs which pods the timekeeper ignored, when that changes (not once per batch)."""

@@ -6,6 +6,7 @@ process holds. Plain data out; which pod a process belongs to is `nodeagent.pods
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,10 +62,15 @@ class Gpus:
         uuid = text(nvml.nvmlDeviceGetUUID(handle))
         processes = tuple((p.pid, p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle))
         if mig:
-            return DeviceWindow(uuid, None, self._sampler.gpm_busy(key, device, handle), processes)
+            return DeviceWindow(uuid, None, _percent(self._sampler.gpm_busy(key, device, handle)), processes)
         by_pid = self._sampler.process_busy(key, handle)
-        device_busy = self._sampler.device_busy(key, handle) if by_pid is None else None
+        device_busy = _percent(self._sampler.device_busy(key, handle)) if by_pid is None else None
         return DeviceWindow(uuid, by_pid, device_busy, processes)
+
+
+def _percent(value: float | None) -> float | None:
+    """A percent the driver computed (GPM's is a float): within 0-100, and unknown when it is no number at all."""
+    return None if value is None or not math.isfinite(value) else min(100.0, max(0.0, value))
 
 
 class NvmlUnavailable(Exception):

@@ -158,6 +158,26 @@ def test_a_driver_that_fails_sends_nothing_rather_than_a_wrong_reading(node: Nod
     assert node.agent.read() is None
 
 
+def test_an_unexpected_failure_loses_one_intervals_batch_not_the_agent(node: Node, endpoint: ReadingsEndpoint, caplog: pytest.LogCaptureFixture) -> None:
+    broken = node.nvml.gpus[0]
+    broken.processes = {10: float("nan")}  # type: ignore[dict-item]  # no driver says this: JSON cannot carry it
+    runner = threading.Thread(target=node.agent.run)
+    with caplog.at_level(logging.ERROR):
+        runner.start()
+        try:
+            for _ in range(3000):  # the clock's waits pass at once; the bound only stops a broken test from hanging
+                if "this interval's readings were not sent" in caplog.text or not runner.is_alive():
+                    break
+                threading.Event().wait(0.01)
+            assert runner.is_alive() and endpoint.received == []
+            broken.processes = {10: MIB}
+            endpoint.wait_for(1)
+        finally:
+            node.clock.set()
+            runner.join(timeout=30)
+    assert not runner.is_alive()
+
+
 def test_the_loop_sends_a_batch_each_interval_until_stopped(tmp_path: Path, socket_dir: Path, endpoint: ReadingsEndpoint) -> None:
     pods = [Pod("team-a", "trainer", A, {"nvidia.com/gpu": [GPU0]})]
     proc, logs = node_view(tmp_path, {10: systemd_cgroup(A)}, pods)

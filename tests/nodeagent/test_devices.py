@@ -58,6 +58,14 @@ def test_mig_instances_read_through_gpm_from_their_second_reading() -> None:
     assert len(nvml.freed) == 2
 
 
+def test_a_gpm_figure_that_is_no_percent_is_bounded_or_unknown() -> None:
+    weird, over = FakeGpu(MIG0, utilisation=float("nan")), FakeGpu(MIG1, utilisation=100.4)
+    gpus = Gpus(FakeNvml([FakeGpu(GPU0, mig=[weird, over])]))
+    gpus.read()
+    second = gpus.read()
+    assert (second[MIG0].device_busy, second[MIG1].device_busy) == (None, 100.0)
+
+
 def test_mig_without_gpm_is_unknown_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml([FakeGpu(GPU0, mig=[FakeGpu(MIG0, {10: MIB}, gpm=False)])])
     gpus = Gpus(nvml)
