@@ -24,6 +24,11 @@ MIB = 1024 * 1024
 # The per-pod series (pods overrunning their GPU memory, running pods) are at most this many each: bounded cardinality.
 MAX_RUNNING_PODS = 10_000
 
+NODE_READINGS = Counter(
+    "gpusharing_timekeeper_node_readings",
+    "Node agents' batches of readings answered, by outcome (recorded, rejected, unauthenticated, forbidden).",
+    ["outcome"],
+)
 REPORTS = Counter(
     "gpusharing_timekeeper_reports",
     "Meter reports answered, by outcome (charged, duplicate, regressed, after-final, rejected, unauthenticated, forbidden).",
