@@ -12,16 +12,20 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from admin.output import idle_of, utilisation_source
 from demo.kubeapi import FakeKube
 from gpusharing.contract import fresh_for
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
 from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient
+from timekeeper.accounting.idle import PodFacts, Reading, Streak, verdict
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.readings import RecordedReadings, UtilisationLedger
 from timekeeper.accounting.reports import PodObservation, PodRecord, ReportLedger, ReportTerms
+from timekeeper.accounting.streaks import IdleLedger
 from timekeeper.auth import load_static_tokens
+from timekeeper.budgets.idle import IdlePolicy, PolicyInForce
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.database.connection import Database
@@ -368,3 +372,49 @@ def test_an_agent_token_of_another_identity_node_or_pod_is_refused(cluster: tupl
     unbound = kube.user_token(f"system:serviceaccount:{AGENTS}:gpusharing-node-agent")  # not bound to a pod
     answer = api.as_(unbound).post("/api/v1/node-readings", json=batch("node-a"))
     assert answer.status_code == 403 and "not bound to a pod" in answer.json["error"]
+
+
+# -- what is shown of it ------------------------------------------------------------------------------------------------
+
+def test_a_pod_idle_by_the_node_counts_as_idle_now_while_its_meter_is_silent(
+    ledger: ReportLedger, readings: UtilisationLedger, clock: Clock,
+) -> None:
+    pod = Pod(ledger, readings, clock, "uid-nb", "nb")
+    pod.meter(None)
+    idle = IdleLedger(ledger.db)
+    pod.later(5).node(0.0, window=600)
+    pod.later(10 * INTERVAL)  # the meter long silent, the node's reading fresh for 20 minutes
+    assert idle.idle_now(clock.at, ledger.fresh_seconds) == {"ml": (1, 0)}
+    pod.later(1200)
+    assert idle.idle_now(clock.at, ledger.fresh_seconds) == {}
+
+
+@pytest.mark.parametrize(("reading", "why"), [
+    (Reading(0.0, T0, NODE, T0 + dt.timedelta(seconds=20)),
+     "idle for 0s: every reading of the node agent since 2026-11-27T09:00:00Z read GPU utilisation under 1 %"),
+    (Reading(40.0, T0, NODE, T0 + dt.timedelta(seconds=20)), "busy: the node agent's last reading read 40 % GPU utilisation"),
+    (Reading(None, T0, NODE, T0 + dt.timedelta(seconds=20)), "unknown: the node agent reads no GPU utilisation"),
+    (Reading(0.0, T0, NODE, T0 + dt.timedelta(seconds=5)),
+     "unknown: the node agent has not reported since 2026-11-27T09:00:00Z (silent)"),
+])
+def test_the_verdict_says_whose_reading_it_stands_on(reading: Reading, why: str) -> None:
+    policy = PolicyInForce(IdlePolicy(3600), "ml")  # warned of nothing, idle under 1 %
+    judged = verdict(Streak(T0), reading, policy, PodFacts(T0), T0 + dt.timedelta(seconds=10), fresh_seconds=3600)
+    assert judged.why.startswith(why)
+
+
+def test_explain_shows_whose_word_the_utilisation_is() -> None:
+    ledger = {"utilisationSource": "node", "gpuUtilizationPercent": 0.0, "utilisationAt": "2026-11-27T09:00:00Z",
+              "utilisationFreshUntil": "2026-11-27T09:00:20Z", "lastReportAt": "2026-11-27T08:00:00Z"}
+    assert utilisation_source(ledger) == ("node: 0 %, read at 2026-11-27T09:00:00Z, fresh until 2026-11-27T09:00:20Z, by "
+                                          "the node agent, on the node (outranks the meter's while fresh)")
+    meter = {"utilisationSource": "meter", "gpuUtilizationPercent": None, "utilisationAt": "2026-11-27T09:00:00Z"}
+    assert utilisation_source(meter) == ("meter: unknown, read at 2026-11-27T09:00:00Z, by its meter, inside the pod "
+                                         "(counted only where no node agent or Prometheus reports)")
+    assert utilisation_source({"utilisationSource": None}) == "none: nothing has read the pod's GPU utilisation yet"
+    # The idle verdict explain shows reads the node's freshness, not the meter's silence.
+    pod = {"startTime": "2026-11-27T08:00:00Z", "idleExempt": False}
+    silent_meter = {**ledger, "meterSilentSince": "2026-11-27T08:30:00Z", "idleSince": "2026-11-27T08:59:00Z"}
+    shown = idle_of(pod, None, silent_meter, dt.datetime(2026, 11, 27, 9, 0, 10, tzinfo=UTC))
+    assert shown["state"] == "idle" and "every reading of the node agent since" in shown["why"]
+    assert idle_of(pod, None, silent_meter, dt.datetime(2026, 11, 27, 9, 0, 30, tzinfo=UTC))["state"] == "unknown"
