@@ -18,7 +18,8 @@ from gpusharing.contract import fresh_for
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
-from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient
+from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient, run_controller
+from tests.timekeeper.test_idle import Cluster, first, leader, policy  # noqa: F401 (leader: a fixture)
 from timekeeper.accounting.idle import PodFacts, Reading, Streak, verdict
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.readings import RecordedReadings, UtilisationLedger
@@ -27,6 +28,7 @@ from timekeeper.accounting.streaks import IdleLedger
 from timekeeper.auth import load_static_tokens
 from timekeeper.budgets.idle import IdlePolicy, PolicyInForce
 from timekeeper.budgets.store import BudgetStore
+from timekeeper.cluster.idling import IDLE_WARNING
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import pod_usage
@@ -418,3 +420,25 @@ def test_explain_shows_whose_word_the_utilisation_is() -> None:
     shown = idle_of(pod, None, silent_meter, dt.datetime(2026, 11, 27, 9, 0, 10, tzinfo=UTC))
     assert shown["state"] == "idle" and "every reading of the node agent since" in shown["why"]
     assert idle_of(pod, None, silent_meter, dt.datetime(2026, 11, 27, 9, 0, 30, tzinfo=UTC))["state"] == "unknown"
+
+
+# -- the idle policy, acted on by the controller (against the HTTP fake of the API) -------------------------------------
+
+def test_the_idle_policy_acts_on_the_nodes_word_alone(
+    leader: Cluster, readings: UtilisationLedger, clock: Clock,  # noqa: F811 (the fixture imported above)
+) -> None:
+    policy(leader.store, after="5m", warnBefore="2m")
+    busy_claims = leader.pod("nb-0", owner="nb-7d9")  # its tenant's meter says busy at every report
+    unseen = leader.pod("nb-1")  # no node reading: its meter's "busy" counts
+    passes = []
+    for _ in range(12):
+        clock.advance(seconds=INTERVAL)
+        busy_claims.report(99.0, after=0)
+        unseen.report(99.0, after=0)
+        readings.record_utilisation(NODE, [PodUtilisation(busy_claims.uid, "ml", "nb-0", 0.0)], INTERVAL, clock.at)
+        passes.append(run_controller(leader.controller).idle)
+    # The streak begins at the node's first reading; 3 min (6 intervals) later it is warned of, at 5 min acted on.
+    assert first(passes, "warned") == 7 and first(passes, "acted") == 11
+    warnings = leader.events(IDLE_WARNING)
+    assert [(kind, name) for kind, name, _ in warnings] == [("Pod", "nb-0"), ("ReplicaSet", "nb-7d9")]
+    assert "(every node agent reading under 1 % utilisation)" in warnings[0][2]

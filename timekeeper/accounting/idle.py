@@ -106,6 +106,7 @@ class IdleVerdict:
     act_at: dt.datetime | None  # when the policy's action is due; None: never, as things stand
     why: str  # the state in words
     streak_end: dt.datetime | None = None  # the streak's last idle report: how far the reports prove it
+    source: UtilisationSource = UtilisationSource.METER  # whose readings the streak stands on
 
     @property
     def warning_due(self) -> bool:
@@ -149,13 +150,13 @@ def verdict(
     if policy is None or pod.exempt:
         if pod.exempt:
             why += "; exempt (gpusharing.io/idle-exempt: \"true\"): never acted on"
-        return IdleVerdict(IdleState.IDLE, idle_seconds, policy, None, None, why, reading.reported_at)
+        return IdleVerdict(IdleState.IDLE, idle_seconds, policy, None, None, why, reading.reported_at, reading.source)
     rule = policy.policy
     act_at = streak.since + dt.timedelta(seconds=rule.after_seconds)
     if pod.started_at is not None and rule.min_age_seconds:
         act_at = max(act_at, pod.started_at + dt.timedelta(seconds=rule.min_age_seconds))
     warn_at = act_at - dt.timedelta(seconds=rule.warn_before_seconds) if rule.warn_before_seconds else None
-    return IdleVerdict(IdleState.IDLE, idle_seconds, policy, warn_at, act_at, why, reading.reported_at)
+    return IdleVerdict(IdleState.IDLE, idle_seconds, policy, warn_at, act_at, why, reading.reported_at, reading.source)
 
 
 def outlook(verdict: IdleVerdict, streak: Streak) -> str | None:
