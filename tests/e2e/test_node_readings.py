@@ -36,7 +36,7 @@ class Nodes:
         except ApiError as exc:
             if exc.status != 409:  # made by an earlier test, or by the manifests
                 raise
-        self.agent = self.create(SYSTEM_NAMESPACE, on(cpu_pod(f"agent-{self.tenant}"), self.a, AGENT_ACCOUNT))
+        self.agent = self.create(SYSTEM_NAMESPACE, on(agent_pod(f"agent-{self.tenant}"), self.a, AGENT_ACCOUNT))
         self.mine = self.create(self.tenant, on(gpu_pod("mine"), self.a))
         self.theirs = self.create(self.tenant, on(gpu_pod("theirs"), self.b))
 
@@ -65,6 +65,14 @@ class Nodes:
     def ledger(self, pod: dict[str, Any]) -> dict[str, Any]:
         answer = self.gpusharing.timekeeper_call("GET", f"/api/v1/pods?namespace={self.tenant}", self.gpusharing.budget_admin_token())
         return next(item for item in answer.json()["items"] if item["podUid"] == pod["metadata"]["uid"])
+
+
+def agent_pod(name: str) -> dict[str, Any]:
+    """A node agent's pod as far as the timekeeper cares, within the system namespace's restricted Pod Security."""
+    container = {"name": "agent", "image": "gpusharing:e2e", "securityContext": {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "runAsUser": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"}}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [container]}}
 
 
 def on(pod: dict[str, Any], node: str, account: str | None = None) -> dict[str, Any]:
