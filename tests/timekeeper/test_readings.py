@@ -5,7 +5,6 @@ tokens, and TokenReview against the HTTP fake of the API). The real API server: 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,9 @@ from gpusharing.contract import fresh_for
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
+from tests.timekeeper import test_idle as idle_tests
 from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient, run_controller
-from tests.timekeeper.test_idle import Cluster, first, leader, policy  # noqa: F401 (leader: a fixture)
+from tests.timekeeper.test_idle import T0, Cluster, first, policy
 from timekeeper.accounting.idle import PodFacts, Reading, Streak, verdict
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.readings import RecordedReadings, UtilisationLedger
@@ -27,30 +27,19 @@ from timekeeper.accounting.reports import PodObservation, PodRecord, ReportLedge
 from timekeeper.accounting.streaks import IdleLedger
 from timekeeper.auth import load_static_tokens
 from timekeeper.budgets.idle import IdlePolicy, PolicyInForce
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.idling import IDLE_WARNING
 from timekeeper.cluster.kube import KubeApi
-from timekeeper.database.connection import Database
+from timekeeper.config import TimekeeperConfig
 from timekeeper.database.tables import pod_usage
 
 UTC = dt.timezone.utc
-T0 = dt.datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
 INTERVAL = 30.0  # the meters report every 30 s
 WINDOW = 10.0  # the node agent reads every 10 s: its readings are fresh for 20 s
 NODE = UtilisationSource.NODE
 
 
-@pytest.fixture
-def store(database_url: str, clock: Clock) -> Iterator[BudgetStore]:
-    clock.at = T0
-    db = Database(database_url)
-    yield BudgetStore(db, clock=clock)
-    db.dispose()
-
-
-@pytest.fixture
-def ledger(store: BudgetStore) -> ReportLedger:
-    return ReportLedger(store, policy_refresh_seconds=0)
+# The report path's fixtures, and the controller against the HTTP fake of the API, as test_idle has them.
+store, ledger, leader = idle_tests.store, idle_tests.ledger, idle_tests.leader
 
 
 @pytest.fixture
@@ -425,7 +414,7 @@ def test_explain_shows_whose_word_the_utilisation_is() -> None:
 # -- the idle policy, acted on by the controller (against the HTTP fake of the API) -------------------------------------
 
 def test_the_idle_policy_acts_on_the_nodes_word_alone(
-    leader: Cluster, readings: UtilisationLedger, clock: Clock,  # noqa: F811 (the fixture imported above)
+    leader: Cluster, readings: UtilisationLedger, clock: Clock,
 ) -> None:
     policy(leader.store, after="5m", warnBefore="2m")
     busy_claims = leader.pod("nb-0", owner="nb-7d9")  # its tenant's meter says busy at every report
@@ -442,3 +431,12 @@ def test_the_idle_policy_acts_on_the_nodes_word_alone(
     warnings = leader.events(IDLE_WARNING)
     assert [(kind, name) for kind, name, _ in warnings] == [("Pod", "nb-0"), ("ReplicaSet", "nb-7d9")]
     assert "(every node agent reading under 1 % utilisation)" in warnings[0][2]
+
+
+def test_whose_tokens_send_node_readings_is_a_setting_defaulting_to_the_agents_account() -> None:
+    assert TimekeeperConfig.from_env({}).node_agents == {"system:serviceaccount:gpusharing-system:gpusharing-node-agent"}
+    assert TimekeeperConfig.from_env({"TIMEKEEPER_LEASE_NAMESPACE": "gpu-ops"}).node_agents == {
+        "system:serviceaccount:gpu-ops:gpusharing-node-agent"}
+    users = "system:serviceaccount:gpu-ops:agent, system:serviceaccount:dcgm:agent ,"
+    assert TimekeeperConfig.from_env({"TIMEKEEPER_NODE_AGENT_USERS": users}).node_agents == {
+        "system:serviceaccount:gpu-ops:agent", "system:serviceaccount:dcgm:agent"}
