@@ -9,17 +9,19 @@ ARG BASE=python:3.12-slim-bookworm
 FROM ${BASE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY constraints.txt pyproject.toml setup.cfg README.md ./
+COPY constraints.txt pyproject.toml setup.cfg setup.py README.md ./
 COPY gpusharing gpusharing
 COPY admin admin
 COPY webhook webhook
 COPY timekeeper timekeeper
 COPY sidecar sidecar
+COPY nodeagent nodeagent
 COPY migrations migrations
 COPY demo demo
-# The package and every dependency as wheels, at the versions constraints.txt pins; PIP_CONSTRAINT pins what builds
-# the package (setuptools, wheel) too.
-RUN PIP_CONSTRAINT=/src/constraints.txt pip wheel --wheel-dir /wheels -c constraints.txt .
+# The package and every dependency as wheels, at the versions constraints.txt pins; PIP_CONSTRAINT (pip before 25.3)
+# and PIP_BUILD_CONSTRAINT (since) pin what builds the package too: setuptools, wheel, and grpcio-tools, which
+# generates the node agent's gRPC stubs (setup.py).
+RUN PIP_CONSTRAINT=/src/constraints.txt PIP_BUILD_CONSTRAINT=/src/constraints.txt pip wheel --wheel-dir /wheels -c constraints.txt .
 
 FROM ${BASE}
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

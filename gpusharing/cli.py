@@ -22,6 +22,7 @@ _ROLES = {
     "explain": "admin.commands",
     "usage": "admin.commands",
     "meter": "sidecar.cli",
+    "node-agent": "nodeagent.cli",
     "certs": "gpusharing.serving.certcommand",
 }
 

@@ -72,6 +72,7 @@ RENDERINGS = (
     Rendering("certgen/certgen.yaml", "certgen.yaml"),
     Rendering("cert-manager/certificate.yaml", "certificate.yaml", {"certManager": {"enabled": True}}),
     Rendering("monitoring/servicemonitors.yaml", "servicemonitor.yaml", {"metrics": {"serviceMonitor": {"enabled": True}}}),
+    Rendering("node-agent/node-agent.yaml", "node-agent.yaml", {"nodeAgent": {"enabled": True}}),
 )
 # Files of the chart's files/ the kustomizations take as they are: the catalogue (configMapGenerator; byte for byte
 # the one the image ships), the dashboard (configMapGenerator; JSON, which holds no comment), the alerts (a

@@ -10,7 +10,7 @@ import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-PACKAGES = ("gpusharing", "timekeeper", "webhook", "sidecar", "admin")
+PACKAGES = ("gpusharing", "timekeeper", "webhook", "sidecar", "nodeagent", "admin")
 
 
 def named_paths(text: str) -> set[str]:

@@ -26,7 +26,13 @@ def test_without_a_known_command_every_role_is_loaded_for_help() -> None:
     assert registered_commands(build_parser("no-such-command")) == set(_ROLES)
 
 
-def test_the_meter_loads_none_of_the_servers_libraries() -> None:
-    code = ("import sys; from gpusharing.cli import build_parser; build_parser('meter'); import sidecar.meter; "
+@pytest.mark.parametrize(("command", "runs"), [("meter", "sidecar.meter"), ("node-agent", "nodeagent.agent")])
+def test_the_meter_and_the_node_agent_load_none_of_the_servers_libraries(command: str, runs: str) -> None:
+    code = (f"import sys; from gpusharing.cli import build_parser; build_parser({command!r}); import {runs}; "
             f"print([m for m in {SERVER_LIBRARIES!r} if m in sys.modules])")
     assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout == "[]\n"
+
+
+def test_no_other_command_loads_grpc() -> None:
+    code = "import sys; from gpusharing.cli import build_parser; build_parser(); print('grpc' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout == "False\n"

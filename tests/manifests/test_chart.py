@@ -21,6 +21,7 @@ from cryptography import x509
 
 from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
 from gpusharing.serving.certs import service_names
+from nodeagent.config import NodeAgentConfig
 from tests.helm import CHART, NAMESPACE, notes, render
 from tests.kustomize import MANIFESTS, crds, installable_manifests, overlay
 from tests.manifests.test_manifests import KUBERNETES_VERSION, find
@@ -92,6 +93,10 @@ COMBINATIONS = {
         "database": {"postgres": POD_VALUES},
         "certgen": POD_VALUES,
     },
+    "node agent": {"nodeAgent": {"enabled": True, "runtimeClassName": "nvidia", "resourceNames": ["nvidia.com/gpu", "example.com/vgpu-*"],
+                                 "intervalSeconds": 15, "priorityClassName": "system-node-critical"},
+                   "nodeSelector": {"example.com/pool": "system"}},
+    "node agent in a namespace of yours": {"nodeAgent": {"enabled": True, "namespace": {"name": "gpu-agents", "create": False}}},
     "renamed": {"nameOverride": "gov", "fullnameOverride": "gpu-governance", "metrics": {
         "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}},
 }
@@ -566,3 +571,66 @@ def test_with_tokens_the_webhook_reviews_them_for_the_api_servers_service_accoun
     rules = find(objects, "ClusterRole", "gpusharing-webhook")["rules"]
     assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]} in rules
     assert "GPUSHARING_CLIENT_TOKEN_USERS" not in env_of(find(render(), "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0])
+
+
+def node_agent(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The node agent's DaemonSet and its pod's spec."""
+    daemonset = find(objects, "DaemonSet", "gpusharing-node-agent")
+    return daemonset, daemonset["spec"]["template"]["spec"]
+
+
+def test_the_node_agent_is_installed_only_when_enabled() -> None:
+    assert not [o for o in render() if "node-agent" in o["metadata"]["name"]]
+
+
+def test_the_node_agent_runs_on_gpu_nodes_in_a_namespace_of_its_own_with_what_it_reads_read_only() -> None:
+    values = COMBINATIONS["node agent"]
+    objects = render(values)
+    daemonset, pod = node_agent(objects)
+    namespace = find(objects, "Namespace", "gpusharing-node-agent")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"  # its hostPath volumes
+    assert daemonset["metadata"]["namespace"] == "gpusharing-node-agent"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}  # GPU nodes, not the release's pool
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostPID"] is False and "hostNetwork" not in pod and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["args"] == ["node-agent"]
+    assert not any("nvidia.com" in name for part in container["resources"].values() for name in part)  # asks for no GPU
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False and "privileged" not in security
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["GPUSHARING_NODE_AGENT_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["GPUSHARING_NODE_AGENT_TIMEKEEPER_URL"] == f"http://gpusharing-timekeeper.{NAMESPACE}.svc:8080"
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "utility")
+    assert env["GPUSHARING_NODE_AGENT_RESOURCES"] == "nvidia.com/gpu,example.com/vgpu-*"
+    # What it mounts is where its settings' defaults look, read-only; the host's paths are the kubelet's and /proc.
+    config = NodeAgentConfig.from_env({k: v for k, v in env.items() if isinstance(v, str)} | {"GPUSHARING_NODE_AGENT_NODE_NAME": "n"})
+    assert config.interval_seconds == 15
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert all(m["readOnly"] for m in mounts.values())
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert {host_paths[name]: mounts[name]["mountPath"] for name in host_paths} == {
+        "/var/lib/kubelet/pod-resources": str(config.podresources_socket.parent), "/proc": str(config.proc_root), "/var/log/pods": str(config.pod_logs)}
+    (token,) = [v["projected"]["sources"][0]["serviceAccountToken"] for v in pod["volumes"] if "projected" in v]
+    assert token == {"audience": "gpusharing-timekeeper", "expirationSeconds": 3600, "path": config.token_path.name}
+    assert mounts["timekeeper-token"]["mountPath"] == str(config.token_path.parent)
+    # Its own ServiceAccount, bound to nothing: it asks the API server for nothing.
+    account = find(objects, "ServiceAccount", "gpusharing-node-agent")
+    assert pod["serviceAccountName"] == account["metadata"]["name"] and account["metadata"]["namespace"] == "gpusharing-node-agent"
+    bound = [s for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in o["subjects"]]
+    assert not [s for s in bound if s["name"] == "gpusharing-node-agent"]
+
+
+def test_the_node_agent_may_go_into_a_namespace_made_beforehand() -> None:
+    objects = render(COMBINATIONS["node agent in a namespace of yours"])
+    daemonset, _ = node_agent(objects)
+    assert daemonset["metadata"]["namespace"] == "gpu-agents"
+    assert not [o for o in objects if o["kind"] == "Namespace"]
+
+
+def test_the_node_agent_component_of_the_manifests_is_what_the_chart_renders(tmp_path: Path) -> None:
+    component = overlay(tmp_path / "with-node-agent", {"components": [os.path.relpath(MANIFESTS / "node-agent", tmp_path / "with-node-agent")]})
+    chart = [o for o in render({"nodeAgent": {"enabled": True}}) if "node-agent" in o["metadata"]["name"]]
+    assert normalized(chart) == normalized(component)

@@ -47,9 +47,9 @@ def test_every_stage_starts_from_the_one_pinned_base() -> None:
 
 def test_it_installs_the_wheels_built_under_constraints_txt_and_nothing_else() -> None:
     build, final = stages()
-    assert ("COPY", "constraints.txt pyproject.toml setup.cfg README.md ./") in build
+    assert ("COPY", "constraints.txt pyproject.toml setup.cfg setup.py README.md ./") in build
     wheel, install = (re.sub(r"--mount=\S+\s*", "", command) for command in pip_commands())
-    assert wheel == "PIP_CONSTRAINT=/src/constraints.txt pip wheel --wheel-dir /wheels -c constraints.txt ."
+    assert wheel == "PIP_CONSTRAINT=/src/constraints.txt PIP_BUILD_CONSTRAINT=/src/constraints.txt pip wheel --wheel-dir /wheels -c constraints.txt ."
     assert install == "pip install --no-index --find-links /wheels -c /constraints.txt kube-gpusharing"
     mounts = next(args for word, args in final if word == "RUN" and "pip install" in args)
     assert "source=/src/constraints.txt,target=/constraints.txt" in mounts and "source=/wheels,target=/wheels" in mounts

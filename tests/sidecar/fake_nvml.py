@@ -16,18 +16,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from sidecar.nvml import MIB, NvmlReader
+from tests.gpusharing.fake_nvml import FakeMigDriver, NVMLError
 
 TRACE_ENV = "GPUSHARING_FAKE_NVML_TRACE"
 POD_PID, OTHER_PID = 10, 20
-
-
-class NVMLError(Exception):
-    def __init__(self, value: int, text: str = "") -> None:
-        super().__init__(text or f"NVML error {value}")
-        self.value = value
 
 
 @dataclass
@@ -45,20 +39,12 @@ class FakeDevice:
         return self.trace[min(reading, len(self.trace) - 1)]
 
 
-class FakeNvml:
-    NVMLError = NVMLError
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_NOT_FOUND = 6
-    NVML_DEVICE_MIG_ENABLE = 1
-    NVML_GPU_UTILIZATION_SAMPLES = 1
-    NVML_GPM_METRICS_GET_VERSION = 1
-    NVML_GPM_METRIC_SM_UTIL = 2
-
+class FakeNvml(FakeMigDriver):
     def __init__(self, devices: list[FakeDevice]) -> None:
+        super().__init__()
         self.devices = devices
         self.reading = -1  # advanced by each reading of the GPU (nvmlDeviceGetCount begins one)
         self.failure: str | None = None
-        self.freed: list[Any] = []
 
     def _timestamp(self) -> int:
         return (self.reading + 1) * 1_000_000  # µs, as NVML's samples carry them
@@ -108,47 +94,8 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> SimpleNamespace:  # noqa: N802
         return SimpleNamespace(gpu=round(min(100.0, self._traced(handle) + handle.others)), memory=0)
 
-    # -- MIG and GPM -------------------------------------------------------------------------------------------------
-
-    def nvmlDeviceGetMigMode(self, device: FakeDevice) -> list[int]:  # noqa: N802
-        if device.mig is None:
-            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
-        return [self.NVML_DEVICE_MIG_ENABLE, self.NVML_DEVICE_MIG_ENABLE]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeDevice) -> int:  # noqa: N802
-        assert device.mig is not None
-        return len(device.mig) + 1  # one slot empty
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeDevice, index: int) -> FakeDevice:  # noqa: N802
-        assert device.mig is not None
-        if index >= len(device.mig):
-            raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
-        return device.mig[index]
-
-    def nvmlDeviceGetGpuInstanceId(self, handle: FakeDevice) -> FakeDevice:  # noqa: N802
-        return handle  # stands for the instance's id
-
-    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(instance=None, reading=None)
-
-    def nvmlGpmMigSampleGet(self, device: FakeDevice, instance: FakeDevice, sample: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
-        if not instance.gpm:
-            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
-        sample.instance, sample.reading = instance, self.reading
-        return sample
-
-    def c_nvmlGpmMetricsGet_t(self) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None,
-                               metrics=[SimpleNamespace(metricId=0, value=0.0)])
-
-    def nvmlGpmMetricsGet(self, metrics: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
-        assert metrics.version == self.NVML_GPM_METRICS_GET_VERSION and metrics.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL
-        later = metrics.sample2
-        metrics.metrics[0].value = later.instance.busy(later.reading)  # the instance's SM activity between the two
-        return metrics
-
-    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:  # noqa: N802
-        self.freed.append(sample)
+    def instance_busy(self, instance: FakeDevice) -> float | None:
+        return instance.busy(self.reading)  # what its GPM sample carries: its trace's value for this reading
 
 
 def pod_proc(directory: Path, pod_uid: str, host_view: bool = True) -> Path:
