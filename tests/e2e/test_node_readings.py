@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE
-from tests.e2e.system import SYSTEM_NAMESPACE, ApiError, GpuSharing
+from tests.e2e.system import ApiError, GpuSharing
 from tests.e2e.test_tenancy import cpu_pod, gpu_pod
 
-AGENT_ACCOUNT = "gpusharing-node-agent"  # the timekeeper's default node agent: TIMEKEEPER_NODE_AGENT_USERS unset
+# Where the chart puts the node agent: a namespace of its own (privileged Pod Security, for its hostPath volumes), a
+# ServiceAccount of its name, which the chart's timekeeper takes node readings from (TIMEKEEPER_NODE_AGENT_USERS).
+AGENTS = AGENT_ACCOUNT = "gpusharing-node-agent"
 WINDOW = 600.0  # fresh for 20 minutes: through the whole test, whatever the machine's load
 
 
@@ -32,11 +34,13 @@ class Nodes:
         for node in (self.a, self.b):
             gpusharing.rest("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
         try:
-            gpusharing.service_account(SYSTEM_NAMESPACE, AGENT_ACCOUNT)
+            gpusharing.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": AGENTS, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})
+            gpusharing.service_account(AGENTS, AGENT_ACCOUNT)
         except ApiError as exc:
             if exc.status != 409:  # made by an earlier test, or by the manifests
                 raise
-        self.agent = self.create(SYSTEM_NAMESPACE, on(agent_pod(f"agent-{self.tenant}"), self.a, AGENT_ACCOUNT))
+        self.agent = self.create(AGENTS, on(agent_pod(f"agent-{self.tenant}"), self.a, AGENT_ACCOUNT))
         self.mine = self.create(self.tenant, on(gpu_pod("mine"), self.a))
         self.theirs = self.create(self.tenant, on(gpu_pod("theirs"), self.b))
 
@@ -44,7 +48,7 @@ class Nodes:
         return self.gpusharing.create(namespace, pod)
 
     def agent_token(self) -> str:
-        return self.gpusharing.token(SYSTEM_NAMESPACE, AGENT_ACCOUNT, pod=self.agent)
+        return self.gpusharing.token(AGENTS, AGENT_ACCOUNT, pod=self.agent)
 
     def pod_token(self, pod: dict[str, Any], account: str = "default") -> str:
         return self.gpusharing.token(pod["metadata"]["namespace"], account, pod=pod)
@@ -68,7 +72,7 @@ class Nodes:
 
 
 def agent_pod(name: str) -> dict[str, Any]:
-    """A node agent's pod as far as the timekeeper cares, within the system namespace's restricted Pod Security."""
+    """A node agent's pod as far as the timekeeper cares (within restricted Pod Security all the same)."""
     container = {"name": "agent", "image": "gpusharing:e2e", "securityContext": {
         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "runAsUser": 65532,
         "seccompProfile": {"type": "RuntimeDefault"}}}
@@ -82,7 +86,9 @@ def on(pod: dict[str, Any], node: str, account: str | None = None) -> dict[str, 
 
 @pytest.fixture(scope="module")
 def nodes(gpusharing: GpuSharing) -> Iterator[Nodes]:
-    yield Nodes(gpusharing)
+    """The system's timekeeper taking node readings from the agent's ServiceAccount as the chart sets it."""
+    with gpusharing.timekeeper_settings(TIMEKEEPER_NODE_AGENT_USERS=f"system:serviceaccount:{AGENTS}:{AGENT_ACCOUNT}"):
+        yield Nodes(gpusharing)
 
 
 def test_a_pod_bound_token_names_its_pod_and_node_in_the_token_review(nodes: Nodes) -> None:
@@ -92,7 +98,7 @@ def test_a_pod_bound_token_names_its_pod_and_node_in_the_token_review(nodes: Nod
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
         "spec": {"token": nodes.agent_token(), "audiences": [TIMEKEEPER_TOKEN_AUDIENCE]}})
     user = review["status"]["user"]
-    assert user["username"] == f"system:serviceaccount:{SYSTEM_NAMESPACE}:{AGENT_ACCOUNT}"
+    assert user["username"] == f"system:serviceaccount:{AGENTS}:{AGENT_ACCOUNT}"
     extra = user["extra"]
     assert extra["authentication.kubernetes.io/pod-name"] == [nodes.agent["metadata"]["name"]]
     assert extra["authentication.kubernetes.io/pod-uid"] == [nodes.agent["metadata"]["uid"]]
@@ -135,7 +141,7 @@ def test_a_tenants_tokens_send_no_node_readings(nodes: Nodes) -> None:
     assert answer.status_code == 403
     assert f"system:serviceaccount:{nodes.tenant}:{AGENT_ACCOUNT} is not a node agent's token" in answer.json()["error"]
     # A token of the agent's ServiceAccount itself, had the tenant one, but bound to no pod, is refused too.
-    unbound = nodes.gpusharing.token(SYSTEM_NAMESPACE, AGENT_ACCOUNT)
+    unbound = nodes.gpusharing.token(AGENTS, AGENT_ACCOUNT)
     answer = nodes.send(unbound, nodes.a, nodes.mine, utilisation=100.0)
     assert answer.status_code == 403 and "not bound to a pod" in answer.json()["error"]
     assert nodes.ledger(nodes.mine)["gpuUtilizationPercent"] != 100.0
