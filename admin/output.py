@@ -14,6 +14,7 @@ import yaml
 from gpusharing.contract import ANNOTATION_PREFIX, IDLE_EXEMPT_LABEL, AdmissionMode
 from gpusharing.gpu.reading import instant
 from gpusharing.kube.owners import controller_of
+from gpusharing.utilisation import UtilisationSource
 from timekeeper.accounting.idle import PodFacts, Reading, Streak, outlook, verdict
 from timekeeper.budgets.idle import FIELDS, PolicyInForce, idle_policy_from_json
 
@@ -55,9 +56,13 @@ def idle_of(pod: dict[str, Any], status: dict[str, Any] | None, ledger: dict[str
     rule = None if raw is None else idle_policy_from_json({key: raw[key] for key in FIELDS})
     policy = None if rule is None or raw is None else PolicyInForce(rule, raw.get("from") or "")
     streak = Streak(instant(ledger.get("idleSince")), instant(ledger.get("idleWarnedAt")), instant(ledger.get("idleActedAt")))
-    reading = Reading(ledger.get("gpuUtilizationPercent"), instant(ledger.get("lastReportAt")))
-    # Silence is the leader's to judge, by the meters' interval it knows: a meter it flagged is silent, else fresh.
-    fresh = 0.0 if ledger.get("meterSilentSince") else float("inf")
+    source = UtilisationSource(ledger.get("utilisationSource") or UtilisationSource.METER)
+    # A meter's silence is the leader's to judge, by the meters' interval it knows: a meter it flagged is silent, else
+    # fresh; the node's (or Prometheus's) reading says until when it is fresh.
+    node_word = source is not UtilisationSource.METER
+    reading = Reading(ledger.get("gpuUtilizationPercent"), instant(ledger.get("utilisationAt") or ledger.get("lastReportAt")),
+                      source, instant(ledger.get("utilisationFreshUntil")) if node_word else None)
+    fresh = 0.0 if ledger.get("meterSilentSince") and not node_word else float("inf")
     judged = verdict(streak, reading, policy, PodFacts(instant(pod.get("startTime")), pod.get("idleExempt", False)), now, fresh)
     owner = pod.get("owner") or {}
     held = next((hold for hold in status.get("idleHolds") or [] if hold.get("uid") == owner.get("uid")), None)
@@ -142,7 +147,25 @@ def _billing(ledger: dict[str, Any] | None) -> list[tuple[str, str]]:
     if ledger.get("meterSilentSince"):
         meter += (f"; SILENT since {ledger['meterSilentSince']}: billed from the record all the same, its utilisation "
                   "and memory unknown")
-    return [("Billed", f"{_minutes(ledger['gpuSeconds'] / 60)} GPU-minutes, {source}"), ("Metered", meter)]
+    return [("Billed", f"{_minutes(ledger['gpuSeconds'] / 60)} GPU-minutes, {source}"), ("Metered", meter),
+            ("Utilisation", utilisation_source(ledger))]
+
+
+_READ_BY = {"node": "the node agent, on the node (outranks the meter's while fresh)",
+            "prometheus": "Prometheus (DCGM's per-pod series; outranks the meter's while fresh)",
+            "meter": "its meter, inside the pod (counted only where no node agent or Prometheus reports)"}
+
+
+def utilisation_source(ledger: dict[str, Any]) -> str:
+    """Whose word the pod's GPU utilisation is (node, prometheus, meter, none), what it read and when."""
+    source = ledger.get("utilisationSource")
+    if source is None:
+        return "none: nothing has read the pod's GPU utilisation yet"
+    value = ledger.get("gpuUtilizationPercent")
+    read = "unknown" if value is None else f"{value:g} %"
+    at = ledger.get("utilisationAt") or ledger.get("lastReportAt")
+    fresh = f", fresh until {ledger['utilisationFreshUntil']}" if ledger.get("utilisationFreshUntil") else ""
+    return f"{source}: {read}, read at {at}{fresh}, by {_READ_BY.get(source, source)}"
 
 
 def _admission_reason(state: str | None) -> str:

@@ -376,6 +376,9 @@ class FakeKube:
             items, version = self._pages.pop(token)
         else:
             items = list(self.pods.values()) if kind == "pods" else list(self.custom.get(kind, []))
+            selector = (query.get("fieldSelector") or [""])[0]
+            if selector.startswith("spec.nodeName="):  # the one field selector listed across namespaces
+                items = [item for item in items if item["spec"].get("nodeName") == selector[len("spec.nodeName="):]]
             version = str(next(self._versions))
         metadata: dict[str, Any] = {"resourceVersion": version}
         limit = int((query.get("limit") or ["0"])[0] or 0)

@@ -8,10 +8,12 @@ Modes (TIMEKEEPER_AUTH):
   a group's budget; `list` on `gpubudgets` in all namespaces for what spans them); budget writes need one allowing
   verb `update` on resource `budgets`, safe admission's reservations (the webhook's) verb `create` on `reservations`.
   Tokens in TIMEKEEPER_STATIC_TOKENS_FILE, when set, are accepted too.
+  A node agent's readings (`POST /api/v1/node-readings`) need a pod-bound token of the node agent's ServiceAccount
+  (TIMEKEEPER_NODE_AGENT_USERS), and are taken only for the node its pod runs on, and of the pods bound to that node.
 - static: only the tokens in TIMEKEEPER_STATIC_TOKENS_FILE: `TOKEN ROLE [NAME] [namespaces=NS,...]` per line, role
   admin, reader or meter. A reader reads everything and reserves (the webhook's token). A meter token may report for
   any pod (docker-compose has no pod identity to check), or for any pod of the namespaces its line names, and reads
-  nothing.
+  nothing. `TOKEN node-agent [NAME] node=NODE`: a node agent's, sending the readings of node NODE only.
 - none: every request is an admin's; for a local demo only.
 """
 
@@ -29,14 +31,14 @@ from typing import TypeVar
 from gpusharing.caching import TtlCache
 from gpusharing.compat import StrEnum
 from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
-from gpusharing.names import NAMESPACE, InvalidName, is_group
+from gpusharing.names import NAMESPACE, NODE_NAME, InvalidName, is_group
 from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport
 from gpusharing.settings.env import ConfigError
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from timekeeper.accounting.reports import ReportTerms
 from timekeeper.accounting.usage_report import recorded_labels
-from timekeeper.cluster.kube import Access, Identity, KubeApi, KubeUnavailable
+from timekeeper.cluster.kube import Access, Identity, KubeApi, KubeUnavailable, NodePods
 
 GROUP = "gpusharing.io"
 ADMIN = Access("update", "budgets", GROUP)
@@ -44,12 +46,15 @@ RESERVE = Access("create", "reservations", GROUP)  # the webhook's: safe admissi
 NAMESPACE_BUDGETS, GROUP_BUDGETS = "gpubudgets", "clustergpubudgets"
 
 NAMESPACES_PREFIX = "namespaces="
+NODE_PREFIX = "node="
+NODE_PODS_SECONDS = 5.0  # a node's pods, listed at most once per this long: an agent's pod bound since waits that long
 
 
 class Role(StrEnum):
     ADMIN = "admin"
     READER = "reader"
     METER = "meter"
+    NODE_AGENT = "node-agent"
 
 
 class Unauthenticated(Exception):
@@ -66,6 +71,7 @@ class Caller:
     role: Role | None = None  # a static token's role; None for a TokenReview identity
     identity: Identity | None = None
     namespaces: frozenset[str] | None = None  # a static meter token bound to these; None: any
+    node: str | None = None  # a static node agent's token: the node it speaks for
 
 
 def token_digest(token: str) -> bytes:
@@ -100,14 +106,20 @@ def load_static_tokens(path: str) -> StaticTokens:
             continue
         where = f"TIMEKEEPER_STATIC_TOKENS_FILE={path} line {number}"
         namespaces = _namespaces(words.pop(), where) if words[-1].startswith(NAMESPACES_PREFIX) else None
+        node = _node(words.pop(), where) if words[-1].startswith(NODE_PREFIX) else None
         if len(words) not in (2, 3) or words[1] not in tuple(Role):
             raise ConfigError(
                 f"{where}: expected `TOKEN ROLE [NAME] [{NAMESPACES_PREFIX}NS,...]` with ROLE one of {', '.join(Role)}"
+                f" (`TOKEN {Role.NODE_AGENT} [NAME] {NODE_PREFIX}NODE` for a node agent)"
             )
         role = Role(words[1])
         if namespaces is not None and role is not Role.METER:
             raise ConfigError(f"{where}: only a meter token is bound to namespaces ({NAMESPACES_PREFIX}…)")
-        tokens[words[0]] = Caller(words[2] if len(words) == 3 else f"static-{role}-line-{number}", role, namespaces=namespaces)
+        if (node is None) != (role is not Role.NODE_AGENT):
+            raise ConfigError(f"{where}: a {Role.NODE_AGENT} token, and only one, is bound to the node it speaks for "
+                              f"({NODE_PREFIX}NODE)")
+        tokens[words[0]] = Caller(words[2] if len(words) == 3 else f"static-{role}-line-{number}", role, namespaces=namespaces,
+                                  node=node)
     return StaticTokens(tokens)
 
 
@@ -117,6 +129,13 @@ def _namespaces(word: str, where: str) -> frozenset[str]:
         raise ConfigError(f"{where}: {NAMESPACES_PREFIX} names no namespace")
     try:
         return frozenset(NAMESPACE.check(name, "namespace") for name in names)
+    except InvalidName as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _node(word: str, where: str) -> str:
+    try:
+        return NODE_NAME.check(word[len(NODE_PREFIX):], "node")
     except InvalidName as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -132,7 +151,7 @@ class Authenticator:
     `wait_seconds`, then gets a 503 (KubeUnavailable) to try again, while the call goes on for the next try."""
 
     def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0,
-                 wait_seconds: float = 2.0):
+                 wait_seconds: float = 2.0, node_agent_users: frozenset[str] = frozenset()):
         if mode == "tokenreview" and kube is None:
             raise ConfigError("TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)")
         self.mode = mode
@@ -145,6 +164,9 @@ class Authenticator:
                                                                                      wait=wait_seconds)
         # A pod's annotations under gpusharing.io/ cannot change (the webhook refuses it), so they are read once.
         self._pod_terms: TtlCache[str, ReportTerms] = TtlCache(float("inf"), executor=calls, wait=wait_seconds)
+        self.node_agent_users = node_agent_users
+        self._agent_nodes: TtlCache[str, str] = TtlCache(cache_seconds, executor=calls, wait=wait_seconds)
+        self._node_pods: TtlCache[str, NodePods] = TtlCache(NODE_PODS_SECONDS, executor=calls, wait=wait_seconds)
 
     def _answer(self, cache: TtlCache[K, T], key: K, compute: Callable[[], T], what: str) -> T:
         try:
@@ -201,9 +223,55 @@ class Authenticator:
                             f"{access.resource!r} in API group {GROUP!r} {where}")
 
     def check_not_meter(self, caller: Caller) -> None:
-        """A meter's token (a static meter token, a pod's own) reports for its pod and reads nothing."""
+        """A meter's token (a static meter token, a pod's own) reports for its pod and reads nothing; so does a node
+        agent's for its node."""
+        if caller.role is Role.NODE_AGENT:
+            raise Forbidden(f"{caller.name} is a node agent's token: it sends its node's readings and reads nothing")
         if caller.role is Role.METER or (caller.identity is not None and caller.identity.pod_uid is not None):
             raise Forbidden(f"{caller.name} is a meter's token (bound to a pod): it reports for its pod and reads nothing")
+
+    def node_pods(self, caller: Caller, node: str) -> NodePods | None:
+        """Checks that `caller` is a node agent on `node` (Forbidden otherwise); returns the pods bound to the node,
+        whose readings it may send (None: any, off a cluster, where there are no pods to ask about)."""
+        if caller.role is Role.NODE_AGENT:
+            if caller.node != node:
+                raise Forbidden(f"{caller.name} is the node agent of node {caller.node}, not of node {node}")
+        elif caller.role is Role.ADMIN and self.mode == "none":
+            pass  # the local demo's
+        else:
+            self._check_agent_node(caller, node)
+        kube = self._kube
+        if kube is None:
+            return None
+        return self._answer(self._node_pods, node, lambda: kube.node_pods(node), f"the list of node {node}'s pods")
+
+    def _check_agent_node(self, caller: Caller, node: str) -> None:
+        identity = caller.identity
+        if identity is None or identity.username not in self.node_agent_users:
+            raise Forbidden(f"{caller.name} is not a node agent's token: only {', '.join(sorted(self.node_agent_users))} "
+                            "(TIMEKEEPER_NODE_AGENT_USERS) send node readings")
+        uid, name, namespace = identity.pod_uid, identity.pod_name, identity.service_account_namespace
+        if uid is None or name is None or namespace is None:
+            raise Forbidden(f"{caller.name}: the token is not bound to a pod (a node agent presents its pod's projected "
+                            "ServiceAccount token)")
+        agent_node = self._answer(self._agent_nodes, uid, lambda: self._read_agent_node(namespace, name, uid, identity.node_name),
+                                  f"the read of pod {namespace}/{name}")
+        if agent_node != node:
+            raise Forbidden(f"the token's pod {namespace}/{name} runs on node {agent_node}, not on node {node}")
+
+    def _read_agent_node(self, namespace: str, name: str, uid: str, reviewed_node: str | None) -> str:
+        """The node the agent's pod runs on: its spec.nodeName, which must agree with TokenReview's where it says."""
+        assert self._kube is not None
+        pod = self._kube.read_pod(namespace, name)
+        if pod is None or pod.metadata is None or pod.metadata.uid != uid:
+            raise Forbidden(f"the token's pod {namespace}/{name} with uid {uid} no longer exists")
+        bound = pod.spec.node_name if pod.spec is not None else None
+        if bound is None:
+            raise Forbidden(f"the token's pod {namespace}/{name} is not bound to a node")
+        if reviewed_node is not None and reviewed_node != bound:
+            raise Forbidden(f"the token was issued on node {reviewed_node}, but its pod {namespace}/{name} is bound to "
+                            f"node {bound}")
+        return bound
 
     def _allowed(self, caller: Caller, access: Access) -> bool:
         identity, kube = caller.identity, self._kube

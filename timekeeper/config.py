@@ -21,6 +21,7 @@ AUTH_MODES = ("tokenreview", "static", "none")
 DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"
 METRICS_AUTH = ("none", "token")
 DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
+DEFAULT_NODE_AGENT = "gpusharing-node-agent"  # the node agent's ServiceAccount, in the timekeeper's namespace
 # Settings no longer read, and what to set instead: refused at start rather than silently ignored.
 RETIRED_SETTINGS = {"TIMEKEEPER_METER_INTERVAL_SECONDS": METER_INTERVAL_SETTING}
 
@@ -67,6 +68,9 @@ class TimekeeperConfig:
     # and a meter is silent after, gpusharing.contract.fresh_for of it.
     meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
+    # Whose pod-bound tokens send node readings (POST /api/v1/node-readings); empty: the node agent's ServiceAccount
+    # in the timekeeper's own namespace (node_agents).
+    node_agent_users: tuple[str, ...] = ()
     lease_seconds: float | None = None  # the controller's Lease; None: 3 budget passes, at least 15 s
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
     reservation_seconds: float = 30.0  # how long safe admission's reservation waits for its pod in the pod watch
@@ -82,6 +86,11 @@ class TimekeeperConfig:
     clock: str = DEFAULT_CLOCK  # module:function giving the time; TESTS ONLY change it, to move time across periods
     gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)  # the webhook's: pods are billed as admitted
     catalogue_source: str = "the shipped catalogue"  # recorded in the weights' audit log
+
+    @property
+    def node_agents(self) -> frozenset[str]:
+        """The usernames whose pod-bound tokens may send node readings."""
+        return frozenset(self.node_agent_users or (f"system:serviceaccount:{self.lease_namespace}:{DEFAULT_NODE_AGENT}",))
 
     @property
     def catalogue(self) -> GpuCatalogue:
@@ -108,6 +117,8 @@ class TimekeeperConfig:
             controller_port=env_int("TIMEKEEPER_CONTROLLER_PORT", cls.controller_port, 1, environ),
             meter_interval_seconds=meter_interval_seconds(environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
+            node_agent_users=tuple(user.strip() for user in environ.get("TIMEKEEPER_NODE_AGENT_USERS", "").split(",")
+                                   if user.strip()),
             lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ) if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip() else None,
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
             reservation_seconds=env_float("TIMEKEEPER_RESERVATION_SECONDS", 30.0, 1.0, environ),

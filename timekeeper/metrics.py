@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,11 @@ MIB = 1024 * 1024
 # The per-pod series (pods overrunning their GPU memory, running pods) are at most this many each: bounded cardinality.
 MAX_RUNNING_PODS = 10_000
 
+NODE_READINGS = Counter(
+    "gpusharing_timekeeper_node_readings",
+    "Node agents' batches of readings answered, by outcome (recorded, rejected, unauthenticated, forbidden).",
+    ["outcome"],
+)
 REPORTS = Counter(
     "gpusharing_timekeeper_reports",
     "Meter reports answered, by outcome (charged, duplicate, regressed, after-final, rejected, unauthenticated, forbidden).",
@@ -190,8 +194,9 @@ class LedgerCollector(Collector):
         """Per namespace: its GPU pods idle now and beyond their policy's warning, and its idle GPU time this period."""
         pods = GaugeMetricFamily(
             "gpusharing_timekeeper_idle_pods",
-            "Running GPU pods whose meter's latest reading (within two meter intervals) continued an idle streak: GPU "
-            "utilisation under the idle policy's threshold (1 % without one). Unknown utilisation is never idle.",
+            "Running GPU pods whose latest reading (the node agent's or Prometheus's where fresh, else the meter's within "
+            "two meter intervals) continued an idle streak: GPU utilisation under the idle policy's threshold (1 % "
+            "without one). Unknown utilisation is never idle.",
             labels=["namespace"],
         )
         warned = GaugeMetricFamily(
@@ -199,8 +204,7 @@ class LedgerCollector(Collector):
             "Of those, the pods idle beyond the warning of the idle policy in force (warned, or acted on and still running).",
             labels=["namespace"],
         )
-        fresh_since = self.ledger.budgets.clock() - dt.timedelta(seconds=self.ledger.fresh_seconds)  # fresh readings
-        for ns, (now_idle, beyond) in sorted(idle.idle_now(fresh_since).items()):
+        for ns, (now_idle, beyond) in sorted(idle.idle_now(self.ledger.budgets.clock(), self.ledger.fresh_seconds).items()):
             pods.add_metric([ns], float(now_idle))
             warned.add_metric([ns], float(beyond))
         seconds = GaugeMetricFamily(

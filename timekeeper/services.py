@@ -14,6 +14,7 @@ from gpusharing.clock import Clock, ReadClock
 from gpusharing.kube.client import in_cluster_available
 from gpusharing.settings.env import ConfigError, load_code
 from timekeeper import metrics
+from timekeeper.accounting.readings import UtilisationLedger
 from timekeeper.accounting.reports import ReportLedger, ReportQueue
 from timekeeper.accounting.streaks import IdleLedger, holds_by_namespace
 from timekeeper.auth import Authenticator, StaticTokens, load_static_tokens
@@ -52,6 +53,7 @@ class Services:
     ledger: ReportLedger
     idle: IdleLedger
     reports: ReportQueue
+    utilisation: UtilisationLedger  # the node agents' readings (and Prometheus's, through the same call)
     commitments: PublishedCommitments  # the committed pods the controller publishes (this process watches no pods)
     collector: metrics.LedgerCollector
     schema_head: str
@@ -112,12 +114,12 @@ def build_services(
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
-    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds)
+    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds, config.node_agents)
     # Replicas answer the webhooks alike: what the controller published, what is left of each deadline reckoned by
     # the database's clock.
     commitments = PublishedCommitments(stores.database, stores.clock.now, config.reservation_seconds)
     return Services(config, auth, stores.database, stores.budgets, ReservationStore(stores.budgets, config.reservation_seconds),
-                    stores.ledger, stores.idle, ReportQueue(stores.ledger), commitments,
+                    stores.ledger, stores.idle, ReportQueue(stores.ledger), UtilisationLedger.of(stores.ledger), commitments,
                     metrics.LedgerCollector(stores.ledger, commitments, stores.idle), head_revision(),
                     WebhookListings(stores.database))
 

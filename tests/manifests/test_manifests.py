@@ -347,12 +347,13 @@ def test_the_meters_interval_is_one_setting_of_the_webhook_the_timekeeper_and_th
 
 
 def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
-    # The web timekeeper: the API's callers and the reporting pod's terms; it follows no pods (the controller publishes
-    # safe admission's commitments).
+    # The web timekeeper: the API's callers, the reporting pod's terms, a node agent's node and the pods bound to it;
+    # it follows no pods (the controller publishes safe admission's commitments).
     assert granted(objects, "gpusharing-timekeeper") == {
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
-        ("", "pods", "get"),  # a reporting pod's admitted terms
+        ("", "pods", "get"),  # a reporting pod's admitted terms; a node agent's pod, the node it runs on
+        ("", "pods", "list"),  # the pods bound to a node agent's node (field selector spec.nodeName), never watched
     }
     # The controller: the cluster work.
     assert granted(objects, "gpusharing-controller") == {

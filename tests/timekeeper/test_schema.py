@@ -214,3 +214,36 @@ def test_daily_usage_from_before_rollups_is_rolled_up_into_every_kind_of_period(
     assert "namespace_period_usage" not in inspect(engine).get_table_names()
     assert "ix_top_ups_period_start" not in {index["name"] for index in inspect(engine).get_indexes("top_ups")}
     engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_readings_from_before_sources_are_the_meters_and_their_streaks_go_on(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest,
+) -> None:
+    url = migrated_to("0011_published_commitments", backend, tmp_path, request)
+    engine = create_engine(url)
+    start = dt.datetime(2026, 11, 25, 10, 0, tzinfo=dt.timezone.utc)
+    idle_since = start + dt.timedelta(seconds=30)
+    with engine.begin() as conn:  # a pod idle since its second report, and one whose meter never reported
+        conn.execute(pod_ledgers.insert().values(
+            pod_uid="uid-idle", namespace="ml", pod="idle", billed_share=0.5, micro_gpu_seconds=30_000_000,
+            metered_micro_gpu_seconds=30_000_000, last_seq=2, final=False, first_report_at=start,
+            last_report_at=start + dt.timedelta(seconds=60), gpu_utilization_percent=0.0, idle_since=idle_since))
+        conn.execute(pod_ledgers.insert().values(
+            pod_uid="uid-watched", namespace="ml", pod="watched", billed_share=0.5, micro_gpu_seconds=0, last_seq=-1,
+            final=False, started_at=start, observed_until=start))
+    upgrade(url)
+    with engine.connect() as conn:
+        sources = {row.pod_uid: (row.utilisation_source, row.utilisation_at, row.utilisation_fresh_until)
+                   for row in conn.execute(select(pod_ledgers))}
+    assert sources == {"uid-idle": ("meter", start + dt.timedelta(seconds=60), None), "uid-watched": (None, None, None)}
+    database = Database(url)
+    clock = start + dt.timedelta(seconds=90)
+    ledger = ReportLedger(BudgetStore(database, clock=lambda: clock))
+    ledger.record([(MeterReport("uid-idle", "ml", "idle", 0.5, 3, 45.0, gpu_utilization_percent=0.0), None)])
+    (pod,) = [pod for pod in ledger.pods("ml") if pod.pod_uid == "uid-idle"]
+    assert pod.idle_since == idle_since and pod.utilisation_at == clock  # the streak goes on, from the meter's word
+    database.dispose()
+    command.downgrade(alembic_config(url), "0011_published_commitments")
+    assert "utilisation_source" not in {c["name"] for c in inspect(engine).get_columns("pod_ledgers")}
+    engine.dispose()

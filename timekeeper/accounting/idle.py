@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from gpusharing.compat import StrEnum
 from gpusharing.units.duration import format_duration
+from gpusharing.utilisation import UtilisationSource
 from timekeeper.budgets.idle import IdleAction, PolicyInForce
 
 
@@ -59,10 +60,41 @@ class PodFacts:
 
 @dataclass(frozen=True)
 class Reading:
-    """The meter's latest word: its utilisation (None: no NVML data) and when it came (None: never)."""
+    """A pod's latest word on its GPU's utilisation: what it read (None: no data), when it came (None: never), whose
+    word it is, and until when it is fresh (None: `fresh_seconds` after it came, as a meter's)."""
 
     utilisation: float | None
     reported_at: dt.datetime | None
+    source: UtilisationSource = UtilisationSource.METER
+    fresh_until: dt.datetime | None = None
+
+    def fresh(self, now: dt.datetime, fresh_seconds: float) -> bool:
+        if self.reported_at is None:
+            return False
+        if self.fresh_until is not None:
+            return now <= self.fresh_until
+        return (now - self.reported_at).total_seconds() <= fresh_seconds
+
+    def outranks(self, source: UtilisationSource, now: dt.datetime) -> bool:
+        """Whether this reading stands against one from `source` received `now`: it is fresh and its source outranks
+        (a meter's reading counts only where no node agent or Prometheus has a fresh one)."""
+        return self.fresh_until is not None and now <= self.fresh_until and self.source.outranks(source)
+
+    def next_streak(self, streak: Streak, source: UtilisationSource, utilisation: float | None, threshold_percent: float,
+                    now: dt.datetime, max_gap_seconds: float) -> Streak:
+        """The streak after a reading from `source` that takes this one's place: a streak goes on only from readings
+        of one source, so that where the node's word replaces the meter's, idle policies act on the node's alone."""
+        last = self.reported_at if self.source is source else None
+        return next_streak(streak, last, utilisation, threshold_percent, now, max_gap_seconds)
+
+
+NO_READING = Reading(None, None)
+_WHOSE = {UtilisationSource.METER: "its meter", UtilisationSource.NODE: "the node agent",
+          UtilisationSource.PROMETHEUS: "Prometheus (DCGM)"}
+_LAST = {UtilisationSource.METER: "its last report", UtilisationSource.NODE: "the node agent's last reading",
+         UtilisationSource.PROMETHEUS: "the last reading from Prometheus (DCGM)"}
+_EVERY = {UtilisationSource.METER: "every report", UtilisationSource.NODE: "every reading of the node agent",
+          UtilisationSource.PROMETHEUS: "every reading from Prometheus (DCGM)"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,7 @@ class IdleVerdict:
     act_at: dt.datetime | None  # when the policy's action is due; None: never, as things stand
     why: str  # the state in words
     streak_end: dt.datetime | None = None  # the streak's last idle report: how far the reports prove it
+    source: UtilisationSource = UtilisationSource.METER  # whose readings the streak stands on
 
     @property
     def warning_due(self) -> bool:
@@ -93,34 +126,37 @@ def verdict(
 ) -> IdleVerdict:
     """What the policy in force says of a pod now. A reading older than `fresh_seconds` (a silent meter) is unknown."""
     threshold = policy.policy.utilisation_percent if policy is not None else None
+    whose = _WHOSE[reading.source]
     if reading.reported_at is None:
         return IdleVerdict(IdleState.UNKNOWN, 0.0, policy, None, None,
                            "unknown: its meter has not reported yet; never treated as idle")
-    if (now - reading.reported_at).total_seconds() > fresh_seconds:
+    if not reading.fresh(now, fresh_seconds):
         return IdleVerdict(IdleState.UNKNOWN, 0.0, policy, None, None,
-                           f"unknown: its meter has not reported since {_iso(reading.reported_at)} (silent); never "
+                           f"unknown: {whose} has not reported since {_iso(reading.reported_at)} (silent); never "
                            "treated as idle")
     if reading.utilisation is None:
+        blind = ("no NVML data: no driver, an older driver, or the pod's GPU processes out of its sight"
+                 if reading.source is UtilisationSource.METER else "no device of the pod found, or a MIG instance it cannot read")
         return IdleVerdict(IdleState.UNKNOWN, 0.0, policy, None, None,
-                           "unknown: its meter reads no GPU utilisation (no NVML data: no driver, an older driver, or "
-                           "the pod's GPU processes out of its sight); never treated as idle")
+                           f"unknown: {whose} reads no GPU utilisation ({blind}); never treated as idle")
     if streak.since is None or (threshold is not None and reading.utilisation >= threshold):
         under = f" (idle is under {threshold:g} %)" if threshold is not None else ""
         return IdleVerdict(IdleState.BUSY, 0.0, policy, None, None,
-                           f"busy: its last report read {reading.utilisation:g} % GPU utilisation{under}")
+                           f"busy: {_LAST[reading.source]} read {reading.utilisation:g} % GPU utilisation{under}")
     idle_seconds = max(0.0, (reading.reported_at - streak.since).total_seconds())
     below = f"under {threshold:g} %" if threshold is not None else "idle"
-    why = f"idle for {format_duration(round(idle_seconds))}: every report since {_iso(streak.since)} read GPU utilisation {below}"
+    why = (f"idle for {format_duration(round(idle_seconds))}: {_EVERY[reading.source]} since {_iso(streak.since)} read GPU "
+           f"utilisation {below}")
     if policy is None or pod.exempt:
         if pod.exempt:
             why += "; exempt (gpusharing.io/idle-exempt: \"true\"): never acted on"
-        return IdleVerdict(IdleState.IDLE, idle_seconds, policy, None, None, why, reading.reported_at)
+        return IdleVerdict(IdleState.IDLE, idle_seconds, policy, None, None, why, reading.reported_at, reading.source)
     rule = policy.policy
     act_at = streak.since + dt.timedelta(seconds=rule.after_seconds)
     if pod.started_at is not None and rule.min_age_seconds:
         act_at = max(act_at, pod.started_at + dt.timedelta(seconds=rule.min_age_seconds))
     warn_at = act_at - dt.timedelta(seconds=rule.warn_before_seconds) if rule.warn_before_seconds else None
-    return IdleVerdict(IdleState.IDLE, idle_seconds, policy, warn_at, act_at, why, reading.reported_at)
+    return IdleVerdict(IdleState.IDLE, idle_seconds, policy, warn_at, act_at, why, reading.reported_at, reading.source)
 
 
 def outlook(verdict: IdleVerdict, streak: Streak) -> str | None:

@@ -32,7 +32,8 @@ from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, fresh_for
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
-from timekeeper.accounting.idle import Streak, next_streak
+from gpusharing.utilisation import UtilisationSource
+from timekeeper.accounting.idle import Reading, Streak
 from timekeeper.accounting.ledger import (
     NEW_POD,
     Accounting,
@@ -109,10 +110,19 @@ class PodRecord:
     idle_since: dt.datetime | None = None
     idle_warned_at: dt.datetime | None = None
     idle_acted_at: dt.datetime | None = None
+    utilisation_source: str | None = None
+    utilisation_at: dt.datetime | None = None
+    utilisation_fresh_until: dt.datetime | None = None
 
     @property
     def streak(self) -> Streak:
         return Streak(self.idle_since, self.idle_warned_at, self.idle_acted_at)
+
+    @property
+    def reading(self) -> Reading:
+        """Its latest word on the GPU's utilisation: the node's (or Prometheus's) where fresh, else its meter's."""
+        return ledger_reading(self.gpu_utilization_percent, self.utilisation_source, self.utilisation_at,
+                              self.utilisation_fresh_until)
 
     @property
     def memory_over_request_mib(self) -> float | None:
@@ -143,7 +153,16 @@ class PodRecord:
             "idleSince": _instant(self.idle_since),
             "idleWarnedAt": _instant(self.idle_warned_at),
             "idleActedAt": _instant(self.idle_acted_at),
+            "utilisationSource": self.utilisation_source,
+            "utilisationAt": _instant(self.utilisation_at),
+            "utilisationFreshUntil": _instant(self.utilisation_fresh_until),
         }
+
+
+def ledger_reading(utilisation: float | None, source: str | None, at: dt.datetime | None,
+                   fresh_until: dt.datetime | None) -> Reading:
+    """A ledger row's reading (a row from before sources were kept, or never read, is its meter's)."""
+    return Reading(utilisation, at, UtilisationSource(source or UtilisationSource.METER), fresh_until)
 
 
 def _instant(at: dt.datetime | None) -> str | None:
@@ -187,9 +206,9 @@ class _Locked:
 
     namespace: str
     ledger: PodLedger
-    reading: float | None  # the meter's recent utilisation reading, for the idle part of an observed interval
+    reading: Reading  # the latest utilisation reading, whoever's: the idle part of what is charged while it is fresh
+    memory_used_mib: float | None  # read with it
     streak: Streak
-    last_report_at: dt.datetime | None
 
 
 class IdleThresholds:
@@ -230,7 +249,7 @@ class ReportLedger:
         self.usage = UsageLedger(self.db)
         # Built once: constructing statements per report would cost more than running them.
         lock = (
-            select(*(pod_ledgers.c[column] for column in _LOCKED_COLUMNS))
+            select(*(pod_ledgers.c[column] for column in LOCKED_COLUMNS))
             .where(pod_ledgers.c.pod_uid.in_(bindparam("uids", expanding=True)))
             .order_by(pod_ledgers.c.pod_uid)
         )
@@ -293,7 +312,7 @@ class ReportLedger:
     ) -> _Entry:
         share = meter_report.gpu_share if terms is None else terms.share
         recorded = None if terms is None else terms.model
-        readings = _readings(meter_report, terms, now)
+        readings = _readings(meter_report, terms, now, self.fresh_seconds)
 
         def apply(ledger: PodLedger, at: dt.datetime) -> Accounting:
             if ledger.started_at is None and terms is not None and terms.started_at is not None:
@@ -348,7 +367,10 @@ class ReportLedger:
                 accounting = entry.apply(locked.ledger, now)
                 locked.ledger = accounting.ledger
                 accounted[entry.index] = (namespace, accounting)
-                utilization = locked.reading if entry.observed else entry.utilization_percent
+                # The meter's reading counts only where no fresher word of a higher rank (the node's) stands.
+                heard = not entry.observed and not locked.reading.outranks(UtilisationSource.METER, now)
+                utilization = entry.utilization_percent if heard else (
+                    locked.reading.utilisation if locked.reading.fresh(now, self.fresh_seconds) else None)
                 charge = pod_charge(accounting.charge_micro_gpu_seconds, entry.model.billing_weight, utilization)
                 pod_charges[entry.pod_uid, entry.model.name] += charge
                 charges[namespace] += charge.weighted_micro_gpu_seconds
@@ -357,7 +379,7 @@ class ReportLedger:
                     advanced[entry.pod_uid] = {
                         **advanced.get(entry.pod_uid, {}), "pod_uid": entry.pod_uid, "pod": entry.pod,
                         **_ledger_columns(accounting.ledger), **entry.written,
-                        **({} if entry.observed else self._streak_columns(locked, entry, thresholds[namespace], now)),
+                        **({} if entry.observed else self._reading_columns(locked, entry, heard, thresholds[namespace], now)),
                     }
             if advanced:  # a batch is all reports or all observations, which write different columns
                 write = self._observed if entries[0].observed else self._advance
@@ -383,13 +405,17 @@ class ReportLedger:
             )
         return results
 
-    def _streak_columns(self, locked: _Locked, entry: _Entry, threshold: float, now: dt.datetime) -> dict[str, Any]:
-        """The pod's idle streak after an accepted report (timekeeper.accounting.idle), as its ledger keeps it."""
-        locked.streak = next_streak(locked.streak, locked.last_report_at, entry.utilization_percent, threshold, now,
-                                    self.fresh_seconds)
-        locked.last_report_at = now
-        return {"idle_since": locked.streak.since, "idle_warned_at": locked.streak.warned_at,
-                "idle_acted_at": locked.streak.acted_at}
+    def _reading_columns(self, locked: _Locked, entry: _Entry, heard: bool, threshold: float,
+                         now: dt.datetime) -> dict[str, Any]:
+        """The pod's reading and idle streak (timekeeper.accounting.idle) after an accepted report, as its ledger keeps
+        them: moved by the meter's reading when it is heard, else (the node's word stands) left as they were."""
+        if heard:
+            locked.streak = locked.reading.next_streak(locked.streak, UtilisationSource.METER, entry.utilization_percent,
+                                                       threshold, now, self.fresh_seconds)
+            locked.reading = Reading(entry.utilization_percent, now, UtilisationSource.METER,
+                                     now + dt.timedelta(seconds=self.fresh_seconds))
+            locked.memory_used_mib = entry.written["gpu_memory_used_mib"]
+        return {**reading_columns(locked.reading, locked.memory_used_mib), **streak_columns(locked.streak)}
 
     def _lock_ledgers(self, conn: Statements, entries: list[_Entry], now: dt.datetime) -> dict[str, _Locked]:
         """Every pod of the batch's ledger row, locked; pods seen for the first time get a ledger."""
@@ -412,15 +438,15 @@ class ReportLedger:
             self._open.execute(conn, [new[uid] for uid in sorted(new)])
             self.usage.label(conn, labels)
             rows.update((row.pod_uid, row) for row in conn.execute(self._lock, {"uids": sorted(new)}))
-        fresh = now - dt.timedelta(seconds=self.fresh_seconds)
         return {
             uid: _Locked(
                 row.namespace,
                 PodLedger(row.last_seq, row.metered_micro_gpu_seconds, row.observed_micro_gpu_seconds, row.micro_gpu_seconds,
                           row.final, row.started_at, row.observed_until, row.ended_at, row.billed_share or None),
-                row.gpu_utilization_percent if row.last_report_at is not None and row.last_report_at >= fresh else None,
+                ledger_reading(row.gpu_utilization_percent, row.utilisation_source, row.utilisation_at,
+                               row.utilisation_fresh_until),
+                row.gpu_memory_used_mib,
                 Streak(row.idle_since, row.idle_warned_at, row.idle_acted_at),
-                row.last_report_at,
             )
             for uid, row in rows.items()
         }
@@ -500,12 +526,26 @@ class ReportLedger:
 # The ledger's columns: its accounting (PodLedger), a report's readings, and what each write sets.
 _LEDGER_COLUMNS = ("micro_gpu_seconds", "metered_micro_gpu_seconds", "observed_micro_gpu_seconds", "last_seq", "final",
                    "started_at", "observed_until", "ended_at", "billed_share")
-_READING_COLUMNS = ("gpu_memory_used_mib", "gpu_utilization_percent", "gpu_memory_requested_mib", "last_report_at")
-_STREAK_COLUMNS = ("idle_since", "idle_warned_at", "idle_acted_at")
-_ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since", *_STREAK_COLUMNS)
+_UTILISATION_COLUMNS = ("gpu_utilization_percent", "gpu_memory_used_mib", "utilisation_source", "utilisation_at",
+                        "utilisation_fresh_until")
+_READING_COLUMNS = (*_UTILISATION_COLUMNS, "gpu_memory_requested_mib", "last_report_at")
+STREAK_COLUMNS = ("idle_since", "idle_warned_at", "idle_acted_at")
+_ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since", *STREAK_COLUMNS)
 _OBSERVING_COLUMNS = ("pod", *_LEDGER_COLUMNS)
 _OPENING_COLUMNS = ("pod_uid", "namespace", "pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "first_report_at")
-_LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, "gpu_utilization_percent", "last_report_at", *_STREAK_COLUMNS)
+LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, *_UTILISATION_COLUMNS, *STREAK_COLUMNS)
+UTILISATION_COLUMNS = (*_UTILISATION_COLUMNS, *STREAK_COLUMNS)  # what a reading from any source moves
+
+
+def reading_columns(reading: Reading, memory_used_mib: float | None) -> dict[str, Any]:
+    """A reading as its pod's ledger keeps it."""
+    return {"gpu_utilization_percent": reading.utilisation, "gpu_memory_used_mib": memory_used_mib,
+            "utilisation_source": None if reading.reported_at is None else reading.source.value,
+            "utilisation_at": reading.reported_at, "utilisation_fresh_until": reading.fresh_until}
+
+
+def streak_columns(streak: Streak) -> dict[str, Any]:
+    return {"idle_since": streak.since, "idle_warned_at": streak.warned_at, "idle_acted_at": streak.acted_at}
 
 
 def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:
@@ -532,11 +572,12 @@ def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime) -> dict[str, Any]:
-    """What a charged report leaves in its pod's ledger besides the accounting: NVML readings."""
+def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, fresh_seconds: float) -> dict[str, Any]:
+    """What a charged report leaves in its pod's ledger besides the accounting: NVML readings (those of a ledger it
+    opens; a ledger's own are moved by the report only where no higher word stands, `ReportLedger._reading_columns`)."""
+    reading = Reading(report.gpu_utilization_percent, now, UtilisationSource.METER, now + dt.timedelta(seconds=fresh_seconds))
     return {
-        "gpu_memory_used_mib": report.gpu_memory_used_mib,
-        "gpu_utilization_percent": report.gpu_utilization_percent,
+        **reading_columns(reading, report.gpu_memory_used_mib),
         "gpu_memory_requested_mib": report.gpu_memory_requested_mib if terms is None else terms.requested_memory_mib,
         "last_report_at": now,
     }

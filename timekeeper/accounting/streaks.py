@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from gpusharing.kube.owners import Owner
 from timekeeper.accounting.reports import PodRecord
@@ -114,11 +114,14 @@ class IdleLedger:
                 raw[namespace][on], weighted[namespace][on] = int(idle or 0), int(cost or 0)
         return {namespace: IdleUse(raw[namespace], weighted[namespace]) for namespace in raw}
 
-    def idle_now(self, fresh_since: dt.datetime) -> dict[str, tuple[int, int]]:
-        """Per namespace: (pods idle now, of them warned or acted on): running pods whose meter's last report, within
-        freshness, continued an idle streak."""
+    def idle_now(self, now: dt.datetime, fresh_seconds: float) -> dict[str, tuple[int, int]]:
+        """Per namespace: (pods idle now, of them warned or acted on): running pods whose latest reading, while fresh
+        (until its own freshness, else a meter's `fresh_seconds`), continued an idle streak."""
+        fresh = or_(pod_ledgers.c.utilisation_fresh_until >= now, and_(
+            pod_ledgers.c.utilisation_fresh_until.is_(None),
+            pod_ledgers.c.utilisation_at >= now - dt.timedelta(seconds=fresh_seconds)))
         query = select(pod_ledgers.c.namespace, pod_ledgers.c.idle_warned_at, pod_ledgers.c.idle_acted_at).where(
-            pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.idle_since.is_not(None), pod_ledgers.c.last_report_at >= fresh_since)
+            pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.idle_since.is_not(None), fresh)
         counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         with self.db.read() as conn:
             for namespace, warned_at, acted_at in conn.execute(query):

@@ -3,6 +3,7 @@ short function that checks the caller, parses, calls a service and renders.
 
 - budgets: `/api/v1/budgets` (read, set, patch, remove, top up, the audit log)
 - reports: `POST /api/v1/reports`, the meters' reports
+- node_readings: `POST /api/v1/node-readings`, the node agents' GPU utilisation readings
 - pods: `/api/v1/pods`, what the ledger accounted per pod
 - usage: `/api/v1/usage` and `/api/v1/gpu-models`
 - reservations: `POST /api/v1/reservations`, safe admission's, made by the webhook
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 from flask import Flask
 
-from timekeeper.api import budgets, health, pods, reports, reservations, usage
+from timekeeper.api import budgets, health, node_readings, pods, reports, reservations, usage
 from timekeeper.api.errors import register_error_handlers
 
-BLUEPRINTS = (budgets.blueprint, reports.blueprint, pods.blueprint, usage.blueprint, reservations.blueprint, health.blueprint)
+BLUEPRINTS = (budgets.blueprint, reports.blueprint, node_readings.blueprint, pods.blueprint, usage.blueprint, reservations.blueprint, health.blueprint)
 
 
 def register_api(app: Flask) -> None:

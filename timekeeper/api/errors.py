@@ -57,7 +57,7 @@ def _unauthenticated(exc: Unauthenticated) -> tuple[Response, int, dict[str, str
 
 
 def _too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:
-    return jsonify(error=f"the body is larger than the {MAX_BODY_BYTES} bytes the timekeeper reads"), 413
+    return jsonify(error=f"the body is larger than the {request.max_content_length} bytes the timekeeper reads"), 413
 
 
 def _kube_unavailable(exc: KubeUnavailable) -> tuple[Response, int]:

@@ -1,9 +1,9 @@
 """The idle policy, acted on by the controller's leader: Events, evictions and holds for GPU pods nobody uses.
 
-Every billing interval the leader reads the streak of each running governed pod (kept by the report path from its
-meter's readings) and judges it by the policy in force (timekeeper.accounting.idle). Each streak is warned of once
-(`GPUIdleWarning` on the pod and its owner) and acted on once (`GPUIdle`), claimed in the database first so that two
-leaders never both act:
+Every billing interval the leader reads the streak of each running governed pod (kept from its node agent's
+readings where they are fresh, else from its meter's: timekeeper.accounting.readings, reports) and judges it by the
+policy in force (timekeeper.accounting.idle). Each streak is warned of once (`GPUIdleWarning` on the pod and its
+owner) and acted on once (`GPUIdle`), claimed in the database first so that two leaders never both act:
 
 - warn: the Event, nothing else;
 - demote: a pod that runs in budget and has an owner is evicted through the Eviction API (PodDisruptionBudgets
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from gpusharing.kube.watching import WatchedObjects
 from gpusharing.units.duration import format_duration
 from gpusharing.units.weights import MICROS_PER_SECOND
+from gpusharing.utilisation import UtilisationSource
 from timekeeper import metrics
-from timekeeper.accounting.idle import IdleState, IdleVerdict, PodFacts, Reading, Streak, verdict
+from timekeeper.accounting.idle import IdleState, IdleVerdict, PodFacts, Streak, verdict
 from timekeeper.accounting.record import RecordedPod
 from timekeeper.accounting.streaks import Hold, IdleLedger, IdleUse, Step
 from timekeeper.budgets.hierarchy import idle_policy_of
@@ -106,8 +107,9 @@ class Idler:
             if record is None:
                 continue  # not observed yet
             policy = idle_policy_of(budgets, pod.namespace, self.budgets.default_idle)
-            judged = verdict(record.streak, Reading(record.gpu_utilization_percent, record.last_report_at), policy,
-                             PodFacts(pod.started_at, pod.idle_exempt), now, self.fresh_seconds)
+            # The node's (or Prometheus's) reading where fresh, else the meter's: policies act on the node's word.
+            judged = verdict(record.streak, record.reading, policy, PodFacts(pod.started_at, pod.idle_exempt), now,
+                             self.fresh_seconds)
             done.verdicts[uid] = (pod, judged)
             if policy is None:
                 continue
@@ -261,7 +263,9 @@ def budget_idle(statuses: Mapping[str, BudgetStatus], done: IdlePass | None) -> 
 
 def _idle_for(pod: RecordedPod, judged: IdleVerdict) -> str:
     assert judged.policy is not None
-    return (f"the GPU of pod {pod.name} has been idle for {format_duration(round(judged.idle_seconds))} (every meter "
+    whose = {UtilisationSource.METER: "meter", UtilisationSource.NODE: "node agent",
+             UtilisationSource.PROMETHEUS: "Prometheus"}[judged.source]
+    return (f"the GPU of pod {pod.name} has been idle for {format_duration(round(judged.idle_seconds))} (every {whose} "
             f"reading under {judged.policy.policy.utilisation_percent:g} % utilisation)")
 
 

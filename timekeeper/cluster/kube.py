@@ -8,7 +8,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"  # where the API server gives it (a token bound to a pod)
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects live
 REPORTING_COMPONENT = "gpusharing-timekeeper"
@@ -51,10 +52,23 @@ class Identity:
         return next(iter(self.extra.get(POD_NAME_EXTRA) or []), None)
 
     @property
+    def node_name(self) -> str | None:
+        """The node the token's pod was bound to when the token was issued, where the API server says it."""
+        return next(iter(self.extra.get(NODE_NAME_EXTRA) or []), None)
+
+    @property
     def service_account_namespace(self) -> str | None:
         if not self.username.startswith(SERVICE_ACCOUNT_PREFIX):
             return None
         return self.username[len(SERVICE_ACCOUNT_PREFIX):].split(":", 1)[0]
+
+
+class BoundPod(NamedTuple):
+    namespace: str
+    name: str
+
+
+NodePods = dict[str, BoundPod]  # the pods bound to a node, by uid
 
 
 @dataclass(frozen=True)
@@ -141,6 +155,13 @@ class KubeApi:
 
     def read_pod(self, namespace: str, name: str) -> client.V1Pod | None:
         return self._call(f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace, answers={404: None})
+
+    def node_pods(self, node: str) -> NodePods:
+        """The pods bound to `node`, in every namespace: one LIST, by the API server's field selector."""
+        answer = self._call(f"list the pods of node {node}", self.core.list_pod_for_all_namespaces,
+                            field_selector=f"spec.nodeName={node}")
+        return {pod.metadata.uid: BoundPod(pod.metadata.namespace, pod.metadata.name)
+                for pod in answer.items or [] if pod.metadata is not None and pod.metadata.uid}
 
     def running_pods(self, namespace: str) -> list[client.V1Pod]:
         answer = self._call(

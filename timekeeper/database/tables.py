@@ -127,6 +127,11 @@ class PodLedgerRow(Base):
     gpu_memory_used_mib: Mapped[float | None] = mapped_column(Float)
     gpu_memory_requested_mib: Mapped[float | None] = mapped_column(Float)
     gpu_utilization_percent: Mapped[float | None] = mapped_column(Float)
+    # Whose word gpu_utilization_percent (and gpu_memory_used_mib) is (gpusharing.utilisation.UtilisationSource: the
+    # node agent's or Prometheus's outranks the meter's while fresh), when it was read, and until when it is fresh.
+    utilisation_source: Mapped[str | None] = mapped_column(String(16))
+    utilisation_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    utilisation_fresh_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     # Its idle streak (timekeeper.accounting.idle): since when every report read utilisation under the policy's
     # threshold (None: its last report was busy, or unknown), and when this streak was warned of and acted on.
     idle_since: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)

@@ -1,0 +1,140 @@
+"""Utilisation readings from the node (the node agent's batches, `POST /api/v1/node-readings`) and from Prometheus
+(DCGM), into the pod ledgers: the SQL side of gpusharing.utilisation, one call per batch, one transaction.
+
+A reading charges nothing: the bill is the API server's record and the meter's share × time evidence
+(timekeeper.accounting.reports). It takes the place of the pod's latest reading, which moves the pod's idle streak
+(timekeeper.accounting.idle) and, while it is fresh, sets the idle part of every charge made: so where the node
+reports, the idle GPU time, the idle column and idle policies are the node's word, and a meter's reading counts only
+where no fresh reading of a higher rank stands (`Reading.outranks`). A reading is fresh for two of its windows
+(gpusharing.contract.fresh_for): the source's interval, as it says it.
+
+A reading is ignored, with the reason, for a pod the timekeeper bills no ledger of yet (the watch or the meter opens
+it), in another namespace than its ledger's, whose bill is closed, or whose fresh reading outranks it. A retried batch
+changes nothing twice: a reading replaces the last, it adds to nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import bindparam, select
+
+from gpusharing.contract import fresh_for
+from gpusharing.utilisation import PodUtilisation, UtilisationSource
+from timekeeper.accounting.idle import Reading, Streak
+from timekeeper.accounting.reports import (
+    LOCKED_COLUMNS,
+    UTILISATION_COLUMNS,
+    ReportLedger,
+    ledger_reading,
+    reading_columns,
+    streak_columns,
+)
+from timekeeper.database.connection import Database
+from timekeeper.database.tables import pod_ledgers
+
+
+@dataclass(frozen=True)
+class Ignored:
+    pod_uid: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"podUid": self.pod_uid, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class RecordedReadings:
+    """What a batch did: how many readings took their pod's place, and those ignored, each with its reason."""
+
+    accepted: int
+    ignored: tuple[Ignored, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"accepted": self.accepted, "ignored": [ignored.to_json() for ignored in self.ignored]}
+
+
+class UtilisationLedger:
+    """Records utilisation readings against the pods' ledgers; `thresholds` gives a namespace's idle threshold (the
+    ReportLedger's, so that one policy read serves both)."""
+
+    def __init__(self, db: Database, thresholds: Callable[[str], float]):
+        self.db = db
+        self.thresholds = thresholds
+        lock = (select(*(pod_ledgers.c[column] for column in LOCKED_COLUMNS))
+                .where(pod_ledgers.c.pod_uid.in_(bindparam("uids", expanding=True))).order_by(pod_ledgers.c.pod_uid))
+        self._lock = lock if db.is_sqlite else lock.with_for_update()
+        self._write = db.bulk_update(pod_ledgers, "pod_uid", UTILISATION_COLUMNS)
+
+    @classmethod
+    def of(cls, ledger: ReportLedger) -> "UtilisationLedger":
+        return cls(ledger.db, ledger.idle_threshold)
+
+    def record_utilisation(self, source: UtilisationSource, readings: Sequence[PodUtilisation], window_seconds: float,
+                           at: dt.datetime) -> RecordedReadings:
+        """Records readings from `source` spanning `window_seconds` up to `at` (the ledger's clock), in one
+        transaction; each pod at most once (the last of a pod's readings counts)."""
+        by_uid = {reading.pod_uid: reading for reading in readings}
+        if not by_uid:
+            return RecordedReadings(0)
+        fresh_until = at + dt.timedelta(seconds=fresh_for(window_seconds))
+        # Read before the transaction, so that nothing waits on it while the ledgers are locked.
+        thresholds = {ns: self.thresholds(ns) for ns in {reading.namespace for reading in by_uid.values()}}
+        ignored: list[Ignored] = []
+        written: list[dict[str, Any]] = []
+        with self.db.write() as conn:
+            rows = {row.pod_uid: row for row in conn.execute(self._lock, {"uids": sorted(by_uid)})}
+            for uid in sorted(by_uid):
+                reading, row = by_uid[uid], rows.get(uid)
+                reason = _ignored_because(reading, row, source, at)
+                if reason is not None:
+                    ignored.append(Ignored(uid, reason))
+                    continue
+                assert row is not None
+                current = ledger_reading(row.gpu_utilization_percent, row.utilisation_source, row.utilisation_at,
+                                         row.utilisation_fresh_until)
+                streak = current.next_streak(Streak(row.idle_since, row.idle_warned_at, row.idle_acted_at), source,
+                                             reading.utilisation_percent, thresholds[reading.namespace], at,
+                                             fresh_for(window_seconds))
+                taken = Reading(reading.utilisation_percent, at, source, fresh_until)
+                written.append({"pod_uid": uid, **reading_columns(taken, reading.memory_used_mib), **streak_columns(streak)})
+            if written:
+                self._write.execute(conn, written)
+        order = {uid: index for index, uid in enumerate(by_uid)}
+        return RecordedReadings(len(written), tuple(sorted(ignored, key=lambda ignore: order[ignore.pod_uid])))
+
+
+def bound_to_node(readings: Sequence[PodUtilisation], bound: Mapping[str, tuple[str, str]] | None,
+                  node: str) -> tuple[list[PodUtilisation], list[Ignored]]:
+    """The readings of pods bound to `node` (`bound`: (namespace, name) by uid; None: any, off a cluster), and the
+    others, ignored with the reason: a node agent speaks for its own node's pods only."""
+    kept: list[PodUtilisation] = []
+    ignored: list[Ignored] = []
+    for reading in readings:
+        pod = None if bound is None else bound.get(reading.pod_uid)
+        if bound is not None and pod is None:
+            ignored.append(Ignored(reading.pod_uid, f"no pod of this uid is bound to node {node} (another node's, or unknown)"))
+        elif pod is not None and pod != (reading.namespace, reading.pod):
+            ignored.append(Ignored(reading.pod_uid, f"the pod of this uid on node {node} is {pod[0]}/{pod[1]}, not "
+                                                    f"{reading.namespace}/{reading.pod}"))
+        else:
+            kept.append(reading)
+    return kept, ignored
+
+
+def _ignored_because(reading: PodUtilisation, row: Any, source: UtilisationSource, at: dt.datetime) -> str | None:
+    """Why the reading does not take its pod's place (None: it does)."""
+    if row is None:
+        return "unknown pod: the timekeeper bills no pod of this uid (yet)"
+    if row.namespace != reading.namespace:
+        return f"the pod of this uid is billed in namespace {row.namespace}, not {reading.namespace}"
+    if row.ended_at is not None or row.final:
+        return "the pod's bill is closed"
+    current = ledger_reading(row.gpu_utilization_percent, row.utilisation_source, row.utilisation_at,
+                             row.utilisation_fresh_until)
+    if current.outranks(source, at):
+        return f"a fresh reading of a higher rank ({current.source}) stands"
+    return None
