@@ -1,0 +1,34 @@
+"""What the utilisation source's tests share: a sink that records what the `utilisation` task hands on, governed pods
+as the webhook records them and their kubelet runs them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from demo.kubeapi import FakeKube
+from gpusharing.utilisation import PodUtilisation, UtilisationSource
+
+
+@dataclass
+class RecordingSink:
+    """The ingestion's stand-in (a UtilisationSink): every call, as it came."""
+
+    calls: list[tuple[UtilisationSource, list[PodUtilisation], float, dt.datetime]] = field(default_factory=list)
+
+    def __call__(self, source: UtilisationSource, readings: Sequence[PodUtilisation], window_seconds: float,
+                 at: dt.datetime) -> None:
+        self.calls.append((source, list(readings), window_seconds, at))
+
+    def last(self) -> dict[str, float | None]:
+        """The last call's readings by namespace/name."""
+        return {f"{r.namespace}/{r.pod}": r.utilisation_percent for r in self.calls[-1][1]}
+
+
+def run_gpu_pod(kube: FakeKube, namespace: str, name: str, share: str, started: dt.datetime) -> dict[str, Any]:
+    """A governed pod the webhook admitted at `share` GPUs, running since `started`."""
+    pod = kube.add_pod(namespace, name, share=share)
+    pod["status"]["startTime"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return pod
