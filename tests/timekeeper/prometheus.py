@@ -1,12 +1,18 @@
 """What the utilisation source's tests share: a sink that records what the `utilisation` task hands on, governed pods
-as the webhook records them and their kubelet runs them."""
+as the webhook records them and their kubelet runs them, and Prometheus's binaries."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from demo.kubeapi import FakeKube
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
@@ -32,3 +38,16 @@ def run_gpu_pod(kube: FakeKube, namespace: str, name: str, share: str, started: 
     pod = kube.add_pod(namespace, name, share=share)
     pod["status"]["startTime"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
     return pod
+
+
+def beside_python(tool: str) -> str:
+    """promtool or prometheus: what `make tools` put beside this Python (.venv/bin), else the machine's; the test is
+    skipped without it, and fails under CI=true."""
+    beside = Path(sys.executable).parent / tool
+    found = str(beside) if beside.exists() else shutil.which(tool)
+    if found is None:
+        how = f"{tool} is needed: `make tools` puts Debian's beside this Python, in .venv/bin (or install the prometheus package)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {how}", pytrace=False)
+        pytest.skip(how)
+    return found

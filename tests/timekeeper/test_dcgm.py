@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 import yaml
 
 from gpusharing.utilisation import PodUtilisation
+from tests.timekeeper.prometheus import beside_python
 from timekeeper.accounting.dcgm import (
     MAX_SERIES,
     METRIC_LABEL,
@@ -164,19 +163,6 @@ def test_the_query_names_the_configured_labels_and_metrics_and_the_window() -> N
 
 
 # promtool runs the query, as the recording rule RECORD, on input series (tests/timekeeper/dcgm_rules_test.yaml).
-HOW_TO_GET = "promtool is needed: `make tools` puts Debian's beside this Python, in .venv/bin (or install the prometheus package)"
-
-
-def beside_python(tool: str) -> str | None:
-    beside = Path(sys.executable).parent / tool  # what `make tools` put in this virtualenv
-    found = str(beside) if beside.exists() else shutil.which(tool)
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {HOW_TO_GET.replace('promtool', tool)}", pytrace=False)
-        pytest.skip(HOW_TO_GET.replace("promtool", tool))
-    return found
-
-
 def test_promtool_runs_the_query_on_dcgm_series_as_a_recording_rule(tmp_path: Path) -> None:
     promtool = beside_python("promtool")
     rules = {"groups": [{"name": "gpusharing-dcgm", "rules": [{"record": RECORD, "expr": utilisation_query(SPLIT)}]}]}
