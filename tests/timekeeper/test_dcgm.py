@@ -175,3 +175,9 @@ def test_promtool_runs_the_query_on_dcgm_series_as_a_recording_rule(tmp_path: Pa
 def test_readings_are_plain_pod_utilisation() -> None:
     series = [Series(GR, ("GPU-1", ""), "team-a", "a", None, 12.5)]
     assert pod_readings(series, pods(record("team-a", "a", uid="u")), QUERY, NOW) == [PodUtilisation("u", "team-a", "a", 12.5)]
+
+
+def test_the_query_operations_shows_is_the_one_the_controller_asks_with_the_defaults() -> None:
+    operations = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    shown = operations.split("```promql\n", 1)[1].split("```", 1)[0]
+    assert "".join(shown.split()) == "".join(utilisation_query(DcgmQuery()).split())
