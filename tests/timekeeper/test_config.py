@@ -1,5 +1,5 @@
 """Where the timekeeper finds the Kubernetes API: its own setting, then KUBECONFIG as kubectl reads it, then in-cluster;
-the default budget's idle policy from TIMEKEEPER_IDLE_*."""
+the default budget's idle policy from TIMEKEEPER_IDLE_*; the utilisation source."""
 
 from __future__ import annotations
 
