@@ -16,7 +16,7 @@ from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float
 from gpusharing.settings.gpu import gpu_request_settings
 from gpusharing.settings.meter import meter_interval_seconds
 from gpusharing.utilisation import UtilisationSource
-from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label
+from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label, check_selector
 from timekeeper.budgets.idle import IdlePolicy, IdlePolicyError, idle_policy_from_json
 
 AUTH_MODES = ("tokenreview", "static", "none")
@@ -74,7 +74,7 @@ class PrometheusSource:
 def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> PrometheusSource:
     """TIMEKEEPER_PROMETHEUS_*, checked: label and metric names as PromQL takes them, a window no shorter than the
     task's interval (else the time between two windows is read by neither)."""
-    labels = {}
+    labels: dict[str, str] = {}
     for key, name, default in (("namespace_label", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL", "exported_namespace"),
                                ("pod_label", "TIMEKEEPER_PROMETHEUS_POD_LABEL", "exported_pod"),
                                ("pod_uid_label", "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL", "pod_uid")):
@@ -83,6 +83,11 @@ def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> Pr
             labels[key] = check_label(value, name) if value or key != "pod_uid_label" else ""
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    try:
+        labels["selector"] = check_selector(environ.get("TIMEKEEPER_PROMETHEUS_SELECTOR", DcgmQuery.selector),
+                                            "TIMEKEEPER_PROMETHEUS_SELECTOR")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     metrics = env_list("TIMEKEEPER_PROMETHEUS_METRICS", DEFAULT_METRICS, environ)
     per_pod = environ.get("TIMEKEEPER_PROMETHEUS_PER_POD_METRIC", "").strip()
     if not metrics:

@@ -64,7 +64,8 @@ COMBINATIONS = {
     "the API server's token": {"webhook": {"clientAuth": {"mode": "token"}}, "priorityClasses": {"allowed": ["research-high"]}},
     "GPU utilisation from Prometheus": {"controller": {"prometheusUtilisation": {
         "enabled": True, "url": "https://thanos-querier.openshift-monitoring.svc:9091", "caConfigMap": "openshift-service-ca.crt",
-        "caKey": "service-ca.crt", "tokenSecret": "prometheus-reader", "perPodMetric": "DCGM_FI_DEV_GPU_UTIL"}}},
+        "caKey": "service-ca.crt", "tokenSecret": "prometheus-reader", "perPodMetric": "DCGM_FI_DEV_GPU_UTIL",
+        "exporterSelector": 'namespace="nvidia-gpu-operator"'}}},
     "everything changed": {
         "namespace": {"create": True},
         "image": {"repository": "registry.example.com/gpusharing", "tag": "0.2.0", "pullPolicy": "Always"},
@@ -389,6 +390,7 @@ def test_the_prometheus_utilisation_values_give_the_controller_a_source_it_reads
     source = prometheus_source(env, float(env["TIMEKEEPER_UTILISATION_INTERVAL_SECONDS"]))  # as the controller reads it
     assert (env["TIMEKEEPER_UTILISATION_SOURCE"], source.url) == ("prometheus", "https://thanos-querier.openshift-monitoring.svc:9091")
     assert (source.query.per_pod_metric, source.query.window_seconds) == ("DCGM_FI_DEV_GPU_UTIL", 120)
+    assert source.query.selector == 'namespace="nvidia-gpu-operator"'
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert source.ca_file == f"{mounts['prometheus-ca']}/service-ca.crt"

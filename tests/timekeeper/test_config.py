@@ -77,13 +77,13 @@ def test_the_utilisation_source_is_the_meters_unless_prometheus_is_named_with_it
                "TIMEKEEPER_PROMETHEUS_POD_LABEL": "pod", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": "namespace",
                "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL": "", "TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_GPU_UTIL",
                "TIMEKEEPER_PROMETHEUS_PER_POD_METRIC": "DCGM_FI_DEV_GPU_UTIL", "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS": "30",
-               "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "60"}
+               "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "60", "TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="nvidia-gpu-operator"'}
     config = TimekeeperConfig.from_env(environ)
     assert config.tasks.utilisation == 30.0
     assert config.prometheus == PrometheusSource(
         url="https://thanos-querier.openshift-monitoring.svc:9091", ca_file="/etc/ca/service-ca.crt", token_file="/var/run/token",
         query=DcgmQuery(namespace_label="namespace", pod_label="pod", pod_uid_label="", metrics=("DCGM_FI_DEV_GPU_UTIL",),
-                        per_pod_metric="DCGM_FI_DEV_GPU_UTIL", window_seconds=60))
+                        per_pod_metric="DCGM_FI_DEV_GPU_UTIL", window_seconds=60, selector='namespace="nvidia-gpu-operator"'))
     defaults = TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_UTILISATION_SOURCE": "prometheus",
                                           "TIMEKEEPER_PROMETHEUS_URL": "http://prometheus:9090"}).prometheus
     assert defaults is not None and defaults.query == DcgmQuery()  # the GPU Operator's labels, GR_ENGINE_ACTIVE first
@@ -94,6 +94,8 @@ def test_the_utilisation_source_is_the_meters_unless_prometheus_is_named_with_it
     ({"TIMEKEEPER_PROMETHEUS_URL": ""}, "TIMEKEEPER_PROMETHEUS_URL must be set"),
     ({"TIMEKEEPER_PROMETHEUS_URL": "prometheus:9090"}, "TIMEKEEPER_PROMETHEUS_URL='prometheus:9090' must be an http:// or https:// URL"),
     ({"TIMEKEEPER_PROMETHEUS_POD_LABEL": 'pod"}) or vector(1'}, "TIMEKEEPER_PROMETHEUS_POD_LABEL='pod\"}) or vector(1' must be a Prometheus label name"),
+    ({"TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="gpu-operator"} or vector(100) or x{a="b"'},
+     "TIMEKEEPER_PROMETHEUS_SELECTOR='namespace=\"gpu-operator\"} or vector(100) or x{a=\"b\"' must be PromQL label matchers"),
     ({"TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": ""}, "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL='' must be a Prometheus label name"),
     ({"TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_POWER_USAGE"}, "'DCGM_FI_DEV_POWER_USAGE' is not one of DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
     ({"TIMEKEEPER_PROMETHEUS_METRICS": ","}, "TIMEKEEPER_PROMETHEUS_METRICS must name at least one metric"),

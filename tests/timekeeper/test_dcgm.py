@@ -155,10 +155,13 @@ def test_an_answer_it_cannot_read_is_refused_whole_with_what_is_wrong(body: byte
 
 def test_the_query_names_the_configured_labels_and_metrics_and_the_window() -> None:
     query = DcgmQuery(namespace_label="namespace", pod_label="pod", pod_uid_label="", metrics=("DCGM_FI_DEV_GPU_UTIL",),
-                      window_seconds=300)
+                      window_seconds=300, selector='job="dcgm", kubernetes_namespace=~"gpu-.*"')
     text = utilisation_query(query)
     assert text == ('max by (Hostname, UUID, gpu, GPU_I_ID, namespace, pod, gpusharing_metric) (label_replace(1 * '
-                    'avg_over_time(DCGM_FI_DEV_GPU_UTIL{pod!=""}[300s]), "gpusharing_metric", "DCGM_FI_DEV_GPU_UTIL", "", ""))')
+                    'avg_over_time(DCGM_FI_DEV_GPU_UTIL{job="dcgm", kubernetes_namespace=~"gpu-.*", pod!=""}[300s]), '
+                    '"gpusharing_metric", "DCGM_FI_DEV_GPU_UTIL", "", ""))')
+    # By default only the GPU Operator's exporter's series: a tenant's own exporter cannot speak for other pods.
+    assert utilisation_query(DcgmQuery()).count('{namespace="gpu-operator", exported_pod!=""}') == 2
     assert utilisation_query(SPLIT).count(" or ") == 1  # the split metric is one of the preferred: read once
 
 

@@ -87,15 +87,25 @@ def exporter() -> Iterator[FakeDcgmExporter]:
     fake.close()
 
 
+@pytest.fixture(scope="module")
+def forger() -> Iterator[FakeDcgmExporter]:
+    """A tenant's own exporter, which Prometheus scrapes through the tenant's ServiceMonitor."""
+    fake = FakeDcgmExporter()
+    yield fake
+    fake.close()
+
+
 @pytest.fixture
-def prometheus(exporter: FakeDcgmExporter, tmp_path: Path) -> Iterator[str]:
-    """A Prometheus server on loopback scraping the exporter every second, as the GPU Operator's ServiceMonitor
-    labels the target (its pod and namespace: the exporter's own become exported_*)."""
+def prometheus(exporter: FakeDcgmExporter, forger: FakeDcgmExporter, tmp_path: Path) -> Iterator[str]:
+    """A Prometheus server on loopback scraping the exporters every second, as ServiceMonitors label their targets
+    (the target's pod and namespace: the exporter's own become exported_*)."""
     binary = beside_python("prometheus")
+    def job(name: str, target: FakeDcgmExporter, namespace: str, pod: str) -> dict[str, Any]:
+        return {"job_name": name, "static_configs": [{"targets": [target.address], "labels": {
+            "namespace": namespace, "pod": pod, "container": "nvidia-dcgm-exporter"}}]}
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "scrape_configs": [{"job_name": "nvidia-dcgm-exporter", "static_configs": [{
-                  "targets": [exporter.address],
-                  "labels": {"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x1", "container": "nvidia-dcgm-exporter"}}]}]}
+              "scrape_configs": [job("nvidia-dcgm-exporter", exporter, "gpu-operator", "nvidia-dcgm-exporter-x1"),
+                                 job("team-a/nvidia-dcgm-exporter", forger, "team-a", "fake-exporter")]}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     server = subprocess.Popen(
@@ -152,18 +162,24 @@ def exposition(train: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) -> s
 
 
 def test_the_task_reads_per_pod_utilisation_from_a_real_prometheus_scraping_dcgm_series(
-    make_controller: ControllerFactory, fake_kube: FakeKube, exporter: FakeDcgmExporter, prometheus: str, clock: Clock,
-    tmp_path: Path,
+    make_controller: ControllerFactory, fake_kube: FakeKube, exporter: FakeDcgmExporter, forger: FakeDcgmExporter,
+    prometheus: str, clock: Clock, tmp_path: Path,
 ) -> None:
     hour_ago = clock.now() - dt.timedelta(hours=1)
     train = run_gpu_pod(fake_kube, "team-a", "train", "1", hour_ago)
     a = run_gpu_pod(fake_kube, "team-a", "a", "0.5", hour_ago)
     b = run_gpu_pod(fake_kube, "team-b", "b", "0.5", hour_ago)
     exporter.exposition = exposition(train, a, b)
+    # team-a's own exporter says team-b/b is idle on a GPU of its own and its own pod busy: neither is read.
+    forger.exposition = "\n".join([
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",UUID="GPU-9",Hostname="node-1",namespace="team-b",pod="b",pod_uid="{b["metadata"]["uid"]}"}} 0',
+        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-1",Hostname="node-1",namespace="team-a",pod="train"} 1',
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-2",Hostname="node-1",namespace="team-a",pod="a",pod_uid="' + a["metadata"]["uid"] + '"} 100',
+        ""])
     log = tmp_path / "prometheus.log"
     # A few scrapes, so that the window holds samples; the renamed labels, as a ServiceMonitor stores them.
-    wait_for(lambda: len(query(prometheus, f'count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{exported_pod="train"}}[{WINDOW_SECONDS}s]) >= 3')) == 1,
-             "three scrapes of the fake dcgm-exporter", log)
+    wait_for(lambda: len(query(prometheus, f'count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{exported_pod="train"}}[{WINDOW_SECONDS}s]) >= 3')) == 2,
+             "three scrapes of the fake dcgm-exporter and of the tenant's", log)
 
     sink = RecordingSink()
     split = PrometheusSource(url=prometheus, query=DcgmQuery(per_pod_metric="DCGM_FI_DEV_GPU_UTIL", window_seconds=WINDOW_SECONDS))
@@ -180,3 +196,9 @@ def test_the_task_reads_per_pod_utilisation_from_a_real_prometheus_scraping_dcgm
     assert readings["split"] == {"team-a/train": 25.0, "team-a/a": 88.0, "team-b/b": 2.0}
     # Without the split, the shared GPU's device-wide 90 % is given to neither pod.
     assert readings["device-wide only"] == {"team-a/train": 25.0, "team-a/a": None, "team-b/b": None}
+    # Read from every target, the tenant's series would have spoken for its pods and for team-b's.
+    anyone = RecordingSink()
+    every_target = PrometheusSource(url=prometheus, query=DcgmQuery(per_pod_metric="DCGM_FI_DEV_GPU_UTIL", selector="",
+                                                                    window_seconds=WINDOW_SECONDS))
+    PrometheusUtilisation(every_target, manager.informers.records, anyone).run(clock.now())
+    assert anyone.last() == {"team-a/train": 100.0, "team-a/a": 100.0, "team-b/b": None}

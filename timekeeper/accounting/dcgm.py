@@ -34,6 +34,8 @@ UUID, GPU_INDEX, HOSTNAME, GPU_INSTANCE = "UUID", "gpu", "Hostname", "GPU_I_ID"
 METRIC_LABEL = "gpusharing_metric"  # which metric a row of the answer came from (avg_over_time drops the name)
 RECORD = "gpusharing:dcgm_pod_utilisation:percent"  # the query as a recording rule (tests, and who wants to record it)
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=|!=|=~|!~)\s*"(?:[^"\\\n]|\\.)*"\s*'
+SELECTOR = re.compile(f"(?:{_MATCHER}(?:,{_MATCHER})*)?")  # PromQL label matchers: ns="a", job=~"b.*"
 
 # Prometheus's answer is read within these bounds: beyond them it is refused whole, never read in part (a GPU's
 # other pods cut off would make a shared GPU look like one pod's).
@@ -48,6 +50,9 @@ MAX_VALUE_CHARS = 64
 class DcgmQuery:
     """What to ask Prometheus (TIMEKEEPER_PROMETHEUS_* settings)."""
 
+    # Which targets' series count: the exporter's own (its namespace, the target label the ServiceMonitor gives), so
+    # that series a tenant's own exporter writes, naming other pods, are never read.
+    selector: str = 'namespace="gpu-operator"'
     namespace_label: str = "exported_namespace"
     pod_label: str = "exported_pod"
     pod_uid_label: str = "pod_uid"  # "": the series carry no pod UID
@@ -69,8 +74,9 @@ def utilisation_query(query: DcgmQuery) -> str:
     """One PromQL instant query: each metric's mean over the window, as a percentage, per device and pod, with the
     metric's name in METRIC_LABEL. Copies of a series (one per container or time-slicing replica) fold into one."""
     by = ", ".join(query.group_labels)
+    matchers = ", ".join(filter(None, [query.selector.strip(), f'{query.pod_label}!=""']))
     parts = [
-        f'max by ({by}) (label_replace({DCGM_METRICS[metric]:g} * avg_over_time({metric}{{{query.pod_label}!=""}}'
+        f'max by ({by}) (label_replace({DCGM_METRICS[metric]:g} * avg_over_time({metric}{{{matchers}}}'
         f'[{query.window_seconds}s]), "{METRIC_LABEL}", "{metric}", "", ""))'
         for metric in query.read_metrics
     ]
@@ -202,6 +208,13 @@ def _device_percent(rows: Sequence[Series], shared: bool, query: DcgmQuery) -> f
         if figures:
             return max(figures)
     return None
+
+
+def check_selector(matchers: str, setting: str) -> str:
+    """PromQL label matchers, as the query writes them inside braces; ValueError naming the setting otherwise."""
+    if not SELECTOR.fullmatch(matchers):
+        raise ValueError(f'{setting}={matchers!r} must be PromQL label matchers, e.g. namespace="gpu-operator"')
+    return matchers.strip()
 
 
 def check_label(name: str, setting: str) -> str:
