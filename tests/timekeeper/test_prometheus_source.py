@@ -11,12 +11,10 @@ import json
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ import yaml
 from demo.kubeapi import FakeKube
 from gpusharing.utilisation import UtilisationSource
 from tests.timekeeper.conftest import Clock, ControllerFactory, run_controller
-from tests.timekeeper.prometheus import RecordingSink, beside_python, run_gpu_pod
+from tests.timekeeper.prometheus import CannedServer, RecordingSink, beside_python, run_gpu_pod
 from timekeeper.accounting.dcgm import DcgmQuery
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.utilisation import PrometheusUtilisation
@@ -41,32 +39,9 @@ def database_url(tmp_path: Path, sqlite_template: Path) -> str:
     return f"sqlite:///{tmp_path / 'timekeeper.sqlite'}"
 
 
-class FakeDcgmExporter:
-    """`/metrics` in the text exposition format, as dcgm-exporter serves it; `exposition` is set by the test."""
-
-    def __init__(self) -> None:
-        self.exposition = ""
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                body = exporter.exposition.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def fake_dcgm_exporter() -> CannedServer:
+    """`/metrics` in the text exposition format, as dcgm-exporter serves it; the test sets the body."""
+    return CannedServer(content_type="text/plain; version=0.0.4")
 
 
 def free_port() -> int:
@@ -81,26 +56,26 @@ def query(url: str, promql: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def exporter() -> Iterator[FakeDcgmExporter]:
-    fake = FakeDcgmExporter()
+def exporter() -> Iterator[CannedServer]:
+    fake = fake_dcgm_exporter()
     yield fake
     fake.close()
 
 
 @pytest.fixture(scope="module")
-def forger() -> Iterator[FakeDcgmExporter]:
+def forger() -> Iterator[CannedServer]:
     """A tenant's own exporter, which Prometheus scrapes through the tenant's ServiceMonitor."""
-    fake = FakeDcgmExporter()
+    fake = fake_dcgm_exporter()
     yield fake
     fake.close()
 
 
 @pytest.fixture
-def prometheus(exporter: FakeDcgmExporter, forger: FakeDcgmExporter, tmp_path: Path) -> Iterator[str]:
+def prometheus(exporter: CannedServer, forger: CannedServer, tmp_path: Path) -> Iterator[str]:
     """A Prometheus server on loopback scraping the exporters every second, as ServiceMonitors label their targets
     (the target's pod and namespace: the exporter's own become exported_*)."""
     binary = beside_python("prometheus")
-    def job(name: str, target: FakeDcgmExporter, namespace: str, pod: str) -> dict[str, Any]:
+    def job(name: str, target: CannedServer, namespace: str, pod: str) -> dict[str, Any]:
         return {"job_name": name, "static_configs": [{"targets": [target.address], "labels": {
             "namespace": namespace, "pod": pod, "container": "nvidia-dcgm-exporter"}}]}
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -162,20 +137,20 @@ def exposition(train: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) -> s
 
 
 def test_the_task_reads_per_pod_utilisation_from_a_real_prometheus_scraping_dcgm_series(
-    make_controller: ControllerFactory, fake_kube: FakeKube, exporter: FakeDcgmExporter, forger: FakeDcgmExporter,
+    make_controller: ControllerFactory, fake_kube: FakeKube, exporter: CannedServer, forger: CannedServer,
     prometheus: str, clock: Clock, tmp_path: Path,
 ) -> None:
     hour_ago = clock.now() - dt.timedelta(hours=1)
     train = run_gpu_pod(fake_kube, "team-a", "train", "1", hour_ago)
     a = run_gpu_pod(fake_kube, "team-a", "a", "0.5", hour_ago)
     b = run_gpu_pod(fake_kube, "team-b", "b", "0.5", hour_ago)
-    exporter.exposition = exposition(train, a, b)
+    exporter.body = exposition(train, a, b).encode()
     # team-a's own exporter says team-b/b is idle on a GPU of its own and its own pod busy: neither is read.
-    forger.exposition = "\n".join([
+    forger.body = "\n".join([
         f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",UUID="GPU-9",Hostname="node-1",namespace="team-b",pod="b",pod_uid="{b["metadata"]["uid"]}"}} 0',
         'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-1",Hostname="node-1",namespace="team-a",pod="train"} 1',
         'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-2",Hostname="node-1",namespace="team-a",pod="a",pod_uid="' + a["metadata"]["uid"] + '"} 100',
-        ""])
+        ""]).encode()
     log = tmp_path / "prometheus.log"
     # A few scrapes, so that the window holds samples; the renamed labels, as a ServiceMonitor stores them.
     wait_for(lambda: len(query(prometheus, f'count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{exported_pod="train"}}[{WINDOW_SECONDS}s]) >= 3')) == 2,

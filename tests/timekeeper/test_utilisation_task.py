@@ -10,11 +10,7 @@ import json
 import logging
 import shutil
 import socket
-import threading
-import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +19,7 @@ import pytest
 from demo.kubeapi import FakeKube
 from gpusharing.utilisation import UtilisationSource
 from tests.timekeeper.conftest import Clock, ControllerFactory, run_controller
-from tests.timekeeper.prometheus import RecordingSink, run_gpu_pod
+from tests.timekeeper.prometheus import CannedServer, RecordingSink, run_gpu_pod
 from timekeeper.accounting.dcgm import METRIC_LABEL, DcgmQuery, utilisation_query
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.config import PrometheusSource
@@ -38,41 +34,12 @@ def database_url(tmp_path: Path, sqlite_template: Path) -> str:
     return f"sqlite:///{tmp_path / 'timekeeper.sqlite'}"
 
 
-@dataclass
-class StandInPrometheus:
-    """`/api/v1/query` answering `status` and `body`; what it was asked, with which Authorization header."""
-
-    status: int = 200
-    body: bytes = b""
-    asked: list[tuple[str, dict[str, list[str]], str | None]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        prometheus = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                url = urllib.parse.urlsplit(self.path)
-                prometheus.asked.append((url.path, urllib.parse.parse_qs(url.query), self.headers.get("Authorization")))
-                self.send_response(prometheus.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(prometheus.body)))
-                self.end_headers()
-                self.wfile.write(prometheus.body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+class StandInPrometheus(CannedServer):
+    """`/api/v1/query`, answering what the test sets."""
 
     def answer(self, *rows: dict[str, str], values: list[str]) -> None:
         result = [{"metric": labels, "value": [0, value]} for labels, value in zip(rows, values)]
         self.status, self.body = 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
