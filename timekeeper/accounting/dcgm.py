@@ -8,7 +8,9 @@ Operator's ServiceMonitor keeps the target's own `pod`/`namespace` and renames t
 its pods' series carries the whole device's figure. So a device-wide figure is a pod's only where the pod holds the
 device alone (one pod on it, and a whole GPU by the webhook's record); on a shared one, only a per-pod split counts
 (dcgm-exporter under KUBERNETES_VIRTUAL_GPUS=true splits DCGM_FI_DEV_GPU_UTIL per pod from NVML's per-process samples,
-and labels those series with `pod_uid`), else the pod's reading is unknown. No data is unknown, never 0.
+and labels those series with `pod_uid`), else the pod's reading is unknown. No data is unknown, never 0. Only the
+exporter's own targets are read (a label selector, its namespace by default): a tenant's own exporter, scraped through
+its own ServiceMonitor, could otherwise name any pod.
 """
 
 from __future__ import annotations
