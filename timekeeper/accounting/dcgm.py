@@ -134,7 +134,7 @@ def _series(row: object, query: DcgmQuery) -> Series | None:
     if len(value) != 2 or not isinstance(value[1], str) or len(value[1]) > MAX_VALUE_CHARS:
         raise AnswerError("a series' value is not [time, \"number\"]")
     return Series(metric=metric, device=_device(labels), namespace=labels.get(query.namespace_label) or None, pod=pod,
-                  pod_uid=labels.get(query.pod_uid_label) or None if query.pod_uid_label else None,
+                  pod_uid=(labels.get(query.pod_uid_label) or None) if query.pod_uid_label else None,
                   percent=_percent(value[1]))
 
 
