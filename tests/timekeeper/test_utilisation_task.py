@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from demo.kubeapi import FakeKube
 from gpusharing.utilisation import UtilisationSource
@@ -88,6 +89,8 @@ def test_the_task_asks_the_query_with_the_token_and_hands_the_governed_pods_read
     assert {r.pod_uid for r in readings} == {train["metadata"]["uid"], half["metadata"]["uid"]}
     assert done.utilisation is not None and done.utilisation.series == 3
     assert "utilisation" in manager.scheduler.names
+    assert [REGISTRY.get_sample_value("gpusharing_controller_utilisation_readings", {"reading": reading})
+            for reading in ("known", "unknown")] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("failure", ["down", "error", "oversize", "not json"])

@@ -18,6 +18,7 @@ from gpusharing.outage import Outage
 from gpusharing.serving.jsonhttp import JsonClient, TooLarge, Unreachable
 from gpusharing.settings.env import ConfigError
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
+from timekeeper import metrics
 from timekeeper.accounting.dcgm import MAX_ANSWER_BYTES, AnswerError, pod_readings, read_answer, utilisation_query
 from timekeeper.accounting.record import RecordedPod
 from timekeeper.config import PrometheusSource
@@ -73,6 +74,9 @@ class PrometheusUtilisation:
             return None
         self.outage.succeeded("pods' GPU utilisation read again")
         readings = pod_readings(series, pods, self.source.query, now)
+        unknown = sum(reading.utilisation_percent is None for reading in readings)
+        metrics.UTILISATION_READINGS.labels("known").set(len(readings) - unknown)
+        metrics.UTILISATION_READINGS.labels("unknown").set(unknown)
         self._sink(UtilisationSource.PROMETHEUS, readings, float(self.source.query.window_seconds), now)
         return UtilisationPass(len(series), tuple(readings))
 
