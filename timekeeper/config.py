@@ -74,20 +74,15 @@ class PrometheusSource:
 def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> PrometheusSource:
     """TIMEKEEPER_PROMETHEUS_*, checked: label and metric names as PromQL takes them, a window no shorter than the
     task's interval (else the time between two windows is read by neither)."""
-    labels: dict[str, str] = {}
-    for key, name, default in (("namespace_label", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL", "exported_namespace"),
-                               ("pod_label", "TIMEKEEPER_PROMETHEUS_POD_LABEL", "exported_pod"),
-                               ("pod_uid_label", "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL", "pod_uid")):
-        value = environ.get(name, default).strip()
+    names: dict[str, str] = {}  # the labels and the selector, as DcgmQuery takes them
+    for key, name in (("namespace_label", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL"), ("pod_label", "TIMEKEEPER_PROMETHEUS_POD_LABEL"),
+                      ("pod_uid_label", "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL"), ("selector", "TIMEKEEPER_PROMETHEUS_SELECTOR")):
+        value = environ.get(name, getattr(DcgmQuery, key)).strip()  # set empty: no UID label, no selector
         try:
-            labels[key] = check_label(value, name) if value or key != "pod_uid_label" else ""
+            names[key] = (check_selector(value, name) if key == "selector" else
+                          check_label(value, name) if value or key != "pod_uid_label" else "")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    try:
-        labels["selector"] = check_selector(environ.get("TIMEKEEPER_PROMETHEUS_SELECTOR", DcgmQuery.selector),
-                                            "TIMEKEEPER_PROMETHEUS_SELECTOR")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
     metrics = env_list("TIMEKEEPER_PROMETHEUS_METRICS", DEFAULT_METRICS, environ)
     per_pod = environ.get("TIMEKEEPER_PROMETHEUS_PER_POD_METRIC", "").strip()
     if not metrics:
@@ -101,7 +96,7 @@ def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> Pr
                           f"({interval_seconds:g}) to 3600")
     return PrometheusSource(
         url=str(env_url("TIMEKEEPER_PROMETHEUS_URL", environ=environ, required=True)),
-        query=DcgmQuery(metrics=metrics, per_pod_metric=per_pod, window_seconds=window, **labels),
+        query=DcgmQuery(metrics=metrics, per_pod_metric=per_pod, window_seconds=window, **names),
         ca_file=environ.get("TIMEKEEPER_PROMETHEUS_CA_FILE", "").strip() or None,
         token_file=environ.get("TIMEKEEPER_PROMETHEUS_TOKEN_FILE", "").strip() or None,
         timeout_seconds=env_float("TIMEKEEPER_PROMETHEUS_TIMEOUT_SECONDS", 10.0, 0.1, environ),

@@ -130,14 +130,18 @@ def test_prometheus_failing_is_an_outage_logged_once_and_readings_resume_when_it
     assert [getattr(r, "outage", None) for r in caplog.records].count("ended") == 1
 
 
-def test_a_token_file_that_cannot_be_read_is_an_outage_too(
+@pytest.mark.parametrize(("content", "said"), [(None, "No such file"), (b"two\r\nX-Injected: words", "does not hold a token")])
+def test_a_token_file_that_cannot_be_read_or_sent_is_an_outage_too(
     make_controller: ControllerFactory, fake_kube: FakeKube, prometheus: StandInPrometheus, tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, content: bytes | None, said: str,
 ) -> None:
+    token = tmp_path / "token"
+    if content is not None:
+        token.write_bytes(content)
     sink = RecordingSink()
-    manager = controller(make_controller, fake_kube, prometheus, sink, tmp_path / "no-such-token")
+    manager = controller(make_controller, fake_kube, prometheus, sink, token)
     assert run_controller(manager).utilisation is None
-    assert "no-such-token" in caplog.text and prometheus.asked == [] and sink.calls == []
+    assert said in caplog.text and prometheus.asked == [] and sink.calls == []
 
 
 def test_the_meter_source_runs_no_utilisation_task_and_the_prometheus_source_needs_a_sink(

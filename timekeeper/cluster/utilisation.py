@@ -85,7 +85,12 @@ class PrometheusUtilisation:
         if self.source.token_file is None:
             return None
         with open(self.source.token_file, "rb") as file:
-            return file.read(MAX_TOKEN_BYTES).decode("utf-8", "replace").strip() or None
+            token = file.read(MAX_TOKEN_BYTES).strip()
+        if not token:
+            return None
+        if not all(33 <= byte < 127 for byte in token):  # it goes into a header as it is
+            raise OSError(f"{self.source.token_file} does not hold a token: not one word of visible ASCII")
+        return token.decode("ascii")
 
     def close(self) -> None:
         self._client.close()
