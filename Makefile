@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := constraints.txt
 INSTALL_INPUTS := setup.cfg setup.py pyproject.toml $(CONSTRAINTS) nodeagent/podresources/api.proto
 PROMTOOL := $(BIN)/promtool
+PROMETHEUS := $(BIN)/prometheus
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
@@ -45,16 +46,18 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# promtool, which tests/manifests/test_monitoring.py checks the alerts with: the machine's, else the binary alone
-# from Debian's prometheus package (not the server). Without it those tests are skipped, and fail under CI=true.
+# promtool, which tests/manifests/test_monitoring.py checks the alerts with and tests/timekeeper/test_dcgm.py the
+# utilisation query, and the Prometheus server tests/timekeeper/test_prometheus_source.py scrapes fake DCGM series
+# with: the machine's, else the binaries alone from Debian's prometheus package. Without them those tests are
+# skipped, and fail under CI=true.
 tools: $(VENV)/.installed
-	@$(MAKE) --no-print-directory $(PROMTOOL) VENV=$(VENV) || echo "promtool could not be installed: the alert tests will be skipped"
+	@$(MAKE) --no-print-directory $(PROMTOOL) $(PROMETHEUS) VENV=$(VENV) || echo "promtool or prometheus could not be installed: the tests that need them will be skipped"
 
-$(PROMTOOL): | $(VENV)/.installed
-	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; else \
+$(PROMTOOL) $(PROMETHEUS): | $(VENV)/.installed
+	@name=$(notdir $@); if command -v $$name >/dev/null; then ln -sf "$$(command -v $$name)" $@; else \
 	  tmp=$$(mktemp -d) && cd $$tmp && \
 	  { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } && \
-	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(CURDIR)/$@ && rm -rf $$tmp; fi
+	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/$$name $(CURDIR)/$@ && rm -rf $$tmp; fi
 
 demo: $(VENV)/.runtime
 	$(BIN)/python -m demo

@@ -12,16 +12,20 @@ from sqlalchemy.exc import ArgumentError
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, METER_INTERVAL_SETTING, Period
 from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.gpu.request import GpuRequestSettings
-from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_text, refuse_retired
+from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_list, env_text, env_url, refuse_retired
 from gpusharing.settings.gpu import gpu_request_settings
 from gpusharing.settings.meter import meter_interval_seconds
+from gpusharing.utilisation import UtilisationSource
+from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label, check_selector
 from timekeeper.budgets.idle import IdlePolicy, IdlePolicyError, idle_policy_from_json
 
 AUTH_MODES = ("tokenreview", "static", "none")
 DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"
 METRICS_AUTH = ("none", "token")
 DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
-DEFAULT_NODE_AGENT = "gpusharing-node-agent"  # the node agent's ServiceAccount, in the timekeeper's namespace
+# The node agent's ServiceAccount, in the namespace of its own the chart installs it in (its host access needs Pod
+# Security's `privileged`, which the timekeeper's namespace does not allow).
+DEFAULT_NODE_AGENT = "system:serviceaccount:gpusharing-node-agent:gpusharing-node-agent"
 # Settings no longer read, and what to set instead: refused at start rather than silently ignored.
 RETIRED_SETTINGS = {"TIMEKEEPER_METER_INTERVAL_SECONDS": METER_INTERVAL_SETTING}
 
@@ -38,19 +42,68 @@ class TaskIntervals:
     silent_meters: float = 30.0  # MeterSilent Events
     commitments: float = 1.0  # safe admission's committed pods published for the web replicas
     events: float = 5.0  # the Event queue, besides whenever an Event is queued
+    utilisation: float = 60.0  # GPU utilisation read from Prometheus (TIMEKEEPER_UTILISATION_SOURCE=prometheus)
 
 
 TASK_SETTINGS = {
     "budgets": "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "statuses": "TIMEKEEPER_STATUS_INTERVAL_SECONDS",
     "bills": "TIMEKEEPER_BILLING_INTERVAL_SECONDS", "ended": "TIMEKEEPER_ENDED_INTERVAL_SECONDS",
     "idle": "TIMEKEEPER_IDLE_INTERVAL_SECONDS", "silent_meters": "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS",
-    "commitments": "TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS",
+    "commitments": "TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS", "utilisation": "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS",
 }
 
 
 def task_intervals(environ: Mapping[str, str]) -> TaskIntervals:
     defaults = TaskIntervals()
     return TaskIntervals(**{field: env_float(name, getattr(defaults, field), 0.1, environ) for field, name in TASK_SETTINGS.items()})
+
+
+# Where pods' GPU utilisation comes from besides the meters: meter, the meters' and node agents' reports alone;
+# prometheus, DCGM's series read from Prometheus by the controller too.
+UTILISATION_SOURCES = (UtilisationSource.METER.value, UtilisationSource.PROMETHEUS.value)
+
+
+@dataclass(frozen=True)
+class PrometheusSource:
+    """The Prometheus that scrapes dcgm-exporter, and what to ask it (TIMEKEEPER_PROMETHEUS_*)."""
+
+    url: str
+    query: DcgmQuery = field(default_factory=DcgmQuery)
+    ca_file: str | None = None  # its serving certificate's CA; None: the system's CAs
+    token_file: str | None = None  # a bearer token that may query it, read at every query (projected tokens rotate)
+    timeout_seconds: float = 10.0
+
+
+def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> PrometheusSource:
+    """TIMEKEEPER_PROMETHEUS_*, checked: label and metric names as PromQL takes them, a window no shorter than the
+    task's interval (else the time between two windows is read by neither)."""
+    names: dict[str, str] = {}  # the labels and the selector, as DcgmQuery takes them
+    for key, name in (("namespace_label", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL"), ("pod_label", "TIMEKEEPER_PROMETHEUS_POD_LABEL"),
+                      ("pod_uid_label", "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL"), ("selector", "TIMEKEEPER_PROMETHEUS_SELECTOR")):
+        value = environ.get(name, getattr(DcgmQuery, key)).strip()  # set empty: no UID label, no selector
+        try:
+            names[key] = (check_selector(value, name) if key == "selector" else
+                          check_label(value, name) if value or key != "pod_uid_label" else "")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    metrics = env_list("TIMEKEEPER_PROMETHEUS_METRICS", DEFAULT_METRICS, environ)
+    per_pod = environ.get("TIMEKEEPER_PROMETHEUS_PER_POD_METRIC", "").strip()
+    if not metrics:
+        raise ConfigError("TIMEKEEPER_PROMETHEUS_METRICS must name at least one metric")
+    for metric in (*metrics, *filter(None, [per_pod])):
+        if metric not in DCGM_METRICS:
+            raise ConfigError(f"TIMEKEEPER_PROMETHEUS_METRICS and _PER_POD_METRIC: {metric!r} is not one of {', '.join(DCGM_METRICS)}")
+    window = env_int("TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS", DcgmQuery.window_seconds, 10, environ)
+    if not interval_seconds <= window <= 3600:
+        raise ConfigError(f"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS={window} must be from TIMEKEEPER_UTILISATION_INTERVAL_SECONDS "
+                          f"({interval_seconds:g}) to 3600")
+    return PrometheusSource(
+        url=str(env_url("TIMEKEEPER_PROMETHEUS_URL", environ=environ, required=True)),
+        query=DcgmQuery(metrics=metrics, per_pod_metric=per_pod, window_seconds=window, **names),
+        ca_file=environ.get("TIMEKEEPER_PROMETHEUS_CA_FILE", "").strip() or None,
+        token_file=environ.get("TIMEKEEPER_PROMETHEUS_TOKEN_FILE", "").strip() or None,
+        timeout_seconds=env_float("TIMEKEEPER_PROMETHEUS_TIMEOUT_SECONDS", 10.0, 0.1, environ),
+    )
 
 
 @dataclass(frozen=True)
@@ -68,8 +121,8 @@ class TimekeeperConfig:
     # and a meter is silent after, gpusharing.contract.fresh_for of it.
     meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS
     lease_namespace: str = "gpusharing-system"  # where the controller's Lease lives: the timekeeper's own namespace
-    # Whose pod-bound tokens send node readings (POST /api/v1/node-readings); empty: the node agent's ServiceAccount
-    # in the timekeeper's own namespace (node_agents).
+    # Whose pod-bound tokens send node readings (POST /api/v1/node-readings); empty: the chart's node agent's
+    # ServiceAccount (node_agents).
     node_agent_users: tuple[str, ...] = ()
     lease_seconds: float | None = None  # the controller's Lease; None: 3 budget passes, at least 15 s
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
@@ -86,11 +139,12 @@ class TimekeeperConfig:
     clock: str = DEFAULT_CLOCK  # module:function giving the time; TESTS ONLY change it, to move time across periods
     gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)  # the webhook's: pods are billed as admitted
     catalogue_source: str = "the shipped catalogue"  # recorded in the weights' audit log
+    prometheus: PrometheusSource | None = None  # TIMEKEEPER_UTILISATION_SOURCE=prometheus: where DCGM's series are read
 
     @property
     def node_agents(self) -> frozenset[str]:
         """The usernames whose pod-bound tokens may send node readings."""
-        return frozenset(self.node_agent_users or (f"system:serviceaccount:{self.lease_namespace}:{DEFAULT_NODE_AGENT}",))
+        return frozenset(self.node_agent_users or (DEFAULT_NODE_AGENT,))
 
     @property
     def catalogue(self) -> GpuCatalogue:
@@ -105,6 +159,8 @@ class TimekeeperConfig:
         if auth == "static" and tokens_file is None:
             raise ConfigError("TIMEKEEPER_STATIC_TOKENS_FILE must be set when TIMEKEEPER_AUTH=static")
         raw_default = environ.get("TIMEKEEPER_DEFAULT_GPU_MINUTES", "").strip()
+        tasks = task_intervals(environ)
+        source = env_choice("TIMEKEEPER_UTILISATION_SOURCE", UtilisationSource.METER.value, UTILISATION_SOURCES, environ)
         return cls(
             database_url=database_url(env_text("TIMEKEEPER_DATABASE_URL", DEFAULT_DATABASE_URL, environ)),
             auth=auth,
@@ -113,7 +169,7 @@ class TimekeeperConfig:
             default_period=Period(env_choice("TIMEKEEPER_DEFAULT_PERIOD", "monthly", tuple(Period), environ)),
             default_idle=default_idle_policy(environ),
             kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
-            tasks=task_intervals(environ),
+            tasks=tasks,
             controller_port=env_int("TIMEKEEPER_CONTROLLER_PORT", cls.controller_port, 1, environ),
             meter_interval_seconds=meter_interval_seconds(environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
@@ -134,6 +190,7 @@ class TimekeeperConfig:
             clock=env_code("TIMEKEEPER_CLOCK", DEFAULT_CLOCK, environ),
             gpu_request=gpu_request_settings(environ),
             catalogue_source=environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()[:253] or cls.catalogue_source,
+            prometheus=prometheus_source(environ, tasks.utilisation) if source == UtilisationSource.PROMETHEUS else None,
         )
 
 

@@ -82,6 +82,10 @@ CACHED_OBJECTS = Gauge("gpusharing_controller_cached_objects", "Objects held in 
                        ["kind"], multiprocess_mode="livesum")
 LEADING = Gauge("gpusharing_controller_leading", "1 while this controller replica holds the Lease, else 0.",
                 multiprocess_mode="livesum")
+UTILISATION_READINGS = Gauge(
+    "gpusharing_controller_utilisation_readings",
+    "Pods' GPU utilisation readings the last utilisation run read from Prometheus, by reading (known, unknown).",
+    ["reading"], multiprocess_mode="livesum")
 
 
 def observe_task(task: str, seconds: float, late: float) -> None:

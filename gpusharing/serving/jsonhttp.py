@@ -25,6 +25,10 @@ class Unreachable(Exception):
     """No answer came: the message says why (refused, unknown host, timed out, TLS) and where."""
 
 
+class TooLarge(Exception):
+    """The answer's body is larger than the request allowed: it is not read further."""
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
@@ -84,8 +88,10 @@ class JsonClient:
         token: str | None = None,
         timeout: float | None = None,
         query: dict[str, str] | None = None,
+        max_bytes: int | None = None,
     ) -> Answer:
-        """One request; `body` is sent as JSON. Raises Unreachable when no answer comes, whatever its status."""
+        """One request; `body` is sent as JSON. Raises Unreachable when no answer comes, whatever its status, and
+        TooLarge when its body is longer than `max_bytes`."""
         headers = {"Accept": "application/json", **self._headers}
         payload = None
         if body is not None:
@@ -99,10 +105,14 @@ class JsonClient:
             connection = self._connect(wait)
             connection.request(method, target, body=payload, headers=headers)
             response = connection.getresponse()
-            answer = Answer(response.status, response.reason, response.read())
+            answer = Answer(response.status, response.reason,
+                            response.read() if max_bytes is None else response.read(max_bytes + 1))
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise Unreachable(self.describe(exc, wait)) from None
+        if max_bytes is not None and len(answer.body) > max_bytes:
+            self.close()  # the rest of the body is still on the connection
+            raise TooLarge(f"{self.base_url} answered with more than {max_bytes} bytes")
         if response.will_close:
             self.close()
         return answer

@@ -14,7 +14,7 @@ import pytest
 
 from demo.jsonhttp import reply_json
 from demo.processes import free_port
-from gpusharing.serving.jsonhttp import Answer, JsonClient, Unreachable
+from gpusharing.serving.jsonhttp import Answer, JsonClient, TooLarge, Unreachable
 
 
 class EchoServer:
@@ -80,6 +80,15 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(echo: 
     assert echo.closed.wait(10)
     assert client.request("GET", "/b").status == 200
     assert len(echo.connections) == 2
+
+
+def test_an_answer_longer_than_allowed_is_not_read_further_and_its_connection_not_reused(echo: EchoServer) -> None:
+    client = JsonClient(echo.url)
+    whole = client.request("POST", "/a", {"pad": "x" * 500})
+    with pytest.raises(TooLarge, match=f"answered with more than {len(whole.body) - 1} bytes"):
+        client.request("POST", "/a", {"pad": "x" * 500}, max_bytes=len(whole.body) - 1)
+    assert client.request("POST", "/a", {"pad": "x" * 500}, max_bytes=len(whole.body)).body == whole.body
+    assert len(echo.connections) == 2  # the one cut short was closed: its unread rest never taken for the next answer
 
 
 def test_nan_is_refused_before_anything_is_sent(echo: EchoServer) -> None:

@@ -25,6 +25,7 @@ from nodeagent.config import NodeAgentConfig
 from tests.helm import CHART, NAMESPACE, notes, render
 from tests.kustomize import MANIFESTS, crds, installable_manifests, overlay
 from tests.manifests.test_manifests import KUBERNETES_VERSION, find
+from timekeeper.config import prometheus_source
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version")
 CUSTOM_RESOURCES = ("cert-manager.io/", "monitoring.coreos.com/")
@@ -62,6 +63,10 @@ COMBINATIONS = {
     "the API server's client certificate": {"webhook": {"clientAuth": {"mode": "certificate"}},
                                             "networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24", "fd00::/64"]}},
     "the API server's token": {"webhook": {"clientAuth": {"mode": "token"}}, "priorityClasses": {"allowed": ["research-high"]}},
+    "GPU utilisation from Prometheus": {"controller": {"prometheusUtilisation": {
+        "enabled": True, "url": "https://thanos-querier.openshift-monitoring.svc:9091", "caConfigMap": "openshift-service-ca.crt",
+        "caKey": "service-ca.crt", "tokenSecret": "prometheus-reader", "perPodMetric": "DCGM_FI_DEV_GPU_UTIL",
+        "exporterSelector": 'namespace="nvidia-gpu-operator"'}}},
     "everything changed": {
         "namespace": {"create": True},
         "image": {"repository": "registry.example.com/gpusharing", "tag": "0.2.0", "pullPolicy": "Always"},
@@ -380,6 +385,29 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_unless_the_values_give_one()
         container = pod["containers"][0]
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "gpu-models"]
         assert env_of(container)["GPUSHARING_GPU_MODELS_FILE"] == f"{mount['mountPath']}/gpu-models.yaml"
+
+
+def test_the_prometheus_utilisation_values_give_the_controller_a_source_it_reads_from_its_mounts() -> None:
+    objects = render(COMBINATIONS["GPU utilisation from Prometheus"])
+    pod = find(objects, "Deployment", "gpusharing-controller")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = env_of(container)
+    source = prometheus_source(env, float(env["TIMEKEEPER_UTILISATION_INTERVAL_SECONDS"]))  # as the controller reads it
+    assert (env["TIMEKEEPER_UTILISATION_SOURCE"], source.url) == ("prometheus", "https://thanos-querier.openshift-monitoring.svc:9091")
+    assert (source.query.per_pod_metric, source.query.window_seconds) == ("DCGM_FI_DEV_GPU_UTIL", 120)
+    assert source.query.selector == 'namespace="nvidia-gpu-operator"'
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert source.ca_file == f"{mounts['prometheus-ca']}/service-ca.crt"
+    assert volumes["prometheus-ca"]["configMap"] == {"name": "openshift-service-ca.crt", "items": [{"key": "service-ca.crt", "path": "service-ca.crt"}]}
+    assert source.token_file == f"{mounts['prometheus-token']}/token"
+    assert volumes["prometheus-token"]["secret"]["secretName"] == "prometheus-reader"
+    own = env_of(containers(render({"controller": {"prometheusUtilisation": {"enabled": True, "url": "http://prometheus:9090",
+                                                                             "serviceAccountToken": True}}}), "gpusharing-controller")[0])
+    assert own["TIMEKEEPER_PROMETHEUS_TOKEN_FILE"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert "TIMEKEEPER_UTILISATION_SOURCE" not in env_of(containers(render(), "gpusharing-controller")[0])  # the meters' by default
+    with pytest.raises(helm.HelmError, match="controller.prometheusUtilisation.enabled needs controller.prometheusUtilisation.url"):
+        render({"controller": {"prometheusUtilisation": {"enabled": True}}})
 
 
 @pytest.mark.parametrize("component", ["webhook", "timekeeper", "controller"])

@@ -26,6 +26,7 @@ from tests.postgres import PostgresServer
 from timekeeper.app import create_app
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.manager import ControllerManager, ControllerPass
+from timekeeper.cluster.utilisation import UtilisationSink
 from timekeeper.config import TimekeeperConfig
 from timekeeper.controller import build_controller
 from timekeeper.database.schema import upgrade
@@ -138,9 +139,10 @@ def make_controller(database_url: str, clock: Clock) -> Iterator[ControllerFacto
     tests run its tasks with run_controller."""
     managers: list[ControllerManager] = []
 
-    def make(kube: KubeApi, identity: str | None = None, **settings: Any) -> ControllerManager:
+    def make(kube: KubeApi, identity: str | None = None, utilisation_sink: UtilisationSink | None = None,
+             **settings: Any) -> ControllerManager:
         config = TimekeeperConfig(**{"database_url": database_url, **settings})
-        manager = build_controller(config, kube, clock)
+        manager = build_controller(config, kube, clock, utilisation_sink)
         if identity is not None:
             manager.election.identity = identity
         managers.append(manager)

@@ -1,13 +1,14 @@
 """Where the timekeeper finds the Kubernetes API: its own setting, then KUBECONFIG as kubectl reads it, then in-cluster;
-the default budget's idle policy from TIMEKEEPER_IDLE_*."""
+the default budget's idle policy from TIMEKEEPER_IDLE_*; the utilisation source."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpusharing.settings.env import ConfigError
+from timekeeper.accounting.dcgm import DcgmQuery
 from timekeeper.budgets.idle import IdleAction, IdlePolicy
-from timekeeper.config import TimekeeperConfig
+from timekeeper.config import PrometheusSource, TimekeeperConfig
 
 
 @pytest.mark.parametrize(
@@ -66,3 +67,44 @@ def test_a_meter_interval_out_of_bounds_is_refused_with_the_bounds(raw: str) -> 
     with pytest.raises(ConfigError) as refused:
         TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", "GPUSHARING_METER_INTERVAL_SECONDS": raw})
     assert str(refused.value) == f"GPUSHARING_METER_INTERVAL_SECONDS={raw!r} must be a finite number from 0.05 to 300"
+
+
+def test_the_utilisation_source_is_the_meters_unless_prometheus_is_named_with_its_url() -> None:
+    assert TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none"}).prometheus is None
+    environ = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_UTILISATION_SOURCE": "prometheus",
+               "TIMEKEEPER_PROMETHEUS_URL": "https://thanos-querier.openshift-monitoring.svc:9091/",
+               "TIMEKEEPER_PROMETHEUS_CA_FILE": "/etc/ca/service-ca.crt", "TIMEKEEPER_PROMETHEUS_TOKEN_FILE": "/var/run/token",
+               "TIMEKEEPER_PROMETHEUS_POD_LABEL": "pod", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": "namespace",
+               "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL": "", "TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_GPU_UTIL",
+               "TIMEKEEPER_PROMETHEUS_PER_POD_METRIC": "DCGM_FI_DEV_GPU_UTIL", "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS": "30",
+               "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "60", "TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="nvidia-gpu-operator"'}
+    config = TimekeeperConfig.from_env(environ)
+    assert config.tasks.utilisation == 30.0
+    assert config.prometheus == PrometheusSource(
+        url="https://thanos-querier.openshift-monitoring.svc:9091", ca_file="/etc/ca/service-ca.crt", token_file="/var/run/token",
+        query=DcgmQuery(namespace_label="namespace", pod_label="pod", pod_uid_label="", metrics=("DCGM_FI_DEV_GPU_UTIL",),
+                        per_pod_metric="DCGM_FI_DEV_GPU_UTIL", window_seconds=60, selector='namespace="nvidia-gpu-operator"'))
+    defaults = TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_UTILISATION_SOURCE": "prometheus",
+                                          "TIMEKEEPER_PROMETHEUS_URL": "http://prometheus:9090"}).prometheus
+    assert defaults is not None and defaults.query == DcgmQuery()  # the GPU Operator's labels, GR_ENGINE_ACTIVE first
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"TIMEKEEPER_UTILISATION_SOURCE": "dcgm"}, "TIMEKEEPER_UTILISATION_SOURCE='dcgm' must be one of meter, prometheus"),
+    ({"TIMEKEEPER_PROMETHEUS_URL": ""}, "TIMEKEEPER_PROMETHEUS_URL must be set"),
+    ({"TIMEKEEPER_PROMETHEUS_URL": "prometheus:9090"}, "TIMEKEEPER_PROMETHEUS_URL='prometheus:9090' must be an http:// or https:// URL"),
+    ({"TIMEKEEPER_PROMETHEUS_POD_LABEL": 'pod"}) or vector(1'}, "TIMEKEEPER_PROMETHEUS_POD_LABEL='pod\"}) or vector(1' must be a Prometheus label name"),
+    ({"TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="gpu-operator"} or vector(100) or x{a="b"'},
+     "TIMEKEEPER_PROMETHEUS_SELECTOR='namespace=\"gpu-operator\"} or vector(100) or x{a=\"b\"' must be PromQL label matchers"),
+    ({"TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": ""}, "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL='' must be a Prometheus label name"),
+    ({"TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_POWER_USAGE"}, "'DCGM_FI_DEV_POWER_USAGE' is not one of DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    ({"TIMEKEEPER_PROMETHEUS_METRICS": ","}, "TIMEKEEPER_PROMETHEUS_METRICS must name at least one metric"),
+    ({"TIMEKEEPER_PROMETHEUS_PER_POD_METRIC": "up"}, "'up' is not one of"),
+    ({"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "30"}, "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS=30 must be from TIMEKEEPER_UTILISATION_INTERVAL_SECONDS (60) to 3600"),
+    ({"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "5"}, "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS='5' must be a whole number, at least 10"),
+])
+def test_a_prometheus_source_it_cannot_query_is_refused_at_start_naming_the_setting(environ: dict[str, str], message: str) -> None:
+    base = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_UTILISATION_SOURCE": "prometheus", "TIMEKEEPER_PROMETHEUS_URL": "http://prometheus:9090"}
+    with pytest.raises(ConfigError) as refused:
+        TimekeeperConfig.from_env({**base, **environ})
+    assert message in str(refused.value)

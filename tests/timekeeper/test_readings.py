@@ -288,7 +288,7 @@ def test_a_static_node_agent_line_names_its_node(tmp_path: Path) -> None:
 
 # -- through TokenReview, against the HTTP fake of the API ------------------------------------------------------------
 
-AGENTS = "gpusharing-system"
+AGENTS = "gpusharing-node-agent"  # the chart's node agent's namespace, whose ServiceAccount is the default
 
 
 @pytest.fixture
@@ -354,7 +354,7 @@ def test_an_agent_token_of_another_identity_node_or_pod_is_refused(cluster: tupl
     assert answer.status_code == 403 and "system:serviceaccount:ml:gpusharing-node-agent is not a node agent's token" in answer.json["error"]
     disagreeing = api.as_(agent_token(kube, agent, node_name="node-b")).post("/api/v1/node-readings", json=batch("node-a"))
     assert disagreeing.status_code == 403
-    assert "issued on node node-b, but its pod gpusharing-system/agent-x1 is bound to node node-a" in disagreeing.json["error"]
+    assert f"issued on node node-b, but its pod {AGENTS}/agent-x1 is bound to node node-a" in disagreeing.json["error"]
     old = agent_token(kube, agent)
     kube.delete_pod(AGENTS, "agent-x1")
     bound(kube, AGENTS, "agent-x1", "node-a", share=None)  # re-created under the same name: a new uid
@@ -434,9 +434,10 @@ def test_the_idle_policy_acts_on_the_nodes_word_alone(
 
 
 def test_whose_tokens_send_node_readings_is_a_setting_defaulting_to_the_agents_account() -> None:
-    assert TimekeeperConfig.from_env({}).node_agents == {"system:serviceaccount:gpusharing-system:gpusharing-node-agent"}
-    assert TimekeeperConfig.from_env({"TIMEKEEPER_LEASE_NAMESPACE": "gpu-ops"}).node_agents == {
-        "system:serviceaccount:gpu-ops:gpusharing-node-agent"}
+    # The chart's agent, in its own namespace (whatever the timekeeper's).
+    agent = {"system:serviceaccount:gpusharing-node-agent:gpusharing-node-agent"}
+    assert TimekeeperConfig.from_env({}).node_agents == agent
+    assert TimekeeperConfig.from_env({"TIMEKEEPER_LEASE_NAMESPACE": "gpu-ops"}).node_agents == agent
     users = "system:serviceaccount:gpu-ops:agent, system:serviceaccount:dcgm:agent ,"
     assert TimekeeperConfig.from_env({"TIMEKEEPER_NODE_AGENT_USERS": users}).node_agents == {
         "system:serviceaccount:gpu-ops:agent", "system:serviceaccount:dcgm:agent"}

@@ -16,6 +16,7 @@ here, on the same machinery:
 | idle | TIMEKEEPER_IDLE_INTERVAL_SECONDS | idle policies: warnings, holds, demotions and evictions |
 | silent-meters | TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS | a MeterSilent Event on each pod whose meter went quiet |
 | commitments | TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS | safe admission's committed pods published for the web replicas |
+| utilisation | TIMEKEEPER_UTILISATION_INTERVAL_SECONDS, with TIMEKEEPER_UTILISATION_SOURCE=prometheus | pods' GPU utilisation from DCGM's series in Prometheus, to the ingestion |
 | events | when an Event is queued | sends the queued Events |
 """
 
@@ -33,6 +34,7 @@ from gpusharing.clock import Clock
 from gpusharing.contract import fresh_for
 from gpusharing.scheduling import Task, TaskScheduler
 from timekeeper import metrics
+from timekeeper.accounting.readings import UtilisationLedger
 from timekeeper.accounting.reports import ReportLedger
 from timekeeper.accounting.streaks import IdleLedger
 from timekeeper.budgets.store import BudgetStore
@@ -46,6 +48,7 @@ from timekeeper.cluster.informers import ClusterInformers
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
 from timekeeper.cluster.pods import CommitmentPublisher, by_uid
+from timekeeper.cluster.utilisation import PrometheusUtilisation, UtilisationPass, UtilisationSink
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import TimekeeperConfig
 
@@ -64,12 +67,15 @@ class ControllerPass:
     ended: BillingPass | None = None
     idle: IdlePass | None = None
     silent: list[Any] | None = None
+    utilisation: UtilisationPass | None = None
     leading: bool = False
 
 
 class ControllerManager:
     def __init__(self, config: TimekeeperConfig, budgets: BudgetStore, ledger: ReportLedger, idle: IdleLedger,
-                 kube: KubeApi, clock: Clock, identity: str | None = None):
+                 kube: KubeApi, clock: Clock, identity: str | None = None, utilisation_sink: UtilisationSink | None = None):
+        """`utilisation_sink`: where the `utilisation` task hands its readings (default: the pods' ledgers, as the node
+        agents' go); a test's recording stand-in."""
         self.config = config
         self.clock = clock
         self.informers = ClusterInformers(kube, config.gpu_request)
@@ -88,6 +94,12 @@ class ControllerManager:
         self.budget_sync = BudgetSync(budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last)
         self._leading = False
         now = budgets.clock
+        self.utilisation: PrometheusUtilisation | None = None
+        optional: list[Task] = []
+        if config.prometheus is not None:
+            sink = utilisation_sink or UtilisationLedger.of(ledger).record_utilisation
+            utilisation = self.utilisation = PrometheusUtilisation(config.prometheus, self.informers.records, sink)
+            optional.append(Task("utilisation", intervals.utilisation, lambda: utilisation.run(now())))
         for task in (
             Task("lease", min(LEASE_RETRY_SECONDS, self.election.lease_seconds / 5), self._lead, leader_only=False),
             Task("budgets", intervals.budgets, self.budget_sync.sync),
@@ -98,6 +110,7 @@ class ControllerManager:
             Task("silent-meters", intervals.silent_meters, lambda: self.biller.flag_silent(now())),
             Task("commitments", intervals.commitments, self._publish_commitments),
             Task("events", intervals.events, self.events.send, leader_only=False),
+            *optional,
         ):
             self.scheduler.add(Task(task.name, task.interval_seconds, _stops_on_lost_lease(task.name, task.run),
                                     task.leader_only))
@@ -134,6 +147,8 @@ class ControllerManager:
         self.election.release()
         self._leading = False
         self.informers.stop()
+        if self.utilisation is not None:
+            self.utilisation.close()
 
     @property
     def synced(self) -> bool:
@@ -148,7 +163,8 @@ class ControllerManager:
         return ControllerPass(
             budgets=_as(ran.get("budgets"), BudgetPass), statuses=_as(ran.get("statuses"), list),
             billing=_as(ran.get("bills"), BillingPass), ended=_as(ran.get("ended"), BillingPass),
-            idle=_as(ran.get("idle"), IdlePass), silent=_as(ran.get("silent-meters"), list), leading=self.leading())
+            idle=_as(ran.get("idle"), IdlePass), silent=_as(ran.get("silent-meters"), list),
+            utilisation=_as(ran.get("utilisation"), UtilisationPass), leading=self.leading())
 
 
 def _stops_on_lost_lease(name: str, run: Callable[[], object]) -> Callable[[], object]:
