@@ -45,11 +45,11 @@ def interval_worth(duration_seconds: float, half_life: float) -> float:
 
 
 def _aware(when: datetime, what: str) -> None:
-    if when.tzinfo is None or when.utcoffset() is None:
+    if when.tzinfo is None:
         raise ValueError(f"{what} must be an aware time (UTC), not the naive {when.isoformat()}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DecayedUsage:
     """Model-weighted GPU-seconds (as billed), each decayed by its age at `as_of`."""
 
@@ -72,7 +72,7 @@ class DecayedUsage:
         _aware(when, "the time to decay to")
         if when <= self.as_of:
             return self
-        return DecayedUsage(self.gpu_seconds * decay_factor((when - self.as_of).total_seconds(), h), when)
+        return _figured(self.gpu_seconds * decay_factor((when - self.as_of).total_seconds(), h), when)
 
     def plus(self, gpu_seconds: float, start: datetime, end: datetime, half_life: timedelta) -> DecayedUsage:
         """With one interval of the ledger added: `gpu_seconds` billed at a constant rate over [start, end], decayed
@@ -89,5 +89,14 @@ class DecayedUsage:
         worth = gpu_seconds * interval_worth(duration, h)
         if end >= self.as_of:
             carried = self.gpu_seconds * decay_factor((end - self.as_of).total_seconds(), h) if self.gpu_seconds else 0.0
-            return DecayedUsage(carried + worth, end)
-        return DecayedUsage(self.gpu_seconds + worth * decay_factor((self.as_of - end).total_seconds(), h), self.as_of)
+            return _figured(carried + worth, end)
+        return _figured(self.gpu_seconds + worth * decay_factor((self.as_of - end).total_seconds(), h), self.as_of)
+
+
+def _figured(gpu_seconds: float, as_of: datetime) -> DecayedUsage:
+    """Usage figured here from checked figures (sums of non-negative finite terms, factors within [0, 1]): built
+    without checking again, which is most of what a pass's fold would otherwise spend."""
+    usage = object.__new__(DecayedUsage)
+    object.__setattr__(usage, "gpu_seconds", gpu_seconds)
+    object.__setattr__(usage, "as_of", as_of)
+    return usage
