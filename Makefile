@@ -70,6 +70,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/meter_footprint.py
 	$(BIN)/python bench/reservations.py
 	$(BIN)/python bench/cluster_scale.py
+	$(BIN)/python bench/fairshare.py
 
 # The cluster tier's scale run, larger than CI runs it (tests/cluster/test_scale.py prints its figures).
 SCALE_NODES ?= 200

@@ -1,0 +1,186 @@
+"""The fair-share pass (issue 32) at 10,000 namespaces in a four-level hierarchy with a year of history, beside the
+pass it replaces (the decayed usage recomputed from the whole history), measured in the same run.
+
+    python bench/fairshare.py                              # 10 x 10 x 10 x 10 namespaces, a year of hourly intervals
+    python bench/fairshare.py --fanout 5 --hours 720       # 625 namespaces, a month: a quick look
+
+The hierarchy: `--fanout` divisions x departments x teams x namespaces, random weights. Each namespace has a base
+rate (a fifth of them idle, the rest exponential around 4 GPUs) times a daily cycle, billed one interval an hour, as
+the ledger would hand them over: first `--hours` hours of history folded into each namespace's (usage, as of), then
+`--passes` passes, each one more hour. A pass is timed in three steps:
+  fold     the pass's new intervals added to every namespace's decayed usage (DecayedUsage.plus)
+  rank     the ShareNodes built and rank_fair_tree over every namespace
+  bands    next_band for every namespace
+and beside it, alternating pass by pass, the baseline: each namespace's decayed usage recomputed from its whole
+history (every interval since the first), timed on `--baseline-sample` namespaces and scaled to all of them (the
+whole of it would take minutes a pass); its result is checked against the incremental one. p50 and p99 over the
+passes (with few passes, p99 is the slowest). Peak memory: tracemalloc over one more pass, apart from the timings
+(tracing slows Python down), and the process's peak resident size. Beside the wall-clock times, the CPU time of the
+pass and of the baseline: on a shared machine the wall clock counts the other processes' turns too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import random
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpusharing.units.duration import format_duration  # noqa: E402
+from timekeeper.fairshare.bands import BandState, FairShareBands, next_band  # noqa: E402
+from timekeeper.fairshare.decay import DecayedUsage  # noqa: E402
+from timekeeper.fairshare.tree import NamespaceStanding, ShareNode, rank_fair_tree  # noqa: E402
+
+START = dt.datetime(2027, 1, 1, tzinfo=dt.timezone.utc)
+HOUR = dt.timedelta(hours=1)
+BANDS = FairShareBands(("gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy"), (0.8, 1.25), 0.1,
+                       dt.timedelta(minutes=10))
+CYCLE = [3600.0 * (0.6 + 0.4 * math.sin(2 * math.pi * hour / 24)) for hour in range(24)]  # GPU-seconds of a GPU per hour of day
+
+
+class Cluster:
+    """The hierarchy, each namespace's base rate, and its decayed usage so far."""
+
+    def __init__(self, fanout: int, seed: int) -> None:
+        rng = random.Random(seed)
+        self.groups: list[ShareNode] = []
+        self.namespaces: list[tuple[str, str, float]] = []  # name, team, weight
+        self.rate: dict[str, float] = {}
+        for d in range(fanout):
+            division = f"div{d}"
+            self.groups.append(ShareNode(division, None, rng.uniform(1, 10), 0.0, False))
+            for p in range(fanout):
+                department = f"{division}.dept{p}"
+                self.groups.append(ShareNode(department, division, rng.uniform(1, 10), 0.0, False))
+                for t in range(fanout):
+                    team = f"{department}.team{t}"
+                    self.groups.append(ShareNode(team, department, rng.uniform(1, 10), 0.0, False))
+                    for n in range(fanout):
+                        name = f"ns-{d}-{p}-{t}-{n}"
+                        self.namespaces.append((name, team, rng.uniform(1, 10)))
+                        self.rate[name] = 0.0 if rng.random() < 0.2 else rng.expovariate(1 / 4)
+        self.usage = {name: DecayedUsage.zero(START) for name, _, _ in self.namespaces}
+        self.states: dict[str, BandState] = {}
+
+    def interval(self, name: str, hour: int) -> tuple[float, dt.datetime, dt.datetime]:
+        return self.rate[name] * CYCLE[hour % 24], START + HOUR * hour, START + HOUR * (hour + 1)
+
+    def fold(self, hours: range, half_life: dt.timedelta) -> None:
+        """The intervals of `hours` added to every namespace's usage, hour by hour as passes would."""
+        ends = [(START + HOUR * hour, START + HOUR * (hour + 1), hour % 24) for hour in hours]
+        for name, usage in self.usage.items():
+            rate = self.rate[name]
+            for start, end, of_day in ends:
+                usage = usage.plus(rate * CYCLE[of_day], start, end, half_life)
+            self.usage[name] = usage
+
+    def rank(self) -> dict[str, NamespaceStanding]:
+        nodes = [*self.groups, *(ShareNode(name, team, weight, self.usage[name].gpu_seconds, True) for name, team, weight in self.namespaces)]
+        return rank_fair_tree(nodes)
+
+    def band(self, standings: dict[str, NamespaceStanding], now: dt.datetime) -> None:
+        for name, standing in standings.items():
+            self.states[name] = next_band(BANDS, self.states.get(name), standing, now)
+
+    def recomputed(self, name: str, hours: int, half_life: dt.timedelta) -> DecayedUsage:
+        """The baseline: the namespace's decayed usage from its whole history, every interval since the first."""
+        usage = DecayedUsage.zero(START)
+        for hour in range(hours):
+            gpu_seconds, start, end = self.interval(name, hour)
+            usage = usage.plus(gpu_seconds, start, end, half_life)
+        return usage
+
+
+def percentiles(values: list[float]) -> str:
+    ordered = sorted(values)
+    return f"p50 {statistics.median(ordered):9.1f} ms   p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:9.1f} ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fanout", type=int, default=10, help="children per node at each of the four levels (default 10: 10,000 namespaces)")
+    parser.add_argument("--hours", type=int, default=24 * 365, help="hours of history before the passes (default a year, 8,760)")
+    parser.add_argument("--passes", type=int, default=24, help="passes timed, one hour of new intervals each (default 24)")
+    parser.add_argument("--baseline-sample", type=int, default=20, help="namespaces the baseline recomputes each pass (default 20)")
+    parser.add_argument("--half-life-hours", type=float, default=24.0, help="the half-life (default 24)")
+    parser.add_argument("--seed", type=int, default=32)
+    args = parser.parse_args()
+    half_life = dt.timedelta(hours=args.half_life_hours)
+    cluster = Cluster(args.fanout, args.seed)
+    count = len(cluster.namespaces)
+    print(f"{count:,} namespaces under {len(cluster.groups):,} groups (4 levels), {args.hours:,} hours of history, "
+          f"half-life {format_duration(half_life.total_seconds())}", flush=True)
+
+    began = time.perf_counter()
+    cluster.fold(range(args.hours), half_life)
+    history = (time.perf_counter() - began) * 1000
+    print(f"history folded: {count * args.hours:,} intervals in {history / 1000:.1f} s ({history * 1000 / (count * args.hours):.2f} us an interval)", flush=True)
+
+    sample = random.Random(args.seed).sample([name for name, _, _ in cluster.namespaces], min(args.baseline_sample, count))
+    folds: list[float] = []
+    ranks: list[float] = []
+    bands: list[float] = []
+    passes: list[float] = []
+    baselines: list[float] = []
+    pass_cpu: list[float] = []
+    baseline_cpus: list[float] = []
+    worst_gap = 0.0
+    for number in range(args.passes):
+        hour = args.hours + number
+        began, cpu = time.perf_counter(), time.process_time()
+        cluster.fold(range(hour, hour + 1), half_life)
+        folded = time.perf_counter()
+        standings = cluster.rank()
+        ranked = time.perf_counter()
+        cluster.band(standings, START + HOUR * (hour + 1))
+        banded, banded_cpu = time.perf_counter(), time.process_time()
+        recomputed = {name: cluster.recomputed(name, hour + 1, half_life) for name in sample}
+        baseline, baseline_cpu = time.perf_counter(), time.process_time()
+        pass_cpu.append((banded_cpu - cpu) * 1000)
+        baseline_cpus.append((baseline_cpu - banded_cpu) * 1000 * count / len(sample))
+        folds.append((folded - began) * 1000)
+        ranks.append((ranked - folded) * 1000)
+        bands.append((banded - ranked) * 1000)
+        passes.append((banded - began) * 1000)
+        baselines.append((baseline - banded) * 1000 * count / len(sample))
+        for name, usage in recomputed.items():
+            incremental = cluster.usage[name]
+            assert usage.as_of == incremental.as_of
+            worst_gap = max(worst_gap, abs(usage.gpu_seconds - incremental.gpu_seconds) / max(usage.gpu_seconds, 1e-300))
+
+    print(f"\n{args.passes} passes over {count:,} namespaces:")
+    print(f"  fold a pass's new intervals   {percentiles(folds)}   ({count:,} intervals)")
+    print(f"  rank_fair_tree                {percentiles(ranks)}")
+    print(f"  next_band over all            {percentiles(bands)}")
+    print(f"  the whole pass                {percentiles(passes)}")
+    print(f"    its CPU time                {percentiles(pass_cpu)}")
+    print(f"  baseline: usage recomputed from the whole history, scaled from {len(sample)} namespaces:")
+    print(f"                                {percentiles(baselines)}   ({count * (args.hours + args.passes // 2):,} intervals a pass)")
+    print(f"    its CPU time                {percentiles(baseline_cpus)}")
+    print(f"  the pass is {statistics.median(baselines) / statistics.median(passes):,.0f}x faster than the baseline (p50); "
+          f"incremental and recomputed usage agree to {worst_gap:.1e} (relative)")
+
+    tracemalloc.start()
+    hour = args.hours + args.passes
+    cluster.fold(range(hour, hour + 1), half_life)
+    cluster.band(cluster.rank(), START + HOUR * (hour + 1))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    counts = [0] * len(BANDS.classes)
+    for state in cluster.states.values():
+        counts[state.band] += 1
+    print(f"\npeak memory of a pass (tracemalloc): {peak / 2**20:.1f} MiB; process peak resident: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print("bands: " + ", ".join(f"{name} {n:,}" for name, n in zip(BANDS.classes, counts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

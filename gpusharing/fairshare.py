@@ -1,0 +1,55 @@
+"""Fair share's bands as both sides read them: the timekeeper picks each namespace's band
+(timekeeper/fairshare/bands.py), the webhook admits a pod in it, or one lower past its namespace's fair share."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+
+# What a sum of fractional GPUs may carry of rounding and still be "at" the fair share.
+GPU_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class FairShareBands:
+    """The bands, top (lightest) first, and the brakes on moving between them."""
+
+    classes: tuple[str, ...]  # PriorityClass names, top (lightest) first
+    ratio_bounds: tuple[float, ...]  # len(classes) - 1 ascending: band i holds ratios below ratio_bounds[i], e.g. (0.8, 1.25)
+    hysteresis: float  # relative margin a ratio must cross a bound by to change band, e.g. 0.1
+    min_time_in_band: timedelta  # no change of band sooner than this after the last
+
+    def __post_init__(self) -> None:
+        if not self.classes or len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"fair-share bands need at least one PriorityClass, each named once, not {list(self.classes)}")
+        if len(self.ratio_bounds) != len(self.classes) - 1:
+            raise ValueError(f"{len(self.classes)} bands need {len(self.classes) - 1} ratio bounds between them, not {len(self.ratio_bounds)}")
+        if not all(math.isfinite(b) and b > 0 for b in self.ratio_bounds) or list(self.ratio_bounds) != sorted(set(self.ratio_bounds)):
+            raise ValueError(f"the bands' ratio bounds must be positive and strictly ascending, not {list(self.ratio_bounds)}")
+        if not (math.isfinite(self.hysteresis) and 0 <= self.hysteresis < 1):
+            raise ValueError(f"the bands' hysteresis is a relative margin from 0 to below 1, not {self.hysteresis!r}")
+        if self.min_time_in_band < timedelta(0):
+            raise ValueError(f"the minimum time in a band cannot be negative, not {self.min_time_in_band}")
+
+    def band_of(self, ratio: float, margin: float = 0.0) -> int:
+        """The band that holds `ratio` with every bound moved by the relative `margin` (none: the plain band)."""
+        for band, bound in enumerate(self.ratio_bounds):
+            if ratio < bound * (1 + margin):
+                return band
+        return len(self.classes) - 1
+
+
+def admission_band(bands: FairShareBands, band: int, held_gpus: float, fair_share_gpus: float, pod_gpus: float = 0.0) -> int:
+    """The band a new pod is admitted in (the burst guard, Kueue's entry penalty): its namespace's band, or one
+    lower (never below the last) when the namespace holds more GPUs than its fair share of the cluster's
+    (share_of_cluster x the cluster's GPUs). `held_gpus` are the GPUs its pods hold; with the pod's own `pod_gpus`
+    the guard counts the pod too, so that exactly the fair share is admitted in the namespace's band."""
+    if not 0 <= band < len(bands.classes):
+        raise ValueError(f"band {band} is not one of the {len(bands.classes)} fair-share bands")
+    for name, value in (("held GPUs", held_gpus), ("the fair share of GPUs", fair_share_gpus), ("the pod's GPUs", pod_gpus)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number, at least 0, not {value!r}")
+    if held_gpus + pod_gpus > fair_share_gpus * (1 + GPU_SLACK) + GPU_SLACK:
+        return min(band + 1, len(bands.classes) - 1)
+    return band
