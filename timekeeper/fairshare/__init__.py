@@ -1,0 +1,1 @@
+"""Fair share among namespaces in budget (issue #32): decayed usage, Fair Tree ranking, bands. Plain data."""
