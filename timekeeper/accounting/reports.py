@@ -534,7 +534,7 @@ def _interval(namespace: str, accounting: Accounting, weighted: int, now: dt.dat
     """The time a charge was billed over, for its decay: what the record proves ends where it was observed to (a
     meter's report, when it came), and began as long before as the pod's share takes to make the raw charge."""
     ledger = accounting.ledger
-    end = min(now, ledger.ended_at or ledger.observed_until or now) if observed else now
+    end = (ledger.ended_at or ledger.observed_until or now) if observed else now
     seconds = accounting.charge_micro_gpu_seconds / MICROS_PER_SECOND / ledger.share if ledger.share else 0.0
     return Charge(namespace, weighted / MICROS_PER_SECOND, end - dt.timedelta(seconds=seconds), end)
 
