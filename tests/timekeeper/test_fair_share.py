@@ -20,8 +20,8 @@ from gpusharing.settings.env import ConfigError
 from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactory, run_controller
 from timekeeper.accounting.fairshare import FairShareLedger
 from timekeeper.accounting.ledger import Observation
-from timekeeper.accounting.reports import PodObservation, ReportLedger
 from timekeeper.accounting.record import RecordedPod
+from timekeeper.accounting.reports import PodObservation, ReportLedger
 from timekeeper.budgets.status import Budget
 from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.fairshare import FAIR_SHARE_EVENT, rebalance
