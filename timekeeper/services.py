@@ -59,7 +59,7 @@ class Services:
     webhooks: WebhookListings  # what each webhook process holds in force
     fair_share: FairShareLedger | None = None  # None: fair share is off
 
-    def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
+    def listed(self, statuses: list[BudgetStatus], detail: bool = False) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
         below it) and a namespace's owners held out of budget after an idle pod of theirs was evicted."""
         pods = self.commitments.read()
@@ -70,17 +70,18 @@ class Services:
         else:
             held = self.reservations.held(pods.counted_ids())
             listed = listing_json(statuses, committed, self.budgets.budgets() if committed or held else {}, held)
-        bands = self.fair_share_bands(item["namespace"] for item in listed)
+        bands = self.fair_share_bands((item["namespace"] for item in listed), detail)
         return [{**item, "idleHolds": [hold.to_json() for hold in held_idle.get(item["namespace"], [])],
                  **({"fairShare": bands[item["namespace"]]} if item["namespace"] in bands else {})} for item in listed]
 
-    def fair_share_bands(self, namespaces: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The band of each ranked namespace as the webhook admits by it (none when fair share is off)."""
+    def fair_share_bands(self, namespaces: Iterable[str], detail: bool = False) -> dict[str, dict[str, Any]]:
+        """The band of each ranked namespace as the webhook admits by it (none when fair share is off); `detail`: with
+        its path and when its band would rise at zero use (timekeeper.accounting.fairshare.band_json)."""
         if self.fair_share is None:
             return {}
         settings = self.config.fair_share
         return {name: band for name, record in self.fair_share.records(set(namespaces)).items()
-                if (band := band_json(settings.bands, record, self.fair_share.half_life_of(record))) is not None}
+                if (band := band_json(settings.bands, record, self.fair_share.half_life_of(record), detail)) is not None}
 
     def fair_share_listing(self) -> dict[str, Any]:
         """What the listing says of fair share as a whole: the bands' classes, lightest first (nothing when off)."""

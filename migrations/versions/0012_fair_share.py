@@ -36,6 +36,8 @@ def upgrade() -> None:
         sa.Column("rank", sa.Integer(), nullable=True),
         sa.Column("share_gpus", sa.Float(), nullable=True),
         sa.Column("held_gpus", sa.Float(), nullable=True),
+        sa.Column("path", sa.Text(), nullable=True),
+        sa.Column("band_changes_at", TIME, nullable=True),
         sa.Column("ranked_at", TIME, nullable=True),
         sa.PrimaryKeyConstraint("namespace", name="pk_fair_share"),
     )

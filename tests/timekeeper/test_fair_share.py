@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from admin.output import format_explanation, pod_record
 from demo.kubeapi import FakeKube
 from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, Period
 from gpusharing.kube.owners import Owner
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
-from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactory, run_controller
+from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactory, SpecClient, run_controller
 from timekeeper.accounting.fairshare import FairShareLedger
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.record import RecordedPod
@@ -206,15 +207,21 @@ def test_the_task_ranks_the_heavy_team_below_the_light_one_and_the_listing_shows
     light = done.standings["light"]
     assert light.standing.share_of_cluster == pytest.approx(0.5) and light.standing.rank == 1
     assert "heavy used 2.0x its fair share at the level of dept.research" in done.standings["heavy"].reason
-    app = make_app(fair_share=ON)
-    listing = app.test_client().get("/api/v1/budgets", headers={"Authorization": f"Bearer {ADMIN}"}).get_json()
+    api = SpecClient(make_app(fair_share=ON).test_client(), ADMIN)  # every answer as openapi.yaml documents it
+    listing = api.get("/api/v1/budgets").get_json()
     assert listing["fairShare"] == {"classes": list(DEFAULT_BAND_CLASSES)}
     listed = {item["namespace"]: item.get("fairShare") for item in listing["items"]}
     assert listed["dept.research"] is None
     assert listed["light"]["band"] == LIGHT and listed["light"]["burstClass"] == MIDDLE
     assert listed["light"]["shareGpus"] == 4 and listed["heavy"]["band"] == HEAVY and listed["heavy"]["burstClass"] == HEAVY
+    assert "path" not in listed["light"]  # what the webhook polls stays small
+    # Read alone, for `gpusharing explain`: its path down the tree, and when its band would rise at zero use.
+    heavy = api.get("/api/v1/budgets/heavy").get_json()["fairShare"]
+    assert [(level["node"], level["rank"], level["siblings"]) for level in heavy["path"]] == [("dept.research", 1, 1), ("heavy", 2, 2)]
+    assert heavy["path"][1]["share"] == 0.5 and heavy["path"][1]["ratio"] == 2.0
+    assert heavy["zeroUseChange"] is not None and heavy["zeroUseChange"] > heavy["asOf"]
     # Off, the listing says nothing of fair share.
-    off = make_app().test_client().get("/api/v1/budgets", headers={"Authorization": f"Bearer {ADMIN}"}).get_json()
+    off = SpecClient(make_app().test_client(), ADMIN).get("/api/v1/budgets").get_json()
     assert "fairShare" not in off and all("fairShare" not in item for item in off["items"])
 
 
@@ -286,3 +293,23 @@ def test_pods_waiting_in_a_band_cannot_make_room_from_pods_they_could_preempt_or
     assert [p.name for p in plan.waiting] == ["w"] and plan.evict == ()  # b's band is as x was admitted: nothing to correct
     plan = rebalance(pods, BANDS, {"a": 1, "b": 2}, {}, at(1200), GRACE, MIN_RUN)
     assert [p.name for p in plan.evict] == ["x"]  # y is below w: kube-scheduler's preemption takes it, if it must
+
+
+def test_explain_shows_the_pod_s_band_its_namespace_s_path_and_when_its_band_would_rise(
+    cluster: Any, fake_kube: FakeKube, make_app: AppFactory,
+) -> None:
+    """`gpusharing explain POD` from what the pod records and its namespace's budget read alone (a tenant's own read)."""
+    controller, _ = cluster
+    run_controller(controller)
+    status = SpecClient(make_app(fair_share=ON).test_client(), ADMIN).get("/api/v1/budgets/heavy").get_json()
+    obj = pod(fake_kube, "heavy", "train-0", HEAVY)
+    obj["metadata"]["annotations"]["gpusharing.io/fair-share-reason"] = "heavy used 2.0x its fair share"
+    text = format_explanation({"pod": pod_record(obj), "namespace": status, "metering": None, "idle": None})
+    flat = " ".join(text.split())
+    assert "Fair-share band: gpusharing-in-budget-heavy: heavy used 2.0x its fair share" in flat
+    assert "Namespace's band: gpusharing-in-budget-heavy since" in flat and "new pods get gpusharing-in-budget-heavy" in flat
+    assert f"At zero use: its band would rise at {status['fairShare']['zeroUseChange']}" in flat
+    table = text.split("\n\n", 1)[1].splitlines()
+    assert table[0].split() == ["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"]
+    assert table[1].split() == ["1", "dept.research", "1.000", "1.000", "1.00", "1/1"]
+    assert table[2].split() == ["2", "heavy", "0.500", "1.000", "2.00", "2/2"]

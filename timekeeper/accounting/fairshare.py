@@ -9,6 +9,7 @@ usage by uid), in namespace order; the `fairshare` task locks only these rows, i
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ class FairShareRecord:
     rank: int | None = None
     share_gpus: float | None = None
     held_gpus: float | None = None
+    path: str | None = None
+    band_changes_at: dt.datetime | None = None
     ranked_at: dt.datetime | None = None
 
 
@@ -62,9 +65,12 @@ class Ranked:
     share_gpus: float
     held_gpus: float
     half_life_seconds: float | None
+    path: str  # JSON: its LevelStandings, level 1 first
+    band_changes_at: dt.datetime | None
 
 
-_RANKED = ("band", "band_since", "reason", "ratio", "rank", "share_gpus", "held_gpus", "half_life_seconds", "ranked_at")
+_RANKED = ("band", "band_since", "reason", "ratio", "rank", "share_gpus", "held_gpus", "half_life_seconds", "path",
+           "band_changes_at", "ranked_at")
 
 
 class FairShareLedger:
@@ -119,9 +125,11 @@ class FairShareLedger:
             self._rank.execute(conn, [{**_ranked_columns(r), "ranked_at": now} for r in rows])
 
 
-def band_json(bands: FairShareBands, record: FairShareRecord, half_life: dt.timedelta) -> dict[str, Any] | None:
+def band_json(bands: FairShareBands, record: FairShareRecord, half_life: dt.timedelta, detail: bool = False) -> dict[str, Any] | None:
     """A ranked namespace's fair share as the listing shows it (None: not ranked, or its band no longer configured):
-    its band's class, the class a pod admitted above its fair share gets (the burst guard), and where it stood."""
+    its band's class, the class a pod admitted above its fair share gets (the burst guard), and where it stood;
+    `detail` (one budget read, for `gpusharing explain`): its path down the tree and when its band would rise at
+    zero use."""
     if record.band is None or not 0 <= record.band < len(bands.classes) or record.share_gpus is None:
         return None
     decayed = record.usage.at(record.ranked_at or record.usage.as_of, half_life)
@@ -137,6 +145,9 @@ def band_json(bands: FairShareBands, record: FairShareRecord, half_life: dt.time
         "usageGpuSeconds": round(decayed.gpu_seconds, 3),
         "asOf": iso_utc(decayed.as_of),
         "halfLifeSeconds": half_life.total_seconds(),
+        "heldAsOf": None if record.ranked_at is None else record.ranked_at.timestamp(),
+        **({"path": json.loads(record.path or "[]"),
+            "zeroUseChange": None if record.band_changes_at is None else iso_utc(record.band_changes_at)} if detail else {}),
     }
 
 

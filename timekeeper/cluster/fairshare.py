@@ -13,6 +13,7 @@ admitted in the band their namespace has now, and kube-scheduler's preemption do
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ from timekeeper.cluster.informers import ClusterInformers
 from timekeeper.cluster.kube import ObjectRef
 from timekeeper.cluster.resources import FairShareSpec, budget_name, fair_share_spec
 from timekeeper.config import FairShareSettings
-from timekeeper.fairshare.bands import BandState, FairShareBands, band_reason, next_band
+from timekeeper.fairshare.bands import BandState, FairShareBands, band_reason, next_band, zero_use_change
+from timekeeper.fairshare.decay import DecayedUsage
 from timekeeper.fairshare.tree import LevelStanding, NamespaceStanding, ShareNode, rank_fair_tree
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,12 @@ def share_nodes(budgets: Mapping[str, Budget], specs: Mapping[str, FairShareSpec
         group = is_group(name)
         nodes.append(ShareNode(name, budget.parent, max(weight, MIN_WEIGHT), 0.0 if group else usage.get(name, 0.0), not group))
     return nodes
+
+
+def path_json(standing: NamespaceStanding) -> str:
+    """A namespace's standing at each level down its path, as `gpusharing explain` shows it (Slurm's `sshare -l`)."""
+    return json.dumps([{"level": s.level, "node": s.node, "share": round(s.share, 6), "usage": round(s.usage, 6),
+                        "ratio": round(s.ratio, 6), "rank": s.rank, "siblings": s.siblings} for s in standing.path])
 
 
 @dataclass(frozen=True)
@@ -168,11 +176,13 @@ class FairShareTask:
             state = next_band(bands, previous, standing, now)
             half_life = self._half_life(specs.get(name))
             reason = band_reason(standing, bands.classes[state.band], half_life)
+            usage_now = DecayedUsage(usage.get(name, 0.0), now)
             done.standings[name] = Standing(standing, state, reason, held.get(name, 0.0))
             spec = specs.get(name)
             ranked.append(Ranked(name, state.band, state.since, reason, standing.ratio, standing.rank,
                                  standing.share_of_cluster * done.cluster_gpus, held.get(name, 0.0),
-                                 None if spec is None else spec.half_life_seconds))
+                                 None if spec is None else spec.half_life_seconds, path_json(standing),
+                                 zero_use_change(bands, state, standing, usage_now, half_life, now)))
             for level in standing.path:
                 done.levels[level.node] = level
         self.ledger.rank(ranked, now)

@@ -333,6 +333,8 @@ class FairShareRow(Base):
     rank: Mapped[int | None] = mapped_column(Integer)  # among every namespace ranked, lightest 1
     share_gpus: Mapped[float | None] = mapped_column(Float)  # its fair share of the cluster's GPUs
     held_gpus: Mapped[float | None] = mapped_column(Float)  # GPUs its running pods held when ranked
+    path: Mapped[str | None] = mapped_column(Text)  # JSON: its standing at each level (level, node, share, usage, ratio, rank)
+    band_changes_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # when its band would rise at zero use
     ranked_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
