@@ -164,8 +164,8 @@ class FairShareTask:
         usage = {name: record.usage.at(now, self._half_life(specs.get(name))).gpu_seconds for name, record in records.items()}
         standings = rank_fair_tree(share_nodes(budgets, specs, usage))
         held: dict[str, float] = {}
-        for pod in pods:
-            if pod.started_at is not None and pod.finished_at is None and pod.deleted_at is None:
+        for pod in pods:  # what its pods in budget hold or wait for: the burst guard counts a pending pod's GPUs too
+            if pod.finished_at is None and pod.deleted_at is None and not pod.demoted:
                 held[pod.namespace] = held.get(pod.namespace, 0.0) + pod.admitted
         done = FairSharePass(cluster_gpus=self.informers.cluster_gpus(), at=now)
         ranked = []
