@@ -11,6 +11,7 @@ none of light's. A pod out of budget preempts nothing. Every pod's band and reas
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -43,7 +44,10 @@ def fair_share(cluster: GpuSharing) -> Iterator[None]:
         elif obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == "gpusharing-controller":
             cluster.replace(obj)
     with cluster.timekeeper_settings(**SETTINGS):
-        yield
+        try:
+            yield
+        finally:  # the controller's log, before its restart with the usual settings writes over it
+            shutil.copyfile(cluster.directory / "controller.log", cluster.directory / "controller-fair-share.log")
     for name in (LIGHT, HEAVY):
         cluster.rest("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
@@ -64,6 +68,15 @@ def running(cluster: GpuSharing, namespace: str) -> list[dict[str, Any]]:
 
 def bands(pods: list[dict[str, Any]]) -> Counter[str]:
     return Counter(p["metadata"]["annotations"].get(BAND, "none") for p in pods)
+
+
+def state(cluster: GpuSharing, namespace: str) -> str:
+    """What a namespace's pods are doing, for a failure's message."""
+    return f"{namespace}: " + ", ".join(
+        f"{p['metadata']['name']} {p['metadata']['annotations'].get(BAND)} {p['status'].get('phase')}"
+        f"{' deleting' if 'deletionTimestamp' in p['metadata'] else ''}"
+        f" {[c.get('reason') for c in p['status'].get('conditions', []) if c.get('type') == 'PodScheduled']}"
+        for p in cluster.pods(namespace))
 
 
 def listed_band(cluster: GpuSharing, namespace: str) -> str | None:
@@ -96,7 +109,10 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
         assert bands(live(cluster, light)) == {LIGHT: 4, MIDDLE: 16}
         # Its top band preempts heavy's middle band; its middle band waits, until the controller evicts heavy's pods
         # admitted above heavy's band now, whose replacements come back heavy and preempt nothing.
-        wait_for(lambda: len(running(cluster, light)) == GPUS, "light to take the node", timeout=180)
+        try:
+            wait_for(lambda: len(running(cluster, light)) == GPUS, "light to take the node", timeout=300)
+        except AssertionError as late:
+            raise AssertionError(f"{late}; {state(cluster, heavy)}; {state(cluster, light)}") from None
         assert all(p["metadata"]["annotations"][BAND] == HEAVY for p in live(cluster, heavy))
         assert len(cluster.pods(light)) == 20  # none of light's was ever preempted or evicted
 
