@@ -313,3 +313,12 @@ def test_explain_shows_the_pod_s_band_its_namespace_s_path_and_when_its_band_wou
     assert table[0].split() == ["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"]
     assert table[1].split() == ["1", "dept.research", "1.000", "1.000", "1.00", "1/1"]
     assert table[2].split() == ["2", "heavy", "0.500", "1.000", "2.00", "2/2"]
+
+
+def test_a_heavy_namespace_s_own_waiting_pods_do_not_shield_its_pods_above_its_band() -> None:
+    """The cluster tier's case: light and heavy both wait in the middle band; room is made for light, the lighter,
+    from heavy's pods admitted above heavy's band now, never for heavy from light's."""
+    pods = [recorded("lw", "light", MIDDLE, started=None, waiting_since=0), recorded("hw", "heavy", MIDDLE, started=None, waiting_since=0),
+            recorded("h-0", "heavy", LIGHT), recorded("h-1", "heavy", MIDDLE), recorded("l-0", "light", LIGHT)]
+    plan = rebalance(pods, BANDS, {"light": 0, "heavy": 2}, {}, at(1200), GRACE, MIN_RUN)
+    assert [p.name for p in plan.waiting] == ["lw"] and [p.name for p in plan.evict] == ["h-0"]

@@ -101,8 +101,9 @@ def rebalance(pods: Sequence[RecordedPod], bands: FairShareBands, current: Mappi
               now: dt.datetime, grace: dt.timedelta, min_run_time: dt.timedelta) -> Rebalance:
     """The fewest running pods to evict so that pods of a higher band, unschedulable for longer than `grace`, can
     preempt their way in: pods admitted in a band no lower than the waiting pods' (so those cannot preempt them)
-    whose namespace's band is now lower, of other namespaces, heaviest namespace first, biggest pods first, each
-    run for `min_run_time`, each with a controller to re-create it; as many GPUs as the waiting pods ask for."""
+    whose namespace's band is now lower than both that and the band of the lightest namespace that waits, heaviest
+    namespace first, biggest pods first, each run for `min_run_time`, each with a controller to re-create it; as
+    many GPUs as that namespace's waiting pods ask for."""
     index = {name: i for i, name in enumerate(bands.classes)}
     waiting = [p for p in pods if p.started_at is None and p.deleted_at is None and p.band in index
                and p.unschedulable_since is not None and now - p.unschedulable_since >= grace]
@@ -110,13 +111,15 @@ def rebalance(pods: Sequence[RecordedPod], bands: FairShareBands, current: Mappi
         return Rebalance((), ())
     highest = min(index[p.band] for p in waiting if p.band is not None)
     waiting = [p for p in waiting if index.get(p.band or "") == highest]
-    waiting_namespaces = {p.namespace for p in waiting}
+    # Room is made for the lightest namespace that waits, from namespaces heavier than it: never between equals.
+    lightest = min(current.get(p.namespace, len(bands.classes)) for p in waiting)
+    waiting = [p for p in waiting if current.get(p.namespace, len(bands.classes)) == lightest]
     needed = sum(p.admitted for p in waiting)
     candidates = [
         p for p in pods
-        if p.band in index and index[p.band] <= highest and p.namespace not in waiting_namespaces
-        and current.get(p.namespace, index[p.band]) > index[p.band] and p.owner is not None and p.running
-        and p.started_at is not None and now - p.started_at >= min_run_time and p.finished_at is None and p.deleted_at is None
+        if p.band in index and index[p.band] <= highest and current.get(p.namespace, -1) > max(index[p.band], lightest)
+        and p.owner is not None and p.running and p.started_at is not None and now - p.started_at >= min_run_time
+        and p.finished_at is None and p.deleted_at is None
     ]
     candidates.sort(key=lambda p: (-current[p.namespace], -ratios.get(p.namespace, 0.0), p.namespace, -p.admitted, p.name))
     chosen: list[RecordedPod] = []
