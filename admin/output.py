@@ -130,7 +130,30 @@ def format_explanation(explanation: dict[str, Any]) -> str:
     if status is not None:
         lines += _billing(metering)
     lines += _idle(explanation)
-    return _fields(lines)
+    lines += _fair_share(record, status)
+    text = _fields(lines)
+    path = ((status or {}).get("fairShare") or {}).get("path")
+    if path:  # the namespace's path down the budget tree, as Slurm's `sshare -l` shows it
+        rows = [[str(level["level"]), level["node"], f"{level['share']:.3f}", f"{level['usage']:.3f}", f"{level['ratio']:.2f}",
+                 f"{level['rank']}/{level['siblings']}"] for level in path]
+        text += "\n\n" + format_table(["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"], rows)
+    return text
+
+
+def _fair_share(record: dict[str, Any], status: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The band the pod was admitted in and why, its namespace's band now, and when that would rise at zero use."""
+    lines = []
+    if "fair-share-band" in record:
+        lines.append(("Fair-share band", f"{record['fair-share-band']}: {record.get('fair-share-reason', '')}"))
+    band = (status or {}).get("fairShare")
+    if band:
+        hours = band["usageGpuSeconds"] / 3600
+        lines.append(("Namespace's band", f"{band['band']} since {band['since']} (rank {band['rank']}, {hours:.2f} decayed "
+                                          f"GPU-hours as of {band['asOf']}; beyond {band['shareGpus']:g} GPUs held, "
+                                          f"new pods get {band['burstClass']})"))
+        change = band.get("zeroUseChange")
+        lines.append(("At zero use", f"its band would rise at {change}" if change else "its band would not rise"))
+    return lines
 
 
 def _billing(ledger: dict[str, Any] | None) -> list[tuple[str, str]]:

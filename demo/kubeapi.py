@@ -34,7 +34,7 @@ _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 # a test queues: delete_pod's DELETED).
 _LISTED = {"/api/v1/pods": "pods", "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
            "/apis/gpusharing.io/v1alpha1/gpubudgets": "gpubudgets",
-           "/apis/gpusharing.io/v1alpha1/clustergpubudgets": "clustergpubudgets"}
+           "/apis/gpusharing.io/v1alpha1/clustergpubudgets": "clustergpubudgets", "/api/v1/nodes": "nodes"}
 _EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
@@ -74,7 +74,7 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.access_reviews: list[dict[str, Any]] = []
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
-        self.custom: dict[str, list[dict[str, Any]]] = {}  # plural -> GPUBudgets, ClusterGPUBudgets, ResourceClaims
+        self.custom: dict[str, list[dict[str, Any]]] = {}  # plural -> GPUBudgets, ClusterGPUBudgets, ResourceClaims, nodes
         self._versions = iter(range(1, 1 << 62))
         self._watched: list[tuple[str, int, dict[str, Any]]] = []  # (kind, resourceVersion, watch event) queued
         self._watch_queued = threading.Condition()

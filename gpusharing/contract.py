@@ -19,6 +19,9 @@ ANNOTATION_SAFE_ADMISSION = "gpusharing.io/safe-admission"
 # On a pod admitted out of budget because its owner is held (an idle pod of the owner's was evicted): the owner,
 # KIND/NAME, for `gpusharing explain`.
 ANNOTATION_IDLE_HOLD = "gpusharing.io/idle-hold"
+# Fair share (docs/fair-share.md): the band's PriorityClass the pod was admitted in, and why, in one line.
+ANNOTATION_FAIR_SHARE_BAND = "gpusharing.io/fair-share-band"
+ANNOTATION_FAIR_SHARE_REASON = "gpusharing.io/fair-share-reason"
 # Labels under the prefix that are not the webhook's record but its users' word: a pod's author exempts the pod from
 # idle policies (they stand, and may change).
 IDLE_EXEMPT_LABEL = "gpusharing.io/idle-exempt"
@@ -28,7 +31,8 @@ TENANT_LABELS = frozenset((IDLE_EXEMPT_LABEL,))
 # and a pod that asks for no GPU may carry nothing under it.
 WEBHOOK_ANNOTATIONS = frozenset((
     ANNOTATION_GPU_SHARE, ANNOTATION_DIALECT, ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL,
-    ANNOTATION_ADMISSION_ID, ANNOTATION_SAFE_ADMISSION, ANNOTATION_IDLE_HOLD,
+    ANNOTATION_ADMISSION_ID, ANNOTATION_SAFE_ADMISSION, ANNOTATION_IDLE_HOLD, ANNOTATION_FAIR_SHARE_BAND,
+    ANNOTATION_FAIR_SHARE_REASON,
 ))
 
 # The finalizer the webhook puts on every GPU pod it governs, which the timekeeper alone removes once the pod's bill

@@ -50,6 +50,10 @@ def admission_band(bands: FairShareBands, band: int, held_gpus: float, fair_shar
     for name, value in (("held GPUs", held_gpus), ("the fair share of GPUs", fair_share_gpus), ("the pod's GPUs", pod_gpus)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number, at least 0, not {value!r}")
-    if held_gpus + pod_gpus > fair_share_gpus * (1 + GPU_SLACK) + GPU_SLACK:
-        return min(band + 1, len(bands.classes) - 1)
-    return band
+    return min(band + 1, len(bands.classes) - 1) if beyond_fair_share(held_gpus, fair_share_gpus, pod_gpus) else band
+
+
+def beyond_fair_share(held_gpus: float, fair_share_gpus: float, pod_gpus: float = 0.0) -> bool:
+    """Whether the namespace, holding `held_gpus`, would with the pod hold more than its fair share of the cluster's
+    GPUs: the burst guard's test, the timekeeper's and the webhook's alike."""
+    return held_gpus + pod_gpus > fair_share_gpus * (1 + GPU_SLACK) + GPU_SLACK

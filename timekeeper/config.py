@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,12 +13,25 @@ from sqlalchemy.exc import ArgumentError
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, METER_INTERVAL_SETTING, Period
 from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.gpu.request import GpuRequestSettings
-from gpusharing.settings.env import ConfigError, env_choice, env_code, env_float, env_int, env_list, env_text, env_url, refuse_retired
+from gpusharing.settings.env import (
+    ConfigError,
+    env_choice,
+    env_code,
+    env_flag,
+    env_float,
+    env_int,
+    env_list,
+    env_text,
+    env_url,
+    refuse_retired,
+)
 from gpusharing.settings.gpu import gpu_request_settings
 from gpusharing.settings.meter import meter_interval_seconds
+from gpusharing.units.duration import DurationError, parse_duration
 from gpusharing.utilisation import UtilisationSource
 from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label, check_selector
 from timekeeper.budgets.idle import IdlePolicy, IdlePolicyError, idle_policy_from_json
+from timekeeper.fairshare.bands import FairShareBands
 
 AUTH_MODES = ("tokenreview", "static", "none")
 DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"
@@ -43,6 +57,7 @@ class TaskIntervals:
     commitments: float = 1.0  # safe admission's committed pods published for the web replicas
     events: float = 5.0  # the Event queue, besides whenever an Event is queued
     utilisation: float = 60.0  # GPU utilisation read from Prometheus (TIMEKEEPER_UTILISATION_SOURCE=prometheus)
+    fairshare: float = 30.0  # fair share: bands ranked from decayed usage, pods rebalanced (when enabled)
 
 
 TASK_SETTINGS = {
@@ -50,6 +65,7 @@ TASK_SETTINGS = {
     "bills": "TIMEKEEPER_BILLING_INTERVAL_SECONDS", "ended": "TIMEKEEPER_ENDED_INTERVAL_SECONDS",
     "idle": "TIMEKEEPER_IDLE_INTERVAL_SECONDS", "silent_meters": "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS",
     "commitments": "TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS", "utilisation": "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS",
+    "fairshare": "TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS",
 }
 
 
@@ -106,6 +122,59 @@ def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> Pr
     )
 
 
+DEFAULT_BAND_CLASSES = ("gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy")
+
+
+@dataclass(frozen=True)
+class FairShareSettings:
+    """Fair share among namespaces in budget (docs/fair-share.md); off by default, and then nothing changes."""
+
+    enabled: bool = False
+    half_life: dt.timedelta = dt.timedelta(hours=24)  # usage decays by half in this time (a budget may set its own)
+    bands: FairShareBands = FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(minutes=10))
+    grace: dt.timedelta = dt.timedelta(minutes=5)  # pods of a higher band wait unschedulable this long before a rebalance
+    min_run_time: dt.timedelta = dt.timedelta(minutes=10)  # a pod runs at least this long before a rebalance evicts it
+
+
+FAIRSHARE_SETTINGS = {"half_life": "TIMEKEEPER_FAIRSHARE_HALF_LIFE", "min_time_in_band": "TIMEKEEPER_FAIRSHARE_MIN_TIME_IN_BAND",
+                      "grace": "TIMEKEEPER_FAIRSHARE_GRACE", "min_run_time": "TIMEKEEPER_FAIRSHARE_MIN_RUN_TIME"}
+
+
+def fair_share_settings(environ: Mapping[str, str]) -> FairShareSettings:
+    """TIMEKEEPER_FAIRSHARE_*: ConfigError naming the setting for anything out of bounds."""
+    defaults = FairShareSettings()
+    durations = {"half_life": defaults.half_life, "min_time_in_band": defaults.bands.min_time_in_band,
+                 "grace": defaults.grace, "min_run_time": defaults.min_run_time}
+    for key, name in FAIRSHARE_SETTINGS.items():
+        raw = environ.get(name, "").strip()
+        if raw:
+            try:
+                durations[key] = dt.timedelta(seconds=parse_duration(raw, name, 1.0 if key == "half_life" else 0.0))
+            except DurationError as exc:
+                raise ConfigError(str(exc)) from None
+    classes = env_list("TIMEKEEPER_FAIRSHARE_CLASSES", DEFAULT_BAND_CLASSES, environ)
+    raw_bounds = env_list("TIMEKEEPER_FAIRSHARE_RATIO_BOUNDS", tuple(map(str, defaults.bands.ratio_bounds)), environ)
+    try:
+        bounds = tuple(float(bound) for bound in raw_bounds)
+    except ValueError:
+        raise ConfigError(f"TIMEKEEPER_FAIRSHARE_RATIO_BOUNDS={','.join(raw_bounds)!r} must be numbers, e.g. 0.8,1.25") from None
+    if not 2 <= len(classes) <= 8 or len(set(classes)) != len(classes):
+        raise ConfigError("TIMEKEEPER_FAIRSHARE_CLASSES must name 2 to 8 distinct PriorityClasses, lightest first")
+    if len(bounds) != len(classes) - 1 or any(not 0 < b < 1e6 for b in bounds) or list(bounds) != sorted(set(bounds)):
+        raise ConfigError(f"TIMEKEEPER_FAIRSHARE_RATIO_BOUNDS must be {len(classes) - 1} increasing positive ratios "
+                          "(one fewer than TIMEKEEPER_FAIRSHARE_CLASSES), e.g. 0.8,1.25")
+    hysteresis = env_float("TIMEKEEPER_FAIRSHARE_HYSTERESIS", defaults.bands.hysteresis, 0.0, environ)
+    if hysteresis >= 1:
+        raise ConfigError("TIMEKEEPER_FAIRSHARE_HYSTERESIS is a relative margin below 1, e.g. 0.1")
+    return FairShareSettings(
+        enabled=env_flag("TIMEKEEPER_FAIRSHARE_ENABLED", False, environ),
+        half_life=durations["half_life"],
+        bands=FairShareBands(classes, bounds, hysteresis, durations["min_time_in_band"]),
+        grace=durations["grace"],
+        min_run_time=durations["min_run_time"],
+    )
+
+
 @dataclass(frozen=True)
 class TimekeeperConfig:
     database_url: str = DEFAULT_DATABASE_URL
@@ -145,6 +214,7 @@ class TimekeeperConfig:
     def node_agents(self) -> frozenset[str]:
         """The usernames whose pod-bound tokens may send node readings."""
         return frozenset(self.node_agent_users or (DEFAULT_NODE_AGENT,))
+    fair_share: FairShareSettings = field(default_factory=FairShareSettings)
 
     @property
     def catalogue(self) -> GpuCatalogue:
@@ -191,6 +261,7 @@ class TimekeeperConfig:
             gpu_request=gpu_request_settings(environ),
             catalogue_source=environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()[:253] or cls.catalogue_source,
             prometheus=prometheus_source(environ, tasks.utilisation) if source == UtilisationSource.PROMETHEUS else None,
+            fair_share=fair_share_settings(environ),
         )
 
 

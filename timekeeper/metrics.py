@@ -80,6 +80,11 @@ EVENTS_QUEUED = Gauge("gpusharing_controller_events_queued", "Events waiting in 
 EVENTS_DROPPED = Counter("gpusharing_controller_events_dropped", "Events dropped because the controller's queue was full.")
 CACHED_OBJECTS = Gauge("gpusharing_controller_cached_objects", "Objects held in the controller's informer caches, by kind.",
                        ["kind"], multiprocess_mode="livesum")
+FAIR_SHARE_NAMESPACES = Gauge("gpusharing_controller_fair_share_namespaces",
+                              "Namespaces in each fair-share band, as the fairshare task last ranked them.", ["band"],
+                              multiprocess_mode="livesum")
+FAIR_SHARE_PODS = Gauge("gpusharing_controller_fair_share_pods", "Running GPU pods admitted in each fair-share band.",
+                        ["band"], multiprocess_mode="livesum")
 LEADING = Gauge("gpusharing_controller_leading", "1 while this controller replica holds the Lease, else 0.",
                 multiprocess_mode="livesum")
 UTILISATION_READINGS = Gauge(

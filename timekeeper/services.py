@@ -4,7 +4,7 @@ stops on SIGTERM. Nothing here knows HTTP."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from gpusharing.clock import Clock, ReadClock
 from gpusharing.kube.client import in_cluster_available
 from gpusharing.settings.env import ConfigError, load_code
 from timekeeper import metrics
+from timekeeper.accounting.fairshare import FairShareLedger, band_json
 from timekeeper.accounting.readings import UtilisationLedger
 from timekeeper.accounting.reports import ReportLedger, ReportQueue
 from timekeeper.accounting.streaks import IdleLedger, holds_by_namespace
@@ -58,8 +59,9 @@ class Services:
     collector: metrics.LedgerCollector
     schema_head: str
     webhooks: WebhookListings  # what each webhook process holds in force
+    fair_share: FairShareLedger | None = None  # None: fair share is off
 
-    def listed(self, statuses: list[BudgetStatus]) -> list[dict[str, Any]]:
+    def listed(self, statuses: list[BudgetStatus], detail: bool = False) -> list[dict[str, Any]]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
         below it) and a namespace's owners held out of budget after an idle pod of theirs was evicted."""
         pods = self.commitments.read()
@@ -70,7 +72,24 @@ class Services:
         else:
             held = self.reservations.held(pods.counted_ids())
             listed = listing_json(statuses, committed, self.budgets.budgets() if committed or held else {}, held)
-        return [{**item, "idleHolds": [hold.to_json() for hold in held_idle.get(item["namespace"], [])]} for item in listed]
+        bands = self.fair_share_bands((item["namespace"] for item in listed), detail)
+        return [{**item, "idleHolds": [hold.to_json() for hold in held_idle.get(item["namespace"], [])],
+                 **({"fairShare": bands[item["namespace"]]} if item["namespace"] in bands else {})} for item in listed]
+
+    def fair_share_bands(self, namespaces: Iterable[str], detail: bool = False) -> dict[str, dict[str, Any]]:
+        """The band of each ranked namespace as the webhook admits by it (none when fair share is off); `detail`: with
+        its path and when its band would rise at zero use (timekeeper.accounting.fairshare.band_json)."""
+        if self.fair_share is None:
+            return {}
+        settings = self.config.fair_share
+        return {name: band for name, record in self.fair_share.records(set(namespaces)).items()
+                if (band := band_json(settings.bands, record, self.fair_share.half_life_of(record), detail)) is not None}
+
+    def fair_share_listing(self) -> dict[str, Any]:
+        """What the listing says of fair share as a whole: the bands' classes, lightest first (nothing when off)."""
+        if self.fair_share is None:
+            return {}
+        return {"fairShare": {"classes": list(self.config.fair_share.bands.classes)}}
 
     def on_stop(self) -> list[Callable[[], None]]:
         """On SIGTERM, once the requests in flight are answered: the report queue, already empty, closes."""
@@ -86,6 +105,7 @@ class Stores:
     budgets: BudgetStore
     ledger: ReportLedger
     idle: IdleLedger
+    fair_share: FairShareLedger | None = None  # None: fair share is off
 
 
 def build_stores(config: TimekeeperConfig, clock: Clock | None = None) -> Stores:
@@ -97,9 +117,10 @@ def build_stores(config: TimekeeperConfig, clock: Clock | None = None) -> Stores
         clock = ReadClock(load_code("TIMEKEEPER_CLOCK", config.clock))
         log.warning("TIMEKEEPER_CLOCK=%s: the time comes from a test clock, never use it in a cluster", config.clock)
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock.now, config.default_idle)
+    fair_share = FairShareLedger(db, config.fair_share.half_life) if config.fair_share.enabled else None
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
-                          meter_interval_seconds=config.meter_interval_seconds)
-    return Stores(db, clock, budgets, ledger, IdleLedger(db))
+                          meter_interval_seconds=config.meter_interval_seconds, fair_share=fair_share)
+    return Stores(db, clock, budgets, ledger, IdleLedger(db), fair_share)
 
 
 def build_services(
@@ -121,7 +142,7 @@ def build_services(
     return Services(config, auth, stores.database, stores.budgets, ReservationStore(stores.budgets, config.reservation_seconds),
                     stores.ledger, stores.idle, ReportQueue(stores.ledger), UtilisationLedger.of(stores.ledger), commitments,
                     metrics.LedgerCollector(stores.ledger, commitments, stores.idle), head_revision(),
-                    WebhookListings(stores.database))
+                    WebhookListings(stores.database), stores.fair_share)
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:

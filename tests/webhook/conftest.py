@@ -49,6 +49,7 @@ class FakeTimekeeper:
         self.bodies: list[Any] = []
         self.polls: list[dict[str, str]] = []  # each poll's query: the webhook's name and the listing it holds
         self.listed_at = 0.0  # each listing's stamp, one more than the last's
+        self.extra: dict[str, Any] = {}  # more of the listing (fair share's bands)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -61,7 +62,8 @@ class FakeTimekeeper:
                 path, _, query = self.path.partition("?")
                 fake.polls.append({key: values[0] for key, values in urllib.parse.parse_qs(query).items()})
                 fake.listed_at += 1
-                listing = {"items": fake.items, "listedAt": fake.listed_at, **({} if fake.default is None else {"default": fake.default})}
+                listing = {"items": fake.items, "listedAt": fake.listed_at, **({} if fake.default is None else {"default": fake.default}),
+                           **fake.extra}
                 reply_json(self, 200 if path == "/api/v1/budgets" else 404, listing)
 
             def do_POST(self) -> None:  # noqa: N802

@@ -18,6 +18,7 @@ from typing import Any
 
 from gpusharing.contract import (
     ANNOTATION_BUDGET_STATE,
+    ANNOTATION_FAIR_SHARE_BAND,
     ANNOTATION_GPU_SHARE,
     ANNOTATION_IDLE_HOLD,
     ANNOTATION_SAFE_ADMISSION,
@@ -56,6 +57,8 @@ class RecordedPod:
     idle_exempt: bool = False
     demoted: bool = False  # admitted out of budget, as the webhook's record says (not its priority class, the tenant's)
     running: bool = False  # its phase is Running, as its kubelet says
+    band: str | None = None  # the fair-share band's PriorityClass it was admitted in (the webhook's record); None: none
+    unschedulable_since: dt.datetime | None = None  # not scheduled: PodScheduled False for want of room, since then
 
     def observation(self, share: float, now: dt.datetime, grace_seconds: float) -> Observation | None:
         """The pod's record now, or None when it never started. A pod whose deletion's grace period has passed by
@@ -109,6 +112,8 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         # Out of budget: its namespace was, safe admission demoted it, or its owner was held for idleness.
         demoted=annotations.get(ANNOTATION_BUDGET_STATE) == BudgetState.OVER_BUDGET
         or annotations.get(ANNOTATION_SAFE_ADMISSION) == "demoted" or ANNOTATION_IDLE_HOLD in annotations,
+        band=_band(annotations.get(ANNOTATION_FAIR_SHARE_BAND)),
+        unschedulable_since=_unschedulable_since(status),
         running=status.get("phase") == "Running",
     )
 
@@ -172,3 +177,19 @@ def _share(raw: object) -> float | None:
     except QuantityError:
         return None
     return float(value) if Decimal(MIN_GPU_SHARE) <= value <= Decimal(MAX_GPU_SHARE) else None
+
+
+def _band(raw: object) -> str | None:
+    """The band's class the webhook recorded: a PriorityClass name (DNS subdomain), else nothing."""
+    return raw if isinstance(raw, str) and 0 < len(raw) <= 253 else None
+
+
+def _unschedulable_since(status: Mapping[str, Any]) -> dt.datetime | None:
+    """When kube-scheduler last found no room for the pod (its PodScheduled condition False, reason Unschedulable)."""
+    for condition in as_list(status.get("conditions"))[:32]:
+        condition = as_mapping(condition)
+        if condition.get("type") == "PodScheduled":
+            if condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+                return instant(condition.get("lastTransitionTime"))
+            return None
+    return None

@@ -33,6 +33,7 @@ from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
 from gpusharing.utilisation import UtilisationSource
+from timekeeper.accounting.fairshare import Charge, FairShareLedger
 from timekeeper.accounting.idle import Reading, Streak
 from timekeeper.accounting.ledger import (
     NEW_POD,
@@ -234,8 +235,10 @@ class ReportLedger:
         self, budgets: BudgetStore, stale_seconds: float = 900.0,
         catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
         meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS, policy_refresh_seconds: float = 30.0,
+        fair_share: FairShareLedger | None = None,
     ):
         self.budgets = budgets
+        self.fair_share = fair_share  # None: fair share is off, and no decayed usage is kept
         self.db = budgets.db
         self.catalogue = catalogue or shipped_catalogue()
         self.catalogue_source = catalogue_source
@@ -350,6 +353,7 @@ class ReportLedger:
         charges: dict[str, int] = defaultdict(int)
         pod_charges: dict[tuple[str, str], PodCharge] = defaultdict(lambda: NO_CHARGE)
         billed: dict[int, int] = {}
+        decayed: list[Charge] = []
         # Read before the transaction, so that nothing waits on it while the ledgers are locked.
         thresholds = {ns: self.idle_threshold(ns) for ns in {entry.namespace for entry in entries if not entry.observed}}
         with self.db.pipeline() as conn:
@@ -375,6 +379,8 @@ class ReportLedger:
                 pod_charges[entry.pod_uid, entry.model.name] += charge
                 charges[namespace] += charge.weighted_micro_gpu_seconds
                 billed[entry.index] = charge.weighted_micro_gpu_seconds
+                if self.fair_share is not None and charge.weighted_micro_gpu_seconds:
+                    decayed.append(_interval(namespace, accounting, charge.weighted_micro_gpu_seconds, now, entry.observed))
                 if accounting.outcome is Outcome.CHARGED:
                     advanced[entry.pod_uid] = {
                         **advanced.get(entry.pod_uid, {}), "pod_uid": entry.pod_uid, "pod": entry.pod,
@@ -390,6 +396,8 @@ class ReportLedger:
                 self._charge.execute(conn, charged)
                 self._roll_up.execute(conn, rolled_up(charged))
             self.usage.charge(conn, day, pod_charges)
+            if self.fair_share is not None:  # with the charges, so that decayed usage counts each exactly once
+                self.fair_share.grow(conn, decayed)
             # Read after the charges, in the same transaction; sent with them and the commit.
             reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
         statuses = reads.statuses() if reads else {}
@@ -560,6 +568,15 @@ def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:
         "ended_at": ledger.ended_at,
         "billed_share": ledger.share or 0.0,
     }
+
+
+def _interval(namespace: str, accounting: Accounting, weighted: int, now: dt.datetime, observed: bool) -> Charge:
+    """The time a charge was billed over, for its decay: what the record proves ends where it was observed to (a
+    meter's report, when it came), and began as long before as the pod's share takes to make the raw charge."""
+    ledger = accounting.ledger
+    end = (ledger.ended_at or ledger.observed_until or now) if observed else now
+    seconds = accounting.charge_micro_gpu_seconds / MICROS_PER_SECOND / ledger.share if ledger.share else 0.0
+    return Charge(namespace, weighted / MICROS_PER_SECOND, end - dt.timedelta(seconds=seconds), end)
 
 
 def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -28,7 +28,8 @@ def list_budgets() -> Response:
     listed_at = services().webhooks.poll(webhook, request.args.get("inForce"), request.args.get("refreshSeconds"))
     store = services().budgets
     default = default_budget_json(store.default_gpu_minutes, store.default_period)
-    return jsonify(items=services().listed(store.statuses()), default=default, listedAt=listed_at)
+    return jsonify(items=services().listed(store.statuses()), default=default, listedAt=listed_at,
+                   **services().fair_share_listing())
 
 
 @blueprint.get("/<name>")

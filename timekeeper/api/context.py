@@ -49,7 +49,7 @@ def body() -> Any:
 
 
 def status_json(status: BudgetStatus) -> Response:
-    return jsonify(services().listed([status])[0])
+    return jsonify(services().listed([status], detail=True)[0])
 
 
 def crossing(crossed: bool, status: BudgetStatus, cause: str) -> None:

@@ -20,7 +20,7 @@ budget to be evicted again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,13 +65,15 @@ class BudgetPass:
 
 class BudgetSync:
     def __init__(self, budgets: BudgetStore, kube: KubeApi, informers: ClusterInformers, evictions: EvictionPath,
-                 events: EventQueue, idle: Callable[[], IdlePass | None] = lambda: None):
+                 events: EventQueue, idle: Callable[[], IdlePass | None] = lambda: None,
+                 fair_share: Callable[[], Mapping[str, Mapping[str, Any]]] = dict):
         self.budgets = budgets
         self.kube = kube
         self.informers = informers
         self.evictions = evictions
         self.events = events
         self.idle = idle  # the idle task's last pass, for the statuses' idle figures
+        self.fair_share = fair_share  # the fairshare task's last figures by budget name (none when fair share is off)
         self.webhooks = evictions.webhooks
         self._over_since: dict[str, float] = {}  # namespaces to evict: when this process saw them over (the database's time)
         self.last: BudgetPass | None = None
@@ -106,6 +108,7 @@ class BudgetSync:
         statuses = {s.namespace: s for s in self.budgets.statuses()}
         problems = self.last.problems if self.last is not None else {}
         idle = budget_idle(statuses, self.idle())
+        fair_share = self.fair_share()
         now = self.budgets.clock()
         children: dict[str, list[str]] = {}
         for status in statuses.values():
@@ -117,7 +120,7 @@ class BudgetSync:
             if name not in statuses and name not in problems:
                 continue  # not applied yet: the `budgets` task's next run does
             wanted = resource_status(obj, statuses.get(name), problems.get(name), sorted(children.get(name, [])), now,
-                                     idle.get(name))
+                                     idle.get(name), fair_share.get(name))
             if not status_differs(obj.get("status"), wanted):
                 continue
             metadata = obj["metadata"]

@@ -15,9 +15,11 @@ from functools import partial
 from typing import Any
 
 from gpusharing.gpu.catalogue import GpuCatalogue
+from gpusharing.gpu.dialects import NVIDIA_GPU
 from gpusharing.gpu.dra import ClaimSpec, allocated_claim_spec
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.watching import WatchedObjects
+from gpusharing.units.quantity import QuantityError, parse_quantity
 from timekeeper import metrics
 from timekeeper.accounting.record import RecordedPod, recorded_pod
 from timekeeper.budgets.commitments import CommittedPod, committed_pod
@@ -42,8 +44,17 @@ def _custom_objects(kube: KubeApi, resource: CustomResource) -> Callable[..., An
     return partial(kube.custom.list_cluster_custom_object, resource.group, resource.version, resource.plural)
 
 
+def node_gpus(obj: Mapping[str, Any]) -> float | None:
+    """The whole GPUs a node offers to pods (allocatable nvidia.com/gpu): what fair share divides."""
+    allocatable = ((obj.get("status") or {}).get("allocatable") or {}) if isinstance(obj.get("status"), dict) else {}
+    try:
+        return float(parse_quantity(str(allocatable.get(NVIDIA_GPU, "0"))))
+    except QuantityError:
+        return 0.0
+
+
 class ClusterInformers:
-    def __init__(self, kube: KubeApi, settings: GpuRequestSettings):
+    def __init__(self, kube: KubeApi, settings: GpuRequestSettings, nodes: bool = False):
         self.pods: WatchedObjects[GovernedPod] = WatchedObjects(
             "governed GPU pods", kube.core.list_pod_for_all_namespaces,
             partial(governed_pod, settings=settings, catalogue=settings.catalogue), on_sync=metrics.record_pod_sync)
@@ -53,10 +64,13 @@ class ClusterInformers:
             resource: WatchedObjects(resource.plural, _custom_objects(kube, resource), dict)
             for resource in (GPU_BUDGETS, CLUSTER_GPU_BUDGETS)
         }
+        # Fair share's alone (its share of the cluster's GPUs): no node watch, and no RBAC for one, when it is off.
+        self.nodes: WatchedObjects[float] | None = (
+            WatchedObjects("nodes", kube.core.list_node, node_gpus) if nodes else None)
 
     @property
     def all(self) -> list[WatchedObjects[Any]]:
-        return [self.pods, self.claims, *self.budgets.values()]
+        return [self.pods, self.claims, *self.budgets.values(), *([self.nodes] if self.nodes is not None else [])]
 
     def budget_resources(self) -> list[tuple[CustomResource, dict[str, Any]]]:
         """Every GPUBudget and ClusterGPUBudget cached."""
@@ -66,6 +80,10 @@ class ClusterInformers:
         """The governed pods' records by (namespace, name); None until listed."""
         items = self.pods.items
         return None if items is None else {key: pod.record for key, pod in list(items.items())}
+
+    def cluster_gpus(self) -> float:
+        """The cluster's GPUs, as the nodes cached offer them (0 without the node watch)."""
+        return sum(list((self.nodes.items or {}).values())) if self.nodes is not None else 0.0
 
     def start(self) -> None:
         for informer in self.all:

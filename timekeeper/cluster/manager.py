@@ -18,6 +18,7 @@ here, on the same machinery:
 | commitments | TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS | safe admission's committed pods published for the web replicas |
 | utilisation | TIMEKEEPER_UTILISATION_INTERVAL_SECONDS, with TIMEKEEPER_UTILISATION_SOURCE=prometheus | pods' GPU utilisation from DCGM's series in Prometheus, to the ingestion |
 | events | when an Event is queued | sends the queued Events |
+| fairshare | TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS, if TIMEKEEPER_FAIRSHARE_ENABLED | bands ranked from decayed usage; room made for a higher band |
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.budgetsync import BudgetPass, BudgetSync
 from timekeeper.cluster.events import EventQueue
 from timekeeper.cluster.evictions import EvictionPath, LeaseLost
+from timekeeper.cluster.fairshare import FairSharePass, FairShareTask
 from timekeeper.cluster.fencing import EvictionFence
 from timekeeper.cluster.idling import IdlePass, Idler
 from timekeeper.cluster.informers import ClusterInformers
@@ -68,6 +70,7 @@ class ControllerPass:
     idle: IdlePass | None = None
     silent: list[Any] | None = None
     utilisation: UtilisationPass | None = None
+    fair_share: FairSharePass | None = None
     leading: bool = False
 
 
@@ -78,7 +81,7 @@ class ControllerManager:
         agents' go); a test's recording stand-in."""
         self.config = config
         self.clock = clock
-        self.informers = ClusterInformers(kube, config.gpu_request)
+        self.informers = ClusterInformers(kube, config.gpu_request, nodes=ledger.fair_share is not None)
         identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         intervals = config.tasks
         lease_seconds = config.lease_seconds or max(3 * intervals.budgets, 15.0)
@@ -91,7 +94,11 @@ class ControllerManager:
                              config.meter_interval_seconds)
         self.idler = Idler(idle, budgets, self.informers.pods, self.evictions, self.events, fresh_for(config.meter_interval_seconds))
         self.commitments = CommitmentPublisher(budgets.db, budgets.clock, identity)
-        self.budget_sync = BudgetSync(budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last)
+        self.fair_share = None if ledger.fair_share is None else FairShareTask(
+            config.fair_share, ledger.fair_share, budgets, self.informers, self.evictions, self.events, budgets.clock)
+        fair_share_statuses = self.fair_share.statuses if self.fair_share is not None else dict
+        self.budget_sync = BudgetSync(budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last,
+                                      fair_share_statuses)
         self._leading = False
         now = budgets.clock
         self.utilisation: PrometheusUtilisation | None = None
@@ -111,6 +118,7 @@ class ControllerManager:
             Task("commitments", intervals.commitments, self._publish_commitments),
             Task("events", intervals.events, self.events.send, leader_only=False),
             *optional,
+            *([Task("fairshare", intervals.fairshare, self.fair_share.run)] if self.fair_share is not None else []),
         ):
             self.scheduler.add(Task(task.name, task.interval_seconds, _stops_on_lost_lease(task.name, task.run),
                                     task.leader_only))
@@ -164,7 +172,8 @@ class ControllerManager:
             budgets=_as(ran.get("budgets"), BudgetPass), statuses=_as(ran.get("statuses"), list),
             billing=_as(ran.get("bills"), BillingPass), ended=_as(ran.get("ended"), BillingPass),
             idle=_as(ran.get("idle"), IdlePass), silent=_as(ran.get("silent-meters"), list),
-            utilisation=_as(ran.get("utilisation"), UtilisationPass), leading=self.leading())
+            utilisation=_as(ran.get("utilisation"), UtilisationPass), fair_share=_as(ran.get("fairshare"), FairSharePass),
+            leading=self.leading())
 
 
 def _stops_on_lost_lease(name: str, run: Callable[[], object]) -> Callable[[], object]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpusharing.contract import BudgetState, Period
 from gpusharing.names import InvalidName, check_budget_name, is_group
+from gpusharing.units.duration import DurationError, parse_duration
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.budgets.requests import BUDGET_FIELDS, BudgetRequestError, budget_from_json
 from timekeeper.budgets.status import Budget, BudgetStatus
@@ -64,6 +65,34 @@ def budget_from_resource(obj: Mapping[str, Any]) -> Budget:
     return budget_from_json(name, body, Period.MONTHLY)
 
 
+@dataclass(frozen=True)
+class FairShareSpec:
+    """A budget resource's spec.fairShare: its weight among its siblings and its usage's half-life (None: the default:
+    the budget's GPU-minutes, TIMEKEEPER_FAIRSHARE_HALF_LIFE)."""
+
+    weight: float | None = None
+    half_life_seconds: float | None = None
+
+
+MAX_FAIR_SHARE_WEIGHT = 1e12
+
+
+def fair_share_spec(obj: Mapping[str, Any]) -> FairShareSpec:
+    """spec.fairShare as the CRD's schema admits it; what is out of bounds there is left at its default."""
+    raw = (obj.get("spec") or {}).get("fairShare") if isinstance(obj.get("spec"), dict) else None
+    if not isinstance(raw, dict):
+        return FairShareSpec()
+    raw_weight = raw.get("weight")
+    weight = float(raw_weight) if isinstance(raw_weight, (int, float)) and not isinstance(raw_weight, bool) else None
+    if weight is not None and not 0 < weight <= MAX_FAIR_SHARE_WEIGHT:
+        weight = None
+    try:
+        half_life = parse_duration(raw.get("halfLife"), "spec.fairShare.halfLife", 1.0) if "halfLife" in raw else None
+    except DurationError:
+        half_life = None
+    return FairShareSpec(weight, half_life)
+
+
 def event_target(obj: Mapping[str, Any]) -> ObjectRef:
     metadata = obj["metadata"]
     kind = "GPUBudget" if metadata.get("namespace") else "ClusterGPUBudget"
@@ -94,6 +123,7 @@ def resource_status(
     children: list[str],
     now: dt.datetime,
     idle: IdleStatus | None = None,
+    fair_share: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The status subresource: the budget in its current period, and conditions Ready, Exhausted and Warning (and,
     once the idle policies have run, Idle and the idle GPU-hours), each keeping its lastTransitionTime while its
@@ -119,6 +149,8 @@ def resource_status(
             result["children"] = children
         if idle is not None:
             result["idleGpuHours"] = round(idle.idle_gpu_hours, 2)
+    if fair_share is not None:  # {band, ratio, rank, usage, asOf, reason}, as the `fairshare` task last ranked it
+        result["fairShare"] = dict(fair_share)
     state = status.state if status is not None else BudgetState.UNKNOWN
     limited_elsewhere = status is not None and status.limited_by not in (None, status.namespace)
     wanted = [

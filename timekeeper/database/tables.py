@@ -320,6 +320,29 @@ class CommitmentPublicationRow(Base):
     confirmed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the last with a healthy watch; None: none yet
 
 
+class FairShareRow(Base):
+    """A namespace's fair share (docs/fair-share.md): its usage decayed by a half-life, grown in the transaction that
+    charges the ledger (timekeeper.accounting.reports), and its band as the controller's `fairshare` task last ranked
+    it. Kept by namespace name, so that a namespace deleted and re-created finds its usage."""
+
+    __tablename__ = "fair_share"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float)  # model-weighted GPU-seconds, decayed to as_of
+    as_of: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    half_life_seconds: Mapped[float | None] = mapped_column(Float)  # its budget's spec.fairShare.halfLife; None: the default
+    band: Mapped[int | None] = mapped_column(Integer)  # index into the bands' classes, 0 the top; None: not ranked yet
+    band_since: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    reason: Mapped[str | None] = mapped_column(Text)  # the band's one-line reason
+    ratio: Mapped[float | None] = mapped_column(Float)  # usage over share at the decisive level
+    rank: Mapped[int | None] = mapped_column(Integer)  # among every namespace ranked, lightest 1
+    share_gpus: Mapped[float | None] = mapped_column(Float)  # its fair share of the cluster's GPUs
+    held_gpus: Mapped[float | None] = mapped_column(Float)  # GPUs its running pods held when ranked
+    path: Mapped[str | None] = mapped_column(Text)  # JSON: its standing at each level (level, node, share, usage, ratio, rank)
+    band_changes_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # when its band would rise at zero use
+    ranked_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+
 def _table(row: type[Base]) -> Table:
     """A model's Table, typed as one (declarative types `__table__` as any FromClause)."""
     table = row.__table__
@@ -345,3 +368,4 @@ eviction_claims = _table(EvictionClaimRow)
 webhook_listings = _table(WebhookListingRow)
 committed_pods = _table(CommittedPodRow)
 commitment_publications = _table(CommitmentPublicationRow)
+fair_share = _table(FairShareRow)

@@ -10,6 +10,8 @@ from gpusharing.contract import (
     ANNOTATION_ADMISSION_ID,
     ANNOTATION_BUDGET_STATE,
     ANNOTATION_DIALECT,
+    ANNOTATION_FAIR_SHARE_BAND,
+    ANNOTATION_FAIR_SHARE_REASON,
     ANNOTATION_GPU_MEMORY,
     ANNOTATION_GPU_MODEL,
     ANNOTATION_GPU_SHARE,
@@ -19,6 +21,7 @@ from gpusharing.contract import (
     TENANT_LABELS,
     WEBHOOK_ANNOTATIONS,
 )
+from gpusharing.fairshare import beyond_fair_share
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
@@ -37,7 +40,7 @@ from webhook.admission.meter import (
 from webhook.admission.patch import JsonPatch, pointer
 from webhook.admission.review import AdmissionRequest, Decision
 from webhook.admission.safe import SafeAdmission, safe_admission
-from webhook.caches.budgets import NamespaceBudget
+from webhook.caches.budgets import NO_FAIR_SHARE, FairShareAdmission, NamespaceBudget
 from webhook.caches.jobs import JobLookup, no_jobs
 from webhook.caches.priorities import PriorityLookup, ResolvedPriority, no_priorities
 from webhook.caches.reservations import Reserve, no_timekeeper
@@ -51,12 +54,14 @@ BudgetLookup = Callable[[str], NamespaceBudget]
 def admit(
     request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims,
     jobs: JobLookup = no_jobs, reserve: Reserve = no_timekeeper, disclose: bool = True, priorities: PriorityLookup = no_priorities,
+    fair_share: FairShareAdmission = NO_FAIR_SHARE,
 ) -> Decision:
     """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
     specs of the resource claims a pod names, `jobs` the deadlines of Jobs and `priorities` what a PriorityClass
     resolves to (the webhook's in-memory indexes);
     `reserve` holds safe admission's reservations (the timekeeper's). `disclose` False: the answer says no figures
-    of the namespace's budget (the caller is not known to be the API server)."""
+    of the namespace's budget (the caller is not known to be the API server). `fair_share`: the bands' classes and
+    what this process admitted in them lately (docs/fair-share.md)."""
     pod = request.object
     if not (request.is_pod or request.is_pod_subresource) or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
         return Decision()
@@ -86,7 +91,7 @@ def admit(
     if gpu is None:
         foreign = _reserved_keys(pod)
         return Decision.deny(403, f"{RESERVED} and this pod asks for no GPU: remove {_listed(foreign)}") if foreign else Decision()
-    problem = _check_priority_class(pod, config)
+    problem = _check_priority_class(pod, config, fair_share.classes)
     if problem:
         return Decision.deny(403, problem, dialect)
     if not mutate:
@@ -100,7 +105,9 @@ def admit(
         refusal = Decision.deny(403, safe.refuse, dialect)
         refusal.safe_admission = safe.outcome
         return refusal
-    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose, priorities)
+    admitted = fair_share.admitted(request.namespace, request.uid) if budget.fair_share is not None else 0.0
+    decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose, priorities,
+                         float(gpu.share), admitted)
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
@@ -151,11 +158,15 @@ def _listed(keys: list[str], most: int = 5) -> str:
     return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
-def _check_priority_class(pod: dict[str, Any], config: WebhookConfig) -> str | None:
-    """A GPU pod's priority class is the webhook's: one of its two classes, or one an administrator allows."""
+def _check_priority_class(pod: dict[str, Any], config: WebhookConfig, bands: tuple[str, ...] = ()) -> str | None:
+    """A GPU pod's priority class is the webhook's: one of its two classes, or one an administrator allows. A fair-share
+    band's class is the webhook's to give: a pod may carry it only as the webhook recorded it (its reinvocation, and
+    /validate after it); a pod that names one itself is refused, as any other."""
     chosen = as_mapping(pod.get("spec")).get("priorityClassName")
     ours = (config.priority_class_in_budget, config.priority_class_over_budget)
     if chosen is None or chosen in ours or chosen in config.allowed_priority_classes:
+        return None
+    if chosen in bands and _annotations(pod).get(ANNOTATION_FAIR_SHARE_BAND) == chosen:
         return None
     return (f"GPU pods get their priority class from the GPU-sharing webhook ({ours[0]!r} in budget), not "
             f"{shortened(str(chosen))!r}: remove spec.priorityClassName, or ask an administrator to allow the class "
@@ -250,7 +261,7 @@ def _check_meter(
 
 def _mutation(
     pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
-    safe: SafeAdmission, disclose: bool, priorities: PriorityLookup,
+    safe: SafeAdmission, disclose: bool, priorities: PriorityLookup, gpus: float = 0.0, admitted: float = 0.0,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
@@ -269,6 +280,13 @@ def _mutation(
         wanted[ANNOTATION_ADMISSION_ID] = safe.admission_id
     if safe.outcome:
         wanted[ANNOTATION_SAFE_ADMISSION] = safe.outcome
+    current_class = spec.get("priorityClassName")
+    out_of_budget = state.demoted or safe.short or held
+    band = None
+    if not out_of_budget and budget.fair_share is not None and current_class not in config.allowed_priority_classes:
+        band, reason = fair_share_band(budget, gpus, admitted)
+        wanted[ANNOTATION_FAIR_SHARE_BAND] = band
+        wanted[ANNOTATION_FAIR_SHARE_REASON] = reason
     annotations = metadata.get("annotations")
     if not isinstance(annotations, dict):
         patch.add(pointer("metadata", "annotations"), wanted)
@@ -284,8 +302,7 @@ def _mutation(
     if safe.deadline_seconds is not None:  # the Job's deadline, carried onto its pod
         patch.add(pointer("spec", "activeDeadlineSeconds"), safe.deadline_seconds)
 
-    current_class = spec.get("priorityClassName")
-    if state.demoted or safe.short or held:
+    if out_of_budget:
         wanted_class = config.priority_class_over_budget
         why = safe.short or held or f"namespace {namespace!r} is over its GPU budget"
         warnings.append(
@@ -293,6 +310,8 @@ def _mutation(
             "and may be preempted by pods of namespaces within budget"
             + (f" (its priority class {current_class!r} was replaced)" if current_class not in (None, wanted_class) else "")
         )
+    elif band is not None:
+        wanted_class = band
     else:  # an administrator's allowed class stays; _check_priority_class has refused any other of the pod's own
         wanted_class = current_class if current_class in config.allowed_priority_classes else config.priority_class_in_budget
     unresolved = None
@@ -302,7 +321,25 @@ def _mutation(
 
     add_billing_finalizer(pod, config, patch)
     _inject_meter(pod, config, record, patch)
-    return Decision(patch=patch.operations, warnings=warnings, dialect=dialect, unresolved_priority_class=unresolved)
+    return Decision(patch=patch.operations, warnings=warnings, dialect=dialect, unresolved_priority_class=unresolved,
+                    fair_share_gpus=gpus if band is not None else None)
+
+
+def fair_share_band(budget: NamespaceBudget, gpus: float, admitted: float) -> tuple[str, str]:
+    """The band's class a GPU pod of `gpus` is admitted in, and why: its namespace's band, or one lower when with it
+    the namespace would hold more than its fair share of the cluster's GPUs (the burst guard, Kueue's entry penalty:
+    a light team's burst does not all take the top band). `admitted`: what this process admitted there since the
+    timekeeper counted the namespace's GPUs."""
+    band = budget.fair_share
+    assert band is not None
+    holding = band.held_gpus + admitted
+    if beyond_fair_share(holding, band.share_gpus, gpus) and band.burst_class != band.band_class:
+        return band.burst_class, (f"{band.reason}; one band lower: with this pod it would hold {holding + gpus:g} GPUs, "
+                                  f"above its fair share of {band.share_gpus:.4g}")[:MAX_REASON_ANNOTATION]
+    return band.band_class, band.reason[:MAX_REASON_ANNOTATION]
+
+
+MAX_REASON_ANNOTATION = 512
 
 
 def _resolve_priority(spec: Mapping[str, Any], resolved: ResolvedPriority | None, patch: JsonPatch) -> bool:

@@ -54,6 +54,7 @@ class Decision:
     dialect: str = "none"  # for metrics
     safe_admission: str | None = None  # for metrics: safe admission's outcome, when it checked the pod
     unresolved_priority_class: str | None = None  # for metrics: a class given that the webhook could not resolve
+    fair_share_gpus: float | None = None  # the GPUs admitted in a fair-share band (the burst guard counts them)
 
     @classmethod
     def deny(cls, code: int, message: str, dialect: str = "none") -> "Decision":

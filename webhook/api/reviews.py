@@ -99,10 +99,12 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
     budgets = reviewer.budgets
     try:
         decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, reviewer.reserve,
-                         disclose, reviewer.priorities)
+                         disclose, reviewer.priorities, budgets.fair_share())
     except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
         log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
         decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
+    if decision.allowed and decision.fair_share_gpus is not None and not admission.dry_run:
+        budgets.admitted.add(admission.uid, admission.namespace, decision.fair_share_gpus)
     outcome = "allowed" if decision.allowed else "denied"
     metrics.ADMISSIONS.labels(endpoint, admission.operation, outcome, decision.dialect).inc()
     if decision.safe_admission is not None:

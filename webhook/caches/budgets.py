@@ -24,6 +24,18 @@ LISTING_PATH = "/api/v1/budgets"
 
 
 @dataclass(frozen=True)
+class FairShareBand:
+    """A namespace's fair-share band as the timekeeper's `fairshare` task ranked it (docs/fair-share.md)."""
+
+    band_class: str  # its band's PriorityClass
+    burst_class: str  # the class a pod gets beyond its fair share of the cluster's GPUs (the burst guard): one band lower
+    share_gpus: float  # its fair share of the cluster's GPUs
+    held_gpus: float  # GPUs its pods held when ranked
+    reason: str  # one line: why this band
+    held_as_of: float = 0.0  # when held_gpus was counted (the timekeeper's database's time)
+
+
+@dataclass(frozen=True)
 class NamespaceBudget:
     """What admission needs of a namespace's budget: its effective state (over budget through an ancestor too),
     the warnings every GPU pod admitted there gets (its own budget's or an ancestor's, above a threshold), and how
@@ -35,6 +47,7 @@ class NamespaceBudget:
     on_shortfall: Shortfall = Shortfall.DEMOTE
     # Owners held out of budget (uid -> what the timekeeper says of the hold): an idle pod of theirs was evicted.
     idle_holds: Mapping[str, str] = field(default_factory=dict)
+    fair_share: FairShareBand | None = None  # None: fair share is off, or the namespace is not ranked
 
 
 UNKNOWN = NamespaceBudget(BudgetState.UNKNOWN)
@@ -47,6 +60,7 @@ class BudgetStates:
     listed: Mapping[str, NamespaceBudget]
     default: NamespaceBudget = UNKNOWN  # every namespace the listing leaves out
     listed_at: float = 0.0  # the timekeeper's stamp on the listing (its database's time), told back on the next poll
+    band_classes: tuple[str, ...] = ()  # fair share's bands' PriorityClasses, lightest first; none: fair share is off
 
     def of(self, namespace: str) -> NamespaceBudget:
         return self.listed.get(namespace, self.default)
@@ -68,11 +82,40 @@ def states_from_listing(body: object) -> BudgetStates:
             namespace = item["namespace"]
             listed[namespace] = NamespaceBudget(
                 _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item),
-                idle_holds=_idle_holds(item.get("idleHolds")),
+                idle_holds=_idle_holds(item.get("idleHolds")), fair_share=_fair_share_band(item.get("fairShare")),
             )
     default, listed_at = body.get("default"), body.get("listedAt")
     return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN,
-                        float(listed_at) if isinstance(listed_at, (int, float)) and math.isfinite(listed_at) else 0.0)
+                        _seconds(listed_at), _band_classes(body.get("fairShare")))
+
+
+def _seconds(raw: object) -> float:
+    return float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) else 0.0
+
+
+MAX_BAND_CLASSES = 8
+MAX_REASON = 1024
+
+
+def _band_classes(raw: object) -> tuple[str, ...]:
+    classes = raw.get("classes") if isinstance(raw, Mapping) else None
+    if not isinstance(classes, list):
+        return ()
+    return tuple(c for c in classes[:MAX_BAND_CLASSES] if isinstance(c, str) and 0 < len(c) <= 253)
+
+
+def _fair_share_band(raw: object) -> FairShareBand | None:
+    """A listed namespace's band; what the webhook cannot read leaves it unranked (admitted as without fair share)."""
+    if not isinstance(raw, Mapping):
+        return None
+    band, burst, reason = raw.get("band"), raw.get("burstClass"), raw.get("reason")
+    share, held = raw.get("shareGpus"), raw.get("heldGpus")
+    if not (isinstance(band, str) and isinstance(burst, str) and 0 < len(band) <= 253 and 0 < len(burst) <= 253):
+        return None
+    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and n >= 0 for n in (share, held)):
+        return None
+    return FairShareBand(band, burst, float(share), float(held), reason[:MAX_REASON] if isinstance(reason, str) else "",  # type: ignore[arg-type]
+                         _seconds(raw.get("heldAsOf")))
 
 
 def _warnings(namespace: str, raw: object) -> tuple[str, ...]:
@@ -118,6 +161,52 @@ def _state(raw: object) -> BudgetState:
         return BudgetState.UNKNOWN
 
 
+@dataclass(frozen=True)
+class FairShareAdmission:
+    """What admission needs of fair share beyond a namespace's band: the bands' classes (the webhook's own, as its
+    two budget classes are), and the GPUs this process admitted in a band since the timekeeper counted a namespace's
+    (namespace, the review's uid: a reinvocation's own earlier admission is not counted against it)."""
+
+    classes: tuple[str, ...] = ()
+    admitted: Callable[[str, str], float] = lambda namespace, uid: 0.0
+
+
+NO_FAIR_SHARE = FairShareAdmission()
+MAX_ADMITTED = 100_000  # admissions remembered between two rankings: more than any cluster makes in that time
+
+
+class AdmittedSinceCounted:
+    """GPUs this webhook process admitted in a fair-share band that the timekeeper's count of what each namespace
+    holds may not show yet (the burst guard counts them too). An admission made while one listing was in force
+    happened before the next listing was stamped; once a namespace's GPUs were counted after that stamp, it is in
+    the count and is forgotten here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[str, float, float | None]] = {}  # uid -> namespace, GPUs, admitted before
+
+    def add(self, uid: str, namespace: str, gpus: float) -> None:
+        with self._lock:
+            if len(self._entries) >= MAX_ADMITTED:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[uid] = (namespace, gpus, None)
+
+    def admitted(self, namespace: str, excluding_uid: str) -> float:
+        with self._lock:
+            return sum(gpus for uid, (ns, gpus, _) in self._entries.items() if ns == namespace and uid != excluding_uid)
+
+    def listed(self, states: BudgetStates) -> None:
+        """A new listing in force: what was admitted before it is dropped once its namespace's count is later."""
+        with self._lock:
+            kept: dict[str, tuple[str, float, float | None]] = {}
+            for uid, (namespace, gpus, before) in self._entries.items():
+                before = states.listed_at if before is None else before
+                band = states.of(namespace).fair_share
+                if band is not None and band.held_as_of < before:
+                    kept[uid] = (namespace, gpus, before)
+            self._entries = kept
+
+
 class BudgetStateCache:
     """The last known state of every namespace, and of those the timekeeper did not list; before the first answer
     every namespace is unknown (treated as in budget).
@@ -144,12 +233,17 @@ class BudgetStateCache:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"[-253:]
+        self.admitted = AdmittedSinceCounted()
 
     def state_of(self, namespace: str) -> BudgetState:
         return self._states.of(namespace).state
 
     def budget_of(self, namespace: str) -> NamespaceBudget:
         return self._states.of(namespace)
+
+    def fair_share(self) -> FairShareAdmission:
+        classes = self._states.band_classes
+        return FairShareAdmission(classes, self.admitted.admitted) if classes else NO_FAIR_SHARE
 
     def refresh(self, refresh_seconds: float | None = None) -> bool:
         """One poll, saying this process polls every `refresh_seconds` (default: its interval); on failure the last
@@ -170,6 +264,7 @@ class BudgetStateCache:
             self._report(False)
             return False
         self._states = states
+        self.admitted.listed(states)
         self._listed = True
         self._outage.succeeded("budget states are current again")
         self._report(True)

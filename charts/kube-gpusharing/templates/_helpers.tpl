@@ -232,6 +232,14 @@ billing weights, the meters' interval (each Deployment then adds timekeeper.env,
 - name: TIMEKEEPER_DEFAULT_PERIOD
   value: {{ . }}
 {{- end }}
+{{- if .Values.fairShare.enabled }}
+- name: TIMEKEEPER_FAIRSHARE_ENABLED  # the web replicas grow decayed usage and list bands; the controller ranks them
+  value: "true"
+- name: TIMEKEEPER_FAIRSHARE_HALF_LIFE
+  value: {{ .Values.fairShare.halfLife | quote }}
+- name: TIMEKEEPER_FAIRSHARE_CLASSES  # lightest first
+  value: {{ printf "%s,%s,%s" .Values.fairShare.lightClass .Values.priorityClasses.inBudget.name .Values.fairShare.heavyClass | quote }}
+{{- end }}
 {{- end }}
 
 {{/* The meters' report interval, which the webhook injects into each meter and the timekeeper and its controller

@@ -1,0 +1,112 @@
+"""Admission in fair-share bands (docs/fair-share.md): a GPU pod in budget gets its namespace's band's class from the
+listing the webhook polls, one band lower beyond its fair share of the cluster's GPUs (the burst guard, counting what
+this process admitted since the timekeeper counted), and records band and reason; a tenant cannot name a band."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonpatch
+from flask.testing import FlaskClient
+
+from demo.apiserver import admission_review
+from tests.webhook.conftest import FakeTimekeeper
+from tests.webhook.test_admission import admitted, gpu_pod, patch_of, review
+from webhook.app import create_app
+from webhook.caches.budgets import BudgetStateCache, states_from_listing
+from webhook.config import WebhookConfig
+
+CLASSES = ["gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy"]
+LIGHT, MIDDLE, HEAVY = CLASSES
+REASON = "ml-team used 0.2x its fair share at the level of dept.research over a 24h half-life: gpusharing-in-budget-light"
+BAND = "gpusharing.io/fair-share-band"
+
+
+def ranked(band: str = LIGHT, burst: str = MIDDLE, share: float = 2.0, held: float = 0.0, held_as_of: float = 0.0) -> dict[str, Any]:
+    return {"band": band, "burstClass": burst, "shareGpus": share, "heldGpus": held, "reason": REASON, "heldAsOf": held_as_of}
+
+
+def whole_gpu_pod(name: str = "infer", **spec: Any) -> dict[str, Any]:
+    pod = gpu_pod(containers=[{"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}}], **spec)
+    pod["metadata"]["name"] = name
+    return pod
+
+
+def listed(timekeeper: FakeTimekeeper, fair_share: dict[str, Any] | None, state: str = "in-budget") -> BudgetStateCache:
+    timekeeper.items = [{"namespace": "ml-team", "state": state, **({"fairShare": fair_share} if fair_share else {})}]
+    timekeeper.extra = {"fairShare": {"classes": CLASSES}}
+    cache = BudgetStateCache(timekeeper.url)
+    assert cache.refresh()
+    return cache
+
+
+def client_of(cache: BudgetStateCache) -> FlaskClient:
+    return create_app(WebhookConfig(), cache).test_client()
+
+
+def test_a_gpu_pod_in_budget_gets_its_namespace_s_band_and_says_why(timekeeper: FakeTimekeeper) -> None:
+    _, mutated = admitted(client_of(listed(timekeeper, ranked())), whole_gpu_pod())
+    assert mutated["spec"]["priorityClassName"] == LIGHT
+    annotations = mutated["metadata"]["annotations"]
+    assert annotations[BAND] == LIGHT and annotations["gpusharing.io/fair-share-reason"] == REASON
+
+
+def test_the_burst_guard_admits_only_the_fair_share_in_the_band_and_the_rest_one_lower(timekeeper: FakeTimekeeper) -> None:
+    cache = listed(timekeeper, ranked(share=2.0, held=0.5))
+    client = client_of(cache)
+    classes = [admitted(client, whole_gpu_pod(f"p-{i}"))[1]["spec"]["priorityClassName"] for i in range(4)]
+    assert classes == [LIGHT, MIDDLE, MIDDLE, MIDDLE]  # 0.5 held + 1 fits in 2 GPUs; the next would not
+    burst = admitted(client, whole_gpu_pod("p-5"))[1]["metadata"]["annotations"]["gpusharing.io/fair-share-reason"]
+    assert burst.startswith(REASON) and "one band lower: with this pod it would hold 5.5 GPUs, above its fair share of 2" in burst
+    # A dry run admits nothing: it is not counted.
+    review(client, admission_review(whole_gpu_pod("dry"), dry_run=True))
+    assert cache.admitted.admitted("ml-team", "") == 5
+    # The timekeeper's next count is from before the later listing: they stay counted, until one after it.
+    timekeeper.items[0]["fairShare"] = ranked(share=2.0, held=0.5, held_as_of=timekeeper.listed_at)
+    assert cache.refresh() and cache.admitted.admitted("ml-team", "") == 5
+    timekeeper.items[0]["fairShare"] = ranked(share=2.0, held=0.0, held_as_of=timekeeper.listed_at + 1)
+    assert cache.refresh() and cache.admitted.admitted("ml-team", "") == 0
+    assert admitted(client, whole_gpu_pod("next"))[1]["spec"]["priorityClassName"] == LIGHT
+
+
+def test_a_heavy_namespace_s_burst_stays_in_the_last_band(timekeeper: FakeTimekeeper) -> None:
+    client = client_of(listed(timekeeper, ranked(band=HEAVY, burst=HEAVY, share=0.5, held=3)))
+    assert admitted(client, whole_gpu_pod())[1]["spec"]["priorityClassName"] == HEAVY
+
+
+def test_a_tenant_naming_a_band_is_refused_and_cannot_forge_the_webhook_s_record(timekeeper: FakeTimekeeper) -> None:
+    client = client_of(listed(timekeeper, ranked(band=HEAVY, burst=HEAVY)))
+    response = review(client, admission_review(whole_gpu_pod(priorityClassName=LIGHT)))
+    assert not response["allowed"] and response["status"]["code"] == 403
+    assert "'gpusharing-in-budget-light'" in response["status"]["message"]
+    forged = whole_gpu_pod(priorityClassName=LIGHT)
+    forged["metadata"]["annotations"][BAND] = LIGHT
+    _, mutated = admitted(client, forged)  # taken for a reinvocation: the band is the webhook's all the same
+    assert mutated["spec"]["priorityClassName"] == HEAVY and mutated["metadata"]["annotations"][BAND] == HEAVY
+
+
+def test_a_reinvocation_changes_nothing_and_validation_admits_the_band(timekeeper: FakeTimekeeper) -> None:
+    client = client_of(listed(timekeeper, ranked(share=1.0)))
+    body = admission_review(whole_gpu_pod())
+    first = review(client, body)
+    mutated = jsonpatch.apply_patch(body["request"]["object"], patch_of(first))
+    assert mutated["spec"]["priorityClassName"] == LIGHT
+    again = {**body, "request": {**body["request"], "object": mutated}}  # the same request's uid: its own GPU is not counted twice
+    assert patch_of(review(client, again)) == []
+    assert review(client, again, "/validate")["allowed"]
+
+
+def test_out_of_budget_and_unranked_namespaces_are_admitted_as_without_fair_share(timekeeper: FakeTimekeeper) -> None:
+    over = admitted(client_of(listed(timekeeper, ranked(), state="over-budget")), whole_gpu_pod())[1]
+    assert over["spec"]["priorityClassName"] == "gpusharing-over-budget" and BAND not in over["metadata"]["annotations"]
+    unranked = admitted(client_of(listed(timekeeper, None)), whole_gpu_pod())[1]
+    assert unranked["spec"]["priorityClassName"] == "gpusharing-in-budget" and BAND not in unranked["metadata"]["annotations"]
+
+
+def test_a_listing_s_band_the_webhook_cannot_read_leaves_the_namespace_unranked() -> None:
+    for bad in ({"band": LIGHT}, {**ranked(), "shareGpus": -1}, {**ranked(), "heldGpus": float("nan")}, {**ranked(), "band": ""}, "light"):
+        states = states_from_listing({"items": [{"namespace": "ml-team", "state": "in-budget", "fairShare": bad}],
+                                      "fairShare": {"classes": CLASSES}})
+        assert states.of("ml-team").fair_share is None, bad
+    assert states.band_classes == tuple(CLASSES)
+    assert states_from_listing({"items": [], "fairShare": {"classes": "light"}}).band_classes == ()
