@@ -59,7 +59,9 @@ def band_reason(standing: NamespaceStanding, band_class: str, half_life: timedel
     if standing.decisive_level == 0:
         return f"{standing.namespace} used about its fair share at every level {over}"
     node = standing.path[standing.decisive_level - 1].node
-    where = "among its siblings" if node == standing.namespace else f"at the level of {node}"
+    parent = standing.path[standing.decisive_level - 2].node if standing.decisive_level > 1 else None
+    where = (f"at the level of {node}" if node != standing.namespace else
+             f"among its siblings in {parent}" if parent else "among its siblings")
     return f"{standing.namespace} used {_times(standing.ratio)} its fair share {where} {over}"
 
 
