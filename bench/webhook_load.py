@@ -1,9 +1,14 @@
-"""Load benchmark of the webhook: AdmissionReviews over keep-alive HTTPS, at a fixed rate and at the maximum.
+"""Load benchmark of the webhook beside its stack's ceiling: AdmissionReviews over keep-alive HTTPS, at a fixed rate
+and at the maximum, the maximum side by side with a Flask app that returns a fixed answer.
 
-Starts `gpusharing webhook serve` on loopback with a fresh certificate, then drives it from client processes
-(one persistent TLS connection each) and prints reviews/s, p50 and p99. Run by hand:
+Starts `gpusharing webhook serve` on loopback with a fresh certificate, and the fixed-answer app (the webhook's own
+answer to the first review, returned as it is to every request) through the same gpusharing/serving/server.py, with
+the same gunicorn settings, TLS and malloc settings. Drives the webhook at a fixed rate from client processes (one
+persistent TLS connection each), then each server in turn (alternating, `--rounds` times) at the maximum, with those
+Python clients and with wrk (C; `apt-get install wrk`; skipped, with a line saying so, when it is not on the PATH),
+and prints reviews/s, p50, p99 and the webhook's share of the fixed app's reviews/s. Run by hand:
 
-    .venv/bin/python bench/webhook_load.py                  # 500/s for 10 s, then the maximum for 10 s
+    .venv/bin/python bench/webhook_load.py                  # 500/s for 10 s, then the maximum, 2 rounds of 10 s
     .venv/bin/python bench/webhook_load.py --rate 1000 --duration 20 --workers 2 --clients 3
     .venv/bin/python bench/webhook_load.py --safe           # every pod under safe admission, with a deadline
 
@@ -19,7 +24,10 @@ import http.client
 import json
 import multiprocessing
 import os
+import shutil
 import ssl
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,11 +36,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from flask import Flask, Response, request
+
 from demo.apiserver import admission_review, example_manifests, example_pod
 from demo.processes import Service, free_port
 from gpusharing.serving.certs import make_serving_certificate
+from gpusharing.serving.server import ServerOptions, serve
 
 NAMESPACE = "ml-team"  # the example pods'
+FIXED_ANSWER = "BENCH_FIXED_ANSWER_FILE"  # the fixed-answer app's answer, a file's bytes
+WRK_SCRIPT = Path(__file__).with_name("webhook_reviews.lua")
 
 
 def review_bodies(deadline: int | None = None) -> list[bytes]:
@@ -77,6 +90,31 @@ def safe_timekeeper() -> ThreadingHTTPServer:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def fixed_answer_app() -> Flask:
+    """The stack's ceiling: a Flask app that reads each review and returns the same answer, read once at start."""
+    answer = Path(os.environ[FIXED_ANSWER]).read_bytes()
+    app = Flask("fixed_answer")
+
+    @app.post("/mutate")
+    def mutate() -> Response:
+        request.get_data(cache=False)
+        return Response(answer, content_type="application/json")
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        return Response(b"ok", content_type="text/plain")
+
+    return app
+
+
+def serve_fixed_answer(port: int, cert: str, key: str, workers: int, threads: int) -> None:
+    """The fixed-answer app through the webhook's serving path: gpusharing.serving.server, the webhook's options."""
+    from webhook.cli import MALLOC_ARENAS
+
+    serve("webhook_load:fixed_answer_app", ServerOptions(host="127.0.0.1", port=port, workers=workers, threads=threads,
+                                                         certfile=cert, keyfile=key, malloc_arenas=MALLOC_ARENAS))
 
 
 def client(port: int, ca_file: str, rate: float | None, duration: float, start_at: float, results: Any, deadline: int | None) -> None:
@@ -137,6 +175,35 @@ def run_phase(port: int, ca_file: str, clients: int, rate: float | None, duratio
     }
 
 
+def run_wrk(port: int, bodies_file: str, connections: int, duration: float) -> dict[str, float]:
+    """The maximum driven by wrk (one thread, `connections` keep-alive TLS connections), the bodies round-robin."""
+    output = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", str(WRK_SCRIPT), f"https://127.0.0.1:{port}", "--", bodies_file],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    reviews, errors, elapsed, p50, p99 = next(line.split()[1:] for line in output.splitlines() if line.startswith("WRK "))
+    return {"reviews": int(reviews), "errors": int(errors), "reviews_per_s": int(reviews) / float(elapsed),
+            "p50_ms": float(p50), "p99_ms": float(p99)}
+
+
+def first_answer(port: int, ca_file: str, body: bytes) -> bytes:
+    """The webhook's answer to `body`, as it is sent."""
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(cafile=ca_file))
+    connection.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    assert answer.status == 200, answer.status
+    return answer.read()
+
+
+def _line(label: str, figures: dict[str, float]) -> str:
+    return (f"{label:>30}: {figures['reviews_per_s']:8.0f} reviews/s  p50 {figures['p50_ms']:6.2f} ms  "
+            f"p99 {figures['p99_ms']:6.2f} ms  ({figures['reviews']:.0f} reviews, {figures['errors']:.0f} errors)")
+
+
+def _median(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
 def safe_verdicts(port: int, ca_file: str) -> str:
     """Safe admission's verdicts, as the webhook counted them (all workers together)."""
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=ssl.create_default_context(cafile=ca_file))
@@ -151,16 +218,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=500, help="fixed rate of the first phase, reviews/s")
     parser.add_argument("--duration", type=float, default=10, help="seconds per phase")
-    parser.add_argument("--clients", type=int, default=4, help="client processes, one keep-alive connection each")
+    parser.add_argument("--rounds", type=int, default=2, help="maximum-rate runs of each server with each client, alternating")
+    parser.add_argument("--clients", type=int, default=4, help="client processes (wrk: connections), one keep-alive connection each")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
     parser.add_argument("--safe", action="store_true", help="every pod under safe admission, with a deadline")
+    parser.add_argument("--serve-fixed-answer", nargs=3, metavar=("PORT", "CERT", "KEY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_fixed_answer:  # the benchmark's own child process: the fixed-answer app until stopped
+        port, cert, key = args.serve_fixed_answer
+        serve_fixed_answer(int(port), cert, key, args.workers, args.threads)
+        return 0
     stand_in = safe_timekeeper() if args.safe else None
     deadline = 3600 if args.safe else None
+    clients = ["python"] + (["wrk"] if shutil.which("wrk") else [])
 
     with tempfile.TemporaryDirectory() as directory:
         paths = make_serving_certificate(["127.0.0.1", "localhost"]).write(Path(directory))
+        ca = str(paths["ca"])
+        bodies_file = Path(directory) / "reviews.jsonl"
+        bodies_file.write_bytes(b"\n".join(review_bodies(deadline)) + b"\n")
         port = free_port()
         server = Service(
             "webhook",
@@ -168,19 +245,50 @@ def main() -> int:
              "--key", str(paths["key"]), "--workers", str(args.workers), "--threads", str(args.threads)],
             f"https://127.0.0.1:{port}/readyz",
             env={"GPUSHARING_TIMEKEEPER_URL": f"http://127.0.0.1:{stand_in.server_port}" if stand_in else ""},
-            verify=str(paths["ca"]),
+            verify=ca,
         )
         with server:
-            print(f"webhook: {args.workers} gunicorn gthread workers x {args.threads} threads, TLS, keep-alive; "
-                  f"{args.clients} client processes; {os.cpu_count()} CPUs shared by server and clients"
-                  + ("; safe admission: every review reserves" if args.safe else ""))
-            run_phase(port, str(paths["ca"]), args.clients, None, 2, deadline)  # warm-up
-            for label, rate in ((f"fixed {args.rate:g}/s", args.rate), ("maximum", None)):
-                figures = run_phase(port, str(paths["ca"]), args.clients, rate, args.duration, deadline)
-                print(f"{label:>14}: {figures['reviews_per_s']:8.0f} reviews/s  p50 {figures['p50_ms']:6.2f} ms  "
-                      f"p99 {figures['p99_ms']:6.2f} ms  ({figures['reviews']} reviews, {figures['errors']} errors)")
-            if args.safe:
-                print(f"{'verdicts':>14}: {safe_verdicts(port, str(paths['ca']))}")
+            answer_file = Path(directory) / "answer.json"
+            answer_file.write_bytes(first_answer(port, ca, review_bodies(deadline)[0]))
+            fixed_port = free_port()
+            fixed = Service(
+                "fixed-answer", ["--workers", str(args.workers), "--threads", str(args.threads),
+                                 "--serve-fixed-answer", str(fixed_port), str(paths["cert"]), str(paths["key"])],
+                f"https://127.0.0.1:{fixed_port}/readyz", env={FIXED_ANSWER: str(answer_file)}, verify=ca,
+                command=[sys.executable, str(Path(__file__).resolve())],
+            )
+            with fixed:
+                print(f"webhook: {args.workers} gunicorn gthread workers x {args.threads} threads, TLS, keep-alive; "
+                      f"{args.clients} client processes (wrk: {args.clients} connections); {os.cpu_count()} CPUs shared "
+                      f"by servers and clients; the fixed-answer app's answer: {answer_file.stat().st_size} bytes"
+                      + ("; safe admission: every review reserves" if args.safe else ""))
+                if "wrk" not in clients:
+                    print("wrk is not on the PATH (apt-get install wrk): the Python clients alone")
+                servers = {"fixed answer": fixed_port, "webhook": port}
+                for server_port in servers.values():
+                    run_phase(server_port, ca, args.clients, None, 2, deadline)  # warm-up
+                figures = run_phase(port, ca, args.clients, args.rate, args.duration, deadline)
+                print(_line(f"webhook, fixed {args.rate:g}/s", figures))
+                measured: dict[tuple[str, str], list[dict[str, float]]] = {}
+                for round_number in range(args.rounds):
+                    for load in clients:
+                        # Alternating which goes first, so that what else the machine does falls on both alike.
+                        for name in sorted(servers, reverse=round_number % 2 == 1):
+                            if load == "wrk":
+                                figures = run_wrk(servers[name], str(bodies_file), args.clients, args.duration)
+                            else:
+                                figures = run_phase(servers[name], ca, args.clients, None, args.duration, deadline)
+                            print(_line(f"{name}, {load}, round {round_number + 1}", figures), flush=True)
+                            measured.setdefault((load, name), []).append(figures)
+                print(f"maximum, median of {args.rounds} rounds:")
+                for load in clients:
+                    ceiling, webhook = _median(measured[(load, "fixed answer")]), _median(measured[(load, "webhook")])
+                    print(_line(f"fixed answer, {load}", ceiling))
+                    print(_line(f"webhook, {load}", webhook))
+                    print(f"{'ratio, ' + load:>30}: {webhook['reviews_per_s'] / ceiling['reviews_per_s']:8.2f}x reviews/s  "
+                          f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x")
+                if args.safe:
+                    print(f"{'verdicts':>30}: {safe_verdicts(port, ca)}")
     return 0
 
 

@@ -44,7 +44,8 @@ def child_pids(parent: int) -> list[int]:
 
 
 class Service:
-    """`gpusharing ARGS...` as a subprocess, ready once `ready_url` answers 200; stopped with SIGTERM on exit.
+    """`gpusharing ARGS...` (or `command` ARGS...) as a subprocess, ready once `ready_url` answers 200; stopped with
+    SIGTERM on exit.
 
     Raises RuntimeError, with the end of the process's log, when it exits or is not ready in time.
     """
@@ -58,9 +59,11 @@ class Service:
         verify: str | bool = True,
         log_path: Path | None = None,
         cwd: Path | None = None,
+        command: list[str] = COMMAND,
     ):
         """`cwd`: the directory it runs in (`python -m` imports the packages found there first: another checkout's)."""
         self.name = name
+        self.command = command
         self.cwd = cwd
         self.args = args
         self.ready_url = ready_url
@@ -71,7 +74,7 @@ class Service:
 
     def __enter__(self) -> "Service":
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen([*COMMAND, *self.args], env=self.env, cwd=self.cwd, stdout=log,
+            self.process = subprocess.Popen([*self.command, *self.args], env=self.env, cwd=self.cwd, stdout=log,
                                             stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         session = requests.Session()

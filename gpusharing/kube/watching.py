@@ -49,6 +49,21 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
 
 
+class PlainEvents(watch.Watch):
+    """The official client's watch, each event read once into plain dicts.
+
+    Its return types cost a busy watch dearly: a model class (V1Pod) is built field by field from every event, and
+    even `return_type="object"` has each event's object read, written back to JSON and read again. A pod watch
+    through a burst of creates reads several events per pod.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # the client's, as every call of it (pyproject.toml)
+
+    def get_return_type(self, func: Callable[..., Any]) -> str | None:
+        return None  # no type: the client keeps each event as read, {"type", "object", "raw_object"}
+
+
 class WatchedObjects(Generic[T]):
     """`extract(obj)` of every object a `list_for_all_namespaces` call of the official client serves (None: not kept).
 
@@ -162,7 +177,8 @@ class WatchedObjects(Generic[T]):
     def _follow(self, version: str) -> Iterator[None]:
         """Applies watch events until the watch ends; raises (to relist) on an expired version or a broken stream."""
         # Events as plain dicts: no model classes to build (nor to lack: this client has none for resource.k8s.io/v1).
-        self._watch = stream = watch.Watch(return_type="object")
+        stream: watch.Watch = PlainEvents()
+        self._watch = stream
         while not self._stop.is_set():
             for event in stream.stream(
                 self._list_all, resource_version=version, timeout_seconds=WATCH_SECONDS, **self._list_options,

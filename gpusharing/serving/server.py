@@ -19,6 +19,7 @@ from typing import Any
 import prometheus_client.values
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger as GunicornLogger
+from gunicorn.http import wsgi
 from prometheus_client import multiprocess
 
 from gpusharing.serving.logs import configure_logging
@@ -83,7 +84,7 @@ class _Server(BaseApplication):
             "logger_class": _Logs,
             "child_exit": _child_exit,
             "worker_exit": _worker_exit,
-            "post_worker_init": lambda _worker: _settle_memory(o.malloc_arenas),
+            "post_worker_init": lambda _worker: _init_worker(o.malloc_arenas),
         }
         # gunicorn >= 25.1 opens a control socket at one path per user ($XDG_RUNTIME_DIR or ~/.gunicorn): a second
         # server on the host would take it over, and a read-only root filesystem has no ~/.gunicorn. Not used here.
@@ -140,6 +141,56 @@ class _ReloadingContext:
             return self._context
 
 
+class _OneWriteResponse(wsgi.Response):
+    """gunicorn's response, its headers held back and sent with the first bytes of the body, in one write.
+
+    gunicorn writes the headers, then the body: two sendall calls, two TLS records, and between them the thread, back
+    from the first with the GIL released, waits for it behind whatever other thread of the worker runs Python (up to
+    the switch interval, 5 ms), while the client holds half an answer. One write puts the whole answer on the wire
+    before that wait.
+    """
+
+    _held = b""
+
+    def send_headers(self) -> None:
+        if self.headers_sent:
+            return
+        lines = self.default_headers()
+        lines.extend(f"{name}: {value}\r\n" for name, value in self.headers)
+        self._held = ("".join(lines) + "\r\n").encode("latin-1")
+        self.headers_sent = True
+
+    def _emit_body(self, data: bytes) -> None:
+        held, self._held = self._held, b""
+        if self.chunked:  # gunicorn's framing of a chunk (util.write_chunk)
+            data = b"%X\r\n%s\r\n" % (len(data), data)
+        self.sock.sendall(held + data)
+
+    def _send_held(self) -> None:
+        held, self._held = self._held, b""
+        if held:
+            self.sock.sendall(held)
+
+    def sendfile(self, respiter: Any) -> bool:
+        self.send_headers()
+        self._send_held()  # the file goes out by os.sendfile (plain HTTP), after the headers
+        return bool(super().sendfile(respiter))
+
+    def close(self) -> None:
+        self.send_headers()
+        if self.chunked:  # the last chunk, with headers still held (no body was written)
+            self._held += b"0\r\n\r\n"
+            self._send_held()
+            return
+        self._send_held()
+        super().close()
+
+
+def _one_write_responses() -> None:
+    # gunicorn's gthread worker makes each response with gunicorn.http.wsgi.create, which builds the module's Response.
+    wsgi.Response = _OneWriteResponse  # type: ignore[misc]
+
+
 def _glibc() -> Any:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -158,6 +209,11 @@ def release_memory() -> None:
     gc.collect()
     if _GLIBC is not None:
         _GLIBC.malloc_trim(0)
+
+
+def _init_worker(arenas: int | None) -> None:
+    _one_write_responses()
+    _settle_memory(arenas)
 
 
 def _settle_memory(arenas: int | None) -> None:

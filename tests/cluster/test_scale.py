@@ -1,5 +1,6 @@
 """The scale run: hundreds of simulated GPU nodes, thousands of GPU pods created in bursts, simulated meters, one
-namespace demoted; it prints what admission adds to a create, how long the demotion took, the evictions and memory.
+namespace demoted; it prints what admission adds to a create, what each process spent per 1,000 creates beside the
+same creates without a GPU (the webhook never called), how long the demotion took, the evictions and memory.
 
 Kept to a minute or two in CI (GPUSHARING_SCALE_NODES, GPUSHARING_SCALE_PODS: 100 and 1,000 by default);
 `make scale` runs it larger by hand. The figures are printed, never asserted: this machine is shared.
@@ -8,8 +9,10 @@ Kept to a minute or two in CI (GPUSHARING_SCALE_NODES, GPUSHARING_SCALE_PODS: 10
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,17 @@ import requests
 
 from demo.processes import child_pids
 from tests.cluster.nodes import DIALECTS, METER, NodeSimulator
-from tests.cluster.workloads import create_across, create_all, delete_namespaces, percentile, pod, pod_template
+from tests.cluster.workloads import (
+    CpuUse,
+    cpu_seconds,
+    create_across,
+    create_all,
+    delete_namespaces,
+    percentile,
+    pod,
+    pod_template,
+)
+from tests.e2e.controlplane import CONTROLLER_MANAGER, SCHEDULER
 from tests.e2e.system import GpuSharing, wait_for
 
 NODES = int(os.environ.get("GPUSHARING_SCALE_NODES", "100"))
@@ -43,6 +56,37 @@ def mutate_calls(cluster: GpuSharing) -> float:
                if line.startswith("gpusharing_webhook_admissions_total{") and 'endpoint="mutate"' in line)
 
 
+def processes(cluster: GpuSharing) -> dict[str, Callable[[], float]]:
+    """Each process of the system by name, with what it has used of the CPU so far: the control plane's, the webhook's
+    and the web timekeeper's (gunicorn's master and its workers), the controller's, and the simulated kubelet (its
+    threads in this process, "sim-...")."""
+    def with_children(pid: int) -> Callable[[], float]:
+        return lambda: cpu_seconds(pid) + sum(cpu_seconds(child) for child in child_pids(pid))
+
+    def simulator() -> float:
+        return sum(cpu_seconds(os.getpid(), t.native_id) for t in threading.enumerate() if t.name.startswith("sim-") and t.native_id)
+
+    plane = {name: cluster.plane.processes[name].pid for name in ("kube-apiserver", "etcd", SCHEDULER, CONTROLLER_MANAGER)
+             if name in cluster.plane.processes}
+    return {
+        **{name: with_children(pid) for name, pid in plane.items()},
+        "webhook": with_children(cluster.webhook.process.pid),  # type: ignore[union-attr]
+        "timekeeper web": with_children(cluster.timekeeper.process.pid),  # type: ignore[union-attr]
+        "timekeeper controller": with_children(cluster.controller.process.pid),  # type: ignore[union-attr]
+        "node simulator": simulator,
+    }
+
+
+def cpu_per_thousand(gpu: dict[str, float], gpu_creates: int, plain: dict[str, float], plain_creates: int) -> str:
+    """CPU-seconds per 1,000 creates of each process, GPU pods beside pods without a GPU (which the webhook never sees)."""
+    def per(used: float, creates: int) -> float:
+        return 1000 * used / max(1, creates)
+
+    parts = [f"{name} {per(gpu[name], gpu_creates):.1f} ({per(plain[name], plain_creates):.1f})" for name in gpu]
+    return (f"CPU-seconds per 1,000 creates, until every pod ran, GPU pods (without a GPU): {'; '.join(parts)}; "
+            f"all {per(sum(gpu.values()), gpu_creates):.1f} ({per(sum(plain.values()), plain_creates):.1f})")
+
+
 def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.CaptureFixture[str]) -> None:
     cluster.require_controllers()
     for dialect in DIALECTS:
@@ -53,11 +97,16 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
     figures: list[str] = []
     try:
         # The same creates with no GPU (the webhook is never called), then with one, from CLIENTS concurrent clients.
+        running = lambda namespace: sum(p["status"].get("phase") == "Running" for p in cluster.pods(namespace))  # noqa: E731
         plain = [pod(f"cpu-{i:05d}", pod_template(None, f"scale-{DIALECT_CYCLE[i % 8]}")) for i in range(PODS // 2)]
+        cpu = CpuUse(processes(cluster))
         baseline = create_all(cluster, baseline_namespace, plain, CLIENTS)
+        wait_for(lambda: running(baseline_namespace) == len(plain), "every pod without a GPU running", timeout=600)
+        plain_cpu = cpu.since_start()
         gpu = [(teams[i % TEAMS], pod(f"gpu-{i:05d}", pod_template(DIALECT_CYCLE[i % 8], f"scale-{DIALECT_CYCLE[i % 8]}",
                                                                    {METER: "simulated"}))) for i in range(PODS)]
         started, calls = time.monotonic(), mutate_calls(cluster)
+        cpu = CpuUse(processes(cluster))
         made = create_across(cluster, gpu, CLIENTS)
         burst, calls = time.monotonic() - started, mutate_calls(cluster) - calls
         figures.append(f"creates from {CLIENTS} clients: {len(baseline.seconds)} without a GPU p50 {_ms(baseline.seconds, .5)} "
@@ -67,10 +116,10 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
                        f"refused {len(made.refused)}; "
                        f"{calls / max(1, len(made.created)):.2f} /mutate calls per GPU pod")
         assert made.refused == [], Counter(r[:120] for r in made.refused).most_common(3)  # every pod admitted
-        running = lambda namespace: sum(p["status"].get("phase") == "Running" for p in cluster.pods(namespace))  # noqa: E731
         started = time.monotonic()
         wait_for(lambda: all(running(team) == PODS // TEAMS for team in teams), "every GPU pod running", timeout=600)
         figures.append(f"every GPU pod scheduled and running {time.monotonic() - started:.0f} s after the last was created")
+        figures.append(cpu_per_thousand(cpu.since_start(), len(made.created), plain_cpu, len(baseline.created)))
 
         # One team runs out (its budget set below what its pods have used): each of its running pods is evicted once.
         demoted = teams[0]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tests.cluster.nodes import POOL_LABEL
@@ -100,3 +102,32 @@ def delete_namespaces(cluster: GpuSharing, *namespaces: str) -> None:
     deletes their pods, which the simulated kubelet stops."""
     for namespace in namespaces:
         cluster.rest("DELETE", f"/api/v1/namespaces/{namespace}")
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """The CPU time (user and system) a process, or one of its threads, has used so far; 0 once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # from the third field (state) on: utime and stime are the 14th and 15th
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuUse:
+    """What each process used of the CPU between two points: `processes` maps a name to a function returning what
+    it has used so far."""
+
+    def __init__(self, processes: Mapping[str, Callable[[], float]]):
+        self._processes = processes
+        self._start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        return {name: used() for name, used in self._processes.items()}
+
+    def since_start(self) -> dict[str, float]:
+        now = self._now()
+        return {name: now[name] - self._start[name] for name in now}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,9 +15,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from gunicorn.config import Config
+from gunicorn.http.parser import RequestParser
 
 from demo.processes import free_port
-from gpusharing.serving.server import GC_THRESHOLDS
+from gpusharing.serving.server import GC_THRESHOLDS, _OneWriteResponse
+from tests.gpusharing.gc_app import ANSWER, STREAMED
 
 
 @contextmanager
@@ -77,3 +82,73 @@ def test_two_servers_on_one_host_share_no_control_socket(tmp_path: Path) -> None
         for url in urls:
             assert requests.get(f"{url}/gc", timeout=5).status_code == 200
         assert sorted(p.name for p in tmp_path.rglob("*")) == ["run"]
+
+
+class RecordedSocket:
+    """A socket whose every sendall is recorded, then made."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self.sock.sendall(data)
+
+
+def answered(method: str, path: str, status: str, headers: list[tuple[str, str]], body: list[bytes]) -> list[bytes]:
+    """What a worker's response writes, one item a sendall, for a request parsed by gunicorn from a real socket."""
+    server, client = socket.socketpair()
+    with server, client:
+        client.sendall(f"{method} {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+        config = Config()
+        request = next(iter(RequestParser(config, server, ("127.0.0.1", 1))))
+        recorded = RecordedSocket(server)
+        response = _OneWriteResponse(request, recorded, config)  # type: ignore[arg-type]  # sendall is all it uses here
+        response.start_response(status, headers)
+        for part in body:
+            response.write(part)
+        response.close()
+        return recorded.writes
+
+
+def test_an_answer_is_written_at_once_its_headers_with_its_body() -> None:
+    writes = answered("POST", "/mutate", "200 OK", [("Content-Length", str(len(ANSWER)))], [ANSWER])
+    assert len(writes) == 1
+    head, _, body = writes[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"\r\nContent-Length: %d" % len(ANSWER) in head
+    assert body == ANSWER
+
+
+def test_a_streamed_answer_sends_its_headers_with_its_first_chunk_and_ends_with_the_last_chunk() -> None:
+    writes = answered("GET", "/streamed", "200 OK", [], list(STREAMED))
+    assert len(writes) == len(STREAMED) + 1
+    assert b"\r\nTransfer-Encoding: chunked\r\n" in writes[0]
+    assert writes[0].endswith(b"\r\n\r\n%X\r\n%s\r\n" % (len(STREAMED[0]), STREAMED[0]))
+    assert writes[1:-1] == [b"%X\r\n%s\r\n" % (len(part), part) for part in STREAMED[1:]]
+    assert writes[-1] == b"0\r\n\r\n"
+
+
+def test_an_answer_without_a_body_sends_its_headers_when_it_closes() -> None:
+    writes = answered("GET", "/nothing", "204 No Content", [], [])
+    assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 204 No Content\r\n") and writes[0].endswith(b"\r\n\r\n")
+
+
+def test_answers_of_every_framing_read_whole_over_one_kept_alive_connection(served: str) -> None:
+    connection = http.client.HTTPConnection(served.removeprefix("http://"), timeout=5)
+
+    def read(method: str, path: str) -> tuple[int, str | None, bytes]:
+        connection.request(method, path)
+        response = connection.getresponse()
+        return response.status, response.getheader("Transfer-Encoding"), response.read()
+
+    try:
+        assert read("POST", "/answer") == (200, None, ANSWER)
+        kept = connection.sock
+        for _ in range(2):
+            assert read("GET", "/streamed") == (200, "chunked", b"".join(STREAMED))
+            assert read("GET", "/nothing") == (204, None, b"")
+            assert read("POST", "/answer") == (200, None, ANSWER)
+        assert connection.sock is kept  # never closed by the server, never opened again by the client
+    finally:
+        connection.close()

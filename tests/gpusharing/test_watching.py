@@ -16,7 +16,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpusharing.kube import watching
-from gpusharing.kube.watching import WatchedObjects
+from gpusharing.kube.watching import PlainEvents, WatchedObjects
 
 
 class WatchResponse:
@@ -235,3 +235,15 @@ def test_list_options_narrow_the_list_and_the_watch_on_the_server() -> None:
         watched.stop()
     watch = next(call for call in calls if call.get("watch"))
     assert (watch["label_selector"], watch["field_selector"]) == ("gpusharing.io/governed=true", "status.phase=Running")
+
+
+def test_a_watch_event_is_read_once_into_the_plain_object_it_keeps() -> None:
+    """No model class (the client would build a V1Pod from every pod event), and no second reading of the object."""
+    from kubernetes import client
+
+    events = PlainEvents()
+    pod = {"metadata": {"name": "train-0", "namespace": "ml-team", "resourceVersion": "7"}, "spec": {"containers": []}}
+    line = json.dumps({"type": "MODIFIED", "object": pod})
+    event = events.unmarshal_event(line, events.get_return_type(client.CoreV1Api().list_pod_for_all_namespaces))
+    assert event["type"] == "MODIFIED" and event["raw_object"] == pod
+    assert event["object"] is event["raw_object"]  # one reading: the object is not read again from written-back JSON
