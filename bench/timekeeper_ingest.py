@@ -1,12 +1,19 @@
-"""Meter reports into a real timekeeper (gunicorn) on PostgreSQL and on SQLite: reports/s and p50/p99 latency.
+"""Meter reports into a real timekeeper (gunicorn) on PostgreSQL and on SQLite: reports/s, p50/p99 latency and the CPU
+each report costs, beside a baseline revision's timekeeper measured in the same run.
 
-    python bench/timekeeper_ingest.py                      # both backends, a fixed rate and the maximum
-    python bench/timekeeper_ingest.py --backend postgresql --rate 1000 --seconds 10
+    python bench/timekeeper_ingest.py                      # both backends, this checkout beside the baseline, 2 rounds
+    python bench/timekeeper_ingest.py --baseline c5d63a6 --rounds 3
+    python bench/timekeeper_ingest.py --baseline none --backend postgresql --rate 1000 --seconds 10
 
-Each run starts its own PostgreSQL (initdb, on loopback, PostgreSQL's durable defaults unless --no-fsync) or SQLite
-file, migrates it and starts `gpusharing timekeeper serve` with static tokens. Client processes send reports over
-keep-alive connections as running pods would: every pod reports a rising cumulative with a rising seq. At a fixed
-rate each client thread sends on a schedule; at the maximum, every thread sends as soon as its previous answer came.
+For each backend one PostgreSQL is started (initdb, on loopback, PostgreSQL's durable defaults unless --no-fsync);
+each run gets a fresh database (or SQLite file) migrated by its own tree's `db upgrade`, and starts that tree's
+`gpusharing timekeeper serve` with static tokens; the baseline's tree is a temporary git worktree, and the two trees
+alternate (baseline, this, baseline, ...) so that what else the machine does falls on both alike. Client processes
+send reports over keep-alive connections as running pods would: every pod reports a rising cumulative with a rising
+seq. At a fixed rate each client thread sends on a schedule; at the maximum, every thread sends as soon as its
+previous answer came. The CPU per report is the user and system time of the timekeeper's processes (and of
+PostgreSQL's) over the measurement, divided by the reports answered: on a shared machine it moves far less than the
+throughput does.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import re
 import shutil
 import socket
@@ -23,12 +31,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from tests.postgres import bench_database  # noqa: E402
+from demo.processes import COMMAND  # noqa: E402
+from tests.postgres import PostgresServer  # noqa: E402
 from tests.timekeeper.process import TimekeeperProcess  # noqa: E402
+
+# The timekeeper this one's ingest is measured against: the last commit before billing from the record (issue 21),
+# the one issue 33's figures compare with.
+BASELINE = "c5d63a6"
 
 TOKEN = "bench-meter-token"
 NAMESPACES = 20
@@ -180,6 +196,86 @@ def measure_with_wrk(port: int, connections: int, seconds: float) -> dict[str, f
             "p99_ms": float(p99), "errors": int(errors)}
 
 
+def _cpu_seconds(root: int) -> float:
+    """User and system CPU of a process and its descendants so far (Linux /proc), in seconds."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, pending = 0.0, [root]
+    while pending:
+        pid = pending.pop()
+        total += times.get(pid, 0.0)
+        pending.extend(children.get(pid, ()))
+    return total
+
+
+@contextmanager
+def _checkout(revision: str) -> Iterator[Path]:
+    """The revision in a temporary git worktree, removed on exit."""
+    with tempfile.TemporaryDirectory(prefix="tk-bench-baseline-") as scratch:
+        tree = Path(scratch) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), revision], check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+@contextmanager
+def _database_server(backend: str, durable: bool) -> Iterator[PostgresServer | None]:
+    server = PostgresServer.start(durable=durable) if backend == "postgresql" else None
+    try:
+        yield server
+    finally:
+        if server:
+            server.stop()
+
+
+def _database(server: PostgresServer | None, workdir: Path, tree: Path) -> tuple[str, int | None]:
+    """A fresh database migrated by `tree`'s own `db upgrade`, and the pid whose process tree is the database's."""
+    url = server.create_database(workdir.name) if server else f"sqlite:///{workdir / 'bench.sqlite'}"
+    migrated = subprocess.run([*COMMAND, "db", "upgrade"], env={**os.environ, "TIMEKEEPER_DATABASE_URL": url}, cwd=tree,
+                              capture_output=True, text=True)
+    if migrated.returncode != 0:
+        raise RuntimeError(f"db upgrade of {tree} failed: {migrated.stderr.strip()[-1000:]}")
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0]) if server else None
+    return url, postmaster
+
+
+def _run(args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path, label: str, scratch: Path) -> float:
+    """One timekeeper (of `tree`) on a fresh database: its lines printed; returns the maximum's reports/s."""
+    workdir = Path(tempfile.mkdtemp(prefix="tk", dir=scratch))
+    tokens = workdir / "tokens"
+    tokens.write_text(f"{TOKEN} meter\n")
+    url, postmaster = _database(server, workdir, tree)
+    maximum = 0.0
+    with TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads, cwd=tree) as tk:
+        assert tk.process is not None
+        for load, rate in ((f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)):
+            cpu = {"timekeeper": _cpu_seconds(tk.process.pid), "database": _cpu_seconds(postmaster) if postmaster else 0.0}
+            if rate is None and args.client == "wrk":
+                m = measure_with_wrk(tk.port, CLIENTS * args.client_threads, args.seconds)
+            else:
+                m = measure(tk.port, args.client_threads, rate, args.seconds)
+            spent = {"timekeeper": _cpu_seconds(tk.process.pid) - cpu["timekeeper"],
+                     "database": (_cpu_seconds(postmaster) - cpu["database"]) if postmaster else 0.0}
+            per_report = " ".join(f"{who} {1000 * seconds / max(m['reports'], 1):.2f}" for who, seconds in spent.items()
+                                  if postmaster or who == "timekeeper")
+            print(f"{backend:<10}  {label:<14}  {load:<16}  {m['per_second']:7.0f} reports/s  p50 {m['p50_ms']:7.2f} ms  "
+                  f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}  CPU ms/report: {per_report}", flush=True)
+            if rate is None:
+                maximum = m["per_second"]
+    return maximum
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=("postgresql", "sqlite", "both"), default="both")
@@ -191,26 +287,31 @@ def main() -> int:
     parser.add_argument("--no-fsync", action="store_true", help="PostgreSQL without fsync (not durable)")
     parser.add_argument("--client", choices=("python", "wrk"), default="python",
                         help="load generator of the maximum-rate run: these Python processes, or wrk (apt-get install wrk)")
+    parser.add_argument("--baseline", default=BASELINE, metavar="REVISION",
+                        help=f"the revision measured beside this checkout, alternating (default {BASELINE}, the timekeeper "
+                             "before billing from the record); 'none' measures this checkout alone")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each tree per backend, alternating (default 2)")
     args = parser.parse_args()
     if args.client == "wrk" and shutil.which("wrk") is None:
         parser.error("--client wrk needs wrk on the PATH (apt-get install wrk)")
     backends = ("postgresql", "sqlite") if args.backend == "both" else (args.backend,)
     print(f"timekeeper ingest: {args.workers} workers x {args.threads} threads, {CLIENTS} client processes x "
-          f"{args.client_threads} threads, {args.seconds:g} s per measurement")
-    for backend in backends:
-        with tempfile.TemporaryDirectory(prefix="tk-bench-") as work:
-            workdir = Path(work)
-            tokens = workdir / "tokens"
-            tokens.write_text(f"{TOKEN} meter\n")
-            with bench_database(backend, workdir, durable=not args.no_fsync) as url, \
-                    TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads) as tk:
-                for label, rate in ((f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)):
-                    if rate is None and args.client == "wrk":
-                        m = measure_with_wrk(tk.port, CLIENTS * args.client_threads, args.seconds)
-                    else:
-                        m = measure(tk.port, args.client_threads, rate, args.seconds)
-                    print(f"{backend:<10}  {label:<14}  {m['per_second']:8.0f} reports/s  p50 {m['p50_ms']:6.2f} ms  "
-                          f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}", flush=True)
+          f"{args.client_threads} threads, {args.seconds:g} s per measurement; CPU of the timekeeper's processes and of "
+          f"the database's (PostgreSQL's server processes; SQLite's runs in the timekeeper)", flush=True)
+    with ExitStack() as stack:
+        trees = [(f"baseline {args.baseline}", stack.enter_context(_checkout(args.baseline)))] if args.baseline != "none" else []
+        trees.append(("this checkout", ROOT))
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tk-bench-")))
+        maxima: dict[tuple[str, str], list[float]] = {}
+        for backend in backends:
+            server = stack.enter_context(_database_server(backend, durable=not args.no_fsync))
+            for _ in range(args.rounds):
+                for label, tree in trees:
+                    maxima.setdefault((backend, label), []).append(_run(args, backend, server, tree, label, scratch))
+            if len(trees) == 2:
+                this, before = (statistics.median(maxima[backend, label]) for label, _ in reversed(trees))
+                print(f"{backend:<10}  maximum, median of {args.rounds} rounds: {this:.0f} reports/s, "
+                      f"{this / before:.2f}x the baseline's {before:.0f}", flush=True)
     return 0
 
 

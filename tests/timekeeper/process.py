@@ -10,7 +10,9 @@ from demo.processes import Service, free_port
 
 
 class TimekeeperProcess(Service):
-    def __init__(self, database_url: str, tokens_file: str, log_path: Path, workers: int = 2, threads: int = 8, **env: str):
+    def __init__(self, database_url: str, tokens_file: str, log_path: Path, workers: int = 2, threads: int = 8,
+                 cwd: Path | None = None, **env: str):
+        """`cwd`: another checkout to run the timekeeper of (demo.processes.Service)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(
@@ -19,6 +21,7 @@ class TimekeeperProcess(Service):
             f"{self.url}/readyz",
             env={"TIMEKEEPER_DATABASE_URL": database_url, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file, **env},
             log_path=log_path,
+            cwd=cwd,
         )
 
 

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -402,14 +402,14 @@ class ReportLedger:
             reads = self.budgets.read_use(conn, budget_rows, charges.keys(), now) if charges else None
         statuses = reads.statuses() if reads else {}
         earlier = reads.statuses(minus=charges) if reads else {}
+        crossings = {namespace: crossed(earlier[namespace], status) for namespace, status in statuses.items()}
         for index, (namespace, accounting) in accounted.items():
-            status = statuses[namespace]
             results[index] = ReportResult(
                 accounting.outcome,
                 accounting.charge_micro_gpu_seconds,
                 billed[index],
-                status,
-                crossed(earlier[namespace], status),
+                statuses[namespace],
+                crossings[namespace],
             )
         return results
 
@@ -582,10 +582,11 @@ def _interval(namespace: str, accounting: Accounting, weighted: int, now: dt.dat
 def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The rollup rows of daily charges (namespace_usage's rows): each day's charge added to the period of each kind
     it lies in, in namespace order as the day rows are (rows are locked in one order)."""
+    starts = {day: period_starts(day) for day in {row["day"] for row in charged}}  # a batch's charges share one day
     return [
         {"namespace": row["namespace"], "period": kind.value, "period_start": start, "micro_gpu_seconds": row["micro_gpu_seconds"]}
         for row in charged
-        for kind, start in period_starts(row["day"]).items()
+        for kind, start in starts[row["day"]].items()
     ]
 
 
@@ -600,6 +601,23 @@ def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, 
     }
 
 
+class _Pending:
+    """A submitted report until its transaction ends: the ledger thread leaves the result and releases `done`.
+
+    A bare lock rather than a Future: the ledger thread wakes a batch of request threads at once, and a Future's
+    Condition costs it several times the work per report, with the GIL held.
+    """
+
+    __slots__ = ("report", "terms", "done", "result")
+
+    def __init__(self, report: MeterReport, terms: ReportTerms | None):
+        self.report = report
+        self.terms = terms
+        self.result: ReportResult | BaseException | None = None
+        self.done = threading.Lock()
+        self.done.acquire()
+
+
 class ReportQueue:
     """Hands the reports of concurrent requests to one thread, which accounts them together in one transaction.
 
@@ -611,15 +629,21 @@ class ReportQueue:
         self.ledger = ledger
         self.max_batch = max_batch
         self.timeout = timeout_seconds
-        self._queue: queue.SimpleQueue[tuple[MeterReport, ReportTerms | None, Future[ReportResult]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="report-ledger", daemon=True)
         self._thread.start()
 
     def submit(self, report: MeterReport, terms: ReportTerms | None) -> ReportResult:
-        """The report's result once its transaction committed; raises ReportError, or what the database raised."""
-        outcome: Future[ReportResult] = Future()
-        self._queue.put((report, terms, outcome))
-        return outcome.result(self.timeout)
+        """The report's result once its transaction committed; raises ReportError, or what the database raised, or
+        concurrent.futures.TimeoutError when the transaction did not end within the timeout."""
+        pending = _Pending(report, terms)
+        self._queue.put(pending)
+        if not pending.done.acquire(timeout=self.timeout):
+            raise FutureTimeout(f"the report's transaction did not end within {self.timeout:g} s")
+        if isinstance(pending.result, BaseException):
+            raise pending.result
+        assert pending.result is not None
+        return pending.result
 
     def close(self) -> None:
         self._queue.put(None)
@@ -650,9 +674,7 @@ class ReportQueue:
                     self._queue.put(None)  # close after this batch
                     break
                 batch.append(item)
-            results = self.account([(r, t) for r, t, _ in batch])
-            for (_, _, outcome), result in zip(batch, results):
-                if isinstance(result, BaseException):
-                    outcome.set_exception(result)
-                else:
-                    outcome.set_result(result)
+            for pending, result in zip(batch, self.account([(p.report, p.terms) for p in batch])):
+                pending.result = result
+            for pending in batch:  # every result left before the first request thread wakes to compete for the GIL
+                pending.done.release()

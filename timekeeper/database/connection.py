@@ -28,7 +28,9 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    literal_column,
     select,
+    true,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
@@ -147,48 +149,64 @@ class Database:
     def bulk_insert(self, table: Table, columns: Sequence[str], on_conflict: Callable[[Any], Insert]) -> BulkWrite:
         """An INSERT of many rows, each with `columns`; on_conflict adds its ON CONFLICT clause."""
         if self.is_sqlite:
-            return BulkWrite(on_conflict(sqlite.insert(table)), None)
+            # WHERE: SQLite reads the ON CONFLICT of an INSERT ... SELECT only after one.
+            rows = select(*_sqlite_incoming(columns).c).where(true())
+            return BulkWrite(on_conflict(sqlite.insert(table).from_select(columns, rows)), columns, self._stored(table, columns))
         incoming = _incoming(table, columns)
         return BulkWrite(on_conflict(postgresql.insert(table).from_select(columns, select(*incoming.c))), columns)
 
     def bulk_update(self, table: Table, key: str, columns: Sequence[str]) -> BulkWrite:
         """An UPDATE of many rows, each found by its `key` column and given new `columns`."""
-        if self.is_sqlite:
-            matched = table.update().where(table.c[key] == bindparam(_MATCH + key))  # SET: the other parameters
-            return BulkWrite(matched, None, key)
-        incoming = _incoming(table, [key, *columns])
-        return BulkWrite(
-            table.update().where(table.c[key] == incoming.c[key]).values({c: incoming.c[c] for c in columns}), [key, *columns]
-        )
+        everything = [key, *columns]
+        incoming = _sqlite_incoming(everything) if self.is_sqlite else _incoming(table, everything)
+        update = table.update().where(table.c[key] == incoming.c[key]).values({c: incoming.c[c] for c in columns})
+        return BulkWrite(update, everything, self._stored(table, everything) if self.is_sqlite else None)
+
+    def _stored(self, table: Table, columns: Sequence[str]) -> list[Callable[[Any], Any] | None]:
+        """SQLite: how each column's value is written (its type's bind processor: times and dates as text)."""
+        return [table.c[c].type._cached_bind_processor(self.engine.dialect) for c in columns]
 
     def dispose(self) -> None:
         self.engine.dispose()
 
 
-# SQLAlchemy reserves a column's own name for the parameter that sets it.
-_MATCH = "match_"
 _INCOMING = "incoming"
 
 
 @dataclass(frozen=True)
 class BulkWrite:
-    """A statement that writes many rows at once: on PostgreSQL one statement whatever their number, the rows sent
-    as one JSON array (json_to_recordset; psycopg adapts a JSON string far faster than a dozen lists);
-    elsewhere one statement per row (executemany)."""
+    """A statement that writes many rows at once, one statement whatever their number: the rows are sent as one JSON
+    array (PostgreSQL: json_to_recordset, psycopg adapts a JSON string far faster than a dozen lists; SQLite:
+    json_each, where running the statement once per row, executemany, cost SQLAlchemy's parameter handling per row)."""
 
     statement: Executable
-    json_columns: Sequence[str] | None  # the columns sent as JSON; None: executemany
-    key: str | None = None  # executemany of an UPDATE: the column that finds the row
+    columns: Sequence[str]
+    # SQLite: each column's bind processor, applied before the JSON (which then holds what the database stores);
+    # None: PostgreSQL, whose json_to_recordset reads times and dates as they are written in JSON.
+    stored: Sequence[Callable[[Any], Any] | None] | None = None
 
     def execute(self, conn: Statements, rows: Sequence[Mapping[str, Any]]) -> None:
-        if self.json_columns is not None:
-            incoming = [{column: row[column] for column in self.json_columns} for row in rows]
-            conn.execute(self.statement, {_INCOMING: json.dumps(incoming, default=_json_time)})
-        elif self.key is not None:
-            key = self.key
-            conn.execute(self.statement, [{(_MATCH + k if k == key else k): value for k, value in row.items()} for row in rows])
-        else:
-            conn.execute(self.statement, rows)
+        if self.stored is not None:
+            columns = list(zip(self.columns, self.stored))
+            incoming = [{c: (row[c] if store is None else store(row[c])) for c, store in columns} for row in rows]
+            conn.execute(self.statement, {_INCOMING: json.dumps(incoming)})
+            return
+        times: dict[Any, str] = {}  # a batch's rows share their instants (its `now`): each written once
+
+        def as_json(value: Any) -> str:
+            written = times.get(value)
+            if written is None:
+                written = times[value] = _json_time(value)
+            return written
+
+        incoming = [{column: row[column] for column in self.columns} for row in rows]
+        conn.execute(self.statement, {_INCOMING: json.dumps(incoming, default=as_json)})
+
+
+def _sqlite_incoming(columns: Sequence[str]) -> Any:
+    """SELECT json_extract(value, '$.column1') AS column1, ... FROM json_each(:incoming): a BulkWrite's rows on SQLite."""
+    each = func.json_each(bindparam(_INCOMING, type_=Text)).table_valued("value")
+    return select(*(func.json_extract(each.c.value, literal_column(f"'$.{c}'")).label(c) for c in columns)).subquery(_INCOMING)
 
 
 def _incoming(table: Table, columns: Sequence[str]) -> Any:
