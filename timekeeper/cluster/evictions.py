@@ -171,6 +171,8 @@ class _Pass:
                     lost = lost or exc
             for term in {claim.term for claim in self.held.values()}:
                 self.path.fence.release(term, *(uid for uid, claim in self.held.items() if claim.term == term))
+            for pods in (self.done.evicted, self.done.refused, self.done.gone):  # as answered: told in order of name
+                pods.sort(key=lambda pod: (pod.namespace, pod.name))
         if lost is not None:
             raise lost
 
