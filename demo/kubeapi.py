@@ -58,7 +58,8 @@ class FakeDisruptionBudget:
     """A PodDisruptionBudget as the Eviction API applies it: of `pods`, at most `allowed` disrupted at a time, an
     evicted pod counting as disrupted for `recovery_seconds` (until its replacement is ready); an eviction beyond is
     answered 429, with a Retry-After header when `retry_after_seconds` is set (the API server gives none for a budget;
-    its flow control does). Reads back the most disrupted at once (`peak`) and the 429s answered."""
+    its flow control does). Reads back the most disrupted at once (`peak`), the 429s answered, and the most of its
+    pods' evictions asked at once after its first 429 (`asked_once_refused`)."""
 
     pods: set[tuple[str, str]]
     allowed: int = 1
@@ -67,6 +68,8 @@ class FakeDisruptionBudget:
     evicted_at: list[float] = field(default_factory=list)
     peak: int = 0
     refusals: int = 0
+    asking: int = 0  # its pods' evictions in flight now
+    asked_once_refused: int = 0
 
     def admits(self, at: float) -> bool:
         """Whether one more eviction is allowed at `at` (and if so, it counts from then)."""
@@ -297,16 +300,23 @@ class FakeKube:
                     self.watches_open[kind] -= 1
             return
         eviction = method == "POST" and path.endswith("/eviction")
+        budgets = [b for b in self.disruption_budgets if tuple(path.split("/")[4:7:2]) in b.pods] if eviction else []
         if eviction:
             with self._lock:
                 self.evictions_in_flight += 1
                 self.evictions_peak = max(self.evictions_peak, self.evictions_in_flight)
+                for budget in budgets:
+                    budget.asking += 1
+                    if budget.refusals:
+                        budget.asked_once_refused = max(budget.asked_once_refused, budget.asking)
             time.sleep(self.eviction_seconds)
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
             if eviction:  # before the answer leaves: the client's next request is never counted beside this one
                 self.evictions_in_flight -= 1
+                for budget in budgets:
+                    budget.asking -= 1
         retry_after = (answer.get("details") or {}).get("retryAfterSeconds") if code == 429 else None
         reply_json(handler, code, answer, {"Retry-After": str(retry_after)} if retry_after is not None else None)
 

@@ -224,3 +224,25 @@ def test_a_leader_deposed_mid_way_asks_nothing_more_and_its_successor_evicts_the
     finally:
         second.close()
     assert each_evicted_once(fake_kube, pods)
+
+
+def test_an_owners_pods_are_asked_in_turn_with_the_others_and_one_at_a_time_once_refused(
+    retrying: EvictionPath, fake_kube: FakeKube,
+) -> None:
+    """The pods of one owner mostly share a PodDisruptionBudget, which the API server updates on each eviction it
+    grants (concurrent ones conflict there): the owners' pods are asked in turn, and once one is refused, its owner's
+    others wait for the answer's time and go one at a time."""
+    def owned(owner: str, count: int) -> list[PodRef]:
+        return [PodRef(pod.namespace, pod.name, pod.uid, owner) for pod in
+                (running(fake_kube, f"{owner}-{index}") for index in range(count))]
+
+    guarded, free = owned("a-guarded", 6), owned("b-free", 6)
+    budget = FakeDisruptionBudget({(pod.namespace, pod.name) for pod in guarded}, allowed=1, recovery_seconds=0.2)
+    fake_kube.disruption_budgets.append(budget)
+    fake_kube.eviction_seconds = 0.05
+    done = retrying.evict("a test", guarded + free, 0.0)
+    assert sorted(map(str, done.evicted)) == sorted(map(str, guarded + free)) and done.refused == []
+    first = [path.split("/")[6] for method, path in fake_kube.requests if path.endswith("/eviction")][:CONCURRENCY]
+    assert sorted(first) == ["a-guarded-0", "a-guarded-1", "b-free-0", "b-free-1"]  # in turn
+    assert budget.refusals > 0 and budget.asked_once_refused == 1 and budget.peak == 1
+    assert each_evicted_once(fake_kube, guarded + free)

@@ -249,7 +249,7 @@ class BudgetSync:
                 log.info("%s: evictions wait for %d webhook process(es) to hold its over-budget state", namespace,
                          behind, extra={"namespace": namespace})
                 continue
-            candidates += [PodRef(namespace, pod.record.name, pod.record.uid)
+            candidates += [PodRef(namespace, pod.record.name, pod.record.uid, pod.record.owner.uid if pod.record.owner else "")
                            for pod in eviction_candidates(running.get(namespace, []))]
             acknowledged = max(acknowledged, since)
         if not candidates:

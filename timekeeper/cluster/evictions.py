@@ -13,7 +13,11 @@ Before a pod is evicted:
    waits on the network, not on this process), so PodDisruptionBudgets hold. A 429 (a PodDisruptionBudget allows no
    disruption now, or the API server's priority and fairness throttles) is asked again after its Retry-After, or a
    backoff, while the other pods go on; once a pod's claim is `retry_seconds` old its eviction is given up and the
-   claim given back (a later pass tries again), well before another leader may take a claim over as stale;
+   claim given back (a later pass tries again), well before another leader may take a claim over as stale. The pods
+   of one owner (a ReplicaSet, a StatefulSet...) mostly share a PodDisruptionBudget, which the API server updates on
+   every eviction it grants (concurrent ones conflict and wait on each other there): so the owners' pods are asked
+   in turn, one owner's after another's, and once an owner's pod is answered 429 its other pods wait for that
+   answer's time and are then asked one at a time;
 5. what was done is counted, logged with its reason, and returned.
 
 The requests run on a pool of `concurrency` threads shared by every task (at most that many in flight at once); the
@@ -26,7 +30,7 @@ import heapq
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -55,6 +59,7 @@ class PodRef:
     namespace: str
     name: str
     uid: str
+    owner: str = ""  # the uid of the object that controls it ("": none)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -132,6 +137,18 @@ class EvictionPath:
             return exc
 
 
+def _in_turn(pods: Sequence[PodRef]) -> list[PodRef]:
+    """The pods by namespace and name, their owners in turn: a first pod of each owner, then a second..."""
+    turns: dict[str, int] = {}
+    ordered = sorted(pods, key=lambda pod: (pod.namespace, pod.name))
+    ranked = []
+    for index, pod in enumerate(ordered):
+        owner = pod.owner or pod.uid
+        turns[owner] = turns.get(owner, -1) + 1
+        ranked.append((turns[owner], index, pod))
+    return [pod for _, _, pod in sorted(ranked, key=lambda item: item[:2])]
+
+
 class _Pass:
     """One call of EvictionPath.evict, in the calling task's thread: claims a batch when it runs short of claimed
     pods, keeps up to `concurrency` requests in flight, puts 429s back in line for their time, gives back at the end
@@ -143,11 +160,13 @@ class _Pass:
         self.reason = reason
         self.done = done
         self.on_evicted = on_evicted
-        self.unclaimed = deque(pods)
+        self.unclaimed = deque(_in_turn(pods))
         self.ready: deque[_Claimed] = deque()
         self.later: list[tuple[float, int, _Claimed]] = []  # (when, order, pod): 429s waiting for their time
         self.in_flight: dict[Future[EvictionAnswer | KubeUnavailable | None], _Claimed] = {}
         self.held: dict[str, _Claimed] = {}  # uid -> the claims this call holds and has not evicted
+        self.guarded: dict[str, float] = {}  # owner -> when its pods may be asked again, one at a time (after a 429)
+        self.owners_in_flight: Counter[str] = Counter()
         self._order = 0
 
     def run(self) -> None:
@@ -155,11 +174,10 @@ class _Pass:
         try:
             while self.unclaimed or self.ready or self.later or self.in_flight:
                 self._due()
-                if not self.ready and self.unclaimed and len(self.in_flight) < self.path.concurrency:
+                self._send_ready()
+                if self.unclaimed and len(self.in_flight) < self.path.concurrency:
                     self._claim_batch()
                     continue
-                while self.ready and len(self.in_flight) < self.path.concurrency:
-                    self._send(self.ready.popleft())
                 self._collect(self._wait_seconds())
         except LeaseLost as exc:
             lost = exc
@@ -186,9 +204,30 @@ class _Pass:
         claimed = self.path.fence.claim_many(term, [(pod.uid, pod.namespace, pod.name) for pod in batch.values()])
         if claimed is None:
             raise LeaseLost(f"a later leader than {self.path.election.identity} (term {term}) has recorded itself")
-        for uid in sorted(claimed, key=lambda uid: (batch[uid].namespace, batch[uid].name)):
+        for uid in (uid for uid in batch if uid in claimed):
             self.held[uid] = _Claimed(batch[uid], term, since)
             self.ready.append(self.held[uid])
+
+    def _send_ready(self) -> None:
+        """Sends what is ready, in order, while there is room: not the pods of an owner a 429 holds back (its time
+        not come, or one of its pods in flight), which keep their place; those whose claims grew too old meanwhile
+        are given up."""
+        now, waiting = self.path._monotonic(), deque[_Claimed]()
+        while self.ready and len(self.in_flight) < self.path.concurrency:
+            claim = self.ready.popleft()
+            if not self._held_back(claim, now):
+                self._send(claim)
+            elif now >= claim.since + self.path.retry_seconds:
+                self.done.refused.append(claim.pod)
+                log.info("eviction of %s held back by its owner's PodDisruptionBudget; a later pass tries again (%s)",
+                         claim.pod, self.reason, extra={"namespace": claim.pod.namespace, "pod": claim.pod.name})
+            else:
+                waiting.append(claim)
+        self.ready.extendleft(reversed(waiting))
+
+    def _held_back(self, claim: _Claimed, now: float) -> bool:
+        owner = claim.pod.owner
+        return bool(owner) and owner in self.guarded and (now < self.guarded[owner] or self.owners_in_flight[owner] > 0)
 
     def _send(self, claim: _Claimed) -> None:
         self.path.keep_lease()
@@ -196,6 +235,7 @@ class _Pass:
             raise LeaseLost(f"{self.path.election.identity} claimed {claim.pod} under term {claim.term}, now "
                             f"{self.path.election.term}")
         self.in_flight[self.path._requests.submit(self.path._ask, claim.pod)] = claim
+        self.owners_in_flight[claim.pod.owner] += 1
 
     def _due(self) -> None:
         now = self.path._monotonic()
@@ -204,12 +244,13 @@ class _Pass:
 
     def _wait_seconds(self) -> float | None:
         """How long to wait for an answer: not at all while a request could be sent, else until the next 429's time
-        comes, or (None) for the next answer."""
-        if (self.ready or self.unclaimed) and len(self.in_flight) < self.path.concurrency:
+        comes (a pod's, or its owner's), or (None) for the next answer."""
+        now = self.path._monotonic()
+        if len(self.in_flight) < self.path.concurrency and any(not self._held_back(c, now) for c in self.ready):
             return 0.0
-        if self.later:
-            return max(0.0, self.later[0][0] - self.path._monotonic())
-        return None
+        times = [self.later[0][0]] if self.later else []
+        times += [self.guarded[c.pod.owner] for c in self.ready if self.guarded.get(c.pod.owner, now) > now]
+        return max(0.0, min(times) - now) if times else None
 
     def _collect(self, timeout: float | None) -> None:
         if not self.in_flight:
@@ -218,7 +259,9 @@ class _Pass:
             return
         answered, _ = wait(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
         for future in answered:
-            self._record(self.in_flight.pop(future), future.result())
+            claim = self.in_flight.pop(future)
+            self.owners_in_flight[claim.pod.owner] -= 1
+            self._record(claim, future.result())
 
     def _record(self, claim: _Claimed, answer: EvictionAnswer | KubeUnavailable | None) -> None:
         pod = claim.pod
@@ -235,6 +278,8 @@ class _Pass:
             claim.refusals += 1
             backoff = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** (claim.refusals - 1)) * random.uniform(0.8, 1.2)
             when = self.path._monotonic() + (answer.retry_after if answer.retry_after is not None else backoff)
+            if pod.owner:  # its owner's other pods would be refused as well: they wait as long, then go one at a time
+                self.guarded[pod.owner] = max(self.guarded.get(pod.owner, 0.0), when)
             if when < claim.since + self.path.retry_seconds:
                 self._order += 1
                 heapq.heappush(self.later, (when, self._order, claim))
