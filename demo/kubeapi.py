@@ -58,8 +58,8 @@ class FakeDisruptionBudget:
     """A PodDisruptionBudget as the Eviction API applies it: of `pods`, at most `allowed` disrupted at a time, an
     evicted pod counting as disrupted for `recovery_seconds` (until its replacement is ready); an eviction beyond is
     answered 429, with a Retry-After header when `retry_after_seconds` is set (the API server gives none for a budget;
-    its flow control does). Reads back the most disrupted at once (`peak`), the 429s answered, and the most of its
-    pods' evictions asked at once after its first 429 (`asked_once_refused`)."""
+    its flow control does). Reads back the most disrupted at once (`peak`), the 429s answered (the first's time),
+    and each of its pods' eviction requests as it came: when, and how many of them were in flight then."""
 
     pods: set[tuple[str, str]]
     allowed: int = 1
@@ -68,14 +68,16 @@ class FakeDisruptionBudget:
     evicted_at: list[float] = field(default_factory=list)
     peak: int = 0
     refusals: int = 0
+    first_refused_at: float | None = None  # by time.monotonic()
     asking: int = 0  # its pods' evictions in flight now
-    asked_once_refused: int = 0
+    asked: list[tuple[float, int]] = field(default_factory=list)
 
     def admits(self, at: float) -> bool:
         """Whether one more eviction is allowed at `at` (and if so, it counts from then)."""
         self.evicted_at = [when for when in self.evicted_at if when + self.recovery_seconds > at]
         if len(self.evicted_at) >= self.allowed:
             self.refusals += 1
+            self.first_refused_at = self.first_refused_at or at
             return False
         self.evicted_at.append(at)
         self.peak = max(self.peak, len(self.evicted_at))
@@ -307,8 +309,7 @@ class FakeKube:
                 self.evictions_peak = max(self.evictions_peak, self.evictions_in_flight)
                 for budget in budgets:
                     budget.asking += 1
-                    if budget.refusals:
-                        budget.asked_once_refused = max(budget.asked_once_refused, budget.asking)
+                    budget.asked.append((time.monotonic(), budget.asking))
             time.sleep(self.eviction_seconds)
         with self._lock:
             self.requests.append((method, path))

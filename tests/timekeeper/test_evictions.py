@@ -148,7 +148,7 @@ def each_evicted_once(fake: FakeKube, pods: list[PodRef]) -> bool:
 
 def test_evictions_are_asked_concurrency_at_a_time_and_never_more(path: EvictionPath, fake_kube: FakeKube) -> None:
     pods = [running(fake_kube, f"trainer-{index:03}") for index in range(3 * CLAIM_BATCH // 2)]  # two claim batches
-    fake_kube.eviction_seconds = 0.02  # the API server's time for each: the others are asked meanwhile
+    fake_kube.eviction_seconds = 0.05  # the API server's time for each: the others are asked meanwhile
     done = path.evict("a test", pods, 0.0)
     assert sorted(map(str, done.evicted)) == sorted(map(str, pods)) and done.refused == [] and done.gone == []
     assert fake_kube.evictions_peak == CONCURRENCY
@@ -237,12 +237,27 @@ def test_an_owners_pods_are_asked_in_turn_with_the_others_and_one_at_a_time_once
                 (running(fake_kube, f"{owner}-{index}") for index in range(count))]
 
     guarded, free = owned("a-guarded", 6), owned("b-free", 6)
-    budget = FakeDisruptionBudget({(pod.namespace, pod.name) for pod in guarded}, allowed=1, recovery_seconds=0.2)
+    budget = FakeDisruptionBudget({(pod.namespace, pod.name) for pod in guarded}, allowed=1, recovery_seconds=0.2,
+                                  retry_after_seconds=1)
     fake_kube.disruption_budgets.append(budget)
     fake_kube.eviction_seconds = 0.05
     done = retrying.evict("a test", guarded + free, 0.0)
     assert sorted(map(str, done.evicted)) == sorted(map(str, guarded + free)) and done.refused == []
     first = [path.split("/")[6] for method, path in fake_kube.requests if path.endswith("/eviction")][:CONCURRENCY]
     assert sorted(first) == ["a-guarded-0", "a-guarded-1", "b-free-0", "b-free-1"]  # in turn
-    assert budget.refusals > 0 and budget.asked_once_refused == 1 and budget.peak == 1
+    assert budget.refusals > 0 and budget.first_refused_at is not None and budget.peak == 1
+    # Once the first 429 is answered (those sent before it came back aside), one request at a time.
+    assert max(asking for at, asking in budget.asked if at > budget.first_refused_at + 0.5) == 1
     assert each_evicted_once(fake_kube, guarded + free)
+
+
+def test_failed_requests_halve_the_evictions_in_flight_and_answers_bring_them_back(path: EvictionPath, fake_kube: FakeKube) -> None:
+    pods = [running(fake_kube, f"trainer-{index:02}") for index in range(24)]
+    fake_kube.eviction_seconds = 0.1
+    fake_kube.up = False  # an API server that fails every request (or answers none within the Lease)
+    done = path.evict("a test", pods[:8], 0.0)
+    assert done.evicted == [] and fake_kube.evicted == [] and path.window == 1
+    fake_kube.up, fake_kube.evictions_peak = True, 0
+    done = path.evict("a test", pods, 0.0)  # the claims the failures gave back are taken again
+    assert len(done.evicted) == len(pods) and path.window == CONCURRENCY == fake_kube.evictions_peak
+    assert each_evicted_once(fake_kube, pods)

@@ -10,7 +10,8 @@ Before a pod is evicted:
 3. the Lease (and the term the claim was made under) is checked before each request, which is bounded by what is
    left of it: a leader paused between its check and its request cannot act after its successor took over;
 4. the Eviction API is asked, up to `concurrency` requests at a time (the API server takes many at once; a request
-   waits on the network, not on this process), so PodDisruptionBudgets hold. A 429 (a PodDisruptionBudget allows no
+   waits on the network, not on this process; each failed request halves that, each answer adds one back), so
+   PodDisruptionBudgets hold. A 429 (a PodDisruptionBudget allows no
    disruption now, or the API server's priority and fairness throttles) is asked again after its Retry-After, or a
    backoff, while the other pods go on; once a pod's claim is `retry_seconds` old its eviction is given up and the
    claim given back (a later pass tries again), well before another leader may take a claim over as stale. The pods
@@ -100,7 +101,17 @@ class EvictionPath:
         self.concurrency = max(1, concurrency)
         self.retry_seconds = min(max(0.0, retry_seconds), MAX_RETRY_SECONDS)
         self._monotonic = monotonic  # real time: the waits between retries are real
+        self._window = float(self.concurrency)
         self._requests = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eviction")
+
+    @property
+    def window(self) -> int:
+        """Requests to keep in flight now: `concurrency`, halved by each request that failed (an API server too slow
+        to answer within the Lease, or down), one more again with each answer, as TCP paces a congested link."""
+        return int(self._window)
+
+    def answered(self, failed: bool) -> None:
+        self._window = max(1.0, self._window / 2) if failed else min(float(self.concurrency), self._window + 1)
 
     def close(self) -> None:
         """Waits for the requests under way (each bounded by its timeout) and stops the pool's threads."""
@@ -175,7 +186,7 @@ class _Pass:
             while self.unclaimed or self.ready or self.later or self.in_flight:
                 self._due()
                 self._send_ready()
-                if self.unclaimed and len(self.in_flight) < self.path.concurrency:
+                if self.unclaimed and len(self.in_flight) < self.path.window:
                     self._claim_batch()
                     continue
                 self._collect(self._wait_seconds())
@@ -213,7 +224,7 @@ class _Pass:
         not come, or one of its pods in flight), which keep their place; those whose claims grew too old meanwhile
         are given up."""
         now, waiting = self.path._monotonic(), deque[_Claimed]()
-        while self.ready and len(self.in_flight) < self.path.concurrency:
+        while self.ready and len(self.in_flight) < self.path.window:
             claim = self.ready.popleft()
             if not self._held_back(claim, now):
                 self._send(claim)
@@ -246,7 +257,7 @@ class _Pass:
         """How long to wait for an answer: not at all while a request could be sent, else until the next 429's time
         comes (a pod's, or its owner's), or (None) for the next answer."""
         now = self.path._monotonic()
-        if len(self.in_flight) < self.path.concurrency and any(not self._held_back(c, now) for c in self.ready):
+        if len(self.in_flight) < self.path.window and any(not self._held_back(c, now) for c in self.ready):
             return 0.0
         times = [self.later[0][0]] if self.later else []
         times += [self.guarded[c.pod.owner] for c in self.ready if self.guarded.get(c.pod.owner, now) > now]
@@ -268,8 +279,9 @@ class _Pass:
         if answer is None:
             raise LeaseLost(f"the lease of {self.path.election.identity} ran out unrenewed")
         fields = {"namespace": pod.namespace, "pod": pod.name}
+        self.path.answered(failed=isinstance(answer, KubeUnavailable))
         if isinstance(answer, KubeUnavailable):
-            log.warning("%s; will try again", answer, extra=fields)
+            log.warning("%s; will try again (%d evictions in flight at most now)", answer, self.path.window, extra=fields)
             return
         result = answer.result
         metrics.EVICTIONS.labels(result.value).inc()
