@@ -5,6 +5,7 @@ on meanwhile), and gives back what did not happen."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -261,3 +262,18 @@ def test_failed_requests_halve_the_evictions_in_flight_and_answers_bring_them_ba
     done = path.evict("a test", pods, 0.0)  # the claims the failures gave back are taken again
     assert len(done.evicted) == len(pods) and path.window == CONCURRENCY == fake_kube.evictions_peak
     assert each_evicted_once(fake_kube, pods)
+
+
+def test_an_eviction_whose_answer_was_lost_is_read_before_it_is_asked_again(path: EvictionPath, fake_kube: FakeKube) -> None:
+    pod = running(fake_kube, "trainer")
+    path.kube = KubeApi(fake_kube.api_client(), timeout=0.3)
+    fake_kube.eviction_seconds = 0.8  # the API server grants it after the client has given up waiting
+    assert path.evict("a test", [pod], 0.0).evicted == []
+    wait = 0
+    while not fake_kube.evicted and wait < 100:
+        time.sleep(0.05)
+        wait += 1
+    assert fake_kube.evicted == [("ml", "trainer")]
+    again = path.evict("a test", [pod], 0.0)  # a cache that still lists it: read first, not asked a second time
+    assert again.gone == [pod] and again.evicted == []
+    assert fake_kube.count("POST", "/api/v1/namespaces/ml/pods/trainer/eviction") == 1

@@ -19,7 +19,10 @@ Before a pod is evicted:
    every eviction it grants (concurrent ones conflict and wait on each other there): so the owners' pods are asked
    in turn, one owner's after another's, and once an owner's pod is answered 429 its other pods wait for that
    answer's time and are then asked one at a time;
-5. what was done is counted, logged with its reason, and returned.
+5. what was done is counted, logged with its reason, and returned. A request that got no answer (it timed out: the
+   API server may have granted it all the same) leaves its pod to be read before it is asked again, by this pass or
+   a later one: a pod gone, replaced or terminating already is not asked again (the API server would grant an
+   eviction of a terminating pod a second time).
 
 The requests run on a pool of `concurrency` threads shared by every task (at most that many in flight at once); the
 task's own thread claims, checks the Lease and keeps the account, so only it acts on the Lease and the database.
@@ -37,7 +40,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from timekeeper import metrics
-from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS, EvictionFence
+from timekeeper.cluster.fencing import KEPT_CLAIM_SECONDS, STALE_CLAIM_SECONDS, EvictionFence
 from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS, EvictionAnswer, EvictionResult, KubeApi, KubeUnavailable
 from timekeeper.cluster.leader import LeaderElection
 from timekeeper.cluster.webhooks import WebhookListings
@@ -102,6 +105,7 @@ class EvictionPath:
         self.retry_seconds = min(max(0.0, retry_seconds), MAX_RETRY_SECONDS)
         self._monotonic = monotonic  # real time: the waits between retries are real
         self._window = float(self.concurrency)
+        self._unanswered: dict[str, float] = {}  # uid -> when a request for it got no answer (this monotonic clock)
         self._requests = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eviction")
 
     @property
@@ -138,14 +142,33 @@ class EvictionPath:
 
     def _ask(self, pod: PodRef) -> EvictionAnswer | KubeUnavailable | None:
         """One eviction request, on the pool; bounded by what is left of the Lease as it starts (None: nothing left,
-        not asked)."""
+        not asked). A pod whose last request got no answer is read first: gone, replaced or terminating, it is not
+        asked again (GONE)."""
         remaining = self.election.remaining_seconds()
         if remaining <= 0:
             return None
         try:
+            if pod.uid in self._unanswered:
+                found = self.kube.read_pod(pod.namespace, pod.name)
+                if found is None or found.metadata is None or found.metadata.uid != pod.uid or found.metadata.deletion_timestamp:
+                    return EvictionAnswer(EvictionResult.GONE)
+                remaining = self.election.remaining_seconds()
+                if remaining <= 0:
+                    return None
             return self.kube.evict(pod.namespace, pod.name, pod.uid, timeout=remaining)
         except KubeUnavailable as exc:
             return exc
+
+    def _unanswered_now(self, uid: str, unanswered: bool) -> None:
+        """Remembers (or forgets, once answered) that a pod's eviction request got no answer; forgets what is older
+        than any claim lasts."""
+        now = self._monotonic()
+        if not unanswered:
+            self._unanswered.pop(uid, None)
+            return
+        self._unanswered[uid] = now
+        for old in [uid for uid, at in self._unanswered.items() if at < now - KEPT_CLAIM_SECONDS]:
+            del self._unanswered[old]
 
 
 def _in_turn(pods: Sequence[PodRef]) -> list[PodRef]:
@@ -280,8 +303,10 @@ class _Pass:
             raise LeaseLost(f"the lease of {self.path.election.identity} ran out unrenewed")
         fields = {"namespace": pod.namespace, "pod": pod.name}
         self.path.answered(failed=isinstance(answer, KubeUnavailable))
+        self.path._unanswered_now(pod.uid, isinstance(answer, KubeUnavailable))
         if isinstance(answer, KubeUnavailable):
-            log.warning("%s; will try again (%d evictions in flight at most now)", answer, self.path.window, extra=fields)
+            log.warning("%s; will try again, reading the pod first (%d evictions in flight at most now)", answer,
+                        self.path.window, extra=fields)
             return
         result = answer.result
         metrics.EVICTIONS.labels(result.value).inc()
