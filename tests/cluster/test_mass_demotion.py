@@ -86,10 +86,10 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
         cluster.set_budget(namespace, gpu_minutes=1, evict=True)  # below its use: the crossing
 
         wait_for(lambda: {a.pod for a in granted(cluster, namespace)} >= names, "every pod admitted in budget evicted",
-                 timeout=600)
+                 timeout=300)
         last_eviction = max(a.received for a in granted(cluster, namespace) if a.pod in names)
         demoted = lambda: [p for p in running(cluster, namespace, "") if p["metadata"]["name"] not in names]  # noqa: E731
-        wait_for(lambda: len(demoted()) == PODS, "a replacement running for every pod", timeout=600)
+        wait_for(lambda: len(demoted()) == PODS, "a replacement running for every pod", timeout=300)
         replacements_running = time.monotonic() - crossed
         sampling.set()
         sampler.join()
