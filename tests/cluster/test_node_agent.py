@@ -1,0 +1,180 @@
+"""The node's word on GPU utilisation in a cluster (issue 31): every simulated node of a pool runs the real node agent
+(`gpusharing node-agent`, tests/cluster/nodeagents.py) with the projected token of an agent pod bound to that node,
+reading the GPU trace the simulated kubelet plays for each pod (tests/cluster/nodes.py, NODE_UTILISATION).
+
+- A Deployment's pod whose GPU the node sees idle (0 %) is warned of and demoted by the node's readings alone, while
+  its own meter (the tenant's word) claims 100 % in every report; a busy pod (90 %) and a pod whose GPU the node cannot
+  read (unknown) are neither warned of nor acted on.
+- An agent's token speaking for another node's pod: that reading is ignored and the pod's ledger keeps its own
+  node's word.
+- The usage report's idle GPU-minutes of the idle pod are the node trace's: its share x the time the node's readings
+  stood x (1 - 0 %).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import METER_INTERVAL_SECONDS
+from tests.cluster.nodes import METER, NODE_UTILISATION, UTILISATION, NodeSimulator
+from tests.cluster.test_controller import IDLE_INTERVAL, IN_BUDGET, deployment, events, granted, running
+from tests.cluster.workloads import delete_namespaces, pod, pod_template
+from tests.e2e.system import ApiError, GpuSharing, wait_for
+
+# Where the chart puts the node agent, and whose readings the timekeeper takes by default (TIMEKEEPER_NODE_AGENT_USERS).
+AGENTS = AGENT_ACCOUNT = "gpusharing-node-agent"
+AGENT_INTERVAL = 1.0  # seconds between a node's batches (the agent's GPUSHARING_NODE_AGENT_INTERVAL_SECONDS)
+BILLING_INTERVAL = 2.0  # the cluster's TIMEKEEPER_BILLING_INTERVAL_SECONDS (tests/cluster/conftest.py)
+AFTER, WARN_BEFORE = 16, 8  # the idle policy: warned after 8 s idle, demoted after 16 s (the webhook polls every 2 s)
+POOL = "agents"
+
+
+@dataclass
+class Scene:
+    """Two nodes with an agent each: on the first, the idle Deployment's pod and the unknown pod; on the second, the
+    busy pod; all in one namespace under an idle policy that demotes."""
+
+    namespace: str
+    first: str
+    second: str
+    busy: dict[str, Any]
+    unknown: dict[str, Any]
+
+
+def on_node(template: dict[str, Any], node: str) -> dict[str, Any]:
+    template["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
+    return template
+
+
+@pytest.fixture(scope="module")
+def scene(cluster: GpuSharing, nodes: NodeSimulator) -> Iterator[Scene]:
+    cluster.require_controllers()
+    first, second = nodes.add_pool(POOL, 2, "whole")
+    try:
+        cluster.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": AGENTS, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})
+        cluster.service_account(AGENTS, AGENT_ACCOUNT)
+    except ApiError as exc:
+        if exc.status != 409:  # made by the manifests
+            raise
+    for node in (first, second):
+        nodes.run_node_agent(node, AGENTS, AGENT_ACCOUNT, AGENT_INTERVAL)
+    namespace = cluster.namespace("agents")
+    idle = {"after": f"{AFTER}s", "action": "demote", "warnBefore": f"{WARN_BEFORE}s", "utilisationPercent": 1}
+    answer = cluster.timekeeper_call("PUT", f"/api/v1/budgets/{namespace}", cluster.budget_admin_token(),
+                                     {"gpuMinutes": 6000, "period": "monthly", "idle": idle})
+    assert answer.status_code in (200, 201), answer.text
+    # The idle pod's meter says its GPU is busy in every report: the tenant's word.
+    cluster.create(namespace, deployment("idle", 1, on_node(pod_template(
+        "whole", POOL, {METER: "simulated", UTILISATION: "100", NODE_UTILISATION: "0"}), first)))
+    busy = cluster.create(namespace, pod("busy", on_node(pod_template("whole", POOL, {METER: "simulated", NODE_UTILISATION: "90"}), second)))
+    unknown = cluster.create(namespace, pod("unknown", on_node(pod_template("whole", POOL, {METER: "simulated"}), first)))
+    try:
+        yield Scene(namespace, first, second, busy, unknown)
+    finally:
+        delete_namespaces(cluster, namespace)
+
+
+def ledger(cluster: GpuSharing, namespace: str, uid: str) -> dict[str, Any] | None:
+    answer = cluster.timekeeper_call("GET", f"/api/v1/pods?namespace={namespace}", cluster.budget_admin_token())
+    assert answer.status_code == 200, answer.text
+    return next((item for item in answer.json()["items"] if item["podUid"] == uid), None)
+
+
+def nodes_word(cluster: GpuSharing, namespace: str, uid: str) -> dict[str, Any]:
+    """The pod's ledger once its node's reading stands in it, looked at every tenth of a second: the first reading's
+    time within one agent interval (a look that missed the first sees the second)."""
+    def read() -> dict[str, Any] | None:
+        found = ledger(cluster, namespace, uid)
+        if found is not None and found["utilisationSource"] == "node":
+            return found
+        time.sleep(0.1)
+        return None
+    return wait_for(read, f"pod {uid}'s ledger to take its node's reading")
+
+
+def instant(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_an_agents_token_speaking_for_another_nodes_pod_is_ignored(cluster: GpuSharing, nodes: NodeSimulator, scene: Scene) -> None:
+    busy = scene.busy["metadata"]
+    before = nodes_word(cluster, scene.namespace, busy["uid"])
+    assert (before["gpuUtilizationPercent"], before["idleSince"]) == (90.0, None)
+    # The first node's agent says the second node's pod is idle, in a reading that would stand for ten minutes.
+    token = nodes.agents[scene.first].token_file.read_text()
+    claim = {"podUid": busy["uid"], "namespace": scene.namespace, "pod": busy["name"], "utilisationPercent": 0.0}
+    answer = cluster.timekeeper_call("POST", "/api/v1/node-readings", token,
+                                     {"node": scene.first, "windowSeconds": 300, "readings": [claim]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"accepted": 0, "ignored": [
+        {"podUid": busy["uid"], "reason": f"no pod of this uid is bound to node {scene.first} (another node's, or unknown)"}]}
+    # Naming the other node in the batch is refused outright.
+    answer = cluster.timekeeper_call("POST", "/api/v1/node-readings", token,
+                                     {"node": scene.second, "windowSeconds": 300, "readings": [claim]})
+    assert answer.status_code == 403, answer.text
+    assert f"runs on node {scene.first}, not on node {scene.second}" in answer.json()["error"]
+    time.sleep(2 * AGENT_INTERVAL)  # the second node's own agent has spoken since
+    after = ledger(cluster, scene.namespace, busy["uid"])
+    assert after is not None
+    assert (after["utilisationSource"], after["gpuUtilizationPercent"], after["idleSince"]) == ("node", 90.0, None)
+
+
+def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes_are_the_nodes(
+    cluster: GpuSharing, nodes: NodeSimulator, scene: Scene,
+) -> None:
+    namespace = scene.namespace
+    (idle,) = wait_for(lambda: running(cluster, namespace, "app=idle"), "the idle Deployment's pod running")
+    assert idle["spec"]["priorityClassName"] == IN_BUDGET
+    name, uid = idle["metadata"]["name"], idle["metadata"]["uid"]
+    first = nodes_word(cluster, namespace, uid)
+    assert first["gpuUtilizationPercent"] == 0.0
+    stood_from = instant(first["utilisationAt"])
+
+    (warning,) = wait_for(lambda: events(cluster, namespace, "GPUIdleWarning", uid), "the GPUIdleWarning Event", AFTER + 60)
+    assert "it will be demoted at" in warning["message"], warning["message"]
+    (evicted,) = wait_for(lambda: granted(cluster, namespace), f"the eviction of {namespace}/{name}", AFTER + 60)
+    assert evicted.pod == name
+    (told,) = wait_for(lambda: events(cluster, namespace, "GPUIdle", uid), "the GPUIdle Event")
+    assert "; evicted; ReplicaSet" in told["message"], told["message"]
+    # The tenant's meter claimed a busy GPU all along, and was heard: its reports were taken, its word was not.
+    idle_pod = nodes.pods[uid]
+    assert idle_pod.utilisation == 100.0 and idle_pod.seq >= AFTER / METER_INTERVAL_SECONDS / 2
+
+    # The busy pod and the unknown one: never warned of, never acted on.
+    time.sleep(4 * IDLE_INTERVAL)  # a few more idle passes, each of which could have acted
+    for other in (scene.busy, scene.unknown):
+        other_uid = other["metadata"]["uid"]
+        assert [e["reason"] for reason in ("GPUIdleWarning", "GPUIdle") for e in events(cluster, namespace, reason, other_uid)] == []
+        kept = ledger(cluster, namespace, other_uid)
+        assert kept is not None and kept["idleSince"] is None and kept["idleWarnedAt"] is None, kept
+    assert (ledger(cluster, namespace, scene.busy["metadata"]["uid"]) or {})["gpuUtilizationPercent"] == 90.0
+    assert (ledger(cluster, namespace, scene.unknown["metadata"]["uid"]) or {})["gpuUtilizationPercent"] is None
+    assert [(a.pod, a.code) for a in cluster.plane.eviction_answers(namespace)] == [(name, 201)]
+
+    # The usage report's idle GPU-minutes: the node trace's 0 % over the time its readings stood, from the first
+    # reading the timekeeper took to the end of the pod's containers (as this kubelet recorded it).
+    wait_for(lambda: idle_pod.recorded_end, "the evicted pod's containers stopped")
+    closed = wait_for(lambda: (found := ledger(cluster, namespace, uid)) is None or found["endedAt"] is not None,
+                      "the evicted pod's bill closed")
+    assert closed
+    stood = (instant(idle_pod.recorded_end) - stood_from).total_seconds()
+    expected = (idle_pod.share or 0) * stood / 60
+    today = dt.datetime.now(dt.timezone.utc).date()
+    answer = cluster.timekeeper_call(
+        "GET", f"/api/v1/usage?namespace={namespace}&groupBy=pod&from={stood_from.date()}&to={today + dt.timedelta(days=1)}",
+        cluster.budget_admin_token())
+    assert answer.status_code == 200, answer.text
+    minutes = sum(item["idleGpuMinutes"] or 0 for item in answer.json()["items"] if item["pod"] == name)
+    # The slack: the first reading's time is known within one agent interval (nodes_word), the charge that straddles
+    # it is made idle whole (at most one billing interval of evidence, the meter's 1 s chunks being shorter), and the
+    # recorded end is to the second (the kubelet's RFC 3339), so share x (agent + billing interval + 1 s).
+    slack = (idle_pod.share or 0) * (AGENT_INTERVAL + BILLING_INTERVAL + 1) / 60
+    print(f"\nidle pod: node readings stood {stood:.1f} s; idle GPU-minutes {minutes:.4f}, node trace {expected:.4f}")
+    assert abs(minutes - expected) <= slack, (minutes, expected, slack)
