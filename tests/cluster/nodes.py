@@ -390,7 +390,7 @@ class NodeSimulator:
         """A GPU pod started on a node with an agent: listed by the node's kubelet with a GPU of its own (the first
         resource it asks for), which the node's GPU trace keeps as busy as the pod's annotation says."""
         agent = self.agents.get(running.node)
-        limits = next((c["resources"]["limits"] for c in pod["spec"]["containers"] if c.get("resources", {}).get("limits")), {})
+        limits: dict[str, Any] = next((c["resources"]["limits"] for c in pod["spec"]["containers"] if c.get("resources", {}).get("limits")), {})
         if agent is None or running.share is None or not limits:
             return
         with self._lock:

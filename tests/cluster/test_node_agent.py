@@ -87,15 +87,17 @@ def ledger(cluster: GpuSharing, namespace: str, uid: str) -> dict[str, Any] | No
     return next((item for item in answer.json()["items"] if item["podUid"] == uid), None)
 
 
+def ledger_once(cluster: GpuSharing, namespace: str, uid: str, field: str, value: Any, what: str) -> dict[str, Any]:
+    """The pod's ledger once its `field` is `value` (None: once it is anything but None)."""
+    def read() -> dict[str, Any]:
+        found = ledger(cluster, namespace, uid) or {}
+        return found if (found.get(field) is not None if value is None else found.get(field) == value) else {}
+    return wait_for(read, f"pod {uid}'s ledger: {what}")
+
+
 def nodes_word(cluster: GpuSharing, namespace: str, uid: str) -> dict[str, Any]:
     """The pod's ledger once its node's reading stands in it."""
-    def read() -> dict[str, Any] | None:
-        found = ledger(cluster, namespace, uid)
-        if found is not None and found["utilisationSource"] == "node":
-            return found
-        time.sleep(0.1)
-        return None
-    return wait_for(read, f"pod {uid}'s ledger to take its node's reading")
+    return ledger_once(cluster, namespace, uid, "utilisationSource", "node", "its node's reading taken")
 
 
 def instant(text: str) -> dt.datetime:
@@ -146,7 +148,8 @@ def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes
     assert "; evicted; ReplicaSet" in told["message"], told["message"]
     # The tenant's meter claimed a busy GPU all along, and was heard: its reports were taken, its word was not.
     idle_pod = nodes.pods[uid]
-    assert idle_pod.utilisation == 100.0 and idle_pod.seq >= AFTER / METER_INTERVAL_SECONDS / 2
+    heard = ledger(cluster, namespace, uid) or {}
+    assert idle_pod.utilisation == 100.0 and heard.get("seq", 0) >= AFTER / METER_INTERVAL_SECONDS / 2, heard
 
     # The busy pod and the unknown one: never warned of, never acted on.
     time.sleep(4 * IDLE_INTERVAL)  # a few more idle passes, each of which could have acted
@@ -163,11 +166,11 @@ def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes
     # one (the streak's start, unbroken until the eviction) to the end of the pod's containers (as this kubelet
     # recorded it).
     wait_for(lambda: idle_pod.recorded_end, "the evicted pod's containers stopped")
-    closed = wait_for(lambda: (found := ledger(cluster, namespace, uid)) is None or found["endedAt"] is not None and found,
-                      "the evicted pod's bill closed")
-    assert closed is True or closed["idleSince"] == first["idleSince"], "the node's readings stood without a break"
+    closed = ledger_once(cluster, namespace, uid, "endedAt", None, "the evicted pod's bill closed")
+    assert closed["idleSince"] == first["idleSince"], "the node's readings stood without a break"
     stood = (instant(idle_pod.recorded_end) - stood_from).total_seconds()
-    expected = (idle_pod.share or 0) * stood / 60
+    assert idle_pod.share == 1.0 and stood >= AFTER - 1, (idle_pod.share, stood)  # a whole GPU, idle past the deadline
+    expected = idle_pod.share * stood / 60
     today = dt.datetime.now(dt.timezone.utc).date()
     answer = cluster.timekeeper_call(
         "GET", f"/api/v1/usage?namespace={namespace}&groupBy=pod&from={stood_from.date()}&to={today + dt.timedelta(days=1)}",
@@ -180,7 +183,7 @@ def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes
     # one billing interval: the record's observations, the meter's 1 s reports being shorter); and a batch late by up
     # to one agent interval lets the node's reading go stale (fresh for two windows), the meter's 100 % then counting
     # for that charge. So share x (1 s + billing interval + agent interval).
-    slack = (idle_pod.share or 0) * (1 + BILLING_INTERVAL + AGENT_INTERVAL) / 60
+    slack = idle_pod.share * (1 + BILLING_INTERVAL + AGENT_INTERVAL) / 60
     print(f"\nidle pod: the node's readings stood {stood:.0f} s; idle GPU-minutes {minutes:.4f}, the node trace's "
           f"{expected:.4f} (of {row['gpuMinutes']:.4f} billed)")
     assert abs(minutes - expected) <= slack, (minutes, expected, slack)
