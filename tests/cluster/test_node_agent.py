@@ -158,8 +158,10 @@ def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes
         assert [e["reason"] for reason in ("GPUIdleWarning", "GPUIdle") for e in events(cluster, namespace, reason, other_uid)] == []
         kept = ledger(cluster, namespace, other_uid)
         assert kept is not None and kept["idleSince"] is None and kept["idleWarnedAt"] is None, kept
-    assert (ledger(cluster, namespace, scene.busy["metadata"]["uid"]) or {})["gpuUtilizationPercent"] == 90.0
-    assert (ledger(cluster, namespace, scene.unknown["metadata"]["uid"]) or {})["gpuUtilizationPercent"] is None
+    # The node's word on each: 90 %, and unknown (its driver can say nothing of that GPU), which is never idle.
+    busy, unknown = (ledger(cluster, namespace, other["metadata"]["uid"]) or {} for other in (scene.busy, scene.unknown))
+    assert (busy["utilisationSource"], busy["gpuUtilizationPercent"]) == ("node", 90.0), busy
+    assert (unknown["utilisationSource"], unknown["gpuUtilizationPercent"]) == ("node", None), unknown
     assert [(a.pod, a.code) for a in cluster.plane.eviction_answers(namespace)] == [(name, 201)]
 
     # The usage report's idle GPU-minutes: the node trace's 0 % over the time its readings stood, from the first
