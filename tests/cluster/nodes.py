@@ -16,6 +16,11 @@ so that its reports are the evidence beside the API server's record that the tim
 as thousands of processes would on a 2-core machine cost more than the cluster they measure; with "none" nothing
 reports. A simulated meter reads no GPU utilisation, unless its pod is annotated with `cluster.gpusharing.io/utilisation`
 (a percent): then each of its reports says that its GPU was that busy (`gpuUtilizationPercent`; "0": an idle GPU).
+
+Node agents (`run_node_agent`): the real `gpusharing node-agent` of a node (tests/cluster/nodeagents.py), presenting the
+projected token of an agent pod bound to that node; this kubelet gives each GPU pod it starts there a GPU of its own in
+the node's PodResources listing and GPU trace, kept as busy as its `cluster.gpusharing.io/node-utilisation` annotation
+says (a percent; without it the node's driver can say nothing of that GPU: the pod's reading is unknown).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 import requests
 
 from gpusharing.contract import ANNOTATION_GPU_SHARE, TIMEKEEPER_TOKEN_AUDIENCE, MeterEnv
+from tests.cluster.nodeagents import SimulatedNodeAgent
 from tests.e2e.controlplane import ControlPlane
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,7 @@ STOPS_AFTER = "cluster.gpusharing.io/stops-after"  # seconds a workload takes to
 METER = "cluster.gpusharing.io/meter"  # how the pod's meter runs: process, simulated or none (else the simulator's own)
 METER_MODES = ("process", "simulated", "none")
 UTILISATION = "cluster.gpusharing.io/utilisation"  # the GPU utilisation (percent) a simulated meter reports
+NODE_UTILISATION = "cluster.gpusharing.io/node-utilisation"  # how busy (percent) the node's GPU trace keeps the pod's GPU
 POOL_LABEL = "cluster.gpusharing.io/pool"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
@@ -93,6 +100,7 @@ class RunningPod:
     token: str = ""
     seq: int = 0
     utilisation: float | None = None  # what its simulated meter reports as gpuUtilizationPercent (None: no reading)
+    node_utilisation: float | None = None  # what its node's GPU trace plays for it (None: a GPU the node cannot read)
 
 
 class NodeSimulator:
@@ -107,6 +115,8 @@ class NodeSimulator:
         self.nodes: dict[str, str] = {}  # name -> pool
         self.pods: dict[str, RunningPod] = {}  # by uid: every pod this kubelet started
         self.finished: dict[str, RunningPod] = {}  # by uid: pods whose containers stopped
+        self.agents: dict[str, SimulatedNodeAgent] = {}  # by node: its node agent, where one runs
+        self._gpus_given: dict[str, itertools.count[int]] = {}  # by node: the next GPU its agent's listing gives a pod
         self._stopping: set[str] = set()  # uids of pods being deleted
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
@@ -204,6 +214,8 @@ class NodeSimulator:
             self._queue.put(None)
         with self._timer_changed:
             self._timer_changed.notify_all()
+        for agent in list(self.agents.values()):
+            agent.stop()
         with self._lock:
             meters = [p.meter for p in self.pods.values() if p.meter is not None and p.meter.poll() is None]
         for meter in meters:
@@ -258,11 +270,12 @@ class NodeSimulator:
                     return
                 annotations = metadata.get("annotations") or {}
                 mode = annotations.get(METER, self.meters)
-                utilisation = annotations.get(UTILISATION)
+                utilisation, node_utilisation = annotations.get(UTILISATION), annotations.get(NODE_UTILISATION)
                 self.pods[metadata["uid"]] = RunningPod(metadata["namespace"], metadata["name"], metadata["uid"], spec["nodeName"],
                                                          _share(pod), mode if mode in METER_MODES else self.meters,
                                                          priority_class=spec.get("priorityClassName", ""),
-                                                         utilisation=None if utilisation is None else float(utilisation))
+                                                         utilisation=None if utilisation is None else float(utilisation),
+                                                         node_utilisation=None if node_utilisation is None else float(node_utilisation))
             self._queue.put(("start", pod))
 
     def _work(self) -> None:
@@ -296,6 +309,7 @@ class NodeSimulator:
         if self._call("PATCH", path, status, "application/strategic-merge-patch+json", ok=(404,)) is None:
             self._meter_stopped(running)  # deleted before it started
             return
+        self._placed_on_node(pod, running)
         runs_for = (metadata.get("annotations") or {}).get(RUNS_FOR)
         if runs_for and spec.get("restartPolicy") in ("Never", "OnFailure"):
             self._at(time.monotonic() + float(runs_for), lambda: self._queue.put(("finish", pod)))
@@ -314,6 +328,8 @@ class NodeSimulator:
         """Records that the pod's containers have stopped, now; False when the pod is gone."""
         metadata, spec = pod["metadata"], pod["spec"]
         finished = running.recorded_end = now_rfc3339()
+        if (agent := self.agents.get(running.node)) is not None:
+            agent.remove_pod(running.uid)  # gone from the node's PodResources listing and its GPU trace
         started = running.recorded_start
         containers = [_container_status(c, "terminated", started, finished, exit_code) for c in spec.get("containers", [])]
         inits = [_container_status(c, "terminated", started, finished, exit_code) for c in spec.get("initContainers", [])]
@@ -348,6 +364,38 @@ class NodeSimulator:
                 return
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}}
         self._call("DELETE", f"/api/v1/namespaces/{metadata['namespace']}/pods/{metadata['name']}", body, ok=(404, 409))
+
+    # --- node agents ----------------------------------------------------------------------------------------------
+
+    def run_node_agent(self, node: str, namespace: str, account: str, interval: float) -> SimulatedNodeAgent:
+        """The node agent of `node`, as a DaemonSet runs it: a pod of ServiceAccount `account` (in `namespace`) bound to
+        the node, whose projected token (a TokenRequest bound to that pod) the agent presents to the timekeeper."""
+        container = {"name": "agent", "image": "gpusharing:cluster", "securityContext": {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "runAsUser": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"}}}
+        manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"node-agent-{node}"},
+                    "spec": {"nodeName": node, "serviceAccountName": account, "containers": [container]}}
+        agent_pod = self._call("POST", f"/api/v1/namespaces/{namespace}/pods", manifest)
+        assert agent_pod is not None
+        home = self.directory / "agents" / node
+        home.mkdir(parents=True)
+        (home / "token").write_text(self._pod_token(agent_pod))
+        agent = SimulatedNodeAgent(node, self.timekeeper_url, home / "token", home, interval).start()
+        with self._lock:
+            self.agents[node] = agent
+            self._gpus_given[node] = itertools.count()
+        return agent
+
+    def _placed_on_node(self, pod: dict[str, Any], running: RunningPod) -> None:
+        """A GPU pod started on a node with an agent: listed by the node's kubelet with a GPU of its own (the first
+        resource it asks for), which the node's GPU trace keeps as busy as the pod's annotation says."""
+        agent = self.agents.get(running.node)
+        limits: dict[str, Any] = next((c["resources"]["limits"] for c in pod["spec"]["containers"] if c.get("resources", {}).get("limits")), {})
+        if agent is None or running.share is None or not limits:
+            return
+        with self._lock:
+            gpu = next(self._gpus_given[running.node]) % len(agent.uuids)
+        agent.run_pod(running.namespace, running.name, running.uid, {next(iter(limits)): [agent.gpu(gpu)]}, running.node_utilisation)
 
     # --- meters ---------------------------------------------------------------------------------------------------
 
