@@ -1,12 +1,13 @@
 """Fair share on kube-scheduler with simulated GPU nodes (docs/fair-share.md), the half-life compressed to minutes.
 
 One node of 8 whole GPUs, two teams of equal budgets: each one's fair share is 4 GPUs. heavy fills the node first:
-the burst guard admits its fair share in the top band and the rest one band lower. Once heavy has used GPUs and
-light none, heavy's band is the heaviest and light's the lightest. light then asks for 20 GPUs at once: only its
-fair share is admitted in the top band, which kube-scheduler lets preempt heavy's pods of the middle band; its other
-pods, one band lower, wait until the controller evicts heavy's pods admitted above heavy's band now (GPUFairShare
-Events, readable in heavy's own namespace), and heavy's replacements come back in the heavy band, where they preempt
-none of light's. A pod out of budget preempts nothing. Every pod's band and reason are readable by its namespace.
+nobody having used anything, both are at parity in the middle band, and the burst guard admits heavy's fair share in
+it and the rest one band lower. Once heavy has used GPUs and light none, heavy's band is the heaviest and light's the
+lightest. light then asks for 20 GPUs at once: only its fair share is admitted in the top band, which kube-scheduler
+lets preempt heavy's pods of the lowest band; its other pods, one band lower, wait until the controller evicts heavy's
+pods admitted above heavy's band now (GPUFairShare Events, readable in heavy's own namespace), and heavy's
+replacements come back in the heavy band, where they preempt none of light's. A pod out of budget preempts nothing.
+Every pod's band and reason are readable by its namespace.
 """
 
 from __future__ import annotations
@@ -94,14 +95,17 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
         for team in (heavy, light):
             cluster.set_budget(team, gpu_minutes=6000)
         cluster.set_budget(broke, gpu_minutes=0)
-        wait_for(lambda: listed_band(cluster, light) == listed_band(cluster, heavy) == LIGHT, "the fairshare task to rank the teams")
+        # Nobody has used anything: everyone is at parity, in the middle band.
+        wait_for(lambda: listed_band(cluster, light) == listed_band(cluster, heavy) == MIDDLE, "the fairshare task to rank the teams")
         time.sleep(2 * WEBHOOK_REFRESH_SECONDS)  # and the webhook to poll the bands (it polls every WEBHOOK_REFRESH_SECONDS)
 
-        # heavy fills the node: its fair share (4 GPUs) in the top band, the rest one band lower.
+        # heavy fills the node: its fair share (4 GPUs) in its band, the middle one, the rest one band lower.
         cluster.create(heavy, deployment("train", GPUS))
         wait_for(lambda: len(running(cluster, heavy)) == GPUS, "heavy's pods to run", timeout=120)
-        assert bands(live(cluster, heavy)) == {LIGHT: 4, MIDDLE: 4}
-        wait_for(lambda: listed_band(cluster, heavy) == HEAVY, "heavy's use to make it heavy", timeout=120)
+        assert bands(live(cluster, heavy)) == {MIDDLE: 4, HEAVY: 4}
+        wait_for(lambda: listed_band(cluster, heavy) == HEAVY and listed_band(cluster, light) == LIGHT,
+                 "heavy's use to make it heavy, and light, which used nothing, light", timeout=120)
+        time.sleep(2 * WEBHOOK_REFRESH_SECONDS)  # the webhook to poll the new bands
 
         # light asks for 20 GPUs: only its fair share in the top band.
         cluster.create(light, deployment("burst", 20))
