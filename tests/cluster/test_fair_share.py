@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import WEBHOOK_REFRESH_SECONDS
-from tests.cluster.nodes import NodeSimulator
+from tests.cluster.nodes import POOL_LABEL, NodeSimulator
 from tests.cluster.workloads import delete_namespaces, pod, pod_template
 from tests.e2e.system import GpuSharing, wait_for
 from tests.helm import render
@@ -90,6 +90,11 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
 ) -> None:
     cluster.require_controllers()
     nodes.add_pool("fair", 1, "whole")
+    # The earlier tests' nodes cordoned while this one runs: the cluster's GPUs fair share divides are this pool's 8.
+    others = [n["metadata"]["name"] for n in cluster.rest("GET", "/api/v1/nodes")["items"]
+              if n["metadata"].get("labels", {}).get(POOL_LABEL) != "fair"]
+    for name in others:
+        cluster.rest("PATCH", f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True}}, patch="merge")
     heavy, light, broke = (cluster.namespace(f"fs-{team}") for team in ("heavy", "light", "broke"))
     try:
         for team in (heavy, light):
@@ -140,3 +145,5 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
         assert len(live(cluster, light)) == 20 and len(running(cluster, light)) > GPUS // 2
     finally:
         delete_namespaces(cluster, heavy, light, broke)
+        for name in others:
+            cluster.rest("PATCH", f"/api/v1/nodes/{name}", {"spec": {"unschedulable": None}}, patch="merge")

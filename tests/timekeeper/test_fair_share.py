@@ -183,6 +183,8 @@ def cluster(fake_kube: FakeKube, database_url: str, clock: Clock, make_controlle
     before, light 6 GPU-minutes."""
     fake_kube.custom["nodes"] = [{"metadata": {"name": f"gpu-{i}"}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}}
                                  for i in range(2)]
+    fake_kube.custom["nodes"].append({"metadata": {"name": "cordoned"}, "spec": {"unschedulable": True},  # counts nothing
+                                      "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
     db = Database(database_url)
     store = BudgetStore(db, clock=clock)
     store.set_budget(Budget("dept.research", None, Period.MONTHLY), "admin")

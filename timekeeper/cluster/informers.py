@@ -45,7 +45,10 @@ def _custom_objects(kube: KubeApi, resource: CustomResource) -> Callable[..., An
 
 
 def node_gpus(obj: Mapping[str, Any]) -> float | None:
-    """The whole GPUs a node offers to pods (allocatable nvidia.com/gpu): what fair share divides."""
+    """The whole GPUs a node offers to pods (allocatable nvidia.com/gpu): what fair share divides. A cordoned node's
+    count for nothing: no new pod gets them."""
+    if isinstance(obj.get("spec"), dict) and obj["spec"].get("unschedulable") is True:
+        return 0.0
     allocatable = ((obj.get("status") or {}).get("allocatable") or {}) if isinstance(obj.get("status"), dict) else {}
     try:
         return float(parse_quantity(str(allocatable.get(NVIDIA_GPU, "0"))))
