@@ -282,3 +282,22 @@ def test_a_resource_the_watch_delivers_during_a_pass_gets_its_status_from_the_ne
     done = run_controller(demoter)  # the next run applies it, then writes its status
     assert done.budgets is not None and done.budgets.applied == ["team-a"] and done.statuses == ["team-a"]
     assert fake_kube.count("PATCH", "/apis/gpusharing.io") == 1
+
+
+def test_an_edit_the_watch_delivers_during_a_pass_keeps_the_old_status_until_the_ledger_holds_it(
+    demoter: ControllerManager, fake_kube: FakeKube,
+) -> None:
+    """The edited generation is never stamped on the figures of the spec before: the budgets task applies it first."""
+    resource = {"apiVersion": "gpusharing.io/v1alpha1", "kind": "GPUBudget", "metadata": {"namespace": "team-a", "name": "budget",
+                                                                                         "generation": 1}, "spec": {"gpuMinutes": 5}}
+    fake_kube.custom["gpubudgets"] = [resource]
+    demoter.informers.list_now()
+    done = run_controller(demoter)
+    assert done.statuses == ["team-a"]
+    written = fake_kube.count("PATCH", "/apis/gpusharing.io")
+    fake_kube.custom["gpubudgets"] = [{**resource, "metadata": {**resource["metadata"], "generation": 2}, "spec": {"gpuMinutes": 50}}]
+    demoter.informers.list_now()  # the edit arrives after the budgets task ran, before the statuses task runs
+    assert demoter.budget_sync.write_statuses() == []
+    assert fake_kube.count("PATCH", "/apis/gpusharing.io") == written
+    done = run_controller(demoter)  # the next run applies the edit, then writes its status
+    assert done.budgets is not None and done.budgets.applied == ["team-a"] and done.statuses == ["team-a"]

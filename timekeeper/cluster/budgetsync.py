@@ -29,7 +29,7 @@ from gpusharing.names import is_group
 from timekeeper import metrics
 from timekeeper.budgets.hierarchy import hierarchy_problem
 from timekeeper.budgets.requests import BudgetRequestError
-from timekeeper.budgets.status import BudgetStatus
+from timekeeper.budgets.status import Budget, BudgetStatus
 from timekeeper.budgets.store import BudgetStore, HierarchyConflict, NoBudget
 from timekeeper.cluster.demotion import eviction_candidates, threshold_event, transition_event
 from timekeeper.cluster.events import Event, EventQueue
@@ -104,7 +104,10 @@ class BudgetSync:
         return done
 
     def write_statuses(self) -> list[str]:
-        """The `statuses` task: each resource's status where it differs; the budgets written."""
+        """The `statuses` task: each resource's status where it differs; the budgets written. A resource whose spec
+        the `budgets` task has not written into the ledger yet keeps its status until it has: its observedGeneration
+        is never stamped on figures of the spec before."""
+        ledger = self.budgets.budgets()  # read before the statuses: a budget applied in between shows in both or neither
         statuses = {s.namespace: s for s in self.budgets.statuses()}
         problems = self.last.problems if self.last is not None else {}
         idle = budget_idle(statuses, self.idle())
@@ -117,7 +120,7 @@ class BudgetSync:
         written = []
         for resource, obj in self.informers.budget_resources():
             name = budget_name(obj)
-            if name not in statuses and name not in problems:
+            if name not in problems and (name not in statuses or not _applied(obj, ledger.get(name))):
                 continue  # not applied yet: the `budgets` task's next run does
             wanted = resource_status(obj, statuses.get(name), problems.get(name), sorted(children.get(name, [])), now,
                                      idle.get(name), fair_share.get(name))
@@ -249,3 +252,11 @@ class BudgetSync:
                      result.waiting, extra={"namespace": namespace})
         done.evicted += [str(pod) for pod in result.evicted]
         done.refused += [str(pod) for pod in result.refused]
+
+
+def _applied(obj: Mapping[str, Any], budget: Budget | None) -> bool:
+    """Whether the ledger holds the budget the resource's spec asks for."""
+    try:
+        return budget == budget_from_resource(obj)
+    except BudgetRequestError:
+        return True  # no budget to wait for: the status says what is wrong with the spec
