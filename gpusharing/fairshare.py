@@ -57,3 +57,17 @@ def beyond_fair_share(held_gpus: float, fair_share_gpus: float, pod_gpus: float 
     """Whether the namespace, holding `held_gpus`, would with the pod hold more than its fair share of the cluster's
     GPUs: the burst guard's test, the timekeeper's and the webhook's alike."""
     return held_gpus + pod_gpus > fair_share_gpus * (1 + GPU_SLACK) + GPU_SLACK
+
+
+MAX_WEBHOOK_PROCESSES = 10_000  # more than any installation runs: a listing saying more is read as this
+
+
+def beyond_process_part(held_gpus: float, fair_share_gpus: float, admitted_gpus: float, pod_gpus: float, processes: int) -> bool:
+    """The burst guard as one of `processes` webhook processes applies it between two counts of its namespace's GPUs
+    (`held_gpus`), having admitted `admitted_gpus` in the band since: each process may fill its part of the room
+    left, (fair share - held) / processes, and its first pod may take the room whole. A burst spread over every
+    process then puts at most one pod per process beyond the fair share, not a fair share per process."""
+    if processes <= 1 or admitted_gpus <= 0:
+        return beyond_fair_share(held_gpus + admitted_gpus, fair_share_gpus, pod_gpus)
+    part = max(0.0, fair_share_gpus - held_gpus) / min(processes, MAX_WEBHOOK_PROCESSES)
+    return beyond_fair_share(admitted_gpus, part, pod_gpus)

@@ -86,10 +86,12 @@ class Services:
                 if (band := band_json(settings.bands, record, self.fair_share.half_life_of(record), detail)) is not None}
 
     def fair_share_listing(self) -> dict[str, Any]:
-        """What the listing says of fair share as a whole: the bands' classes, lightest first (nothing when off)."""
+        """What the listing says of fair share as a whole (nothing when off): the bands' classes, lightest first, and
+        how many webhook processes share the burst guard's room (at least the one polling)."""
         if self.fair_share is None:
             return {}
-        return {"fairShare": {"classes": list(self.config.fair_share.bands.classes)}}
+        return {"fairShare": {"classes": list(self.config.fair_share.bands.classes),
+                              "webhookProcesses": max(1, self.webhooks.live())}}
 
     def on_stop(self) -> list[Callable[[], None]]:
         """On SIGTERM, once the requests in flight are answered: the report queue, already empty, closes."""

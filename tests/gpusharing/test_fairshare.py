@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from gpusharing.fairshare import FairShareBands, admission_band
+from gpusharing.fairshare import FairShareBands, admission_band, beyond_process_part
 
 MINUTE = dt.timedelta(minutes=1)
 CLASSES = ("gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy")
@@ -57,3 +57,16 @@ def test_a_burst_takes_its_namespaces_band_only_up_to_its_fair_share() -> None:
 def test_the_burst_guard_refuses_figures_out_of_range(band: int, held: float, share: float, pod: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         admission_band(BANDS, band, held, share, pod)
+
+
+def test_each_of_several_webhook_processes_fills_its_part_of_the_room_and_its_first_pod_the_whole() -> None:
+    # Fair share 8, 2 held: 6 GPUs of room, 2 for each of 3 processes.
+    assert not beyond_process_part(2.0, 8.0, 0.0, 6.0, 3)  # a first pod may take the room whole
+    assert beyond_process_part(2.0, 8.0, 0.0, 7.0, 3)  # not more
+    assert [beyond_process_part(2.0, 8.0, admitted, 1.0, 3) for admitted in (1.0, 2.0)] == [False, True]
+    # One process: the plain guard, the admitted counted as held.
+    assert [beyond_process_part(2.0, 8.0, admitted, 1.0, 1) for admitted in (5.0, 6.0)] == [False, True]
+    # No room left: only what is beyond already.
+    assert beyond_process_part(9.0, 8.0, 1.0, 0.5, 3) and beyond_process_part(9.0, 8.0, 0.0, 0.5, 3)
+    # However many processes a listing claims, a process's first pod within the fair share is in the band.
+    assert not beyond_process_part(0.0, 8.0, 0.0, 1.0, 10**9)

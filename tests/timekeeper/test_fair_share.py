@@ -215,7 +215,10 @@ def test_the_task_ranks_the_heavy_team_below_the_light_one_and_the_listing_shows
     assert "heavy used 2.0x its fair share among its siblings in dept.research" in done.standings["heavy"].reason
     api = SpecClient(make_app(fair_share=ON).test_client(), ADMIN)  # every answer as openapi.yaml documents it
     listing = api.get("/api/v1/budgets").get_json()
-    assert listing["fairShare"] == {"classes": list(DEFAULT_BAND_CLASSES)}
+    assert listing["fairShare"] == {"classes": list(DEFAULT_BAND_CLASSES), "webhookProcesses": 1}  # none polled yet
+    for process in ("webhook-a", "webhook-b", "webhook-a"):  # two live processes share the burst guard's room
+        listing = api.get(f"/api/v1/budgets?webhook={process}&inForce=0&refreshSeconds=5").get_json()
+    assert listing["fairShare"]["webhookProcesses"] == 2
     listed = {item["namespace"]: item.get("fairShare") for item in listing["items"]}
     assert listed["dept.research"] is None
     assert listed["light"]["band"] == LIGHT and listed["light"]["burstClass"] == MIDDLE

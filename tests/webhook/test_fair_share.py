@@ -69,6 +69,23 @@ def test_the_burst_guard_admits_only_the_fair_share_in_the_band_and_the_rest_one
     assert admitted(client, whole_gpu_pod("next"))[1]["spec"]["priorityClassName"] == LIGHT
 
 
+def test_among_several_webhook_processes_each_fills_its_part_of_the_room_in_the_band(timekeeper: FakeTimekeeper) -> None:
+    """Four processes, 4 GPUs of room: a burst spread over them all puts at most one pod per process beyond it."""
+    timekeeper.items = [{"namespace": "ml-team", "state": "in-budget", "fairShare": ranked(share=4.0, held=0.0)}]
+    timekeeper.extra = {"fairShare": {"classes": CLASSES, "webhookProcesses": 4}}
+    cache = BudgetStateCache(timekeeper.url)
+    assert cache.refresh() and cache.fair_share().processes == 4
+    client = client_of(cache)
+    classes = [admitted(client, whole_gpu_pod(f"p-{i}"))[1]["spec"]["priorityClassName"] for i in range(3)]
+    assert classes == [LIGHT, MIDDLE, MIDDLE]  # its part is 1 GPU
+    reason = admitted(client, whole_gpu_pod("p-4"))[1]["metadata"]["annotations"]["gpusharing.io/fair-share-reason"]
+    assert ("one band lower: this webhook process admitted 3 GPUs since they were counted, its part (1) of the room "
+            "left in its fair share of 4 GPUs, which 4 webhook processes share") in reason
+    # A listing that claims no number, or nonsense, is one process: the plain guard.
+    for claimed in (None, 0, -3, "4", True, 2.5):
+        assert states_from_listing({"items": [], "fairShare": {"classes": CLASSES, "webhookProcesses": claimed}}).webhook_processes == 1
+
+
 def test_a_heavy_namespace_s_burst_stays_in_the_last_band(timekeeper: FakeTimekeeper) -> None:
     client = client_of(listed(timekeeper, ranked(band=HEAVY, burst=HEAVY, share=0.5, held=3)))
     assert admitted(client, whole_gpu_pod())[1]["spec"]["priorityClassName"] == HEAVY

@@ -58,6 +58,12 @@ class WebhookListings:
                 (webhook_listings.c.expires_at > self.db.clock()) & (webhook_listings.c.in_force_at < since))
             return int(conn.execute(query).scalar_one())
 
+    def live(self) -> int:
+        """How many webhook processes are live (each shares the burst guard's room, docs/fair-share.md)."""
+        with self.db.read() as conn:
+            query = select(func.count()).select_from(webhook_listings).where(webhook_listings.c.expires_at > self.db.clock())
+            return int(conn.execute(query).scalar_one())
+
     def now(self) -> float:
         return self.db.now().timestamp()
 

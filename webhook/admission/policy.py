@@ -21,7 +21,7 @@ from gpusharing.contract import (
     TENANT_LABELS,
     WEBHOOK_ANNOTATIONS,
 )
-from gpusharing.fairshare import beyond_fair_share
+from gpusharing.fairshare import beyond_fair_share, beyond_process_part
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
@@ -107,7 +107,7 @@ def admit(
         return refusal
     admitted = fair_share.admitted(request.namespace, request.uid) if budget.fair_share is not None else 0.0
     decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose, priorities,
-                         float(gpu.share), admitted)
+                         float(gpu.share), admitted, fair_share.processes)
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
@@ -262,6 +262,7 @@ def _check_meter(
 def _mutation(
     pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
     safe: SafeAdmission, disclose: bool, priorities: PriorityLookup, gpus: float = 0.0, admitted: float = 0.0,
+    processes: int = 1,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
@@ -284,7 +285,7 @@ def _mutation(
     out_of_budget = state.demoted or safe.short or held
     band = None
     if not out_of_budget and budget.fair_share is not None and current_class not in config.allowed_priority_classes:
-        band, reason = fair_share_band(budget, gpus, admitted)
+        band, reason = fair_share_band(budget, gpus, admitted, processes)
         wanted[ANNOTATION_FAIR_SHARE_BAND] = band
         wanted[ANNOTATION_FAIR_SHARE_REASON] = reason
     annotations = metadata.get("annotations")
@@ -325,18 +326,24 @@ def _mutation(
                     fair_share_gpus=gpus if band is not None else None)
 
 
-def fair_share_band(budget: NamespaceBudget, gpus: float, admitted: float) -> tuple[str, str]:
+def fair_share_band(budget: NamespaceBudget, gpus: float, admitted: float, processes: int = 1) -> tuple[str, str]:
     """The band's class a GPU pod of `gpus` is admitted in, and why: its namespace's band, or one lower when with it
     the namespace would hold more than its fair share of the cluster's GPUs (the burst guard, Kueue's entry penalty:
     a light team's burst does not all take the top band). `admitted`: what this process admitted there since the
-    timekeeper counted the namespace's GPUs."""
+    timekeeper counted the namespace's GPUs; `processes`: the live webhook processes, each of which fills its part
+    of the room left (gpusharing.fairshare.beyond_process_part)."""
     band = budget.fair_share
     assert band is not None
+    if band.burst_class == band.band_class or not beyond_process_part(band.held_gpus, band.share_gpus, admitted, gpus, processes):
+        return band.band_class, band.reason[:MAX_REASON_ANNOTATION]
     holding = band.held_gpus + admitted
-    if beyond_fair_share(holding, band.share_gpus, gpus) and band.burst_class != band.band_class:
-        return band.burst_class, (f"{band.reason}; one band lower: with this pod it would hold {holding + gpus:g} GPUs, "
-                                  f"above its fair share of {band.share_gpus:.4g}")[:MAX_REASON_ANNOTATION]
-    return band.band_class, band.reason[:MAX_REASON_ANNOTATION]
+    if beyond_fair_share(holding, band.share_gpus, gpus):
+        why = f"with this pod it would hold {holding + gpus:g} GPUs, above its fair share of {band.share_gpus:.4g}"
+    else:
+        part = max(0.0, band.share_gpus - band.held_gpus) / processes
+        why = (f"this webhook process admitted {admitted:g} GPUs since they were counted, its part ({part:.4g}) of the "
+               f"room left in its fair share of {band.share_gpus:.4g} GPUs, which {processes} webhook processes share")
+    return band.burst_class, f"{band.reason}; one band lower: {why}"[:MAX_REASON_ANNOTATION]
 
 
 MAX_REASON_ANNOTATION = 512

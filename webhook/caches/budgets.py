@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpusharing.contract import DEFAULT_BUDGET_REFRESH_SECONDS, MIN_BUDGET_REFRESH_SECONDS, AdmissionMode, BudgetState, Shortfall
+from gpusharing.fairshare import MAX_WEBHOOK_PROCESSES
 from gpusharing.outage import Outage
 from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 from gpusharing.thresholds import usage_warning
@@ -61,6 +62,7 @@ class BudgetStates:
     default: NamespaceBudget = UNKNOWN  # every namespace the listing leaves out
     listed_at: float = 0.0  # the timekeeper's stamp on the listing (its database's time), told back on the next poll
     band_classes: tuple[str, ...] = ()  # fair share's bands' PriorityClasses, lightest first; none: fair share is off
+    webhook_processes: int = 1  # live webhook processes, which share the burst guard's room between counts
 
     def of(self, namespace: str) -> NamespaceBudget:
         return self.listed.get(namespace, self.default)
@@ -86,7 +88,7 @@ def states_from_listing(body: object) -> BudgetStates:
             )
     default, listed_at = body.get("default"), body.get("listedAt")
     return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN,
-                        _seconds(listed_at), _band_classes(body.get("fairShare")))
+                        _seconds(listed_at), _band_classes(body.get("fairShare")), _processes(body.get("fairShare")))
 
 
 def _seconds(raw: object) -> float:
@@ -102,6 +104,13 @@ def _band_classes(raw: object) -> tuple[str, ...]:
     if not isinstance(classes, list):
         return ()
     return tuple(c for c in classes[:MAX_BAND_CLASSES] if isinstance(c, str) and 0 < len(c) <= 253)
+
+
+def _processes(raw: object) -> int:
+    count = raw.get("webhookProcesses") if isinstance(raw, Mapping) else None
+    if not isinstance(count, int) or isinstance(count, bool):
+        return 1
+    return max(1, min(count, MAX_WEBHOOK_PROCESSES))
 
 
 def _fair_share_band(raw: object) -> FairShareBand | None:
@@ -169,6 +178,7 @@ class FairShareAdmission:
 
     classes: tuple[str, ...] = ()
     admitted: Callable[[str, str], float] = lambda namespace, uid: 0.0
+    processes: int = 1  # the live webhook processes the timekeeper listed: each fills its part of the guard's room
 
 
 NO_FAIR_SHARE = FairShareAdmission()
@@ -243,7 +253,7 @@ class BudgetStateCache:
 
     def fair_share(self) -> FairShareAdmission:
         classes = self._states.band_classes
-        return FairShareAdmission(classes, self.admitted.admitted) if classes else NO_FAIR_SHARE
+        return FairShareAdmission(classes, self.admitted.admitted, self._states.webhook_processes) if classes else NO_FAIR_SHARE
 
     def refresh(self, refresh_seconds: float | None = None) -> bool:
         """One poll, saying this process polls every `refresh_seconds` (default: its interval); on failure the last
