@@ -161,9 +161,11 @@ def test_kubectl_get_gpubudgets_reads_as_a_budget_report(gpusharing: GpuSharing)
     wait_for(lambda: status_of(gpusharing, path).get("idleGpuHours") is not None, "the status, with its idle GPU-hours")
     shown = subprocess.run(["kubectl", "--kubeconfig", str(gpusharing.plane.admin_kubeconfig), "get", "gb", "-A"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
-    assert shown[0].split() == ["NAMESPACE", "NAME", "BUDGET", "USED", "REMAINING", "PERCENT", "IDLE", "STATE", "PERIOD", "END", "AGE"]
+    assert shown[0].split() == ["NAMESPACE", "NAME", "BUDGET", "USED", "REMAINING", "PERCENT", "IDLE", "STATE", "BAND",
+                                "FAIR-SHARE", "RATIO", "PERIOD", "END", "AGE"]
     (row,) = [line.split() for line in shown if line.startswith(f"{namespace} ")]
     assert row[:8] == [namespace, "budget", "6000", "0", "6000", "0", "0", "in-budget"] and row[8].endswith("T00:00:00Z")
+    assert len(row) == 10  # band and ratio empty: fair share is off
 
 
 def test_namespace_members_read_their_gpubudget_and_cannot_change_it(gpusharing: GpuSharing) -> None:

@@ -70,7 +70,7 @@ def test_the_gpubudget_examples_match_their_crds_schema() -> None:
         assert version["served"] and version["storage"] and version["subresources"] == {"status": {}}
         Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(obj)
         columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-        assert columns == ["Budget", "Used", "Remaining", "Percent", "Idle", "State", "Period End", "Age"]
+        assert columns == ["Budget", "Used", "Remaining", "Percent", "Idle", "State", "Band", "Fair-share ratio", "Period End", "Age"]
     assert definitions["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
 
 
