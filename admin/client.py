@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import urllib.parse
 from typing import Any
 
 from admin.cluster import SYSTEM_NAMESPACE, Cluster, ClusterRefused, ServiceProxy, is_kubernetes_status, status_message
@@ -112,6 +113,17 @@ class TimekeeperClient:
             return (f": is kube-gpusharing installed in namespace {self.system_namespace} (--system-namespace) and its "
                     "timekeeper running?")
         return ""
+
+    def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The Events about the pod of `uid` (none when the caller may not read its namespace's Events)."""
+        assert self.cluster is not None
+        query = urllib.parse.urlencode({"fieldSelector": f"involvedObject.uid={uid}"})
+        try:
+            answer = self.cluster.get(f"/api/v1/namespaces/{namespace}/events?{query}")
+        except ClusterRefused:
+            return []
+        items = answer.json().get("items") if answer.status == 200 else None
+        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API server of the kubeconfig's context has it."""

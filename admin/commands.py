@@ -30,6 +30,7 @@ from admin.output import (
     format_usage,
     idle_of,
     pod_record,
+    preempting_namespace,
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.settings.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
@@ -300,11 +301,24 @@ def _explain_pod(api: TimekeeperClient, args: argparse.Namespace) -> None:
             explanation["metering"] = next((p for p in metered if p.get("podUid") == uid), None)
             explanation["idle"] = idle_of(explanation["pod"], explanation["namespace"], explanation["metering"],
                                           dt.datetime.now(dt.timezone.utc))
+            explanation["preemptedFor"] = _preempted_for(api, namespace, uid)
         except Refused as exc:
             problem = exc
     emit(args, explanation, lambda wide: format_explanation(explanation))
     if problem is not None:
         raise problem
+
+
+def _preempted_for(api: TimekeeperClient, namespace: str, uid: str) -> dict[str, Any] | None:
+    """The namespace whose pods this pod was preempted or evicted for, from its last such Event, and that namespace's
+    standing where the caller may read it (a tenant reads only its own namespace's: then its name alone)."""
+    other = preempting_namespace(api.pod_events(namespace, uid))
+    if other is None or other == namespace:
+        return None
+    try:
+        return {"namespace": other, "status": api.call("GET", f"budgets/{other}")}
+    except Refused as exc:
+        return {"namespace": other, "status": None, "refused": str(exc)}
 
 
 _explain = _command(_explain_pod, cluster_needed=True)

@@ -132,11 +132,59 @@ def format_explanation(explanation: dict[str, Any]) -> str:
     lines += _idle(explanation)
     lines += _fair_share(record, status)
     text = _fields(lines)
-    path = ((status or {}).get("fairShare") or {}).get("path")
+    path = _path(status)
     if path:  # the namespace's path down the budget tree, as Slurm's `sshare -l` shows it
-        rows = [[str(level["level"]), level["node"], f"{level['share']:.3f}", f"{level['usage']:.3f}", f"{level['ratio']:.2f}",
-                 f"{level['rank']}/{level['siblings']}"] for level in path]
-        text += "\n\n" + format_table(["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"], rows)
+        text += "\n\n" + _path_table(path)
+    preempted = explanation.get("preemptedFor")
+    if preempted:
+        text += "\n\n" + _compared(pod["namespace"], path, preempted)
+    return text
+
+
+def _path(status: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return list(((status or {}).get("fairShare") or {}).get("path") or [])
+
+
+def _path_table(path: list[dict[str, Any]]) -> str:
+    rows = [[str(level["level"]), level["node"], f"{level['share']:.3f}", f"{level['usage']:.3f}", f"{level['ratio']:.2f}",
+             f"{level['rank']}/{level['siblings']}"] for level in path]
+    return format_table(["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"], rows)
+
+
+PREEMPTING_EVENTS = {"Preempted": "Pod", "GPUFairShare": "Namespace"}  # kube-scheduler's, the fairshare task's
+
+
+def preempting_namespace(events: list[dict[str, Any]]) -> str | None:
+    """The namespace whose pods the pod was last preempted for (kube-scheduler's Preempted Event names the preemptor
+    as its related object) or evicted for (the controller's GPUFairShare Event, the namespace whose pods waited)."""
+    def when(event: dict[str, Any]) -> str:
+        return str(event.get("lastTimestamp") or event.get("eventTime") or (event.get("metadata") or {}).get("creationTimestamp") or "")
+
+    for event in sorted(events, key=when, reverse=True):
+        related = event.get("related") or {}
+        kind = PREEMPTING_EVENTS.get(str(event.get("reason")))
+        if kind is not None and related.get("kind") == kind:
+            name = related.get("namespace") if kind == "Pod" else related.get("name")
+            if isinstance(name, str) and name:
+                return name
+    return None
+
+
+def _compared(namespace: str, path: list[dict[str, Any]], preempted: dict[str, Any]) -> str:
+    """The preempting namespace's path beside the pod's, and the level where they part (`sshare -l` of both)."""
+    other = preempted["namespace"]
+    theirs = _path(preempted.get("status"))
+    if not theirs:
+        why = ("its figures are not yours to read" if preempted.get("status") is None else "it is not ranked")
+        return _fields([("Preempted for", f"pods of namespace {other}: {why}")])
+    text = _fields([("Preempted for", f"pods of namespace {other}, whose path is:")]) + "\n" + _path_table(theirs)
+    for mine, its in zip(path, theirs):
+        if mine["node"] != its["node"]:
+            where = f"level {mine['level']}" + (f", among the children of {path[mine['level'] - 2]['node']}" if mine["level"] > 1 else "")
+            text += "\n" + _fields([("Where they part", (
+                f"{where}: {mine['node']} at {mine['ratio']:.2f}x its share, rank {mine['rank']}/{mine['siblings']}; "
+                f"{its['node']} at {its['ratio']:.2f}x, rank {its['rank']}/{its['siblings']} (lower ratio first)"))])
+            break
     return text
 
 

@@ -8,10 +8,15 @@ lets preempt heavy's pods of the lowest band; its other pods, one band lower, wa
 pods admitted above heavy's band now (GPUFairShare Events, readable in heavy's own namespace), and heavy's
 replacements come back in the heavy band, where they preempt none of light's. A pod out of budget preempts nothing.
 Every pod's band and reason are readable by its namespace.
+
+Two teams that used the same are equals: the pods each asks for beyond its fair share wait one band lower and
+preempt nothing, and nobody evicts for them. A namespace deleted and made again is the same name in the ledger: a
+heavy team's comes back heavy.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 from collections import Counter
@@ -20,41 +25,52 @@ from typing import Any
 
 import pytest
 
+from admin.output import preemptor
 from tests.cluster.conftest import WEBHOOK_REFRESH_SECONDS
 from tests.cluster.nodes import POOL_LABEL, NodeSimulator
 from tests.cluster.workloads import delete_namespaces, pod, pod_template
 from tests.e2e.system import GpuSharing, wait_for
-from tests.helm import render
 
 LIGHT, MIDDLE, HEAVY = "gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy"
 BAND, REASON = "gpusharing.io/fair-share-band", "gpusharing.io/fair-share-reason"
 GPUS = 8  # one node of the "whole" dialect
-SETTINGS = {"TIMEKEEPER_FAIRSHARE_ENABLED": "true", "TIMEKEEPER_FAIRSHARE_HALF_LIFE": "2m",
+SETTINGS = {"TIMEKEEPER_FAIRSHARE_HALF_LIFE": "2m",
             "TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS": "1", "TIMEKEEPER_FAIRSHARE_MIN_TIME_IN_BAND": "0",
             "TIMEKEEPER_FAIRSHARE_GRACE": "10s", "TIMEKEEPER_FAIRSHARE_MIN_RUN_TIME": "5s"}
 
 
 @pytest.fixture
 def fair_share(cluster: GpuSharing) -> Iterator[None]:
-    """The chart's objects with fairShare.enabled (the bands' classes, the controller's read of nodes) installed, and
-    the timekeeper and its controller with fair share on."""
-    enabled = render({"fairShare": {"enabled": True}})
-    for obj in enabled:
-        if obj["kind"] == "PriorityClass" and obj["metadata"]["name"] in (LIGHT, HEAVY):
-            cluster.rest("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", obj)
-        elif obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == "gpusharing-controller":
-            cluster.replace(obj)
-    with cluster.timekeeper_settings(**SETTINGS):
+    """Fair share on, its half-life compressed to minutes."""
+    with cluster.fair_share(**SETTINGS):
         try:
             yield
         finally:  # the controller's log, before its restart with the usual settings writes over it
             shutil.copyfile(cluster.directory / "controller.log", cluster.directory / "controller-fair-share.log")
-    for name in (LIGHT, HEAVY):
-        cluster.rest("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
-def deployment(name: str, replicas: int) -> dict[str, Any]:
-    template = pod_template("whole", "fair", labels={"app": name})
+POOLS = itertools.count(1)
+
+
+@pytest.fixture
+def pool(cluster: GpuSharing, nodes: NodeSimulator) -> Iterator[str]:
+    """A new node of 8 whole GPUs, the earlier tests' nodes cordoned meanwhile: the cluster's GPUs fair share divides
+    are this node's. The node's pool."""
+    name = f"fair-{next(POOLS)}"
+    nodes.add_pool(name, 1, "whole")
+    others = [n["metadata"]["name"] for n in cluster.rest("GET", "/api/v1/nodes")["items"]
+              if n["metadata"].get("labels", {}).get(POOL_LABEL) != name]
+    for node in others:
+        cluster.rest("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, patch="merge")
+    try:
+        yield name
+    finally:
+        for node in others:
+            cluster.rest("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": None}}, patch="merge")
+
+
+def deployment(name: str, replicas: int, pool: str) -> dict[str, Any]:
+    template = pod_template("whole", pool, labels={"app": name})
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template}}
 
@@ -86,15 +102,9 @@ def listed_band(cluster: GpuSharing, namespace: str) -> str | None:
 
 
 def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
-    cluster: GpuSharing, nodes: NodeSimulator, fair_share: None,
+    cluster: GpuSharing, pool: str, fair_share: None,
 ) -> None:
     cluster.require_controllers()
-    nodes.add_pool("fair", 1, "whole")
-    # The earlier tests' nodes cordoned while this one runs: the cluster's GPUs fair share divides are this pool's 8.
-    others = [n["metadata"]["name"] for n in cluster.rest("GET", "/api/v1/nodes")["items"]
-              if n["metadata"].get("labels", {}).get(POOL_LABEL) != "fair"]
-    for name in others:
-        cluster.rest("PATCH", f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True}}, patch="merge")
     heavy, light, broke = (cluster.namespace(f"fs-{team}") for team in ("heavy", "light", "broke"))
     try:
         for team in (heavy, light):
@@ -105,7 +115,7 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
         time.sleep(2 * WEBHOOK_REFRESH_SECONDS)  # and the webhook to poll the bands (it polls every WEBHOOK_REFRESH_SECONDS)
 
         # heavy fills the node: its fair share (4 GPUs) in its band, the middle one, the rest one band lower.
-        cluster.create(heavy, deployment("train", GPUS))
+        cluster.create(heavy, deployment("train", GPUS, pool))
         wait_for(lambda: len(running(cluster, heavy)) == GPUS, "heavy's pods to run", timeout=120)
         assert bands(live(cluster, heavy)) == {MIDDLE: 4, HEAVY: 4}
         wait_for(lambda: listed_band(cluster, heavy) == HEAVY and listed_band(cluster, light) == LIGHT,
@@ -113,7 +123,7 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
         time.sleep(2 * WEBHOOK_REFRESH_SECONDS)  # the webhook to poll the new bands
 
         # light asks for 20 GPUs: only its fair share in the top band.
-        cluster.create(light, deployment("burst", 20))
+        cluster.create(light, deployment("burst", 20, pool))
         wait_for(lambda: len(live(cluster, light)) == 20, "light's 20 pods to be admitted")
         assert bands(live(cluster, light)) == {LIGHT: 4, MIDDLE: 16}
         # Its top band preempts heavy's middle band: it holds its share. Its middle band waits, until the controller
@@ -130,6 +140,16 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
             raise AssertionError(f"{late}; {state(cluster, heavy)}; {state(cluster, light)}") from None
         assert len(cluster.pods(light)) == 20 and len(live(cluster, light)) == 20  # none of light's preempted or evicted
         assert all(f"pods of namespace {light} in band {MIDDLE} waited unschedulable" in e.message for e in fair_share_events())
+        assert {(e.related.kind, e.related.name) for e in fair_share_events()} == {("Namespace", light)}  # what `explain` reads
+        # kube-scheduler's own Preempted Events name the preemptor by its UID, which `explain` finds in the ledger
+        # (a cluster-wide read): one of light's pods.
+        preempted = [e for e in cluster.rest("GET", f"/api/v1/namespaces/{heavy}/events")["items"] if e["reason"] == "Preempted"]
+        found = preemptor(preempted)
+        assert found is not None and found.pod_uid, preempted
+        wait_for(lambda: cluster.timekeeper_call("GET", f"/api/v1/pods?uid={found.pod_uid}", cluster.budget_admin_token()).json()["items"],
+                 "the preemptor in the ledger (its first bill or report)")
+        pods = cluster.timekeeper_call("GET", f"/api/v1/pods?uid={found.pod_uid}", cluster.budget_admin_token()).json()["items"]
+        assert [p["namespace"] for p in pods] == [light], [e["message"] for e in preempted]
 
         # Every pod's band and reason, read by its namespace's own admin.
         for api, namespace in ((heavy_admin, heavy), (light_admin, light)):
@@ -137,13 +157,67 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
                 assert each.metadata.annotations[REASON].startswith(namespace), each.metadata.annotations
 
         # A pod out of budget preempts nothing.
-        cluster.create(broke, pod("late", pod_template("whole", "fair")))
+        cluster.create(broke, pod("late", pod_template("whole", pool)))
         late = wait_for(lambda: cluster.pod(broke, "late"), "broke's pod")
         assert late["spec"]["priorityClassName"] == "gpusharing-over-budget" and BAND not in late["metadata"]["annotations"]
-        wait_for(lambda: any(c.get("reason") == "Unschedulable" for c in (cluster.pod(broke, "late") or {}).get("status", {}).get("conditions", [])),
-                 "broke's pod to be found no room")
+        # Found no room, or (in the churn of the evictions) a GPU free for a moment: it took that, and no one's place.
+        wait_for(lambda: any(c.get("type") == "PodScheduled" and (c.get("status") == "True" or c.get("reason") == "Unschedulable")
+                             for c in (cluster.pod(broke, "late") or {}).get("status", {}).get("conditions", [])),
+                 "broke's pod to be scheduled or found no room")
+        time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
+        preempted_for_broke = [e for team in (heavy, light) for e in cluster.rest("GET", f"/api/v1/namespaces/{team}/events")["items"]
+                               if e["reason"] == "Preempted" and (e.get("related") or {}).get("namespace") == broke]
+        assert preempted_for_broke == [] and not (cluster.pod(broke, "late") or {}).get("status", {}).get("nominatedNodeName")
         assert len(live(cluster, light)) == 20 and len(running(cluster, light)) > GPUS // 2
     finally:
         delete_namespaces(cluster, heavy, light, broke)
-        for name in others:
-            cluster.rest("PATCH", f"/api/v1/nodes/{name}", {"spec": {"unschedulable": None}}, patch="merge")
+
+
+def test_equal_teams_never_preempt_each_other_and_a_heavy_teams_re_created_namespace_comes_back_heavy(
+    cluster: GpuSharing, pool: str, fair_share: None,
+) -> None:
+    cluster.require_controllers()
+    first, second = (cluster.namespace(f"fs-{team}") for team in ("first", "second"))
+    late = ""
+    try:
+        for team in (first, second):
+            cluster.set_budget(team, gpu_minutes=6000)
+        wait_for(lambda: listed_band(cluster, first) == listed_band(cluster, second) == MIDDLE, "the fairshare task to rank the teams")
+        time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
+
+        # Both take their fair share at once, then each asks for 2 GPUs more: one band lower, where they preempt none.
+        for team in (first, second):
+            cluster.create(team, deployment("train", GPUS // 2, pool))
+        wait_for(lambda: all(len(running(cluster, team)) == GPUS // 2 for team in (first, second)), "both teams' pods to run", timeout=120)
+        holding = {team: {p["metadata"]["uid"] for p in running(cluster, team)} for team in (first, second)}
+        assert all(bands(live(cluster, team)) == {MIDDLE: GPUS // 2} for team in (first, second))
+        for team in (first, second):
+            cluster.rest("PATCH", f"/apis/apps/v1/namespaces/{team}/deployments/train", {"spec": {"replicas": GPUS // 2 + 2}}, patch="merge")
+        wait_for(lambda: all(len(live(cluster, team)) == GPUS // 2 + 2 for team in (first, second)), "the teams' extra pods")
+        assert all(bands(live(cluster, team)) == {MIDDLE: GPUS // 2, HEAVY: 2} for team in (first, second))
+        # Past the grace period and many fairshare passes, equals still: nobody's pod was preempted or evicted.
+        time.sleep(3 * float(SETTINGS["TIMEKEEPER_FAIRSHARE_GRACE"].rstrip("s")))
+        for team in (first, second):
+            assert {p["metadata"]["uid"] for p in running(cluster, team)} == holding[team], state(cluster, team)
+            assert len(cluster.pods(team)) == GPUS // 2 + 2, state(cluster, team)
+            assert not [e for e in cluster.rest("GET", f"/api/v1/namespaces/{team}/events")["items"] if e["reason"] == "GPUFairShare"]
+        assert listed_band(cluster, first) == listed_band(cluster, second) == MIDDLE
+
+        # Both stop; a third team that used nothing arrives: the two are heavy beside it, and stay so while it waits.
+        cluster.rest("DELETE", f"/apis/apps/v1/namespaces/{second}/deployments/train")
+        cluster.rest("DELETE", f"/api/v1/namespaces/{first}")
+        late = cluster.namespace("fs-late")
+        cluster.set_budget(late, gpu_minutes=6000)
+        wait_for(lambda: listed_band(cluster, first) == listed_band(cluster, second) == HEAVY and listed_band(cluster, late) == LIGHT,
+                 "the teams that used GPUs heavy beside one that used none")
+        # first's namespace deleted and made again: its use is the same name's, it comes back heavy.
+        wait_for(lambda: not cluster.exists(f"/api/v1/namespaces/{first}"), "first's namespace to be deleted", timeout=120)
+        cluster.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": first}})
+        wait_for(lambda: cluster.exists(f"/api/v1/namespaces/{first}/serviceaccounts/default"), "first's default ServiceAccount")
+        time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
+        assert listed_band(cluster, first) == HEAVY
+        for team, band in ((first, HEAVY), (late, LIGHT)):
+            created = cluster.create(team, pod("again", pod_template("whole", pool)))
+            assert created["metadata"]["annotations"][BAND] == band
+    finally:
+        delete_namespaces(cluster, first, second, *([late] if late else []))

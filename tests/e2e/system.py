@@ -37,6 +37,7 @@ from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.serving.certs import make_serving_certificate
 from tests.e2e.controlplane import ControlPlane, write_kubeconfig
 from tests.e2e.link import Link
+from tests.helm import render
 from tests.kustomize import crds, installable_manifests, kustomize
 
 SYSTEM_NAMESPACE = "gpusharing-system"
@@ -60,6 +61,11 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
+
+
+def migrate(database: str) -> None:
+    subprocess.run([sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],
+                   env={**os.environ, "TIMEKEEPER_DATABASE_URL": database}, check=True, capture_output=True)
 
 
 def wait_for(condition: Callable[[], T], what: str, timeout: float = WAIT_SECONDS) -> T:
@@ -168,6 +174,27 @@ class GpuSharing:
             for service in services:
                 service.__enter__()
 
+    @contextmanager
+    def fair_share(self, **env: str) -> Iterator[None]:
+        """Meanwhile, fair share is on (docs/fair-share.md): the chart's objects of fairShare.enabled installed (the
+        bands' classes, the controller's read of nodes), and the timekeeper and its controller run with fair share
+        enabled and `env`, on a ledger of their own: the earlier tests' namespaces, with use and budgets of their
+        own, would be every new team's siblings in the tree."""
+        added = []
+        for obj in render({"fairShare": {"enabled": True}}):
+            if obj["kind"] == "PriorityClass" and not self.exists(f"{_collection(obj)}/{obj['metadata']['name']}"):
+                self.rest("POST", _collection(obj), obj)
+                added.append(obj["metadata"]["name"])
+            elif obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == "gpusharing-controller":
+                self.replace(obj)
+        settings = {"TIMEKEEPER_FAIRSHARE_ENABLED": "true", "TIMEKEEPER_DATABASE_URL": self.fresh_database("fair-share"), **env}
+        try:
+            with self.timekeeper_settings(**settings):
+                yield
+        finally:
+            for name in added:
+                self.rest("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
     def service_account_kubeconfig(self, name: str, service_account: str, api_url: str | None = None) -> Path:
         """A kubeconfig (`name`.kubeconfig in the system's directory) with a token of the manifests' `service_account`
         in the system's namespace, for the API server at `api_url` (default: the control plane's)."""
@@ -178,15 +205,21 @@ class GpuSharing:
             {"token": self.token(SYSTEM_NAMESPACE, service_account, audience=None)},
         )
 
+    def fresh_database(self, name: str) -> str:
+        """A new SQLite database in the system's directory (one of that name before is removed), migrated: a ledger
+        no earlier test has used."""
+        path = self.directory / f"{name}.sqlite"
+        path.unlink(missing_ok=True)
+        database = f"sqlite:///{path}"
+        migrate(database)
+        return database
+
     def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
         """A web timekeeper process on loopback as the manifests' ServiceAccount of the timekeeper (the system's
         `timekeeper_env`, and `env` on top), started; stopped with the system at the latest."""
         kubeconfig = self.service_account_kubeconfig(name, TIMEKEEPER_ACCOUNT, api_url)
         if upgrade:
-            subprocess.run(
-                [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],
-                env={**os.environ, "TIMEKEEPER_DATABASE_URL": database}, check=True, capture_output=True,
-            )
+            migrate(database)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         settings = {
@@ -274,7 +307,7 @@ class GpuSharing:
         """Creates a cluster-scoped object, or replaces the one of its name; ApiError carries the API server's refusal."""
         query = {"dryRun": "All"} if dry_run else None
         path = f"{_collection(obj)}/{obj['metadata']['name']}"
-        if self._exists(path):
+        if self.exists(path):
             current = self.stored(obj)["metadata"]["resourceVersion"]
             replacement = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current}}
             return dict(self.rest("PUT", path, replacement, query))
@@ -286,7 +319,7 @@ class GpuSharing:
         self.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
         if not self.plane.runs_controllers:  # what the ServiceAccount controller would do
             self.service_account(name, "default")
-        wait_for(lambda: self._exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"), f"the default ServiceAccount of {name}")
+        wait_for(lambda: self.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"), f"the default ServiceAccount of {name}")
         return name
 
     def require_controllers(self) -> None:
@@ -369,7 +402,7 @@ class GpuSharing:
                 return None
             raise
 
-    def _exists(self, path: str) -> bool:
+    def exists(self, path: str) -> bool:
         try:
             self.rest("GET", path)
         except ApiError as exc:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from admin.output import format_explanation, pod_record
+from admin.output import format_explanation, pod_record, preempting_namespace
 from demo.kubeapi import FakeKube
 from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, Period
 from gpusharing.kube.owners import Owner
@@ -267,6 +267,7 @@ def test_pods_of_a_higher_band_that_wait_past_the_grace_make_room_by_the_fewest_
     (event,) = [e for e in fake_kube.events if e["reason"] == FAIR_SHARE_EVENT]
     assert event["involvedObject"]["namespace"] == "heavy"
     assert "pods of namespace light in band gpusharing-in-budget-light waited unschedulable for 3m" in event["message"]
+    assert event["related"] == {"apiVersion": "v1", "kind": "Namespace", "name": "light"}  # what `explain` compares with
 
 
 def recorded(name: str, namespace: str, band: str, *, started: float | None = 0.0, waiting_since: float | None = None,
@@ -322,6 +323,36 @@ def test_explain_shows_the_pod_s_band_its_namespace_s_path_and_when_its_band_wou
     assert table[0].split() == ["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"]
     assert table[1].split() == ["1", "dept.research", "1.000", "1.000", "1.00", "1/1"]
     assert table[2].split() == ["2", "heavy", "0.500", "0.982", "1.96", "2/2"]
+
+
+def test_explain_compares_the_pod_s_path_with_the_namespace_it_was_preempted_for_where_the_caller_may_read_it(
+    cluster: Any, fake_kube: FakeKube, make_app: AppFactory,
+) -> None:
+    controller, _ = cluster
+    run_controller(controller)
+    api = SpecClient(make_app(fair_share=ON).test_client(), ADMIN)
+    heavy, light = (api.get(f"/api/v1/budgets/{name}").get_json() for name in ("heavy", "light"))
+    # kube-scheduler's Preempted Event names the preemptor as its related object; the fairshare task's names the
+    # namespace whose pods waited. The last one counts.
+    events = [
+        {"reason": "Preempted", "eventTime": "2026-11-25T10:00:00.000000Z", "message": "Preempted by pod 1f3a on node n1",
+         "related": {"kind": "Pod", "namespace": "light", "name": "burst-1"}},
+        {"reason": FAIR_SHARE_EVENT, "lastTimestamp": "2026-11-25T10:05:00Z", "related": {"kind": "Namespace", "name": "other"}},
+        {"reason": "Scheduled", "lastTimestamp": "2026-11-25T10:09:00Z", "related": {"kind": "Pod", "namespace": "x"}},
+    ]
+    assert preempting_namespace(events) == "other"
+    assert preempting_namespace(events[:1]) == "light" and preempting_namespace(events[2:]) is None
+    obj = pod(fake_kube, "heavy", "train-0", HEAVY)
+    explained = {"pod": pod_record(obj), "namespace": heavy, "metering": None, "idle": None,
+                 "preemptedFor": {"namespace": "light", "status": light}}
+    text = " ".join(format_explanation(explained).split())
+    assert "Preempted for: pods of namespace light, whose path is:" in text
+    assert ("Where they part: level 2, among the children of dept.research: heavy at 1.96x its share, rank 2/2; "
+            "light at 0.04x, rank 1/2 (lower ratio first)") in text
+    # A tenant reads its own namespace's figures only: the other's name, and no more.
+    refused = {**explained, "preemptedFor": {"namespace": "light", "status": None, "refused": "the timekeeper refused (403)"}}
+    text = " ".join(format_explanation(refused).split())
+    assert "Preempted for: pods of namespace light: its figures are not yours to read" in text and "0.04" not in text
 
 
 def test_a_heavy_namespace_s_own_waiting_pods_do_not_shield_its_pods_above_its_band() -> None:

@@ -32,6 +32,7 @@ class Event:
     about: ObjectRef | None = None  # the object; None: the namespace (below)
     namespace: str | None = None  # an Event about a namespace itself, where `kubectl describe namespace` shows it
     shown_owner: bool = False  # about a pod's owner: sent on the object `kubectl describe` shows for it
+    related: ObjectRef | None = None  # the other object it concerns
     on_failure: Callable[[], None] | None = None
 
 
@@ -82,5 +83,5 @@ class EventQueue:
                                                                             event.warning)
         assert event.about is not None
         about = self.kube.shown_owner(event.about) if event.shown_owner else event.about
-        self.kube.record_object_event(about, event.reason, event.message, event.warning)
+        self.kube.record_object_event(about, event.reason, event.message, event.warning, event.related)
         return True

@@ -246,23 +246,28 @@ class FairShareTask:
         for namespace, victims in by_namespace.items():
             # Its replacements must be admitted in its band now: every webhook holds a listing read after it changed.
             since = done.standings[namespace].state.since
-            why = self._why(namespace, plan.waiting, done, now)
+            for_whom, why = self._why(namespace, plan.waiting, done, now)
             result = self.evictions.evict(f"fair share: {why}", [PodRef(p.namespace, p.name, p.uid) for p in victims],
                                           since.timestamp(),
-                                          on_evicted=lambda ref, why=why: self._tell(ref, why))  # type: ignore[misc]
+                                          on_evicted=lambda ref, why=why, to=for_whom: self._tell(ref, to, why))  # type: ignore[misc]
             if result.waiting:
                 done.held_back.append(namespace)
             done.evicted += [str(pod) for pod in result.evicted]
             done.refused += [str(pod) for pod in result.refused]
 
-    def _why(self, namespace: str, waiting: Sequence[RecordedPod], done: FairSharePass, now: dt.datetime) -> str:
+    def _why(self, namespace: str, waiting: Sequence[RecordedPod], done: FairSharePass, now: dt.datetime) -> tuple[str, str]:
+        """The namespace the pods are evicted for, and why."""
         first = min(waiting, key=lambda p: (p.unschedulable_since or now, p.namespace, p.name))
         waited = format_duration(round((now - (first.unschedulable_since or now)).total_seconds()))
         classes = self.settings.bands.classes
-        return (f"pods of namespace {first.namespace} in band {first.band} waited unschedulable for {waited}; "
-                f"{namespace} is now in band {classes[done.standings[namespace].state.band]} "
-                f"({done.standings[namespace].reason}), and its controller re-creates the pod in that band")
+        why = (f"pods of namespace {first.namespace} in band {first.band} waited unschedulable for {waited}; "
+               f"{namespace} is now in band {classes[done.standings[namespace].state.band]} "
+               f"({done.standings[namespace].reason}), and its controller re-creates the pod in that band")
+        return first.namespace, why
 
-    def _tell(self, pod: PodRef, why: str) -> None:
+    def _tell(self, pod: PodRef, for_whom: str, why: str) -> None:
+        # The namespace the pod made room for, as a reference `gpusharing explain` reads (kube-scheduler's Preempted
+        # Event names its preemptor so): its name is in the message already, nothing of it more.
         self.events.put(Event(FAIR_SHARE_EVENT, f"evicted for fair share: {why}",
-                              about=ObjectRef("v1", "Pod", pod.name, pod.uid, pod.namespace)))
+                              about=ObjectRef("v1", "Pod", pod.name, pod.uid, pod.namespace),
+                              related=ObjectRef("v1", "Namespace", for_whom, "")))

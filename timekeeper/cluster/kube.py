@@ -220,8 +220,10 @@ class KubeApi:
         self.record_object_event(ObjectRef("v1", "Namespace", namespace, answer.metadata.uid), reason, message, warning)
         return True
 
-    def record_object_event(self, about: ObjectRef, reason: str, message: str, warning: bool) -> None:
-        """An Event about `about`, in its namespace (a cluster-scoped object's in `default`)."""
+    def record_object_event(self, about: ObjectRef, reason: str, message: str, warning: bool, related: ObjectRef | None = None) -> None:
+        """An Event about `about`, in its namespace (a cluster-scoped object's in `default`); `related`: the other
+        object it concerns (for GPUFairShare, the namespace whose pods waited), as kube-scheduler's Preempted Event
+        names the preemptor."""
         where = about.namespace or EVENT_NAMESPACE
         now = dt.datetime.now(dt.timezone.utc)
         event = client.CoreV1Event(
@@ -229,6 +231,9 @@ class KubeApi:
             involved_object=client.V1ObjectReference(
                 api_version=about.api_version, kind=about.kind, name=about.name, uid=about.uid, namespace=about.namespace
             ),
+            related=None if related is None else client.V1ObjectReference(
+                api_version=related.api_version, kind=related.kind, name=related.name, uid=related.uid or None,
+                namespace=related.namespace),
             reason=reason,
             message=message,
             type="Warning" if warning else "Normal",
