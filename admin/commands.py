@@ -30,7 +30,7 @@ from admin.output import (
     format_usage,
     idle_of,
     pod_record,
-    preempting_namespace,
+    preemptor,
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.settings.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
@@ -291,7 +291,7 @@ def _explain_pod(api: TimekeeperClient, args: argparse.Namespace) -> None:
     assert api.cluster is not None
     namespace = getattr(args, "selected_namespace", None) or api.cluster.namespace
     pod = api.pod(namespace, args.pod)
-    explanation: dict[str, Any] = {"pod": pod_record(pod), "namespace": None, "metering": None, "idle": None}
+    explanation: dict[str, Any] = {"pod": pod_record(pod), "namespace": None, "metering": None, "idle": None, "preemptedFor": None}
     problem = None
     if explanation["pod"]["governed"]:
         try:
@@ -310,15 +310,22 @@ def _explain_pod(api: TimekeeperClient, args: argparse.Namespace) -> None:
 
 
 def _preempted_for(api: TimekeeperClient, namespace: str, uid: str) -> dict[str, Any] | None:
-    """The namespace whose pods this pod was preempted or evicted for, from its last such Event, and that namespace's
-    standing where the caller may read it (a tenant reads only its own namespace's: then its name alone)."""
-    other = preempting_namespace(api.pod_events(namespace, uid))
-    if other is None or other == namespace:
+    """Whom this pod was last preempted or evicted for, from its Events, and that namespace's standing where the
+    caller may read it: a preemptor known by its UID alone is looked up in the ledger, which only a cluster-wide
+    reader may search; a tenant learns its UID, and no more of another namespace's."""
+    found = preemptor(api.pod_events(namespace, uid))
+    if found is None:
         return None
+    other = found.namespace
     try:
-        return {"namespace": other, "status": api.call("GET", f"budgets/{other}")}
-    except Refused as exc:
-        return {"namespace": other, "status": None, "refused": str(exc)}
+        if other is None and found.pod_uid is not None:
+            pods = api.call("GET", "pods", query={"uid": found.pod_uid, "limit": "1"})["items"]
+            other = pods[0]["namespace"] if pods else None
+        if other is None or other == namespace:
+            return None if other == namespace else {"namespace": None, "podUid": found.pod_uid, "status": None}
+        return {"namespace": other, "podUid": found.pod_uid, "status": api.call("GET", f"budgets/{other}")}
+    except Refused:
+        return {"namespace": other, "podUid": found.pod_uid, "status": None}
 
 
 _explain = _command(_explain_pod, cluster_needed=True)

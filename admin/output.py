@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -151,28 +153,41 @@ def _path_table(path: list[dict[str, Any]]) -> str:
     return format_table(["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"], rows)
 
 
-PREEMPTING_EVENTS = {"Preempted": "Pod", "GPUFairShare": "Namespace"}  # kube-scheduler's, the fairshare task's
+PREEMPTED_BY = re.compile(r"Preempted by pod ([0-9A-Za-z-]{1,64}) ")  # kube-scheduler's message names the preemptor's UID
 
 
-def preempting_namespace(events: list[dict[str, Any]]) -> str | None:
-    """The namespace whose pods the pod was last preempted for (kube-scheduler's Preempted Event names the preemptor
-    as its related object) or evicted for (the controller's GPUFairShare Event, the namespace whose pods waited)."""
+@dataclass(frozen=True)
+class Preemptor:
+    """Whom a pod was last preempted or evicted for: a namespace (the controller's GPUFairShare Event names the one
+    whose pods waited), or a pod's UID (kube-scheduler's Preempted Event names only that)."""
+
+    namespace: str | None = None
+    pod_uid: str | None = None
+
+
+def preemptor(events: list[dict[str, Any]]) -> Preemptor | None:
+    """From a pod's Events, the last that says whom it was preempted or evicted for; None: none does."""
     def when(event: dict[str, Any]) -> str:
         return str(event.get("lastTimestamp") or event.get("eventTime") or (event.get("metadata") or {}).get("creationTimestamp") or "")
 
     for event in sorted(events, key=when, reverse=True):
         related = event.get("related") or {}
-        kind = PREEMPTING_EVENTS.get(str(event.get("reason")))
-        if kind is not None and related.get("kind") == kind:
-            name = related.get("namespace") if kind == "Pod" else related.get("name")
-            if isinstance(name, str) and name:
-                return name
+        if event.get("reason") == "GPUFairShare" and related.get("kind") == "Namespace" and isinstance(related.get("name"), str):
+            return Preemptor(namespace=related["name"])
+        if event.get("reason") == "Preempted":
+            named = PREEMPTED_BY.match(str(event.get("message") or ""))
+            namespace = related.get("namespace") if related.get("kind", "Pod") == "Pod" else None
+            if named or namespace:
+                return Preemptor(namespace if isinstance(namespace, str) else None, named.group(1) if named else None)
     return None
 
 
 def _compared(namespace: str, path: list[dict[str, Any]], preempted: dict[str, Any]) -> str:
     """The preempting namespace's path beside the pod's, and the level where they part (`sshare -l` of both)."""
-    other = preempted["namespace"]
+    other = preempted.get("namespace")
+    if other is None:
+        return _fields([("Preempted for", f"pod {preempted.get('podUid')}, of a namespace whose figures are not yours to read "
+                                          "(or of none the timekeeper accounts)")])
     theirs = _path(preempted.get("status"))
     if not theirs:
         why = ("its figures are not yours to read" if preempted.get("status") is None else "it is not ranked")

@@ -387,6 +387,18 @@ def test_pods_over_their_memory_request_are_listed(api: SpecClient, clock: Clock
     assert api.get("/api/v1/pods?overMemory=true").json["items"] == []
 
 
+def test_a_pod_is_found_by_its_uid_as_a_preempted_pod_s_event_names_it(api: SpecClient) -> None:
+    meter = api.as_(METER)
+    for name in ("first", "second"):
+        meter.post("/api/v1/reports", json=report(1, 10, pod=name))
+    everyone = {p["pod"]: p["podUid"] for p in api.get("/api/v1/pods").json["items"]}
+    found = api.get(f"/api/v1/pods?uid={everyone['second']}").json["items"]
+    assert [(p["namespace"], p["pod"]) for p in found] == [("team-a", "second")]
+    assert api.get("/api/v1/pods?uid=no-such-pod").json["items"] == []
+    refused = api.get("/api/v1/pods?uid=a%20b")
+    assert refused.status_code == 400 and "uid must be a pod's UID" in refused.json["error"]
+
+
 def test_the_latest_readings_are_kept_and_stale_ones_ignored(api: SpecClient) -> None:
     meter = api.as_(METER)
     meter.post("/api/v1/reports", json=report(2, 20, gpuMemoryUsedMiB=9000, gpuMemoryRequestedMiB=8000))

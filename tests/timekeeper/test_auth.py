@@ -129,7 +129,7 @@ def test_reads_are_scoped_to_what_kubernetes_lets_the_caller_read(cluster: tuple
         assert refused.json["error"] == ("bob may not read the budget of team-b: that needs verb 'get' on resource "
                                          "'gpubudgets' in API group 'gpusharing.io' in namespace team-b")
     # What spans every namespace needs cluster-wide permission: a 403, as `kubectl get -A` answers, never a shorter list.
-    for path in ("/api/v1/budgets", "/api/v1/pods", "/api/v1/usage?from=2028-02-01&to=2028-03-01"):
+    for path in ("/api/v1/budgets", "/api/v1/pods", "/api/v1/pods?uid=1f3a", "/api/v1/usage?from=2028-02-01&to=2028-03-01"):
         refused = bob.get(path)
         assert refused.status_code == 403 and "verb 'list' on resource 'gpubudgets'" in refused.json["error"]
         assert "in all namespaces" in refused.json["error"]

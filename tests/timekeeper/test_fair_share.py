@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from admin.output import format_explanation, pod_record, preempting_namespace
+from admin.output import Preemptor, format_explanation, pod_record, preemptor
 from demo.kubeapi import FakeKube
 from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, Period
 from gpusharing.kube.owners import Owner
@@ -332,16 +332,17 @@ def test_explain_compares_the_pod_s_path_with_the_namespace_it_was_preempted_for
     run_controller(controller)
     api = SpecClient(make_app(fair_share=ON).test_client(), ADMIN)
     heavy, light = (api.get(f"/api/v1/budgets/{name}").get_json() for name in ("heavy", "light"))
-    # kube-scheduler's Preempted Event names the preemptor as its related object; the fairshare task's names the
-    # namespace whose pods waited. The last one counts.
+    # kube-scheduler's Preempted Event names the preemptor's UID (as the API server shows it, no related object);
+    # the fairshare task's names the namespace whose pods waited. The last one counts.
     events = [
-        {"reason": "Preempted", "eventTime": "2026-11-25T10:00:00.000000Z", "message": "Preempted by pod 1f3a on node n1",
-         "related": {"kind": "Pod", "namespace": "light", "name": "burst-1"}},
+        {"reason": "Preempted", "lastTimestamp": "2026-11-25T10:00:00Z", "related": None,
+         "message": "Preempted by pod c61e1961-9dc8-4ab2-b3f8-0c0e1f585289 on node sim-fair-1-0000"},
         {"reason": FAIR_SHARE_EVENT, "lastTimestamp": "2026-11-25T10:05:00Z", "related": {"kind": "Namespace", "name": "other"}},
-        {"reason": "Scheduled", "lastTimestamp": "2026-11-25T10:09:00Z", "related": {"kind": "Pod", "namespace": "x"}},
+        {"reason": "Scheduled", "lastTimestamp": "2026-11-25T10:09:00Z", "message": "Successfully assigned"},
     ]
-    assert preempting_namespace(events) == "other"
-    assert preempting_namespace(events[:1]) == "light" and preempting_namespace(events[2:]) is None
+    assert preemptor(events) == Preemptor(namespace="other")
+    assert preemptor(events[:1]) == Preemptor(pod_uid="c61e1961-9dc8-4ab2-b3f8-0c0e1f585289")
+    assert preemptor(events[2:]) is None
     obj = pod(fake_kube, "heavy", "train-0", HEAVY)
     explained = {"pod": pod_record(obj), "namespace": heavy, "metering": None, "idle": None,
                  "preemptedFor": {"namespace": "light", "status": light}}
@@ -353,6 +354,8 @@ def test_explain_compares_the_pod_s_path_with_the_namespace_it_was_preempted_for
     refused = {**explained, "preemptedFor": {"namespace": "light", "status": None, "refused": "the timekeeper refused (403)"}}
     text = " ".join(format_explanation(refused).split())
     assert "Preempted for: pods of namespace light: its figures are not yours to read" in text and "0.04" not in text
+    unknown = {**explained, "preemptedFor": {"namespace": None, "podUid": "c61e1961", "status": None}}
+    assert "Preempted for: pod c61e1961, of a namespace whose figures are not yours to read" in " ".join(format_explanation(unknown).split())
 
 
 def test_a_heavy_namespace_s_own_waiting_pods_do_not_shield_its_pods_above_its_band() -> None:

@@ -516,13 +516,16 @@ class ReportLedger:
                 or_(pod_ledgers.c.last_report_at.is_(None), pod_ledgers.c.last_report_at < quiet_since))
 
     def pods(
-        self, namespace: str | None = None, over_memory: bool = False, limit: int = 500, running: bool = False
+        self, namespace: str | None = None, over_memory: bool = False, limit: int = 500, running: bool = False,
+        uid: str | None = None,
     ) -> list[PodRecord]:
         """Pods from the ledger; running: only pods not ended and heard from lately; over_memory: only running pods
-        whose GPU memory exceeds what they requested."""
+        whose GPU memory exceeds what they requested; uid: only the pod of that UID."""
         query = select(pod_ledgers).order_by(pod_ledgers.c.namespace, pod_ledgers.c.pod).limit(limit)
         if namespace is not None:
             query = query.where(pod_ledgers.c.namespace == namespace)
+        if uid is not None:
+            query = query.where(pod_ledgers.c.pod_uid == uid)
         if running or over_memory:
             query = query.where(*self._running())
         if over_memory:

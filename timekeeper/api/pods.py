@@ -23,8 +23,14 @@ def list_pods() -> Response:
     scope = check_namespace(namespace) if namespace else None
     reader(scope)
     limit = _limit(request.args.get("limit", "500"))
-    pods = services().ledger.pods(scope, over_memory, limit)
+    uid = request.args.get("uid")
+    if uid is not None and not _UID.fullmatch(uid):
+        raise BudgetRequestError("uid must be a pod's UID: 1 to 64 letters, digits and dashes")
+    pods = services().ledger.pods(scope, over_memory, limit, uid=uid)
     return jsonify(items=[pod.to_json() for pod in pods])
+
+
+_UID = re.compile(r"[0-9A-Za-z-]{1,64}")
 
 
 def _flag(raw: str, name: str) -> bool:
