@@ -18,7 +18,7 @@ Before a pod is evicted:
    of one owner (a ReplicaSet, a StatefulSet...) mostly share a PodDisruptionBudget, which the API server updates on
    every eviction it grants (concurrent ones conflict and wait on each other there): so the owners' pods are asked
    in turn, one owner's after another's, and once an owner's pod is answered 429 its other pods wait for that
-   answer's time and are then asked one at a time;
+   answer's time and are then asked one at a time at first, one more in flight with each eviction it grants;
 5. what was done is counted, logged with its reason, and returned. A request that got no answer (it timed out: the
    API server may have granted it all the same) leaves its pod to be read before it is asked again, by this pass or
    a later one: a pod gone, replaced or terminating already is not asked again (the API server would grant an
@@ -199,7 +199,10 @@ class _Pass:
         self.later: list[tuple[float, int, _Claimed]] = []  # (when, order, pod): 429s waiting for their time
         self.in_flight: dict[Future[EvictionAnswer | KubeUnavailable | None], _Claimed] = {}
         self.held: dict[str, _Claimed] = {}  # uid -> the claims this call holds and has not evicted
-        self.guarded: dict[str, float] = {}  # owner -> when its pods may be asked again, one at a time (after a 429)
+        self.guarded: dict[str, float] = {}  # owner -> when its pods may be asked again (after a 429)
+        # owner -> how many of its pods may be in flight once a 429 guards it: one, and one more with each granted
+        # (what its PodDisruptionBudget lets through, found as TCP finds a window)
+        self.allowance: Counter[str] = Counter()
         self.owners_in_flight: Counter[str] = Counter()
         self._order = 0
 
@@ -261,7 +264,8 @@ class _Pass:
 
     def _held_back(self, claim: _Claimed, now: float) -> bool:
         owner = claim.pod.owner
-        return bool(owner) and owner in self.guarded and (now < self.guarded[owner] or self.owners_in_flight[owner] > 0)
+        return bool(owner) and owner in self.guarded and (
+            now < self.guarded[owner] or self.owners_in_flight[owner] >= self.allowance[owner])
 
     def _send(self, claim: _Claimed) -> None:
         self.path.keep_lease()
@@ -317,6 +321,7 @@ class _Pass:
             when = self.path._monotonic() + (answer.retry_after if answer.retry_after is not None else backoff)
             if pod.owner:  # its owner's other pods would be refused as well: they wait as long, then go one at a time
                 self.guarded[pod.owner] = max(self.guarded.get(pod.owner, 0.0), when)
+                self.allowance[pod.owner] = 1
             if when < claim.since + self.path.retry_seconds:
                 self._order += 1
                 heapq.heappush(self.later, (when, self._order, claim))
@@ -330,6 +335,8 @@ class _Pass:
             self.done.gone.append(pod)
             return
         self.done.evicted.append(pod)
+        if pod.owner in self.guarded:
+            self.allowance[pod.owner] += 1
         log.info("evicted pod %s: %s", pod, self.reason, extra=fields)
         if self.on_evicted is not None:
             self.on_evicted(pod)
