@@ -5,21 +5,23 @@ on meanwhile), and gives back what did not happen."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import select, update
 
 from demo.kubeapi import FakeDisruptionBudget, FakeKube
 from tests.timekeeper.conftest import Clock
-from timekeeper.cluster.evictions import CLAIM_BATCH, EvictionPath, LeaseLost, PodRef
-from timekeeper.cluster.fencing import EvictionFence
+from timekeeper.cluster.evictions import CLAIM_BATCH, EvictionPath, Evictions, LeaseLost, PodRef
+from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS, EvictionFence
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
 from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.database.connection import Database
-from timekeeper.database.tables import webhook_listings
+from timekeeper.database.tables import eviction_claims, webhook_listings
 
 FENCE = f"gpusharing-system/{LEASE_NAME}"
 
@@ -278,3 +280,96 @@ def test_an_eviction_whose_answer_was_lost_is_read_before_it_is_asked_again(path
     again = path.evict("a test", [pod], 0.0)  # a cache that still lists it: read first, not asked a second time
     assert again.gone == [pod] and again.evicted == []
     assert fake_kube.count("POST", "/api/v1/namespaces/ml/pods/trainer/eviction") == 1
+
+
+def test_a_slow_answer_is_waited_for_past_what_is_left_of_the_lease(db: Database, fake_kube: FakeKube) -> None:
+    """A loaded API server answers after the Lease's remainder: the request left under the Lease, so its answer is
+    waited for (the API's timeout), not given up as a failure at the Lease's end."""
+    kube = KubeApi(fake_kube.api_client())
+    election = LeaderElection(kube, "gpusharing-system", "first", 2)  # the cluster tier's short Lease, on real time
+    assert election.try_acquire_or_renew()
+    fence = EvictionFence(db, FENCE)
+    assert fence.enter(election.term, election.identity)
+    path = EvictionPath(kube, election, fence, WebhookListings(db), concurrency=CONCURRENCY, retry_seconds=0.0)
+    pods = [running(fake_kube, f"trainer-{index}") for index in range(CONCURRENCY)]
+    fake_kube.eviction_seconds = 2.5  # each answered later than the whole Lease
+    try:
+        done = path.evict("a test", pods, 0.0)
+    finally:
+        path.close()
+    assert sorted(map(str, done.evicted)) == sorted(map(str, pods)) and done.unknown == []
+    assert path.window == CONCURRENCY  # no request failed
+    assert each_evicted_once(fake_kube, pods)
+
+
+def test_the_holders_renewals_from_two_threads_never_race_each_other_to_a_lost_lease(fake_kube: FakeKube) -> None:
+    """The controller's `lease` task renews the Lease while an evicting task's keep() finds a renewal due: one renewal
+    at a time, the second not written once the first has been, so that neither is refused (409) as a stale write and
+    the holder never reads its own renewal as the Lease lost."""
+    now = [0.0]
+    election = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "first", 3, monotonic=lambda: now[0])
+    assert election.try_acquire_or_renew()
+    now[0] = 1.5  # half the Lease gone: the evicting task's keep() renews
+    fake_kube.delay_seconds = 0.2  # a loaded API server: the two renewals overlap
+    lease_task = threading.Thread(target=election.try_acquire_or_renew)
+    lease_task.start()
+    time.sleep(0.05)
+    kept = election.keep()
+    lease_task.join()
+    assert kept and election.leading and election.remaining_seconds() > 0
+    # the lease task's renewal alone: keep() found it renewed meanwhile and wrote nothing
+    assert fake_kube.count("PUT", "/apis/coordination.k8s.io/v1/namespaces/gpusharing-system/leases/") == 1
+
+
+def test_an_unanswered_evictions_claim_is_kept_and_its_pod_read_before_anyone_asks_again(
+    path: EvictionPath, fake_kube: FakeKube, db: Database, clock: Clock,
+) -> None:
+    """A request that timed out may have been granted: its claim is not given back, so that no successor asks for the
+    pod meanwhile; once the claim is stale, the successor that takes it over reads the pod first (granted: gone)."""
+    pod = running(fake_kube, "trainer")
+    path.kube = KubeApi(fake_kube.api_client(), timeout=0.3)
+    fake_kube.eviction_seconds = 0.8  # the API server grants it after the client has given up waiting
+    done = path.evict("a test", [pod], 0.0)
+    assert done.evicted == [] and done.unknown == [pod]
+    fake_kube.eviction_seconds = 0.0
+    successor = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic)
+    assert not successor.try_acquire_or_renew()
+    clock.advance(seconds=31)  # the first paused past its Lease; the second takes over at once
+    assert successor.try_acquire_or_renew()
+    fence = EvictionFence(db, FENCE)
+    assert fence.enter(successor.term, successor.identity)
+    second = EvictionPath(path.kube, successor, fence, path.webhooks, CONCURRENCY, 0.0)
+    try:
+        assert second.evict("a test", [pod], 0.0) == Evictions()  # the first's claim stands: nothing asked
+        wait = 0
+        while not fake_kube.evicted and wait < 100:
+            time.sleep(0.05)
+            wait += 1
+        assert fake_kube.evicted == [("ml", "trainer")]  # granted, unanswered
+        fake_kube.add_pod("ml", "trainer")["metadata"].update(uid=pod.uid, deletionTimestamp="2028-02-28T23:00:00Z")
+        with db.write() as conn:  # the claim stale (the database's clock cannot be moved: aged through the table)
+            conn.execute(update(eviction_claims).values(claimed_at=eviction_claims.c.claimed_at - STALE_CLAIM_SECONDS - 1))
+        again = second.evict("a test", [pod], 0.0)  # taken over: read first, terminating, not asked a second time
+    finally:
+        second.close()
+    assert again.gone == [pod] and again.evicted == []
+    assert fake_kube.count("POST", "/api/v1/namespaces/ml/pods/trainer/eviction") == 1
+
+
+def test_an_unanswered_eviction_is_asked_again_by_the_same_leaders_next_pass_after_a_read(
+    path: EvictionPath, fake_kube: FakeKube, db: Database,
+) -> None:
+    """The claim kept for an unanswered request is this leader's still: its next pass makes it fresh (another leader
+    takes it over only STALE_CLAIM_SECONDS after that) and, the pod read and still running, asks again."""
+    pod = running(fake_kube, "trainer")
+    fake_kube.up = False  # no answer
+    assert path.evict("a test", [pod], 0.0).unknown == [pod]
+    with db.write() as conn:  # nearly stale
+        conn.execute(update(eviction_claims).values(claimed_at=eviction_claims.c.claimed_at - STALE_CLAIM_SECONDS + 5))
+        aged = conn.execute(select(eviction_claims.c.claimed_at)).scalar_one()
+    fake_kube.up = True
+    done = path.evict("a test", [pod], 0.0)
+    assert done.evicted == [pod] and done.unknown == []
+    assert fake_kube.count("GET", "/api/v1/namespaces/ml/pods/trainer") == 1  # read before it was asked again
+    with db.read() as conn:
+        assert conn.execute(select(eviction_claims.c.claimed_at)).scalar_one() >= aged + STALE_CLAIM_SECONDS - 5  # made fresh

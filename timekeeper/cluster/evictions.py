@@ -7,11 +7,17 @@ Before a pod is evicted:
 2. the eviction is claimed in the database under the leader's term, a batch at a time (timekeeper.cluster.fencing):
    a deposed leader's claims are refused, a claim its holder left unfinished is taken over once stale, and no pod
    is evicted twice;
-3. the Lease (and the term the claim was made under) is checked before each request, which is bounded by what is
-   left of it: a leader paused between its check and its request cannot act after its successor took over;
+3. the Lease (and the term the claim was made under) is checked before each request, kept (renewed once a third
+   of it has passed) as the pass goes, and the request leaves while it is surely held or not at all: a connection it
+   must open first is given up once the Lease may have passed, so a leader paused or slowed between its check and
+   its request cannot send it after its successor took over. Its answer, once it is sent, is waited for as long as
+   any call of the API (REQUEST_TIMEOUT_SECONDS), not for what is left of the Lease: a loaded API server's slow
+   answer is not a failure, and its claim keeps every other leader from asking for the pod meanwhile (another takes a
+   claim over only once it is STALE_CLAIM_SECONDS old, far longer);
 4. the Eviction API is asked, up to `concurrency` requests at a time (the API server takes many at once; a request
-   waits on the network, not on this process; each failed request halves that, each answer adds one back), so
-   PodDisruptionBudgets hold. A 429 (a PodDisruptionBudget allows no
+   waits on the network, not on this process; each failed or timed-out request halves that, each answer adds one
+   back, so that a loaded API server gets fewer at once, each answered in its time), so PodDisruptionBudgets hold.
+   A 429 (a PodDisruptionBudget allows no
    disruption now, or the API server's priority and fairness throttles) is asked again after its Retry-After, or a
    backoff, while the other pods go on; once a pod's claim is `retry_seconds` old its eviction is given up and the
    claim given back (a later pass tries again), well before another leader may take a claim over as stale. The pods
@@ -20,9 +26,11 @@ Before a pod is evicted:
    in turn, one owner's after another's, and once an owner's pod is answered 429 its other pods wait for that
    answer's time and are then asked one at a time at first, one more in flight with each eviction it grants;
 5. what was done is counted, logged with its reason, and returned. A request that got no answer (it timed out: the
-   API server may have granted it all the same) leaves its pod to be read before it is asked again, by this pass or
-   a later one: a pod gone, replaced or terminating already is not asked again (the API server would grant an
-   eviction of a terminating pod a second time).
+   API server may have granted it all the same) is unknown: its claim is kept, not given back, so that no other
+   leader asks for the pod meanwhile, and a later pass of this leader (under the same term, the claim made fresh
+   again) reads the pod before asking again: a pod gone, replaced or terminating already is not asked again (the API
+   server would grant an eviction of a terminating pod a second time). A claim taken over from a former leader is
+   as unknown (it may have sent the request and died before the answer): its pod is read first too.
 
 The requests run on a pool of `concurrency` threads shared by every task (at most that many in flight at once); the
 task's own thread claims, checks the Lease and keeps the account, so only it acts on the Lease and the database.
@@ -33,6 +41,7 @@ from __future__ import annotations
 import heapq
 import logging
 import random
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -40,7 +49,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from timekeeper import metrics
-from timekeeper.cluster.fencing import KEPT_CLAIM_SECONDS, STALE_CLAIM_SECONDS, EvictionFence
+from timekeeper.cluster.fencing import KEPT_CLAIM_SECONDS, STALE_CLAIM_SECONDS, Claims, EvictionFence
 from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS, EvictionAnswer, EvictionResult, KubeApi, KubeUnavailable
 from timekeeper.cluster.leader import LeaderElection
 from timekeeper.cluster.webhooks import WebhookListings
@@ -71,24 +80,28 @@ class PodRef:
 
 @dataclass
 class Evictions:
-    """What one call did: pods evicted, refused (429 until their claims were given back), gone already; `waiting`, how
-    many webhook processes it waited for (nothing was asked then)."""
+    """What one call did: pods evicted, refused (429 until their claims were given back), gone already, unknown (their
+    requests got no answer: claims kept, read before a later pass asks again); `waiting`, how many webhook processes
+    it waited for (nothing was asked then)."""
 
     evicted: list[PodRef] = field(default_factory=list)
     refused: list[PodRef] = field(default_factory=list)
     gone: list[PodRef] = field(default_factory=list)
+    unknown: list[PodRef] = field(default_factory=list)
     waiting: int = 0
 
 
 @dataclass
 class _Claimed:
     """A pod this call holds the claim of: under which term, since when (this process's monotonic time, read before
-    the claim was asked, so never later than the database's), how many times a 429 answered."""
+    the claim was asked, so never later than the database's), how many times a 429 answered; `read_first`: whether a
+    request for it may have been granted unanswered (its pod is read before it is asked)."""
 
     pod: PodRef
     term: int
     since: float
     refusals: int = 0
+    read_first: bool = False
 
 
 class EvictionPath:
@@ -105,7 +118,9 @@ class EvictionPath:
         self.retry_seconds = min(max(0.0, retry_seconds), MAX_RETRY_SECONDS)
         self._monotonic = monotonic  # real time: the waits between retries are real
         self._window = float(self.concurrency)
-        self._unanswered: dict[str, float] = {}  # uid -> when a request for it got no answer (this monotonic clock)
+        # uid -> (term, when) of the claims this process keeps for requests that got no answer (this monotonic clock)
+        self._unknown: dict[str, tuple[int, float]] = {}
+        self._unknown_lock = threading.Lock()  # tasks' passes share it
         self._requests = ThreadPoolExecutor(self.concurrency, thread_name_prefix="eviction")
 
     @property
@@ -140,35 +155,44 @@ class EvictionPath:
         _Pass(self, reason, pods, done, on_evicted).run()
         return done
 
-    def _ask(self, pod: PodRef) -> EvictionAnswer | KubeUnavailable | None:
-        """One eviction request, on the pool; bounded by what is left of the Lease as it starts (None: nothing left,
-        not asked). A pod whose last request got no answer is read first: gone, replaced or terminating, it is not
-        asked again (GONE)."""
-        remaining = self.election.remaining_seconds()
-        if remaining <= 0:
+    def _ask(self, pod: PodRef, read_first: bool) -> EvictionAnswer | KubeUnavailable | None:
+        """One eviction request, on the pool: sent while the Lease is surely held, its connection (if one must be
+        opened) given up once it may not be (None: no time left, not sent). Its answer is waited for the API's whole
+        timeout: a request that left under the Lease acted under it. A pod whose request may have been granted
+        unanswered is read first: gone, replaced or terminating, it is not asked again (GONE)."""
+        if self.election.remaining_seconds() <= 0:
             return None
         try:
-            if pod.uid in self._unanswered:
+            if read_first:
                 found = self.kube.read_pod(pod.namespace, pod.name)
                 if found is None or found.metadata is None or found.metadata.uid != pod.uid or found.metadata.deletion_timestamp:
                     return EvictionAnswer(EvictionResult.GONE)
-                remaining = self.election.remaining_seconds()
-                if remaining <= 0:
-                    return None
-            return self.kube.evict(pod.namespace, pod.name, pod.uid, timeout=remaining)
+            remaining = self.election.remaining_seconds()
+            if remaining <= 0:
+                return None
+            return self.kube.evict(pod.namespace, pod.name, pod.uid, send_within=remaining)
         except KubeUnavailable as exc:
             return exc
 
-    def _unanswered_now(self, uid: str, unanswered: bool) -> None:
-        """Remembers (or forgets, once answered) that a pod's eviction request got no answer; forgets what is older
-        than any claim lasts."""
+    def _keep_unknown(self, uid: str, term: int) -> None:
+        """Remembers that the request for a pod this process holds the claim of (under `term`) got no answer; forgets
+        what is older than any claim is kept."""
         now = self._monotonic()
-        if not unanswered:
-            self._unanswered.pop(uid, None)
-            return
-        self._unanswered[uid] = now
-        for old in [uid for uid, at in self._unanswered.items() if at < now - KEPT_CLAIM_SECONDS]:
-            del self._unanswered[old]
+        with self._unknown_lock:
+            self._unknown[uid] = (term, now)
+            for old in [uid for uid, (_, at) in self._unknown.items() if at < now - KEPT_CLAIM_SECONDS]:
+                del self._unknown[old]
+
+    def _take_unknown(self, uids: Sequence[str]) -> dict[str, tuple[int, float]]:
+        """The pods among `uids` whose requests got no answer, with the term of the claim this process kept for each
+        (and since when); no other pass takes them while this one holds them, until it puts them back."""
+        with self._unknown_lock:
+            return {uid: self._unknown.pop(uid) for uid in uids if uid in self._unknown}
+
+    def _put_back_unknown(self, unknown: dict[str, tuple[int, float]]) -> None:
+        with self._unknown_lock:
+            for uid, kept in unknown.items():
+                self._unknown.setdefault(uid, kept)
 
 
 def _in_turn(pods: Sequence[PodRef]) -> list[PodRef]:
@@ -226,23 +250,33 @@ class _Pass:
                     lost = lost or exc
             for term in {claim.term for claim in self.held.values()}:
                 self.path.fence.release(term, *(uid for uid, claim in self.held.items() if claim.term == term))
-            for pods in (self.done.evicted, self.done.refused, self.done.gone):  # as answered: told in order of name
+            for pods in (self.done.evicted, self.done.refused, self.done.gone, self.done.unknown):  # as answered: told in order of name
                 pods.sort(key=lambda pod: (pod.namespace, pod.name))
         if lost is not None:
             raise lost
 
     def _claim_batch(self) -> None:
+        """Claims the next batch under the Lease's term. A pod whose request got no answer is claimed already, under
+        this term if the Lease has not changed hands since: its claim is made fresh; every pod whose request may have
+        been granted unanswered (this process's, or a former leader's claim taken over) is read before it is asked."""
         batch: dict[str, PodRef] = {}
         while self.unclaimed and len(batch) < CLAIM_BATCH:
             pod = self.unclaimed.popleft()
             batch[pod.uid] = pod
         self.path.keep_lease()
         term, since = self.path.election.term, self.path._monotonic()
-        claimed = self.path.fence.claim_many(term, [(pod.uid, pod.namespace, pod.name) for pod in batch.values()])
-        if claimed is None:
+        unknown = self.path._take_unknown(list(batch))
+        kept = [uid for uid, (claimed_under, _) in unknown.items() if claimed_under == term]
+        renewed = self.path.fence.renew(term, kept) if kept else set()
+        rest = [(pod.uid, pod.namespace, pod.name) for uid, pod in batch.items() if uid not in (renewed or ())]
+        claimed = self.path.fence.claim_many(term, rest) if renewed is not None and rest else Claims()
+        if renewed is None or claimed is None:
+            self.path._put_back_unknown(unknown)  # still unknown: whoever leads next reads them first
             raise LeaseLost(f"a later leader than {self.path.election.identity} (term {term}) has recorded itself")
-        for uid in (uid for uid in batch if uid in claimed):
-            self.held[uid] = _Claimed(batch[uid], term, since)
+        self.path._put_back_unknown({uid: kept for uid, kept in unknown.items() if uid not in renewed and uid not in claimed})
+        for uid in (uid for uid in batch if uid in renewed or uid in claimed):
+            read_first = uid in renewed or uid in unknown or uid in claimed.taken_over
+            self.held[uid] = _Claimed(batch[uid], term, since, read_first=read_first)
             self.ready.append(self.held[uid])
 
     def _send_ready(self) -> None:
@@ -272,7 +306,7 @@ class _Pass:
         if self.path.election.term != claim.term:  # lost and taken again meanwhile: the claim is a former term's
             raise LeaseLost(f"{self.path.election.identity} claimed {claim.pod} under term {claim.term}, now "
                             f"{self.path.election.term}")
-        self.in_flight[self.path._requests.submit(self.path._ask, claim.pod)] = claim
+        self.in_flight[self.path._requests.submit(self.path._ask, claim.pod, claim.read_first)] = claim
         self.owners_in_flight[claim.pod.owner] += 1
 
     def _due(self) -> None:
@@ -303,14 +337,18 @@ class _Pass:
 
     def _record(self, claim: _Claimed, answer: EvictionAnswer | KubeUnavailable | None) -> None:
         pod = claim.pod
-        if answer is None:
-            raise LeaseLost(f"the lease of {self.path.election.identity} ran out unrenewed")
+        if answer is None:  # not sent: the Lease had no time left for it; renewed, it goes again, else LeaseLost
+            self.path.keep_lease()
+            self.ready.appendleft(claim)
+            return
         fields = {"namespace": pod.namespace, "pod": pod.name}
         self.path.answered(failed=isinstance(answer, KubeUnavailable))
-        self.path._unanswered_now(pod.uid, isinstance(answer, KubeUnavailable))
         if isinstance(answer, KubeUnavailable):
-            log.warning("%s; will try again, reading the pod first (%d evictions in flight at most now)", answer,
-                        self.path.window, extra=fields)
+            del self.held[pod.uid]  # unknown: its claim is kept, not given back, and the pod read before it is asked again
+            self.path._keep_unknown(pod.uid, claim.term)
+            self.done.unknown.append(pod)
+            log.warning("%s; a later pass reads the pod before it asks again (%d evictions in flight at most now)",
+                        answer, self.path.window, extra=fields)
             return
         result = answer.result
         metrics.EVICTIONS.labels(result.value).inc()

@@ -195,16 +195,19 @@ class KubeApi:
                             answers={404: True, 409: False, 422: False}, _preload_content=False)
         return answer is not False
 
-    def evict(self, namespace: str, name: str, uid: str, timeout: float | None = None) -> EvictionAnswer:
+    def evict(self, namespace: str, name: str, uid: str, send_within: float | None = None) -> EvictionAnswer:
         """Asks for the eviction of the pod of that uid (not a namesake made since), which the API server grants only
-        within the pods' PodDisruptionBudgets (else 429, with the Retry-After it gives); `timeout` shortens the call's."""
+        within the pods' PodDisruptionBudgets (else 429, with the Retry-After it gives). `send_within`: the request
+        leaves within that many seconds or not at all (a connection it must open first is given up after that long);
+        once sent, its answer is waited for the API's whole timeout. KubeUnavailable when there is no answer: whether
+        it was granted is then unknown."""
         eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
                                      delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
         answers = {429: lambda exc: EvictionAnswer(EvictionResult.REFUSED, _retry_after(exc)),
                    404: EvictionAnswer(EvictionResult.GONE), 409: EvictionAnswer(EvictionResult.GONE)}
         answer = self._call(
             f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=answers,
-            timeout=timeout,
+            timeout=None if send_within is None else (max(0.001, min(send_within, self.timeout)), self.timeout),
         )
         return answer if isinstance(answer, EvictionAnswer) else EvictionAnswer(EvictionResult.EVICTED)
 
@@ -291,12 +294,13 @@ class KubeApi:
             self._call(what, self.custom.patch_cluster_custom_object_status, resource.group, resource.version,
                        resource.plural, name, body, answers={404: None})
 
-    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, timeout: float | None = None,
-              **kwargs: Any) -> Any:
+    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None,
+              timeout: tuple[float, float] | None = None, **kwargs: Any) -> Any:
         """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return (or to a
-        function of the ApiException giving it). The call gives up after `timeout` seconds (default: the API's)."""
+        function of the ApiException giving it). The call gives up after the API's timeout (connecting, and waiting
+        for the answer), or `timeout`'s (connect, read) seconds."""
         try:
-            return method(*args, _request_timeout=min(timeout or self.timeout, self.timeout), **kwargs)
+            return method(*args, _request_timeout=timeout or self.timeout, **kwargs)
         except ApiException as exc:
             if answers is not None and exc.status in answers:
                 answer = answers[exc.status]
