@@ -373,3 +373,39 @@ def test_an_unanswered_eviction_is_asked_again_by_the_same_leaders_next_pass_aft
     assert fake_kube.count("GET", "/api/v1/namespaces/ml/pods/trainer") == 1  # read before it was asked again
     with db.read() as conn:
         assert conn.execute(select(eviction_claims.c.claimed_at)).scalar_one() >= aged + STALE_CLAIM_SECONDS - 5  # made fresh
+
+
+def test_a_claim_taken_over_is_kept_not_given_back_when_the_lease_is_lost_before_its_pod_was_read(
+    path: EvictionPath, fake_kube: FakeKube, db: Database, clock: Clock,
+) -> None:
+    """A former leader's claims, taken over, may be of pods it evicted unanswered: those its successor did not read
+    before losing the Lease in turn are kept, not given back, so that the leader after it takes them over too and
+    reads each pod first, rather than claiming them afresh and asking at once."""
+    pods = [running(fake_kube, f"trainer-{index:02}") for index in range(20)]
+    fence = EvictionFence(db, FENCE)
+    assert fence.claim_many(path.election.term, [(p.uid, p.namespace, p.name) for p in pods]) is not None  # and it died
+    fake_kube.eviction_seconds = 0.02
+    successor = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic)
+    assert not successor.try_acquire_or_renew()
+    clock.advance(seconds=31)
+    assert successor.try_acquire_or_renew() and fence.enter(successor.term, successor.identity)
+    with db.write() as conn:  # the dead leader's claims stale
+        conn.execute(update(eviction_claims).values(claimed_at=eviction_claims.c.claimed_at - STALE_CLAIM_SECONDS - 1))
+    third = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "third", 30, monotonic=clock.monotonic)
+    assert not third.try_acquire_or_renew()
+
+    def depose_after_five(pod: PodRef) -> None:
+        if len(fake_kube.evicted) >= 5 and not third.leading:
+            clock.advance(seconds=31)
+            assert third.try_acquire_or_renew() and fence.enter(third.term, third.identity)
+
+    second = EvictionPath(path.kube, successor, fence, path.webhooks, 1, 0.0)
+    try:
+        with pytest.raises(LeaseLost):
+            second.evict("a test", pods, 0.0, on_evicted=depose_after_five)
+    finally:
+        second.close()
+    asked = fake_kube.count("POST", "/api/v1/namespaces/ml/pods/")
+    assert len(fake_kube.evicted) == asked < len(pods)
+    with db.read() as conn:  # every claim stands: the evicted pods', and those not read, under the second's term
+        assert conn.execute(select(eviction_claims.c.term)).scalars().all() == [successor.term] * len(pods)

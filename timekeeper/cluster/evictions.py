@@ -30,7 +30,8 @@ Before a pod is evicted:
    leader asks for the pod meanwhile, and a later pass of this leader (under the same term, the claim made fresh
    again) reads the pod before asking again: a pod gone, replaced or terminating already is not asked again (the API
    server would grant an eviction of a terminating pod a second time). A claim taken over from a former leader is
-   as unknown (it may have sent the request and died before the answer): its pod is read first too.
+   as unknown (it may have sent the request and died before the answer): its pod is read first too. Such a claim is
+   never given back before its pod was read, whatever stops the pass: whoever asks next reads the pod first.
 
 The requests run on a pool of `concurrency` threads shared by every task (at most that many in flight at once); the
 task's own thread claims, checks the Lease and keeps the account, so only it acts on the Lease and the database.
@@ -146,7 +147,8 @@ class EvictionPath:
         """Evicts `pods` for `reason` (words for the log) once every live webhook holds a listing read after
         `acknowledged_after` (the database's time, in seconds); `on_evicted` is told of each pod evicted (in this
         thread). LeaseLost when the Lease is lost on the way: the requests already sent are waited for, nothing
-        more is asked, and every claim not evicted is given back."""
+        more is asked, and every claim not evicted is given back, but those whose pods an unanswered request may
+        have evicted (kept, for the pod to be read before it is asked again)."""
         done = Evictions()
         behind = self.webhooks.behind(acknowledged_after)
         if behind:
@@ -248,8 +250,12 @@ class _Pass:
                     self._collect(None)
                 except LeaseLost as exc:
                     lost = lost or exc
-            for term in {claim.term for claim in self.held.values()}:
-                self.path.fence.release(term, *(uid for uid, claim in self.held.items() if claim.term == term))
+            for uid, claim in self.held.items():  # not read yet: whether an earlier request was granted is unknown still
+                if claim.read_first:
+                    self.path._keep_unknown(uid, claim.term)
+            given_back = {uid: claim for uid, claim in self.held.items() if not claim.read_first}
+            for term in {claim.term for claim in given_back.values()}:
+                self.path.fence.release(term, *(uid for uid, claim in given_back.items() if claim.term == term))
             for pods in (self.done.evicted, self.done.refused, self.done.gone, self.done.unknown):  # as answered: told in order of name
                 pods.sort(key=lambda pod: (pod.namespace, pod.name))
         if lost is not None:
@@ -354,6 +360,7 @@ class _Pass:
         metrics.EVICTIONS.labels(result.value).inc()
         fields["eviction"] = result.value
         if result is EvictionResult.REFUSED:
+            claim.read_first = False  # read before it was asked, and running: no earlier request evicted it
             claim.refusals += 1
             backoff = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** (claim.refusals - 1)) * random.uniform(0.8, 1.2)
             when = self.path._monotonic() + (answer.retry_after if answer.retry_after is not None else backoff)
