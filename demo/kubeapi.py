@@ -2,7 +2,8 @@
 
 It answers what the timekeeper asks: TokenReview, SubjectAccessReview, pods (get, list), the lists of the
 controller's informers (a page at a time when they ask a limit) and their watches (which deliver only what a test
-queues, delete_pod's DELETED; counted while open, watches_open and watches_peak), pod eviction, events and the
+queues, delete_pod's DELETED; counted while open, watches_open and watches_peak), pod eviction (PodDisruptionBudgets'
+429s, each eviction's latency, how many were in flight at once), events and the
 controller's Lease (with resourceVersion conflicts, as the API server answers them); and what `kubectl gpusharing`
 asks: TokenRequest, and the service proxy to the timekeeper, which drops the Authorization header as the real API
 server does. Tests set its state (tokens, admins, pods, refused evictions, where the proxy leads) and read what was
@@ -20,6 +21,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -51,6 +53,37 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 SERVICE_ACCOUNT_TOKEN = "timekeeper-service-account"  # the token of api_client() and kubeconfig()
 
 
+@dataclass
+class FakeDisruptionBudget:
+    """A PodDisruptionBudget as the Eviction API applies it: of `pods`, at most `allowed` disrupted at a time, an
+    evicted pod counting as disrupted for `recovery_seconds` (until its replacement is ready); an eviction beyond is
+    answered 429, with a Retry-After header when `retry_after_seconds` is set (the API server gives none for a budget;
+    its flow control does). Reads back the most disrupted at once (`peak`), the 429s answered (the first's time),
+    and each of its pods' eviction requests as it came: when, and how many of them were in flight then."""
+
+    pods: set[tuple[str, str]]
+    allowed: int = 1
+    recovery_seconds: float = 0.2
+    retry_after_seconds: int | None = None
+    evicted_at: list[float] = field(default_factory=list)
+    peak: int = 0
+    refusals: int = 0
+    first_refused_at: float | None = None  # by time.monotonic()
+    asking: int = 0  # its pods' evictions in flight now
+    asked: list[tuple[float, int]] = field(default_factory=list)
+
+    def admits(self, at: float) -> bool:
+        """Whether one more eviction is allowed at `at` (and if so, it counts from then)."""
+        self.evicted_at = [when for when in self.evicted_at if when + self.recovery_seconds > at]
+        if len(self.evicted_at) >= self.allowed:
+            self.refusals += 1
+            self.first_refused_at = self.first_refused_at or at
+            return False
+        self.evicted_at.append(at)
+        self.peak = max(self.peak, len(self.evicted_at))
+        return True
+
+
 class _QuietServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client refusing the certificate is no error here
@@ -68,6 +101,10 @@ class FakeKube:
         self.delay_seconds = 0.0  # every answer this late (a slow API server)
         self.events_up = True  # False: Events alone answer 503 (the API server's storage of them failing)
         self.evicted: list[tuple[str, str]] = []
+        self.disruption_budgets: list[FakeDisruptionBudget] = []
+        self.eviction_seconds = 0.0  # every eviction takes this long, beside the others in flight (the API server's work)
+        self.evictions_in_flight = 0
+        self.evictions_peak = 0  # the most eviction requests in flight at once
         self.patched: list[list[dict[str, Any]]] = []  # the JSON patches of pods that applied
         self.events: list[dict[str, Any]] = []
         self.deleted_namespaces: set[str] = set()
@@ -264,10 +301,25 @@ class FakeKube:
                 with self._lock:
                     self.watches_open[kind] -= 1
             return
+        eviction = method == "POST" and path.endswith("/eviction")
+        budgets = [b for b in self.disruption_budgets if tuple(path.split("/")[4:7:2]) in b.pods] if eviction else []
+        if eviction:
+            with self._lock:
+                self.evictions_in_flight += 1
+                self.evictions_peak = max(self.evictions_peak, self.evictions_in_flight)
+                for budget in budgets:
+                    budget.asking += 1
+                    budget.asked.append((time.monotonic(), budget.asking))
+            time.sleep(self.eviction_seconds)
         with self._lock:
             self.requests.append((method, path))
             code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
-        reply_json(handler, code, answer)
+            if eviction:  # before the answer leaves: the client's next request is never counted beside this one
+                self.evictions_in_flight -= 1
+                for budget in budgets:
+                    budget.asking -= 1
+        retry_after = (answer.get("details") or {}).get("retryAfterSeconds") if code == 429 else None
+        reply_json(handler, code, answer, {"Retry-After": str(retry_after)} if retry_after is not None else None)
 
     def _watch(self, handler: BaseHTTPRequestHandler, kind: str, query: dict[str, list[str]]) -> None:
         """A watch from the resourceVersion asked: the events queued since, after waiting a little for one when there
@@ -338,6 +390,12 @@ class FakeKube:
             if method == "POST" and match["eviction"]:
                 if key in self.refuse_evictions:
                     return 429, _status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+                for budget in self.disruption_budgets:
+                    if key in budget.pods and not budget.admits(time.monotonic()):
+                        refused = _status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+                        if budget.retry_after_seconds is not None:
+                            refused["details"] = {"retryAfterSeconds": budget.retry_after_seconds}
+                        return 429, refused
                 self.evicted.append(key)
                 self._delete_pod(key)  # the kubelet stops it and its controller re-creates it (through the webhook)
                 return 201, _status(201, "", "") | {"status": "Success"}

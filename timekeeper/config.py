@@ -175,6 +175,11 @@ def fair_share_settings(environ: Mapping[str, str]) -> FairShareSettings:
     )
 
 
+# The most TIMEKEEPER_EVICTION_RETRY_SECONDS may be: a claim's retries end before another leader may take it over as
+# stale (timekeeper.cluster.evictions.MAX_RETRY_SECONDS).
+EVICTION_RETRY_LIMIT_SECONDS = 45.0
+
+
 @dataclass(frozen=True)
 class TimekeeperConfig:
     database_url: str = DEFAULT_DATABASE_URL
@@ -194,6 +199,8 @@ class TimekeeperConfig:
     # ServiceAccount (node_agents).
     node_agent_users: tuple[str, ...] = ()
     lease_seconds: float | None = None  # the controller's Lease; None: 3 budget passes, at least 15 s
+    eviction_concurrency: int = 16  # evictions in flight at once: a real API server takes many
+    eviction_retry_seconds: float = 30.0  # how long a pass asks again for an eviction answered 429
     auth_cache_seconds: float = 60.0  # TokenReview / SubjectAccessReview answers are reused this long
     reservation_seconds: float = 30.0  # how long safe admission's reservation waits for its pod in the pod watch
     auth_wait_seconds: float = 2.0  # a request waits this long for one, then gets a 503 (the answer kept for its retry)
@@ -246,6 +253,9 @@ class TimekeeperConfig:
             node_agent_users=tuple(user.strip() for user in environ.get("TIMEKEEPER_NODE_AGENT_USERS", "").split(",")
                                    if user.strip()),
             lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ) if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip() else None,
+            eviction_concurrency=env_int("TIMEKEEPER_EVICTION_CONCURRENCY", cls.eviction_concurrency, 1, environ),
+            eviction_retry_seconds=env_float("TIMEKEEPER_EVICTION_RETRY_SECONDS", cls.eviction_retry_seconds, 0.0, environ,
+                                             EVICTION_RETRY_LIMIT_SECONDS),
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
             reservation_seconds=env_float("TIMEKEEPER_RESERVATION_SECONDS", 30.0, 1.0, environ),
             auth_wait_seconds=env_float("TIMEKEEPER_AUTH_WAIT_SECONDS", 2.0, 0.1, environ),

@@ -159,7 +159,7 @@ def kube_api(config: TimekeeperConfig) -> KubeApi | None:
     if not config.kubeconfig and not in_cluster:
         return None
     try:
-        return KubeApi.from_kubeconfig(config.kubeconfig)
+        return KubeApi.from_kubeconfig(config.kubeconfig, config.eviction_concurrency)
     except ConfigError:
         raise
     except (yaml.YAMLError, TypeError, AttributeError, ValueError) as exc:  # the client's reading of a malformed file

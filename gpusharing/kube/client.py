@@ -14,10 +14,14 @@ def in_cluster_available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
-def api_client(kubeconfig: str | None, setting: str) -> client.ApiClient:
+def api_client(kubeconfig: str | None, setting: str, connections: int | None = None) -> client.ApiClient:
     """The API given by `kubeconfig` (paths joined by ':' are merged, as kubectl does), or the in-cluster
-    ServiceAccount when None; ConfigError naming `setting` (the service's own kubeconfig variable) when neither works."""
+    ServiceAccount when None; ConfigError naming `setting` (the service's own kubeconfig variable) when neither works.
+    `connections`: how many HTTP connections its one pool keeps open (the client's default is 4: threads beyond
+    them would each open, and drop, a connection of their own)."""
     configuration = client.Configuration()
+    if connections is not None:
+        configuration.connection_pool_maxsize = connections
     try:
         if kubeconfig:
             kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)

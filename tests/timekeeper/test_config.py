@@ -1,5 +1,5 @@
 """Where the timekeeper finds the Kubernetes API: its own setting, then KUBECONFIG as kubectl reads it, then in-cluster;
-the default budget's idle policy from TIMEKEEPER_IDLE_*; the utilisation source."""
+the default budget's idle policy from TIMEKEEPER_IDLE_*; the utilisation source; the evictions' concurrency and retries."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import pytest
 from gpusharing.settings.env import ConfigError
 from timekeeper.accounting.dcgm import DcgmQuery
 from timekeeper.budgets.idle import IdleAction, IdlePolicy
-from timekeeper.config import PrometheusSource, TimekeeperConfig
+from timekeeper.cluster.evictions import MAX_RETRY_SECONDS
+from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS
+from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS
+from timekeeper.config import EVICTION_RETRY_LIMIT_SECONDS, PrometheusSource, TimekeeperConfig
 
 
 @pytest.mark.parametrize(
@@ -108,3 +111,25 @@ def test_a_prometheus_source_it_cannot_query_is_refused_at_start_naming_the_sett
     with pytest.raises(ConfigError) as refused:
         TimekeeperConfig.from_env({**base, **environ})
     assert message in str(refused.value)
+def test_evictions_in_flight_and_their_retries_come_from_their_settings() -> None:
+    default = TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none"})
+    assert (default.eviction_concurrency, default.eviction_retry_seconds) == (16, 30.0)  # sized for a real API server
+    environ = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_EVICTION_CONCURRENCY": "4", "TIMEKEEPER_EVICTION_RETRY_SECONDS": "0"}
+    assert (TimekeeperConfig.from_env(environ).eviction_concurrency, TimekeeperConfig.from_env(environ).eviction_retry_seconds) == (4, 0.0)
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"TIMEKEEPER_EVICTION_CONCURRENCY": "0"}, "TIMEKEEPER_EVICTION_CONCURRENCY='0' must be"),
+    ({"TIMEKEEPER_EVICTION_CONCURRENCY": "many"}, "TIMEKEEPER_EVICTION_CONCURRENCY='many' must be"),
+    # Retries past this would outlast the claim: another leader may take a claim over once it is stale.
+    ({"TIMEKEEPER_EVICTION_RETRY_SECONDS": "50"}, "TIMEKEEPER_EVICTION_RETRY_SECONDS='50' must be a finite number from 0 to 45"),
+])
+def test_eviction_settings_out_of_bounds_are_refused_in_one_line(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", **environ})
+    assert str(refused.value).startswith(message)
+
+
+def test_the_retry_limit_ends_a_claims_retries_before_another_leader_may_take_it_over() -> None:
+    assert EVICTION_RETRY_LIMIT_SECONDS <= MAX_RETRY_SECONDS
+    assert MAX_RETRY_SECONDS + REQUEST_TIMEOUT_SECONDS < STALE_CLAIM_SECONDS

@@ -336,6 +336,7 @@ def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budget
     policy(leader.store, after="2m", action="demote")
     leader.pod("nb-0", owner="nb-7d9")
     fake_kube.refuse_evictions.add(("ml", "nb-0"))  # a PodDisruptionBudget allows no disruption now
+    leader.controller.evictions.retry_seconds = 0.0  # nor asked again within a run (tests/timekeeper/test_evictions.py)
     passes = leader.play({"nb-0": 0}, steps=5)
     # New by design: no warning before (warnBefore 0), so the owner is held when the action is due, and with no
     # webhook process to acknowledge the hold the eviction is asked for in the same run (here refused).

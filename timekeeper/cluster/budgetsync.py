@@ -99,8 +99,7 @@ class BudgetSync:
             self.evictions.keep_lease()
             self._record_transition(status, acted.get(status.namespace, BudgetState.UNKNOWN), targets, done)
             self._warn(status, targets, done)
-            if status.namespace in evicting:
-                self._evict(status.namespace, running.get(status.namespace, []), done)
+        self._evict(running, done)
         return done
 
     def write_statuses(self) -> list[str]:
@@ -243,13 +242,27 @@ class BudgetSync:
             self.events.put(each if index else replace(each, on_failure=on_failure))
         return bool(queued)
 
-    def _evict(self, namespace: str, pods: list[GovernedPod], done: BudgetPass) -> None:
-        candidates = [PodRef(namespace, pod.record.name, pod.record.uid) for pod in eviction_candidates(pods)]
-        result = self.evictions.evict("its namespace is over its GPU budget", candidates, self._over_since[namespace])
-        if result.waiting:
-            done.waiting.append(namespace)
-            log.info("%s: evictions wait for %d webhook process(es) to hold its over-budget state", namespace,
-                     result.waiting, extra={"namespace": namespace})
+    def _evict(self, running: dict[str, list[GovernedPod]], done: BudgetPass) -> None:
+        """Evicts the candidates of every namespace to evict whose over-budget state every webhook holds, in one call
+        of the eviction path: its requests in flight at once, whatever namespace they are of, so that one
+        namespace's PodDisruptionBudget holds no other namespace's evictions back."""
+        candidates: list[PodRef] = []
+        acknowledged = 0.0
+        for namespace, since in sorted(self._over_since.items()):
+            behind = self.webhooks.behind(since)
+            if behind:
+                done.waiting.append(namespace)
+                log.info("%s: evictions wait for %d webhook process(es) to hold its over-budget state", namespace,
+                         behind, extra={"namespace": namespace})
+                continue
+            candidates += [PodRef(namespace, pod.record.name, pod.record.uid, pod.record.owner.uid if pod.record.owner else "")
+                           for pod in eviction_candidates(running.get(namespace, []))]
+            acknowledged = max(acknowledged, since)
+        if not candidates:
+            return
+        result = self.evictions.evict("its namespace is over its GPU budget", candidates, acknowledged)
+        if result.waiting:  # a webhook process started meanwhile, with an older listing: the next run tries again
+            done.waiting += sorted({pod.namespace for pod in candidates})
         done.evicted += [str(pod) for pod in result.evicted]
         done.refused += [str(pod) for pod in result.refused]
 

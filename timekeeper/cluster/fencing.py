@@ -9,8 +9,10 @@ the older holder believes. A pod is claimed once: a second claim of it is refuse
 controllers never both ask for its eviction. A claim is given back when its eviction was refused (a
 PodDisruptionBudget) or failed, or when its holder stops (its Lease lost), so that a later pass or leader tries
 again; one its holder never finished (it died) is taken over once it is older than any eviction request can last.
-Claims are made a batch at a time, one short transaction for many pods. Times are the database's, the one clock every
-replica shares.
+Claims are made a batch at a time, one short transaction for many pods; a claim taken over is said so (its holder may
+have sent its request, granted unanswered: its pod is read before it is asked again). A claim whose request got no
+answer is kept by its holder, not given back, and made fresh again (`renew`) when the same holder, under the same
+term, takes the pod up again. Times are the database's, the one clock every replica shares.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from sqlalchemy import select
 
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import controller_terms, eviction_claims
+
+
+class Claims(set[str]):
+    """The uids claimed; `taken_over`, those of them another (a former leader) had claimed and left unfinished."""
+
+    def __init__(self, claimed: set[str] | None = None, taken_over: set[str] | None = None):
+        super().__init__(claimed or ())
+        self.taken_over = taken_over or set()
+
 
 STALE_CLAIM_SECONDS = 60.0  # far longer than an eviction request may last (its timeout), so its holder has given up
 KEPT_CLAIM_SECONDS = 86_400.0  # evicted pods' claims are forgotten after a day: their pods are long gone
@@ -50,11 +61,12 @@ class EvictionFence:
             recorded = conn.execute(query).scalar_one()
         return bool(recorded == term)
 
-    def claim_many(self, term: int, pods: Sequence[tuple[str, str, str]]) -> set[str] | None:
+    def claim_many(self, term: int, pods: Sequence[tuple[str, str, str]]) -> Claims | None:
         """Claims the evictions of (uid, namespace, name) pods for the controller of `term`, in one transaction; the
-        uids claimed (the others are another's), or None when a later term is recorded."""
+        uids claimed (the others are another's) and which of them were taken over, or None when a later term is
+        recorded."""
         clock = self.db.clock()
-        claimed: set[str] = set()
+        claimed = Claims()
         with self.db.write() as conn:
             # Read FOR SHARE: a new holder's enter() waits for this claim to commit, and every claim after it sees its term.
             query = select(controller_terms.c.term).where(controller_terms.c.name == self.name)
@@ -69,16 +81,36 @@ class EvictionFence:
                     .returning(eviction_claims.c.pod_uid)
                 ).first()
                 # Another's claim stands, unless an earlier term's holder left it unfinished longer than any request lasts.
-                taken_over = inserted or conn.execute(
+                taken_over = None if inserted else conn.execute(
                     eviction_claims.update()
                     .where((eviction_claims.c.pod_uid == pod_uid) & (eviction_claims.c.term < term)
                            & (eviction_claims.c.claimed_at < clock - STALE_CLAIM_SECONDS))
                     .values(term=term, claimed_at=clock)
                     .returning(eviction_claims.c.pod_uid)
                 ).first()
-                if taken_over is not None:
+                if inserted is not None or taken_over is not None:
                     claimed.add(pod_uid)
+                if taken_over is not None:
+                    claimed.taken_over.add(pod_uid)
         return claimed
+
+    def renew(self, term: int, pod_uids: Sequence[str]) -> set[str] | None:
+        """Makes fresh the claims the controller of `term` holds of `pod_uids` (kept while their requests' answers
+        are unknown), in one transaction, as claim_many would claim them: the uids whose claims it holds, or None
+        when a later term is recorded."""
+        clock = self.db.clock()
+        with self.db.write() as conn:
+            query = select(controller_terms.c.term).where(controller_terms.c.name == self.name)
+            current = conn.execute(query if self.db.is_sqlite else query.with_for_update(read=True)).scalar()
+            if current != term:
+                return None
+            renewed = conn.execute(
+                eviction_claims.update()
+                .where(eviction_claims.c.pod_uid.in_(pod_uids) & (eviction_claims.c.term == term))
+                .values(claimed_at=clock)
+                .returning(eviction_claims.c.pod_uid)
+            ).scalars().all()
+        return set(renewed)
 
     def release(self, term: int, *pod_uids: str) -> None:
         """Gives back claims whose evictions did not happen, so that a later pass (or leader) may claim the pods again."""

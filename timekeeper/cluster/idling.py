@@ -160,7 +160,7 @@ class Idler:
         acknowledged_after = (self._held_seen.setdefault(
             hold.owner.uid, min(hold.held_at.timestamp() + HELD_AT_SLACK_SECONDS, self.evictions.webhooks.now()))
             if hold is not None else 0.0)
-        ref = PodRef(pod.namespace, pod.name, pod.uid)
+        ref = PodRef(pod.namespace, pod.name, pod.uid, pod.owner.uid if pod.owner is not None else "")
         result = self.evictions.evict(f"its GPU is idle ({_rule(policy)})", [ref], acknowledged_after)
         if result.waiting:
             done.waiting.append(str(ref))

@@ -27,6 +27,8 @@ EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects live
 REPORTING_COMPONENT = "gpusharing-timekeeper"
 # Every call gives up after this long (connect and read): a slow API server delays a pass or a report, never stalls it.
 REQUEST_TIMEOUT_SECONDS = 10.0
+# The informers' four watches and the other tasks' calls (the Lease, Events, statuses, finalizers), each in a thread.
+CONNECTIONS_BESIDE_EVICTIONS = 8
 
 
 class KubeUnavailable(RuntimeError):
@@ -84,8 +86,17 @@ class Access:
 
 class EvictionResult(StrEnum):
     EVICTED = "evicted"
-    REFUSED = "refused"  # 429: a PodDisruptionBudget does not allow it now; retried later, never forced
+    REFUSED = "refused"  # 429: a PodDisruptionBudget does not allow it now, or flow control throttles; retried, never forced
     GONE = "gone"  # the pod no longer exists
+
+
+@dataclass(frozen=True)
+class EvictionAnswer:
+    result: EvictionResult
+    retry_after: float | None = None  # a 429's Retry-After, in seconds, when the API server gave one
+
+
+MAX_RETRY_AFTER_SECONDS = 60.0  # a Retry-After beyond this is read as this much
 
 
 @dataclass(frozen=True)
@@ -122,9 +133,10 @@ class KubeApi:
         self.apps = client.AppsV1Api(api_client)
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None) -> "KubeApi":
-        """The API given by `kubeconfig`, or the in-cluster ServiceAccount when None; ConfigError when neither works."""
-        return cls(api_client(kubeconfig, "TIMEKEEPER_KUBECONFIG"))
+    def from_kubeconfig(cls, kubeconfig: str | None, evictions: int = 0) -> "KubeApi":
+        """The API given by `kubeconfig`, or the in-cluster ServiceAccount when None; ConfigError when neither works.
+        Its connection pool holds `evictions` requests in flight at once beside everything else."""
+        return cls(api_client(kubeconfig, "TIMEKEEPER_KUBECONFIG", evictions + CONNECTIONS_BESIDE_EVICTIONS))
 
     def review_token(self, token: str) -> Identity | None:
         """The token's identity, or None when TokenReview does not authenticate it for the timekeeper's audience."""
@@ -183,17 +195,21 @@ class KubeApi:
                             answers={404: True, 409: False, 422: False}, _preload_content=False)
         return answer is not False
 
-    def evict(self, namespace: str, name: str, uid: str, timeout: float | None = None) -> EvictionResult:
+    def evict(self, namespace: str, name: str, uid: str, send_within: float | None = None) -> EvictionAnswer:
         """Asks for the eviction of the pod of that uid (not a namesake made since), which the API server grants only
-        within the pods' PodDisruptionBudgets; `timeout` shortens the call's."""
+        within the pods' PodDisruptionBudgets (else 429, with the Retry-After it gives). `send_within`: the request
+        leaves within that many seconds or not at all (a connection it must open first is given up after that long);
+        once sent, its answer is waited for the API's whole timeout. KubeUnavailable when there is no answer: whether
+        it was granted is then unknown."""
         eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
                                      delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
-        refused = {429: EvictionResult.REFUSED, 404: EvictionResult.GONE, 409: EvictionResult.GONE}
+        answers = {429: lambda exc: EvictionAnswer(EvictionResult.REFUSED, _retry_after(exc)),
+                   404: EvictionAnswer(EvictionResult.GONE), 409: EvictionAnswer(EvictionResult.GONE)}
         answer = self._call(
-            f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=refused,
-            timeout=timeout,
+            f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=answers,
+            timeout=None if send_within is None else (max(0.001, min(send_within, self.timeout)), self.timeout),
         )
-        return answer if isinstance(answer, EvictionResult) else EvictionResult.EVICTED
+        return answer if isinstance(answer, EvictionAnswer) else EvictionAnswer(EvictionResult.EVICTED)
 
     def shown_owner(self, owner: ObjectRef) -> ObjectRef:
         """The object whose Events `kubectl describe` shows for a pod's owner: a ReplicaSet's Deployment, else the
@@ -283,18 +299,31 @@ class KubeApi:
             self._call(what, self.custom.patch_cluster_custom_object_status, resource.group, resource.version,
                        resource.plural, name, body, answers={404: None})
 
-    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None, timeout: float | None = None,
-              **kwargs: Any) -> Any:
-        """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return. The call
-        gives up after `timeout` seconds (default: the API's)."""
+    def _call(self, what: str, method: Any, *args: Any, answers: Mapping[int, Any] | None = None,
+              timeout: tuple[float, float] | None = None, **kwargs: Any) -> Any:
+        """The API's answer; `answers` maps HTTP statuses that are answers, not failures, to what to return (or to a
+        function of the ApiException giving it). The call gives up after the API's timeout (connecting, and waiting
+        for the answer), or `timeout`'s (connect, read) seconds."""
         try:
-            return method(*args, _request_timeout=min(timeout or self.timeout, self.timeout), **kwargs)
+            return method(*args, _request_timeout=timeout or self.timeout, **kwargs)
         except ApiException as exc:
             if answers is not None and exc.status in answers:
-                return answers[exc.status]
+                answer = answers[exc.status]
+                return answer(exc) if callable(answer) else answer
             raise KubeUnavailable(f"could not {what}: {_reason(exc)}") from None
         except Exception as exc:
             raise KubeUnavailable(f"could not {what}: {exc}") from None
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    """A 429's Retry-After header in seconds (the API server gives whole seconds), bounded; None when absent or not a
+    number of seconds."""
+    raw = (exc.headers or {}).get("Retry-After")
+    try:
+        seconds = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_SECONDS) if seconds is not None and seconds == seconds else None
 
 
 def _reason(exc: ApiException) -> str:

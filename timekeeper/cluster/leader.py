@@ -10,7 +10,9 @@ over at once.
 A holder's work can outlast its Lease (a pass over hundreds of evictions): `keep()`, called before each act, renews
 the Lease once a third of it has passed and says whether it is still held, so that the work stops the moment it is
 lost. By its own clock, a holder holds the Lease for `lease_seconds` from the moment it sent its last successful
-write: no other process can take it over sooner. `term`, the Lease's leaseTransitions when this holder took it,
+write: no other process can take it over sooner. The controller's `lease` task and the task evicting both renew it:
+one renewal at a time (a lock), and one due no longer once the other has just been written, so that the holder's
+two writes never race each other to a 409 and read as the Lease lost. `term`, the Lease's leaseTransitions when this holder took it,
 fences what it does in the database (timekeeper.cluster.fencing), where a process's clock does not count.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,9 +57,14 @@ class LeaderElection:
         self.leading = False
         self._outage = Outage(log, f"the Lease {namespace}/{name}", "renewals", monotonic)
         self.term = 0  # the Lease's leaseTransitions when this process took it
+        self._writing = threading.Lock()  # one read-and-write of the Lease at a time, whichever thread asks
 
     def try_acquire_or_renew(self) -> bool:
         """Takes or renews the Lease; False while another process holds it, or when the API cannot be reached."""
+        with self._writing:
+            return self._acquire_or_renew()
+
+    def _acquire_or_renew(self) -> bool:
         was_leading = self.leading
         try:
             self.leading = self._try()
@@ -76,12 +84,21 @@ class LeaderElection:
     def keep(self) -> bool:
         """Before each act of the leader: renews the Lease once a third of it has passed; False once it is lost (or
         has run out unrenewed), and the act must not happen."""
-        if self.leading and self._monotonic() - self._renewed_at >= self.lease_seconds / 3:
-            self.try_acquire_or_renew()
+        if self._renewal_due():
+            with self._writing:
+                if self._renewal_due():  # not renewed by another thread meanwhile
+                    self._acquire_or_renew()
         return self.remaining_seconds() > 0
+
+    def _renewal_due(self) -> bool:
+        return self.leading and self._monotonic() - self._renewed_at >= self.lease_seconds / 3
 
     def release(self) -> None:
         """Gives the Lease up if this process holds it, so that another takes over without waiting for it to lapse."""
+        with self._writing:
+            self._release()
+
+    def _release(self) -> None:
         if not self.leading:
             return
         self.leading = False

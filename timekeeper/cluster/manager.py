@@ -87,7 +87,8 @@ class ControllerManager:
         lease_seconds = config.lease_seconds or max(3 * intervals.budgets, 15.0)
         self.election = LeaderElection(kube, config.lease_namespace, identity, lease_seconds, monotonic=clock.monotonic)
         self.fence = EvictionFence(budgets.db, f"{config.lease_namespace}/{LEASE_NAME}")
-        self.evictions = EvictionPath(kube, self.election, self.fence, WebhookListings(budgets.db))
+        self.evictions = EvictionPath(kube, self.election, self.fence, WebhookListings(budgets.db),
+                                      config.eviction_concurrency, config.eviction_retry_seconds)
         self.scheduler = TaskScheduler(clock, leading=self.leading, observe=metrics.observe_task)
         self.events = EventQueue(kube, wake=lambda: self.scheduler.wake("events"))
         self.biller = Biller(ledger, kube, config.gpu_request, self.informers.pods, self.informers.claims, self.events,
@@ -151,6 +152,7 @@ class ControllerManager:
         """On SIGTERM: the runs under way finish (their evictions and Events recorded as done), the Lease is given
         up so that the other replica takes over at once, the caches stop."""
         self.scheduler.stop()
+        self.evictions.close()
         self.events.send()
         self.election.release()
         self._leading = False

@@ -1,0 +1,86 @@
+"""A namespace's demotion against the stand-in Kubernetes API (demo/kubeapi.py): how long from the report that
+crosses its budget to the last of its running pods evicted, with evictions `--concurrency` at a time beside one at a
+time (TIMEKEEPER_EVICTION_CONCURRENCY=1, the path as it was), in alternation, in one run.
+
+Each round starts a fresh database and stand-in API serving `--pods` running GPU pods of one namespace, a
+`gpusharing timekeeper serve` (its REST API: the budget, the crossing's report) and one `gpusharing timekeeper
+controller` (its budgets task every second); no webhook runs, so no acknowledgement is waited for. `--latency` adds
+that many seconds to each eviction at the stand-in API (the API server's own work; 0: the stand-in's alone). The
+real control plane's figure is tests/cluster/test_mass_demotion.py's (`--cluster` runs it at each concurrency).
+
+    .venv/bin/python bench/demotion.py                          # 5,000 pods, 16 at a time beside 1
+    .venv/bin/python bench/demotion.py --pods 1000 --latency 0.05 --rounds 2
+    KUBEBUILDER_ASSETS=$(...) .venv/bin/python bench/demotion.py --cluster   # the cluster tier's 500, 16 beside 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster_scale import PODS_CACHED, Layout, _demote, metric, scrape, serve_pods  # noqa: E402
+
+from demo.kubeapi import FakeKube  # noqa: E402
+
+
+def fake_round(pods: int, concurrency: int, latency: float, directory: Path) -> dict[str, float]:
+    kube = FakeKube()
+    figures: dict[str, object] = {}
+    try:
+        serve_pods(kube, 1, 0, pods)
+        kube.eviction_seconds = latency
+        layout = Layout(f"concurrency {concurrency}", directory, kube, None)
+        layout.env["TIMEKEEPER_EVICTION_CONCURRENCY"] = str(concurrency)
+        with layout.timekeeper(), layout.controller(0) as controller:
+            deadline = time.monotonic() + 120
+            while metric(scrape(controller), PODS_CACHED) < pods and time.monotonic() < deadline:
+                time.sleep(0.2)
+            _demote(layout, pods, figures)
+    finally:
+        kube.close()
+    seconds, evicted = float(figures["demotion_s"]), float(figures["evicted"])  # type: ignore[arg-type]
+    return {"seconds": seconds, "evicted": evicted, "per_second": evicted / seconds, "peak": kube.evictions_peak}
+
+
+def cluster_round(concurrency: int) -> str:
+    """tests/cluster/test_mass_demotion.py at `concurrency`: the line it prints."""
+    env = {**os.environ, "GPUSHARING_EVICTION_CONCURRENCY": str(concurrency)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/cluster/test_mass_demotion.py"],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = re.findall(r"^mass demotion: (.*)$", run.stdout, re.M)
+    return lines[-1] if lines else f"no figure (exit {run.returncode}): {run.stdout.strip()[-300:]}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pods", type=int, default=5000, help="running pods of the namespace demoted (stand-in API)")
+    parser.add_argument("--concurrency", type=int, default=16, help="TIMEKEEPER_EVICTION_CONCURRENCY measured beside 1")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds the stand-in API adds to each eviction")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of each, alternating (default 1)")
+    parser.add_argument("--cluster", action="store_true", help="the cluster tier's test instead (KUBEBUILDER_ASSETS)")
+    args = parser.parse_args()
+    for round_number in range(1, args.rounds + 1):
+        for concurrency in (1, args.concurrency):
+            if args.cluster:
+                print(f"round {round_number}, concurrency {concurrency:>3}: {cluster_round(concurrency)}", flush=True)
+                continue
+            with tempfile.TemporaryDirectory(prefix="gpusharing-demotion-") as directory:
+                f = fake_round(args.pods, concurrency, args.latency, Path(directory))
+            print(f"round {round_number}, concurrency {concurrency:>3}: {f['evicted']:,.0f} of {args.pods:,} pods evicted "
+                  f"in {f['seconds']:.1f} s from the crossing ({f['per_second']:.0f}/s; at most {f['peak']:.0f} in flight)",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
