@@ -145,7 +145,10 @@ def test_130_interrupted(stand_in: tuple[StandIn, str]) -> None:
     timekeeper, url = stand_in
     env = {key: value for key, value in os.environ.items() if key not in ("TIMEKEEPER_URL", "TIMEKEEPER_TOKEN")}
     command = subprocess.Popen([GPUSHARING, "usage", "--from", "2026-11-01", "--to", "2026-12-01", "--timekeeper", url],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               # Ctrl-C as a terminal sends it: a suite run in the background (nohup, `&`) ignores
+                               # SIGINT, and Python would not raise KeyboardInterrupt in a child that inherits that.
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert timekeeper.asked.wait(60), "the command never asked the timekeeper"
         command.send_signal(signal.SIGINT)  # Ctrl-C while it waits for the answer
