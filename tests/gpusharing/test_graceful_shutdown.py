@@ -40,6 +40,20 @@ def takes_the_signal(service: Service) -> None:
         time.sleep(0.05)
 
 
+def accepted(sock: socket.socket) -> None:
+    """Waits until the server has accepted the connection: its side of it has an inode in /proc/net/tcp (0 while it
+    waits in the listen backlog, where a stopping server resets it: not a request in flight yet)."""
+    client_port, server_port = sock.getsockname()[1], sock.getpeername()[1]
+    deadline = time.monotonic() + STOP_SECONDS
+    while True:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if any(f[1].endswith(f":{server_port:04X}") and f[2].endswith(f":{client_port:04X}") and f[9] != "0"
+               for f in (line.split() for line in lines)):
+            return
+        assert time.monotonic() < deadline, "the server did not accept the connection"
+        time.sleep(0.02)
+
+
 def finish(sock: socket.socket, rest: bytes) -> tuple[int, Any]:
     sock.sendall(rest)
     response = http.client.HTTPResponse(sock)
@@ -51,6 +65,7 @@ def terminate_mid_request(service: Service, sock: socket.socket, path: str, body
                           headers: dict[str, str] | None = None) -> tuple[int, Any]:
     assert service.process is not None
     rest = begin_request(sock, path, body, headers or {})
+    accepted(sock)  # on a loaded host the worker may not have taken it yet: a request in flight is one it took
     service.process.send_signal(signal.SIGTERM)
     takes_the_signal(service)
     answer = finish(sock, rest)
