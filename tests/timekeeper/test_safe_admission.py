@@ -131,8 +131,10 @@ def system(make_app: AppFactory, tmp_path: Path, clock: Clock) -> Iterator[Syste
     token.write_text(READER)
     with served(app) as url:
         cache = BudgetStateCache(url, str(token))
-        webhook = create_webhook(WebhookConfig(timekeeper_url=url, timekeeper_token_file=str(token)), cache, no_claims, no_jobs,
-                                 api_server_callers())
+        # A reservation not answered in time admits the pod unreserved (safe admission, said so): these tests count
+        # what the timekeeper reserves, not how fast, so a burst of 40 on a loaded CI host waits for every answer.
+        config = WebhookConfig(timekeeper_url=url, timekeeper_token_file=str(token), reservation_timeout_seconds=60.0)
+        webhook = create_webhook(config, cache, no_claims, no_jobs, api_server_callers())
         collector = LedgerCollector(app.extensions["ledger"], app.extensions[SERVICES].commitments)
         system = System(timekeeper, publisher, clock, webhook, cache, collector)
         system.publish()  # the controller's watch has listed the cluster's pods: none yet
