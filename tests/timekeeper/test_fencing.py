@@ -7,9 +7,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import update
 
-from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS, EvictionFence
+from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS, TERM_SETTLED_SECONDS, EvictionFence
+from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS
 from timekeeper.database.connection import Database
-from timekeeper.database.tables import eviction_claims
+from timekeeper.database.tables import controller_terms, eviction_claims
 
 
 @pytest.fixture
@@ -51,3 +52,28 @@ def test_a_claim_left_by_a_dead_leader_is_taken_over_once_no_request_can_still_b
     with fence.db.write() as conn:  # the claim ages, by the database's clock
         conn.execute(update(eviction_claims).values(claimed_at=eviction_claims.c.claimed_at - STALE_CLAIM_SECONDS - 1))
     assert fence.claim_many(2, [A]) == {"uid-a"}
+
+
+def test_a_dead_leaders_claim_is_taken_over_once_its_successors_term_is_older_than_any_answer_is_waited_for(
+    fence: EvictionFence,
+) -> None:
+    """The dead leader sent its requests only under its Lease, before its successor's term began: once the term is
+    older than an answer is waited for, none can still be under way, however fresh its claim."""
+    assert TERM_SETTLED_SECONDS > REQUEST_TIMEOUT_SECONDS
+    fence.enter(1, "first")
+    assert fence.claim_many(1, [A, B]) == {"uid-a", "uid-b"}
+    fence.enter(2, "second")
+    fence.release(1, "uid-b")
+    assert fence.claim_many(2, [A]) == set()  # the first may have sent its request a moment ago
+    with fence.db.write() as conn:  # the second term ages, by the database's clock; the claim stays fresh
+        conn.execute(update(controller_terms).values(since=controller_terms.c.since - TERM_SETTLED_SECONDS + 2))
+    assert fence.claim_many(2, [A]) == set()
+    with fence.db.write() as conn:
+        conn.execute(update(controller_terms).values(since=controller_terms.c.since - 3))
+    claimed = fence.claim_many(2, [A, B])
+    assert claimed == {"uid-a", "uid-b"} and claimed.taken_over == {"uid-a"}  # its pod is read before it is asked
+    fence.enter(3, "third")  # and a claim of the current term is never another's to take over, however old the term
+    with fence.db.write() as conn:
+        conn.execute(update(controller_terms).values(since=controller_terms.c.since - TERM_SETTLED_SECONDS - 1))
+    assert fence.claim_many(3, [A]) == {"uid-a"}  # the second's, taken over in turn by the third
+    assert fence.claim_many(3, [A]) == set()  # but the third's own claim stands against itself

@@ -5,15 +5,16 @@ Before a pod is evicted:
    state the pod's replacement will be admitted under (the namespace over budget, the owner held for idleness) is
    in force wherever it can be admitted, so the replacement is never admitted as the pod was, to be evicted again;
 2. the eviction is claimed in the database under the leader's term, a batch at a time (timekeeper.cluster.fencing):
-   a deposed leader's claims are refused, a claim its holder left unfinished is taken over once stale, and no pod
-   is evicted twice;
+   a deposed leader's claims are refused, a claim its holder left unfinished is taken over once no request of its
+   holder can still be under way, and no pod is evicted twice;
 3. the Lease (and the term the claim was made under) is checked before each request, kept (renewed once a third
    of it has passed) as the pass goes, and the request leaves while it is surely held or not at all: a connection it
    must open first is given up once the Lease may have passed, so a leader paused or slowed between its check and
    its request cannot send it after its successor took over. Its answer, once it is sent, is waited for as long as
    any call of the API (REQUEST_TIMEOUT_SECONDS), not for what is left of the Lease: a loaded API server's slow
    answer is not a failure, and its claim keeps every other leader from asking for the pod meanwhile (another takes a
-   claim over only once it is STALE_CLAIM_SECONDS old, far longer);
+   claim over only once it is STALE_CLAIM_SECONDS old, or once its own term, begun after this Lease ended, is
+   TERM_SETTLED_SECONDS old: both longer);
 4. the Eviction API is asked, up to `concurrency` requests at a time (the API server takes many at once; a request
    waits on the network, not on this process; each failed or timed-out request halves that, each answer adds one
    back, so that a loaded API server gets fewer at once, each answered in its time), so PodDisruptionBudgets hold.

@@ -8,7 +8,11 @@ holder records its term before its first eviction; from then on a claim under an
 the older holder believes. A pod is claimed once: a second claim of it is refused while the first stands, so two
 controllers never both ask for its eviction. A claim is given back when its eviction was refused (a
 PodDisruptionBudget) or failed, or when its holder stops (its Lease lost), so that a later pass or leader tries
-again; one its holder never finished (it died) is taken over once it is older than any eviction request can last.
+again; one its holder never finished (it died) is taken over once no request of its holder can still be under way:
+once the claim is older than any eviction of its holder can be retried and answered (STALE_CLAIM_SECONDS), or once
+the term that fenced its holder off is older than any answer is waited for (TERM_SETTLED_SECONDS). The second comes
+first after a leader dies: its holder sent its requests only while it surely held the Lease, so before its successor
+took the Lease and entered its term, and waited at most REQUEST_TIMEOUT_SECONDS for each answer.
 Claims are made a batch at a time, one short transaction for many pods; a claim taken over is said so (its holder may
 have sent its request, granted unanswered: its pod is read before it is asked again). A claim whose request got no
 answer is kept by its holder, not given back, and made fresh again (`renew`) when the same holder, under the same
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import Float, literal, select
 
+from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import controller_terms, eviction_claims
 
@@ -34,6 +39,9 @@ class Claims(set[str]):
 
 
 STALE_CLAIM_SECONDS = 60.0  # far longer than an eviction request may last (its timeout), so its holder has given up
+# A former holder's requests were all sent before the current term began (under its Lease) and answered, or given up,
+# within REQUEST_TIMEOUT_SECONDS: its claims are free this long into the term, with the same 5 s to spare as above.
+TERM_SETTLED_SECONDS = REQUEST_TIMEOUT_SECONDS + 5.0
 KEPT_CLAIM_SECONDS = 86_400.0  # evicted pods' claims are forgotten after a day: their pods are long gone
 
 
@@ -69,10 +77,14 @@ class EvictionFence:
         claimed = Claims()
         with self.db.write() as conn:
             # Read FOR SHARE: a new holder's enter() waits for this claim to commit, and every claim after it sees its term.
-            query = select(controller_terms.c.term).where(controller_terms.c.name == self.name)
-            current = conn.execute(query if self.db.is_sqlite else query.with_for_update(read=True)).scalar()
-            if current != term:
+            query = select(controller_terms.c.term, controller_terms.c.since).where(controller_terms.c.name == self.name)
+            current = conn.execute(query if self.db.is_sqlite else query.with_for_update(read=True)).first()
+            if current is None or current.term != term:
                 return None
+            # Another's claim stands, unless an earlier term's holder left it unfinished and can no longer be asking.
+            unfinished = (eviction_claims.c.term < term) & (
+                (eviction_claims.c.claimed_at < clock - STALE_CLAIM_SECONDS)
+                | (literal(current.since, Float) < clock - TERM_SETTLED_SECONDS))
             for pod_uid, namespace, pod in pods:
                 inserted = conn.execute(
                     self.db.insert(eviction_claims)
@@ -80,11 +92,9 @@ class EvictionFence:
                     .on_conflict_do_nothing()
                     .returning(eviction_claims.c.pod_uid)
                 ).first()
-                # Another's claim stands, unless an earlier term's holder left it unfinished longer than any request lasts.
                 taken_over = None if inserted else conn.execute(
                     eviction_claims.update()
-                    .where((eviction_claims.c.pod_uid == pod_uid) & (eviction_claims.c.term < term)
-                           & (eviction_claims.c.claimed_at < clock - STALE_CLAIM_SECONDS))
+                    .where((eviction_claims.c.pod_uid == pod_uid) & unfinished)
                     .values(term=term, claimed_at=clock)
                     .returning(eviction_claims.c.pod_uid)
                 ).first()
