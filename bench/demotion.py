@@ -6,7 +6,10 @@ Each round starts a fresh database and stand-in API serving `--pods` running GPU
 `gpusharing timekeeper serve` (its REST API: the budget, the crossing's report) and one `gpusharing timekeeper
 controller` (its budgets task every second); no webhook runs, so no acknowledgement is waited for. `--latency` adds
 that many seconds to each eviction at the stand-in API (the API server's own work; 0: the stand-in's alone). The
-real control plane's figure is tests/cluster/test_mass_demotion.py's (`--cluster` runs it at each concurrency).
+real control plane's figure is tests/cluster/test_mass_demotion.py's: `--cluster` runs it at each concurrency, and
+beside them its baseline, the same pods evicted by a plain client `--concurrency` at a time with no crossing and no
+controller (GPUSHARING_DEMOTION_BASELINE=client): the control plane's own time for those evictions and replacements,
+which no controller here can beat.
 
     .venv/bin/python bench/demotion.py                          # 5,000 pods, 16 at a time beside 1
     .venv/bin/python bench/demotion.py --pods 1000 --latency 0.05 --rounds 2
@@ -52,9 +55,11 @@ def fake_round(pods: int, concurrency: int, latency: float, directory: Path) -> 
     return {"seconds": seconds, "evicted": evicted, "per_second": evicted / seconds, "peak": kube.evictions_peak}
 
 
-def cluster_round(concurrency: int) -> str:
-    """tests/cluster/test_mass_demotion.py at `concurrency`: the line it prints."""
-    env = {**os.environ, "GPUSHARING_EVICTION_CONCURRENCY": str(concurrency)}
+def cluster_round(concurrency: int, baseline: bool = False) -> str:
+    """tests/cluster/test_mass_demotion.py at `concurrency` (`baseline`: its evictions by a plain client): the line it
+    prints."""
+    env = {**os.environ, "GPUSHARING_EVICTION_CONCURRENCY": str(concurrency),
+           "GPUSHARING_DEMOTION_BASELINE": "client" if baseline else ""}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/cluster/test_mass_demotion.py"],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     lines = re.findall(r"^mass demotion: (.*)$", run.stdout, re.M)
@@ -70,6 +75,8 @@ def main() -> int:
     parser.add_argument("--cluster", action="store_true", help="the cluster tier's test instead (KUBEBUILDER_ASSETS)")
     args = parser.parse_args()
     for round_number in range(1, args.rounds + 1):
+        if args.cluster:
+            print(f"round {round_number}, baseline {args.concurrency:>3}: {cluster_round(args.concurrency, True)}", flush=True)
         for concurrency in (1, args.concurrency):
             if args.cluster:
                 print(f"round {round_number}, concurrency {concurrency:>3}: {cluster_round(concurrency)}", flush=True)

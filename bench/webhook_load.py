@@ -6,7 +6,11 @@ answer to the first review, returned as it is to every request) through the same
 the same gunicorn settings, TLS and malloc settings. Drives the webhook at a fixed rate from client processes (one
 persistent TLS connection each), then each server in turn (alternating, `--rounds` times) at the maximum, with those
 Python clients and with wrk (C; `apt-get install wrk`; skipped, with a line saying so, when it is not on the PATH),
-and prints reviews/s, p50, p99 and the webhook's share of the fixed app's reviews/s. Run by hand:
+and prints reviews/s, p50, p99 and the webhook's share of the fixed app's reviews/s. Then, in this process with no
+HTTP and no TLS, each app's own time per review (through Flask's test client, one thread) and the time to parse a
+review and write an answer of the webhook's size with `json` (what any webhook in Python does at the least), beside
+the most work per review the webhook could add to the fixed app's and still serve 0.9 of its reviews/s (were every
+CPU the servers'). Run by hand:
 
     .venv/bin/python bench/webhook_load.py                  # 500/s for 10 s, then the maximum, 2 rounds of 10 s
     .venv/bin/python bench/webhook_load.py --rate 1000 --duration 20 --workers 2 --clients 3
@@ -195,6 +199,37 @@ def first_answer(port: int, ca_file: str, body: bytes) -> bytes:
     return answer.read()
 
 
+def per_review_us(call: Any, bodies: list[bytes], seconds: float = 2.0) -> float:
+    """Microseconds per call of `call(body)`, over the bodies in turn for about `seconds` (after a warm-up pass)."""
+    for body in bodies:
+        call(body)
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for body in bodies:
+            call(body)
+        calls += len(bodies)
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def in_process_costs(bodies: list[bytes], answer_file: Path) -> dict[str, float]:
+    """Each app's own time per review in this process (Flask's test client, no HTTP, no TLS), and json's floor: a
+    review parsed and an answer of the webhook's size written."""
+    from webhook.app import create_app
+    from webhook.config import WebhookConfig
+
+    os.environ[FIXED_ANSWER] = str(answer_file)
+    config = WebhookConfig.from_env({"GPUSHARING_TIMEKEEPER_URL": ""})
+    webhook = create_app(config).test_client()
+    fixed = fixed_answer_app().test_client()
+    answer = json.loads(answer_file.read_bytes())
+    headers = {"Content-Type": "application/json"}
+    return {
+        "webhook": per_review_us(lambda body: webhook.post("/mutate", data=body, headers=headers), bodies),
+        "fixed answer": per_review_us(lambda body: fixed.post("/mutate", data=body, headers=headers), bodies),
+        "json": per_review_us(lambda body: (json.loads(body), json.dumps(answer)), bodies),
+    }
+
+
 def _line(label: str, figures: dict[str, float]) -> str:
     return (f"{label:>30}: {figures['reviews_per_s']:8.0f} reviews/s  p50 {figures['p50_ms']:6.2f} ms  "
             f"p99 {figures['p99_ms']:6.2f} ms  ({figures['reviews']:.0f} reviews, {figures['errors']:.0f} errors)")
@@ -289,6 +324,15 @@ def main() -> int:
                           f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x")
                 if args.safe:
                     print(f"{'verdicts':>30}: {safe_verdicts(port, ca)}")
+            if not args.safe:  # safe admission's reservations are calls to the stand-in: not the webhook's own work
+                costs = in_process_costs(review_bodies(deadline), answer_file)
+                fastest = max(_median(measured[(load, "fixed answer")])["reviews_per_s"] for load in clients)
+                room = (1 / 0.9 - 1) * (os.cpu_count() or 1) / fastest * 1e6
+                print(f"in process, per review (no HTTP, no TLS): webhook {costs['webhook']:.0f} us, fixed answer "
+                      f"{costs['fixed answer']:.0f} us, json parse and write alone {costs['json']:.0f} us")
+                print(f"for 0.9x of the fixed answer's {fastest:.0f} reviews/s, the webhook may add at most {room:.0f} us "
+                      f"per review (every CPU the servers'); it adds {costs['webhook'] - costs['fixed answer']:.0f} us, "
+                      f"and parsing the review and writing its answer take {costs['json']:.0f} us of that")
     return 0
 
 

@@ -7,6 +7,11 @@ from the crossing: to the last eviction and to the last replacement running; the
 
 GPUSHARING_DEMOTION_PODS sets the pods (500); GPUSHARING_EVICTION_CONCURRENCY, when set, runs the controller with
 that TIMEKEEPER_EVICTION_CONCURRENCY in place of the system's (the controller's default).
+
+GPUSHARING_DEMOTION_BASELINE=client runs the baseline of bench/demotion.py --cluster: no crossing, the same pods
+evicted by a plain client (this test, as the cluster's admin, that many at a time, or 16; each 429 asked again after
+a second), and their replacements admitted in budget. It prints the control plane's own time for the evictions and
+the replacements (webhook, kube-scheduler, the node simulator), with none of the controller's work in it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -23,10 +29,11 @@ import pytest
 from tests.cluster.nodes import METER, NodeSimulator
 from tests.cluster.test_controller import IN_BUDGET, OVER_BUDGET, deployment, granted, running
 from tests.cluster.workloads import delete_namespaces, pod_template
-from tests.e2e.system import GpuSharing, wait_for
+from tests.e2e.system import ApiError, GpuSharing, wait_for
 
 PODS = int(os.environ.get("GPUSHARING_DEMOTION_PODS", "500"))
 CONCURRENCY = os.environ.get("GPUSHARING_EVICTION_CONCURRENCY", "").strip()
+BY_CLIENT = os.environ.get("GPUSHARING_DEMOTION_BASELINE", "").strip() == "client"
 DEPLOYMENTS = 10
 REPLICAS = PODS // DEPLOYMENTS
 MAX_UNAVAILABLE = 5  # the guarded Deployment's disruption budget
@@ -38,6 +45,23 @@ def ready(pod: dict[str, Any]) -> bool:
     conditions = pod["status"].get("conditions") or []
     return "deletionTimestamp" not in pod["metadata"] and any(
         c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def evict_as_a_client(cluster: GpuSharing, namespace: str, names: set[str], concurrency: int) -> None:
+    """The baseline's evictions: every pod asked for, `concurrency` at a time, each 429 asked again after a second."""
+    def evict(name: str) -> None:
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        while True:
+            try:
+                cluster.rest("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", eviction)
+                return
+            except ApiError as exc:
+                if exc.status != 429:
+                    raise
+                time.sleep(1.0)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(evict, sorted(names)))
 
 
 def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_disruption_budget(
@@ -83,7 +107,10 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         crossed_at, crossed = dt.datetime.now(dt.timezone.utc), time.monotonic()
-        cluster.set_budget(namespace, gpu_minutes=1, evict=True)  # below its use: the crossing
+        if BY_CLIENT:
+            evict_as_a_client(cluster, namespace, names, int(CONCURRENCY or 16))
+        else:
+            cluster.set_budget(namespace, gpu_minutes=1, evict=True)  # below its use: the crossing
 
         wait_for(lambda: {a.pod for a in granted(cluster, namespace)} >= names, "every pod admitted in budget evicted",
                  timeout=300)
@@ -97,7 +124,8 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
         answers = cluster.plane.eviction_answers(namespace)
         times = Counter(a.pod for a in answers if a.code == 201)
         refused = [a for a in answers if a.code == 429]
-        figures.append(f"{PODS} running pods demoted ({CONCURRENCY or 'default'} evictions at a time): last eviction "
+        what = "evicted by a plain client, replaced in budget (the baseline)" if BY_CLIENT else "demoted"
+        figures.append(f"{PODS} running pods {what} ({CONCURRENCY or 'default'} evictions at a time): last eviction "
                        f"{(last_eviction - crossed_at).total_seconds():.1f} s after the crossing, every replacement "
                        f"running after {replacements_running:.1f} s; {sum(times.values())} evictions granted, "
                        f"{len(refused)} answered 429 ({sum(a.pod in guarded for a in refused)} of the guarded "
@@ -106,7 +134,7 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
         assert [name for name, count in times.items() if count > 1] == [], "the API server granted no pod's eviction twice"
         assert any(a.pod in guarded for a in refused), "the disruption budget held some of its pods back"
         assert min(lowest) >= REPLICAS - MAX_UNAVAILABLE, "never more disrupted than its budget allows"
-        for pod in demoted():
+        for pod in [] if BY_CLIENT else demoted():
             assert pod["spec"]["priorityClassName"] == OVER_BUDGET, pod["metadata"]["name"]
             assert pod["metadata"]["annotations"]["gpusharing.io/budget-state"] == "over-budget", pod["metadata"]["name"]
     finally:
