@@ -21,11 +21,13 @@ _UNSIGNED = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}")
 
 def as_mapping(value: object) -> Mapping[str, Any]:
     """The value if it is a JSON object, else empty: the API server sends typed pods, other callers may not."""
+    if type(value) is dict:  # what JSON decodes to: spares the ABC check, a tenth of a review's reading
+        return value
     return value if isinstance(value, Mapping) else {}
 
 
 def as_list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
+    return value if type(value) is list or isinstance(value, list) else []
 
 
 def instant(raw: object) -> dt.datetime | None:

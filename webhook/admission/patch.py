@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 
 def pointer(*tokens: str | int) -> str:
     """An RFC 6901 JSON pointer; '~' and '/' in keys are escaped (annotation keys contain '/')."""
-    return "".join("/" + str(t).replace("~", "~0").replace("/", "~1") for t in tokens)
+    return "".join(map(_reference_token, tokens))
+
+
+@lru_cache(maxsize=4096)  # the webhook's own keys and container indexes, a dozen times per review
+def _reference_token(token: str | int) -> str:
+    return "/" + str(token).replace("~", "~0").replace("/", "~1")
 
 
 class JsonPatch:

@@ -3,6 +3,7 @@ answered, counted and logged."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -114,7 +115,9 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
     fields.update(decision=outcome, dialect=decision.dialect)
     _log_decision(reviewer, admission, decision, fields)
     metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
-    return jsonify(review_response(admission, decision)), 200
+    # Compact and in the order built: Flask's jsonify sorts every object's keys, a tenth of writing the answer.
+    answer = json.dumps(review_response(admission, decision), separators=(",", ":"))
+    return Response(answer, mimetype="application/json"), 200
 
 
 def _log_decision(reviewer: Reviewer, admission: AdmissionRequest, decision: Decision, fields: dict[str, Any]) -> None:
