@@ -17,7 +17,7 @@ from gpusharing.gpu.dialects import Dialect
 from gpusharing.gpu.dra import ClaimSource
 from tests.gpusharing.test_request import INVALID
 from timekeeper.app import create_app as create_timekeeper
-from timekeeper.config import TimekeeperConfig
+from timekeeper.config import DEFAULT_BAND_CLASSES, TimekeeperConfig
 from timekeeper.database.schema import upgrade
 from timekeeper.metrics import LedgerCollector
 from webhook.admission.safe import VERDICTS
@@ -35,8 +35,10 @@ BOUNDED = {  # the label values a webhook metric may take, whatever the pods it 
     "outcome": {"ok", "failed"},
     "kind": {str(source) for source in ClaimSource},
     "verdict": set(VERDICTS),
-    # the classes the webhook gives (an allowed class of the pod's own is never resolved by the webhook)
-    "priority_class": {WebhookConfig().priority_class_in_budget, WebhookConfig().priority_class_over_budget},
+    "status": {"401", "403", "503"},  # a refused caller's (webhook.api.callers): set when tests/webhook ran first
+    # the classes the webhook gives, fair-share bands' among them (an allowed class of the pod's own is never
+    # resolved by the webhook)
+    "priority_class": {WebhookConfig().priority_class_in_budget, WebhookConfig().priority_class_over_budget, *DEFAULT_BAND_CLASSES},
 }
 PER_OBJECT_LABELS = {"pod", "uid", "pod_uid", "request_id", "name"}
 PER_POD_FAMILIES = {
