@@ -14,6 +14,10 @@ seq. At a fixed rate each client thread sends on a schedule; at the maximum, eve
 previous answer came. The CPU per report is the user and system time of the timekeeper's processes (and of
 PostgreSQL's) over the measurement, divided by the reports answered: on a shared machine it moves far less than the
 throughput does.
+
+Beside both trees, in each round, the stack's ceiling: a Flask app that reads each report and returns a fixed
+answer (the timekeeper's to a report), through the same gpusharing/serving/server.py with the same workers and
+threads, driven by the same clients: what any timekeeper on this stack could take, were accounting free.
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from demo.processes import COMMAND  # noqa: E402
+import ceiling  # noqa: E402  (bench/, this script's directory)
+from flask import Flask  # noqa: E402
+
+from demo.processes import COMMAND, Service, free_port, tree_cpu_seconds  # noqa: E402
+from gpusharing.serving.server import ServerOptions, serve  # noqa: E402
 from tests.postgres import PostgresServer  # noqa: E402
 from tests.timekeeper.process import TimekeeperProcess  # noqa: E402
 
@@ -49,6 +57,15 @@ BASELINE = "c5d63a6"
 TOKEN = "bench-meter-token"
 NAMESPACES = 20
 CLIENTS = 2  # client processes, so that the load generator is not one GIL
+CEILING = "the stack's ceiling"  # the fixed-answer app's label
+# An answer of the timekeeper's shape to an accepted report (timekeeper/accounting/reports.py), given to every report.
+FIXED_ANSWER = json.dumps({"namespace": "ns-0", "state": "in-budget", "outcome": "accepted", "chargedGpuSeconds": 7.5,
+                           "billedGpuSeconds": 7.5}).encode()
+
+
+def fixed_answer_app() -> Flask:
+    """The stack's ceiling: reads each report and answers as the timekeeper does, but does nothing with it."""
+    return ceiling.fixed_answer_app("/api/v1/reports", FIXED_ANSWER)
 
 
 class _KeepAliveClient:
@@ -196,27 +213,6 @@ def measure_with_wrk(port: int, connections: int, seconds: float) -> dict[str, f
             "p99_ms": float(p99), "errors": int(errors)}
 
 
-def _cpu_seconds(root: int) -> float:
-    """User and system CPU of a process and its descendants so far (Linux /proc), in seconds."""
-    children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # gone meanwhile
-            continue
-        pid = int(stat.parent.name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        times[pid] = (int(fields[11]) + int(fields[12])) / tick
-    total, pending = 0.0, [root]
-    while pending:
-        pid = pending.pop()
-        total += times.get(pid, 0.0)
-        pending.extend(children.get(pid, ()))
-    return total
-
-
 @contextmanager
 def _checkout(revision: str) -> Iterator[Path]:
     """The revision in a temporary git worktree, removed on exit."""
@@ -250,26 +246,38 @@ def _database(server: PostgresServer | None, workdir: Path, tree: Path) -> tuple
     return url, postmaster
 
 
-def _run(args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path, label: str, scratch: Path) -> float:
-    """One timekeeper (of `tree`) on a fresh database: its lines printed; returns the maximum's reports/s."""
+def _run(args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path | None, label: str, scratch: Path) -> float:
+    """One timekeeper (of `tree`) on a fresh database, or the fixed-answer app (`tree` None): its lines printed;
+    returns the maximum's reports/s."""
     workdir = Path(tempfile.mkdtemp(prefix="tk", dir=scratch))
     tokens = workdir / "tokens"
     tokens.write_text(f"{TOKEN} meter\n")
-    url, postmaster = _database(server, workdir, tree)
+    if tree is None:
+        url, postmaster, loads = "", None, [(f"maximum ({args.client})", None)]
+        port = free_port()
+        process: Service = Service(
+            "fixed-answer", ["--serve-fixed-answer", str(port), "--workers", str(args.workers), "--threads", str(args.threads)],
+            f"http://127.0.0.1:{port}/readyz", log_path=workdir / "fixed-answer.log", command=[sys.executable, str(Path(__file__).resolve())],
+        )
+    else:
+        url, postmaster = _database(server, workdir, tree)
+        loads = [(f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)]
+        process = TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads, cwd=tree)
+        port = process.port
     maximum = 0.0
-    with TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads, cwd=tree) as tk:
+    with process as tk:
         assert tk.process is not None
-        for load, rate in ((f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)):
-            cpu = {"timekeeper": _cpu_seconds(tk.process.pid), "database": _cpu_seconds(postmaster) if postmaster else 0.0}
+        for load, rate in loads:
+            cpu = {"server": tree_cpu_seconds(tk.process.pid), "database": tree_cpu_seconds(postmaster) if postmaster else 0.0}
             if rate is None and args.client == "wrk":
-                m = measure_with_wrk(tk.port, CLIENTS * args.client_threads, args.seconds)
+                m = measure_with_wrk(port, CLIENTS * args.client_threads, args.seconds)
             else:
-                m = measure(tk.port, args.client_threads, rate, args.seconds)
-            spent = {"timekeeper": _cpu_seconds(tk.process.pid) - cpu["timekeeper"],
-                     "database": (_cpu_seconds(postmaster) - cpu["database"]) if postmaster else 0.0}
+                m = measure(port, args.client_threads, rate, args.seconds)
+            spent = {"server": tree_cpu_seconds(tk.process.pid) - cpu["server"],
+                     "database": (tree_cpu_seconds(postmaster) - cpu["database"]) if postmaster else 0.0}
             per_report = " ".join(f"{who} {1000 * seconds / max(m['reports'], 1):.2f}" for who, seconds in spent.items()
-                                  if postmaster or who == "timekeeper")
-            print(f"{backend:<10}  {label:<14}  {load:<16}  {m['per_second']:7.0f} reports/s  p50 {m['p50_ms']:7.2f} ms  "
+                                  if postmaster or who == "server")
+            print(f"{backend:<10}  {label:<19}  {load:<16}  {m['per_second']:7.0f} reports/s  p50 {m['p50_ms']:7.2f} ms  "
                   f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}  CPU ms/report: {per_report}", flush=True)
             if rate is None:
                 maximum = m["per_second"]
@@ -291,7 +299,13 @@ def main() -> int:
                         help=f"the revision measured beside this checkout, alternating (default {BASELINE}, the timekeeper "
                              "before billing from the record); 'none' measures this checkout alone")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tree per backend, alternating (default 2)")
+    parser.add_argument("--no-ceiling", action="store_true", help="without the fixed-answer app's runs")
+    parser.add_argument("--serve-fixed-answer", metavar="PORT", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_fixed_answer:  # the benchmark's own child process: the fixed-answer app until stopped
+        serve("timekeeper_ingest:fixed_answer_app", ServerOptions(host="127.0.0.1", port=args.serve_fixed_answer,
+                                                                  workers=args.workers, threads=args.threads))
+        return 0
     if args.client == "wrk" and shutil.which("wrk") is None:
         parser.error("--client wrk needs wrk on the PATH (apt-get install wrk)")
     backends = ("postgresql", "sqlite") if args.backend == "both" else (args.backend,)
@@ -299,8 +313,12 @@ def main() -> int:
           f"{args.client_threads} threads, {args.seconds:g} s per measurement; CPU of the timekeeper's processes and of "
           f"the database's (PostgreSQL's server processes; SQLite's runs in the timekeeper)", flush=True)
     with ExitStack() as stack:
-        trees = [(f"baseline {args.baseline}", stack.enter_context(_checkout(args.baseline)))] if args.baseline != "none" else []
+        trees: list[tuple[str, Path | None]] = []
+        if args.baseline != "none":
+            trees.append((f"baseline {args.baseline}", stack.enter_context(_checkout(args.baseline))))
         trees.append(("this checkout", ROOT))
+        if not args.no_ceiling:
+            trees.append((CEILING, None))
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tk-bench-")))
         maxima: dict[tuple[str, str], list[float]] = {}
         for backend in backends:
@@ -308,10 +326,11 @@ def main() -> int:
             for _ in range(args.rounds):
                 for label, tree in trees:
                     maxima.setdefault((backend, label), []).append(_run(args, backend, server, tree, label, scratch))
-            if len(trees) == 2:
-                this, before = (statistics.median(maxima[backend, label]) for label, _ in reversed(trees))
-                print(f"{backend:<10}  maximum, median of {args.rounds} rounds: {this:.0f} reports/s, "
-                      f"{this / before:.2f}x the baseline's {before:.0f}", flush=True)
+            this = statistics.median(maxima[backend, "this checkout"])
+            compared = [f"{this / statistics.median(maxima[backend, label]):.2f}x {label}'s "
+                        f"{statistics.median(maxima[backend, label]):.0f}" for label, _ in trees if label != "this checkout"]
+            print(f"{backend:<10}  maximum, median of {args.rounds} rounds: {this:.0f} reports/s"
+                  + (", " + ", ".join(compared) if compared else ""), flush=True)
     return 0
 
 

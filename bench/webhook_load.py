@@ -6,11 +6,12 @@ answer to the first review, returned as it is to every request) through the same
 the same gunicorn settings, TLS and malloc settings. Drives the webhook at a fixed rate from client processes (one
 persistent TLS connection each), then each server in turn (alternating, `--rounds` times) at the maximum, with those
 Python clients and with wrk (C; `apt-get install wrk`; skipped, with a line saying so, when it is not on the PATH),
-and prints reviews/s, p50, p99 and the webhook's share of the fixed app's reviews/s. Then, in this process with no
-HTTP and no TLS, each app's own time per review (through Flask's test client, one thread) and the time to parse a
-review and write an answer of the webhook's size with `json` (what any webhook in Python does at the least), beside
-the most work per review the webhook could add to the fixed app's and still serve 0.9 of its reviews/s (were every
-CPU the servers'). Run by hand:
+and prints reviews/s, p50, p99, the CPU each server's processes spent per review (steadier than reviews/s, which
+moves with how the keep-alive connections fell on the workers) and the webhook's share of the fixed app's
+reviews/s. Then, in this process with no HTTP and no TLS, each app's own time per review (through Flask's test
+client, one thread) and the time to parse a review and write an answer of the webhook's size with `json` (what any
+webhook in Python does at the least), beside the most server CPU per review the webhook could add to the fixed
+app's and still serve 0.9 of its reviews/s where the servers' CPU is what runs out. Run by hand:
 
     .venv/bin/python bench/webhook_load.py                  # 500/s for 10 s, then the maximum, 2 rounds of 10 s
     .venv/bin/python bench/webhook_load.py --rate 1000 --duration 20 --workers 2 --clients 3
@@ -40,10 +41,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, request
+import ceiling  # bench/, this script's directory
+from flask import Flask
 
 from demo.apiserver import admission_review, example_manifests, example_pod
-from demo.processes import Service, free_port
+from demo.processes import Service, free_port, tree_cpu_seconds
 from gpusharing.serving.certs import make_serving_certificate
 from gpusharing.serving.server import ServerOptions, serve
 
@@ -97,20 +99,8 @@ def safe_timekeeper() -> ThreadingHTTPServer:
 
 
 def fixed_answer_app() -> Flask:
-    """The stack's ceiling: a Flask app that reads each review and returns the same answer, read once at start."""
-    answer = Path(os.environ[FIXED_ANSWER]).read_bytes()
-    app = Flask("fixed_answer")
-
-    @app.post("/mutate")
-    def mutate() -> Response:
-        request.get_data(cache=False)
-        return Response(answer, content_type="application/json")
-
-    @app.get("/readyz")
-    def readyz() -> Response:
-        return Response(b"ok", content_type="text/plain")
-
-    return app
+    """The stack's ceiling: reads each review and returns the same answer, read once at start."""
+    return ceiling.fixed_answer_app("/mutate", Path(os.environ[FIXED_ANSWER]).read_bytes())
 
 
 def serve_fixed_answer(port: int, cert: str, key: str, workers: int, threads: int) -> None:
@@ -231,8 +221,9 @@ def in_process_costs(bodies: list[bytes], answer_file: Path) -> dict[str, float]
 
 
 def _line(label: str, figures: dict[str, float]) -> str:
+    cpu = f"  server CPU {figures['cpu_us']:5.0f} us/review" if "cpu_us" in figures else ""
     return (f"{label:>30}: {figures['reviews_per_s']:8.0f} reviews/s  p50 {figures['p50_ms']:6.2f} ms  "
-            f"p99 {figures['p99_ms']:6.2f} ms  ({figures['reviews']:.0f} reviews, {figures['errors']:.0f} errors)")
+            f"p99 {figures['p99_ms']:6.2f} ms{cpu}  ({figures['reviews']:.0f} reviews, {figures['errors']:.0f} errors)")
 
 
 def _median(rounds: list[dict[str, float]]) -> dict[str, float]:
@@ -300,6 +291,8 @@ def main() -> int:
                 if "wrk" not in clients:
                     print("wrk is not on the PATH (apt-get install wrk): the Python clients alone")
                 servers = {"fixed answer": fixed_port, "webhook": port}
+                assert fixed.process is not None and server.process is not None
+                masters = {"fixed answer": fixed.process.pid, "webhook": server.process.pid}
                 for server_port in servers.values():
                     run_phase(server_port, ca, args.clients, None, 2, deadline)  # warm-up
                 figures = run_phase(port, ca, args.clients, args.rate, args.duration, deadline)
@@ -309,10 +302,14 @@ def main() -> int:
                     for load in clients:
                         # Alternating which goes first, so that what else the machine does falls on both alike.
                         for name in sorted(servers, reverse=round_number % 2 == 1):
+                            cpu_before = tree_cpu_seconds(masters[name])
                             if load == "wrk":
                                 figures = run_wrk(servers[name], str(bodies_file), args.clients, args.duration)
                             else:
                                 figures = run_phase(servers[name], ca, args.clients, None, args.duration, deadline)
+                            # The server's master and workers: steadier than reviews/s, which moves with how the
+                            # keep-alive connections fell on the workers and with what else the machine does.
+                            figures["cpu_us"] = (tree_cpu_seconds(masters[name]) - cpu_before) / max(figures["reviews"], 1) * 1e6
                             print(_line(f"{name}, {load}, round {round_number + 1}", figures), flush=True)
                             measured.setdefault((load, name), []).append(figures)
                 print(f"maximum, median of {args.rounds} rounds:")
@@ -321,18 +318,22 @@ def main() -> int:
                     print(_line(f"fixed answer, {load}", ceiling))
                     print(_line(f"webhook, {load}", webhook))
                     print(f"{'ratio, ' + load:>30}: {webhook['reviews_per_s'] / ceiling['reviews_per_s']:8.2f}x reviews/s  "
-                          f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x")
+                          f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x  "
+                          f"server CPU per review {webhook['cpu_us'] / ceiling['cpu_us']:.2f}x")
                 if args.safe:
                     print(f"{'verdicts':>30}: {safe_verdicts(port, ca)}")
             if not args.safe:  # safe admission's reservations are calls to the stand-in: not the webhook's own work
                 costs = in_process_costs(review_bodies(deadline), answer_file)
-                fastest = max(_median(measured[(load, "fixed answer")])["reviews_per_s"] for load in clients)
-                room = (1 / 0.9 - 1) * (os.cpu_count() or 1) / fastest * 1e6
+                fixed_cpu = statistics.median(f["cpu_us"] for load in clients for f in measured[(load, "fixed answer")])
+                webhook_cpu = statistics.median(f["cpu_us"] for load in clients for f in measured[(load, "webhook")])
+                room = (1 / 0.9 - 1) * fixed_cpu
                 print(f"in process, per review (no HTTP, no TLS): webhook {costs['webhook']:.0f} us, fixed answer "
                       f"{costs['fixed answer']:.0f} us, json parse and write alone {costs['json']:.0f} us")
-                print(f"for 0.9x of the fixed answer's {fastest:.0f} reviews/s, the webhook may add at most {room:.0f} us "
-                      f"per review (every CPU the servers'); it adds {costs['webhook'] - costs['fixed answer']:.0f} us, "
-                      f"and parsing the review and writing its answer take {costs['json']:.0f} us of that")
+                print(f"server CPU per review, median of every run: fixed answer {fixed_cpu:.0f} us, webhook {webhook_cpu:.0f} us; "
+                      f"for 0.9x of the fixed answer's reviews/s where the servers' CPU is what runs out, the webhook may "
+                      f"add at most {room:.0f} us; it adds {webhook_cpu - fixed_cpu:.0f} us (in process "
+                      f"{costs['webhook'] - costs['fixed answer']:.0f} us), and parsing the review and writing its answer "
+                      f"alone take {costs['json']:.0f} us")
     return 0
 
 

@@ -30,6 +30,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """User and system CPU of a process and its descendants so far (Linux /proc), in seconds: a server's master
+    and its workers (benchmarks)."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, pending = 0.0, [root]
+    while pending:
+        pid = pending.pop()
+        total += times.get(pid, 0.0)
+        pending.extend(children.get(pid, ()))
+    return total
+
+
 def child_pids(parent: int) -> list[int]:
     """The processes whose parent is `parent` (a gunicorn master's workers), from /proc."""
     pids = []
