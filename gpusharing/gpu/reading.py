@@ -27,7 +27,7 @@ def as_mapping(value: object) -> Mapping[str, Any]:
 
 
 def as_list(value: object) -> list[Any]:
-    return value if type(value) is list or isinstance(value, list) else []
+    return value if isinstance(value, list) else []
 
 
 def instant(raw: object) -> dt.datetime | None:
