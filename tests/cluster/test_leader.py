@@ -3,11 +3,14 @@ compete for it, the leader is paused mid-pass until its successor has taken over
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.cluster.conftest import LEASE_SECONDS
@@ -18,6 +21,20 @@ from timekeeper.cluster.leader import LEASE_NAME
 
 PODS = 500
 EVICTED = re.compile(r"evicted pod (\S+)/(\S+): its namespace is over its GPU budget")
+
+
+@contextmanager
+def _between_sqlite_writes(database_url: str) -> Iterator[None]:
+    """Holds SQLite's writer lock (timekeeper.database.connection) while the leader is paused: a leader frozen inside
+    a write transaction would hold every writer, its successor's too, which is SQLite's one writer, not the Lease
+    this test is about. A stopped process waiting for the lock does not
+    take it when it is released."""
+    if not database_url.startswith("sqlite:///"):
+        yield
+        return
+    with open(database_url.removeprefix("sqlite:///") + ".writer-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def evictions(log: Path, namespace: str) -> Counter[str]:
@@ -48,7 +65,8 @@ def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_controlle
         (leader,) = [s for s in logs if s.process is not None and f"-{s.process.pid}-" in holder]
         assert leader.process is not None
         worker = leader.process.pid
-        os.kill(worker, signal.SIGSTOP)  # the leader, paused mid-pass, still believes it leads
+        with _between_sqlite_writes(cluster.database):
+            os.kill(worker, signal.SIGSTOP)  # the leader, paused mid-pass, still believes it leads
         try:
             wait_for(lambda: cluster.rest("GET", lease_path)["spec"]["holderIdentity"] != holder, "a successor to take the lease")
             wait_for(lambda: terminating() >= 100, "the successor to evict")
