@@ -27,8 +27,7 @@ EVICTED = re.compile(r"evicted pod (\S+)/(\S+): its namespace is over its GPU bu
 def _between_sqlite_writes(database_url: str) -> Iterator[None]:
     """Holds SQLite's writer lock (timekeeper.database.connection) while the leader is paused: a leader frozen inside
     a write transaction would hold every writer, its successor's too, which is SQLite's one writer, not the Lease
-    this test is about. A stopped process waiting for the lock does not
-    take it when it is released."""
+    this test is about. A stopped process waiting for the lock does not take it when it is released."""
     if not database_url.startswith("sqlite:///"):
         yield
         return
