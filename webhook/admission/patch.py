@@ -8,12 +8,19 @@ from typing import Any
 
 def pointer(*tokens: str | int) -> str:
     """An RFC 6901 JSON pointer; '~' and '/' in keys are escaped (annotation keys contain '/')."""
-    return "".join(map(_reference_token, tokens))
+    return "".join(_escaped(t) if isinstance(t, str) and len(t) > MAX_CACHED_TOKEN else _cached(t) for t in tokens)
 
 
-@lru_cache(maxsize=4096)  # the webhook's own keys and container indexes, a dozen times per review
-def _reference_token(token: str | int) -> str:
+# Keys a pod's author wrote reach here too (reserved annotations the webhook removes), unvalidated yet: only short
+# ones are kept, so that the cache holds at most 4,096 x 317 characters (a valid annotation key's longest).
+MAX_CACHED_TOKEN = 317
+
+
+def _escaped(token: str | int) -> str:
     return "/" + str(token).replace("~", "~0").replace("/", "~1")
+
+
+_cached = lru_cache(maxsize=4096)(_escaped)  # the webhook's own keys and container indexes, a dozen times per review
 
 
 class JsonPatch:
