@@ -11,7 +11,6 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY constraints.txt pyproject.toml setup.cfg setup.py README.md ./
 COPY gpusharing gpusharing
-COPY admin admin
 COPY webhook webhook
 COPY timekeeper timekeeper
 COPY sidecar sidecar

@@ -27,9 +27,9 @@ from gpusharing.contract import AdmissionMode, Period, Shortfall  # noqa: E402
 from tests.postgres import bench_database  # noqa: E402
 from timekeeper.budgets.commitments import NamespaceCommitments  # noqa: E402
 from timekeeper.budgets.requests import Reservation  # noqa: E402
-from timekeeper.budgets.reservations import ReservationStore  # noqa: E402
 from timekeeper.budgets.status import Budget  # noqa: E402
-from timekeeper.budgets.store import BudgetStore  # noqa: E402
+from timekeeper.database.budgets.reservations import ReservationStore  # noqa: E402
+from timekeeper.database.budgets.store import BudgetStore  # noqa: E402
 from timekeeper.database.connection import Database  # noqa: E402
 
 SIBLINGS = ("team-a", "team-b", "team-c", "team-d")

@@ -58,7 +58,7 @@ TOKEN = "bench-meter-token"
 NAMESPACES = 20
 CLIENTS = 2  # client processes, so that the load generator is not one GIL
 CEILING = "the stack's ceiling"  # the fixed-answer app's label
-# An answer of the timekeeper's shape to an accepted report (timekeeper/accounting/reports.py), given to every report.
+# An answer of the timekeeper's shape to an accepted report (timekeeper/database/accounting/pods.py), given to every report.
 FIXED_ANSWER = json.dumps({"namespace": "ns-0", "state": "in-budget", "outcome": "accepted", "chargedGpuSeconds": 7.5,
                            "billedGpuSeconds": 7.5}).encode()
 

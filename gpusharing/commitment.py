@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpusharing.gpu.reading import as_mapping
+from gpusharing.decoded import as_mapping
 from gpusharing.units.weights import MICROS_PER_SECOND, weighted
 
 # activeDeadlineSeconds is an int64 the API server checks only after the webhook: a pod may claim anything. No pod

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "kube-gpusharing"
 CHANGELOG = ROOT / "CHANGELOG.md"
 CONSTRAINTS = ROOT / "constraints.txt"
-PACKAGES = ("gpusharing", "admin", "webhook", "timekeeper", "sidecar", "migrations", "demo")  # setup.cfg's
+PACKAGES = ("gpusharing", "webhook", "timekeeper", "sidecar", "migrations", "demo")  # setup.cfg's
 RELEASES = "https://github.com/kube-gpusharing/kube-gpusharing/releases/download"  # where a release's assets go
 
 

@@ -36,9 +36,9 @@ from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport
 from gpusharing.settings.env import ConfigError
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
-from timekeeper.accounting.reports import ReportTerms
-from timekeeper.accounting.usage_report import recorded_labels
+from gpusharing.usage_report import recorded_labels
 from timekeeper.cluster.kube import Access, Identity, KubeApi, KubeUnavailable, NodePods
+from timekeeper.database.accounting.charging import ReportTerms
 
 GROUP = "gpusharing.io"
 ADMIN = Access("update", "budgets", GROUP)

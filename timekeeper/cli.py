@@ -1,4 +1,4 @@
-"""`gpusharing timekeeper serve` and `controller`, `gpusharing db upgrade` and `db downgrade` (the admin's commands are in admin.commands)."""
+"""`gpusharing timekeeper serve` and `controller`, `gpusharing db upgrade` and `db downgrade` (the admin's commands are in gpusharing.admin.commands)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from sqlalchemy.exc import ArgumentError
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, METER_INTERVAL_SETTING, Period
 from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.gpu.request import GpuRequestSettings
+from gpusharing.idle.policy import IdlePolicy, IdlePolicyError, idle_policy_from_json
 from gpusharing.settings.env import (
     ConfigError,
     env_choice,
@@ -30,11 +31,10 @@ from gpusharing.settings.meter import meter_interval_seconds
 from gpusharing.units.duration import DurationError, parse_duration
 from gpusharing.utilisation import UtilisationSource
 from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label, check_selector
-from timekeeper.budgets.idle import IdlePolicy, IdlePolicyError, idle_policy_from_json
 from timekeeper.fairshare.bands import FairShareBands
 
 AUTH_MODES = ("tokenreview", "static", "none")
-DEFAULT_CLOCK = "timekeeper.budgets.store:utc_now"
+DEFAULT_CLOCK = "timekeeper.database.budgets.store:utc_now"
 METRICS_AUTH = ("none", "token")
 DEFAULT_DATABASE_URL = "sqlite:///timekeeper.sqlite"
 # The node agent's ServiceAccount, in the namespace of its own the chart installs it in (its host access needs Pod

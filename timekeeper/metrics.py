@@ -14,10 +14,10 @@ from gpusharing.serving.metrics import LATENCY_BUCKETS
 from gpusharing.units.weights import MICROS_PER_SECOND
 
 if TYPE_CHECKING:
-    from timekeeper.accounting.reports import ReportLedger
-    from timekeeper.accounting.streaks import IdleLedger
     from timekeeper.budgets.status import BudgetStatus
-    from timekeeper.cluster.pods import PublishedCommitments
+    from timekeeper.database.accounting.charging import ReportLedger
+    from timekeeper.database.accounting.streaks import IdleLedger
+    from timekeeper.database.cluster.commitments import PublishedCommitments
 
 MIB = 1024 * 1024
 # The per-pod series (pods overrunning their GPU memory, running pods) are at most this many each: bounded cardinality.

@@ -14,20 +14,21 @@ from gpusharing.clock import Clock, ReadClock
 from gpusharing.kube.client import in_cluster_available
 from gpusharing.settings.env import ConfigError, load_code
 from timekeeper import metrics
-from timekeeper.accounting.fairshare import FairShareLedger, band_json
-from timekeeper.accounting.readings import UtilisationLedger
-from timekeeper.accounting.reports import ReportLedger, ReportQueue
-from timekeeper.accounting.streaks import IdleLedger, holds_by_namespace
 from timekeeper.auth import Authenticator, StaticTokens, load_static_tokens
 from timekeeper.budgets.commitments import listing_json
-from timekeeper.budgets.reservations import ReservationStore
 from timekeeper.budgets.status import BudgetStatus
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.kube import KubeApi
-from timekeeper.cluster.pods import PublishedCommitments
-from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
+from timekeeper.database.accounting.charging import ReportLedger
+from timekeeper.database.accounting.fairshare import FairShareLedger, band_json
+from timekeeper.database.accounting.readings import UtilisationLedger
+from timekeeper.database.accounting.report_queue import ReportQueue
+from timekeeper.database.accounting.streaks import IdleLedger, holds_by_namespace
+from timekeeper.database.budgets.reservations import ReservationStore
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.clock import DatabaseClock
+from timekeeper.database.cluster.commitments import PublishedCommitments
+from timekeeper.database.cluster.listings import WebhookListings
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import head_revision
 
@@ -78,7 +79,7 @@ class Services:
 
     def fair_share_bands(self, namespaces: Iterable[str], detail: bool = False) -> dict[str, dict[str, Any]]:
         """The band of each ranked namespace as the webhook admits by it (none when fair share is off); `detail`: with
-        its path and when its band would rise at zero use (timekeeper.accounting.fairshare.band_json)."""
+        its path and when its band would rise at zero use (timekeeper.database.accounting.fairshare.band_json)."""
         if self.fair_share is None:
             return {}
         settings = self.config.fair_share

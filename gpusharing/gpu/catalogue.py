@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gpusharing.gpu.reading import as_list, as_mapping
+from gpusharing.decoded import as_list, as_mapping
 from gpusharing.messages import shortened
 from gpusharing.settings.env import ConfigError, env_int
 from gpusharing.units.weights import UNIT_WEIGHT, WeightError, parse_weight

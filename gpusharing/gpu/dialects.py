@@ -12,20 +12,10 @@ from decimal import Decimal
 from typing import Any
 
 from gpusharing.compat import StrEnum
+from gpusharing.decoded import as_mapping
+from gpusharing.gpu.fields import TOO_MANY_DEVICES, Container, ContainerRole, Errors, percent, unsigned, whole
+from gpusharing.gpu.fields import devices as read_devices
 from gpusharing.gpu.mig import InvalidMigProfile, MigSlice, is_mig_resource, mig_profile
-from gpusharing.gpu.reading import (
-    TOO_MANY_DEVICES,
-    Container,
-    ContainerRole,
-    Errors,
-    as_mapping,
-    percent,
-    unsigned,
-    whole,
-)
-from gpusharing.gpu.reading import (
-    devices as read_devices,
-)
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import QuantityError, QuantityOutOfBounds, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE

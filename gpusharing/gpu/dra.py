@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusharing.compat import StrEnum
-from gpusharing.gpu.reading import as_list, as_mapping
+from gpusharing.decoded import as_list, as_mapping
 
 MAX_REQUESTS = 32  # the API server's limit on a claim's requests
 MAX_ALTERNATIVES = 8  # and on a request's firstAvailable list

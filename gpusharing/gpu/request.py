@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from decimal import Context, Decimal, localcontext
 from typing import Any
 
+from gpusharing.decoded import as_list, as_mapping
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, PodModels, describe, pod_models, shipped_catalogue
+from gpusharing.gpu.claims import ClaimGpuRequest, claimed_gpus, price_claim
 from gpusharing.gpu.dialects import (
     KAI_ANNOTATIONS,
     KAI_FRACTION,
@@ -35,26 +37,11 @@ from gpusharing.gpu.dialects import (
     read_nvidia,
 )
 from gpusharing.gpu.dra import (
-    MAX_POD_CLAIMS,
     ClaimLookup,
-    ClaimSource,
-    ClaimSpec,
-    ClaimUnknown,
-    DeviceAlternative,
     no_claims,
-    pod_claims,
 )
-from gpusharing.gpu.mig import InvalidMigProfile, dynamic_slice, parse_profile
-from gpusharing.gpu.reading import (
-    TOO_MANY_DEVICES,
-    Container,
-    ContainerRole,
-    Errors,
-    GpuRequestError,
-    InvalidGpuRequest,
-    as_list,
-    as_mapping,
-)
+from gpusharing.gpu.fields import Container, ContainerRole, Errors, GpuRequestError, InvalidGpuRequest
+from gpusharing.gpu.mig import dynamic_slice
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import MAX_DIGITS, MAX_EXPONENT, QuantityError, parse_quantity
 from gpusharing.units.share import MAX_GPU_SHARE, format_share
@@ -112,32 +99,6 @@ class ContainerGpuRequest:
 
 
 @dataclass(frozen=True)
-class ClaimGpuRequest:
-    """GPUs a pod gets through one request of one of its resource claims, held for the pod's whole life."""
-
-    claim: str  # the pod's name for the claim
-    request: str
-    device_class: str
-    devices: int
-    memory_mib: int  # of each device
-    share: Decimal
-    mig_profile: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "claim": self.claim,
-            "request": self.request,
-            "deviceClass": self.device_class,
-            "devices": self.devices,
-            "memoryMiB": self.memory_mib,
-            "share": format_share(self.share),
-        }
-        if self.mig_profile is not None:
-            record["migProfile"] = self.mig_profile
-        return record
-
-
-@dataclass(frozen=True)
 class GpuRequest:
     dialect: Dialect
     containers: tuple[ContainerGpuRequest, ...]
@@ -191,7 +152,7 @@ def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuRequestSettings, loo
     if errors:
         raise InvalidGpuRequest(errors)
     reading = _read(dialect, pod, annotations, containers, settings, errors) if dialect else DialectReading()
-    claimed = _claimed(pod, settings, lookup, errors)
+    claimed = claimed_gpus(pod, settings.dra_gpu_classes, lookup, errors)
     if errors:
         raise InvalidGpuRequest(errors)
     if not reading.asks and not claimed:
@@ -202,7 +163,7 @@ def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuRequestSettings, loo
     if errors:
         raise InvalidGpuRequest(errors)
     priced = [_price(ask, model) for ask in reading.asks]
-    claim_requests = [request for claim, alternatives in claimed for request in _price_claim(claim, alternatives, settings, model)]
+    claim_requests = [request for claim, alternatives in claimed for request in price_claim(claim, alternatives, settings.dra_devices_per_node, model)]
     order = [c.name for c in containers]
     share = effective_pod_total(priced, order, lambda r: r.share) + sum((c.share for c in claim_requests), Decimal(0))
     memory = effective_pod_total(priced, order, lambda r: Decimal(r.devices * r.memory_mib))
@@ -401,58 +362,3 @@ def _price(ask: ContainerAsk, model: GpuModel) -> ContainerGpuRequest:
 
 
 # ---- resource claims (DRA) -----------------------------------------------------------------------------------------
-
-
-def _claimed(
-    pod: Mapping[str, Any], settings: GpuRequestSettings, lookup: ClaimLookup, errors: Errors
-) -> list[tuple[str, list[tuple[str, list[DeviceAlternative]]]]]:
-    """Per claim of the pod, its requests' GPU alternatives (requests of no GPU class left out)."""
-    claims = pod_claims(as_mapping(pod.get("spec")))
-    if len(claims) > MAX_POD_CLAIMS:
-        errors.add("pod", "spec.resourceClaims", None, f"has {len(claims)} resource claims, more than the {MAX_POD_CLAIMS} the webhook reads")
-        return []
-    namespace = str(as_mapping(pod.get("metadata")).get("namespace") or "")
-    found = []
-    for claim in claims:
-        subject = f'resource claim "{shortened(claim.name)}"'
-        key = "resourceClaimTemplateName" if claim.source is ClaimSource.TEMPLATE else "resourceClaimName"
-        try:
-            spec: ClaimSpec = lookup(claim.source, namespace, claim.source_name)
-        except ClaimUnknown as exc:
-            errors.add(subject, key, claim.source_name, str(exc))
-            continue
-        requests = []
-        for request in spec.requests:
-            gpus = [a for a in request.alternatives if a.device_class in settings.dra_gpu_classes]
-            for alternative in gpus:
-                if alternative.mig_profile is not None:
-                    try:
-                        parse_profile(alternative.mig_profile)
-                    except InvalidMigProfile as exc:
-                        errors.add(subject, f"request {shortened(request.name)!r}", alternative.mig_profile, str(exc))
-                if alternative.count is not None and alternative.count > MAX_GPU_SHARE:
-                    errors.add(subject, f"request {shortened(request.name)!r}", alternative.count, f"asks for {alternative.count} GPUs, {TOO_MANY_DEVICES}")
-            if gpus:
-                requests.append((request.name, gpus))
-        if requests:
-            found.append((claim.name, requests))
-    return found
-
-
-def _price_claim(
-    claim: str, requests: list[tuple[str, list[DeviceAlternative]]], settings: GpuRequestSettings, model: GpuModel
-) -> list[ClaimGpuRequest]:
-    """Each request billed for the costliest of its alternatives (the scheduler takes the first it can have)."""
-    priced = []
-    for name, alternatives in requests:
-        options = []
-        for alternative in alternatives:
-            devices = alternative.count if alternative.count is not None else settings.dra_devices_per_node
-            if alternative.mig_profile is not None:
-                mig = parse_profile(alternative.mig_profile)
-                share = devices * mig.share(model.mig_compute_slices, model.memory_mib)
-                options.append(ClaimGpuRequest(claim, name, alternative.device_class, devices, mig.memory_mib, share, mig.profile))
-            else:
-                options.append(ClaimGpuRequest(claim, name, alternative.device_class, devices, model.memory_mib, Decimal(devices)))
-        priced.append(max(options, key=lambda o: o.share))
-    return priced

@@ -9,6 +9,10 @@ from kubernetes import config as kube_config
 
 from gpusharing.settings.env import ConfigError
 
+# Every call gives up after this long (connect and read): a slow API server delays a pass or a report, never
+# stalls it.
+REQUEST_TIMEOUT_SECONDS = 10.0
+
 
 def in_cluster_available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpusharing.gpu.reading import as_list, as_mapping
+from gpusharing.decoded import as_list, as_mapping
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from gpusharing.gpu.reading import as_mapping
+from gpusharing.decoded import as_mapping
 from gpusharing.outage import Outage
 
 log = logging.getLogger(__name__)

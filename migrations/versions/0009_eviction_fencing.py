@@ -1,7 +1,7 @@
 """The controller's fencing: its term (the Lease's leaseTransitions when taken) and each eviction claimed under it, so
-that a deposed controller can evict nothing and no pod is evicted twice (timekeeper.cluster.fencing); and which
+that a deposed controller can evict nothing and no pod is evicted twice (timekeeper.database.cluster.fencing); and which
 budget listing each webhook process holds, so that a crossing's evictions wait until every webhook knows of it
-(timekeeper.cluster.webhooks).
+(timekeeper.database.cluster.listings).
 
 Revision ID: 0009_eviction_fencing
 Revises: 0008_idle

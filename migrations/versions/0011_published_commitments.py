@@ -1,6 +1,6 @@
 """Published commitments: the committed GPU pods the controller publishes from its pod watch (committed_pods), and its
 heartbeat (commitment_publications), so that the web replicas count safe admission's commitments from the database
-and hold no pod watch of their own (timekeeper.cluster.pods).
+and hold no pod watch of their own (timekeeper.database.cluster.commitments).
 
 Both tables start empty: the controller fills them on its first publication, and until then safe admission says
 that the cluster's pods have not been published.

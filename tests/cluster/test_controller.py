@@ -39,9 +39,9 @@ from tests.cluster.nodes import METER, STOPS_AFTER, UTILISATION, NodeSimulator
 from tests.cluster.workloads import delete_namespaces, pod_template
 from tests.e2e.controlplane import EvictionAnswer
 from tests.e2e.system import SYSTEM_NAMESPACE, TASK_INTERVALS, GpuSharing, wait_for
-from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS
 from timekeeper.cluster.leader import LEASE_NAME
 from timekeeper.cluster.manager import LEASE_RETRY_SECONDS
+from timekeeper.database.cluster.fencing import STALE_CLAIM_SECONDS
 
 LEASE_PATH = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/{LEASE_NAME}"
 IN_BUDGET, OVER_BUDGET = "gpusharing-in-budget", "gpusharing-over-budget"

@@ -10,7 +10,7 @@ import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
-PACKAGES = ("gpusharing", "timekeeper", "webhook", "sidecar", "nodeagent", "admin")
+PACKAGES = ("gpusharing", "timekeeper", "webhook", "sidecar", "nodeagent")
 
 
 def named_paths(text: str) -> set[str]:
@@ -78,3 +78,20 @@ def test_a_cycle_is_found() -> None:
     for importer, imported in (("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")):
         graph.add_import(importer=importer, imported=imported)
     assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+MAX_MODULE_LINES = 450  # past this a module holds more than one room: split it, named for what each part holds
+
+
+def test_no_module_of_the_roles_and_the_core_passes_the_size_a_newcomer_reads_at_once() -> None:
+    long = {module.relative_to(ROOT).as_posix(): lines for package in PACKAGES
+            for module in (ROOT / package).rglob("*.py")
+            if (lines := len(module.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_every_import_contract_is_listed_in_the_development_guide() -> None:
+    contracts = re.findall(r"^\[importlinter:contract:([\w-]+)\]", (ROOT / ".importlinter").read_text(), re.M)
+    guide = (ROOT / "docs" / "development.md").read_text()
+    assert len(contracts) >= 9
+    assert [name for name in contracts if f"| `{name}` |" not in guide] == []

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import yaml
 
-from tests.admin.test_cluster import PROXY_VARIABLES, exec_plugin
 from tests.connectproxy import ConnectProxy
 from tests.e2e.controlplane import write_kubeconfig
 from tests.e2e.system import SYSTEM_NAMESPACE, GpuSharing
 from tests.e2e.test_admission import example
+from tests.gpusharing.admin.test_cluster import PROXY_VARIABLES, exec_plugin
 
 PLUGIN = str(Path(sys.executable).parent / "kubectl-gpusharing")
 

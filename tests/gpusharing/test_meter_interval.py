@@ -51,7 +51,7 @@ def test_a_reading_is_fresh_for_two_meter_intervals(interval: float) -> None:
 def test_a_meter_silent_for_the_longest_interval_is_still_counted_running() -> None:
     """The timekeeper stops counting a pod it has not heard from for a quarter of an hour as running (the report
     ledger's stale_seconds): a meter must turn silent well before."""
-    from timekeeper.accounting.reports import ReportLedger
+    from timekeeper.database.accounting.charging import ReportLedger
 
     stale_seconds = inspect.signature(ReportLedger).parameters["stale_seconds"].default
     assert fresh_for(MAX_METER_INTERVAL_SECONDS) < stale_seconds == 900.0

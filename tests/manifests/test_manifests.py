@@ -19,13 +19,13 @@ from demo.apiserver import admission_review, api_server_pod, example_manifests, 
 from demo.processes import run_command
 from gpusharing.contract import AdmissionMode, Shortfall
 from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
+from gpusharing.idle.policy import FIELDS as IDLE_FIELDS
+from gpusharing.idle.policy import IdleAction
 from gpusharing.serving.certs import write_overlay
 from tests.gpusharing import test_backends as backends
 from tests.gpusharing import test_dra as dra
 from tests.gpusharing.test_request import INVALID
 from tests.kustomize import KUBECTL, MANIFESTS, PASSWORD, crds, installable_manifests, kustomize, overlay
-from timekeeper.budgets.idle import FIELDS as IDLE_FIELDS
-from timekeeper.budgets.idle import IdleAction
 
 KUBERNETES_VERSION = "1.37.0"
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "gpusharing-system"}

@@ -13,8 +13,8 @@ from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, select
 
 from gpusharing.contract import Period
 from timekeeper.budgets.periods import period_window
-from timekeeper.budgets.reads import StatusReads
-from timekeeper.budgets.store import BudgetStore
+from timekeeper.database.budgets.reads import StatusReads
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Statements
 from timekeeper.database.tables import UtcDateTime, namespace_usage, top_ups
 

@@ -14,7 +14,7 @@ from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, BudgetState, Per
 from gpusharing.report import MeterReport
 from gpusharing.units.weights import MICROS_PER_SECOND
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
-from timekeeper.accounting.reports import ReportQueue
+from timekeeper.database.accounting.report_queue import ReportQueue
 from webhook.caches.budgets import BudgetStateCache
 
 

@@ -19,11 +19,11 @@ from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, fresh_f
 from gpusharing.report import MeterReport
 from tests.timekeeper.conftest import Clock, ControllerFactory, run_controller
 from timekeeper.accounting.ledger import Observation
-from timekeeper.accounting.reports import PodObservation, ReportLedger, ReportTerms
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.billing import METER_SILENT
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.manager import ControllerManager
+from timekeeper.database.accounting.charging import PodObservation, ReportLedger, ReportTerms
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import pod_usage
 

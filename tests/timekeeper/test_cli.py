@@ -233,7 +233,7 @@ def test_url_and_token_come_from_the_environment(url: str, capsys: pytest.Captur
 
 
 def test_the_default_url_refused_says_how_to_reach_a_cluster(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("admin.client.DEFAULT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setattr("gpusharing.admin.client.DEFAULT_URL", f"http://127.0.0.1:{free_port()}")
     code, _, err = run(capsys, "budget", "ls")
     assert code == 1 and err.rstrip().endswith(
         "(give its URL with --timekeeper or TIMEKEEPER_URL; on a cluster, use `kubectl gpusharing`, which reaches it "
@@ -281,7 +281,7 @@ def test_groups_parents_thresholds_and_the_tree(url: str, capsys: pytest.Capture
 
 
 def test_explain_shows_the_bill_from_the_record_and_a_silent_meter() -> None:
-    from admin.output import format_explanation
+    from gpusharing.admin.output import format_explanation
 
     pod = {"namespace": "ml", "name": "train-0", "phase": "Running", "governed": True, "record": {"gpu-share": "0.5"},
            "priorityClassName": "gpusharing-in-budget", "priority": None, "meter": "native sidecar"}

@@ -23,7 +23,7 @@ from timekeeper.budgets.commitments import (
 from timekeeper.budgets.hierarchy import roll_up
 from timekeeper.budgets.periods import period_window
 from timekeeper.budgets.status import Budget
-from timekeeper.cluster.pods import (
+from timekeeper.database.cluster.commitments import (
     NOT_PUBLISHED,
     TAKEOVER_AFTER_SECONDS,
     CommitmentPublisher,
@@ -118,7 +118,7 @@ def test_what_is_uncommitted_never_goes_below_zero() -> None:
     assert items[0]["uncommitted"]["microGpuSeconds"] == 0
 
 
-# The controller publishes the committed pods in the database; the web replicas read them there (timekeeper.cluster.pods).
+# The controller publishes the committed pods in the database; the web replicas read them there (timekeeper.database.cluster.commitments).
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:

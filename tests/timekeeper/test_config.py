@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from gpusharing.idle.policy import IdleAction, IdlePolicy
+from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS
 from gpusharing.settings.env import ConfigError
 from timekeeper.accounting.dcgm import DcgmQuery
-from timekeeper.budgets.idle import IdleAction, IdlePolicy
 from timekeeper.cluster.evictions import MAX_RETRY_SECONDS
-from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS
-from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS
 from timekeeper.config import EVICTION_RETRY_LIMIT_SECONDS, PrometheusSource, TimekeeperConfig
+from timekeeper.database.cluster.fencing import STALE_CLAIM_SECONDS
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,10 @@ from sqlalchemy import select, update
 from demo.kubeapi import FakeDisruptionBudget, FakeKube
 from tests.timekeeper.conftest import Clock
 from timekeeper.cluster.evictions import CLAIM_BATCH, EvictionPath, Evictions, LeaseLost, PodRef
-from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS, EvictionFence
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
-from timekeeper.cluster.webhooks import WebhookListings
+from timekeeper.database.cluster.fencing import STALE_CLAIM_SECONDS, EvictionFence
+from timekeeper.database.cluster.listings import WebhookListings
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import eviction_claims, webhook_listings
 

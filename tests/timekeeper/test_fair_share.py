@@ -12,23 +12,23 @@ from typing import Any
 
 import pytest
 
-from admin.output import Preemptor, format_explanation, pod_record, preemptor
 from demo.kubeapi import FakeKube
+from gpusharing.admin.output import Preemptor, format_explanation, pod_record, preemptor
 from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, Period
 from gpusharing.kube.owners import Owner
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
 from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactory, SpecClient, run_controller
-from timekeeper.accounting.fairshare import FairShareLedger
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.record import RecordedPod
-from timekeeper.accounting.reports import PodObservation, ReportLedger
 from timekeeper.budgets.status import Budget
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.fairshare import FAIR_SHARE_EVENT, rebalance
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.resources import FairShareSpec, fair_share_spec, resource_status
 from timekeeper.config import DEFAULT_BAND_CLASSES, FairShareSettings, TimekeeperConfig, fair_share_settings
+from timekeeper.database.accounting.charging import PodObservation, ReportLedger
+from timekeeper.database.accounting.fairshare import FairShareLedger
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Database
 from timekeeper.fairshare.bands import FairShareBands
 

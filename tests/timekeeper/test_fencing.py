@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import update
 
-from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS, TERM_SETTLED_SECONDS, EvictionFence
-from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS
+from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS
+from timekeeper.database.cluster.fencing import STALE_CLAIM_SECONDS, TERM_SETTLED_SECONDS, EvictionFence
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import controller_terms, eviction_claims
 

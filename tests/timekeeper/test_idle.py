@@ -17,6 +17,8 @@ from flask import Flask
 
 from demo.kubeapi import FakeKube
 from gpusharing.contract import Period
+from gpusharing.idle.policy import IdleAction, IdlePolicy, IdlePolicyError, PolicyInForce, idle_policy_from_json
+from gpusharing.idle.verdict import IdleState, PodFacts, Reading, Streak, next_streak, outlook, verdict
 from gpusharing.kube.owners import Owner
 from gpusharing.report import MeterReport
 from sidecar.client import TimekeeperClient
@@ -37,17 +39,15 @@ from tests.timekeeper.conftest import (
     served,
 )
 from tests.timekeeper.test_kubectl_plugin import cluster, plugin  # noqa: F401 (cluster: a fixture)
-from timekeeper.accounting.idle import IdleState, PodFacts, Reading, Streak, next_streak, outlook, verdict
-from timekeeper.accounting.reports import ReportLedger, ReportTerms
-from timekeeper.accounting.streaks import IdleLedger
-from timekeeper.budgets.idle import IdleAction, IdlePolicy, IdlePolicyError, PolicyInForce, idle_policy_from_json
 from timekeeper.budgets.status import Budget
-from timekeeper.budgets.store import BudgetStore
-from timekeeper.cluster.fencing import STALE_CLAIM_SECONDS
 from timekeeper.cluster.idling import IDLE, IDLE_WARNING, IdlePass, budget_idle
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.manager import ControllerManager
 from timekeeper.cluster.resources import resource_status
+from timekeeper.database.accounting.charging import ReportLedger, ReportTerms
+from timekeeper.database.accounting.streaks import IdleLedger
+from timekeeper.database.budgets.store import BudgetStore
+from timekeeper.database.cluster.fencing import STALE_CLAIM_SECONDS
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import eviction_claims
 

@@ -11,25 +11,26 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from admin.output import idle_of, utilisation_source
 from demo.kubeapi import FakeKube
+from gpusharing.admin.output import idle_of, utilisation_source
 from gpusharing.contract import fresh_for
+from gpusharing.idle.policy import IdlePolicy, PolicyInForce
+from gpusharing.idle.verdict import PodFacts, Reading, Streak, verdict
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
 from tests.timekeeper import test_idle as idle_tests
 from tests.timekeeper.conftest import ADMIN, METER, AppFactory, Clock, SpecClient, run_controller
 from tests.timekeeper.test_idle import T0, Cluster, first, policy
-from timekeeper.accounting.idle import PodFacts, Reading, Streak, verdict
 from timekeeper.accounting.ledger import Observation
-from timekeeper.accounting.readings import RecordedReadings, UtilisationLedger
-from timekeeper.accounting.reports import PodObservation, PodRecord, ReportLedger, ReportTerms
-from timekeeper.accounting.streaks import IdleLedger
 from timekeeper.auth import load_static_tokens
-from timekeeper.budgets.idle import IdlePolicy, PolicyInForce
 from timekeeper.cluster.idling import IDLE_WARNING
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.config import TimekeeperConfig
+from timekeeper.database.accounting.charging import PodObservation, ReportLedger, ReportTerms
+from timekeeper.database.accounting.pods import PodRecord
+from timekeeper.database.accounting.readings import RecordedReadings, UtilisationLedger
+from timekeeper.database.accounting.streaks import IdleLedger
 from timekeeper.database.tables import pod_usage
 
 UTC = dt.timezone.utc

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpusharing.contract import AdmissionMode, Period, Shortfall
-from timekeeper.budgets.idle import IdleAction, IdlePolicy
+from gpusharing.idle.policy import IdleAction, IdlePolicy
 from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.status import Budget
 from timekeeper.cluster.resources import budget_from_resource

@@ -16,10 +16,10 @@ from gpusharing.contract import Period
 from gpusharing.report import MeterReport
 from tests.timekeeper.conftest import Clock
 from tests.timekeeper.day_sums import day_sum_reads
-from timekeeper.accounting.reports import ReportLedger
 from timekeeper.budgets.periods import period_starts
 from timekeeper.budgets.status import Budget
-from timekeeper.budgets.store import BudgetStore
+from timekeeper.database.accounting.charging import ReportLedger
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import Base, namespace_period_usage, namespace_usage
 

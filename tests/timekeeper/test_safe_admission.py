@@ -15,8 +15,8 @@ import jsonpatch
 import pytest
 from prometheus_client import REGISTRY
 
-from admin.commands import format_statuses
 from demo.apiserver import admission_review, api_server_pod
+from gpusharing.admin.commands import format_statuses
 from gpusharing.contract import ANNOTATION_ADMISSION_ID
 from gpusharing.gpu.dra import no_claims
 from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory, Clock, SpecClient, served
@@ -24,7 +24,7 @@ from tests.webhook.conftest import api_server_callers, as_api_server
 from tests.webhook.test_admission import patch_of
 from timekeeper.api.context import SERVICES
 from timekeeper.budgets.commitments import CommittedPod, committed_pod
-from timekeeper.cluster.pods import CommitmentPublisher
+from timekeeper.database.cluster.commitments import CommitmentPublisher
 from timekeeper.database.tables import commitment_publications
 from timekeeper.metrics import LedgerCollector
 from webhook.app import create_app as create_webhook

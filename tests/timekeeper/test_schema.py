@@ -19,12 +19,12 @@ from tests.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
 from tests.timekeeper.day_sums import day_sum_reads
 from timekeeper.accounting.ledger import Observation
-from timekeeper.accounting.reports import PodObservation, ReportLedger
 from timekeeper.app import create_app
 from timekeeper.budgets.periods import period_starts
 from timekeeper.budgets.status import Budget
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.config import TimekeeperConfig
+from timekeeper.database.accounting.charging import PodObservation, ReportLedger
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import alembic_config, head_revision, schema_problem, upgrade
 from timekeeper.database.tables import Base, budgets, namespace_period_usage, namespace_usage, pod_ledgers, pod_usage

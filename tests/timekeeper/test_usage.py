@@ -11,12 +11,12 @@ import pytest
 from flask import Flask
 
 from demo.kubeapi import FakeKube
+from gpusharing.usage_report import MAX_RECORDED_LABELS, recorded_labels
 from tests.timekeeper.conftest import ADMIN, METER, READER, Clock, SpecClient, served
 from tests.timekeeper.test_api import report
 from tests.timekeeper.test_auth import cluster  # noqa: F401 (a fixture)
 from tests.timekeeper.test_cli import run
-from timekeeper.accounting.usage import PodCharge, pod_charge
-from timekeeper.accounting.usage_report import MAX_RECORDED_LABELS, recorded_labels
+from timekeeper.database.accounting.usage import PodCharge, pod_charge
 
 MICROS = 1_000_000
 

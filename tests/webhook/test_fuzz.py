@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from demo.apiserver import admission_review
 from gpusharing.contract import ANNOTATION_GPU_SHARE, ANNOTATION_PREFIX
+from gpusharing.decoded import as_mapping
 from gpusharing.gpu.dialects import ALIYUN_KEYS, GPU_MANAGER_KEYS, KAI_ANNOTATIONS, NVIDIA_GPU, HamiSettings
-from gpusharing.gpu.reading import as_mapping
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE, SHARE_PRECISION
 from tests.hostile import JSON_VALUES, NUMBER_TEXT
 from webhook.api.reviews import MAX_REVIEW_BYTES

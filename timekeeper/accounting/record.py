@@ -26,14 +26,14 @@ from gpusharing.contract import (
     IDLE_EXEMPT_LABEL,
     BudgetState,
 )
+from gpusharing.decoded import as_list, as_mapping, instant
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, ClaimUnknown
-from gpusharing.gpu.reading import as_list, as_mapping, instant
 from gpusharing.gpu.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
 from gpusharing.kube.owners import Owner, controller_of
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
+from gpusharing.usage_report import Labels, recorded_labels
 from timekeeper.accounting.ledger import Observation
-from timekeeper.accounting.usage_report import Labels, recorded_labels
 
 ENDED_PHASES = ("Succeeded", "Failed")
 

@@ -11,7 +11,7 @@ from timekeeper.api.context import admin, body, crossing, reader, services, stat
 from timekeeper.auth import Caller
 from timekeeper.budgets.requests import budget_changes_from_json, budget_from_json, top_up_from_json
 from timekeeper.budgets.status import BudgetStatus, default_budget_json
-from timekeeper.budgets.store import BudgetChange
+from timekeeper.database.budgets.store import BudgetChange
 
 log = logging.getLogger(__name__)
 

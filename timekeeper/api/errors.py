@@ -13,13 +13,13 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from gpusharing.names import InvalidName
 from gpusharing.report import ReportError
 from gpusharing.serving.jsonbody import JsonBodyError
-from timekeeper.accounting.usage_report import UsageRequestError
+from gpusharing.usage_report import UsageRequestError
 from timekeeper.auth import Forbidden, Unauthenticated
 from timekeeper.budgets.requests import BudgetRequestError
-from timekeeper.budgets.reservations import AdmissionIdTaken, Uncountable
-from timekeeper.budgets.store import HierarchyConflict, Managed, NoBudget, NoLimit
 from timekeeper.cluster.kube import KubeUnavailable
-from timekeeper.cluster.webhooks import ListingQueryError
+from timekeeper.database.budgets.reservations import AdmissionIdTaken, Uncountable
+from timekeeper.database.budgets.store import HierarchyConflict, Managed, NoBudget, NoLimit
+from timekeeper.database.cluster.listings import ListingQueryError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Node agents' readings (`POST /api/v1/node-readings`): a node's batch of GPU utilisation per pod, taken only from the
 node agent of that node and only for the pods bound to it (timekeeper.auth), recorded in one transaction
-(timekeeper.accounting.readings)."""
+(timekeeper.database.accounting.readings)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from gpusharing.names import InvalidName
 from gpusharing.report import ReportError
 from gpusharing.utilisation import NodeReadings, UtilisationSource
 from timekeeper import metrics
-from timekeeper.accounting.readings import RecordedReadings, bound_to_node
 from timekeeper.api.context import body, caller, services
 from timekeeper.auth import Forbidden, Unauthenticated
+from timekeeper.database.accounting.readings import RecordedReadings, bound_to_node
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from flask import Blueprint, Response, jsonify
 
 from timekeeper.api.context import body, caller, services
 from timekeeper.budgets.requests import reservation_from_json
-from timekeeper.budgets.reservations import Uncountable
-from timekeeper.cluster.pods import NOT_PUBLISHED
+from timekeeper.database.budgets.reservations import Uncountable
+from timekeeper.database.cluster.commitments import NOT_PUBLISHED
 
 blueprint = Blueprint("reservations", __name__, url_prefix="/api/v1/reservations")
 

@@ -7,7 +7,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from gpusharing.names import check_namespace
 from gpusharing.units.weights import weight_number
-from timekeeper.accounting.usage_report import usage_csv, usage_request
+from gpusharing.usage_report import usage_csv, usage_request
 from timekeeper.api.context import caller, reader, services
 
 blueprint = Blueprint("usage", __name__, url_prefix="/api/v1")

@@ -1,11 +1,11 @@
 """What the namespaces' GPU pods have committed of their budgets, and what is left uncommitted (safe admission).
 
 The timekeeper's controller follows the cluster's GPU pods (those the webhook recorded a share on) by a watch and
-publishes the committed ones in the database, where the web replicas read them (timekeeper.cluster.pods). A pod with a
+publishes the committed ones in the database, where the web replicas read them (timekeeper.database.cluster.commitments). A pod with a
 deadline that has not ended commits its share x its model's weight x the time its deadline leaves it: all of its
 deadline until it starts, then what remains of it (gpusharing.commitment). A pod without a deadline commits
 nothing it can be held to, and is not counted. A pod being admitted holds its commitment as a reservation
-(timekeeper.budgets.reservations) until the controller publishes the pod, whose admission id says which reservation it
+(timekeeper.database.budgets.reservations) until the controller publishes the pod, whose admission id says which reservation it
 replaces. What is left uncommitted is counted along the namespace's path to its root budget.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from gpusharing.commitment import commitment, gpu_minutes, pod_deadline_seconds
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
+from gpusharing.decoded import as_mapping, instant
 from gpusharing.gpu.catalogue import GpuCatalogue
-from gpusharing.gpu.reading import as_mapping, instant
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gpusharing.contract import Period
+from gpusharing.idle.policy import IdlePolicy, PolicyInForce, in_force
 from gpusharing.names import is_group
-from timekeeper.budgets.idle import IdlePolicy, PolicyInForce, in_force
 from timekeeper.budgets.periods import PeriodWindow
 from timekeeper.budgets.status import Budget, BudgetStatus
 

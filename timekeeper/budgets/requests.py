@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 from gpusharing.commitment import ADMISSION_ID
 from gpusharing.compat import StrEnum
 from gpusharing.contract import AdmissionMode, Period, Shortfall
+from gpusharing.idle.policy import IdlePolicyError, idle_policy_from_json
 from gpusharing.names import InvalidName, check_budget_name, check_namespace, is_group
 from gpusharing.thresholds import check_warning_thresholds
-from timekeeper.budgets.idle import IdlePolicyError, idle_policy_from_json
 from timekeeper.budgets.status import Budget
 
 

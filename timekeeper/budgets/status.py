@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusharing.contract import AdmissionMode, BudgetState, Period, Shortfall
+from gpusharing.idle.policy import IdlePolicy, PolicyInForce
 from gpusharing.names import is_group
 from gpusharing.thresholds import DEFAULT_WARNING_THRESHOLDS
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
-from timekeeper.budgets.idle import IdlePolicy, PolicyInForce
 from timekeeper.budgets.periods import PeriodWindow, iso_utc
 
 # How bad a state is: a namespace's effective state is the worst of its own budget's and its ancestors'.

@@ -23,10 +23,10 @@ from gpusharing.gpu.dra import ClaimSpec
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.watching import WatchedObjects
 from timekeeper.accounting.record import RecordedPod, allocation_lookup, claimed_share
-from timekeeper.accounting.reports import PodObservation, ReportLedger
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.informers import GovernedPod
 from timekeeper.cluster.kube import KubeApi, KubeUnavailable, ObjectRef
+from timekeeper.database.accounting.charging import PodObservation, ReportLedger
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from timekeeper import metrics
 from timekeeper.budgets.hierarchy import hierarchy_problem
 from timekeeper.budgets.requests import BudgetRequestError
 from timekeeper.budgets.status import Budget, BudgetStatus
-from timekeeper.budgets.store import BudgetStore, HierarchyConflict, NoBudget
 from timekeeper.cluster.demotion import eviction_candidates, threshold_event, transition_event
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.evictions import EvictionPath, PodRef
@@ -46,6 +45,7 @@ from timekeeper.cluster.resources import (
     resource_status,
     status_differs,
 )
+from timekeeper.database.budgets.store import BudgetStore, HierarchyConflict, NoBudget
 
 log = logging.getLogger(__name__)
 

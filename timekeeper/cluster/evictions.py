@@ -1,10 +1,10 @@
 """The one eviction path of the controller, for every reason (a budget crossing, an idle policy's demote or evict).
 
 Before a pod is evicted:
-1. every live webhook process holds a listing read after `acknowledged_after` (timekeeper.cluster.webhooks): the
+1. every live webhook process holds a listing read after `acknowledged_after` (timekeeper.database.cluster.listings): the
    state the pod's replacement will be admitted under (the namespace over budget, the owner held for idleness) is
    in force wherever it can be admitted, so the replacement is never admitted as the pod was, to be evicted again;
-2. the eviction is claimed in the database under the leader's term, a batch at a time (timekeeper.cluster.fencing):
+2. the eviction is claimed in the database under the leader's term, a batch at a time (timekeeper.database.cluster.fencing):
    a deposed leader's claims are refused, a claim its holder left unfinished is taken over once no request of its
    holder can still be under way, and no pod is evicted twice;
 3. the Lease (and the term the claim was made under) is checked before each request, kept (renewed once a third
@@ -50,11 +50,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS
 from timekeeper import metrics
-from timekeeper.cluster.fencing import KEPT_CLAIM_SECONDS, STALE_CLAIM_SECONDS, Claims, EvictionFence
-from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS, EvictionAnswer, EvictionResult, KubeApi, KubeUnavailable
+from timekeeper.cluster.kube import EvictionAnswer, EvictionResult, KubeApi, KubeUnavailable
 from timekeeper.cluster.leader import LeaderElection
-from timekeeper.cluster.webhooks import WebhookListings
+from timekeeper.database.cluster.fencing import KEPT_CLAIM_SECONDS, STALE_CLAIM_SECONDS, Claims, EvictionFence
+from timekeeper.database.cluster.listings import WebhookListings
 
 log = logging.getLogger(__name__)
 

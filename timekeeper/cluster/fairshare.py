@@ -22,18 +22,18 @@ from typing import Any
 from gpusharing.names import is_group
 from gpusharing.units.duration import format_duration
 from timekeeper import metrics
-from timekeeper.accounting.fairshare import FairShareLedger, Ranked
 from timekeeper.accounting.record import RecordedPod
 from timekeeper.budgets.hierarchy import ancestry
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.budgets.status import Budget
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.evictions import EvictionPath, PodRef
 from timekeeper.cluster.informers import ClusterInformers
 from timekeeper.cluster.kube import ObjectRef
 from timekeeper.cluster.resources import FairShareSpec, budget_name, fair_share_spec
 from timekeeper.config import FairShareSettings
+from timekeeper.database.accounting.fairshare import FairShareLedger, Ranked
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.fairshare.bands import BandState, FairShareBands, band_reason, next_band, zero_use_change
 from timekeeper.fairshare.decay import DecayedUsage
 from timekeeper.fairshare.tree import LevelStanding, NamespaceStanding, ShareNode, rank_fair_tree

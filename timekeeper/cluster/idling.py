@@ -1,8 +1,8 @@
 """The idle policy, acted on by the controller's leader: Events, evictions and holds for GPU pods nobody uses.
 
 Every billing interval the leader reads the streak of each running governed pod (kept from its node agent's
-readings where they are fresh, else from its meter's: timekeeper.accounting.readings, reports) and judges it by the
-policy in force (timekeeper.accounting.idle). Each streak is warned of once (`GPUIdleWarning` on the pod and its
+readings where they are fresh, else from its meter's: timekeeper.database.accounting.readings, reports) and judges it by the
+policy in force (gpusharing.idle.verdict). Each streak is warned of once (`GPUIdleWarning` on the pod and its
 owner) and acted on once (`GPUIdle`), claimed in the database first so that two leaders never both act:
 
 - warn: the Event, nothing else;
@@ -27,24 +27,24 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from gpusharing.idle.policy import IdleAction, PolicyInForce
+from gpusharing.idle.verdict import IdleState, IdleVerdict, PodFacts, Streak, verdict
 from gpusharing.kube.watching import WatchedObjects
 from gpusharing.units.duration import format_duration
 from gpusharing.units.weights import MICROS_PER_SECOND
 from gpusharing.utilisation import UtilisationSource
 from timekeeper import metrics
-from timekeeper.accounting.idle import IdleState, IdleVerdict, PodFacts, Streak, verdict
 from timekeeper.accounting.record import RecordedPod
-from timekeeper.accounting.streaks import Hold, IdleLedger, IdleUse, Step
 from timekeeper.budgets.hierarchy import idle_policy_of
-from timekeeper.budgets.idle import IdleAction, PolicyInForce
 from timekeeper.budgets.periods import iso_utc, period_window
 from timekeeper.budgets.status import Budget, BudgetStatus
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.evictions import EvictionPath, PodRef
 from timekeeper.cluster.informers import GovernedPod
 from timekeeper.cluster.kube import ObjectRef
 from timekeeper.cluster.resources import IdleStatus
+from timekeeper.database.accounting.streaks import Hold, IdleLedger, IdleUse, Step
+from timekeeper.database.budgets.store import BudgetStore
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpusharing.compat import StrEnum
 from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
-from gpusharing.kube.client import api_client
+from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS, api_client
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,6 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"  # where the API serv
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects live
 REPORTING_COMPONENT = "gpusharing-timekeeper"
-# Every call gives up after this long (connect and read): a slow API server delays a pass or a report, never stalls it.
-REQUEST_TIMEOUT_SECONDS = 10.0
 # The informers' four watches and the other tasks' calls (the Lease, Events, statuses, finalizers), each in a thread.
 CONNECTIONS_BESIDE_EVICTIONS = 8
 

@@ -13,7 +13,7 @@ lost. By its own clock, a holder holds the Lease for `lease_seconds` from the mo
 write: no other process can take it over sooner. The controller's `lease` task and the task evicting both renew it:
 one renewal at a time (a lock), and one due no longer once the other has just been written, so that the holder's
 two writes never race each other to a 409 and read as the Lease lost. `term`, the Lease's leaseTransitions when this holder took it,
-fences what it does in the database (timekeeper.cluster.fencing), where a process's clock does not count.
+fences what it does in the database (timekeeper.database.cluster.fencing), where a process's clock does not count.
 """
 
 from __future__ import annotations

@@ -35,24 +35,24 @@ from gpusharing.clock import Clock
 from gpusharing.contract import fresh_for
 from gpusharing.scheduling import Task, TaskScheduler
 from timekeeper import metrics
-from timekeeper.accounting.readings import UtilisationLedger
-from timekeeper.accounting.reports import ReportLedger
-from timekeeper.accounting.streaks import IdleLedger
-from timekeeper.budgets.store import BudgetStore
 from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.budgetsync import BudgetPass, BudgetSync
 from timekeeper.cluster.events import EventQueue
 from timekeeper.cluster.evictions import EvictionPath, LeaseLost
 from timekeeper.cluster.fairshare import FairSharePass, FairShareTask
-from timekeeper.cluster.fencing import EvictionFence
 from timekeeper.cluster.idling import IdlePass, Idler
 from timekeeper.cluster.informers import ClusterInformers
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
-from timekeeper.cluster.pods import CommitmentPublisher, by_uid
 from timekeeper.cluster.utilisation import PrometheusUtilisation, UtilisationPass, UtilisationSink
-from timekeeper.cluster.webhooks import WebhookListings
 from timekeeper.config import TimekeeperConfig
+from timekeeper.database.accounting.charging import ReportLedger
+from timekeeper.database.accounting.readings import UtilisationLedger
+from timekeeper.database.accounting.streaks import IdleLedger
+from timekeeper.database.budgets.store import BudgetStore
+from timekeeper.database.cluster.commitments import CommitmentPublisher, by_uid
+from timekeeper.database.cluster.fencing import EvictionFence
+from timekeeper.database.cluster.listings import WebhookListings
 
 log = logging.getLogger(__name__)
 

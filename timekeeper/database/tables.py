@@ -70,7 +70,7 @@ class BudgetRow(Base):
     managed_by: Mapped[str | None] = mapped_column(String(253))  # "GPUBudget ns/name" or "ClusterGPUBudget name"
     admission: Mapped[str] = mapped_column(String(8), server_default=AdmissionMode.OPEN.value)  # an AdmissionMode
     on_shortfall: Mapped[str] = mapped_column(String(8), server_default=Shortfall.DEMOTE.value)  # a Shortfall
-    idle: Mapped[str | None] = mapped_column(Text)  # its idle policy, JSON as the API gives it (timekeeper.budgets.idle)
+    idle: Mapped[str | None] = mapped_column(Text)  # its idle policy, JSON as the API gives it (gpusharing.idle.policy)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
@@ -132,7 +132,7 @@ class PodLedgerRow(Base):
     utilisation_source: Mapped[str | None] = mapped_column(String(16))
     utilisation_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     utilisation_fresh_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
-    # Its idle streak (timekeeper.accounting.idle): since when every report read utilisation under the policy's
+    # Its idle streak (gpusharing.idle.verdict): since when every report read utilisation under the policy's
     # threshold (None: its last report was busy, or unknown), and when this streak was warned of and acted on.
     idle_since: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     idle_warned_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
@@ -186,7 +186,7 @@ class PodUsageRow(Base):
 
 
 class PodLabelRow(Base):
-    """The labels a pod had when the timekeeper first read it (bounded: timekeeper.accounting.usage.recorded_labels)."""
+    """The labels a pod had when the timekeeper first read it (bounded: timekeeper.database.accounting.usage.recorded_labels)."""
 
     __tablename__ = "pod_labels"
 
@@ -255,7 +255,7 @@ class IdleHoldRow(Base):
 
 class ControllerTermRow(Base):
     """The controller's term: the Lease's leaseTransitions when its holder took it, recorded before it evicts anything
-    (timekeeper.cluster.fencing). It only rises."""
+    (timekeeper.database.cluster.fencing). It only rises."""
 
     __tablename__ = "controller_terms"
 
@@ -266,7 +266,7 @@ class ControllerTermRow(Base):
 
 
 class EvictionClaimRow(Base):
-    """A pod's eviction, claimed by the controller of a term before it asks the API server (timekeeper.cluster.fencing)."""
+    """A pod's eviction, claimed by the controller of a term before it asks the API server (timekeeper.database.cluster.fencing)."""
 
     __tablename__ = "eviction_claims"
 
@@ -279,7 +279,7 @@ class EvictionClaimRow(Base):
 
 class WebhookListingRow(Base):
     """Which budget listing each webhook process holds in force, as it said when it last polled
-    (timekeeper.cluster.webhooks): a crossing's evictions wait until every live one holds a listing that shows it."""
+    (timekeeper.database.cluster.listings): a crossing's evictions wait until every live one holds a listing that shows it."""
 
     __tablename__ = "webhook_listings"
 
@@ -290,7 +290,7 @@ class WebhookListingRow(Base):
 
 class CommittedPodRow(Base):
     """A GPU pod with a deadline that has not ended, as the controller last published it from its pod watch
-    (timekeeper.cluster.pods): what the web replicas count for safe admission. A pod that left the committed set
+    (timekeeper.database.cluster.commitments): what the web replicas count for safe admission. A pod that left the committed set
     (ended, deleted) stays a while, `gone_at` set, so that its admission id keeps its reservation given up."""
 
     __tablename__ = "committed_pods"
@@ -322,7 +322,7 @@ class CommitmentPublicationRow(Base):
 
 class FairShareRow(Base):
     """A namespace's fair share (docs/fair-share.md): its usage decayed by a half-life, grown in the transaction that
-    charges the ledger (timekeeper.accounting.reports), and its band as the controller's `fairshare` task last ranked
+    charges the ledger (timekeeper.database.accounting.pods), and its band as the controller's `fairshare` task last ranked
     it. Kept by namespace name, so that a namespace deleted and re-created finds its usage."""
 
     __tablename__ = "fair_share"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
-from gpusharing.gpu.reading import as_list, as_mapping
+from gpusharing.decoded import as_list, as_mapping
 from gpusharing.messages import shortened
 from webhook.admission.meter import meter_identity, meter_volume_names, token_volume_name
 from webhook.admission.patch import JsonPatch, pointer

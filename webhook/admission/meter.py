@@ -18,7 +18,7 @@ from gpusharing.contract import (
     TIMEKEEPER_TOKEN_AUDIENCE,
     MeterEnv,
 )
-from gpusharing.gpu.reading import as_list, as_mapping
+from gpusharing.decoded import as_list, as_mapping
 from webhook.config import MeterSpec
 
 # Where the ServiceAccount admission plugin mounts the workload's API token into every container that has no mount there.

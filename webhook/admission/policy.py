@@ -21,9 +21,9 @@ from gpusharing.contract import (
     TENANT_LABELS,
     WEBHOOK_ANNOTATIONS,
 )
+from gpusharing.decoded import as_list, as_mapping
 from gpusharing.fairshare import beyond_fair_share, beyond_process_part
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
-from gpusharing.gpu.reading import as_list, as_mapping
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
 from gpusharing.kube.owners import controller_of
 from gpusharing.messages import shortened

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusharing.gpu.reading import as_mapping
+from gpusharing.decoded import as_mapping
 
 SUPPORTED_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 # Subresources of a pod whose reviews carry the whole Pod and that can change its containers: the webhook guards

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpusharing.commitment import ADMISSION_ID, commitment, gpu_minutes, pod_deadline_seconds
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, AdmissionMode, Shortfall
-from gpusharing.gpu.reading import as_mapping
+from gpusharing.decoded import as_mapping
 from gpusharing.units.weights import weight_number
 from webhook.caches.budgets import NamespaceBudget
 from webhook.caches.jobs import JobLookup, owning_job

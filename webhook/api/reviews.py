@@ -12,8 +12,8 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
+from gpusharing.decoded import as_mapping
 from gpusharing.gpu.dra import ClaimLookup
-from gpusharing.gpu.reading import as_mapping
 from gpusharing.messages import shortened
 from gpusharing.serving.jsonbody import JsonBodyError, read_json
 from gpusharing.serving.server import release_memory

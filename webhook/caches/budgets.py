@@ -222,7 +222,7 @@ class BudgetStateCache:
     every namespace is unknown (treated as in budget).
 
     Each poll names this process and the listing it holds in force, so that the timekeeper evicts a namespace's
-    pods only once every webhook process admits its new pods as over budget (timekeeper.cluster.webhooks)."""
+    pods only once every webhook process admits its new pods as over budget (timekeeper.database.cluster.listings)."""
 
     def __init__(
         self,

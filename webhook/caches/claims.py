@@ -14,8 +14,8 @@ from typing import Any
 
 from kubernetes import client
 
+from gpusharing.decoded import as_mapping
 from gpusharing.gpu.dra import ClaimSource, ClaimSpec, ClaimUnknown, claim_spec
-from gpusharing.gpu.reading import as_mapping
 from gpusharing.kube.watching import WatchedObjects
 
 

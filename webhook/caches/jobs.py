@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gpusharing.commitment import deadline_seconds
-from gpusharing.gpu.reading import as_list, as_mapping
+from gpusharing.decoded import as_list, as_mapping
 from gpusharing.kube.watching import WatchedObjects
 
 UTC = dt.timezone.utc

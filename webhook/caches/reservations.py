@@ -3,7 +3,7 @@ a GPU pod with a deadline under safe or strict admission only, within a short ti
 
 A reservation must be weighed against every budget on its namespace's path to the root, one at a time, whichever
 webhook worker, replica or sibling namespace admits the pod; no process's own memory can do that, so the timekeeper
-weighs it in its database (timekeeper.budgets.reservations). What cannot be asked (the timekeeper unreachable, slow,
+weighs it in its database (timekeeper.database.budgets.reservations). What cannot be asked (the timekeeper unreachable, slow,
 or unable to count) is an unknown answer: strict admission refuses the pod, safe admission admits it saying so.
 """
 

@@ -1,6 +1,6 @@
-"""Idle streaks in the database (the SQL side of timekeeper.accounting.idle): the pods' streaks read, each streak's
+"""Idle streaks in the database (the SQL side of gpusharing.idle.verdict): the pods' streaks read, each streak's
 warning and action claimed once across processes, the owners held out of budget, and the idle GPU time per
-namespace. The streaks themselves are kept by the report path (timekeeper.accounting.reports)."""
+namespace. The streaks themselves are kept by the report path (timekeeper.database.accounting.pods)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any, Literal
 from sqlalchemy import and_, func, or_, select, update
 
 from gpusharing.kube.owners import Owner
-from timekeeper.accounting.reports import PodRecord
 from timekeeper.budgets.periods import iso_utc
+from timekeeper.database.accounting.pods import PodRecord
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import idle_holds, pod_ledgers, pod_usage
 

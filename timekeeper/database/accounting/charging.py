@@ -11,30 +11,28 @@ transactions cannot deadlock.
 
 The pod ledgers count raw GPU-seconds (share × time: what exactly-once is about); each charge is weighted by the
 billing weight of the GPU model it is billed as when it is made, and the namespaces' usage, which budgets count,
-grows by the weighted charge. Both are kept per pod, day and model for usage reports (timekeeper.accounting.usage).
+grows by the weighted charge. Both are kept per pod, day and model for usage reports (timekeeper.database.accounting.usage).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import queue
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import bindparam, select
 
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, fresh_for
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
+from gpusharing.idle.policy import DEFAULT_UTILISATION_PERCENT
+from gpusharing.idle.verdict import Reading, Streak
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
+from gpusharing.usage_report import Labels
 from gpusharing.utilisation import UtilisationSource
-from timekeeper.accounting.fairshare import Charge, FairShareLedger
-from timekeeper.accounting.idle import Reading, Streak
 from timekeeper.accounting.ledger import (
     NEW_POD,
     Accounting,
@@ -47,14 +45,25 @@ from timekeeper.accounting.ledger import (
     observe,
     report,
 )
-from timekeeper.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
-from timekeeper.accounting.usage_report import Labels
-from timekeeper.accounting.weights import WeightLog, billing_model
 from timekeeper.budgets.hierarchy import idle_policy_of
-from timekeeper.budgets.idle import DEFAULT_UTILISATION_PERCENT
-from timekeeper.budgets.periods import iso_utc, period_starts, usage_day
+from timekeeper.budgets.periods import period_starts, usage_day
 from timekeeper.budgets.status import BudgetStatus, crossed
-from timekeeper.budgets.store import BudgetStore
+from timekeeper.database.accounting.fairshare import Charge, FairShareLedger
+from timekeeper.database.accounting.pods import (
+    _ADVANCING_COLUMNS,
+    _OBSERVING_COLUMNS,
+    _OPENING_COLUMNS,
+    _READING_COLUMNS,
+    LOCKED_COLUMNS,
+    PodLedgers,
+    _ledger_columns,
+    ledger_reading,
+    reading_columns,
+    streak_columns,
+)
+from timekeeper.database.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
+from timekeeper.database.accounting.weights import WeightLog, billing_model
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Statements
 from timekeeper.database.tables import namespace_period_usage, namespace_usage, pod_ledgers
 
@@ -86,88 +95,6 @@ class ReportResult:
             "chargedGpuSeconds": self.charged_micro_gpu_seconds / MICROS_PER_SECOND,
             "billedGpuSeconds": self.billed_micro_gpu_seconds / MICROS_PER_SECOND,
         }
-
-
-@dataclass(frozen=True)
-class PodRecord:
-    pod_uid: str
-    namespace: str
-    pod: str
-    billed_share: float
-    micro_gpu_seconds: int  # charged: the larger of observed and metered
-    metered_micro_gpu_seconds: int
-    observed_micro_gpu_seconds: int
-    observed_until: dt.datetime | None
-    started_at: dt.datetime | None
-    ended_at: dt.datetime | None
-    meter_silent_since: dt.datetime | None
-    last_seq: int
-    final: bool
-    first_report_at: dt.datetime | None
-    last_report_at: dt.datetime | None
-    gpu_memory_used_mib: float | None
-    gpu_memory_requested_mib: float | None
-    gpu_utilization_percent: float | None
-    idle_since: dt.datetime | None = None
-    idle_warned_at: dt.datetime | None = None
-    idle_acted_at: dt.datetime | None = None
-    utilisation_source: str | None = None
-    utilisation_at: dt.datetime | None = None
-    utilisation_fresh_until: dt.datetime | None = None
-
-    @property
-    def streak(self) -> Streak:
-        return Streak(self.idle_since, self.idle_warned_at, self.idle_acted_at)
-
-    @property
-    def reading(self) -> Reading:
-        """Its latest word on the GPU's utilisation: the node's (or Prometheus's) where fresh, else its meter's."""
-        return ledger_reading(self.gpu_utilization_percent, self.utilisation_source, self.utilisation_at,
-                              self.utilisation_fresh_until)
-
-    @property
-    def memory_over_request_mib(self) -> float | None:
-        if self.gpu_memory_used_mib is None or self.gpu_memory_requested_mib is None:
-            return None
-        return max(0.0, self.gpu_memory_used_mib - self.gpu_memory_requested_mib)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "podUid": self.pod_uid,
-            "namespace": self.namespace,
-            "pod": self.pod,
-            "gpuShare": self.billed_share,
-            "gpuSeconds": self.micro_gpu_seconds / MICROS_PER_SECOND,
-            "observedGpuSeconds": self.observed_micro_gpu_seconds / MICROS_PER_SECOND,
-            "meteredGpuSeconds": self.metered_micro_gpu_seconds / MICROS_PER_SECOND,
-            "startedAt": _instant(self.started_at),
-            "endedAt": _instant(self.ended_at),
-            "meterSilentSince": _instant(self.meter_silent_since),
-            "seq": self.last_seq,
-            "final": self.final,
-            "firstReportAt": _instant(self.first_report_at),
-            "lastReportAt": _instant(self.last_report_at),
-            "gpuMemoryUsedMiB": self.gpu_memory_used_mib,
-            "gpuMemoryRequestedMiB": self.gpu_memory_requested_mib,
-            "gpuUtilizationPercent": self.gpu_utilization_percent,
-            "gpuMemoryOverRequestMiB": self.memory_over_request_mib,
-            "idleSince": _instant(self.idle_since),
-            "idleWarnedAt": _instant(self.idle_warned_at),
-            "idleActedAt": _instant(self.idle_acted_at),
-            "utilisationSource": self.utilisation_source,
-            "utilisationAt": _instant(self.utilisation_at),
-            "utilisationFreshUntil": _instant(self.utilisation_fresh_until),
-        }
-
-
-def ledger_reading(utilisation: float | None, source: str | None, at: dt.datetime | None,
-                   fresh_until: dt.datetime | None) -> Reading:
-    """A ledger row's reading (a row from before sources were kept, or never read, is its meter's)."""
-    return Reading(utilisation, at, UtilisationSource(source or UtilisationSource.METER), fresh_until)
-
-
-def _instant(at: dt.datetime | None) -> str | None:
-    return None if at is None else iso_utc(at)
 
 
 @dataclass(frozen=True)
@@ -230,21 +157,22 @@ class IdleThresholds:
         return DEFAULT_UTILISATION_PERCENT if policy is None else policy.policy.utilisation_percent
 
 
-class ReportLedger:
+class ReportLedger(PodLedgers):
+    """Charges meter reports and the controller's observations to the pod ledgers, exactly once."""
+
     def __init__(
         self, budgets: BudgetStore, stale_seconds: float = 900.0,
         catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
         meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS, policy_refresh_seconds: float = 30.0,
         fair_share: FairShareLedger | None = None,
     ):
+        super().__init__(budgets.db, budgets.clock, stale_seconds)
         self.budgets = budgets
         self.fair_share = fair_share  # None: fair share is off, and no decayed usage is kept
-        self.db = budgets.db
         self.catalogue = catalogue or shipped_catalogue()
         self.catalogue_source = catalogue_source
         self.weights = WeightLog(self.db)
         self._weights_recorded = False
-        self.stale_seconds = stale_seconds  # a pod not heard from this long no longer counts as running
         # The contract's one rule: a meter's reading this recent tells how busy an observed interval was, and a longer
         # silence between two reports (a silent meter) ends an idle streak.
         self.fresh_seconds = fresh_for(meter_interval_seconds)
@@ -415,7 +343,7 @@ class ReportLedger:
 
     def _reading_columns(self, locked: _Locked, entry: _Entry, heard: bool, threshold: float,
                          now: dt.datetime) -> dict[str, Any]:
-        """The pod's reading and idle streak (timekeeper.accounting.idle) after an accepted report, as its ledger keeps
+        """The pod's reading and idle streak (gpusharing.idle.verdict) after an accepted report, as its ledger keeps
         them: moved by the meter's reading when it is heard, else (the node's word stands) left as they were."""
         if heard:
             locked.streak = locked.reading.next_streak(locked.streak, UtilisationSource.METER, entry.utilization_percent,
@@ -459,119 +387,6 @@ class ReportLedger:
             for uid, row in rows.items()
         }
 
-    def _running(self) -> Any:
-        """Pods not ended whose record or meter was heard from lately."""
-        fresh_since = self.budgets.clock() - dt.timedelta(seconds=self.stale_seconds)
-        return (pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.final.is_(False),
-                or_(pod_ledgers.c.last_report_at >= fresh_since, pod_ledgers.c.observed_until >= fresh_since))
-
-    def top_pods(self, limit: int) -> list[PodRecord]:
-        """The running pods that were billed the most GPU time."""
-        query = (select(pod_ledgers).where(*self._running())
-                 .order_by(pod_ledgers.c.micro_gpu_seconds.desc(), pod_ledgers.c.pod_uid).limit(limit))
-        with self.db.read() as conn:
-            return [PodRecord(**row._mapping) for row in conn.execute(query)]
-
-    def silent_meters(self, silent_seconds: float, gone_seconds: float) -> int:
-        """Pods whose meter went quiet: flagged silent by the controller and not ended, or (off a cluster, where only
-        meters tell) not final and last heard from between `gone_seconds` and `silent_seconds` ago."""
-        now = self.budgets.clock()
-        query = select(func.count()).select_from(pod_ledgers).where(
-            pod_ledgers.c.ended_at.is_(None),
-            pod_ledgers.c.final.is_(False),
-            or_(pod_ledgers.c.meter_silent_since.is_not(None), and_(
-                pod_ledgers.c.last_report_at < now - dt.timedelta(seconds=silent_seconds),
-                pod_ledgers.c.last_report_at >= now - dt.timedelta(seconds=gone_seconds),
-            )),
-        )
-        with self.db.read() as conn:
-            return int(conn.execute(query).scalar_one())
-
-    def open_observed(self) -> list[tuple[str, str, str]]:
-        """(uid, namespace, pod) of every pod the watch observed whose bill is not closed."""
-        query = select(pod_ledgers.c.pod_uid, pod_ledgers.c.namespace, pod_ledgers.c.pod).where(
-            pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.observed_until.is_not(None))
-        with self.db.read() as conn:
-            return [(row.pod_uid, row.namespace, row.pod) for row in conn.execute(query)]
-
-    def claim_silent(self, pod_uids: Sequence[str], quiet_since: dt.datetime, now: dt.datetime) -> list[str]:
-        """Flags, and returns, those of the pods whose meter has not reported since `quiet_since` and that were not
-        flagged yet: each silence is flagged once (a report clears the flag), by one process."""
-        claimed = []
-        with self.db.write() as conn:
-            for start in range(0, len(pod_uids), 500):
-                candidates = [row.pod_uid for row in conn.execute(
-                    select(pod_ledgers.c.pod_uid).where(
-                        pod_ledgers.c.pod_uid.in_(pod_uids[start:start + 500]), *self._silent(quiet_since)))]
-                for uid in candidates:
-                    flagged = conn.execute(update(pod_ledgers).where(pod_ledgers.c.pod_uid == uid, *self._silent(quiet_since))
-                                           .values(meter_silent_since=now))
-                    if flagged.rowcount == 1:
-                        claimed.append(uid)
-        return claimed
-
-    @staticmethod
-    def _silent(quiet_since: dt.datetime) -> tuple[Any, ...]:
-        return (pod_ledgers.c.meter_silent_since.is_(None), pod_ledgers.c.ended_at.is_(None),
-                or_(pod_ledgers.c.last_report_at.is_(None), pod_ledgers.c.last_report_at < quiet_since))
-
-    def pods(
-        self, namespace: str | None = None, over_memory: bool = False, limit: int = 500, running: bool = False,
-        uid: str | None = None,
-    ) -> list[PodRecord]:
-        """Pods from the ledger; running: only pods not ended and heard from lately; over_memory: only running pods
-        whose GPU memory exceeds what they requested; uid: only the pod of that UID."""
-        query = select(pod_ledgers).order_by(pod_ledgers.c.namespace, pod_ledgers.c.pod).limit(limit)
-        if namespace is not None:
-            query = query.where(pod_ledgers.c.namespace == namespace)
-        if uid is not None:
-            query = query.where(pod_ledgers.c.pod_uid == uid)
-        if running or over_memory:
-            query = query.where(*self._running())
-        if over_memory:
-            query = query.where(pod_ledgers.c.gpu_memory_used_mib > pod_ledgers.c.gpu_memory_requested_mib)
-        with self.db.read() as conn:
-            return [PodRecord(**row._mapping) for row in conn.execute(query)]
-
-
-# The ledger's columns: its accounting (PodLedger), a report's readings, and what each write sets.
-_LEDGER_COLUMNS = ("micro_gpu_seconds", "metered_micro_gpu_seconds", "observed_micro_gpu_seconds", "last_seq", "final",
-                   "started_at", "observed_until", "ended_at", "billed_share")
-_UTILISATION_COLUMNS = ("gpu_utilization_percent", "gpu_memory_used_mib", "utilisation_source", "utilisation_at",
-                        "utilisation_fresh_until")
-_READING_COLUMNS = (*_UTILISATION_COLUMNS, "gpu_memory_requested_mib", "last_report_at")
-STREAK_COLUMNS = ("idle_since", "idle_warned_at", "idle_acted_at")
-_ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since", *STREAK_COLUMNS)
-_OBSERVING_COLUMNS = ("pod", *_LEDGER_COLUMNS)
-_OPENING_COLUMNS = ("pod_uid", "namespace", "pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "first_report_at")
-LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, *_UTILISATION_COLUMNS, *STREAK_COLUMNS)
-UTILISATION_COLUMNS = (*_UTILISATION_COLUMNS, *STREAK_COLUMNS)  # what a reading from any source moves
-
-
-def reading_columns(reading: Reading, memory_used_mib: float | None) -> dict[str, Any]:
-    """A reading as its pod's ledger keeps it."""
-    return {"gpu_utilization_percent": reading.utilisation, "gpu_memory_used_mib": memory_used_mib,
-            "utilisation_source": None if reading.reported_at is None else reading.source.value,
-            "utilisation_at": reading.reported_at, "utilisation_fresh_until": reading.fresh_until}
-
-
-def streak_columns(streak: Streak) -> dict[str, Any]:
-    return {"idle_since": streak.since, "idle_warned_at": streak.warned_at, "idle_acted_at": streak.acted_at}
-
-
-def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:
-    return {
-        "micro_gpu_seconds": ledger.billed,
-        "metered_micro_gpu_seconds": ledger.metered,
-        "observed_micro_gpu_seconds": ledger.observed,
-        "last_seq": ledger.last_seq,
-        "final": ledger.final,
-        "started_at": ledger.started_at,
-        "observed_until": ledger.observed_until,
-        "ended_at": ledger.ended_at,
-        "billed_share": ledger.share or 0.0,
-    }
-
 
 def _interval(namespace: str, accounting: Accounting, weighted: int, now: dt.datetime, observed: bool) -> Charge:
     """The time a charge was billed over, for its decay: what the record proves ends where it was observed to (a
@@ -602,82 +417,3 @@ def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, 
         "gpu_memory_requested_mib": report.gpu_memory_requested_mib if terms is None else terms.requested_memory_mib,
         "last_report_at": now,
     }
-
-
-class _Pending:
-    """A submitted report until its transaction ends: the ledger thread leaves the result and releases `done`.
-
-    A bare lock rather than a Future: the ledger thread wakes a batch of request threads at once, and a Future's
-    Condition costs it several times the work per report, with the GIL held.
-    """
-
-    __slots__ = ("report", "terms", "done", "result")
-
-    def __init__(self, report: MeterReport, terms: ReportTerms | None):
-        self.report = report
-        self.terms = terms
-        self.result: ReportResult | BaseException | None = None
-        self.done = threading.Lock()
-        self.done.acquire()
-
-
-class ReportQueue:
-    """Hands the reports of concurrent requests to one thread, which accounts them together in one transaction.
-
-    Under load, reports that arrive while a transaction runs are accounted in the next one: a transaction's fixed
-    cost (round trips, commit) is shared by many reports. Alone, a report is accounted at once.
-    """
-
-    def __init__(self, ledger: ReportLedger, max_batch: int = 256, timeout_seconds: float = 30.0):
-        self.ledger = ledger
-        self.max_batch = max_batch
-        self.timeout = timeout_seconds
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="report-ledger", daemon=True)
-        self._thread.start()
-
-    def submit(self, report: MeterReport, terms: ReportTerms | None) -> ReportResult:
-        """The report's result once its transaction committed; raises ReportError, or what the database raised, or
-        concurrent.futures.TimeoutError when the transaction did not end within the timeout."""
-        pending = _Pending(report, terms)
-        self._queue.put(pending)
-        if not pending.done.acquire(timeout=self.timeout):
-            raise FutureTimeout(f"the report's transaction did not end within {self.timeout:g} s")
-        if isinstance(pending.result, BaseException):
-            raise pending.result
-        assert pending.result is not None
-        return pending.result
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-
-    def account(self, reports: list[tuple[MeterReport, ReportTerms | None]]) -> list[ReportResult | BaseException]:
-        """Accounts reports together; when their transaction fails, each report's failure is its own."""
-        try:
-            return list(self.ledger.record(reports))
-        except Exception as failed:  # the transaction failed and accounted nothing
-            if len(reports) == 1:
-                return [failed]
-        # Again one by one, so that whatever made it fail fails its own report only.
-        return [self.account([report])[0] for report in reports]
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._queue.put(None)  # close after this batch
-                    break
-                batch.append(item)
-            for pending, result in zip(batch, self.account([(p.report, p.terms) for p in batch])):
-                pending.result = result
-            for pending in batch:  # every result left before the first request thread wakes to compete for the GIL
-                pending.done.release()

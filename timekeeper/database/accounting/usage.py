@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import and_, func, select
 
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE, MICROS_PER_SECOND, weighted
-from timekeeper.accounting.usage_report import LABEL_PREFIX, Labels, UsageRequest, UsageRequestError
+from gpusharing.usage_report import LABEL_PREFIX, Labels, UsageRequest, UsageRequestError
 from timekeeper.database.connection import Database, Statements
 from timekeeper.database.tables import pod_labels, pod_ledgers, pod_usage
 

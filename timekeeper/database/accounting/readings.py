@@ -2,8 +2,8 @@
 (DCGM), into the pod ledgers: the SQL side of gpusharing.utilisation, one call per batch, one transaction.
 
 A reading charges nothing: the bill is the API server's record and the meter's share × time evidence
-(timekeeper.accounting.reports). It takes the place of the pod's latest reading, which moves the pod's idle streak
-(timekeeper.accounting.idle) and, while it is fresh, sets the idle part of every charge made: so where the node
+(timekeeper.database.accounting.pods). It takes the place of the pod's latest reading, which moves the pod's idle streak
+(gpusharing.idle.verdict) and, while it is fresh, sets the idle part of every charge made: so where the node
 reports, the idle GPU time, the idle column and idle policies are the node's word, and a meter's reading counts only
 where no fresh reading of a higher rank stands (`Reading.outranks`). A reading is fresh for two of its windows
 (gpusharing.contract.fresh_for): the source's interval, as it says it.
@@ -23,16 +23,10 @@ from typing import Any
 from sqlalchemy import bindparam, select
 
 from gpusharing.contract import fresh_for
+from gpusharing.idle.verdict import Reading, Streak
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
-from timekeeper.accounting.idle import Reading, Streak
-from timekeeper.accounting.reports import (
-    LOCKED_COLUMNS,
-    UTILISATION_COLUMNS,
-    ReportLedger,
-    ledger_reading,
-    reading_columns,
-    streak_columns,
-)
+from timekeeper.database.accounting.charging import ReportLedger
+from timekeeper.database.accounting.pods import LOCKED_COLUMNS, UTILISATION_COLUMNS, ledger_reading, reading_columns, streak_columns
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import pod_ledgers
 

@@ -17,9 +17,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from admin.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, BadArguments, Refused, TimekeeperClient
-from admin.cluster import BUDGET_ADMIN, SYSTEM_NAMESPACE
-from admin.output import (
+from gpusharing.admin.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, BadArguments, Refused, TimekeeperClient
+from gpusharing.admin.cluster import BUDGET_ADMIN, SYSTEM_NAMESPACE
+from gpusharing.admin.output import (
     emit,
     format_changes,
     format_explanation,
@@ -34,7 +34,7 @@ from admin.output import (
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.settings.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
-from timekeeper.accounting.usage_report import UsageRequestError, usage_csv, usage_request
+from gpusharing.usage_report import UsageRequestError, usage_csv, usage_request
 
 PERIODS = tuple(period.value for period in Period)
 ADMISSION_MODES = tuple(mode.value for mode in AdmissionMode)

@@ -14,11 +14,11 @@ from typing import Any
 import yaml
 
 from gpusharing.contract import ANNOTATION_PREFIX, IDLE_EXEMPT_LABEL, AdmissionMode
-from gpusharing.gpu.reading import instant
+from gpusharing.decoded import instant
+from gpusharing.idle.policy import FIELDS, PolicyInForce, idle_policy_from_json
+from gpusharing.idle.verdict import PodFacts, Reading, Streak, outlook, verdict
 from gpusharing.kube.owners import controller_of
 from gpusharing.utilisation import UtilisationSource
-from timekeeper.accounting.idle import PodFacts, Reading, Streak, outlook, verdict
-from timekeeper.budgets.idle import FIELDS, PolicyInForce, idle_policy_from_json
 
 
 def emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> None:
@@ -51,7 +51,7 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def idle_of(pod: dict[str, Any], status: dict[str, Any] | None, ledger: dict[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
-    """What the idle policy in force says of the pod (timekeeper.accounting.idle, as the timekeeper's leader judges it),
+    """What the idle policy in force says of the pod (gpusharing.idle.verdict, as the timekeeper's leader judges it),
     from its record, its namespace's budget and its ledger: its state, when it is warned and acted on, and why."""
     ledger, status = ledger or {}, status or {}
     raw = status.get("idleInForce")

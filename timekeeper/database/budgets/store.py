@@ -11,11 +11,12 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from gpusharing.contract import BudgetState, Period
+from gpusharing.idle.policy import IdlePolicy, stored
 from gpusharing.names import is_group
 from timekeeper.budgets.hierarchy import hierarchy_problem
-from timekeeper.budgets.idle import IdlePolicy, stored
 from timekeeper.budgets.periods import UTC, iso_utc, period_window
-from timekeeper.budgets.reads import (
+from timekeeper.budgets.status import Budget, BudgetStatus, crossed
+from timekeeper.database.budgets.reads import (
     ALL_BUDGETS,
     BUDGETS_OF,
     TOP_UPS,
@@ -26,7 +27,6 @@ from timekeeper.budgets.reads import (
     budget_of_row,
     window_parameters,
 )
-from timekeeper.budgets.status import Budget, BudgetStatus, crossed
 from timekeeper.database.connection import Database, Statements
 from timekeeper.database.tables import (
     budget_changes,

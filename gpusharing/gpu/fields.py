@@ -1,15 +1,15 @@
-"""What every dialect's reader shares: the pod's JSON shapes, its containers, bounded numbers and the errors found."""
+"""What every dialect's reader shares: a pod's containers, bounded numbers and the errors found."""
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from gpusharing.compat import StrEnum, from_iso
+from gpusharing.compat import StrEnum
+from gpusharing.decoded import as_mapping
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import BOUNDS, MAX_DIGITS, QuantityError, QuantityOutOfBounds, parse_whole_quantity
 from gpusharing.units.share import MAX_GPU_SHARE
@@ -17,28 +17,6 @@ from gpusharing.units.share import MAX_GPU_SHARE
 MAX_ERRORS_SHOWN = 10  # a pod with thousands of broken containers gets a message of reasonable length
 TOO_MANY_DEVICES = f"more than {MAX_GPU_SHARE}, the most GPUs one pod may be billed for"
 _UNSIGNED = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}")
-
-
-def as_mapping(value: object) -> Mapping[str, Any]:
-    """The value if it is a JSON object, else empty: the API server sends typed pods, other callers may not."""
-    if type(value) is dict:  # what JSON decodes to: spares the ABC check, a tenth of a review's reading
-        return value
-    return value if isinstance(value, Mapping) else {}
-
-
-def as_list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def instant(raw: object) -> dt.datetime | None:
-    """An RFC 3339 time as the API server writes it (`2026-11-25T10:00:00Z`), or None."""
-    if not isinstance(raw, str):
-        return None
-    try:
-        at = from_iso(raw)
-    except ValueError:
-        return None
-    return at if at.tzinfo is not None else None
 
 
 class ContainerRole(StrEnum):

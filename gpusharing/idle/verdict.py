@@ -14,9 +14,9 @@ import datetime as dt
 from dataclasses import dataclass
 
 from gpusharing.compat import StrEnum
+from gpusharing.idle.policy import IdleAction, PolicyInForce
 from gpusharing.units.duration import format_duration
 from gpusharing.utilisation import UtilisationSource
-from timekeeper.budgets.idle import IdleAction, PolicyInForce
 
 
 @dataclass(frozen=True)

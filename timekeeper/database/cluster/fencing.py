@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Float, literal, select
 
-from timekeeper.cluster.kube import REQUEST_TIMEOUT_SECONDS
+from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import controller_terms, eviction_claims
 

@@ -8,7 +8,7 @@ import os
 import urllib.parse
 from typing import Any
 
-from admin.cluster import SYSTEM_NAMESPACE, Cluster, ClusterRefused, ServiceProxy, is_kubernetes_status, status_message
+from gpusharing.admin.cluster import SYSTEM_NAMESPACE, Cluster, ClusterRefused, ServiceProxy, is_kubernetes_status, status_message
 from gpusharing.serving.jsonhttp import Answer, JsonClient, Unreachable
 from gpusharing.settings.env import env_url
 
@@ -46,7 +46,9 @@ class TimekeeperClient:
     context when a kubectl plugin runs, or --kubeconfig or --context is given."""
 
     def __init__(self, args: argparse.Namespace, cluster_needed: bool = False) -> None:
-        option = lambda name: getattr(args, name, None)  # noqa: E731 (options absent from a parser read as not given)
+        def option(name: str) -> Any:  # options absent from a parser read as not given
+            return getattr(args, name, None)
+
         self.system_namespace = option("system_namespace") or SYSTEM_NAMESPACE
         self.cluster: Cluster | None = None
         if cluster_needed or option("plugin") or option("kubeconfig") or option("context"):

@@ -22,9 +22,9 @@ from sqlalchemy import Connection, select, text
 
 from timekeeper.budgets.commitments import NamespaceCommitments, Uncommitted, held_below, tightest
 from timekeeper.budgets.hierarchy import ancestry
-from timekeeper.budgets.reads import ALL_BUDGETS, budget_of_row
 from timekeeper.budgets.requests import Reservation
-from timekeeper.budgets.store import BudgetStore
+from timekeeper.database.budgets.reads import ALL_BUDGETS, budget_of_row
+from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.tables import budgets, reservations
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import BindParameter, ColumnElement, Date, and_, bindparam, case, func, or_, select
 
 from gpusharing.contract import AdmissionMode, Period, Shortfall
+from gpusharing.idle.policy import from_stored
 from timekeeper.budgets.hierarchy import roll_up
-from timekeeper.budgets.idle import from_stored
 from timekeeper.budgets.periods import PeriodWindow
 from timekeeper.budgets.status import Budget, BudgetStatus, effective_budget
 from timekeeper.database.tables import (

@@ -1,0 +1,1 @@
+"""The SQL side of budgets: the store, its reads and safe admission's reservations."""

@@ -1,0 +1,1 @@
+"""The controller's own tables: eviction claims, published commitments and what each webhook holds in force."""
