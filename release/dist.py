@@ -206,6 +206,9 @@ def build(directory: Path) -> list[Path]:
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     names = artifact_names(release)
+    # Without a VCS plugin setuptools adds the files a previous build's SOURCES.txt lists to the sdist: a module or
+    # package left out since (demo/, when it was still installed) would linger in this clone's sdist alone.
+    (ROOT / "kube_gpusharing.egg-info" / "SOURCES.txt").unlink(missing_ok=True)
     _run(sys.executable, "-m", "build", "--no-isolation", "--outdir", directory, ROOT)
     reproducible_sdist(directory / names["sdist"], epoch)
     _run(sys.executable, "-m", "twine", "check", "--strict", directory / names["sdist"], directory / names["wheel"])
