@@ -16,7 +16,6 @@ COPY timekeeper timekeeper
 COPY sidecar sidecar
 COPY nodeagent nodeagent
 COPY migrations migrations
-COPY demo demo
 # The package and every dependency as wheels, at the versions constraints.txt pins; PIP_CONSTRAINT (pip before 25.3)
 # and PIP_BUILD_CONSTRAINT (since) pin what builds the package too: setuptools, wheel, and grpcio-tools, which
 # generates the node agent's gRPC stubs (setup.py).

@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusharing.contract import Period  # noqa: E402
-from tests.postgres import bench_database  # noqa: E402
-from tests.timekeeper.day_sums import TOPPED, TOPPED_OF, USED, USED_OF, day_sum_parameters  # noqa: E402
+from testbed.day_sums import TOPPED, TOPPED_OF, USED, USED_OF, day_sum_parameters  # noqa: E402
+from testbed.postgres import bench_database  # noqa: E402
 from timekeeper.budgets.periods import period_window  # noqa: E402
-from timekeeper.database.accounting.charging import rolled_up
+from timekeeper.database.accounting.charging import rolled_up  # noqa: E402
 from timekeeper.database.budgets.reads import TOP_UPS, TOP_UPS_OF, USAGE, USAGE_OF, window_parameters  # noqa: E402
 from timekeeper.database.connection import Database  # noqa: E402
 from timekeeper.database.tables import budgets, namespace_period_usage, namespace_usage  # noqa: E402

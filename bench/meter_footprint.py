@@ -25,7 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.reportsink import ReportSink
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demo/: the repository's, never installed
+
+from demo.reportsink import ReportSink  # noqa: E402
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusharing.contract import AdmissionMode, Period, Shortfall  # noqa: E402
-from tests.postgres import bench_database  # noqa: E402
+from testbed.postgres import bench_database  # noqa: E402
 from timekeeper.budgets.commitments import NamespaceCommitments  # noqa: E402
 from timekeeper.budgets.requests import Reservation  # noqa: E402
 from timekeeper.budgets.status import Budget  # noqa: E402

@@ -47,8 +47,8 @@ from flask import Flask  # noqa: E402
 
 from demo.processes import COMMAND, Service, free_port, tree_cpu_seconds  # noqa: E402
 from gpusharing.serving.server import ServerOptions, serve  # noqa: E402
-from tests.postgres import PostgresServer  # noqa: E402
-from tests.timekeeper.process import TimekeeperProcess  # noqa: E402
+from testbed.postgres import PostgresServer  # noqa: E402
+from testbed.timekeeper_processes import TimekeeperProcess  # noqa: E402
 
 # The timekeeper this one's ingest is measured against: the last commit before billing from the record (issue 21),
 # the one issue 33's figures compare with.

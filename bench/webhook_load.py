@@ -44,10 +44,12 @@ from typing import Any
 import ceiling  # bench/, this script's directory
 from flask import Flask
 
-from demo.apiserver import admission_review, example_manifests, example_pod
-from demo.processes import Service, free_port, tree_cpu_seconds
-from gpusharing.serving.certs import make_serving_certificate
-from gpusharing.serving.server import ServerOptions, serve
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demo/: the repository's, never installed
+
+from demo.apiserver import admission_review, example_manifests, example_pod  # noqa: E402
+from demo.processes import Service, free_port, tree_cpu_seconds  # noqa: E402
+from gpusharing.serving.certs import make_serving_certificate  # noqa: E402
+from gpusharing.serving.server import ServerOptions, serve  # noqa: E402
 
 NAMESPACE = "ml-team"  # the example pods'
 FIXED_ANSWER = "BENCH_FIXED_ANSWER_FILE"  # the fixed-answer app's answer, a file's bytes

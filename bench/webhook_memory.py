@@ -21,9 +21,11 @@ from typing import Any
 
 import requests
 
-from demo.apiserver import admission_review, api_server_pod, example_pod
-from demo.processes import Service, child_pids, free_port
-from gpusharing.serving.certs import make_serving_certificate
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demo/: the repository's, never installed
+
+from demo.apiserver import admission_review, api_server_pod, example_pod  # noqa: E402
+from demo.processes import Service, child_pids, free_port  # noqa: E402
+from gpusharing.serving.certs import make_serving_certificate  # noqa: E402
 
 MIB = 1024 * 1024
 

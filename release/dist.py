@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "kube-gpusharing"
 CHANGELOG = ROOT / "CHANGELOG.md"
 CONSTRAINTS = ROOT / "constraints.txt"
-PACKAGES = ("gpusharing", "webhook", "timekeeper", "sidecar", "migrations", "demo")  # setup.cfg's
+# The wheel's top-level packages, exactly: the product. demo/ (the demo and its stand-in Kubernetes API) and testbed/
+# (what the tests and bench/ run on) are run from the repository, never installed (setup.cfg).
+PACKAGES = ("gpusharing", "webhook", "timekeeper", "sidecar", "nodeagent", "migrations")
 RELEASES = "https://github.com/kube-gpusharing/kube-gpusharing/releases/download"  # where a release's assets go
 
 
@@ -118,13 +120,23 @@ def _chart_metadata(archive: Path) -> dict[str, str]:
 
 
 def _packaged_modules() -> set[str]:
-    """What the wheel must hold: every module and data file of the packages setup.cfg names."""
+    """What the wheel must hold: every module and data file of the product's packages."""
     wanted = set()
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*"):
             if path.suffix in (".py", ".yaml", ".ini", ".mako") and "__pycache__" not in path.parts:
                 wanted.add(path.relative_to(ROOT).as_posix())
     return wanted
+
+
+def top_level_packages(names: set[str]) -> set[str]:
+    """The top-level packages and modules of a wheel holding `names`: what `import` finds once it is installed."""
+    found = set()
+    for name in names:
+        first, _, rest = name.partition("/")
+        if not first.endswith((".dist-info", ".data")):
+            found.add(first if rest else first.partition(".")[0])
+    return found
 
 
 def problems(directory: Path, release: str) -> list[str]:
@@ -154,6 +166,10 @@ def problems(directory: Path, release: str) -> list[str]:
     missing = sorted(_packaged_modules() - held)
     if missing:
         found.append(f"wheel: lacks {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}: list it in setup.cfg")
+    extra = sorted(top_level_packages(held) - set(PACKAGES))
+    if extra:
+        found.append(f"wheel: holds {', '.join(extra)} beside the product ({', '.join(PACKAGES)}): leave "
+                     f"{'it' if len(extra) == 1 else 'them'} out of setup.cfg's [options.packages.find]")
     return found
 
 
@@ -190,6 +206,9 @@ def build(directory: Path) -> list[Path]:
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     names = artifact_names(release)
+    # Without a VCS plugin setuptools adds the files a previous build's SOURCES.txt lists to the sdist: a module or
+    # package left out since (demo/, when it was still installed) would linger in this clone's sdist alone.
+    (ROOT / "kube_gpusharing.egg-info" / "SOURCES.txt").unlink(missing_ok=True)
     _run(sys.executable, "-m", "build", "--no-isolation", "--outdir", directory, ROOT)
     reproducible_sdist(directory / names["sdist"], epoch)
     _run(sys.executable, "-m", "twine", "check", "--strict", directory / names["sdist"], directory / names["wheel"])

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.postgres import PostgresServer, PostgresUnavailable
+from testbed.postgres import PostgresServer, PostgresUnavailable
 
 # The suite never talks to the developer's own cluster: the processes it starts inherit this environment.
 for _variable in ("KUBECONFIG", "TIMEKEEPER_KUBECONFIG", "GPUSHARING_KUBECONFIG"):

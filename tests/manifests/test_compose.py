@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import compose_spec
 import pytest
+import requests
 import yaml
 
 from demo.kubeapi import SERVICE_ACCOUNT_TOKEN
+from demo.processes import free_port
 from gpusharing.cli import _ROLES, build_parser
 from timekeeper.auth import Role, load_static_tokens
 
@@ -54,7 +59,7 @@ def test_ports_healthchecks_and_volumes(compose: dict[str, Any]) -> None:
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("./"):
-                assert (ROOT / source).is_file(), source
+                assert (ROOT / source).exists(), source
             else:
                 assert source in named, source
     assert "meter-state:/var/lib/gpusharing-meter" in services["meter"]["volumes"]
@@ -79,6 +84,42 @@ def test_the_controller_works_against_the_stand_in_api_its_kubeconfig_names(comp
     (user,) = kubeconfig["users"]
     assert user["user"]["token"] == SERVICE_ACCOUNT_TOKEN  # the token the stand-in API accepts
     assert services["kube-api"]["entrypoint"] == ["python", "-m", "demo.kubeapi"]
+
+
+def test_the_stand_in_api_runs_from_the_repository_beside_the_product_image(compose: dict[str, Any]) -> None:
+    """The image holds the product alone (tests/release/test_dockerfile.py): kube-api runs it with the repository's
+    demo/, and nothing else of the repository, mounted read-only into its working directory, which `python -m` imports
+    from first."""
+    services = compose["services"]
+    kube_api, timekeeper = services["kube-api"], services["timekeeper"]
+    assert (kube_api["image"], kube_api["build"]) == (timekeeper["image"], timekeeper["build"])
+    assert kube_api["volumes"] == [f"./demo:{kube_api['working_dir']}/demo:ro"]
+    assert (ROOT / "demo" / "kubeapi.py").is_file()
+
+
+def test_the_stand_in_api_needs_only_demo_beside_the_installed_package(compose: dict[str, Any], tmp_path: Path) -> None:
+    """kube-api's command run as the container runs it: from a working directory holding demo/ alone, the rest
+    (gpusharing, the Kubernetes client) from the installed package, none of the repository on the path."""
+    kube_api = compose["services"]["kube-api"]
+    (tmp_path / "demo").symlink_to(ROOT / "demo")
+    port = free_port()
+    python, *module = kube_api["entrypoint"]
+    command = [*module, *kube_api["command"]]
+    command[command.index("--host") + 1], command[command.index("--port") + 1] = "127.0.0.1", str(port)
+    assert python == "python" and module == ["-m", "demo.kubeapi"]
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    with subprocess.Popen([sys.executable, *command], cwd=tmp_path, env=environment, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline().strip() == f"stand-in Kubernetes API on http://127.0.0.1:{port}"
+            url = f"http://127.0.0.1:{port}/api/v1/namespaces/demo/pods"
+            answer = requests.get(url, headers={"Authorization": f"Bearer {SERVICE_ACCOUNT_TOKEN}"}, timeout=10)
+            assert (answer.status_code, answer.json()["kind"]) == (200, "PodList")
+            assert requests.get(url, timeout=10).status_code == 401
+        finally:
+            process.terminate()
+        assert process.wait(timeout=20) == 0, process.stdout.read() if process.stdout else ""
 
 
 def test_static_tokens_match_the_token_files(compose: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ the same, and every artifact checked to carry the one version of setup.cfg."""
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import io
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from setuptools import find_packages
 
 from plugins import build as krew
 from release import dist
@@ -87,7 +89,8 @@ def test_the_sdist_is_rewritten_the_same_whatever_built_it(tmp_path: Path) -> No
         assert member is not None and member.read() == b"Version: 0.1.0\n"
 
 
-def release_directory(directory: Path, release: str, wheel_version: str, leave_out: str = "") -> Path:
+def release_directory(directory: Path, release: str, wheel_version: str, leave_out: str = "",
+                      add: tuple[str, ...] = ()) -> Path:
     """Artifacts as `make dist` leaves them: the real chart, index and krew archive; a wheel and sdist that hold names."""
     names = dist.artifact_names(release)
     dist.package_chart(directory, EPOCH)
@@ -96,7 +99,7 @@ def release_directory(directory: Path, release: str, wheel_version: str, leave_o
     (directory / names["sdist"]).write_bytes(b"")
     with zipfile.ZipFile(directory / names["wheel"], "w") as wheel:
         wheel.writestr(f"kube_gpusharing-{release}.dist-info/METADATA", f"Name: kube-gpusharing\nVersion: {wheel_version}\n")
-        for module in dist._packaged_modules() - {leave_out}:
+        for module in (dist._packaged_modules() - {leave_out}) | set(add):
             wheel.writestr(module, "")
     return directory
 
@@ -117,6 +120,31 @@ def test_each_artifact_of_another_version_or_missing_is_named_on_a_line(tmp_path
     assert all("0.2.0" in line and "is missing" in line for line in other)
 
 
+def test_the_wheel_holds_the_product_alone_not_the_demo_nor_the_testbed(tmp_path: Path) -> None:
+    """Its top-level packages are exactly the product's: demo/ (with the stand-in Kubernetes API) and testbed/ run
+    from the repository, and a wheel that carries them, or anything else beside the product, is refused."""
+    release = dist.version()
+    assert set(dist.PACKAGES) == {"gpusharing", "webhook", "timekeeper", "sidecar", "nodeagent", "migrations"}
+    assert dist.top_level_packages(dist._packaged_modules()) == set(dist.PACKAGES)
+    extra = ("demo/__init__.py", "demo/kubeapi.py", "testbed/postgres.py", "admin/__init__.py", "conftest.py")
+    found = dist.problems(release_directory(tmp_path, release, release, add=extra), release)
+    assert found == ["wheel: holds admin, conftest, demo, testbed beside the product (gpusharing, webhook, timekeeper, "
+                     "sidecar, nodeagent, migrations): leave them out of setup.cfg's [options.packages.find]"]
+    held = {f"kube_gpusharing-{release}.dist-info/RECORD", f"kube_gpusharing-{release}.data/scripts/x",
+            "gpusharing/cli.py", "six.py"}
+    assert dist.top_level_packages(held) == {"gpusharing", "six"}
+
+
+def test_setup_cfg_installs_neither_the_demo_nor_the_testbed() -> None:
+    """What `pip install` of the wheel puts into site-packages: setup.cfg's packages, as setuptools finds them here."""
+    setup = configparser.ConfigParser()
+    setup.read(dist.ROOT / "setup.cfg")
+    included = setup["options.packages.find"]["include"].split()
+    installed = {package.split(".")[0] for package in find_packages(str(dist.ROOT), include=included)}
+    assert set(dist.PACKAGES) <= installed
+    assert not installed & {"demo", "testbed", "tests", "bench", "release", "plugins"}
+
+
 def test_the_changelog_has_an_entry_for_this_version_first() -> None:
     assert dist.changelog_versions(dist.CHANGELOG.read_text())[0] == dist.version()
     assert dist.changelog_versions("# Changelog\n\n## 0.2.0 - 2027-01-04\n\n## 0.1.0 - 2026-11-30\n") == ["0.2.0", "0.1.0"]
@@ -124,9 +152,10 @@ def test_the_changelog_has_an_entry_for_this_version_first() -> None:
 
 def test_make_dist_says_each_problem_on_a_line_of_its_own_and_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def failing(directory: Path) -> list[Path]:
-        raise dist.ReleaseError("chart: version 0.0.9, appVersion 0.1.0: make both 0.1.0\nwheel: lacks demo/x.py: list it")
+        raise dist.ReleaseError("chart: version 0.0.9, appVersion 0.1.0: make both 0.1.0\n"
+                                "wheel: lacks gpusharing/x.py: list it")
 
     monkeypatch.setattr(dist, "build", failing)
     assert dist.main(["dist"]) == 1
     assert capsys.readouterr().err == ("make dist: chart: version 0.0.9, appVersion 0.1.0: make both 0.1.0\n"
-                                       "make dist: wheel: lacks demo/x.py: list it\n")
+                                       "make dist: wheel: lacks gpusharing/x.py: list it\n")

@@ -116,6 +116,15 @@ def test_it_holds_every_package_of_the_distribution() -> None:
     assert packages and all(f"{package} {package}" in copied for package in packages)
 
 
+def test_it_copies_the_product_alone_not_the_demo_nor_the_testbed() -> None:
+    """The image holds what the wheel holds: the stand-in Kubernetes API (demo/) and what the tests and bench/ run on
+    (testbed/) stay in the repository (docker-compose mounts demo/ for its stand-in API)."""
+    sources = {args.split()[0] for stage in stages() for word, args in stage if word == "COPY"}
+    packages = set(re.findall(r"^    (\w+)$", (ROOT / "setup.cfg").read_text(), re.M))
+    assert {source for source in sources if (ROOT / source).is_dir()} == packages
+    assert not packages & {"demo", "testbed", "tests", "bench"}
+
+
 def test_make_image_builds_it_tagged_with_the_version() -> None:
     version = re.search(r"^version = (\S+)$", (ROOT / "setup.cfg").read_text(), re.M)
     assert version is not None

@@ -22,7 +22,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 import timekeeper
 from demo.kubeapi import FakeKube
 from gpusharing.gpu.request import GpuRequestSettings
-from tests.postgres import PostgresServer
+from testbed.postgres import PostgresServer
 from timekeeper.app import create_app
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.manager import ControllerManager, ControllerPass

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import requests
 
-from tests.postgres import PostgresServer
+from testbed.postgres import PostgresServer
+from testbed.timekeeper_processes import TimekeeperProcess
 from tests.timekeeper.conftest import ADMIN, METER
-from tests.timekeeper.process import TimekeeperProcess
 from timekeeper.database.schema import upgrade
 
 NAMESPACES = 5

@@ -12,7 +12,7 @@ from flask import Flask
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from tests.postgres import PostgresServer
+from testbed.postgres import PostgresServer
 from tests.timekeeper.conftest import METER, READER, SpecClient
 from timekeeper.app import create_app
 from timekeeper.config import TimekeeperConfig

@@ -15,7 +15,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, MetaData, create_engine, func, inspect, select, text
 
 from gpusharing.cli import main
-from tests.postgres import PostgresServer
+from testbed.postgres import PostgresServer
 from timekeeper.database.schema import alembic_config, current_revision, downgrade, head_revision, schema_problem, upgrade
 from timekeeper.database.tables import Base
 

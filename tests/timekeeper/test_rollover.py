@@ -20,9 +20,9 @@ from sqlalchemy import create_engine, select
 
 from demo.kubeapi import FakeKube
 from gpusharing.settings.env import ConfigError
+from testbed.timekeeper_processes import ControllerProcess, TimekeeperProcess
 from tests.timekeeper.conftest import ADMIN, METER
 from tests.timekeeper.fake_clock import FileClock
-from tests.timekeeper.process import ControllerProcess, TimekeeperProcess
 from timekeeper.app import create_app
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.tables import namespace_usage, pod_ledgers

@@ -14,8 +14,8 @@ from sqlalchemy import delete, select
 
 from gpusharing.contract import Period
 from gpusharing.report import MeterReport
+from testbed.day_sums import day_sum_reads
 from tests.timekeeper.conftest import Clock
-from tests.timekeeper.day_sums import day_sum_reads
 from timekeeper.budgets.periods import period_starts
 from timekeeper.budgets.status import Budget
 from timekeeper.database.accounting.charging import ReportLedger

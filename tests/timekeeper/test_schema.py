@@ -15,9 +15,9 @@ from sqlalchemy import create_engine, inspect, select
 from demo.processes import run_command
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.report import MeterReport
-from tests.postgres import PostgresServer
+from testbed.day_sums import day_sum_reads
+from testbed.postgres import PostgresServer
 from tests.timekeeper.conftest import SpecClient
-from tests.timekeeper.day_sums import day_sum_reads
 from timekeeper.accounting.ledger import Observation
 from timekeeper.app import create_app
 from timekeeper.budgets.periods import period_starts

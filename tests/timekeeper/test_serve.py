@@ -14,9 +14,9 @@ from sqlalchemy import create_engine
 
 from demo.kubeapi import FakeKube
 from demo.processes import Service, free_port, run_command
-from tests.postgres import PostgresServer
+from testbed.postgres import PostgresServer
+from testbed.timekeeper_processes import ControllerProcess
 from tests.timekeeper.conftest import ADMIN, METER
-from tests.timekeeper.process import ControllerProcess
 from timekeeper.database.schema import schema_problem
 from timekeeper.services import OFF_CLUSTER
 

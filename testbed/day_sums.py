@@ -9,7 +9,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import ColumnElement, Date, and_, bindparam, case, func, select
+from sqlalchemy import BindParameter, ColumnElement, Date, and_, bindparam, case, func, select
 
 from gpusharing.contract import Period
 from timekeeper.budgets.periods import period_window
@@ -31,7 +31,7 @@ USED = (select(namespace_usage.c.namespace, *_summed(namespace_usage.c.micro_gpu
         .where(_DAY >= bindparam("earliest_day", type_=Date())).group_by(namespace_usage.c.namespace))
 TOPPED = (select(top_ups.c.namespace, *_summed(top_ups.c.gpu_minutes, _STARTS, "topped"))
           .where(top_ups.c.period_start >= bindparam("earliest", type_=UtcDateTime())).group_by(top_ups.c.namespace))
-CHOSEN = bindparam("namespaces", expanding=True)
+CHOSEN: BindParameter[Any] = bindparam("namespaces", expanding=True)
 USED_OF, TOPPED_OF = USED.where(namespace_usage.c.namespace.in_(CHOSEN)), TOPPED.where(top_ups.c.namespace.in_(CHOSEN))
 
 

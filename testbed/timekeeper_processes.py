@@ -1,4 +1,5 @@
-"""`gpusharing timekeeper serve` as a real process (gunicorn, several workers), for the concurrency test and bench/."""
+"""`gpusharing timekeeper serve` (gunicorn, several workers) and `timekeeper controller` as real processes, for the
+tests and bench/."""
 
 from __future__ import annotations
 
