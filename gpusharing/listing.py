@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeGuard, TypeVar
 
 from gpusharing.compat import from_iso
 from gpusharing.contract import AdmissionMode, BudgetState, Period, Shortfall
@@ -66,7 +66,7 @@ class BudgetWarning(_Json):
     @classmethod
     def read(cls, raw: object) -> BudgetWarning | None:
         """The warning, or None when any of it is unreadable: a warning is worded whole or not at all."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
         budget, start = _name(raw.get("budget")), _instant(raw.get("periodStart"))
         period = _enum(Period, raw.get("period"))
@@ -97,7 +97,7 @@ class Uncommitted(_Json):
     @classmethod
     def read(cls, raw: object) -> Uncommitted | None:
         """The figures, or None when any of them is unreadable."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
         minutes, micros = _amount(raw.get("gpuMinutes")), _whole(raw.get("microGpuSeconds"))
         budget = _name(raw.get("budget"))
@@ -108,6 +108,9 @@ class Uncommitted(_Json):
         if remaining is not None and _amount(remaining) is None:
             return None
         return cls(minutes, micros, budget, _amount(remaining), committed, reserved)
+
+
+_IDLE_TEXTS = ("after", "action", "warnBefore", "minAge")
 
 
 @dataclass(frozen=True)
@@ -128,13 +131,12 @@ class IdleRule(_Json):
     @classmethod
     def read(cls, raw: object) -> IdleRule | None:
         """The rule, or None when any of it is unreadable."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
-        texts = [_text(raw.get(key)) for key in ("after", "action", "warnBefore", "minAge")]
+        after, action, warn_before, min_age = (_text(raw.get(key)) for key in _IDLE_TEXTS)
         percent = _amount(raw.get("utilisationPercent"))
-        if any(text is None for text in texts) or percent is None:
+        if after is None or action is None or warn_before is None or min_age is None or percent is None:
             return None
-        after, action, warn_before, min_age = (str(text) for text in texts)
         return cls(after, action, warn_before, percent, min_age)
 
 
@@ -153,11 +155,13 @@ class IdleInForce(IdleRule):
     @classmethod
     def read(cls, raw: object) -> IdleInForce | None:
         """The policy in force, or None when its rule is unreadable (an unreadable source reads as the default's)."""
-        rule = IdleRule.read(raw)
-        if rule is None or not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
-        source = _name(raw.get("from"))
-        return cls(rule.after, rule.action, rule.warn_before, rule.utilisation_percent, rule.min_age, source)
+        after, action, warn_before, min_age = (_text(raw.get(key)) for key in _IDLE_TEXTS)
+        percent = _amount(raw.get("utilisationPercent"))
+        if after is None or action is None or warn_before is None or min_age is None or percent is None:
+            return None
+        return cls(after, action, warn_before, percent, min_age, _name(raw.get("from")))
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ class IdleHold(_Json):
     @classmethod
     def read(cls, raw: object) -> IdleHold | None:
         """The hold, or None when any of it is not a string (of at most MAX_NAME characters)."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
         values = [raw.get(key) for key in cls.FIELDS]
         if not all(isinstance(value, str) and len(value) <= MAX_NAME for value in values):
@@ -207,7 +211,7 @@ class FairShareLevel(_Json):
     @classmethod
     def read(cls, raw: object) -> FairShareLevel | None:
         """The level, or None when any of it is unreadable."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
         level, rank, siblings = _whole(raw.get("level")), _whole(raw.get("rank")), _whole(raw.get("siblings"))
         share, usage, ratio = _number(raw.get("share")), _number(raw.get("usage")), _number(raw.get("ratio"))
@@ -247,6 +251,7 @@ class FairShareStanding(_Json):
     DETAIL: ClassVar[frozenset[str]] = frozenset({"path", "zeroUseChange"})
 
     def to_json(self) -> dict[str, Any]:
+        """The band as the API answers it: with its path and zeroUseChange only in a budget read alone."""
         body = super().to_json()
         return body if self.path is not None else {key: value for key, value in body.items() if key not in self.DETAIL}
 
@@ -254,7 +259,7 @@ class FairShareStanding(_Json):
     def read(cls, raw: object) -> FairShareStanding | None:
         """The band, or None (unranked) without its classes and figures (non-empty class names, finite GPUs not below
         0): what the webhook admits by. The rest reads as unsaid where unreadable; the reason is cut at MAX_REASON."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
         band, burst = _name(raw.get("band")), _name(raw.get("burstClass"))
         share, held = _amount(raw.get("shareGpus")), _amount(raw.get("heldGpus"))
@@ -331,7 +336,7 @@ class ListedBudget(_Json):
         """The status from its JSON; ListingError when it is not an object. Its fields read as far as they go (see the
         module's docstring): a state the reader does not know is unknown; safe admission's two settings are read
         together (either one unreadable leaves both unsaid)."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             raise ListingError(f"{where} must be a JSON object")
         admission, shortfall = _enum(AdmissionMode, raw.get("admission")), _enum(Shortfall, raw.get("onShortfall"))
         if ("admission" in raw and admission is None) or ("onShortfall" in raw and shortfall is None):
@@ -381,7 +386,7 @@ class DefaultBudget(_Json):
     @classmethod
     def read(cls, raw: object) -> DefaultBudget | None:
         """The default budget, or None when the listing does not say (a timekeeper from before it did)."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
         state = _enum(BudgetState, raw.get("state")) or BudgetState.UNKNOWN
         return cls(_amount(raw.get("gpuMinutes")), _enum(Period, raw.get("period")), state)
@@ -401,7 +406,7 @@ class FairShareListing(_Json):
     def read(cls, raw: object) -> FairShareListing | None:
         """Fair share's part, or None (off) when not an object; classes beyond MAX_BAND_CLASSES, and any that is not a
         name, are left out."""
-        if not isinstance(raw, Mapping):
+        if not _is_object(raw):
             return None
         return cls(_items(raw.get("classes"), _name, MAX_BAND_CLASSES), _whole(raw.get("webhookProcesses")))
 
@@ -430,7 +435,7 @@ class BudgetListing(_Json):
     @classmethod
     def from_json(cls, body: object) -> BudgetListing:
         """The listing from the timekeeper's answer; ListingError naming the first thing that makes it no listing."""
-        if not isinstance(body, Mapping):
+        if not _is_object(body):
             raise ListingError("the budget listing must be a JSON object")
         items = body.get("items")
         if not isinstance(items, list):
@@ -456,6 +461,7 @@ def listing_of(body: object, namespace: str) -> dict[str, Any]:
 
 
 def _plain(value: object) -> Any:
+    """A field's value as JSON: a contract object as its JSON, a tuple as a list, an enum as its value."""
     if isinstance(value, _Json):
         return value.to_json()
     if isinstance(value, tuple):
@@ -465,42 +471,55 @@ def _plain(value: object) -> Any:
     return value
 
 
+# The readers below check exact types first: the webhook reads every listing every few seconds, in each process, and
+# json's decoded values are exactly dict, list, str, int, float or bool.
+
+
+def _is_object(raw: object) -> TypeGuard[Mapping[str, Any]]:
+    """Whether it is a JSON object (a dict, or another mapping a caller built)."""
+    return type(raw) is dict or isinstance(raw, Mapping)
+
+
 def _items(raw: object, read: Callable[[object], T | None], most: int) -> tuple[T, ...]:
     """The first `most` entries of a list that `read` can read; none of anything else."""
-    if not isinstance(raw, list):
+    if type(raw) is not list or not raw:
         return ()
-    return tuple(item for item in (read(entry) for entry in raw[:most]) if item is not None)
+    entries = [read(entry) for entry in raw[:most]]
+    return tuple(entry for entry in entries if entry is not None)
 
 
 def _number(raw: object) -> float | None:
     """A finite JSON number as it came (an int stays one, so that it is written back alike); None otherwise."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-        return None
-    return raw
+    if type(raw) is float:
+        return raw if -math.inf < raw < math.inf else None  # NaN compares false
+    return raw if type(raw) is int else None
 
 
 def _amount(raw: object) -> float | None:
     """A finite number not below 0; None otherwise."""
-    number = _number(raw)
-    return number if number is not None and number >= 0 else None
+    if type(raw) is float:
+        return raw if 0 <= raw < math.inf else None
+    return raw if type(raw) is int and raw >= 0 else None
 
 
 def _whole(raw: object) -> int | None:
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    """A JSON whole number (not a boolean); None otherwise."""
+    return raw if type(raw) is int else None
 
 
 def _flag(raw: object) -> bool | None:
-    return raw if isinstance(raw, bool) else None
+    """true or false; None otherwise."""
+    return raw if type(raw) is bool else None
 
 
 def _name(raw: object, most: int = MAX_NAME) -> str | None:
     """A non-empty string of at most `most` characters; None otherwise."""
-    return raw if isinstance(raw, str) and 0 < len(raw) <= most else None
+    return raw if type(raw) is str and 0 < len(raw) <= most else None
 
 
 def _text(raw: object) -> str | None:
     """A string of at most MAX_TEXT characters; None otherwise."""
-    return raw if isinstance(raw, str) and len(raw) <= MAX_TEXT else None
+    return raw if type(raw) is str and len(raw) <= MAX_TEXT else None
 
 
 def _instant(raw: object) -> str | None:
@@ -517,7 +536,9 @@ def _instant(raw: object) -> str | None:
 
 def _enum(kind: type[E], raw: object) -> E | None:
     """The member of that value; None for any other."""
+    if type(raw) is not str:
+        return None
     try:
         return kind(raw)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
