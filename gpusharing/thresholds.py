@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpusharing.compat import from_iso
+from gpusharing.listing import BudgetWarning
 
 DEFAULT_WARNING_THRESHOLDS = (80, 95)  # percent of a budget (with this period's top-ups)
 MAX_WARNING_THRESHOLDS = 5
@@ -37,13 +38,19 @@ def period_phrase(period: str, period_start: str) -> str:
     return ""
 
 
-def usage_warning(namespace: str, warning: Mapping[str, Any]) -> str:
-    """The warning for `namespace` from one entry of a status' `warnings` (its own budget's, or an ancestor's).
+def usage_warning(namespace: str, warning: BudgetWarning | Mapping[str, Any]) -> str:
+    """The warning for `namespace` from one entry of a status' `warnings` (its own budget's, or an ancestor's), or
+    from its JSON (read through the listing's contract: ValueError when it is no warning).
 
     e.g. `namespace ml-team has used 86 % of its 6000 GPU-minutes for November`.
     """
-    used = f"{int(warning['percentUsed'])} % of its {warning['gpuMinutes']:g} GPU-minutes"
-    when = period_phrase(str(warning["period"]), str(warning["periodStart"]))
-    if warning["budget"] == namespace:
+    if not isinstance(warning, BudgetWarning):
+        read = BudgetWarning.read(warning)
+        if read is None:
+            raise ValueError("not a budget warning: budget, percentUsed, gpuMinutes, period and periodStart are needed")
+        warning = read
+    used = f"{int(warning.percent_used)} % of its {warning.gpu_minutes:g} GPU-minutes"
+    when = period_phrase(str(warning.period), warning.period_start)
+    if warning.budget == namespace:
         return f"{'group' if '.' in namespace else 'namespace'} {namespace} has used {used}{when}"
-    return f"namespace {namespace} is part of {warning['budget']}, which has used {used}{when}"
+    return f"namespace {namespace} is part of {warning.budget}, which has used {used}{when}"

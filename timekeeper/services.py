@@ -6,21 +6,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import yaml
 
 from gpusharing.clock import Clock, ReadClock
 from gpusharing.kube.client import in_cluster_available
+from gpusharing.listing import BudgetListing, FairShareListing, FairShareStanding, ListedBudget
 from gpusharing.settings.env import ConfigError, load_code
 from timekeeper import metrics
 from timekeeper.auth import Authenticator, StaticTokens, load_static_tokens
-from timekeeper.budgets.commitments import listing_json
-from timekeeper.budgets.status import BudgetStatus
+from timekeeper.budgets.commitments import NOT_KNOWN, listed_commitments
+from timekeeper.budgets.status import BudgetStatus, default_budget
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.database.accounting.charging import ReportLedger
-from timekeeper.database.accounting.fairshare import FairShareLedger, band_json
+from timekeeper.database.accounting.fairshare import FairShareLedger, listed_band
 from timekeeper.database.accounting.readings import UtilisationLedger
 from timekeeper.database.accounting.report_queue import ReportQueue
 from timekeeper.database.accounting.streaks import IdleLedger, holds_by_namespace
@@ -62,37 +62,52 @@ class Services:
     webhooks: WebhookListings  # what each webhook process holds in force
     fair_share: FairShareLedger | None = None  # None: fair share is off
 
-    def listed(self, statuses: list[BudgetStatus], detail: bool = False) -> list[dict[str, Any]]:
+    def listing(self, listed_at: float) -> BudgetListing:
+        """The budget listing (`GET /api/v1/budgets`), read at `listed_at`: every status, the default budget, fair
+        share's classes."""
+        store = self.budgets
+        items = tuple(self.listed(store.statuses()))
+        return BudgetListing(items, default_budget(store.default_gpu_minutes, store.default_period), listed_at,
+                             self.fair_share_listing())
+
+    def listed(self, statuses: list[BudgetStatus], detail: bool = False) -> list[ListedBudget]:
         """Statuses as the API answers them, with their commitments (a group's count the pods of all the namespaces
-        below it) and a namespace's owners held out of budget after an idle pod of theirs was evicted."""
+        below it), a namespace's owners held out of budget after an idle pod of theirs was evicted, and its fair-share
+        band (`detail`: with its path). Where the listing's entries are built, for the listing and a budget read
+        alone."""
         pods = self.commitments.read()
         committed = pods.by_namespace()
         held_idle = holds_by_namespace(self.idle.holds())
         if committed is None:
-            listed = listing_json(statuses, None, {}, {})
+            counted = listed_commitments(statuses, None, {}, {})
         else:
             held = self.reservations.held(pods.counted_ids())
-            listed = listing_json(statuses, committed, self.budgets.budgets() if committed or held else {}, held)
-        bands = self.fair_share_bands((item["namespace"] for item in listed), detail)
-        return [{**item, "idleHolds": [hold.to_json() for hold in held_idle.get(item["namespace"], [])],
-                 **({"fairShare": bands[item["namespace"]]} if item["namespace"] in bands else {})} for item in listed]
+            counted = listed_commitments(statuses, committed, self.budgets.budgets() if committed or held else {}, held)
+        bands = self.fair_share_bands((status.namespace for status in statuses), detail)
+        listed = []
+        for status in statuses:
+            commitments = counted.get(status.namespace, NOT_KNOWN)
+            holds = [hold.listed() for hold in held_idle.get(status.namespace, [])]
+            listed.append(status.listed(commitments.committed_gpu_minutes, commitments.uncommitted, holds,
+                                        bands.get(status.namespace)))
+        return listed
 
-    def fair_share_bands(self, namespaces: Iterable[str], detail: bool = False) -> dict[str, dict[str, Any]]:
+    def fair_share_bands(self, namespaces: Iterable[str], detail: bool = False) -> dict[str, FairShareStanding]:
         """The band of each ranked namespace as the webhook admits by it (none when fair share is off); `detail`: with
-        its path and when its band would rise at zero use (timekeeper.database.accounting.fairshare.band_json)."""
+        its path and when its band would rise at zero use (timekeeper.database.accounting.fairshare.listed_band)."""
         if self.fair_share is None:
             return {}
         settings = self.config.fair_share
-        return {name: band for name, record in self.fair_share.records(set(namespaces)).items()
-                if (band := band_json(settings.bands, record, self.fair_share.half_life_of(record), detail)) is not None}
+        ledger = self.fair_share
+        return {name: band for name, record in ledger.records(set(namespaces)).items()
+                if (band := listed_band(settings.bands, record, ledger.half_life_of(record), detail)) is not None}
 
-    def fair_share_listing(self) -> dict[str, Any]:
-        """What the listing says of fair share as a whole (nothing when off): the bands' classes, lightest first, and
+    def fair_share_listing(self) -> FairShareListing | None:
+        """What the listing says of fair share as a whole (None when off): the bands' classes, lightest first, and
         how many webhook processes share the burst guard's room (at least the one polling)."""
         if self.fair_share is None:
-            return {}
-        return {"fairShare": {"classes": list(self.config.fair_share.bands.classes),
-                              "webhookProcesses": max(1, self.webhooks.live())}}
+            return None
+        return FairShareListing(tuple(self.config.fair_share.bands.classes), max(1, self.webhooks.live()))
 
     def on_stop(self) -> list[Callable[[], None]]:
         """On SIGTERM, once the requests in flight are answered: the report queue, already empty, closes."""

@@ -33,6 +33,7 @@ from gpusharing.admin.output import (
     preemptor,
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
+from gpusharing.listing import ListingError, listing_of
 from gpusharing.settings.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
 from gpusharing.usage_report import UsageRequestError, usage_csv, usage_request
 
@@ -201,6 +202,9 @@ def _command(run: Callable[[TimekeeperClient, argparse.Namespace], None], cluste
         except Refused as exc:
             print(f"gpusharing: {exc}", file=sys.stderr)
             return exc.exit_status
+        except ListingError as exc:  # the timekeeper answered something this version cannot read as a budget's status
+            print(f"gpusharing: the timekeeper's answer is not one this version reads: {exc}", file=sys.stderr)
+            return Refused.exit_status
         return 0
 
     return wrapped
@@ -245,7 +249,7 @@ def _budget_ls(api: TimekeeperClient, args: argparse.Namespace) -> None:
     listing = api.call("GET", "budgets")
     only = _namespace_filter(args)
     if only:
-        listing["items"] = [item for item in listing["items"] if item.get("namespace") == only]
+        listing = listing_of(listing, only)
     emit(args, listing, lambda wide: format_listing(listing, wide))
 
 
@@ -259,7 +263,7 @@ def _budget_top_up(api: TimekeeperClient, args: argparse.Namespace) -> None:
 @_command
 def _budget_tree(api: TimekeeperClient, args: argparse.Namespace) -> None:
     listing = api.call("GET", "budgets")
-    emit(args, listing, lambda _wide: format_tree(listing["items"]))
+    emit(args, listing, lambda _wide: format_tree(listing))
 
 
 @_command

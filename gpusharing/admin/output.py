@@ -7,7 +7,7 @@ import argparse
 import datetime as dt
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,14 +15,17 @@ import yaml
 
 from gpusharing.contract import ANNOTATION_PREFIX, IDLE_EXEMPT_LABEL, AdmissionMode
 from gpusharing.decoded import instant
-from gpusharing.idle.policy import FIELDS, PolicyInForce, idle_policy_from_json
+from gpusharing.idle.policy import PolicyInForce, idle_policy_from_json
 from gpusharing.idle.verdict import PodFacts, Reading, Streak, outlook, verdict
 from gpusharing.kube.owners import controller_of
+from gpusharing.listing import BudgetListing, FairShareLevel, IdleHold, IdleInForce, ListedBudget
 from gpusharing.utilisation import UtilisationSource
 
 
 def emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> None:
-    """The API's objects as -o json or yaml, else the table (wide with -o wide)."""
+    """The API's objects as -o json or yaml, else the table (wide with -o wide). The tables below take the API's
+    objects as they came (what -o json prints) and read a budget's status through the listing's contract
+    (gpusharing.listing), which refuses an answer that is none with ListingError."""
     output = getattr(args, "output", None) or "table"  # never csv here: refused for every command but usage
     if output == "json":
         print(json.dumps(data, indent=2))
@@ -50,13 +53,16 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def idle_of(pod: dict[str, Any], status: dict[str, Any] | None, ledger: dict[str, Any] | None, now: dt.datetime) -> dict[str, Any]:
+def idle_of(
+    pod: dict[str, Any], status: Mapping[str, Any] | None, ledger: dict[str, Any] | None, now: dt.datetime,
+) -> dict[str, Any]:
     """What the idle policy in force says of the pod (gpusharing.idle.verdict, as the timekeeper's leader judges it),
-    from its record, its namespace's budget and its ledger: its state, when it is warned and acted on, and why."""
-    ledger, status = ledger or {}, status or {}
-    raw = status.get("idleInForce")
-    rule = None if raw is None else idle_policy_from_json({key: raw[key] for key in FIELDS})
-    policy = None if rule is None or raw is None else PolicyInForce(rule, raw.get("from") or "")
+    from its record, its namespace's budget (its status's JSON) and its ledger: its state, when it is warned and acted
+    on, and why."""
+    ledger, listed = ledger or {}, _status(status)
+    in_force = None if listed is None else listed.idle_in_force
+    rule = None if in_force is None else idle_policy_from_json(in_force.rule().to_json())
+    policy = None if rule is None or in_force is None else PolicyInForce(rule, in_force.source or "")
     streak = Streak(instant(ledger.get("idleSince")), instant(ledger.get("idleWarnedAt")), instant(ledger.get("idleActedAt")))
     source = UtilisationSource(ledger.get("utilisationSource") or UtilisationSource.METER)
     # A meter's silence is the leader's to judge, by the meters' interval it knows: a meter it flagged is silent, else
@@ -67,10 +73,17 @@ def idle_of(pod: dict[str, Any], status: dict[str, Any] | None, ledger: dict[str
     fresh = 0.0 if ledger.get("meterSilentSince") and not node_word else float("inf")
     judged = verdict(streak, reading, policy, PodFacts(instant(pod.get("startTime")), pod.get("idleExempt", False)), now, fresh)
     owner = pod.get("owner") or {}
-    held = next((hold for hold in status.get("idleHolds") or [] if hold.get("uid") == owner.get("uid")), None)
+    holds = () if listed is None else listed.idle_holds
+    held = next((hold for hold in holds if hold.uid == owner.get("uid")), None)
     return {"state": str(judged.state), "idleSeconds": judged.idle_seconds, "why": judged.why,
-            "policy": raw, "warnAt": _iso(judged.warn_at), "actAt": _iso(judged.act_at), "outlook": outlook(judged, streak),
-            "ownerHeld": held}
+            "policy": None if in_force is None else in_force.to_json(), "warnAt": _iso(judged.warn_at),
+            "actAt": _iso(judged.act_at), "outlook": outlook(judged, streak),
+            "ownerHeld": None if held is None else held.to_json()}
+
+
+def _status(raw: Mapping[str, Any] | None) -> ListedBudget | None:
+    """A budget's status read from its JSON (None for none): the admin command line reads statuses only so."""
+    return None if raw is None else ListedBudget.from_json(raw)
 
 
 def _iso(at: dt.datetime | None) -> str | None:
@@ -82,29 +95,29 @@ def _idle(explanation: dict[str, Any]) -> list[tuple[str, str]]:
     idle, record = explanation.get("idle"), explanation["pod"]["record"]
     if idle is None:
         return []
-    policy = idle["policy"]
+    policy = IdleInForce.read(idle["policy"])
     if policy is None:
         rule = "none: no budget up its namespace's chain sets one, nor the default budget (TIMEKEEPER_IDLE_*)"
     else:
-        whose = f"the budget of {policy['from']}" if policy.get("from") else "the default budget (TIMEKEEPER_IDLE_*)"
-        rule = (f"{policy['action']} after {policy['after']} idle (under {policy['utilisationPercent']:g} % utilisation)"
-                + (f", warned {policy['warnBefore']} before" if policy["warnBefore"] not in ("0s", "0") else "")
-                + (f", pods older than {policy['minAge']}" if policy["minAge"] not in ("0s", "0") else "") + f": {whose}")
+        whose = f"the budget of {policy.source}" if policy.source else "the default budget (TIMEKEEPER_IDLE_*)"
+        rule = (f"{policy.action} after {policy.after} idle (under {policy.utilisation_percent:g} % utilisation)"
+                + (f", warned {policy.warn_before} before" if policy.warn_before not in ("0s", "0") else "")
+                + (f", pods older than {policy.min_age}" if policy.min_age not in ("0s", "0") else "") + f": {whose}")
     lines = [("Idle", idle["why"]), ("Idle policy", rule)]
     if idle["outlook"]:
         lines.append(("Idle outlook", idle["outlook"]))
     if "idle-hold" in record:
         lines.append(("Out of budget", f"admitted so because its owner {record['idle-hold']} was held: an idle pod of "
                                         "its was evicted (its priority class stays for its life)"))
-    if idle["ownerHeld"]:
-        hold = idle["ownerHeld"]
-        lines.append(("Owner held", f"{hold['kind']} {hold['name']} since {hold['heldAt']} (its pod {hold['pod']} was "
+    hold = IdleHold.read(idle["ownerHeld"])
+    if hold is not None:
+        lines.append(("Owner held", f"{hold.kind} {hold.name} since {hold.held_at} (its pod {hold.pod} was "
                                      "evicted idle): its new pods are admitted out of budget until one uses its GPU"))
     return lines
 
 
 def format_explanation(explanation: dict[str, Any]) -> str:
-    pod, status, metering = explanation["pod"], explanation["namespace"], explanation["metering"]
+    pod, status, metering = explanation["pod"], _status(explanation["namespace"]), explanation["metering"]
     lines = [("Pod", f"{pod['namespace']}/{pod['name']} ({pod['phase'] or 'no phase'})")]
     if not pod["governed"]:
         lines.append(("Governed", "no: the pod carries no gpusharing.io/ record, so it asked for no GPU when it was "
@@ -125,10 +138,10 @@ def format_explanation(explanation: dict[str, Any]) -> str:
         ("Meter", pod["meter"] or "none (the pod runs unmetered)"),
     ]
     if status is not None:
-        allowance = "unlimited" if status.get("gpuMinutes") is None else _minutes(status["gpuMinutes"] + (status.get("topUpGpuMinutes") or 0))
-        lines.append(("Namespace now", f"{status['state']}: {_minutes(status['usedGpuMinutes'])} of {allowance} GPU-minutes "
-                                       f"used this {status['period']} period (ends {status.get('periodEnd') or 'never'})"))
-        lines.append(("New GPU pods", _new_pods(status["state"])))
+        allowance, ends = _budget(_allowance(status)), status.period_end or "never"
+        lines.append(("Namespace now", f"{status.state}: {_amount(status.used_gpu_minutes)} of {allowance} GPU-minutes "
+                                       f"used this {_word(status.period)} period (ends {ends})"))
+        lines.append(("New GPU pods", _new_pods(status.state)))
     if status is not None:
         lines += _billing(metering)
     lines += _idle(explanation)
@@ -143,13 +156,15 @@ def format_explanation(explanation: dict[str, Any]) -> str:
     return text
 
 
-def _path(status: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return list(((status or {}).get("fairShare") or {}).get("path") or [])
+def _path(status: ListedBudget | None) -> list[FairShareLevel]:
+    """A namespace's path down the budget tree, as its status read alone carries it; none when not ranked."""
+    band = None if status is None else status.fair_share
+    return [] if band is None else list(band.path or ())
 
 
-def _path_table(path: list[dict[str, Any]]) -> str:
-    rows = [[str(level["level"]), level["node"], f"{level['share']:.3f}", f"{level['usage']:.3f}", f"{level['ratio']:.2f}",
-             f"{level['rank']}/{level['siblings']}"] for level in path]
+def _path_table(path: list[FairShareLevel]) -> str:
+    rows = [[str(level.level), level.node, f"{level.share:.3f}", f"{level.usage:.3f}", f"{level.ratio:.2f}",
+             f"{level.rank}/{level.siblings}"] for level in path]
     return format_table(["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"], rows)
 
 
@@ -182,39 +197,40 @@ def preemptor(events: list[dict[str, Any]]) -> Preemptor | None:
     return None
 
 
-def _compared(namespace: str, path: list[dict[str, Any]], preempted: dict[str, Any]) -> str:
+def _compared(namespace: str, path: list[FairShareLevel], preempted: dict[str, Any]) -> str:
     """The preempting namespace's path beside the pod's, and the level where they part (`sshare -l` of both)."""
     other = preempted.get("namespace")
     if other is None:
         return _fields([("Preempted for", f"pod {preempted.get('podUid')}, of a namespace whose figures are not yours to read "
                                           "(or of none the timekeeper accounts)")])
-    theirs = _path(preempted.get("status"))
+    theirs = _path(_status(preempted.get("status")))
     if not theirs:
         why = ("its figures are not yours to read" if preempted.get("status") is None else "it is not ranked")
         return _fields([("Preempted for", f"pods of namespace {other}: {why}")])
     text = _fields([("Preempted for", f"pods of namespace {other}, whose path is:")]) + "\n" + _path_table(theirs)
     for mine, its in zip(path, theirs):
-        if mine["node"] != its["node"]:
-            where = f"level {mine['level']}" + (f", among the children of {path[mine['level'] - 2]['node']}" if mine["level"] > 1 else "")
+        if mine.node != its.node:
+            among = f", among the children of {path[mine.level - 2].node}" if mine.level > 1 else ""
+            where = f"level {mine.level}{among}"
             text += "\n" + _fields([("Where they part", (
-                f"{where}: {mine['node']} at {mine['ratio']:.2f}x its share, rank {mine['rank']}/{mine['siblings']}; "
-                f"{its['node']} at {its['ratio']:.2f}x, rank {its['rank']}/{its['siblings']} (lower ratio first)"))])
+                f"{where}: {mine.node} at {mine.ratio:.2f}x its share, rank {mine.rank}/{mine.siblings}; "
+                f"{its.node} at {its.ratio:.2f}x, rank {its.rank}/{its.siblings} (lower ratio first)"))])
             break
     return text
 
 
-def _fair_share(record: dict[str, Any], status: dict[str, Any] | None) -> list[tuple[str, str]]:
+def _fair_share(record: dict[str, Any], status: ListedBudget | None) -> list[tuple[str, str]]:
     """The band the pod was admitted in and why, its namespace's band now, and when that would rise at zero use."""
     lines = []
     if "fair-share-band" in record:
         lines.append(("Fair-share band", f"{record['fair-share-band']}: {record.get('fair-share-reason', '')}"))
-    band = (status or {}).get("fairShare")
-    if band:
-        hours = band["usageGpuSeconds"] / 3600
-        lines.append(("Namespace's band", f"{band['band']} since {band['since']} (rank {band['rank']}, {hours:.2f} decayed "
-                                          f"GPU-hours as of {band['asOf']}; beyond {band['shareGpus']:g} GPUs held, "
-                                          f"new pods get {band['burstClass']})"))
-        change = band.get("zeroUseChange")
+    band = None if status is None else status.fair_share
+    if band is not None:
+        hours = (band.usage_gpu_seconds or 0.0) / 3600
+        lines.append(("Namespace's band", f"{band.band} since {band.since} (rank {band.rank}, {hours:.2f} decayed "
+                                          f"GPU-hours as of {band.as_of}; beyond {band.share_gpus:g} GPUs held, "
+                                          f"new pods get {band.burst_class})"))
+        change = band.zero_use_change
         lines.append(("At zero use", f"its band would rise at {change}" if change else "its band would not rise"))
     return lines
 
@@ -302,20 +318,21 @@ def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]
 
 
-def format_statuses(items: Sequence[dict[str, Any]], wide: bool = False) -> str:
+def format_statuses(items: Sequence[Mapping[str, Any]], wide: bool = False) -> str:
     """One row per namespace, in GPU-minutes; the budget includes this period's top-ups (wide: shown apart too)."""
+    return _status_table([ListedBudget.from_json(item) for item in items], wide)
+
+
+def _status_table(items: Sequence[ListedBudget], wide: bool) -> str:
     rows = []
     for item in items:
-        allowance = None if item.get("gpuMinutes") is None else item["gpuMinutes"] + (item.get("topUpGpuMinutes") or 0)
-        remaining = item.get("remainingGpuMinutes")
-        row = [item["namespace"], _budget(allowance), _minutes(item["usedGpuMinutes"]),
-               "-" if remaining is None else _minutes(remaining), item["state"], item["period"],
-               "yes" if item.get("evictOnExhaustion") else "no", item.get("periodEnd") or "never"]
-        committed, uncommitted = item.get("committedGpuMinutes"), item.get("uncommitted")
-        rows.append(row + ([item.get("periodStart") or "-", _minutes(item.get("topUpGpuMinutes") or 0),
-                            item.get("admission") or "-", item.get("onShortfall") or "-",
-                            "-" if committed is None else _minutes(committed),
-                            "-" if not uncommitted else _minutes(uncommitted["gpuMinutes"])] if wide else []))
+        row = [item.namespace, _budget(_allowance(item)), _amount(item.used_gpu_minutes),
+               _amount(item.remaining_gpu_minutes), str(item.state), _word(item.period),
+               "yes" if item.evict_on_exhaustion else "no", item.period_end or "never"]
+        uncommitted = item.uncommitted
+        rows.append(row + ([item.period_start or "-", _minutes(item.top_up_gpu_minutes or 0), _word(item.admission),
+                            _word(item.on_shortfall), _amount(item.committed_gpu_minutes),
+                            "-" if uncommitted is None else _minutes(uncommitted.gpu_minutes)] if wide else []))
     wide_columns = ["PERIOD START", "TOP-UPS", "ADMISSION", "ON SHORTFALL", "COMMITTED", "UNCOMMITTED"]
     return format_table(STATUS_COLUMNS + (wide_columns if wide else []), rows)
 
@@ -323,12 +340,13 @@ def format_statuses(items: Sequence[dict[str, Any]], wide: bool = False) -> str:
 TREE_COLUMNS = ["BUDGET", "GPU-MINUTES", "USED", "PERCENT", "STATE", "OWN STATE", "PERIOD", "MANAGED BY"]
 
 
-def format_listing(listing: dict[str, Any], wide: bool = False) -> str:
+def format_listing(listing: Mapping[str, Any], wide: bool = False) -> str:
     """`budget ls`: the statuses, then what any other namespace has (the default budget)."""
-    lines = [format_statuses(listing["items"], wide)]
-    default = listing.get("default")
-    if isinstance(default, dict):
-        lines.append(f"\nany other namespace: {_budget(default.get('gpuMinutes'))} {default.get('period')} ({default.get('state')})")
+    read = BudgetListing.from_json(listing)
+    lines = [_status_table(read.items, wide)]
+    default = read.default
+    if default is not None:
+        lines.append(f"\nany other namespace: {_budget(default.gpu_minutes)} {default.period} ({default.state})")
     return "\n".join(lines)
 
 
@@ -349,31 +367,30 @@ def format_pods(pods: Sequence[dict[str, Any]], wide: bool = False) -> str:
     return format_table(columns + (["UID", "REPORTS", "FIRST REPORT", "IDLE SINCE"] if wide else []), rows)
 
 
-def format_tree(items: Sequence[dict[str, Any]]) -> str:
-    """The budgets as a tree: each group above the budgets that name it as parent; a budget whose parent is not
-    listed (it has no budget) is a root, marked so."""
-    names = {item["namespace"] for item in items}
-    children: dict[str | None, list[dict[str, Any]]] = {}
+def format_tree(listing: Mapping[str, Any]) -> str:
+    """The listing's budgets as a tree: each group above the budgets that name it as parent; a budget whose parent is
+    not listed (it has no budget) is a root, marked so."""
+    items = BudgetListing.from_json(listing).items
+    names = {item.namespace for item in items}
+    children: dict[str | None, list[ListedBudget]] = {}
     for item in items:
-        parent = item.get("parent")
-        children.setdefault(parent if parent in names else None, []).append(item)
+        children.setdefault(item.parent if item.parent in names else None, []).append(item)
     rows: list[list[str]] = []
 
-    def walk(item: dict[str, Any], prefix: str, branch: str, seen: frozenset[str]) -> None:
-        allowance = None if item.get("gpuMinutes") is None else item["gpuMinutes"] + (item.get("topUpGpuMinutes") or 0)
-        percent = item.get("percentUsed")
-        missing = f" (parent {item['parent']}: no budget)" if item.get("parent") and item["parent"] not in names else ""
-        rows.append([f"{prefix}{branch}{item['namespace']}{missing}", _budget(allowance), _minutes(item["usedGpuMinutes"]),
-                     "-" if percent is None else f"{percent:.0f} %", item["state"], item.get("ownState", item["state"]),
-                     item["period"], item.get("managedBy") or "-"])
-        below = sorted(children.get(item["namespace"], []), key=lambda child: child["namespace"])
+    def walk(item: ListedBudget, prefix: str, branch: str, seen: frozenset[str]) -> None:
+        percent = item.percent_used
+        missing = f" (parent {item.parent}: no budget)" if item.parent and item.parent not in names else ""
+        rows.append([f"{prefix}{branch}{item.namespace}{missing}", _budget(_allowance(item)),
+                     _amount(item.used_gpu_minutes), "-" if percent is None else f"{percent:.0f} %", str(item.state),
+                     str(item.own_state or item.state), _word(item.period), item.managed_by or "-"])
+        below = sorted(children.get(item.namespace, []), key=lambda child: child.namespace)
         inner = prefix + ("" if not branch else "│  " if branch == "├─ " else "   ")
         for index, child in enumerate(below):
-            if child["namespace"] not in seen:  # never a loop, whatever the listing says
-                walk(child, inner, "└─ " if index == len(below) - 1 else "├─ ", seen | {child["namespace"]})
+            if child.namespace not in seen:  # never a loop, whatever the listing says
+                walk(child, inner, "└─ " if index == len(below) - 1 else "├─ ", seen | {child.namespace})
 
-    for root in sorted(children.get(None, []), key=lambda item: item["namespace"]):
-        walk(root, "", "", frozenset({root["namespace"]}))
+    for root in sorted(children.get(None, []), key=lambda item: item.namespace):
+        walk(root, "", "", frozenset({root.namespace}))
     return format_table(TREE_COLUMNS, rows)
 
 
@@ -387,6 +404,21 @@ def _budget(gpu_minutes: float | None) -> str:
     return "unlimited" if gpu_minutes is None else _minutes(gpu_minutes)
 
 
+def _allowance(status: ListedBudget) -> float | None:
+    """The budget plus this period's top-ups, what the tables show; None when unlimited."""
+    return None if status.gpu_minutes is None else status.gpu_minutes + (status.top_up_gpu_minutes or 0)
+
+
+def _amount(value: float | None) -> str:
+    """GPU-minutes, or '-' where there are none to tell (unlimited, not known)."""
+    return "-" if value is None else _minutes(value)
+
+
+def _word(value: object) -> str:
+    """A setting's word (a period, an admission mode), or '-' where the status does not say."""
+    return "-" if value is None else str(value)
+
+
 def _minutes(value: float) -> str:
     return f"{value:,.1f}"
 
@@ -395,21 +427,22 @@ def _mib(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f} MiB"
 
 
-def _terms(status: dict[str, Any] | None) -> str:
+def _terms(status: ListedBudget | None) -> str:
+    """A budget's terms in the audit log (its record of the budget is a status, read as one)."""
     if status is None:
         return "-"
-    evict = ", evict" if status.get("evictOnExhaustion") else ""
-    admission = status.get("admission") or AdmissionMode.OPEN
-    safe = f", {admission} admission ({status.get('onShortfall')} on shortfall)" if admission != AdmissionMode.OPEN else ""
-    return f"{_budget(status.get('gpuMinutes'))} {status.get('period')}{evict}{safe}"
+    evict = ", evict" if status.evict_on_exhaustion else ""
+    admission = status.admission or AdmissionMode.OPEN
+    safe = f", {admission} admission ({status.on_shortfall} on shortfall)" if admission != AdmissionMode.OPEN else ""
+    return f"{_budget(status.gpu_minutes)} {status.period}{evict}{safe}"
 
 
 def _before(change: dict[str, Any]) -> str:
-    return "(default)" if change["before"] is None and change["action"] == "set" else _terms(change["before"])
+    return "(default)" if change["before"] is None and change["action"] == "set" else _terms(_status(change["before"]))
 
 
 def _after(change: dict[str, Any]) -> str:
     after = change["after"]
     if change["action"] == "top-up" and after is not None:
         return f"+{_minutes(after['gpuMinutes'])}: {after.get('reason', '')}"
-    return "(default)" if after is None else _terms(after)
+    return "(default)" if after is None else _terms(_status(after))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusharing.compat import StrEnum
+from gpusharing.listing import IdleInForce, IdleRule
 from gpusharing.units.duration import DurationError, format_duration, parse_duration
 
 # A pod with this label set to "true" is never acted on for idleness (its streak is still kept and shown).
@@ -40,10 +41,15 @@ class IdlePolicy:
     utilisation_percent: float = DEFAULT_UTILISATION_PERCENT  # a reading under this is idle
     min_age_seconds: float = 0.0  # pods younger than this (since their recorded start) are never acted on
 
+    def listed(self) -> IdleRule:
+        """The policy as the budget listing carries it (gpusharing.listing): durations as Kubernetes writes them."""
+        return IdleRule(format_duration(self.after_seconds), str(self.action),
+                        format_duration(self.warn_before_seconds), self.utilisation_percent,
+                        format_duration(self.min_age_seconds))
+
     def to_json(self) -> dict[str, Any]:
-        return {"after": format_duration(self.after_seconds), "action": str(self.action),
-                "warnBefore": format_duration(self.warn_before_seconds), "utilisationPercent": self.utilisation_percent,
-                "minAge": format_duration(self.min_age_seconds)}
+        """The policy's JSON, as the budgets table stores it: the listing's, so that both say it alike."""
+        return self.listed().to_json()
 
     def describe(self) -> str:
         """In words: `evict after 4h idle (under 1 % utilisation), warned 30m before, pods older than 1h`."""
@@ -60,8 +66,11 @@ class PolicyInForce:
     policy: IdlePolicy
     source: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {**self.policy.to_json(), "from": self.source or None}
+    def listed(self) -> IdleInForce:
+        """The policy in force as the budget listing carries it: its rule, and its source (None: the default's)."""
+        rule = self.policy.listed()
+        return IdleInForce(rule.after, rule.action, rule.warn_before, rule.utilisation_percent, rule.min_age,
+                           self.source or None)
 
 
 def idle_policy_from_json(raw: object, name: str = "idle", labels: Mapping[str, str] | None = None) -> IdlePolicy | None:

@@ -18,7 +18,7 @@ from timekeeper.budgets.commitments import (
     NamespaceCommitments,
     commitments_by_namespace,
     committed_pod,
-    listing_json,
+    listed_commitments,
 )
 from timekeeper.budgets.hierarchy import roll_up
 from timekeeper.budgets.periods import period_window
@@ -86,7 +86,10 @@ def listed(used: dict[str, int], committed: dict[str, NamespaceCommitments] | No
            **budgets: Budget) -> list[dict[str, Any]]:
     windows = {kind: period_window(kind, NOW) for kind in Period}
     rolled = roll_up(budgets, {ns: {Period.MONTHLY: micro} for ns, micro in used.items()}, {}, windows)
-    return listing_json([rolled[name] for name in sorted(rolled)], committed, budgets, reserved or {})
+    statuses = [rolled[name] for name in sorted(rolled)]
+    counted = listed_commitments(statuses, committed, budgets, reserved or {})
+    return [status.listed(counted[status.namespace].committed_gpu_minutes,
+                          counted[status.namespace].uncommitted).to_json() for status in statuses]
 
 
 def test_the_listing_says_what_is_left_uncommitted_of_the_tightest_budget_above_a_namespace() -> None:

@@ -16,6 +16,7 @@ from demo.kubeapi import FakeKube
 from gpusharing.admin.output import Preemptor, format_explanation, pod_record, preemptor
 from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, Period
 from gpusharing.kube.owners import Owner
+from gpusharing.listing import BudgetListing, ListedBudget
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
 from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactory, SpecClient, run_controller
@@ -232,6 +233,21 @@ def test_the_task_ranks_the_heavy_team_below_the_light_one_and_the_listing_shows
     # Off, the listing says nothing of fair share.
     off = SpecClient(make_app().test_client(), ADMIN).get("/api/v1/budgets").get_json()
     assert "fairShare" not in off and all("fairShare" not in item for item in off["items"])
+
+
+def test_a_ranked_listing_and_a_budget_read_alone_read_back_through_the_contract_as_answered(
+    cluster: Any, make_app: AppFactory,
+) -> None:
+    """The bands, the path down the tree and fair share's classes are all the webhook and `gpusharing explain` read."""
+    controller, _ = cluster
+    run_controller(controller)
+    api = SpecClient(make_app(fair_share=ON).test_client(), ADMIN)
+    listing = api.get("/api/v1/budgets").get_json()
+    assert BudgetListing.from_json(listing).to_json() == listing
+    assert any("fairShare" in item for item in listing["items"])
+    heavy = api.get("/api/v1/budgets/heavy").get_json()
+    read = ListedBudget.from_json(heavy)
+    assert read.to_json() == heavy and read.fair_share is not None and len(read.fair_share.path or ()) == 2
 
 
 def test_the_statuses_show_band_ratio_rank_usage_and_reason(cluster: Any) -> None:

@@ -10,7 +10,7 @@ from gpusharing.names import check_budget_name
 from timekeeper.api.context import admin, body, crossing, reader, services, status_json
 from timekeeper.auth import Caller
 from timekeeper.budgets.requests import budget_changes_from_json, budget_from_json, top_up_from_json
-from timekeeper.budgets.status import BudgetStatus, default_budget_json
+from timekeeper.budgets.status import BudgetStatus
 from timekeeper.database.budgets.store import BudgetChange
 
 log = logging.getLogger(__name__)
@@ -26,10 +26,7 @@ def list_budgets() -> Response:
         services().auth.check_reserver(who, "name itself as a webhook process (what it holds in force holds evictions back)")
     # Stamped before it is read: the listing shows every change committed before listedAt.
     listed_at = services().webhooks.poll(webhook, request.args.get("inForce"), request.args.get("refreshSeconds"))
-    store = services().budgets
-    default = default_budget_json(store.default_gpu_minutes, store.default_period)
-    return jsonify(items=services().listed(store.statuses()), default=default, listedAt=listed_at,
-                   **services().fair_share_listing())
+    return jsonify(services().listing(listed_at).to_json())
 
 
 @blueprint.get("/<name>")

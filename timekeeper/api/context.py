@@ -49,7 +49,8 @@ def body() -> Any:
 
 
 def status_json(status: BudgetStatus) -> Response:
-    return jsonify(services().listed([status], detail=True)[0])
+    """A budget's status as the API answers a read or a change of it: the listing's entry, with its band's detail."""
+    return jsonify(services().listed([status], detail=True)[0].to_json())
 
 
 def crossing(crossed: bool, status: BudgetStatus, cause: str) -> None:

@@ -21,6 +21,7 @@ from gpusharing.commitment import commitment, gpu_minutes, pod_deadline_seconds
 from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
 from gpusharing.decoded import as_mapping, instant
 from gpusharing.gpu.catalogue import GpuCatalogue
+from gpusharing.listing import Uncommitted as ListedUncommitted
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
@@ -107,15 +108,14 @@ class Uncommitted:
     committed: int
     reserved: int
 
+    def listed(self) -> ListedUncommitted:
+        """The figures as the listing and a reservation's answer carry them (gpusharing.listing), in GPU-minutes."""
+        return ListedUncommitted(gpu_minutes(self.micro_gpu_seconds), self.micro_gpu_seconds, self.budget,
+                                 self.remaining_gpu_minutes, gpu_minutes(self.committed), gpu_minutes(self.reserved))
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "microGpuSeconds": self.micro_gpu_seconds,
-            "gpuMinutes": gpu_minutes(self.micro_gpu_seconds),
-            "budget": self.budget,
-            "remainingGpuMinutes": self.remaining_gpu_minutes,
-            "committedGpuMinutes": gpu_minutes(self.committed),
-            "reservedGpuMinutes": gpu_minutes(self.reserved),
-        }
+        """The figures' JSON, as a reservation's answer says them: the listing's, so that both say them alike."""
+        return self.listed().to_json()
 
 
 def held_below(budgets: Mapping[str, Budget], held: Mapping[str, int]) -> dict[str, int]:
@@ -142,21 +142,32 @@ def tightest(status: BudgetStatus, committed_below: Mapping[str, int], reserved_
     return least
 
 
-def listing_json(
+@dataclass(frozen=True)
+class ListedCommitments:
+    """A budget's commitments as the listing says them: what its namespace's pods committed (None while the timekeeper
+    does not know it) and what is left uncommitted of the tightest budget over it (None: no limit, or not known)."""
+
+    committed_gpu_minutes: float | None = None
+    uncommitted: ListedUncommitted | None = None
+
+
+NOT_KNOWN = ListedCommitments()
+
+
+def listed_commitments(
     statuses: Iterable[BudgetStatus], committed: Mapping[str, NamespaceCommitments] | None, budgets: Mapping[str, Budget],
     reserved: Mapping[str, int],
-) -> list[dict[str, Any]]:
-    """Budget statuses as the API answers them, each with its commitments (`budgets`: all of them, the hierarchy;
-    `reserved`: what the admissions the pods do not yet count hold, by namespace). Their commitments are null while the
-    timekeeper does not know them (`committed` None)."""
+) -> dict[str, ListedCommitments]:
+    """Each status's commitments, by its name, for the listing (`budgets`: all of them, the hierarchy; `reserved`: what
+    the admissions the pods do not yet count hold, by namespace); not known while `committed` is None."""
     if committed is None:
-        return [{**status.to_json(), "committedGpuMinutes": None, "uncommitted": None} for status in statuses]
+        return {status.namespace: NOT_KNOWN for status in statuses}
     committed_below = held_below(budgets, {ns: own.micro_gpu_seconds for ns, own in committed.items()})
     reserved_below = held_below(budgets, reserved)
-    answers = []
+    listed = {}
     for status in statuses:
         own = committed.get(status.namespace)
         least = tightest(status, committed_below, reserved_below)
-        answers.append({**status.to_json(), "committedGpuMinutes": gpu_minutes(own.micro_gpu_seconds if own else 0),
-                        "uncommitted": None if least is None else least.to_json()})
-    return answers
+        listed[status.namespace] = ListedCommitments(gpu_minutes(own.micro_gpu_seconds if own else 0),
+                                                     None if least is None else least.listed())
+    return listed

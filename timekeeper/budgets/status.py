@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpusharing.contract import AdmissionMode, BudgetState, Period, Shortfall
 from gpusharing.idle.policy import IdlePolicy, PolicyInForce
+from gpusharing.listing import BudgetWarning, DefaultBudget, FairShareStanding, IdleHold, ListedBudget, Uncommitted
 from gpusharing.names import is_group
 from gpusharing.thresholds import DEFAULT_WARNING_THRESHOLDS
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE
@@ -104,43 +106,54 @@ class BudgetStatus:
     def kind(self) -> str:
         return "group" if is_group(self.namespace) else "namespace"
 
-    def warning_json(self) -> dict[str, Any]:
+    def warning(self) -> BudgetWarning:
         """What the webhook and the Events say of a budget above a warning threshold (gpusharing.thresholds)."""
-        return {
-            "budget": self.namespace,
-            "percentUsed": round(self.percent_used or 0.0, 1),
-            "gpuMinutes": self.allowance_gpu_minutes,
-            "period": str(self.period),
-            "periodStart": iso_utc(self.window.start),
-        }
+        allowance = self.allowance_gpu_minutes  # a budget at a warning threshold has one
+        return BudgetWarning(self.namespace, round(self.percent_used or 0.0, 1),
+                             0.0 if allowance is None else allowance, self.period, iso_utc(self.window.start))
+
+    def listed(
+        self, committed_gpu_minutes: float | None = None, uncommitted: Uncommitted | None = None,
+        idle_holds: Sequence[IdleHold] = (), fair_share: FairShareStanding | None = None,
+    ) -> ListedBudget:
+        """The status as the listing carries it (gpusharing.listing), with what the services know of now: its pods'
+        commitments, its owners held out of budget, its fair-share band. The one place a status becomes the
+        contract's, for the listing, a budget read alone and the audit log alike."""
+        percent = self.percent_used
+        return ListedBudget(
+            namespace=self.namespace,
+            kind=self.kind,
+            gpu_minutes=self.gpu_minutes,
+            period=self.period,
+            period_start=iso_utc(self.window.start),
+            period_end=iso_utc(self.window.end) if self.window.end else None,
+            used_gpu_minutes=self.used_gpu_minutes,
+            remaining_gpu_minutes=self.remaining_gpu_minutes,
+            top_up_gpu_minutes=self.top_up_gpu_minutes,
+            percent_used=None if percent is None else round(percent, 1),
+            evict_on_exhaustion=self.evict_on_exhaustion,
+            warning_thresholds=self.warning_thresholds,
+            admission=self.admission,
+            on_shortfall=self.on_shortfall,
+            idle=None if self.idle is None else self.idle.listed(),
+            idle_in_force=None if self.idle_in_force is None else self.idle_in_force.listed(),
+            parent=self.parent,
+            ancestors=tuple(status.namespace for status in self.ancestors),
+            managed_by=self.managed_by,
+            own_state=self.own_state,
+            state=self.state,
+            limited_by=self.limited_by,
+            warnings=tuple(status.warning() for status in (self, *self.ancestors)
+                           if status.own_state is BudgetState.WARNING),
+            committed_gpu_minutes=committed_gpu_minutes,
+            uncommitted=uncommitted,
+            idle_holds=tuple(idle_holds),
+            fair_share=fair_share,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        percent = self.percent_used
-        return {
-            "namespace": self.namespace,
-            "kind": self.kind,
-            "gpuMinutes": self.gpu_minutes,
-            "period": str(self.period),
-            "periodStart": iso_utc(self.window.start),
-            "periodEnd": iso_utc(self.window.end) if self.window.end else None,
-            "usedGpuMinutes": self.used_gpu_minutes,
-            "remainingGpuMinutes": self.remaining_gpu_minutes,
-            "topUpGpuMinutes": self.top_up_gpu_minutes,
-            "percentUsed": None if percent is None else round(percent, 1),
-            "evictOnExhaustion": self.evict_on_exhaustion,
-            "warningThresholds": list(self.warning_thresholds),
-            "admission": str(self.admission),
-            "onShortfall": str(self.on_shortfall),
-            "idle": None if self.idle is None else self.idle.to_json(),
-            "idleInForce": None if self.idle_in_force is None else self.idle_in_force.to_json(),
-            "parent": self.parent,
-            "ancestors": [status.namespace for status in self.ancestors],
-            "managedBy": self.managed_by,
-            "ownState": str(self.own_state),
-            "state": str(self.state),
-            "limitedBy": self.limited_by,
-            "warnings": [status.warning_json() for status in (self, *self.ancestors) if status.own_state is BudgetState.WARNING],
-        }
+        """The budget as the audit log records it: the listing's status without what changes as pods start and end."""
+        return self.listed().to_json(current=False)
 
 
 def state_for(
@@ -167,10 +180,10 @@ def crossed_thresholds(
     return tuple(t for t in warning_thresholds if used_micro_gpu_seconds * 100 >= t * allowance)
 
 
-def default_budget_json(gpu_minutes: float | None, period: Period) -> dict[str, Any]:
+def default_budget(gpu_minutes: float | None, period: Period) -> DefaultBudget:
     """The default budget as `GET /api/v1/budgets` tells it: what holds for every namespace the listing leaves out
     (no budget of its own, no use and no top-up this period), whose state is that of no use at all."""
-    return {"gpuMinutes": gpu_minutes, "period": str(period), "state": str(state_for(gpu_minutes, 0))}
+    return DefaultBudget(gpu_minutes, period, state_for(gpu_minutes, 0))
 
 
 def effective_budget(namespace: str, budget: Budget | None, default_gpu_minutes: float | None, default_period: Period) -> Budget:

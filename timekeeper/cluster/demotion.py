@@ -44,4 +44,4 @@ def transition_event(status: BudgetStatus, previous: BudgetState) -> tuple[str, 
 
 def threshold_event(status: BudgetStatus) -> tuple[str, str, bool]:
     """(reason, message, warning) of the Event for a budget that reached a warning threshold."""
-    return THRESHOLD, usage_warning(status.namespace, status.warning_json()), True
+    return THRESHOLD, usage_warning(status.namespace, status.warning()), True

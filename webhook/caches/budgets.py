@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import secrets
 import socket
@@ -15,6 +14,7 @@ from typing import Any
 
 from gpusharing.contract import DEFAULT_BUDGET_REFRESH_SECONDS, MIN_BUDGET_REFRESH_SECONDS, AdmissionMode, BudgetState, Shortfall
 from gpusharing.fairshare import MAX_WEBHOOK_PROCESSES
+from gpusharing.listing import BudgetListing, IdleHold, ListedBudget
 from gpusharing.outage import Outage
 from gpusharing.serving.jsonhttp import JsonClient, Unreachable
 from gpusharing.thresholds import usage_warning
@@ -69,105 +69,42 @@ class BudgetStates:
 
 
 def states_from_listing(body: object) -> BudgetStates:
-    """The states and warnings in the timekeeper's `GET /api/v1/budgets` answer; unknown states read as unknown,
-    and warnings the webhook cannot read are left out. The sentences are made here, once per poll.
+    """The states and warnings in the timekeeper's `GET /api/v1/budgets` answer, read through the listing's contract
+    (gpusharing.listing: ListingError, a ValueError, for an answer that is no listing); unknown states read as
+    unknown, and what the contract cannot read is left out. The sentences are made here, once per poll.
 
     A namespace the listing leaves out is under the default budget with no use: `default.state`. A timekeeper
     that does not say (before it did) leaves such namespaces unknown. Group budgets (names with a dot) are listed
     too; no namespace has such a name, so they are never looked up.
     """
-    if not isinstance(body, Mapping) or not isinstance(body.get("items"), list):
-        raise ValueError("expected an object with an 'items' list")
-    listed: dict[str, NamespaceBudget] = {}
-    for item in body["items"]:
-        if isinstance(item, Mapping) and isinstance(item.get("namespace"), str):
-            namespace = item["namespace"]
-            listed[namespace] = NamespaceBudget(
-                _state(item.get("state")), _warnings(namespace, item.get("warnings")), **_admission(item),
-                idle_holds=_idle_holds(item.get("idleHolds")), fair_share=_fair_share_band(item.get("fairShare")),
-            )
-    default, listed_at = body.get("default"), body.get("listedAt")
-    return BudgetStates(listed, NamespaceBudget(_state(default.get("state"))) if isinstance(default, Mapping) else UNKNOWN,
-                        _seconds(listed_at), _band_classes(body.get("fairShare")), _processes(body.get("fairShare")))
+    listing = BudgetListing.from_json(body)
+    listed = {item.namespace: _namespace_budget(item) for item in listing.items}
+    default = UNKNOWN if listing.default is None else NamespaceBudget(listing.default.state)
+    fair_share = listing.fair_share
+    classes = () if fair_share is None else fair_share.classes
+    processes = 1 if fair_share is None or fair_share.webhook_processes is None else fair_share.webhook_processes
+    return BudgetStates(listed, default, float(listing.listed_at or 0.0), classes,
+                        max(1, min(processes, MAX_WEBHOOK_PROCESSES)))
 
 
-def _seconds(raw: object) -> float:
-    return float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw) else 0.0
+def _namespace_budget(item: ListedBudget) -> NamespaceBudget:
+    """What admission needs of a listed budget; safe admission's settings the contract could not read leave the
+    budget open (as before safe admission)."""
+    band = item.fair_share
+    return NamespaceBudget(
+        item.state, tuple(usage_warning(item.namespace, warning) for warning in item.warnings),
+        item.admission or AdmissionMode.OPEN, item.on_shortfall or Shortfall.DEMOTE,
+        idle_holds={hold.uid: _held(hold) for hold in item.idle_holds},
+        fair_share=None if band is None else FairShareBand(
+            band.band, band.burst_class, float(band.share_gpus), float(band.held_gpus), band.reason or "",
+            float(band.held_as_of or 0.0)),
+    )
 
 
-MAX_BAND_CLASSES = 8
-MAX_REASON = 1024
-
-
-def _band_classes(raw: object) -> tuple[str, ...]:
-    classes = raw.get("classes") if isinstance(raw, Mapping) else None
-    if not isinstance(classes, list):
-        return ()
-    return tuple(c for c in classes[:MAX_BAND_CLASSES] if isinstance(c, str) and 0 < len(c) <= 253)
-
-
-def _processes(raw: object) -> int:
-    count = raw.get("webhookProcesses") if isinstance(raw, Mapping) else None
-    if not isinstance(count, int) or isinstance(count, bool):
-        return 1
-    return max(1, min(count, MAX_WEBHOOK_PROCESSES))
-
-
-def _fair_share_band(raw: object) -> FairShareBand | None:
-    """A listed namespace's band; what the webhook cannot read leaves it unranked (admitted as without fair share)."""
-    if not isinstance(raw, Mapping):
-        return None
-    band, burst, reason = raw.get("band"), raw.get("burstClass"), raw.get("reason")
-    share, held = raw.get("shareGpus"), raw.get("heldGpus")
-    if not (isinstance(band, str) and isinstance(burst, str) and 0 < len(band) <= 253 and 0 < len(burst) <= 253):
-        return None
-    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and n >= 0 for n in (share, held)):
-        return None
-    return FairShareBand(band, burst, float(share), float(held), reason[:MAX_REASON] if isinstance(reason, str) else "",  # type: ignore[arg-type]
-                         _seconds(raw.get("heldAsOf")))
-
-
-def _warnings(namespace: str, raw: object) -> tuple[str, ...]:
-    if not isinstance(raw, list):
-        return ()
-    warnings = []
-    for warning in raw:
-        try:
-            warnings.append(usage_warning(namespace, warning))
-        except (KeyError, TypeError, ValueError):
-            continue
-    return tuple(warnings)
-
-
-def _admission(item: Mapping[str, Any]) -> dict[str, Any]:
-    """Safe admission's part of a listed budget; what the webhook cannot read leaves the budget open (as before)."""
-    try:
-        return {"admission": AdmissionMode(item.get("admission", "open")), "on_shortfall": Shortfall(item.get("onShortfall", "demote"))}
-    except ValueError:
-        return {}
-
-
-MAX_IDLE_HOLDS = 100_000  # per namespace in one listing: more owners than any namespace has
-
-
-def _idle_holds(raw: object) -> dict[str, str]:
-    """The listing's held owners, by uid, each with the sentence a pod it makes is admitted with; what the webhook
-    cannot read is left out (its pods are admitted as any other)."""
-    holds = {}
-    for hold in raw[:MAX_IDLE_HOLDS] if isinstance(raw, list) else []:
-        if not isinstance(hold, Mapping) or not all(isinstance(hold.get(k), str) for k in ("uid", "kind", "name", "pod", "heldAt")):
-            continue
-        holds[hold["uid"]] = (f"{hold['kind']} {hold['name']} is held out of budget since {hold['heldAt']}: its pod "
-                              f"{hold['pod']} left its GPU idle and was evicted, and it is back in budget once one of its "
-                              "pods uses its GPU")
-    return holds
-
-
-def _state(raw: object) -> BudgetState:
-    try:
-        return BudgetState(raw)
-    except ValueError:
-        return BudgetState.UNKNOWN
+def _held(hold: IdleHold) -> str:
+    """The sentence a pod of a held owner is admitted with."""
+    return (f"{hold.kind} {hold.name} is held out of budget since {hold.held_at}: its pod {hold.pod} left its GPU idle "
+            "and was evicted, and it is back in budget once one of its pods uses its GPU")
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class StandIn:
             self.requests += 1
 
         app.add_url_rule("/api/v1/budgets", "ls", lambda: LISTING)
+        app.add_url_rule("/api/v1/budgets/<name>", "get", lambda name: [name])  # no budget's status: a list
         app.add_url_rule("/api/v1/budgets/<name>", "rm", lambda name: ({"error": f"{name} has no budget of its own"}, 404),
                          methods=["DELETE"])
         app.add_url_rule("/api/v1/budgets/<name>", "set", lambda name: ({"error": "bob may not change budgets"}, 403),
@@ -91,6 +92,16 @@ def test_1_a_server_refused_or_could_not_be_reached(stand_in: tuple[StandIn, str
     assert run(capsys, "budget", "ls", "--timekeeper", "http://127.0.0.1:1") == (
         1, "", "gpusharing: cannot reach the timekeeper at http://127.0.0.1:1: connection refused by 127.0.0.1:1: is the "
         "server running there?\n")
+
+
+def test_1_an_answer_that_is_no_budget_status_is_one_line(
+    stand_in: tuple[StandIn, str], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Read through the listing's contract (gpusharing.listing), which says what is wrong, rather than a traceback."""
+    _, url = stand_in
+    assert run(capsys, "budget", "get", "team-a", "--timekeeper", url) == (
+        1, "", "gpusharing: the timekeeper's answer is not one this version reads: the budget's status must be a JSON "
+        "object\n")
 
 
 def test_2_bad_arguments_or_settings_are_refused_before_any_request(

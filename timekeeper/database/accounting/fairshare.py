@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, select
 
+from gpusharing.listing import FairShareLevel, FairShareStanding
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.database.connection import Database, Statements
 from timekeeper.database.tables import fair_share
@@ -125,7 +126,9 @@ class FairShareLedger:
             self._rank.execute(conn, [{**_ranked_columns(r), "ranked_at": now} for r in rows])
 
 
-def band_json(bands: FairShareBands, record: FairShareRecord, half_life: dt.timedelta, detail: bool = False) -> dict[str, Any] | None:
+def listed_band(
+    bands: FairShareBands, record: FairShareRecord, half_life: dt.timedelta, detail: bool = False,
+) -> FairShareStanding | None:
     """A ranked namespace's fair share as the listing shows it (None: not ranked, or its band no longer configured):
     its band's class, the class a pod admitted above its fair share gets (the burst guard), and where it stood;
     `detail` (one budget read, for `gpusharing explain`): its path down the tree and when its band would rise at
@@ -133,22 +136,28 @@ def band_json(bands: FairShareBands, record: FairShareRecord, half_life: dt.time
     if record.band is None or not 0 <= record.band < len(bands.classes) or record.share_gpus is None:
         return None
     decayed = record.usage.at(record.ranked_at or record.usage.as_of, half_life)
-    return {
-        "band": bands.classes[record.band],
-        "burstClass": bands.classes[admission_band(bands, record.band, 1.0, 0.0)],
-        "shareGpus": round(record.share_gpus, 4),
-        "heldGpus": round(record.held_gpus or 0.0, 4),
-        "ratio": None if record.ratio is None else round(record.ratio, 4),
-        "rank": record.rank,
-        "reason": record.reason,
-        "since": None if record.band_since is None else iso_utc(record.band_since),
-        "usageGpuSeconds": round(decayed.gpu_seconds, 3),
-        "asOf": iso_utc(decayed.as_of),
-        "halfLifeSeconds": half_life.total_seconds(),
-        "heldAsOf": None if record.ranked_at is None else record.ranked_at.timestamp(),
-        **({"path": json.loads(record.path or "[]"),
-            "zeroUseChange": None if record.band_changes_at is None else iso_utc(record.band_changes_at)} if detail else {}),
-    }
+    return FairShareStanding(
+        band=bands.classes[record.band],
+        burst_class=bands.classes[admission_band(bands, record.band, 1.0, 0.0)],
+        share_gpus=round(record.share_gpus, 4),
+        held_gpus=round(record.held_gpus or 0.0, 4),
+        ratio=None if record.ratio is None else round(record.ratio, 4),
+        rank=record.rank,
+        reason=record.reason,
+        since=None if record.band_since is None else iso_utc(record.band_since),
+        usage_gpu_seconds=round(decayed.gpu_seconds, 3),
+        as_of=iso_utc(decayed.as_of),
+        half_life_seconds=half_life.total_seconds(),
+        held_as_of=None if record.ranked_at is None else record.ranked_at.timestamp(),
+        path=_path(record.path) if detail else None,
+        zero_use_change=None if not detail or record.band_changes_at is None else iso_utc(record.band_changes_at),
+    )
+
+
+def _path(stored: str | None) -> tuple[FairShareLevel, ...]:
+    """The path the `fairshare` task wrote (its JSON, level 1 first), read through the listing's contract."""
+    levels = (FairShareLevel.read(level) for level in json.loads(stored or "[]"))
+    return tuple(level for level in levels if level is not None)
 
 
 def _ranked_columns(ranked: Ranked) -> dict[str, Any]:

@@ -8,11 +8,12 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sqlalchemy import and_, func, or_, select, update
 
 from gpusharing.kube.owners import Owner
+from gpusharing.listing import IdleHold
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.database.accounting.pods import PodRecord
 from timekeeper.database.connection import Database
@@ -31,9 +32,9 @@ class Hold:
     pod: str  # the pod evicted
     held_at: dt.datetime
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.owner.kind, "name": self.owner.name, "uid": self.owner.uid, "pod": self.pod,
-                "heldAt": iso_utc(self.held_at)}
+    def listed(self) -> IdleHold:
+        """The hold as the budget listing carries it (gpusharing.listing), for the webhook and `gpusharing explain`."""
+        return IdleHold(self.owner.kind, self.owner.name, self.owner.uid, self.pod, iso_utc(self.held_at))
 
 
 @dataclass(frozen=True)

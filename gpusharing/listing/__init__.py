@@ -1,0 +1,31 @@
+"""The budget listing contract between the timekeeper and its readers (`GET /api/v1/budgets`, and one budget's status,
+`GET /api/v1/budgets/{name}`), as report.py is the meter's: the timekeeper builds these objects and turns them to
+JSON once, where its API answers; the webhook and the admin command line read its answers back through them.
+
+A reader reads as far as an answer goes. A body that is no listing (not an object, no list of items, more items than
+any cluster has, an item that is not an object naming its budget) is refused with ListingError, which says what is
+wrong. Within a listing, a field missing or unreadable reads as unsaid (None, or empty), and a nested object the
+reader cannot use as a whole (a warning, an idle hold, a fair-share band) reads as absent: a timekeeper of another
+version, or one budget's odd field, costs a reader that field and no more, and the webhook admits by the rest.
+"""
+
+
+from gpusharing.listing.budgets import BudgetListing, DefaultBudget, FairShareListing, ListedBudget, listing_of
+from gpusharing.listing.parts import BudgetWarning, FairShareLevel, FairShareStanding, IdleHold, IdleInForce, IdleRule, Uncommitted
+from gpusharing.listing.values import ListingError
+
+__all__ = [
+    "BudgetListing",
+    "BudgetWarning",
+    "DefaultBudget",
+    "FairShareLevel",
+    "FairShareListing",
+    "FairShareStanding",
+    "IdleHold",
+    "IdleInForce",
+    "IdleRule",
+    "ListedBudget",
+    "ListingError",
+    "Uncommitted",
+    "listing_of",
+]
