@@ -37,7 +37,9 @@ def main() -> int:
         parser.error("give the benchmark after --, e.g. -- bench/timekeeper_ingest.py")
     with tempfile.TemporaryDirectory(prefix="gpusharing-baseline-") as scratch:
         baseline = Path(scratch) / "tree"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(baseline), args.baseline], check=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(baseline), args.baseline], check=True
+        )
         try:
             for round_number in range(1, args.rounds + 1):
                 run(baseline, f"baseline {args.baseline}, round {round_number}", command)

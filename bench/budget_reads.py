@@ -44,7 +44,11 @@ def add_year(database: Database, namespaces: list[str], year: int) -> None:
     """The year of daily charges `year` years before NOW's, for every namespace, with their rollups (as charged)."""
     last = NOW.date() - dt.timedelta(days=365 * (year - 1))
     days = [last - dt.timedelta(days=n) for n in range(365)]
-    rows = [{"namespace": ns, "day": day, "micro_gpu_seconds": random.randint(1, 3_600_000_000)} for ns in namespaces for day in days]
+    rows = [
+        {"namespace": ns, "day": day, "micro_gpu_seconds": random.randint(1, 3_600_000_000)}
+        for ns in namespaces
+        for day in days
+    ]
     rolled: dict[tuple[str, str, dt.date], int] = {}
     for row in rolled_up(rows):
         key = (row["namespace"], row["period"], row["period_start"])
@@ -54,8 +58,15 @@ def add_year(database: Database, namespaces: list[str], year: int) -> None:
             conn.execute(namespace_usage.insert(), rows[start:start + CHUNK])
         # A period that straddles two years' data got part of its use with the year before: added to it.
         upsert = database.insert(namespace_period_usage).on_conflict_do_update(
-            index_elements=[namespace_period_usage.c.period, namespace_period_usage.c.period_start, namespace_period_usage.c.namespace],
-            set_={"micro_gpu_seconds": namespace_period_usage.c.micro_gpu_seconds + database.insert(namespace_period_usage).excluded.micro_gpu_seconds},
+            index_elements=[
+                namespace_period_usage.c.period,
+                namespace_period_usage.c.period_start,
+                namespace_period_usage.c.namespace,
+            ],
+            set_={
+                "micro_gpu_seconds": namespace_period_usage.c.micro_gpu_seconds
+                + database.insert(namespace_period_usage).excluded.micro_gpu_seconds
+            },
         )
         items = [{"namespace": ns, "period": kind, "period_start": start, "micro_gpu_seconds": micro}
                  for (ns, kind, start), micro in rolled.items()]
@@ -88,8 +99,10 @@ def measure(url: str, namespace_count: int, years: int, reads: int) -> None:
     days = day_sum_parameters(NOW)
 
     def one(usage: object, top_ups: object, parameters: dict[str, object]) -> Callable[[object], object]:
-        return lambda conn: [list(conn.execute(q, {**parameters, "namespaces": [random.choice(namespaces)]}))  # type: ignore[attr-defined]
-                             for q in (usage, top_ups)]
+        return lambda conn: [
+            list(conn.execute(q, {**parameters, "namespaces": [random.choice(namespaces)]}))  # type: ignore[attr-defined]
+            for q in (usage, top_ups)
+        ]
 
     def every(usage: object, top_ups: object, parameters: dict[str, object]) -> Callable[[object], object]:
         return lambda conn: [list(conn.execute(q, parameters)) for q in (usage, top_ups)]  # type: ignore[attr-defined]
@@ -104,8 +117,11 @@ def measure(url: str, namespace_count: int, years: int, reads: int) -> None:
             ("listing", every(USED, TOPPED, days), every(USAGE, TOP_UPS, rollups), max(reads // 10, 5)),
         ):
             (old50, old99), (new50, new99) = timed(database, old, count), timed(database, new, count)
-            print(f"  {year} year{'s' if year > 1 else ' '}  {what:<13}  day sums p50 {old50:8.2f} ms  p99 {old99:8.2f} ms"
-                  f"   rollups p50 {new50:6.2f} ms  p99 {new99:6.2f} ms   x{old50 / new50:6.1f}", flush=True)
+            print(
+                f"  {year} year{'s' if year > 1 else ' '}  {what:<13}  day sums p50 {old50:8.2f} ms  p99 {old99:8.2f} ms"
+                f"   rollups p50 {new50:6.2f} ms  p99 {new99:6.2f} ms   x{old50 / new50:6.1f}",
+                flush=True,
+            )
     database.dispose()
 
 

@@ -106,9 +106,17 @@ def load(url: str, namespaces: int, pods: int) -> None:
         assert answer.status_code in (200, 201), answer.text
 
     def report(i: int) -> None:
-        body = {"podUid": f"pod-{i:06d}", "namespace": f"team-{i % namespaces:05d}", "pod": f"pod-{i:06d}", "gpuShare": 0.25,
-                "seq": 1, "gpuSeconds": 30.0}
-        answer = session.post(f"{url}/api/v1/reports", json=body, timeout=60, headers={"Authorization": f"Bearer {METER}"})
+        body = {
+            "podUid": f"pod-{i:06d}",
+            "namespace": f"team-{i % namespaces:05d}",
+            "pod": f"pod-{i:06d}",
+            "gpuShare": 0.25,
+            "seq": 1,
+            "gpuSeconds": 30.0,
+        }
+        answer = session.post(
+            f"{url}/api/v1/reports", json=body, timeout=60, headers={"Authorization": f"Bearer {METER}"}
+        )
         assert answer.status_code == 200, answer.text
 
     with ThreadPoolExecutor(16) as pool:
@@ -144,14 +152,20 @@ class Layout:
         self.database = f"sqlite:///{directory / 'timekeeper.sqlite'}"
         (directory / "kubeconfig").write_text(kube.kubeconfig())
         (directory / "tokens").write_text(f"{ADMIN} admin\n{METER} meter\n")
-        self.env = {"TIMEKEEPER_DATABASE_URL": self.database, "TIMEKEEPER_AUTH": "static",
-                    "TIMEKEEPER_STATIC_TOKENS_FILE": str(directory / "tokens"), "TIMEKEEPER_KUBECONFIG": str(directory / "kubeconfig"),
-                    "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "1"}
+        self.env = {
+            "TIMEKEEPER_DATABASE_URL": self.database,
+            "TIMEKEEPER_AUTH": "static",
+            "TIMEKEEPER_STATIC_TOKENS_FILE": str(directory / "tokens"),
+            "TIMEKEEPER_KUBECONFIG": str(directory / "kubeconfig"),
+            "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "1",
+        }
         if cwd is None:
             self.env["GPUSHARING_METER_INTERVAL_SECONDS"] = "300"
         else:  # c7253fe's name of it
             self.env["TIMEKEEPER_METER_INTERVAL_SECONDS"] = "300"
-        upgrade = subprocess.run([*COMMAND, "db", "upgrade"], env={**os.environ, **self.env}, cwd=cwd, capture_output=True, text=True)
+        upgrade = subprocess.run(
+            [*COMMAND, "db", "upgrade"], env={**os.environ, **self.env}, cwd=cwd, capture_output=True, text=True
+        )
         if upgrade.returncode != 0:
             raise RuntimeError(f"{name}: db upgrade failed: {upgrade.stderr.strip()[-500:]}")
         self.port = free_port()
@@ -159,14 +173,25 @@ class Layout:
         self.webhook_service: Service | None = None  # the webhook, while it runs
 
     def timekeeper(self) -> Service:
-        return Service("timekeeper", ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "2"],
-                       f"{self.url}/readyz", env=self.env, log_path=self.directory / "timekeeper.log", cwd=self.cwd)
+        return Service(
+            "timekeeper",
+            ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "2"],
+            f"{self.url}/readyz",
+            env=self.env,
+            log_path=self.directory / "timekeeper.log",
+            cwd=self.cwd,
+        )
 
     def controller(self, number: int) -> Service:
         port = free_port()
-        return Service(f"controller-{number}", ["timekeeper", "controller", "--host", "127.0.0.1", "--port", str(port)],
-                       f"http://127.0.0.1:{port}/readyz", env=self.env, log_path=self.directory / f"controller-{number}.log",
-                       cwd=self.cwd)
+        return Service(
+            f"controller-{number}",
+            ["timekeeper", "controller", "--host", "127.0.0.1", "--port", str(port)],
+            f"http://127.0.0.1:{port}/readyz",
+            env=self.env,
+            log_path=self.directory / f"controller-{number}.log",
+            cwd=self.cwd,
+        )
 
     def webhook(self) -> Service:
         token = self.directory / "webhook-token"
@@ -174,11 +199,34 @@ class Layout:
         paths = make_serving_certificate(["127.0.0.1"]).write(self.directory / "tls")
         self.ca = str(paths["ca"])
         self.webhook_port = free_port()
-        return Service("webhook", ["webhook", "serve", "--host", "127.0.0.1", "--port", str(self.webhook_port), "--cert",
-                                   str(paths["cert"]), "--key", str(paths["key"]), "--workers", "2", "--threads", "8"],
-                       f"https://127.0.0.1:{self.webhook_port}/readyz", verify=self.ca, log_path=self.directory / "webhook.log",
-                       env={"GPUSHARING_TIMEKEEPER_URL": self.url, "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(token),
-                            "GPUSHARING_BUDGET_REFRESH_SECONDS": "1"}, cwd=self.cwd)
+        return Service(
+            "webhook",
+            [
+                "webhook",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.webhook_port),
+                "--cert",
+                str(paths["cert"]),
+                "--key",
+                str(paths["key"]),
+                "--workers",
+                "2",
+                "--threads",
+                "8",
+            ],
+            f"https://127.0.0.1:{self.webhook_port}/readyz",
+            verify=self.ca,
+            log_path=self.directory / "webhook.log",
+            env={
+                "GPUSHARING_TIMEKEEPER_URL": self.url,
+                "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(token),
+                "GPUSHARING_BUDGET_REFRESH_SECONDS": "1",
+            },
+            cwd=self.cwd,
+        )
 
 
 def metrics_url(controller: Service) -> str:
@@ -253,7 +301,10 @@ def controller_layout(namespaces: int, pods: int, demote: int, directory: Path) 
             with ExitStack() as stack:  # no pod served yet: a leader's and a follower's own memory
                 controllers = [stack.enter_context(layout.controller(n)) for n in (0, 1)]
                 deadline = time.monotonic() + 60
-                while max(scrape(c).count("gpusharing_controller_task_duration_seconds_count") for c in controllers) < len(TASKS) + 2:
+                while (
+                    max(scrape(c).count("gpusharing_controller_task_duration_seconds_count") for c in controllers)
+                    < len(TASKS) + 2
+                ):
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.2)
@@ -264,7 +315,10 @@ def controller_layout(namespaces: int, pods: int, demote: int, directory: Path) 
                 controllers = [stack.enter_context(layout.controller(n)) for n in (2, 3)]
                 durations = stack.enter_context(TaskDurations(controllers))
                 deadline = time.monotonic() + 120
-                while min(metric(scrape(c), PODS_CACHED) for c in controllers) < pods + demote and time.monotonic() < deadline:
+                while (
+                    min(metric(scrape(c), PODS_CACHED) for c in controllers) < pods + demote
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.5)
                 figures["cached"] = min(metric(scrape(c), PODS_CACHED) for c in controllers)
                 figures["watches"] = count_pod_watches(kube)
@@ -318,10 +372,21 @@ def _demote(layout: Layout, demote: int, figures: dict[str, object]) -> None:
     """A crossing's report, then every pod of the namespace evicted; the webhook stops after."""
     admin, meter = {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": f"Bearer {METER}"}
     try:
-        requests.put(f"{layout.url}/api/v1/budgets/{DEMOTED}", json={"gpuMinutes": 1, "evictOnExhaustion": True}, timeout=60,
-                     headers=admin).raise_for_status()
+        requests.put(
+            f"{layout.url}/api/v1/budgets/{DEMOTED}",
+            json={"gpuMinutes": 1, "evictOnExhaustion": True},
+            timeout=60,
+            headers=admin,
+        ).raise_for_status()
         started = time.perf_counter()
-        crossing = {"podUid": "crossing", "namespace": DEMOTED, "pod": "crossing", "gpuShare": 1, "seq": 1, "gpuSeconds": 120}
+        crossing = {
+            "podUid": "crossing",
+            "namespace": DEMOTED,
+            "pod": "crossing",
+            "gpuShare": 1,
+            "seq": 1,
+            "gpuSeconds": 120,
+        }
         requests.post(f"{layout.url}/api/v1/reports", json=crossing, headers=meter, timeout=60).raise_for_status()
         deadline = time.monotonic() + 1800  # only stops a broken run from hanging
         while len(layout.kube.evicted) < demote and time.monotonic() < deadline:
@@ -346,7 +411,9 @@ class Before:
             return self
         self._parent = tempfile.mkdtemp(prefix="gpusharing-before-")
         path = Path(self._parent) / "checkout"
-        added = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), BEFORE], capture_output=True, text=True)
+        added = subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), BEFORE], capture_output=True, text=True
+        )
         if added.returncode != 0:
             self.why = f"`git worktree add {BEFORE}` failed: {added.stderr.strip()}"
         else:
@@ -355,7 +422,9 @@ class Before:
 
     def __exit__(self, *_: object) -> None:
         if self.path is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(self.path)], capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(self.path)], capture_output=True
+            )
             subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True)
         if self._parent is not None:
             shutil.rmtree(self._parent, ignore_errors=True)
@@ -374,9 +443,11 @@ def row(namespaces: int, pods: int, layout: str, f: dict[str, object], demote: i
                    f"{_mib(f['empty_follower_mib'])} without)")
     else:
         controller, per_pod = "-", "-"
-    return (f"| {namespaces:,} | {pods:,} | {layout} | {f['watches']} | {controller} | {_mib(f['web_mib'])} | {per_pod} | "
-            f"{_mib(f['webhook_mib'])} | {f['listing_mib']:.1f} MiB in {f['listing_s']:.2f} s | "
-            f"{f['admission_p50_ms']:.1f} / {f['admission_p99_ms']:.1f} ms | {f['demotion_s']:.1f} s ({f['evicted']} of {demote:,}) |")
+    return (
+        f"| {namespaces:,} | {pods:,} | {layout} | {f['watches']} | {controller} | {_mib(f['web_mib'])} | {per_pod} | "
+        f"{_mib(f['webhook_mib'])} | {f['listing_mib']:.1f} MiB in {f['listing_s']:.2f} s | "
+        f"{f['admission_p50_ms']:.1f} / {f['admission_p99_ms']:.1f} ms | {f['demotion_s']:.1f} s ({f['evicted']} of {demote:,}) |"
+    )
 
 
 def task_row(namespaces: int, pods: int, runs: dict[str, list[float]]) -> str:
@@ -390,7 +461,9 @@ def task_row(namespaces: int, pods: int, runs: dict[str, list[float]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1000:5000,2500:12500,10000:50000", help="namespaces:GPU pods, comma-separated")
+    parser.add_argument(
+        "--sizes", default="1000:5000,2500:12500,10000:50000", help="namespaces:GPU pods, comma-separated"
+    )
     parser.add_argument("--demote", type=int, default=5000, help="running pods of the namespace demoted")
     parser.add_argument("--no-before", action="store_true", help=f"the controller's figures alone (no run of {BEFORE})")
     args = parser.parse_args()

@@ -60,8 +60,13 @@ def cluster_round(concurrency: int, baseline: bool = False) -> str:
     prints."""
     env = {**os.environ, "GPUSHARING_EVICTION_CONCURRENCY": str(concurrency),
            "GPUSHARING_DEMOTION_BASELINE": "client" if baseline else ""}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/cluster/test_mass_demotion.py"],
-                         cwd=ROOT, env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/cluster/test_mass_demotion.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     lines = re.findall(r"^mass demotion: (.*)$", run.stdout, re.M)
     return lines[-1] if lines else f"no figure (exit {run.returncode}): {run.stdout.strip()[-300:]}"
 
@@ -76,16 +81,21 @@ def main() -> int:
     args = parser.parse_args()
     for round_number in range(1, args.rounds + 1):
         if args.cluster:
-            print(f"round {round_number}, baseline {args.concurrency:>3}: {cluster_round(args.concurrency, True)}", flush=True)
+            print(
+                f"round {round_number}, baseline {args.concurrency:>3}: {cluster_round(args.concurrency, True)}",
+                flush=True,
+            )
         for concurrency in (1, args.concurrency):
             if args.cluster:
                 print(f"round {round_number}, concurrency {concurrency:>3}: {cluster_round(concurrency)}", flush=True)
                 continue
             with tempfile.TemporaryDirectory(prefix="gpusharing-demotion-") as directory:
                 f = fake_round(args.pods, concurrency, args.latency, Path(directory))
-            print(f"round {round_number}, concurrency {concurrency:>3}: {f['evicted']:,.0f} of {args.pods:,} pods evicted "
-                  f"in {f['seconds']:.1f} s from the crossing ({f['per_second']:.0f}/s; at most {f['peak']:.0f} in flight)",
-                  flush=True)
+            print(
+                f"round {round_number}, concurrency {concurrency:>3}: {f['evicted']:,.0f} of {args.pods:,} pods evicted "
+                f"in {f['seconds']:.1f} s from the crossing ({f['per_second']:.0f}/s; at most {f['peak']:.0f} in flight)",
+                flush=True,
+            )
     return 0
 
 

@@ -41,9 +41,14 @@ from timekeeper.fairshare.tree import NamespaceStanding, ShareNode, rank_fair_tr
 
 START = dt.datetime(2027, 1, 1, tzinfo=dt.timezone.utc)
 HOUR = dt.timedelta(hours=1)
-BANDS = FairShareBands(("gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy"), (0.8, 1.25), 0.1,
-                       dt.timedelta(minutes=10))
-CYCLE = [3600.0 * (0.6 + 0.4 * math.sin(2 * math.pi * hour / 24)) for hour in range(24)]  # GPU-seconds of a GPU per hour of day
+BANDS = FairShareBands(
+    ("gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy"),
+    (0.8, 1.25),
+    0.1,
+    dt.timedelta(minutes=10),
+)
+# GPU-seconds of a GPU per hour of day
+CYCLE = [3600.0 * (0.6 + 0.4 * math.sin(2 * math.pi * hour / 24)) for hour in range(24)]
 
 
 class Cluster:
@@ -83,7 +88,13 @@ class Cluster:
             self.usage[name] = usage
 
     def rank(self) -> dict[str, NamespaceStanding]:
-        nodes = [*self.groups, *(ShareNode(name, team, weight, self.usage[name].gpu_seconds, True) for name, team, weight in self.namespaces)]
+        nodes = [
+            *self.groups,
+            *(
+                ShareNode(name, team, weight, self.usage[name].gpu_seconds, True)
+                for name, team, weight in self.namespaces
+            ),
+        ]
         return rank_fair_tree(nodes)
 
     def band(self, standings: dict[str, NamespaceStanding], now: dt.datetime) -> None:
@@ -106,10 +117,21 @@ def percentiles(values: list[float]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fanout", type=int, default=10, help="children per node at each of the four levels (default 10: 10,000 namespaces)")
-    parser.add_argument("--hours", type=int, default=24 * 365, help="hours of history before the passes (default a year, 8,760)")
-    parser.add_argument("--passes", type=int, default=24, help="passes timed, one hour of new intervals each (default 24)")
-    parser.add_argument("--baseline-sample", type=int, default=20, help="namespaces the baseline recomputes each pass (default 20)")
+    parser.add_argument(
+        "--fanout",
+        type=int,
+        default=10,
+        help="children per node at each of the four levels (default 10: 10,000 namespaces)",
+    )
+    parser.add_argument(
+        "--hours", type=int, default=24 * 365, help="hours of history before the passes (default a year, 8,760)"
+    )
+    parser.add_argument(
+        "--passes", type=int, default=24, help="passes timed, one hour of new intervals each (default 24)"
+    )
+    parser.add_argument(
+        "--baseline-sample", type=int, default=20, help="namespaces the baseline recomputes each pass (default 20)"
+    )
     parser.add_argument("--half-life-hours", type=float, default=24.0, help="the half-life (default 24)")
     parser.add_argument("--seed", type=int, default=32)
     args = parser.parse_args()
@@ -122,9 +144,14 @@ def main() -> int:
     began = time.perf_counter()
     cluster.fold(range(args.hours), half_life)
     history = (time.perf_counter() - began) * 1000
-    print(f"history folded: {count * args.hours:,} intervals in {history / 1000:.1f} s ({history * 1000 / (count * args.hours):.2f} us an interval)", flush=True)
+    print(
+        f"history folded: {count * args.hours:,} intervals in {history / 1000:.1f} s ({history * 1000 / (count * args.hours):.2f} us an interval)",
+        flush=True,
+    )
 
-    sample = random.Random(args.seed).sample([name for name, _, _ in cluster.namespaces], min(args.baseline_sample, count))
+    sample = random.Random(args.seed).sample(
+        [name for name, _, _ in cluster.namespaces], min(args.baseline_sample, count)
+    )
     folds: list[float] = []
     ranks: list[float] = []
     bands: list[float] = []
@@ -154,7 +181,9 @@ def main() -> int:
         for name, usage in recomputed.items():
             incremental = cluster.usage[name]
             assert usage.as_of == incremental.as_of
-            worst_gap = max(worst_gap, abs(usage.gpu_seconds - incremental.gpu_seconds) / max(usage.gpu_seconds, 1e-300))
+            worst_gap = max(
+                worst_gap, abs(usage.gpu_seconds - incremental.gpu_seconds) / max(usage.gpu_seconds, 1e-300)
+            )
 
     print(f"\n{args.passes} passes over {count:,} namespaces:")
     print(f"  fold a pass's new intervals   {percentiles(folds)}   ({count:,} intervals)")
@@ -163,10 +192,14 @@ def main() -> int:
     print(f"  the whole pass                {percentiles(passes)}")
     print(f"    its CPU time                {percentiles(pass_cpu)}")
     print(f"  baseline: usage recomputed from the whole history, scaled from {len(sample)} namespaces:")
-    print(f"                                {percentiles(baselines)}   ({count * (args.hours + args.passes // 2):,} intervals a pass)")
+    print(
+        f"                                {percentiles(baselines)}   ({count * (args.hours + args.passes // 2):,} intervals a pass)"
+    )
     print(f"    its CPU time                {percentiles(baseline_cpus)}")
-    print(f"  the pass is {statistics.median(baselines) / statistics.median(passes):,.0f}x faster than the baseline (p50); "
-          f"incremental and recomputed usage agree to {worst_gap:.1e} (relative)")
+    print(
+        f"  the pass is {statistics.median(baselines) / statistics.median(passes):,.0f}x faster than the baseline (p50); "
+        f"incremental and recomputed usage agree to {worst_gap:.1e} (relative)"
+    )
 
     tracemalloc.start()
     hour = args.hours + args.passes
@@ -177,7 +210,9 @@ def main() -> int:
     counts = [0] * len(BANDS.classes)
     for state in cluster.states.values():
         counts[state.band] += 1
-    print(f"\npeak memory of a pass (tracemalloc): {peak / 2**20:.1f} MiB; process peak resident: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print(
+        f"\npeak memory of a pass (tracemalloc): {peak / 2**20:.1f} MiB; process peak resident: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+    )
     print("bands: " + ", ".join(f"{name} {n:,}" for name, n in zip(BANDS.classes, counts)))
     return 0
 

@@ -58,7 +58,8 @@ TOKEN = "bench-meter-token"
 NAMESPACES = 20
 CLIENTS = 2  # client processes, so that the load generator is not one GIL
 CEILING = "the stack's ceiling"  # the fixed-answer app's label
-# An answer of the timekeeper's shape to an accepted report (timekeeper/database/accounting/pods.py), given to every report.
+# An answer of the timekeeper's shape to an accepted report (timekeeper/database/accounting/pods.py), given to every
+# report.
 FIXED_ANSWER = json.dumps({"namespace": "ns-0", "state": "in-budget", "outcome": "accepted", "chargedGpuSeconds": 7.5,
                            "billedGpuSeconds": 7.5}).encode()
 
@@ -133,7 +134,9 @@ def _client(
 
     def run(thread: int) -> None:
         nonlocal errors
-        connection = _KeepAliveClient(port, "/api/v1/reports", {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        connection = _KeepAliveClient(
+            port, "/api/v1/reports", {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        )
         mine: list[float] = []
         failed = 0
         interval = None if rate is None else threads * CLIENTS / rate
@@ -208,7 +211,9 @@ def measure_with_wrk(port: int, connections: int, seconds: float) -> dict[str, f
          "--", "500", str(NAMESPACES), TOKEN],
         capture_output=True, text=True, check=True,
     ).stdout
-    requests, errors, duration, p50, p99 = next(line.split()[1:] for line in output.splitlines() if line.startswith("WRK "))
+    requests, errors, duration, p50, p99 = next(
+        line.split()[1:] for line in output.splitlines() if line.startswith("WRK ")
+    )
     return {"reports": int(requests), "per_second": int(requests) / float(duration), "p50_ms": float(p50),
             "p99_ms": float(p99), "errors": int(errors)}
 
@@ -218,7 +223,9 @@ def _checkout(revision: str) -> Iterator[Path]:
     """The revision in a temporary git worktree, removed on exit."""
     with tempfile.TemporaryDirectory(prefix="tk-bench-baseline-") as scratch:
         tree = Path(scratch) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), revision], check=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), revision], check=True
+        )
         try:
             yield tree
         finally:
@@ -246,7 +253,9 @@ def _database(server: PostgresServer | None, workdir: Path, tree: Path) -> tuple
     return url, postmaster
 
 
-def _run(args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path | None, label: str, scratch: Path) -> float:
+def _run(
+    args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path | None, label: str, scratch: Path
+) -> float:
     """One timekeeper (of `tree`) on a fresh database, or the fixed-answer app (`tree` None): its lines printed;
     returns the maximum's reports/s."""
     workdir = Path(tempfile.mkdtemp(prefix="tk", dir=scratch))
@@ -256,19 +265,27 @@ def _run(args: argparse.Namespace, backend: str, server: PostgresServer | None, 
         url, postmaster, loads = "", None, [(f"maximum ({args.client})", None)]
         port = free_port()
         process: Service = Service(
-            "fixed-answer", ["--serve-fixed-answer", str(port), "--workers", str(args.workers), "--threads", str(args.threads)],
-            f"http://127.0.0.1:{port}/readyz", log_path=workdir / "fixed-answer.log", command=[sys.executable, str(Path(__file__).resolve())],
+            "fixed-answer",
+            ["--serve-fixed-answer", str(port), "--workers", str(args.workers), "--threads", str(args.threads)],
+            f"http://127.0.0.1:{port}/readyz",
+            log_path=workdir / "fixed-answer.log",
+            command=[sys.executable, str(Path(__file__).resolve())],
         )
     else:
         url, postmaster = _database(server, workdir, tree)
         loads = [(f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)]
-        process = TimekeeperProcess(url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads, cwd=tree)
+        process = TimekeeperProcess(
+            url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads, cwd=tree
+        )
         port = process.port
     maximum = 0.0
     with process as tk:
         assert tk.process is not None
         for load, rate in loads:
-            cpu = {"server": tree_cpu_seconds(tk.process.pid), "database": tree_cpu_seconds(postmaster) if postmaster else 0.0}
+            cpu = {
+                "server": tree_cpu_seconds(tk.process.pid),
+                "database": tree_cpu_seconds(postmaster) if postmaster else 0.0,
+            }
             if rate is None and args.client == "wrk":
                 m = measure_with_wrk(port, CLIENTS * args.client_threads, args.seconds)
             else:
@@ -277,8 +294,11 @@ def _run(args: argparse.Namespace, backend: str, server: PostgresServer | None, 
                      "database": (tree_cpu_seconds(postmaster) - cpu["database"]) if postmaster else 0.0}
             per_report = " ".join(f"{who} {1000 * seconds / max(m['reports'], 1):.2f}" for who, seconds in spent.items()
                                   if postmaster or who == "server")
-            print(f"{backend:<10}  {label:<19}  {load:<16}  {m['per_second']:7.0f} reports/s  p50 {m['p50_ms']:7.2f} ms  "
-                  f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}  CPU ms/report: {per_report}", flush=True)
+            print(
+                f"{backend:<10}  {label:<19}  {load:<16}  {m['per_second']:7.0f} reports/s  p50 {m['p50_ms']:7.2f} ms  "
+                f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}  CPU ms/report: {per_report}",
+                flush=True,
+            )
             if rate is None:
                 maximum = m["per_second"]
     return maximum
@@ -291,13 +311,23 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measurement (default 10)")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
     parser.add_argument("--threads", type=int, default=32, help="threads per worker (default 32, as the timekeeper)")
-    parser.add_argument("--client-threads", type=int, default=32, help="threads per client process (2 processes; default 32)")
+    parser.add_argument(
+        "--client-threads", type=int, default=32, help="threads per client process (2 processes; default 32)"
+    )
     parser.add_argument("--no-fsync", action="store_true", help="PostgreSQL without fsync (not durable)")
-    parser.add_argument("--client", choices=("python", "wrk"), default="python",
-                        help="load generator of the maximum-rate run: these Python processes, or wrk (apt-get install wrk)")
-    parser.add_argument("--baseline", default=BASELINE, metavar="REVISION",
-                        help=f"the revision measured beside this checkout, alternating (default {BASELINE}, the timekeeper "
-                             "before billing from the record); 'none' measures this checkout alone")
+    parser.add_argument(
+        "--client",
+        choices=("python", "wrk"),
+        default="python",
+        help="load generator of the maximum-rate run: these Python processes, or wrk (apt-get install wrk)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE,
+        metavar="REVISION",
+        help=f"the revision measured beside this checkout, alternating (default {BASELINE}, the timekeeper "
+        "before billing from the record); 'none' measures this checkout alone",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tree per backend, alternating (default 2)")
     parser.add_argument("--no-ceiling", action="store_true", help="without the fixed-answer app's runs")
     parser.add_argument("--serve-fixed-answer", metavar="PORT", type=int, help=argparse.SUPPRESS)
@@ -309,9 +339,12 @@ def main() -> int:
     if args.client == "wrk" and shutil.which("wrk") is None:
         parser.error("--client wrk needs wrk on the PATH (apt-get install wrk)")
     backends = ("postgresql", "sqlite") if args.backend == "both" else (args.backend,)
-    print(f"timekeeper ingest: {args.workers} workers x {args.threads} threads, {CLIENTS} client processes x "
-          f"{args.client_threads} threads, {args.seconds:g} s per measurement; CPU of the timekeeper's processes and of "
-          f"the database's (PostgreSQL's server processes; SQLite's runs in the timekeeper)", flush=True)
+    print(
+        f"timekeeper ingest: {args.workers} workers x {args.threads} threads, {CLIENTS} client processes x "
+        f"{args.client_threads} threads, {args.seconds:g} s per measurement; CPU of the timekeeper's processes and of "
+        f"the database's (PostgreSQL's server processes; SQLite's runs in the timekeeper)",
+        flush=True,
+    )
     with ExitStack() as stack:
         trees: list[tuple[str, Path | None]] = []
         if args.baseline != "none":
@@ -327,8 +360,12 @@ def main() -> int:
                 for label, tree in trees:
                     maxima.setdefault((backend, label), []).append(_run(args, backend, server, tree, label, scratch))
             this = statistics.median(maxima[backend, "this checkout"])
-            compared = [f"{this / statistics.median(maxima[backend, label]):.2f}x {label}'s "
-                        f"{statistics.median(maxima[backend, label]):.0f}" for label, _ in trees if label != "this checkout"]
+            compared = [
+                f"{this / statistics.median(maxima[backend, label]):.2f}x {label}'s "
+                f"{statistics.median(maxima[backend, label]):.0f}"
+                for label, _ in trees
+                if label != "this checkout"
+            ]
             print(f"{backend:<10}  maximum, median of {args.rounds} rounds: {this:.0f} reports/s"
                   + (", " + ", ".join(compared) if compared else ""), flush=True)
     return 0

@@ -67,10 +67,28 @@ def review_bodies(deadline: int | None = None) -> list[bytes]:
 def safe_timekeeper() -> ThreadingHTTPServer:
     """The timekeeper's `GET /api/v1/budgets` as it reads for a namespace under safe admission, and its
     `POST /api/v1/reservations` granting every reservation (ample room), over keep-alive connections."""
-    uncommitted = {"microGpuSeconds": 10**18, "gpuMinutes": 10**18 / 6e7, "budget": NAMESPACE, "remainingGpuMinutes": 10**18 / 6e7,
-                   "committedGpuMinutes": 0.0, "reservedGpuMinutes": 0.0}
-    listing = json.dumps({"items": [{"namespace": NAMESPACE, "state": "in-budget", "admission": "safe", "onShortfall": "demote",
-                                     "committedGpuMinutes": 0.0, "uncommitted": uncommitted}]}).encode()
+    uncommitted = {
+        "microGpuSeconds": 10**18,
+        "gpuMinutes": 10**18 / 6e7,
+        "budget": NAMESPACE,
+        "remainingGpuMinutes": 10**18 / 6e7,
+        "committedGpuMinutes": 0.0,
+        "reservedGpuMinutes": 0.0,
+    }
+    listing = json.dumps(
+        {
+            "items": [
+                {
+                    "namespace": NAMESPACE,
+                    "state": "in-budget",
+                    "admission": "safe",
+                    "onShortfall": "demote",
+                    "committedGpuMinutes": 0.0,
+                    "uncommitted": uncommitted,
+                }
+            ]
+        }
+    ).encode()
     granted = json.dumps({"granted": True, "uncommitted": uncommitted}).encode()
 
     class Timekeeper(BaseHTTPRequestHandler):
@@ -113,7 +131,9 @@ def serve_fixed_answer(port: int, cert: str, key: str, workers: int, threads: in
                                                          certfile=cert, keyfile=key, malloc_arenas=MALLOC_ARENAS))
 
 
-def client(port: int, ca_file: str, rate: float | None, duration: float, start_at: float, results: Any, deadline: int | None) -> None:
+def client(
+    port: int, ca_file: str, rate: float | None, duration: float, start_at: float, results: Any, deadline: int | None
+) -> None:
     """One connection; `rate` reviews/s on a fixed schedule, or as fast as answers come when rate is None."""
     context = ssl.create_default_context(cafile=ca_file)
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context)
@@ -147,7 +167,9 @@ def client(port: int, ca_file: str, rate: float | None, duration: float, start_a
     results.put((latencies, errors, time.perf_counter() - began))
 
 
-def run_phase(port: int, ca_file: str, clients: int, rate: float | None, duration: float, deadline: int | None) -> dict[str, float]:
+def run_phase(
+    port: int, ca_file: str, clients: int, rate: float | None, duration: float, deadline: int | None
+) -> dict[str, float]:
     results: multiprocessing.Queue = multiprocessing.Queue()
     start_at = time.time() + 0.5
     per_client = rate / clients if rate else None
@@ -174,10 +196,24 @@ def run_phase(port: int, ca_file: str, clients: int, rate: float | None, duratio
 def run_wrk(port: int, bodies_file: str, connections: int, duration: float) -> dict[str, float]:
     """The maximum driven by wrk (one thread, `connections` keep-alive TLS connections), the bodies round-robin."""
     output = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "-s", str(WRK_SCRIPT), f"https://127.0.0.1:{port}", "--", bodies_file],
-        capture_output=True, text=True, check=True,
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{duration:g}s",
+            "-s",
+            str(WRK_SCRIPT),
+            f"https://127.0.0.1:{port}",
+            "--",
+            bodies_file,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    reviews, errors, elapsed, p50, p99 = next(line.split()[1:] for line in output.splitlines() if line.startswith("WRK "))
+    reviews, errors, elapsed, p50, p99 = next(
+        line.split()[1:] for line in output.splitlines() if line.startswith("WRK ")
+    )
     return {"reviews": int(reviews), "errors": int(errors), "reviews_per_s": int(reviews) / float(elapsed),
             "p50_ms": float(p50), "p99_ms": float(p99)}
 
@@ -246,8 +282,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=500, help="fixed rate of the first phase, reviews/s")
     parser.add_argument("--duration", type=float, default=10, help="seconds per phase")
-    parser.add_argument("--rounds", type=int, default=2, help="maximum-rate runs of each server with each client, alternating")
-    parser.add_argument("--clients", type=int, default=4, help="client processes (wrk: connections), one keep-alive connection each")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="maximum-rate runs of each server with each client, alternating"
+    )
+    parser.add_argument(
+        "--clients", type=int, default=4, help="client processes (wrk: connections), one keep-alive connection each"
+    )
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
     parser.add_argument("--safe", action="store_true", help="every pod under safe admission, with a deadline")
@@ -286,10 +326,12 @@ def main() -> int:
                 command=[sys.executable, str(Path(__file__).resolve())],
             )
             with fixed:
-                print(f"webhook: {args.workers} gunicorn gthread workers x {args.threads} threads, TLS, keep-alive; "
-                      f"{args.clients} client processes (wrk: {args.clients} connections); {os.cpu_count()} CPUs shared "
-                      f"by servers and clients; the fixed-answer app's answer: {answer_file.stat().st_size} bytes"
-                      + ("; safe admission: every review reserves" if args.safe else ""))
+                print(
+                    f"webhook: {args.workers} gunicorn gthread workers x {args.threads} threads, TLS, keep-alive; "
+                    f"{args.clients} client processes (wrk: {args.clients} connections); {os.cpu_count()} CPUs shared "
+                    f"by servers and clients; the fixed-answer app's answer: {answer_file.stat().st_size} bytes"
+                    + ("; safe admission: every review reserves" if args.safe else "")
+                )
                 if "wrk" not in clients:
                     print("wrk is not on the PATH (apt-get install wrk): the Python clients alone")
                 servers = {"fixed answer": fixed_port, "webhook": port}
@@ -311,7 +353,9 @@ def main() -> int:
                                 figures = run_phase(servers[name], ca, args.clients, None, args.duration, deadline)
                             # The server's master and workers: steadier than reviews/s, which moves with how the
                             # keep-alive connections fell on the workers and with what else the machine does.
-                            figures["cpu_us"] = (tree_cpu_seconds(masters[name]) - cpu_before) / max(figures["reviews"], 1) * 1e6
+                            figures["cpu_us"] = (
+                                (tree_cpu_seconds(masters[name]) - cpu_before) / max(figures["reviews"], 1) * 1e6
+                            )
                             print(_line(f"{name}, {load}, round {round_number + 1}", figures), flush=True)
                             measured.setdefault((load, name), []).append(figures)
                 print(f"maximum, median of {args.rounds} rounds:")
@@ -319,9 +363,11 @@ def main() -> int:
                     ceiling, webhook = _median(measured[(load, "fixed answer")]), _median(measured[(load, "webhook")])
                     print(_line(f"fixed answer, {load}", ceiling))
                     print(_line(f"webhook, {load}", webhook))
-                    print(f"{'ratio, ' + load:>30}: {webhook['reviews_per_s'] / ceiling['reviews_per_s']:8.2f}x reviews/s  "
-                          f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x  "
-                          f"server CPU per review {webhook['cpu_us'] / ceiling['cpu_us']:.2f}x")
+                    print(
+                        f"{'ratio, ' + load:>30}: {webhook['reviews_per_s'] / ceiling['reviews_per_s']:8.2f}x reviews/s  "
+                        f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x  "
+                        f"server CPU per review {webhook['cpu_us'] / ceiling['cpu_us']:.2f}x"
+                    )
                 if args.safe:
                     print(f"{'verdicts':>30}: {safe_verdicts(port, ca)}")
             if not args.safe:  # safe admission's reservations are calls to the stand-in: not the webhook's own work
@@ -331,11 +377,13 @@ def main() -> int:
                 room = (1 / 0.9 - 1) * fixed_cpu
                 print(f"in process, per review (no HTTP, no TLS): webhook {costs['webhook']:.0f} us, fixed answer "
                       f"{costs['fixed answer']:.0f} us, json parse and write alone {costs['json']:.0f} us")
-                print(f"server CPU per review, median of every run: fixed answer {fixed_cpu:.0f} us, webhook {webhook_cpu:.0f} us; "
-                      f"for 0.9x of the fixed answer's reviews/s where the servers' CPU is what runs out, the webhook may "
-                      f"add at most {room:.0f} us; it adds {webhook_cpu - fixed_cpu:.0f} us (in process "
-                      f"{costs['webhook'] - costs['fixed answer']:.0f} us), and parsing the review and writing its answer "
-                      f"alone take {costs['json']:.0f} us")
+                print(
+                    f"server CPU per review, median of every run: fixed answer {fixed_cpu:.0f} us, webhook {webhook_cpu:.0f} us; "
+                    f"for 0.9x of the fixed answer's reviews/s where the servers' CPU is what runs out, the webhook may "
+                    f"add at most {room:.0f} us; it adds {webhook_cpu - fixed_cpu:.0f} us (in process "
+                    f"{costs['webhook'] - costs['fixed answer']:.0f} us), and parsing the review and writing its answer "
+                    f"alone take {costs['json']:.0f} us"
+                )
     return 0
 
 

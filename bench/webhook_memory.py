@@ -36,7 +36,9 @@ def bodies() -> dict[str, bytes]:
     large["metadata"].setdefault("annotations", {})["example.com/blob"] = "x" * (1400 * 1024)
     tiny = example_pod("kai-fraction.yaml")
     tiny["metadata"]["tiny"] = [{} for _ in range((2900 * 1024) // 3)]
-    containers = [{"name": f"c{i}", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1e999999"}}} for i in range(1000)]
+    containers = [
+        {"name": f"c{i}", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1e999999"}}} for i in range(1000)
+    ]
     many = api_server_pod({"metadata": {"name": "many"}, "spec": {"containers": containers}})
     return {
         "1.4 MiB pod": json.dumps(admission_review(large)).encode(),
@@ -62,7 +64,9 @@ def send_round(url: str, ca: str, kinds: dict[str, bytes], clients: int, statuse
         session.trust_env = False
         for name, body in kinds.items():
             try:
-                answer = session.post(f"{url}/mutate", data=body, headers={"Content-Type": "application/json"}, verify=ca, timeout=60)
+                answer = session.post(
+                    f"{url}/mutate", data=body, headers={"Content-Type": "application/json"}, verify=ca, timeout=60
+                )
                 statuses[name].add(answer.status_code)
             except requests.RequestException as exc:  # the server may close a connection it did not read to the end
                 statuses[name].add(type(exc).__name__)  # type: ignore[arg-type]
@@ -77,7 +81,9 @@ def send_round(url: str, ca: str, kinds: dict[str, bytes], clients: int, statuse
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--clients", type=int, default=8, help="concurrent clients, each sending every kind of body per round")
+    parser.add_argument(
+        "--clients", type=int, default=8, help="concurrent clients, each sending every kind of body per round"
+    )
     args = parser.parse_args()
     kinds = bodies()
     statuses: dict[str, set[Any]] = {name: set() for name in kinds}
@@ -87,7 +93,18 @@ def main() -> int:
         url = f"https://127.0.0.1:{port}"
         server = Service(
             "webhook-memory",
-            ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]), "--key", str(paths["key"])],
+            [
+                "webhook",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--cert",
+                str(paths["cert"]),
+                "--key",
+                str(paths["key"]),
+            ],
             f"{url}/readyz",
             env={"GPUSHARING_TIMEKEEPER_URL": ""},
             verify=str(paths["ca"]),

@@ -106,7 +106,9 @@ def gpusharing(*args: str, env: dict[str, str]) -> str:
 
 
 def budget_state(timekeeper: str) -> dict[str, Any]:
-    answer = requests.get(f"{timekeeper}/api/v1/budgets/{NAMESPACE}", headers={"Authorization": f"Bearer {READER}"}, timeout=5)
+    answer = requests.get(
+        f"{timekeeper}/api/v1/budgets/{NAMESPACE}", headers={"Authorization": f"Bearer {READER}"}, timeout=5
+    )
     answer.raise_for_status()
     return answer.json()
 
@@ -171,8 +173,14 @@ def main() -> int:
                 ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(tk_port)],
                 f"{timekeeper}/readyz",
                 # No Kubernetes API: a developer's KUBECONFIG must not lead the demo to their cluster.
-                env={"TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": str(tokens),
-                     "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.5", "TIMEKEEPER_KUBECONFIG": "", "KUBECONFIG": ""},
+                env={
+                    "TIMEKEEPER_DATABASE_URL": database,
+                    "TIMEKEEPER_AUTH": "static",
+                    "TIMEKEEPER_STATIC_TOKENS_FILE": str(tokens),
+                    "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.5",
+                    "TIMEKEEPER_KUBECONFIG": "",
+                    "KUBECONFIG": "",
+                },
             )
         )
         print(f"    serving {timekeeper}")
@@ -200,12 +208,27 @@ def main() -> int:
         stack.enter_context(
             Service(
                 "webhook",
-                ["webhook", "serve", "--host", "127.0.0.1", "--port", str(wh_port), "--cert", str(paths["cert"]), "--key", str(paths["key"])],
+                [
+                    "webhook",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(wh_port),
+                    "--cert",
+                    str(paths["cert"]),
+                    "--key",
+                    str(paths["key"]),
+                ],
                 f"{webhook}/readyz",
-                env={"GPUSHARING_TIMEKEEPER_URL": timekeeper, "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(directory / "reader-token"),
-                     "GPUSHARING_BUDGET_REFRESH_SECONDS": str(REFRESH_SECONDS),
-                     # No Kubernetes API either: the webhook reads no resource claims.
-                     "GPUSHARING_KUBECONFIG": "", "KUBECONFIG": ""},
+                env={
+                    "GPUSHARING_TIMEKEEPER_URL": timekeeper,
+                    "GPUSHARING_TIMEKEEPER_TOKEN_FILE": str(directory / "reader-token"),
+                    "GPUSHARING_BUDGET_REFRESH_SECONDS": str(REFRESH_SECONDS),
+                    # No Kubernetes API either: the webhook reads no resource claims.
+                    "GPUSHARING_KUBECONFIG": "",
+                    "KUBECONFIG": "",
+                },
                 verify=str(paths["ca"]),
             )
         )
@@ -222,14 +245,19 @@ def main() -> int:
         pods = {name: example_pod(name, NAMESPACE) for name in example_manifests()} | invalid_examples()
         admitted = {name: decisions.admit(name, pod) for name, pod in pods.items()}
 
-        step(f"{', '.join(METERED)} run, started {STARTED_SECONDS_AGO} s ago, each with its meter, until {NAMESPACE} is over "
-             "budget: the controller bills them from their recorded start")
+        step(
+            f"{', '.join(METERED)} run, started {STARTED_SECONDS_AGO} s ago, each with its meter, until {NAMESPACE} is over "
+            "budget: the controller bills them from their recorded start"
+        )
         running = [run_on_node(kube, pod) for name in METERED if (pod := admitted[name])]
         meters = [start_meter(pod, directory, timekeeper, directory / "meter-token") for pod in running]
         stack.callback(_stop_meters, meters)
         deadline = time.monotonic() + 60
         while (status := budget_state(timekeeper))["state"] != "over-budget":
-            print(f"    used {status['usedGpuMinutes']:6.2f} of {status['gpuMinutes']:g} GPU-minutes ({status['state']})", flush=True)
+            print(
+                f"    used {status['usedGpuMinutes']:6.2f} of {status['gpuMinutes']:g} GPU-minutes ({status['state']})",
+                flush=True,
+            )
             if time.monotonic() > deadline:
                 logs = "".join(log.read_text()[-400:] for log in directory.glob("meter-*.log"))
                 raise SystemExit(f"demo: the namespace never went over budget; the meters said:\n{logs}")
@@ -240,7 +268,9 @@ def main() -> int:
         wait_until(lambda: len(kube.evicted) == len(running), "the controller to evict the running pods")
         for namespace, name in kube.evicted:
             print(f"    evicted {namespace}/{name} through the Eviction API (PodDisruptionBudgets honoured)")
-        wait_until(lambda: any(e["reason"] == "GPUBudgetExhausted" for e in kube.events), "the GPUBudgetExhausted Event")
+        wait_until(
+            lambda: any(e["reason"] == "GPUBudgetExhausted" for e in kube.events), "the GPUBudgetExhausted Event"
+        )
         for event in kube.events:
             print(f"    Event {event['type']} {event['reason']} on {event['involvedObject']['kind']} "
                   f"{event['involvedObject']['name']}: {event['message'][:90]}...")

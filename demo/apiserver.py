@@ -25,7 +25,10 @@ def example_pod(name: str, namespace: str = "ml-team") -> dict[str, Any]:
         manifest = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {**copy.deepcopy(template.get("metadata") or {}), "generateName": f"{manifest['metadata']['name']}-"},
+            "metadata": {
+                **copy.deepcopy(template.get("metadata") or {}),
+                "generateName": f"{manifest['metadata']['name']}-",
+            },
             "spec": copy.deepcopy(template["spec"]),
         }
     return api_server_pod(manifest, namespace)
@@ -55,7 +58,9 @@ def api_server_pod(manifest: dict[str, Any], namespace: str = "ml-team") -> dict
             container.setdefault("terminationMessagePath", "/dev/termination-log")
             container.setdefault("terminationMessagePolicy", "File")
             image = container.get("image", "")
-            container.setdefault("imagePullPolicy", "Always" if image.endswith(":latest") or ":" not in image else "IfNotPresent")
+            container.setdefault(
+                "imagePullPolicy", "Always" if image.endswith(":latest") or ":" not in image else "IfNotPresent"
+            )
             container.setdefault("resources", {})
             for kind in ("limits", "requests"):
                 if kind in container["resources"]:
@@ -78,8 +83,18 @@ def api_server_pod(manifest: dict[str, Any], namespace: str = "ml-team") -> dict
     spec.setdefault(
         "tolerations",
         [
-            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
         ],
     )
     pod["status"] = {}
@@ -108,11 +123,15 @@ def admission_review(
         "name": name,
         "namespace": namespace,
         "operation": operation,
-        "userInfo": user or {"username": "system:serviceaccount:kube-system:job-controller", "groups": ["system:serviceaccounts"]},
+        "userInfo": user
+        or {"username": "system:serviceaccount:kube-system:job-controller", "groups": ["system:serviceaccounts"]},
         "object": pod,
         "oldObject": old,
         "dryRun": dry_run,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions"},
+        "options": {
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions",
+        },
     }
     if sub_resource:
         request["subResource"] = request["requestSubResource"] = sub_resource

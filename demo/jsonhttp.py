@@ -6,7 +6,9 @@ import json
 from http.server import BaseHTTPRequestHandler
 
 
-def reply_json(handler: BaseHTTPRequestHandler, status: int, body: object, headers: dict[str, str] | None = None) -> None:
+def reply_json(
+    handler: BaseHTTPRequestHandler, status: int, body: object, headers: dict[str, str] | None = None
+) -> None:
     payload = json.dumps(body).encode()
     handler.send_response(status)
     for name, value in (headers or {}).items():

@@ -47,7 +47,14 @@ _PROXIED_HEADERS = ("Accept", "Content-Type", "X-Timekeeper-Authorization")
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": message}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
 
 
 SERVICE_ACCOUNT_TOKEN = "timekeeper-service-account"  # the token of api_client() and kubeconfig()
@@ -102,7 +109,8 @@ class FakeKube:
         self.events_up = True  # False: Events alone answer 503 (the API server's storage of them failing)
         self.evicted: list[tuple[str, str]] = []
         self.disruption_budgets: list[FakeDisruptionBudget] = []
-        self.eviction_seconds = 0.0  # every eviction takes this long, beside the others in flight (the API server's work)
+        # every eviction takes this long, beside the others in flight (the API server's work)
+        self.eviction_seconds = 0.0
         self.evictions_in_flight = 0
         self.evictions_peak = 0  # the most eviction requests in flight at once
         self.patched: list[list[dict[str, Any]]] = []  # the JSON patches of pods that applied
@@ -111,11 +119,13 @@ class FakeKube:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request
         self.access_reviews: list[dict[str, Any]] = []
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
-        self.custom: dict[str, list[dict[str, Any]]] = {}  # plural -> GPUBudgets, ClusterGPUBudgets, ResourceClaims, nodes
+        # plural -> GPUBudgets, ClusterGPUBudgets, ResourceClaims, nodes
+        self.custom: dict[str, list[dict[str, Any]]] = {}
         self._versions = iter(range(1, 1 << 62))
         self._watched: list[tuple[str, int, dict[str, Any]]] = []  # (kind, resourceVersion, watch event) queued
         self._watch_queued = threading.Condition()
-        self._pages: dict[str, tuple[list[dict[str, Any]], str]] = {}  # continue token -> the rest of a list, its version
+        # continue token -> the rest of a list, its version
+        self._pages: dict[str, tuple[list[dict[str, Any]], str]] = {}
         self.watches_open: dict[str, int] = {}  # plural -> watch requests open now
         self.watches_peak: dict[str, int] = {}  # plural -> the most open at once since reset_watch_peaks()
         self.service_account_tokens: dict[tuple[str, str], str] = {}  # (namespace, name) -> what TokenRequest returns
@@ -192,7 +202,9 @@ class FakeKube:
         annotations = {}
         if share is not None:  # the webhook's record: the over-budget class goes with the state it was admitted in
             annotations[ANNOTATION_GPU_SHARE] = share
-            annotations[ANNOTATION_BUDGET_STATE] = "over-budget" if priority_class == "gpusharing-over-budget" else "in-budget"
+            annotations[ANNOTATION_BUDGET_STATE] = (
+                "over-budget" if priority_class == "gpusharing-over-budget" else "in-budget"
+            )
         if memory_mib is not None:
             annotations["gpusharing.io/gpu-memory-mib"] = memory_mib
         pod = {
@@ -215,7 +227,8 @@ class FakeKube:
         return pod
 
     def delete_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """Deletes the pod at once (no finalizer holds it), as the pod watch's DELETED event tells, the pod as it last was."""
+        """Deletes the pod at once (no finalizer holds it), as the pod watch's DELETED event tells, the pod as it last
+        was."""
         with self._lock:
             return self._delete_pod((namespace, name))
 
@@ -242,12 +255,22 @@ class FakeKube:
         return self.user_token(
             f"system:serviceaccount:{metadata['namespace']}:{service_account}",
             ["system:serviceaccounts", f"system:serviceaccounts:{metadata['namespace']}"],
-            {"authentication.kubernetes.io/pod-name": [metadata["name"]], "authentication.kubernetes.io/pod-uid": [metadata["uid"]]},
+            {
+                "authentication.kubernetes.io/pod-name": [metadata["name"]],
+                "authentication.kubernetes.io/pod-uid": [metadata["uid"]],
+            },
         )
 
-    def user_token(self, username: str, groups: list[str] | None = None, extra: dict[str, list[str]] | None = None) -> str:
+    def user_token(
+        self, username: str, groups: list[str] | None = None, extra: dict[str, list[str]] | None = None
+    ) -> str:
         token = secrets.token_urlsafe(16)
-        self.users[token] = {"username": username, "uid": str(uuid.uuid4()), "groups": groups or [], "extra": extra or {}}
+        self.users[token] = {
+            "username": username,
+            "uid": str(uuid.uuid4()),
+            "groups": groups or [],
+            "extra": extra or {},
+        }
         return token
 
     def reset_watch_peaks(self) -> None:
@@ -264,10 +287,14 @@ class FakeKube:
     def user_kubeconfig(self, namespace: str = "default") -> dict[str, Any]:
         """A kubeconfig of a user of this fake API server (a bearer token), its context in `namespace`."""
         return {
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake-user",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "fake-user",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
             "users": [{"name": "someone", "user": {"token": self.caller_token}}],
-            "contexts": [{"name": "fake-user", "context": {"cluster": "fake", "user": "someone", "namespace": namespace}}],
+            "contexts": [
+                {"name": "fake-user", "context": {"cluster": "fake", "user": "someone", "namespace": namespace}}
+            ],
         }
 
     def _handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
@@ -313,7 +340,11 @@ class FakeKube:
             time.sleep(self.eviction_seconds)
         with self._lock:
             self.requests.append((method, path))
-            code, answer = self._answer(method, path, query, body) if self.up else (503, _status(503, "ServiceUnavailable", "down"))
+            code, answer = (
+                self._answer(method, path, query, body)
+                if self.up
+                else (503, _status(503, "ServiceUnavailable", "down"))
+            )
             if eviction:  # before the answer leaves: the client's next request is never counted beside this one
                 self.evictions_in_flight -= 1
                 for budget in budgets:
@@ -339,7 +370,9 @@ class FakeKube:
         handler.end_headers()
         handler.wfile.write(payload)
 
-    def _proxy(self, handler: BaseHTTPRequestHandler, method: str, match: re.Match[str], query: str, raw: bytes) -> tuple[int, Any]:
+    def _proxy(
+        self, handler: BaseHTTPRequestHandler, method: str, match: re.Match[str], query: str, raw: bytes
+    ) -> tuple[int, Any]:
         """The service proxy: the caller authenticated (then its Authorization header dropped), the request passed
         on to the Service's URL; 503 as the real one answers for a Service without endpoints."""
         target = self.services.get((match["ns"], urllib.parse.unquote(match["service"])))
@@ -350,7 +383,9 @@ class FakeKube:
         parts = urllib.parse.urlsplit(target)
         connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
         try:
-            connection.request(method, (match["rest"] or "/") + (f"?{query}" if query else ""), body=raw or None, headers=headers)
+            connection.request(
+                method, (match["rest"] or "/") + (f"?{query}" if query else ""), body=raw or None, headers=headers
+            )
             answer = connection.getresponse()
             return answer.status, json.loads(answer.read() or b"null")
         finally:
@@ -361,7 +396,11 @@ class FakeKube:
             self.token_requests.append({"namespace": match["ns"], "name": match["name"], **body["spec"]})
             token = self.service_account_tokens.get((match["ns"], match["name"]))
             if token is None:
-                return 403, _status(403, "Forbidden", f'serviceaccounts "{match["name"]}" is forbidden: User "someone" cannot create resource "serviceaccounts/token"')
+                return 403, _status(
+                    403,
+                    "Forbidden",
+                    f'serviceaccounts "{match["name"]}" is forbidden: User "someone" cannot create resource "serviceaccounts/token"',
+                )
             return 201, {**body, "status": {"token": token, "expirationTimestamp": "2030-01-01T00:00:00Z"}}
         if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
             user = self.users.get(body["spec"]["token"])
@@ -389,10 +428,14 @@ class FakeKube:
                 return self._json_patch(pod, body)
             if method == "POST" and match["eviction"]:
                 if key in self.refuse_evictions:
-                    return 429, _status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+                    return 429, _status(
+                        429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
+                    )
                 for budget in self.disruption_budgets:
                     if key in budget.pods and not budget.admits(time.monotonic()):
-                        refused = _status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
+                        refused = _status(
+                            429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
+                        )
                         if budget.retry_after_seconds is not None:
                             refused["details"] = {"retryAfterSeconds": budget.retry_after_seconds}
                         return 429, refused
@@ -413,13 +456,22 @@ class FakeKube:
         if method == "GET" and (match := _NAMESPACE.match(path)) is not None:
             if match["ns"] in self.deleted_namespaces:
                 return 404, _status(404, "NotFound", f'namespaces "{match["ns"]}" not found')
-            return 200, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": match["ns"], "uid": self.namespace_uid(match["ns"])}}
+            return 200, {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": match["ns"], "uid": self.namespace_uid(match["ns"])},
+            }
         if method == "POST" and (match := _EVENTS.match(path)) is not None:
             if not self.events_up:
                 return 503, _status(503, "ServiceUnavailable", "events are down")
             # The API server's own rule, which once refused every Event the timekeeper wrote.
-            if body["metadata"].get("namespace") != match["ns"] or (body["involvedObject"].get("namespace") or "default") != match["ns"]:
-                return 422, _status(422, "Invalid", "involvedObject.namespace: Invalid value: does not match event.namespace")
+            if (
+                body["metadata"].get("namespace") != match["ns"]
+                or (body["involvedObject"].get("namespace") or "default") != match["ns"]
+            ):
+                return 422, _status(
+                    422, "Invalid", "involvedObject.namespace: Invalid value: does not match event.namespace"
+                )
             self.events.append(body)
             return 201, body
         return 404, _status(404, "NotFound", f"{method} {path} is not faked")
@@ -447,7 +499,8 @@ class FakeKube:
         return 200, {"kind": "List", "metadata": metadata, "items": items}
 
     def _json_patch(self, pod: dict[str, Any], operations: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-        """A JSON patch of `test` and `remove` operations on the pod's metadata, all or nothing (422 when a test fails)."""
+        """A JSON patch of `test` and `remove` operations on the pod's metadata, all or nothing (422 when a test
+        fails)."""
         patched = json.loads(json.dumps(pod))
         for operation in operations:
             *parents, last = operation["path"].strip("/").split("/")
@@ -472,12 +525,25 @@ class FakeKube:
         if method == "GET":
             return (200, lease) if lease else (404, _status(404, "NotFound", f'leases "{name}" not found'))
         if method == "POST" and lease is None or method == "PUT" and lease is not None:
-            if method == "PUT" and lease is not None and body["metadata"].get("resourceVersion") != lease["metadata"]["resourceVersion"]:
-                return 409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
-            stored = {**body, "metadata": {**body["metadata"], "namespace": namespace, "resourceVersion": str(next(self._versions))}}
+            if (
+                method == "PUT"
+                and lease is not None
+                and body["metadata"].get("resourceVersion") != lease["metadata"]["resourceVersion"]
+            ):
+                return 409, _status(
+                    409, "Conflict", "the object has been modified; please apply your changes to the latest version"
+                )
+            stored = {
+                **body,
+                "metadata": {**body["metadata"], "namespace": namespace, "resourceVersion": str(next(self._versions))},
+            }
             self.leases[key] = stored
             return (201 if method == "POST" else 200), stored
-        return (409, _status(409, "AlreadyExists", f'leases "{name}" already exists')) if lease else (404, _status(404, "NotFound", name))
+        return (
+            (409, _status(409, "AlreadyExists", f'leases "{name}" already exists'))
+            if lease
+            else (404, _status(404, "NotFound", name))
+        )
 
 
 def main() -> int:

@@ -19,9 +19,13 @@ START_TIMEOUT_SECONDS = 60  # only stops a broken start from hanging; not a spee
 COMMAND = [sys.executable, "-m", "gpusharing.cli"]  # the `gpusharing` command of this interpreter
 
 
-def run_command(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_command(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """`gpusharing ARGS...` to its end, with `env` over this process's environment; output captured as text."""
-    return subprocess.run([*COMMAND, *args], env={**os.environ, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*COMMAND, *args], env={**os.environ, **(env or {})}, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def free_port() -> int:
@@ -104,16 +108,25 @@ class Service:
         while True:
             try:
                 # Connection: close, else the server, once told to stop, lingers on the idle kept-alive connection.
-                if session.get(self.ready_url, verify=self.verify, timeout=1, headers={"Connection": "close"}).status_code == 200:
+                if (
+                    session.get(
+                        self.ready_url, verify=self.verify, timeout=1, headers={"Connection": "close"}
+                    ).status_code
+                    == 200
+                ):
                     return self
             except requests.exceptions.SSLError as refused:  # it answers: waiting longer would change nothing
                 self.stop()
-                raise RuntimeError(f"{self.name} answers, but its TLS certificate was not accepted: {refused}") from None
+                raise RuntimeError(
+                    f"{self.name} answers, but its TLS certificate was not accepted: {refused}"
+                ) from None
             except requests.RequestException:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"{self.name} did not start; the end of its log ({self.log_path}):\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} did not start; the end of its log ({self.log_path}):\n{self.log_tail()}"
+                )
             time.sleep(0.1)
 
     def log_tail(self, characters: int = 2000) -> str:
@@ -128,5 +141,7 @@ class Service:
                 self.process.kill()
                 self.process.wait()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

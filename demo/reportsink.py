@@ -20,7 +20,8 @@ class Received:
 
 
 class ReportSink:
-    """Takes every POST as a report, keeps it, and answers with `status` and `answer` (set them to change the answer)."""
+    """Takes every POST as a report, keeps it, and answers with `status` and `answer` (set them to change the
+    answer)."""
 
     def __init__(self) -> None:
         self.status = 200

@@ -16,17 +16,26 @@ class FairShareBands:
     """The bands, top (lightest) first, and the brakes on moving between them."""
 
     classes: tuple[str, ...]  # PriorityClass names, top (lightest) first
-    ratio_bounds: tuple[float, ...]  # len(classes) - 1 ascending: band i holds ratios below ratio_bounds[i], e.g. (0.8, 1.25)
+    # len(classes) - 1 ascending: band i holds ratios below ratio_bounds[i], e.g. (0.8, 1.25)
+    ratio_bounds: tuple[float, ...]
     hysteresis: float  # relative margin a ratio must cross a bound by to change band, e.g. 0.1
     min_time_in_band: timedelta  # no change of band sooner than this after the last
 
     def __post_init__(self) -> None:
         if not self.classes or len(set(self.classes)) != len(self.classes):
-            raise ValueError(f"fair-share bands need at least one PriorityClass, each named once, not {list(self.classes)}")
+            raise ValueError(
+                f"fair-share bands need at least one PriorityClass, each named once, not {list(self.classes)}"
+            )
         if len(self.ratio_bounds) != len(self.classes) - 1:
-            raise ValueError(f"{len(self.classes)} bands need {len(self.classes) - 1} ratio bounds between them, not {len(self.ratio_bounds)}")
-        if not all(math.isfinite(b) and b > 0 for b in self.ratio_bounds) or list(self.ratio_bounds) != sorted(set(self.ratio_bounds)):
-            raise ValueError(f"the bands' ratio bounds must be positive and strictly ascending, not {list(self.ratio_bounds)}")
+            raise ValueError(
+                f"{len(self.classes)} bands need {len(self.classes) - 1} ratio bounds between them, not {len(self.ratio_bounds)}"
+            )
+        if not all(math.isfinite(b) and b > 0 for b in self.ratio_bounds) or list(self.ratio_bounds) != sorted(
+            set(self.ratio_bounds)
+        ):
+            raise ValueError(
+                f"the bands' ratio bounds must be positive and strictly ascending, not {list(self.ratio_bounds)}"
+            )
         if not (math.isfinite(self.hysteresis) and 0 <= self.hysteresis < 1):
             raise ValueError(f"the bands' hysteresis is a relative margin from 0 to below 1, not {self.hysteresis!r}")
         if self.min_time_in_band < timedelta(0):
@@ -40,14 +49,20 @@ class FairShareBands:
         return len(self.classes) - 1
 
 
-def admission_band(bands: FairShareBands, band: int, held_gpus: float, fair_share_gpus: float, pod_gpus: float = 0.0) -> int:
+def admission_band(
+    bands: FairShareBands, band: int, held_gpus: float, fair_share_gpus: float, pod_gpus: float = 0.0
+) -> int:
     """The band a new pod is admitted in (the burst guard, Kueue's entry penalty): its namespace's band, or one
     lower (never below the last) when the namespace holds more GPUs than its fair share of the cluster's
     (share_of_cluster x the cluster's GPUs). `held_gpus` are the GPUs its pods hold; with the pod's own `pod_gpus`
     the guard counts the pod too, so that exactly the fair share is admitted in the namespace's band."""
     if not 0 <= band < len(bands.classes):
         raise ValueError(f"band {band} is not one of the {len(bands.classes)} fair-share bands")
-    for name, value in (("held GPUs", held_gpus), ("the fair share of GPUs", fair_share_gpus), ("the pod's GPUs", pod_gpus)):
+    for name, value in (
+        ("held GPUs", held_gpus),
+        ("the fair share of GPUs", fair_share_gpus),
+        ("the pod's GPUs", pod_gpus),
+    ):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number, at least 0, not {value!r}")
     return min(band + 1, len(bands.classes) - 1) if beyond_fair_share(held_gpus, fair_share_gpus, pod_gpus) else band
@@ -62,7 +77,9 @@ def beyond_fair_share(held_gpus: float, fair_share_gpus: float, pod_gpus: float 
 MAX_WEBHOOK_PROCESSES = 10_000  # more than any installation runs: a listing saying more is read as this
 
 
-def beyond_process_part(held_gpus: float, fair_share_gpus: float, admitted_gpus: float, pod_gpus: float, processes: int) -> bool:
+def beyond_process_part(
+    held_gpus: float, fair_share_gpus: float, admitted_gpus: float, pod_gpus: float, processes: int
+) -> bool:
     """The burst guard as one of `processes` webhook processes applies it between two counts of its namespace's GPUs
     (`held_gpus`), having admitted `admitted_gpus` in the band since: each process may fill its part of the room
     left, (fair share - held) / processes, and its first pod may take the room whole. A burst spread over every

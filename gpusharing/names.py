@@ -23,7 +23,9 @@ class NameRule:
     def check(self, name: str, what: str) -> str:
         """`name`, or InvalidName saying that `what` (the field or parameter) breaks the rule."""
         if len(name) > self.max_length or not self.pattern.fullmatch(name):
-            raise InvalidName(f"{what} {shortened(name)!r} is not a {self.kind}: {self.rule}, at most {self.max_length} characters")
+            raise InvalidName(
+                f"{what} {shortened(name)!r} is not a {self.kind}: {self.rule}, at most {self.max_length} characters"
+            )
         return name
 
 
@@ -31,14 +33,21 @@ _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
 _LABEL_RULE = "lower-case letters, digits and '-', beginning and ending with a letter or digit (a DNS-1123 label)"
 NAMESPACE = NameRule("namespace name", re.compile(_LABEL), 63, _LABEL_RULE)
 POD_NAME = NameRule(
-    "pod name", re.compile(rf"{_LABEL}(?:\.{_LABEL})*"), 253,
+    "pod name",
+    re.compile(rf"{_LABEL}(?:\.{_LABEL})*"),
+    253,
     "lower-case letters, digits, '-' and '.', each part beginning and ending with a letter or digit (a DNS-1123 subdomain)",
 )
 NODE_NAME = NameRule("node name", POD_NAME.pattern, 253, POD_NAME.rule)
 # The objects the chart and the manifests name (a Service's name must be a label, and the others are named alike).
 OBJECT_NAME = NameRule("Kubernetes object name", re.compile(_LABEL), 63, _LABEL_RULE)
 # A Kubernetes uid is a UUID; in static mode the meter's is free, but plain text a database takes.
-UID = NameRule("uid", re.compile(r"[A-Za-z0-9][-A-Za-z0-9._:]*"), 253, "letters, digits, '-', '.', '_' and ':', beginning with a letter or digit")
+UID = NameRule(
+    "uid",
+    re.compile(r"[A-Za-z0-9][-A-Za-z0-9._:]*"),
+    253,
+    "letters, digits, '-', '.', '_' and ':', beginning with a letter or digit",
+)
 
 
 # A group budget (a team, a department: a parent of namespaces' budgets) is named with at least one dot, so that it

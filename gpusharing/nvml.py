@@ -20,7 +20,9 @@ MIB = 1024 * 1024
 
 InstanceKey = tuple[int, int]  # (device index, MIG slot; -1 for the device itself)
 
-_POD_IN_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)")
+_POD_IN_CGROUP = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)"
+)
 
 
 def pod_uid_in_cgroup(cgroups: str) -> str | None:
@@ -111,18 +113,28 @@ class Sampler:
         driver or GPU without GPM, before Hopper)."""
         nvml = self.nvml
         try:
-            sample = nvml.nvmlGpmMigSampleGet(device, nvml.nvmlDeviceGetGpuInstanceId(handle), nvml.nvmlGpmSampleAlloc())
+            sample = nvml.nvmlGpmMigSampleGet(
+                device, nvml.nvmlDeviceGetGpuInstanceId(handle), nvml.nvmlGpmSampleAlloc()
+            )
         except (nvml.NVMLError, AttributeError) as exc:  # AttributeError: bindings older than GPM
             if not self._gpm_missing:
-                log.warning("cannot read the utilisation of a MIG instance (%s): its readings carry no utilisation, and "
-                            "its pod is never taken as idle", exc)
+                log.warning(
+                    "cannot read the utilisation of a MIG instance (%s): its readings carry no utilisation, and "
+                    "its pod is never taken as idle",
+                    exc,
+                )
                 self._gpm_missing = True
             return None
         previous, self._gpm[key] = self._gpm.get(key), sample
         if previous is None:
             return None
         metrics = nvml.c_nvmlGpmMetricsGet_t()
-        metrics.version, metrics.numMetrics, metrics.sample1, metrics.sample2 = nvml.NVML_GPM_METRICS_GET_VERSION, 1, previous, sample
+        metrics.version, metrics.numMetrics, metrics.sample1, metrics.sample2 = (
+            nvml.NVML_GPM_METRICS_GET_VERSION,
+            1,
+            previous,
+            sample,
+        )
         metrics.metrics[0].metricId = nvml.NVML_GPM_METRIC_SM_UTIL
         try:
             nvml.nvmlGpmMetricsGet(metrics)

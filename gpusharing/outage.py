@@ -41,7 +41,8 @@ class Outage:
                             reason, extra=fields)
 
     def succeeded(self, restored: str = "", **fields: Any) -> None:
-        """An attempt succeeded; the first after an outage is logged with its length, and `restored` (what is right again)."""
+        """An attempt succeeded; the first after an outage is logged with its length, and `restored` (what is right
+        again)."""
         if self._since is None:
             return
         lasted = format_duration(self._clock() - self._since)

@@ -54,7 +54,8 @@ class MeterReport:
 
     @classmethod
     def from_json(cls, body: object) -> "MeterReport":
-        """A report from its JSON body; raises ReportError (InvalidName for a name) naming the first thing wrong with it."""
+        """A report from its JSON body; raises ReportError (InvalidName for a name) naming the first thing wrong with
+        it."""
         if not isinstance(body, dict):
             raise ReportError("the report must be a JSON object")
         unknown = sorted(set(body) - set(cls._FIELDS))
@@ -109,7 +110,9 @@ def _model(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not 0 < len(value) <= MAX_GPU_MODEL or not value.isprintable():
-        raise ReportError(f"gpuModel must be the GPU's name as NVML gives it: printable, 1 to {MAX_GPU_MODEL} characters")
+        raise ReportError(
+            f"gpuModel must be the GPU's name as NVML gives it: printable, 1 to {MAX_GPU_MODEL} characters"
+        )
     return value
 
 

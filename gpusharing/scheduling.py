@@ -1,10 +1,10 @@
 """Named periodic tasks on one scheduler, as a controller manager runs its controllers: each task on a thread of its
 own, so that no task's slow run delays another's (a thousand Events to send never hold an eviction back).
 
-A task runs every `interval_seconds` by the Clock's monotonic time, at once when woken (a watch saw a change, a
-Lease was won), and never twice at a time. A run that comes late is not made up for: the next one is due an interval
-after the late one was due, or, when that has passed too, an interval after the late one began. Leader-only tasks run only while `leading()`
-says so. What each run took and how late it began are given to `observe` (metrics); an exception in a run is
+A task runs every `interval_seconds` by the Clock's monotonic time, at once when woken (a watch saw a change, a Lease
+was won), and never twice at a time. A run that comes late is not made up for: the next one is due an interval after the
+late one was due, or, when that has passed too, an interval after the late one began. Leader-only tasks run only while
+`leading()` says so. What each run took and how late it began are given to `observe` (metrics); an exception in a run is
 logged and the task runs again at its next time: a controller outlives a database or API outage.
 
 `run_due()` runs, in the caller's thread and in the order they were added, every task due by the Clock: tests
@@ -83,7 +83,9 @@ class TaskScheduler:
         self._stop.clear()
         for slot in self._slots.values():
             if slot.thread is None or not slot.thread.is_alive():
-                slot.thread = threading.Thread(target=self._loop, args=(slot,), name=f"task-{slot.task.name}", daemon=True)
+                slot.thread = threading.Thread(
+                    target=self._loop, args=(slot,), name=f"task-{slot.task.name}", daemon=True
+                )
                 slot.thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -64,7 +64,9 @@ class UsageRequest:
     namespace: str | None = None
 
 
-def usage_request(start: str | None, end: str | None, group_by: str | None, namespace: str | None = None) -> UsageRequest:
+def usage_request(
+    start: str | None, end: str | None, group_by: str | None, namespace: str | None = None
+) -> UsageRequest:
     """The request that `from`, `to` and `groupBy` (as the API and the command line take them) ask for."""
     first, after = _date(start, "from"), _date(end, "to")
     if after <= first:
@@ -102,8 +104,15 @@ def _group_keys(raw: str) -> tuple[str, ...]:
     return tuple(keys)
 
 
-AMOUNT_COLUMNS = ("gpuSeconds", "gpuMinutes", "billedGpuSeconds", "billedGpuMinutes", "meteredGpuMinutes", "idleGpuMinutes",
-                  "idleBilledGpuMinutes")
+AMOUNT_COLUMNS = (
+    "gpuSeconds",
+    "gpuMinutes",
+    "billedGpuSeconds",
+    "billedGpuMinutes",
+    "meteredGpuMinutes",
+    "idleGpuMinutes",
+    "idleBilledGpuMinutes",
+)
 
 
 def usage_csv(fields: Sequence[str], items: Iterable[Mapping[str, Any]]) -> str:

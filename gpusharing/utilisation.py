@@ -70,7 +70,11 @@ class NodeReadings:
     readings: tuple[PodUtilisation, ...]
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "windowSeconds": self.window_seconds, "readings": [r.to_json() for r in self.readings]}
+        return {
+            "node": self.node,
+            "windowSeconds": self.window_seconds,
+            "readings": [r.to_json() for r in self.readings],
+        }
 
     @classmethod
     def from_json(cls, body: object) -> "NodeReadings":

@@ -41,7 +41,9 @@ class NodeAgent:
         self.monotonic = monotonic
         self.stop = stop or threading.Event()
         self._window_start = monotonic()
-        self._kubelet = Outage(log, f"the kubelet's PodResources API at {config.podresources_socket}", "listings", monotonic)
+        self._kubelet = Outage(
+            log, f"the kubelet's PodResources API at {config.podresources_socket}", "listings", monotonic
+        )
         self._nvml = Outage(log, "NVML", "readings", monotonic)
         self._timekeeper = Outage(log, f"the timekeeper at {config.timekeeper_url}", "batches", monotonic)
         self._ignored: frozenset[tuple[str, str]] = frozenset()
@@ -69,7 +71,8 @@ class NodeAgent:
         return NodeReadings(self.config.node, min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, window)), readings)
 
     def deliver(self, batch: NodeReadings, deadline: float) -> Delivered:
-        """Posts the batch, again after a failure to reach the timekeeper (backing off), until `deadline` (monotonic)."""
+        """Posts the batch, again after a failure to reach the timekeeper (backing off), until `deadline`
+        (monotonic)."""
         delay = FIRST_RETRY_SECONDS
         while True:
             timeout = max(0.1, min(REQUEST_TIMEOUT_SECONDS, deadline - self.monotonic()))

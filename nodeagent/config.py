@@ -8,7 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, METER_TOKEN_DIR, METER_TOKEN_FILE, MIN_METER_INTERVAL_SECONDS
+from gpusharing.contract import (
+    DEFAULT_METER_INTERVAL_SECONDS,
+    METER_TOKEN_DIR,
+    METER_TOKEN_FILE,
+    MIN_METER_INTERVAL_SECONDS,
+)
 from gpusharing.gpu.dialects import ALIYUN_CORE, ALIYUN_MEMORY, NVIDIA_GPU, VCUDA_CORE, VCUDA_MEMORY, HamiSettings
 from gpusharing.gpu.mig import MIG_RESOURCE_PREFIX
 from gpusharing.names import NODE_NAME, InvalidName
@@ -41,7 +46,8 @@ DEFAULT_RESOURCES = (
 class NodeAgentConfig:
     node: str  # the node this agent runs on: spec.nodeName, from the downward API
     timekeeper_url: str
-    token_path: Path = Path(METER_TOKEN_DIR) / METER_TOKEN_FILE  # projected token (audience gpusharing-timekeeper), re-read per report
+    # projected token (audience gpusharing-timekeeper), re-read per report
+    token_path: Path = Path(METER_TOKEN_DIR) / METER_TOKEN_FILE
     interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS  # one batch per interval, as a meter reports
     podresources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     proc_root: Path = Path("/host/proc")  # the host's /proc, mounted read-only

@@ -51,7 +51,9 @@ class Gpus:
                     windows[window.uuid] = window
             except nvml.NVMLError as exc:
                 if index not in self._failing:
-                    log.warning("cannot read GPU %d through NVML (%s): the pods on it are reported as unknown", index, exc)
+                    log.warning(
+                        "cannot read GPU %d through NVML (%s): the pods on it are reported as unknown", index, exc
+                    )
                     self._failing.add(index)
                 continue
             self._failing.discard(index)

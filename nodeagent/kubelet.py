@@ -41,7 +41,8 @@ class PodDevices:
 @dataclass(frozen=True)
 class NodeDevices:
     pods: tuple[PodDevices, ...]  # the governed pods: those holding a device of a governed resource
-    allocatable: tuple[tuple[str, str], ...] | None  # (resource name, device id) of every device the node has; None: not said
+    # (resource name, device id) of every device the node has; None: not said
+    allocatable: tuple[tuple[str, str], ...] | None
 
 
 class PodResources:
@@ -77,7 +78,8 @@ class PodResources:
         try:
             answer = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
         except grpc.RpcError as exc:
-            if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNKNOWN):  # UNKNOWN: its feature gate off
+            # UNKNOWN: its feature gate off
+            if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNKNOWN):
                 raise
             log.info("the kubelet does not list the node's allocatable devices (%s): a time-sliced GPU's replicas are "
                      "counted from the pods that hold them", _describe(exc))

@@ -48,7 +48,11 @@ def pod_uids(pod_logs: Path, running: set[str]) -> dict[PodKey, str]:
         if len(parts) != 3:
             continue
         try:
-            namespace, name, uid = NAMESPACE.check(parts[0], "namespace"), POD_NAME.check(parts[1], "pod"), UID.check(parts[2], "uid")
+            namespace, name, uid = (
+                NAMESPACE.check(parts[0], "namespace"),
+                POD_NAME.check(parts[1], "pod"),
+                UID.check(parts[2], "uid"),
+            )
             modified = entry.stat().st_mtime
         except (InvalidName, OSError):  # not the kubelet's, or gone meanwhile
             continue

@@ -41,7 +41,11 @@ class Holding:
 
 def holdings(node: NodeDevices, uuids: Mapping[str, object]) -> dict[PodKey, dict[str, Holding] | None]:
     """What each governed pod holds, by device UUID; None for a pod holding a device no NVML device answers to."""
-    resolved = {(resource, device_id): physical_device(device_id, uuids) for pod in node.pods for resource, device_id in pod.devices}
+    resolved = {
+        (resource, device_id): physical_device(device_id, uuids)
+        for pod in node.pods
+        for resource, device_id in pod.devices
+    }
     totals: dict[tuple[str, str], int] = {}  # (resource, uuid): how many ids of that resource the device has
     for resource, device_id in node.allocatable if node.allocatable is not None else resolved:
         uuid = resolved.get((resource, device_id)) or physical_device(device_id, uuids)
@@ -66,7 +70,8 @@ def holdings(node: NodeDevices, uuids: Mapping[str, object]) -> dict[PodKey, dic
             result[key] = None
             continue
         shares: dict[str, float] = {}
-        for (resource, uuid), count in counts.items():  # a device's several resources (cores, memory): the largest share
+        # a device's several resources (cores, memory): the largest share
+        for (resource, uuid), count in counts.items():
             share = min(1.0, count / max(totals.get((resource, uuid), count), count))
             shares[uuid] = max(shares.get(uuid, 0.0), share)
         result[key] = {uuid: Holding(share, holders[uuid] == {key}) for uuid, share in shares.items()}

@@ -43,7 +43,9 @@ def merge(freezes: dict[str, dict[str, str]]) -> list[str]:
     """Constraint lines from {python: {name: version}}, ordered by name as pip freeze orders them."""
     pythons = sorted(freezes, key=Version)
     names = {canonicalize_name(name): name for pins in freezes.values() for name in pins}
-    canonical = {python: {canonicalize_name(name): version for name, version in freezes[python].items()} for python in pythons}
+    canonical = {
+        python: {canonicalize_name(name): version for name, version in freezes[python].items()} for python in pythons
+    }
     lines = []
     for key in sorted(names, key=str.lower):
         versions: dict[str, list[str]] = {}

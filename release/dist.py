@@ -1,4 +1,5 @@
-"""`make dist`: every release artifact of the one version in setup.cfg, into a directory (`python -m release.dist dist`).
+"""`make dist`: every release artifact of the one version in setup.cfg, into a directory (`python -m release.dist
+dist`).
 
 - the sdist and the wheel (`python -m build`), `twine check --strict`ed, and the wheel installed alone in a fresh
   virtualenv, where `gpusharing --version` must name the version;
@@ -142,14 +143,20 @@ def top_level_packages(names: set[str]) -> set[str]:
 def problems(directory: Path, release: str) -> list[str]:
     """What is missing from the artifacts in `directory`, or says another version than `release`; one line each."""
     names = artifact_names(release)
-    found = [f"{kind}: {name} is missing from {directory}" for kind, name in names.items() if not (directory / name).is_file()]
+    found = [
+        f"{kind}: {name} is missing from {directory}"
+        for kind, name in names.items()
+        if not (directory / name).is_file()
+    ]
     if found:
         return found
     if changelog_versions(CHANGELOG.read_text())[:1] != [release]:
         found.append(f"CHANGELOG.md: its newest entry is not `## {release}`: add what {release} changes")
     chart = _chart_metadata(directory / names["chart"])
     if (chart.get("version"), chart.get("appVersion")) != (release, release):
-        found.append(f"chart: version {chart.get('version')}, appVersion {chart.get('appVersion')}: make both {release} in {CHART / 'Chart.yaml'}")
+        found.append(
+            f"chart: version {chart.get('version')}, appVersion {chart.get('appVersion')}: make both {release} in {CHART / 'Chart.yaml'}"
+        )
     index = yaml.safe_load((directory / names["index"]).read_text())
     listed = [(e["version"], e["urls"]) for e in index["entries"].get(CHART.name, [])]
     if listed != [(release, [f"{release_url(release)}/{names['chart']}"])]:
@@ -174,7 +181,10 @@ def problems(directory: Path, release: str) -> list[str]:
 
 
 def write_checksums(directory: Path, release: str) -> Path:
-    lines = [f"{hashlib.sha256((directory / name).read_bytes()).hexdigest()}  {name}" for name in sorted(artifact_names(release).values())]
+    lines = [
+        f"{hashlib.sha256((directory / name).read_bytes()).hexdigest()}  {name}"
+        for name in sorted(artifact_names(release).values())
+    ]
     path = directory / "SHA256SUMS"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -184,7 +194,9 @@ def _run(*command: str | Path) -> str:
     done = subprocess.run([str(part) for part in command], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip().splitlines()
-        raise ReleaseError(f"`{' '.join(str(part) for part in command[:4])}` failed: {detail[-1] if detail else done.returncode}")
+        raise ReleaseError(
+            f"`{' '.join(str(part) for part in command[:4])}` failed: {detail[-1] if detail else done.returncode}"
+        )
     return done.stdout
 
 
@@ -197,7 +209,9 @@ def check_wheel_alone(wheel: Path, release: str) -> None:
         _run(bin_directory / "pip", "install", "--quiet", "-c", CONSTRAINTS, wheel)
         said = subprocess.run([bin_directory / "gpusharing", "--version"], cwd=scratch, capture_output=True, text=True)
     if said.stdout.strip() != f"gpusharing {release}":
-        raise ReleaseError(f"the wheel installed alone says {said.stdout.strip() or said.stderr.strip()!r}, not `gpusharing {release}`")
+        raise ReleaseError(
+            f"the wheel installed alone says {said.stdout.strip() or said.stderr.strip()!r}, not `gpusharing {release}`"
+        )
 
 
 def build(directory: Path) -> list[Path]:

@@ -1,4 +1,5 @@
-"""The meter's settings, read once at start from the environment the webhook injects (documented in docs/reference/settings.md)."""
+"""The meter's settings, read once at start from the environment the webhook injects (documented in
+docs/reference/settings.md)."""
 
 from __future__ import annotations
 

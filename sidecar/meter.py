@@ -67,7 +67,9 @@ class Meter:
         try:
             self.state_file.save(state)
         except OSError as exc:
-            raise ConfigError(f"{MeterEnv.STATE_DIR}={str(self.config.state_dir)!r}: cannot write the state file: {exc}") from None
+            raise ConfigError(
+                f"{MeterEnv.STATE_DIR}={str(self.config.state_dir)!r}: cannot write the state file: {exc}"
+            ) from None
         return state
 
     def gpu_seconds(self) -> float:
@@ -97,7 +99,11 @@ class Meter:
         try:
             self.state_file.save(self.state)
         except OSError as exc:
-            log.error("cannot save the meter state to %s (%s): a restart would repeat sequence numbers", self.state_file.path, exc)
+            log.error(
+                "cannot save the meter state to %s (%s): a restart would repeat sequence numbers",
+                self.state_file.path,
+                exc,
+            )
         report = self.build_report(self.state.seq, final)
         answer = self.client.send(report, timeout)
         self._note(report, answer)
@@ -117,7 +123,12 @@ class Meter:
             log.error("report %d refused by the timekeeper: %s", report.seq, answer.detail)
             return
         if report.seq == 1 or report.final:
-            log.info("report %d accepted: %.3f GPU-seconds%s", report.seq, report.gpu_seconds, " (final)" if report.final else "")
+            log.info(
+                "report %d accepted: %.3f GPU-seconds%s",
+                report.seq,
+                report.gpu_seconds,
+                " (final)" if report.final else "",
+            )
         self._failures = 0
         if answer.budget_state and answer.budget_state != self._budget_state:
             log.info("namespace %s is %s", self.config.namespace, answer.budget_state)
@@ -131,7 +142,11 @@ class Meter:
             except Exception:  # a meter that exits on its own would restart and lose its place: log, keep going
                 self._failures += 1
                 log.exception("report failed unexpectedly")
-            delay = retry_delay(self._failures, self.config.interval_seconds) if self._failures else self.config.interval_seconds
+            delay = (
+                retry_delay(self._failures, self.config.interval_seconds)
+                if self._failures
+                else self.config.interval_seconds
+            )
             if stop_requested(delay):
                 break
         self.finish()

@@ -1,8 +1,8 @@
 """The one seam between the meter and the GPU: NVML through nvidia-ml-py (whose module is named `pynvml`).
 
-The meter asks a GpuReader for a reading before each report: the pod's GPU memory, and how busy its GPUs were over
-the interval since the last report (what idle GPU-minutes and idle policies are judged by). `open_reader` gives the NVML one, or None
-(after one log line) when no driver or GPU is visible; GPUSHARING_METER_GPU_READER may name another
+The meter asks a GpuReader for a reading before each report: the pod's GPU memory, and how busy its GPUs were over the
+interval since the last report (what idle GPU-minutes and idle policies are judged by). `open_reader` gives the NVML
+one, or None (after one log line) when no driver or GPU is visible; GPUSHARING_METER_GPU_READER may name another
 `module:function` with the same signature, which is how the tests put a fake GPU behind the seam.
 """
 
@@ -84,14 +84,17 @@ class NvmlReader:
     def _attributable(self) -> bool:
         if self._sees_processes is None:
             own, first = self._cgroup("self"), self._cgroup("1")
-            self._sees_processes = own is not None and self._names_pod(own) and first is not None and not self._names_pod(first)
+            self._sees_processes = (
+                own is not None and self._names_pod(own) and first is not None and not self._names_pod(first)
+            )
             if not self._sees_processes:
                 log.info("the meter cannot see this pod's GPU processes (it needs the host's PID namespace and cgroup "
                          "view): reports carry no GPU memory or utilisation, and the pod is never taken as idle")
         return self._sees_processes
 
     def _busy(self, key: InstanceKey, handle: Any, pids: set[int]) -> float | None:
-        """The percent of the interval the pod's processes kept the device busy (summed over them), else the device's."""
+        """The percent of the interval the pod's processes kept the device busy (summed over them), else the
+        device's."""
         by_pid = self._sampler.process_busy(key, handle)
         if by_pid is None:
             return self._sampler.device_busy(key, handle)

@@ -48,7 +48,9 @@ class StateFile:
             log.error("ignoring unreadable state file %s (%s): starting the count again", self.path, exc)
             return None
         if state.pod_uid != pod_uid:
-            log.warning("state file %s belongs to pod %s, not %s: starting the count again", self.path, state.pod_uid, pod_uid)
+            log.warning(
+                "state file %s belongs to pod %s, not %s: starting the count again", self.path, state.pod_uid, pod_uid
+            )
             return None
         return state
 

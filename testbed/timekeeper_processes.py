@@ -18,9 +18,25 @@ class TimekeeperProcess(Service):
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(
             f"timekeeper-{self.port}",
-            ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers), "--threads", str(threads)],
+            [
+                "timekeeper",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+                "--threads",
+                str(threads),
+            ],
             f"{self.url}/readyz",
-            env={"TIMEKEEPER_DATABASE_URL": database_url, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file, **env},
+            env={
+                "TIMEKEEPER_DATABASE_URL": database_url,
+                "TIMEKEEPER_AUTH": "static",
+                "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
+                **env,
+            },
             log_path=log_path,
             cwd=cwd,
         )

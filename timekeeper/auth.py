@@ -94,7 +94,8 @@ class StaticTokens:
 
 
 def load_static_tokens(path: str) -> StaticTokens:
-    """The tokens of a `TOKEN ROLE [NAME] [namespaces=NS,...]` file; ConfigError naming the file and line when malformed."""
+    """The tokens of a `TOKEN ROLE [NAME] [namespaces=NS,...]` file; ConfigError naming the file and line when
+    malformed."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -118,8 +119,9 @@ def load_static_tokens(path: str) -> StaticTokens:
         if (node is None) != (role is not Role.NODE_AGENT):
             raise ConfigError(f"{where}: a {Role.NODE_AGENT} token, and only one, is bound to the node it speaks for "
                               f"({NODE_PREFIX}NODE)")
-        tokens[words[0]] = Caller(words[2] if len(words) == 3 else f"static-{role}-line-{number}", role, namespaces=namespaces,
-                                  node=node)
+        tokens[words[0]] = Caller(
+            words[2] if len(words) == 3 else f"static-{role}-line-{number}", role, namespaces=namespaces, node=node
+        )
     return StaticTokens(tokens)
 
 
@@ -153,7 +155,9 @@ class Authenticator:
     def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0,
                  wait_seconds: float = 2.0, node_agent_users: frozenset[str] = frozenset()):
         if mode == "tokenreview" and kube is None:
-            raise ConfigError("TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)")
+            raise ConfigError(
+                "TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
+            )
         self.mode = mode
         self._static = static_tokens
         self._kube = kube
@@ -217,7 +221,13 @@ class Authenticator:
             return
         access = read_access(scope)
         if not self._allowed(caller, access):
-            where = f"in namespace {access.namespace}" if access.namespace else f"named {access.name}" if access.name else "in all namespaces"
+            where = (
+                f"in namespace {access.namespace}"
+                if access.namespace
+                else f"named {access.name}"
+                if access.name
+                else "in all namespaces"
+            )
             what = f"the budget of {scope}" if scope else "what spans every namespace (name a namespace to read one)"
             raise Forbidden(f"{caller.name} may not read {what}: that needs verb {access.verb!r} on resource "
                             f"{access.resource!r} in API group {GROUP!r} {where}")
@@ -228,7 +238,9 @@ class Authenticator:
         if caller.role is Role.NODE_AGENT:
             raise Forbidden(f"{caller.name} is a node agent's token: it sends its node's readings and reads nothing")
         if caller.role is Role.METER or (caller.identity is not None and caller.identity.pod_uid is not None):
-            raise Forbidden(f"{caller.name} is a meter's token (bound to a pod): it reports for its pod and reads nothing")
+            raise Forbidden(
+                f"{caller.name} is a meter's token (bound to a pod): it reports for its pod and reads nothing"
+            )
 
     def node_pods(self, caller: Caller, node: str) -> NodePods | None:
         """Checks that `caller` is a node agent on `node` (Forbidden otherwise); returns the pods bound to the node,
@@ -248,14 +260,22 @@ class Authenticator:
     def _check_agent_node(self, caller: Caller, node: str) -> None:
         identity = caller.identity
         if identity is None or identity.username not in self.node_agent_users:
-            raise Forbidden(f"{caller.name} is not a node agent's token: only {', '.join(sorted(self.node_agent_users))} "
-                            "(TIMEKEEPER_NODE_AGENT_USERS) send node readings")
+            raise Forbidden(
+                f"{caller.name} is not a node agent's token: only {', '.join(sorted(self.node_agent_users))} "
+                "(TIMEKEEPER_NODE_AGENT_USERS) send node readings"
+            )
         uid, name, namespace = identity.pod_uid, identity.pod_name, identity.service_account_namespace
         if uid is None or name is None or namespace is None:
-            raise Forbidden(f"{caller.name}: the token is not bound to a pod (a node agent presents its pod's projected "
-                            "ServiceAccount token)")
-        agent_node = self._answer(self._agent_nodes, uid, lambda: self._read_agent_node(namespace, name, uid, identity.node_name),
-                                  f"the read of pod {namespace}/{name}")
+            raise Forbidden(
+                f"{caller.name}: the token is not bound to a pod (a node agent presents its pod's projected "
+                "ServiceAccount token)"
+            )
+        agent_node = self._answer(
+            self._agent_nodes,
+            uid,
+            lambda: self._read_agent_node(namespace, name, uid, identity.node_name),
+            f"the read of pod {namespace}/{name}",
+        )
         if agent_node != node:
             raise Forbidden(f"the token's pod {namespace}/{name} runs on node {agent_node}, not on node {node}")
 
@@ -277,8 +297,12 @@ class Authenticator:
         identity, kube = caller.identity, self._kube
         if identity is None or kube is None:
             return False
-        return self._answer(self._grants, (identity.username, identity.groups, access), lambda: kube.may(identity, access),
-                            "the SubjectAccessReview")
+        return self._answer(
+            self._grants,
+            (identity.username, identity.groups, access),
+            lambda: kube.may(identity, access),
+            "the SubjectAccessReview",
+        )
 
     def report_terms(self, caller: Caller, report: MeterReport) -> ReportTerms | None:
         """Checks that `caller` may send `report`; returns what to trust about the pod (None: the report itself)."""
@@ -300,8 +324,12 @@ class Authenticator:
                 f"not to pod {report.pod_uid} in namespace {report.namespace}"
             )
         namespace, name = report.namespace, identity.pod_name
-        return self._answer(self._pod_terms, identity.pod_uid, lambda: self._read_terms(namespace, name, report.pod_uid),
-                            f"the read of pod {namespace}/{name}")
+        return self._answer(
+            self._pod_terms,
+            identity.pod_uid,
+            lambda: self._read_terms(namespace, name, report.pod_uid),
+            f"the read of pod {namespace}/{name}",
+        )
 
     def _read_terms(self, namespace: str, name: str, uid: str) -> ReportTerms:
         assert self._kube is not None
@@ -332,7 +360,8 @@ def read_access(scope: str | None) -> Access:
 
 
 def _annotated_number(raw: str | None, low: Decimal | int, high: Decimal | int) -> float | None:
-    """The number an annotation holds, if it is one within [low, high] (read within gpusharing.units.quantity's bounds)."""
+    """The number an annotation holds, if it is one within [low, high] (read within gpusharing.units.quantity's
+    bounds)."""
     try:
         value = parse_decimal(raw)
     except QuantityError:

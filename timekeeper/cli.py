@@ -1,4 +1,5 @@
-"""`gpusharing timekeeper serve` and `controller`, `gpusharing db upgrade` and `db downgrade` (the admin's commands are in gpusharing.admin.commands)."""
+"""`gpusharing timekeeper serve` and `controller`, `gpusharing db upgrade` and `db downgrade` (the admin's commands are
+in gpusharing.admin.commands)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     run.add_argument("--host", help="address to listen on (TIMEKEEPER_HOST, default 0.0.0.0)")
     run.add_argument("--port", type=whole_number(1, 65535), help="port (TIMEKEEPER_PORT, default 8080)")
-    run.add_argument("--workers", type=whole_number(1, MAX_WORKERS), help="gunicorn worker processes (TIMEKEEPER_WORKERS, default 2)")
-    run.add_argument("--threads", type=whole_number(1, MAX_THREADS), help="threads per worker (TIMEKEEPER_THREADS, default 32)")
+    run.add_argument(
+        "--workers", type=whole_number(1, MAX_WORKERS), help="gunicorn worker processes (TIMEKEEPER_WORKERS, default 2)"
+    )
+    run.add_argument(
+        "--threads", type=whole_number(1, MAX_THREADS), help="threads per worker (TIMEKEEPER_THREADS, default 32)"
+    )
     run.set_defaults(run=_serve)
     controller = commands.add_parser(
         "controller",
@@ -41,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     controller.add_argument("--host", help="address of /livez, /readyz and /metrics (TIMEKEEPER_HOST, default 0.0.0.0)")
-    controller.add_argument("--port", type=whole_number(1, 65535), help="their port (TIMEKEEPER_CONTROLLER_PORT, default 8081)")
+    controller.add_argument(
+        "--port", type=whole_number(1, 65535), help="their port (TIMEKEEPER_CONTROLLER_PORT, default 8081)"
+    )
     controller.set_defaults(run=_control)
 
     db = subparsers.add_parser("db", help="the timekeeper's database")
@@ -67,7 +74,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "  gpusharing db downgrade base --database-url sqlite:///timekeeper.sqlite   # no table left",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    downgrade.add_argument("revision", metavar="REVISION", help="a revision of migrations/versions (or a unique prefix), or base")
+    downgrade.add_argument(
+        "revision", metavar="REVISION", help="a revision of migrations/versions (or a unique prefix), or base"
+    )
     downgrade.add_argument("--database-url", help="default: TIMEKEEPER_DATABASE_URL")
     downgrade.set_defaults(run=_migrate, downgrade=True)
 
@@ -82,7 +91,9 @@ def _serve(args: argparse.Namespace) -> int:
     from timekeeper.services import NO_AUTH_WARNING, kube_api
 
     config = TimekeeperConfig.from_env()
-    overrides = {key: getattr(args, key) for key in ("host", "port", "workers", "threads") if getattr(args, key) is not None}
+    overrides = {
+        key: getattr(args, key) for key in ("host", "port", "workers", "threads") if getattr(args, key) is not None
+    }
     config = replace(config, **overrides)
     # What every worker's create_app needs, checked once here and said in one line: a worker that fails to boot
     # prints a traceback, and gunicorn gives up with exit status 3.
@@ -143,7 +154,11 @@ def _migrate(args: argparse.Namespace) -> int:
     from timekeeper.config import TimekeeperConfig, database_url
     from timekeeper.database.schema import downgrade, first_line, missing_sqlite_file, upgrade
 
-    url = database_url(args.database_url, "--database-url") if args.database_url else TimekeeperConfig.from_env().database_url
+    url = (
+        database_url(args.database_url, "--database-url")
+        if args.database_url
+        else TimekeeperConfig.from_env().database_url
+    )
     shown = make_url(url).render_as_string(hide_password=True)
     if args.downgrade and (missing := missing_sqlite_file(url)):
         raise ConfigError(f"the database file {missing} does not exist: there is nothing to downgrade")

@@ -1,4 +1,5 @@
-"""The timekeeper's settings, read once from TIMEKEEPER_* environment variables (documented in docs/reference/settings.md)."""
+"""The timekeeper's settings, read once from TIMEKEEPER_* environment variables (documented in
+docs/reference/settings.md)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ TASK_SETTINGS = {
 
 def task_intervals(environ: Mapping[str, str]) -> TaskIntervals:
     defaults = TaskIntervals()
-    return TaskIntervals(**{field: env_float(name, getattr(defaults, field), 0.1, environ) for field, name in TASK_SETTINGS.items()})
+    return TaskIntervals(
+        **{field: env_float(name, getattr(defaults, field), 0.1, environ) for field, name in TASK_SETTINGS.items()}
+    )
 
 
 # Where pods' GPU utilisation comes from besides the meters: meter, the meters' and node agents' reports alone;
@@ -94,8 +97,12 @@ def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> Pr
     """TIMEKEEPER_PROMETHEUS_*, checked: label and metric names as PromQL takes them, a window no shorter than the
     task's interval (else the time between two windows is read by neither)."""
     names: dict[str, str] = {}  # the labels and the selector, as DcgmQuery takes them
-    for key, name in (("namespace_label", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL"), ("pod_label", "TIMEKEEPER_PROMETHEUS_POD_LABEL"),
-                      ("pod_uid_label", "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL"), ("selector", "TIMEKEEPER_PROMETHEUS_SELECTOR")):
+    for key, name in (
+        ("namespace_label", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL"),
+        ("pod_label", "TIMEKEEPER_PROMETHEUS_POD_LABEL"),
+        ("pod_uid_label", "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL"),
+        ("selector", "TIMEKEEPER_PROMETHEUS_SELECTOR"),
+    ):
         value = environ.get(name, getattr(DcgmQuery, key)).strip()  # set empty: no UID label, no selector
         try:
             names[key] = (check_selector(value, name) if key == "selector" else
@@ -108,11 +115,15 @@ def prometheus_source(environ: Mapping[str, str], interval_seconds: float) -> Pr
         raise ConfigError("TIMEKEEPER_PROMETHEUS_METRICS must name at least one metric")
     for metric in (*metrics, *filter(None, [per_pod])):
         if metric not in DCGM_METRICS:
-            raise ConfigError(f"TIMEKEEPER_PROMETHEUS_METRICS and _PER_POD_METRIC: {metric!r} is not one of {', '.join(DCGM_METRICS)}")
+            raise ConfigError(
+                f"TIMEKEEPER_PROMETHEUS_METRICS and _PER_POD_METRIC: {metric!r} is not one of {', '.join(DCGM_METRICS)}"
+            )
     window = env_int("TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS", DcgmQuery.window_seconds, 10, environ)
     if not interval_seconds <= window <= 3600:
-        raise ConfigError(f"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS={window} must be from TIMEKEEPER_UTILISATION_INTERVAL_SECONDS "
-                          f"({interval_seconds:g}) to 3600")
+        raise ConfigError(
+            f"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS={window} must be from TIMEKEEPER_UTILISATION_INTERVAL_SECONDS "
+            f"({interval_seconds:g}) to 3600"
+        )
     return PrometheusSource(
         url=str(env_url("TIMEKEEPER_PROMETHEUS_URL", environ=environ, required=True)),
         query=DcgmQuery(metrics=metrics, per_pod_metric=per_pod, window_seconds=window, **names),
@@ -132,12 +143,17 @@ class FairShareSettings:
     enabled: bool = False
     half_life: dt.timedelta = dt.timedelta(hours=24)  # usage decays by half in this time (a budget may set its own)
     bands: FairShareBands = FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(minutes=10))
-    grace: dt.timedelta = dt.timedelta(minutes=5)  # pods of a higher band wait unschedulable this long before a rebalance
+    # pods of a higher band wait unschedulable this long before a rebalance
+    grace: dt.timedelta = dt.timedelta(minutes=5)
     min_run_time: dt.timedelta = dt.timedelta(minutes=10)  # a pod runs at least this long before a rebalance evicts it
 
 
-FAIRSHARE_SETTINGS = {"half_life": "TIMEKEEPER_FAIRSHARE_HALF_LIFE", "min_time_in_band": "TIMEKEEPER_FAIRSHARE_MIN_TIME_IN_BAND",
-                      "grace": "TIMEKEEPER_FAIRSHARE_GRACE", "min_run_time": "TIMEKEEPER_FAIRSHARE_MIN_RUN_TIME"}
+FAIRSHARE_SETTINGS = {
+    "half_life": "TIMEKEEPER_FAIRSHARE_HALF_LIFE",
+    "min_time_in_band": "TIMEKEEPER_FAIRSHARE_MIN_TIME_IN_BAND",
+    "grace": "TIMEKEEPER_FAIRSHARE_GRACE",
+    "min_run_time": "TIMEKEEPER_FAIRSHARE_MIN_RUN_TIME",
+}
 
 
 def fair_share_settings(environ: Mapping[str, str]) -> FairShareSettings:
@@ -157,7 +173,9 @@ def fair_share_settings(environ: Mapping[str, str]) -> FairShareSettings:
     try:
         bounds = tuple(float(bound) for bound in raw_bounds)
     except ValueError:
-        raise ConfigError(f"TIMEKEEPER_FAIRSHARE_RATIO_BOUNDS={','.join(raw_bounds)!r} must be numbers, e.g. 0.8,1.25") from None
+        raise ConfigError(
+            f"TIMEKEEPER_FAIRSHARE_RATIO_BOUNDS={','.join(raw_bounds)!r} must be numbers, e.g. 0.8,1.25"
+        ) from None
     if not 2 <= len(classes) <= 8 or len(set(classes)) != len(classes):
         raise ConfigError("TIMEKEEPER_FAIRSHARE_CLASSES must name 2 to 8 distinct PriorityClasses, lightest first")
     if len(bounds) != len(classes) - 1 or any(not 0 < b < 1e6 for b in bounds) or list(bounds) != sorted(set(bounds)):
@@ -188,7 +206,8 @@ class TimekeeperConfig:
     default_gpu_minutes: float | None = None  # budget of a namespace without one; None: unlimited
     default_period: Period = Period.MONTHLY
     default_idle: IdlePolicy | None = None  # the default budget's idle policy (TIMEKEEPER_IDLE_*); None: none
-    kubeconfig: str | None = None  # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
+    # TIMEKEEPER_KUBECONFIG, else KUBECONFIG (a list, as kubectl reads it); None: in-cluster
+    kubeconfig: str | None = None
     tasks: TaskIntervals = field(default_factory=TaskIntervals)  # the controller's tasks' intervals
     controller_port: int = 8081  # the controller's /livez, /readyz and /metrics (plain HTTP)
     # The meters' report interval, the one the webhook injects (GPUSHARING_METER_INTERVAL_SECONDS): a reading is fresh,
@@ -213,7 +232,8 @@ class TimekeeperConfig:
     workers: int = 2
     threads: int = 32  # request threads mostly wait for their report's transaction; more of them, bigger batches
     clock: str = DEFAULT_CLOCK  # module:function giving the time; TESTS ONLY change it, to move time across periods
-    gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)  # the webhook's: pods are billed as admitted
+    # the webhook's: pods are billed as admitted
+    gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)
     catalogue_source: str = "the shipped catalogue"  # recorded in the weights' audit log
     prometheus: PrometheusSource | None = None  # TIMEKEEPER_UTILISATION_SOURCE=prometheus: where DCGM's series are read
 
@@ -237,7 +257,9 @@ class TimekeeperConfig:
             raise ConfigError("TIMEKEEPER_STATIC_TOKENS_FILE must be set when TIMEKEEPER_AUTH=static")
         raw_default = environ.get("TIMEKEEPER_DEFAULT_GPU_MINUTES", "").strip()
         tasks = task_intervals(environ)
-        source = env_choice("TIMEKEEPER_UTILISATION_SOURCE", UtilisationSource.METER.value, UTILISATION_SOURCES, environ)
+        source = env_choice(
+            "TIMEKEEPER_UTILISATION_SOURCE", UtilisationSource.METER.value, UTILISATION_SOURCES, environ
+        )
         return cls(
             database_url=database_url(env_text("TIMEKEEPER_DATABASE_URL", DEFAULT_DATABASE_URL, environ)),
             auth=auth,
@@ -245,17 +267,27 @@ class TimekeeperConfig:
             default_gpu_minutes=env_float("TIMEKEEPER_DEFAULT_GPU_MINUTES", 0.0, 0.0, environ) if raw_default else None,
             default_period=Period(env_choice("TIMEKEEPER_DEFAULT_PERIOD", "monthly", tuple(Period), environ)),
             default_idle=default_idle_policy(environ),
-            kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None,
+            kubeconfig=environ.get("TIMEKEEPER_KUBECONFIG", "").strip()
+            or environ.get("KUBECONFIG", "").strip()
+            or None,
             tasks=tasks,
             controller_port=env_int("TIMEKEEPER_CONTROLLER_PORT", cls.controller_port, 1, environ),
             meter_interval_seconds=meter_interval_seconds(environ),
             lease_namespace=env_text("TIMEKEEPER_LEASE_NAMESPACE", cls.lease_namespace, environ),
-            node_agent_users=tuple(user.strip() for user in environ.get("TIMEKEEPER_NODE_AGENT_USERS", "").split(",")
-                                   if user.strip()),
-            lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ) if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip() else None,
+            node_agent_users=tuple(
+                user.strip() for user in environ.get("TIMEKEEPER_NODE_AGENT_USERS", "").split(",") if user.strip()
+            ),
+            lease_seconds=env_float("TIMEKEEPER_LEASE_SECONDS", 15.0, 1.0, environ)
+            if environ.get("TIMEKEEPER_LEASE_SECONDS", "").strip()
+            else None,
             eviction_concurrency=env_int("TIMEKEEPER_EVICTION_CONCURRENCY", cls.eviction_concurrency, 1, environ),
-            eviction_retry_seconds=env_float("TIMEKEEPER_EVICTION_RETRY_SECONDS", cls.eviction_retry_seconds, 0.0, environ,
-                                             EVICTION_RETRY_LIMIT_SECONDS),
+            eviction_retry_seconds=env_float(
+                "TIMEKEEPER_EVICTION_RETRY_SECONDS",
+                cls.eviction_retry_seconds,
+                0.0,
+                environ,
+                EVICTION_RETRY_LIMIT_SECONDS,
+            ),
             auth_cache_seconds=env_float("TIMEKEEPER_AUTH_CACHE_SECONDS", 60.0, 0.0, environ),
             reservation_seconds=env_float("TIMEKEEPER_RESERVATION_SECONDS", 30.0, 1.0, environ),
             auth_wait_seconds=env_float("TIMEKEEPER_AUTH_WAIT_SECONDS", 2.0, 0.1, environ),
@@ -270,29 +302,40 @@ class TimekeeperConfig:
             clock=env_code("TIMEKEEPER_CLOCK", DEFAULT_CLOCK, environ),
             gpu_request=gpu_request_settings(environ),
             catalogue_source=environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()[:253] or cls.catalogue_source,
-            prometheus=prometheus_source(environ, tasks.utilisation) if source == UtilisationSource.PROMETHEUS else None,
+            prometheus=prometheus_source(environ, tasks.utilisation)
+            if source == UtilisationSource.PROMETHEUS
+            else None,
             fair_share=fair_share_settings(environ),
         )
 
 
-IDLE_SETTINGS = {"after": "TIMEKEEPER_IDLE_AFTER", "action": "TIMEKEEPER_IDLE_ACTION",
-                 "warnBefore": "TIMEKEEPER_IDLE_WARN_BEFORE", "utilisationPercent": "TIMEKEEPER_IDLE_UTILISATION_PERCENT",
-                 "minAge": "TIMEKEEPER_IDLE_MIN_AGE"}
+IDLE_SETTINGS = {
+    "after": "TIMEKEEPER_IDLE_AFTER",
+    "action": "TIMEKEEPER_IDLE_ACTION",
+    "warnBefore": "TIMEKEEPER_IDLE_WARN_BEFORE",
+    "utilisationPercent": "TIMEKEEPER_IDLE_UTILISATION_PERCENT",
+    "minAge": "TIMEKEEPER_IDLE_MIN_AGE",
+}
 
 
 def default_idle_policy(environ: Mapping[str, str]) -> IdlePolicy | None:
-    """The default budget's idle policy, from TIMEKEEPER_IDLE_AFTER and the settings beside it; None when it is unset."""
+    """The default budget's idle policy, from TIMEKEEPER_IDLE_AFTER and the settings beside it; None when it is
+    unset."""
     given = {key: environ[name].strip() for key, name in IDLE_SETTINGS.items() if environ.get(name, "").strip()}
     if "after" not in given:
         stray = [IDLE_SETTINGS[key] for key in given]
         if stray:
-            raise ConfigError(f"{', '.join(stray)} set without TIMEKEEPER_IDLE_AFTER: set it (e.g. 4h) for a default idle policy")
+            raise ConfigError(
+                f"{', '.join(stray)} set without TIMEKEEPER_IDLE_AFTER: set it (e.g. 4h) for a default idle policy"
+            )
         return None
     if "utilisationPercent" in given:
         try:
             given["utilisationPercent"] = float(given["utilisationPercent"])  # type: ignore[assignment]
         except ValueError:
-            raise ConfigError(f"TIMEKEEPER_IDLE_UTILISATION_PERCENT={given['utilisationPercent']!r} must be a number") from None
+            raise ConfigError(
+                f"TIMEKEEPER_IDLE_UTILISATION_PERCENT={given['utilisationPercent']!r} must be a number"
+            ) from None
     try:
         return idle_policy_from_json(given, labels=IDLE_SETTINGS)
     except IdlePolicyError as exc:

@@ -16,12 +16,14 @@ from timekeeper.services import build_stores, kube_api
 def build_controller(config: TimekeeperConfig, kube: KubeApi | None = None, clock: Clock | None = None,
                      utilisation_sink: UtilisationSink | None = None) -> ControllerManager:
     """The controller process's manager (`gpusharing timekeeper controller`), not started. ConfigError without a
-    Kubernetes API: the controller's work is the cluster's. `utilisation_sink`: where readings from Prometheus go (default:
-    the pods' ledgers)."""
+    Kubernetes API: the controller's work is the cluster's. `utilisation_sink`: where readings from Prometheus go
+    (default: the pods' ledgers)."""
     if kube is None:
         kube = kube_api(config)
     if kube is None:
-        raise ConfigError("the controller works on a cluster: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or run it in one")
+        raise ConfigError(
+            "the controller works on a cluster: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or run it in one"
+        )
     stores = build_stores(config, clock)
     return ControllerManager(config, stores.budgets, stores.ledger, stores.idle, kube, stores.clock,
                              utilisation_sink=utilisation_sink)

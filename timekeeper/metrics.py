@@ -41,7 +41,9 @@ LATENCY = Histogram(
     unit="seconds",
 )
 EVICTIONS = Counter("gpusharing_timekeeper_evictions", "Evictions asked of the API server, by result.", ["result"])
-EVENTS = Counter("gpusharing_timekeeper_events", "Events recorded on namespaces and budget resources, by reason.", ["reason"])
+EVENTS = Counter(
+    "gpusharing_timekeeper_events", "Events recorded on namespaces and budget resources, by reason.", ["reason"]
+)
 WARNINGS = Counter(
     "gpusharing_timekeeper_budget_warnings",
     "Budgets that reached a warning threshold (each once per period), by the highest threshold reached.",
@@ -77,9 +79,15 @@ TASK_LAG = Histogram(
 )
 EVENTS_QUEUED = Gauge("gpusharing_controller_events_queued", "Events waiting in the controller's queue to be sent.",
                       multiprocess_mode="livesum")
-EVENTS_DROPPED = Counter("gpusharing_controller_events_dropped", "Events dropped because the controller's queue was full.")
-CACHED_OBJECTS = Gauge("gpusharing_controller_cached_objects", "Objects held in the controller's informer caches, by kind.",
-                       ["kind"], multiprocess_mode="livesum")
+EVENTS_DROPPED = Counter(
+    "gpusharing_controller_events_dropped", "Events dropped because the controller's queue was full."
+)
+CACHED_OBJECTS = Gauge(
+    "gpusharing_controller_cached_objects",
+    "Objects held in the controller's informer caches, by kind.",
+    ["kind"],
+    multiprocess_mode="livesum",
+)
 FAIR_SHARE_NAMESPACES = Gauge("gpusharing_controller_fair_share_namespaces",
                               "Namespaces in each fair-share band, as the fairshare task last ranked them.", ["band"],
                               multiprocess_mode="livesum")
@@ -115,7 +123,12 @@ class LedgerCollector(Collector):
     Read from the database rather than kept in each worker, so that every worker and every replica agrees.
     """
 
-    def __init__(self, ledger: "ReportLedger", commitments: "PublishedCommitments | None" = None, idle: "IdleLedger | None" = None):
+    def __init__(
+        self,
+        ledger: "ReportLedger",
+        commitments: "PublishedCommitments | None" = None,
+        idle: "IdleLedger | None" = None,
+    ):
         self.ledger = ledger
         self.commitments = commitments
         self.idle = idle
@@ -127,14 +140,19 @@ class LedgerCollector(Collector):
             labels=["namespace"], unit="gpu_seconds",
         )
         used = GaugeMetricFamily(
-            "gpusharing_timekeeper_used_gpu_seconds", "GPU time used in the current period.", labels=["namespace"], unit="gpu_seconds"
+            "gpusharing_timekeeper_used_gpu_seconds",
+            "GPU time used in the current period.",
+            labels=["namespace"],
+            unit="gpu_seconds",
         )
         remaining = GaugeMetricFamily(
             "gpusharing_timekeeper_remaining_gpu_seconds", "GPU time left in the current period.", labels=["namespace"],
             unit="gpu_seconds",
         )
         state = GaugeMetricFamily(
-            "gpusharing_timekeeper_budget_state", "1 for the namespace's current (effective) state.", labels=["namespace", "state"]
+            "gpusharing_timekeeper_budget_state",
+            "1 for the namespace's current (effective) state.",
+            labels=["namespace", "state"],
         )
         info = GaugeMetricFamily(
             "gpusharing_timekeeper_budget_info",
@@ -148,13 +166,19 @@ class LedgerCollector(Collector):
             if status.allowance_gpu_minutes is not None:
                 budget.add_metric([ns], status.allowance_gpu_minutes * 60)
                 remaining.add_metric([ns], (status.remaining_gpu_minutes or 0.0) * 60)
-            for candidate in (BudgetState.IN_BUDGET, BudgetState.WARNING, BudgetState.OVER_BUDGET, BudgetState.UNLIMITED):
+            for candidate in (
+                BudgetState.IN_BUDGET,
+                BudgetState.WARNING,
+                BudgetState.OVER_BUDGET,
+                BudgetState.UNLIMITED,
+            ):
                 state.add_metric([ns, candidate.value], 1.0 if status.state is candidate else 0.0)
             info.add_metric([ns, status.kind, status.parent or "", status.limited_by or ""], 1.0)
         top = GaugeMetricFamily(
             "gpusharing_timekeeper_pod_gpu_seconds",
             f"GPU time billed to each of the {TOP_PODS} running pods that used the most (cumulative, since each started).",
-            labels=["namespace", "pod"], unit="gpu_seconds",
+            labels=["namespace", "pod"],
+            unit="gpu_seconds",
         )
         for pod in self.ledger.top_pods(TOP_PODS):
             top.add_metric([pod.namespace, pod.pod], pod.micro_gpu_seconds / 1_000_000)
@@ -175,7 +199,9 @@ class LedgerCollector(Collector):
         # GPU a pod is billed for instead of the whole device (docs/budgets.md, "Usage in cost tools").
         pod_labels = ["namespace", "pod", "uid"]
         share = GaugeMetricFamily(
-            "gpusharing_timekeeper_pod_billed_gpu_share", "The share of a GPU a running pod is billed for.", labels=pod_labels
+            "gpusharing_timekeeper_pod_billed_gpu_share",
+            "The share of a GPU a running pod is billed for.",
+            labels=pod_labels,
         )
         seconds = CounterMetricFamily(
             "gpusharing_timekeeper_pod_billed_gpu_seconds",
@@ -213,14 +239,17 @@ class LedgerCollector(Collector):
             "Of those, the pods idle beyond the warning of the idle policy in force (warned, or acted on and still running).",
             labels=["namespace"],
         )
-        for ns, (now_idle, beyond) in sorted(idle.idle_now(self.ledger.budgets.clock(), self.ledger.fresh_seconds).items()):
+        for ns, (now_idle, beyond) in sorted(
+            idle.idle_now(self.ledger.budgets.clock(), self.ledger.fresh_seconds).items()
+        ):
             pods.add_metric([ns], float(now_idle))
             warned.add_metric([ns], float(beyond))
         seconds = GaugeMetricFamily(
             "gpusharing_timekeeper_idle_gpu_seconds",
             "GPU time the namespace's pods were billed for in its current period while their GPU was idle (share x time "
             "x (1 - utilisation), where the meter read utilisation; raw, not weighted).",
-            labels=["namespace"], unit="gpu_seconds",
+            labels=["namespace"],
+            unit="gpu_seconds",
         )
         windows = [status.window for status in statuses if status.kind == "namespace"]
         use = idle.idle_use(min((w.start for w in windows), default=self.ledger.budgets.clock()).date())

@@ -153,14 +153,28 @@ def build_services(
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
-    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds, config.node_agents)
+    auth = Authenticator(
+        config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds, config.node_agents
+    )
     # Replicas answer the webhooks alike: what the controller published, what is left of each deadline reckoned by
     # the database's clock.
     commitments = PublishedCommitments(stores.database, stores.clock.now, config.reservation_seconds)
-    return Services(config, auth, stores.database, stores.budgets, ReservationStore(stores.budgets, config.reservation_seconds),
-                    stores.ledger, stores.idle, ReportQueue(stores.ledger), UtilisationLedger.of(stores.ledger), commitments,
-                    metrics.LedgerCollector(stores.ledger, commitments, stores.idle), head_revision(),
-                    WebhookListings(stores.database), stores.fair_share)
+    return Services(
+        config,
+        auth,
+        stores.database,
+        stores.budgets,
+        ReservationStore(stores.budgets, config.reservation_seconds),
+        stores.ledger,
+        stores.idle,
+        ReportQueue(stores.ledger),
+        UtilisationLedger.of(stores.ledger),
+        commitments,
+        metrics.LedgerCollector(stores.ledger, commitments, stores.idle),
+        head_revision(),
+        WebhookListings(stores.database),
+        stores.fair_share,
+    )
 
 
 def kube_api(config: TimekeeperConfig) -> KubeApi | None:
@@ -180,4 +194,6 @@ def kube_api(config: TimekeeperConfig) -> KubeApi | None:
         raise
     except (yaml.YAMLError, TypeError, AttributeError, ValueError) as exc:  # the client's reading of a malformed file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"the kubeconfig {config.kubeconfig} (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: {first}") from None
+        raise ConfigError(
+            f"the kubeconfig {config.kubeconfig} (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: {first}"
+        ) from None

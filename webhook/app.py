@@ -30,12 +30,16 @@ def create_app(
     config: WebhookConfig | None = None, budgets: BudgetStateCache | None = None, claims: ClaimLookup | None = None,
     jobs: JobLookup | None = None, callers: Callers | None = None, priorities: PriorityLookup | None = None,
 ) -> Flask:
-    """The app; `budgets` defaults to a poller of the timekeeper, `claims`, `jobs` and `priorities` to watches of the cluster,
-    `callers` to the client authentication the settings ask for; safe admission reserves with the timekeeper."""
+    """The app; `budgets` defaults to a poller of the timekeeper, `claims`, `jobs` and `priorities` to watches of the
+    cluster, `callers` to the client authentication the settings ask for; safe admission reserves with the
+    timekeeper."""
     config = config or WebhookConfig.from_env()
     if budgets is None:
         budgets = BudgetStateCache(
-            config.timekeeper_url, config.timekeeper_token_file, config.budget_refresh_seconds, metrics.record_budget_refresh,
+            config.timekeeper_url,
+            config.timekeeper_token_file,
+            config.budget_refresh_seconds,
+            metrics.record_budget_refresh,
         )
         budgets.start()
     if claims is None or jobs is None or priorities is None:
@@ -45,7 +49,9 @@ def create_app(
     reserve: Reserve = no_timekeeper
     if config.timekeeper_url:
         token_file = config.timekeeper_token_file
-        reserve = TimekeeperReservations(config.timekeeper_url, lambda: read_token(token_file), config.reservation_timeout_seconds)
+        reserve = TimekeeperReservations(
+            config.timekeeper_url, lambda: read_token(token_file), config.reservation_timeout_seconds
+        )
     app.extensions[REVIEWER] = Reviewer(config, callers or configured_callers(config), budgets, claims, jobs, reserve,
                                         threading.Lock(), priorities)
     # A stopping worker ends its poller first, so no line of it is cut off by the exit (or written unformatted).

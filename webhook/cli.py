@@ -30,14 +30,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.add_argument("--port", type=whole_number(1, 65535), default=env_int("GPUSHARING_WEBHOOK_PORT", 8443, 1))
     run.add_argument("--cert", default=os.environ.get("GPUSHARING_TLS_CERT"), help="PEM certificate (chain)")
     run.add_argument("--key", default=os.environ.get("GPUSHARING_TLS_KEY"), help="PEM private key")
-    run.add_argument("--workers", type=whole_number(1, MAX_WORKERS), default=env_int("GPUSHARING_WEBHOOK_WORKERS", 2, 1))
-    run.add_argument("--threads", type=whole_number(1, MAX_THREADS), default=env_int("GPUSHARING_WEBHOOK_THREADS", 8, 1))
+    run.add_argument(
+        "--workers", type=whole_number(1, MAX_WORKERS), default=env_int("GPUSHARING_WEBHOOK_WORKERS", 2, 1)
+    )
+    run.add_argument(
+        "--threads", type=whole_number(1, MAX_THREADS), default=env_int("GPUSHARING_WEBHOOK_THREADS", 8, 1)
+    )
     run.set_defaults(run=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     if not args.cert or not args.key:
-        raise ConfigError("the webhook serves TLS only: give --cert and --key (or GPUSHARING_TLS_CERT, GPUSHARING_TLS_KEY)")
+        raise ConfigError(
+            "the webhook serves TLS only: give --cert and --key (or GPUSHARING_TLS_CERT, GPUSHARING_TLS_KEY)"
+        )
     for path in (args.cert, args.key):
         if not os.path.isfile(path):
             raise ConfigError(f"cannot read {path}: no such file")
@@ -53,8 +59,14 @@ def _serve(args: argparse.Namespace) -> int:
     serve(
         "webhook.app:create_app",
         ServerOptions(
-            host=args.host, port=args.port, workers=args.workers, threads=args.threads, certfile=args.cert, keyfile=args.key,
-            client_ca_file=config.client_ca_file, malloc_arenas=MALLOC_ARENAS,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            threads=args.threads,
+            certfile=args.cert,
+            keyfile=args.key,
+            client_ca_file=config.client_ca_file,
+            malloc_arenas=MALLOC_ARENAS,
         ),
     )
     return 0

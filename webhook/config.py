@@ -19,7 +19,8 @@ from gpusharing.settings.meter import meter_interval_seconds
 
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 SIDECAR_MODES = ("native", "container")
-BILLING_SERVICE_ACCOUNT = "gpusharing-controller"  # the timekeeper's controller's ServiceAccount, in the webhook's namespace: it closes bills
+# the timekeeper's controller's ServiceAccount, in the webhook's namespace: it closes bills
+BILLING_SERVICE_ACCOUNT = "gpusharing-controller"
 CLUSTER_ADMINS = "system:masters"  # the group that may clear the billing finalizer of a stuck pod
 
 
@@ -80,8 +81,10 @@ class WebhookConfig:
         kubeconfig = environ.get("GPUSHARING_KUBECONFIG", "").strip() or environ.get("KUBECONFIG", "").strip() or None
         token_users = frozenset(env_list("GPUSHARING_CLIENT_TOKEN_USERS", (), environ))
         if token_users and not kubeconfig and not environ.get("KUBERNETES_SERVICE_HOST"):
-            raise ConfigError("GPUSHARING_CLIENT_TOKEN_USERS needs the Kubernetes API to verify tokens with TokenReview (in a "
-                              "cluster, or GPUSHARING_KUBECONFIG or KUBECONFIG)")
+            raise ConfigError(
+                "GPUSHARING_CLIENT_TOKEN_USERS needs the Kubernetes API to verify tokens with TokenReview (in a "
+                "cluster, or GPUSHARING_KUBECONFIG or KUBECONFIG)"
+            )
         return cls(
             gpu_request=gpu_request_settings(environ),
             meter=MeterSpec(
@@ -95,19 +98,28 @@ class WebhookConfig:
             ),
             own_namespace=own_namespace,
             exempt_namespaces=frozenset((*exempt, own_namespace)),
-            priority_class_in_budget=env_text("GPUSHARING_PRIORITY_CLASS_IN_BUDGET", cls.priority_class_in_budget, environ),
+            priority_class_in_budget=env_text(
+                "GPUSHARING_PRIORITY_CLASS_IN_BUDGET", cls.priority_class_in_budget, environ
+            ),
             priority_class_over_budget=env_text(
                 "GPUSHARING_PRIORITY_CLASS_OVER_BUDGET", cls.priority_class_over_budget, environ
             ),
             allowed_priority_classes=frozenset(env_list("GPUSHARING_ALLOWED_PRIORITY_CLASSES", (), environ)),
             timekeeper_url=timekeeper_url,
             timekeeper_token_file=environ.get("GPUSHARING_TIMEKEEPER_TOKEN_FILE", "").strip() or None,
-            budget_refresh_seconds=env_float("GPUSHARING_BUDGET_REFRESH_SECONDS", DEFAULT_BUDGET_REFRESH_SECONDS,
-                                             MIN_BUDGET_REFRESH_SECONDS, environ, maximum=MAX_BUDGET_REFRESH_SECONDS),
+            budget_refresh_seconds=env_float(
+                "GPUSHARING_BUDGET_REFRESH_SECONDS",
+                DEFAULT_BUDGET_REFRESH_SECONDS,
+                MIN_BUDGET_REFRESH_SECONDS,
+                environ,
+                maximum=MAX_BUDGET_REFRESH_SECONDS,
+            ),
             kubeconfig=kubeconfig,
             client_ca_file=environ.get("GPUSHARING_CLIENT_CA_FILE", "").strip() or None,
             client_token_users=token_users,
             reservation_timeout_seconds=env_float("GPUSHARING_RESERVATION_TIMEOUT_SECONDS", 2.0, 0.05, environ),
             billing_finalizer=env_flag("GPUSHARING_BILLING_FINALIZER", True, environ),
-            billing_accounts=frozenset(env_list("GPUSHARING_BILLING_ACCOUNTS", (billing_account(own_namespace),), environ)),
+            billing_accounts=frozenset(
+                env_list("GPUSHARING_BILLING_ACCOUNTS", (billing_account(own_namespace),), environ)
+            ),
         )

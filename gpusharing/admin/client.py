@@ -8,7 +8,14 @@ import os
 import urllib.parse
 from typing import Any
 
-from gpusharing.admin.cluster import SYSTEM_NAMESPACE, Cluster, ClusterRefused, ServiceProxy, is_kubernetes_status, status_message
+from gpusharing.admin.cluster import (
+    SYSTEM_NAMESPACE,
+    Cluster,
+    ClusterRefused,
+    ServiceProxy,
+    is_kubernetes_status,
+    status_message,
+)
 from gpusharing.serving.jsonhttp import Answer, JsonClient, Unreachable
 from gpusharing.settings.env import env_url
 
@@ -74,7 +81,9 @@ class TimekeeperClient:
         except ClusterRefused as exc:
             raise Refused(str(exc)) from None
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None) -> Any:
+    def call(
+        self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None
+    ) -> Any:
         if self._token_pending:
             self._cluster_token()
         try:
@@ -88,7 +97,9 @@ class TimekeeperClient:
                            f"{self._proxy_hint(answer)}")
         if answer.status == 401:
             if self.token is None:
-                hint = "give a token with --token or TIMEKEEPER_TOKEN" + (f" ({self._no_token})" if self._no_token else "")
+                hint = "give a token with --token or TIMEKEEPER_TOKEN" + (
+                    f" ({self._no_token})" if self._no_token else ""
+                )
             else:
                 hint = "the token given (--token or TIMEKEEPER_TOKEN) was not accepted"
             raise Refused(f"the timekeeper refused (401): {answer.message}: {hint}")

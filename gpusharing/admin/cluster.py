@@ -40,7 +40,8 @@ KUBECONFIG_SHAPE = "a YAML mapping of clusters, users and contexts, as `kubectl 
 
 
 class ClusterRefused(Exception):
-    """The API server could not be reached, or refused the context's credentials; the message is a sentence for the user."""
+    """The API server could not be reached, or refused the context's credentials; the message is a sentence for the
+    user."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ class Cluster:
         path = path or os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
         files = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
         if not any(os.path.exists(f) for f in files):
-            raise ConfigError(f"no kubeconfig at {path}: give one with --kubeconfig or KUBECONFIG (the file kubectl uses)")
+            raise ConfigError(
+                f"no kubeconfig at {path}: give one with --kubeconfig or KUBECONFIG (the file kubectl uses)"
+            )
         configuration = client.Configuration()
         configuration.retries = False  # as kubectl: an unreachable server is said at once, not after retries
         errors: list[str] = []
@@ -70,8 +73,12 @@ class Cluster:
                 contexts, current = config.list_kube_config_contexts(config_file=path)
                 chosen = next((c for c in contexts if c["name"] == context), None) if context else current
                 if chosen is not None:
-                    config.load_kube_config(config_file=path, context=chosen["name"], client_configuration=configuration,
-                                            persist_config=False)
+                    config.load_kube_config(
+                        config_file=path,
+                        context=chosen["name"],
+                        client_configuration=configuration,
+                        persist_config=False,
+                    )
         except ConfigException as exc:
             raise ConfigError(f"cannot use the kubeconfig {path}: {_first_line(exc)}") from None
         except yaml.YAMLError as exc:
@@ -120,7 +127,9 @@ class Cluster:
         """The timekeeper's API through the API server's service proxy."""
         return ServiceProxy(self, f"/api/v1/namespaces/{system_namespace}/services/{TIMEKEEPER_SERVICE}/proxy")
 
-    def timekeeper_token(self, system_namespace: str = SYSTEM_NAMESPACE, service_account: str = BUDGET_ADMIN) -> tuple[str | None, str]:
+    def timekeeper_token(
+        self, system_namespace: str = SYSTEM_NAMESPACE, service_account: str = BUDGET_ADMIN
+    ) -> tuple[str | None, str]:
         """A short-lived token of `service_account` for the timekeeper's audience (what `kubectl create token`
         makes), or None and the API server's reason when the context may not have one."""
         request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
@@ -130,7 +139,10 @@ class Cluster:
         token = (answer.json() or {}).get("status", {}).get("token") if answer.status == 201 else None
         if isinstance(token, str) and token:
             return token, ""
-        return None, f"no token of ServiceAccount {system_namespace}/{service_account} ({answer.status}: {answer.message})"
+        return (
+            None,
+            f"no token of ServiceAccount {system_namespace}/{service_account} ({answer.status}: {answer.message})",
+        )
 
     def _unreachable(self, exc: BaseException, timeout: float) -> str:
         cause, through_proxy = _root_cause(exc)

@@ -34,7 +34,15 @@ from gpusharing.admin.output import (
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.listing import ListingError, listing_of
-from gpusharing.settings.arguments import budget_name, gpu_minutes, group_name, http_url, namespace, percents, whole_number
+from gpusharing.settings.arguments import (
+    budget_name,
+    gpu_minutes,
+    group_name,
+    http_url,
+    namespace,
+    percents,
+    whole_number,
+)
 from gpusharing.usage_report import UsageRequestError, usage_csv, usage_request
 
 PERIODS = tuple(period.value for period in Period)
@@ -105,7 +113,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     actions = budget.add_subparsers(dest="budget_command", required=True, metavar="COMMAND")
 
-    set_ = actions.add_parser("set", help="change a namespace's or a group's budget: only what is named", epilog=EXAMPLES["set"], **sub)
+    set_ = actions.add_parser(
+        "set", help="change a namespace's or a group's budget: only what is named", epilog=EXAMPLES["set"], **sub
+    )
     set_.add_argument("namespace", type=budget_name, metavar="NAME", help="a namespace, or a group (team.vision)")
     limit = set_.add_mutually_exclusive_group()
     limit.add_argument("--gpu-minutes", type=gpu_minutes, help="GPU-minutes per period (0 allows nothing)")
@@ -120,8 +130,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="percents of the budget that warn, once per period (default 80,95; '' for none)")
     set_.add_argument("--admission", choices=ADMISSION_MODES,
                       help="how GPU pods are admitted (docs/safe-admission.md): open (the default), safe or strict")
-    set_.add_argument("--on-shortfall", choices=SHORTFALLS,
-                      help="what safe admission does with a pod the budget cannot cover: demote (the default) or refuse")
+    set_.add_argument(
+        "--on-shortfall",
+        choices=SHORTFALLS,
+        help="what safe admission does with a pod the budget cannot cover: demote (the default) or refuse",
+    )
     set_.set_defaults(run=_budget_set)
 
     get = actions.add_parser("get", help="show a namespace's or a group's status", **sub)
@@ -144,20 +157,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rm.add_argument("namespace", type=budget_name, metavar="NAME")
     rm.set_defaults(run=_budget_rm)
 
-    changes = actions.add_parser("changes", help="the audit log of a namespace's budget: every set, top-up and removal", **sub)
+    changes = actions.add_parser(
+        "changes", help="the audit log of a namespace's budget: every set, top-up and removal", **sub
+    )
     changes.add_argument("namespace", type=budget_name, metavar="NAME")
     changes.set_defaults(run=_budget_changes)
 
-    pods = subparsers.add_parser("pods", help="GPU pods as the meters report them: share, GPU time, memory", epilog=EXAMPLES["pods"], **sub)
-    pods.add_argument("--over-memory", action="store_true", help="only running pods using more GPU memory than they asked for")
-    pods.add_argument("--limit", type=whole_number(1, MAX_PODS), default=500, help=f"at most this many (1 to {MAX_PODS:,}, default 500)")
+    pods = subparsers.add_parser(
+        "pods", help="GPU pods as the meters report them: share, GPU time, memory", epilog=EXAMPLES["pods"], **sub
+    )
+    pods.add_argument(
+        "--over-memory", action="store_true", help="only running pods using more GPU memory than they asked for"
+    )
+    pods.add_argument(
+        "--limit",
+        type=whole_number(1, MAX_PODS),
+        default=500,
+        help=f"at most this many (1 to {MAX_PODS:,}, default 500)",
+    )
     pods.set_defaults(run=_pods)
 
     explain = subparsers.add_parser("explain", help="why a pod got its GPU share, priority class and budget state",
                                     epilog=EXAMPLES["explain"], **sub)
     explain.add_argument("pod", type=pod_name, metavar="pod/NAME")
     explain.set_defaults(run=_explain)
-    usage = subparsers.add_parser("usage", help="GPU usage between two days, grouped, as a table, CSV or JSON", epilog=EXAMPLES["usage"], **sub)
+    usage = subparsers.add_parser(
+        "usage", help="GPU usage between two days, grouped, as a table, CSV or JSON", epilog=EXAMPLES["usage"], **sub
+    )
     usage.add_argument("--from", dest="start", required=True, metavar="YYYY-MM-DD", help="the first UTC day counted")
     usage.add_argument("--to", dest="end", required=True, metavar="YYYY-MM-DD", help="the first UTC day not counted")
     usage.add_argument("--by", default="namespace", metavar="KEYS",
@@ -169,16 +195,30 @@ def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument("--timekeeper", type=http_url, default=default, metavar="URL",
                         help=f"the timekeeper's URL ({URL_ENV}; else, as a kubectl plugin or with --kubeconfig or "
                         f"--context, the API server's service proxy; else {DEFAULT_URL})")
-    parser.add_argument("--token", default=default, help=f"bearer token for the timekeeper ({TOKEN_ENV}; else, through a "
-                        f"kubeconfig, a token of ServiceAccount {SYSTEM_NAMESPACE}/{BUDGET_ADMIN} when the context may make one)")
-    parser.add_argument("--kubeconfig", default=default, metavar="FILE", help="kubeconfig file (KUBECONFIG, else ~/.kube/config)")
+    parser.add_argument(
+        "--token",
+        default=default,
+        help=f"bearer token for the timekeeper ({TOKEN_ENV}; else, through a "
+        f"kubeconfig, a token of ServiceAccount {SYSTEM_NAMESPACE}/{BUDGET_ADMIN} when the context may make one)",
+    )
+    parser.add_argument(
+        "--kubeconfig", default=default, metavar="FILE", help="kubeconfig file (KUBECONFIG, else ~/.kube/config)"
+    )
     parser.add_argument("--context", default=default, help="the kubeconfig's context (default: its current one)")
     parser.add_argument("--system-namespace", type=namespace, default=default, metavar="NS",
                         help=f"where kube-gpusharing is installed (default {SYSTEM_NAMESPACE})")
     parser.add_argument("-n", "--namespace", dest="selected_namespace", type=namespace, default=default, metavar="NS",
                         help="only this namespace (explain: the pod's; default the context's)")
-    parser.add_argument("-A", "--all-namespaces", action="store_true", default=default, help="every namespace (the default of ls and pods)")
-    parser.add_argument("-o", "--output", choices=OUTPUTS, default=default, help="table (default), wide, json, yaml, or csv (usage)")
+    parser.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        default=default,
+        help="every namespace (the default of ls and pods)",
+    )
+    parser.add_argument(
+        "-o", "--output", choices=OUTPUTS, default=default, help="table (default), wide, json, yaml, or csv (usage)"
+    )
 
 
 def pod_name(raw: str) -> str:
@@ -191,7 +231,9 @@ def pod_name(raw: str) -> str:
     return name
 
 
-def _command(run: Callable[[TimekeeperClient, argparse.Namespace], None], cluster_needed: bool = False) -> Callable[[argparse.Namespace], int]:
+def _command(
+    run: Callable[[TimekeeperClient, argparse.Namespace], None], cluster_needed: bool = False
+) -> Callable[[argparse.Namespace], int]:
     """Runs a command against the timekeeper; a refusal is one line on stderr and its exit status."""
 
     def wrapped(args: argparse.Namespace) -> int:
@@ -272,7 +314,13 @@ def _budget_rm(api: TimekeeperClient, args: argparse.Namespace) -> None:
     if status is None:
         emit(args, {"removed": args.namespace}, lambda _wide: f"removed the group budget {args.namespace}")
         return
-    emit(args, status, lambda wide: f"removed the budget of {args.namespace}; it now has the default:\n{format_statuses([status], wide)}")
+    emit(
+        args,
+        status,
+        lambda wide: (
+            f"removed the budget of {args.namespace}; it now has the default:\n{format_statuses([status], wide)}"
+        ),
+    )
 
 
 @_command
@@ -295,7 +343,13 @@ def _explain_pod(api: TimekeeperClient, args: argparse.Namespace) -> None:
     assert api.cluster is not None
     namespace = getattr(args, "selected_namespace", None) or api.cluster.namespace
     pod = api.pod(namespace, args.pod)
-    explanation: dict[str, Any] = {"pod": pod_record(pod), "namespace": None, "metering": None, "idle": None, "preemptedFor": None}
+    explanation: dict[str, Any] = {
+        "pod": pod_record(pod),
+        "namespace": None,
+        "metering": None,
+        "idle": None,
+        "preemptedFor": None,
+    }
     problem = None
     if explanation["pod"]["governed"]:
         try:

@@ -38,7 +38,11 @@ def emit(args: argparse.Namespace, data: Any, table: Callable[[bool], str]) -> N
 def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
     """What governs a pod, from the API server's copy: the webhook's record, the priority it got, its meter."""
     metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    record = {k[len(ANNOTATION_PREFIX):]: v for k, v in (metadata.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)}
+    record = {
+        k[len(ANNOTATION_PREFIX) :]: v
+        for k, v in (metadata.get("annotations") or {}).items()
+        if k.startswith(ANNOTATION_PREFIX)
+    }
     meters = [("native sidecar", c) for c in spec.get("initContainers") or [] if c.get("name") == "gpusharing-meter"]
     meters += [("container", c) for c in spec.get("containers") or [] if c.get("name") == "gpusharing-meter"]
     owner = controller_of(pod)
@@ -63,15 +67,23 @@ def idle_of(
     in_force = None if listed is None else listed.idle_in_force
     rule = None if in_force is None else idle_policy_from_json(in_force.rule().to_json())
     policy = None if rule is None or in_force is None else PolicyInForce(rule, in_force.source or "")
-    streak = Streak(instant(ledger.get("idleSince")), instant(ledger.get("idleWarnedAt")), instant(ledger.get("idleActedAt")))
+    streak = Streak(
+        instant(ledger.get("idleSince")), instant(ledger.get("idleWarnedAt")), instant(ledger.get("idleActedAt"))
+    )
     source = UtilisationSource(ledger.get("utilisationSource") or UtilisationSource.METER)
     # A meter's silence is the leader's to judge, by the meters' interval it knows: a meter it flagged is silent, else
     # fresh; the node's (or Prometheus's) reading says until when it is fresh.
     node_word = source is not UtilisationSource.METER
-    reading = Reading(ledger.get("gpuUtilizationPercent"), instant(ledger.get("utilisationAt") or ledger.get("lastReportAt")),
-                      source, instant(ledger.get("utilisationFreshUntil")) if node_word else None)
+    reading = Reading(
+        ledger.get("gpuUtilizationPercent"),
+        instant(ledger.get("utilisationAt") or ledger.get("lastReportAt")),
+        source,
+        instant(ledger.get("utilisationFreshUntil")) if node_word else None,
+    )
     fresh = 0.0 if ledger.get("meterSilentSince") and not node_word else float("inf")
-    judged = verdict(streak, reading, policy, PodFacts(instant(pod.get("startTime")), pod.get("idleExempt", False)), now, fresh)
+    judged = verdict(
+        streak, reading, policy, PodFacts(instant(pod.get("startTime")), pod.get("idleExempt", False)), now, fresh
+    )
     owner = pod.get("owner") or {}
     holds = () if listed is None else listed.idle_holds
     held = next((hold for hold in holds if hold.uid == owner.get("uid")), None)
@@ -168,7 +180,8 @@ def _path_table(path: list[FairShareLevel]) -> str:
     return format_table(["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"], rows)
 
 
-PREEMPTED_BY = re.compile(r"Preempted by pod ([0-9A-Za-z-]{1,64}) ")  # kube-scheduler's message names the preemptor's UID
+# kube-scheduler's message names the preemptor's UID
+PREEMPTED_BY = re.compile(r"Preempted by pod ([0-9A-Za-z-]{1,64}) ")
 
 
 @dataclass(frozen=True)
@@ -183,11 +196,20 @@ class Preemptor:
 def preemptor(events: list[dict[str, Any]]) -> Preemptor | None:
     """From a pod's Events, the last that says whom it was preempted or evicted for; None: none does."""
     def when(event: dict[str, Any]) -> str:
-        return str(event.get("lastTimestamp") or event.get("eventTime") or (event.get("metadata") or {}).get("creationTimestamp") or "")
+        return str(
+            event.get("lastTimestamp")
+            or event.get("eventTime")
+            or (event.get("metadata") or {}).get("creationTimestamp")
+            or ""
+        )
 
     for event in sorted(events, key=when, reverse=True):
         related = event.get("related") or {}
-        if event.get("reason") == "GPUFairShare" and related.get("kind") == "Namespace" and isinstance(related.get("name"), str):
+        if (
+            event.get("reason") == "GPUFairShare"
+            and related.get("kind") == "Namespace"
+            and isinstance(related.get("name"), str)
+        ):
             return Preemptor(namespace=related["name"])
         if event.get("reason") == "Preempted":
             named = PREEMPTED_BY.match(str(event.get("message") or ""))
@@ -201,8 +223,15 @@ def _compared(namespace: str, path: list[FairShareLevel], preempted: dict[str, A
     """The preempting namespace's path beside the pod's, and the level where they part (`sshare -l` of both)."""
     other = preempted.get("namespace")
     if other is None:
-        return _fields([("Preempted for", f"pod {preempted.get('podUid')}, of a namespace whose figures are not yours to read "
-                                          "(or of none the timekeeper accounts)")])
+        return _fields(
+            [
+                (
+                    "Preempted for",
+                    f"pod {preempted.get('podUid')}, of a namespace whose figures are not yours to read "
+                    "(or of none the timekeeper accounts)",
+                )
+            ]
+        )
     theirs = _path(_status(preempted.get("status")))
     if not theirs:
         why = ("its figures are not yours to read" if preempted.get("status") is None else "it is not ranked")
@@ -244,8 +273,12 @@ def _billing(ledger: dict[str, Any] | None) -> list[tuple[str, str]]:
               + (f", ended {ledger['endedAt']}" if ledger.get("endedAt") else ""))
     if metered > observed:
         source += "; the meter reported more, which counts"
-    meter = ("no report yet" if ledger.get("lastReportAt") is None else
-             f"{_minutes(metered / 60)} GPU-minutes, last report {ledger['lastReportAt']}" + (" (final)" if ledger.get("final") else ""))
+    meter = (
+        "no report yet"
+        if ledger.get("lastReportAt") is None
+        else f"{_minutes(metered / 60)} GPU-minutes, last report {ledger['lastReportAt']}"
+        + (" (final)" if ledger.get("final") else "")
+    )
     if ledger.get("meterSilentSince"):
         meter += (f"; SILENT since {ledger['meterSilentSince']}: billed from the record all the same, its utilisation "
                   "and memory unknown")
@@ -311,8 +344,12 @@ def format_usage(report: dict[str, Any]) -> str:
 
 def _usage_amounts(amounts: dict[str, Any]) -> list[str]:
     idle, cost = amounts["idleGpuMinutes"], amounts.get("idleBilledGpuMinutes")
-    return [_minutes(amounts["gpuMinutes"]), _minutes(amounts["billedGpuMinutes"]), "-" if idle is None else _minutes(idle),
-            "-" if cost is None else _minutes(cost)]
+    return [
+        _minutes(amounts["gpuMinutes"]),
+        _minutes(amounts["billedGpuMinutes"]),
+        "-" if idle is None else _minutes(idle),
+        "-" if cost is None else _minutes(cost),
+    ]
 
 
 STATUS_COLUMNS = ["NAMESPACE", "BUDGET", "USED", "REMAINING", "STATE", "PERIOD", "EVICT", "PERIOD END"]
@@ -351,7 +388,9 @@ def format_listing(listing: Mapping[str, Any], wide: bool = False) -> str:
 
 
 def format_changes(changes: Sequence[dict[str, Any]]) -> str:
-    rows = [[change["changedAt"], change["action"], change["actor"], _before(change), _after(change)] for change in changes]
+    rows = [
+        [change["changedAt"], change["action"], change["actor"], _before(change), _after(change)] for change in changes
+    ]
     return format_table(["CHANGED AT", "ACTION", "BY", "BEFORE", "AFTER"], rows)
 
 
@@ -362,7 +401,9 @@ def format_pods(pods: Sequence[dict[str, Any]], wide: bool = False) -> str:
                _mib(pod["gpuMemoryUsedMiB"]), _mib(pod["gpuMemoryRequestedMiB"]), _mib(pod["gpuMemoryOverRequestMiB"]),
                "-" if pod["gpuUtilizationPercent"] is None else f"{pod['gpuUtilizationPercent']:g}%",
                pod["lastReportAt"], "yes" if pod["final"] else "no"]
-        rows.append(row + ([pod["podUid"], str(pod["seq"]), pod["firstReportAt"], pod.get("idleSince") or "-"] if wide else []))
+        rows.append(
+            row + ([pod["podUid"], str(pod["seq"]), pod["firstReportAt"], pod.get("idleSince") or "-"] if wide else [])
+        )
     columns = ["POD", "SHARE", "GPU-MINUTES", "MEMORY USED", "REQUESTED", "OVER", "GPU UTIL", "LAST REPORT", "ENDED"]
     return format_table(columns + (["UID", "REPORTS", "FIRST REPORT", "IDLE SINCE"] if wide else []), rows)
 

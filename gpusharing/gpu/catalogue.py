@@ -40,7 +40,8 @@ class CatalogueError(ValueError):
 
 
 def product_label(name: str) -> str:
-    """The `nvidia.com/gpu.product` label the GPU operator gives a node with this model (as it sanitises NVML's name)."""
+    """The `nvidia.com/gpu.product` label the GPU operator gives a node with this model (as it sanitises NVML's
+    name)."""
     return "-".join(re.sub(r"[^A-Za-z0-9_. -]", "", name).split())
 
 
@@ -73,7 +74,9 @@ class GpuCatalogue:
     def by_type(self, types: str) -> list[GpuModel]:
         """The models HAMi's `nvidia.com/use-gputype` allows: a comma-separated list, each entry a case-insensitive
         part of the model's name (HAMi's own rule: "A100" allows every A100)."""
-        wanted = [t.strip().upper() for t in types.split(",", MAX_NAMED)[:MAX_NAMED] if t.strip() and len(t) <= MAX_LABEL]
+        wanted = [
+            t.strip().upper() for t in types.split(",", MAX_NAMED)[:MAX_NAMED] if t.strip() and len(t) <= MAX_LABEL
+        ]
         return [m for m in self.models if any(w in m.name.upper() or w in m.product.upper() for w in wanted)]
 
     @cached_property
@@ -85,7 +88,8 @@ class GpuCatalogue:
         return self._names.get(name) or self.by_product(product_label(name[:MAX_LABEL * 2]))
 
     def weight_of(self, name: str | None) -> int:
-        """The billing weight of the model a pod was recorded on (the default model's for a name the catalogue lacks)."""
+        """The billing weight of the model a pod was recorded on (the default model's for a name the catalogue
+        lacks)."""
         model = self.by_name(name) if name else None
         return (model or self.default).billing_weight
 
@@ -113,7 +117,9 @@ def catalogue_from_env(environ: Mapping[str, str]) -> GpuCatalogue:
     path = environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()
     memory = environ.get("GPUSHARING_DEVICE_MEMORY_MIB", "").strip()
     if path and memory:
-        raise ConfigError("set GPUSHARING_GPU_MODELS_FILE or GPUSHARING_DEVICE_MEMORY_MIB, not both: the catalogue names its default model")
+        raise ConfigError(
+            "set GPUSHARING_GPU_MODELS_FILE or GPUSHARING_DEVICE_MEMORY_MIB, not both: the catalogue names its default model"
+        )
     if path:
         try:
             return load_catalogue(Path(path))
@@ -140,26 +146,39 @@ def catalogue_from(document: object, where: str) -> GpuCatalogue:
     products: dict[str, GpuModel] = {}
     for model in models:
         if model.product in products:
-            raise CatalogueError(f"{where}: {model.name!r} and {products[model.product].name!r} are the same model ({model.product})")
+            raise CatalogueError(
+                f"{where}: {model.name!r} and {products[model.product].name!r} are the same model ({model.product})"
+            )
         products[model.product] = model
     default_name = document.get("default")
     default = next((m for m in models if m.name == default_name), None)
     if default is None:
-        raise CatalogueError(f"{where}: `default` must be the name of one of the models, got {shortened(str(default_name))!r}")
+        raise CatalogueError(
+            f"{where}: `default` must be the name of one of the models, got {shortened(str(default_name))!r}"
+        )
     return GpuCatalogue(models, default)
 
 
 def _model(entry: Any, where: str) -> GpuModel:
-    if not isinstance(entry, Mapping) or not {"name", "memoryMiB"} <= set(entry) <= {"name", "memoryMiB", "migComputeSlices", "billingWeight"}:
+    if not isinstance(entry, Mapping) or not {"name", "memoryMiB"} <= set(entry) <= {
+        "name",
+        "memoryMiB",
+        "migComputeSlices",
+        "billingWeight",
+    }:
         raise CatalogueError(
             f"{where}: expected `name`, `memoryMiB` and optionally `migComputeSlices` and `billingWeight`, got {shortened(str(entry))}"
         )
     name, memory, slices = entry["name"], entry["memoryMiB"], entry.get("migComputeSlices", 7)
     # Beginning with a letter or digit, as NVIDIA's names do: usage reports' CSV cells then never read as formulas.
     if not isinstance(name, str) or not product_label(name) or not name[:1].isalnum() or not name.isprintable():
-        raise CatalogueError(f"{where}: `name` must be the model's name as NVIDIA reports it, got {shortened(str(name))!r}")
+        raise CatalogueError(
+            f"{where}: `name` must be the model's name as NVIDIA reports it, got {shortened(str(name))!r}"
+        )
     if isinstance(memory, bool) or not isinstance(memory, int) or not 1 <= memory <= 2**30:
-        raise CatalogueError(f"{where}: `memoryMiB` of {name!r} must be a whole number of MiB, got {shortened(str(memory))!r}")
+        raise CatalogueError(
+            f"{where}: `memoryMiB` of {name!r} must be a whole number of MiB, got {shortened(str(memory))!r}"
+        )
     if slices not in MIG_COMPUTE_SLICES or isinstance(slices, bool):
         raise CatalogueError(f"{where}: `migComputeSlices` of {name!r} must be 7 or 4, got {shortened(str(slices))!r}")
     try:
@@ -193,7 +212,9 @@ def pod_models(pod: Mapping[str, Any], catalogue: GpuCatalogue, read_gpu_type: b
     if read_gpu_type and isinstance(gpu_type, str) and gpu_type.strip():
         by_type = catalogue.by_type(gpu_type)
         if not by_type:
-            warnings.append(f"annotation {HAMI_USE_GPU_TYPE}={shortened(gpu_type)!r} names no model of the GPU model catalogue")
+            warnings.append(
+                f"annotation {HAMI_USE_GPU_TYPE}={shortened(gpu_type)!r} names no model of the GPU model catalogue"
+            )
     if by_label and by_type:
         both = [m for m in by_label if m in by_type]
         candidates = both or by_label  # the node constraint is the scheduler's: it wins
@@ -212,7 +233,11 @@ def _required_products(spec: Mapping[str, Any]) -> list[str] | None:
     selected = as_mapping(spec.get("nodeSelector")).get(PRODUCT_LABEL)
     if isinstance(selected, str):
         allowed = {selected}
-    required = as_mapping(as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    required = as_mapping(
+        as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity")).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+    )
     terms = required.get("nodeSelectorTerms")
     if isinstance(terms, list) and terms:
         # Terms are alternatives: the pod is bound to listed products only if every term lists some.

@@ -57,7 +57,12 @@ def claimed_gpus(
     """Per claim of the pod, its requests' GPU alternatives (requests of no GPU class left out)."""
     claims = pod_claims(as_mapping(pod.get("spec")))
     if len(claims) > MAX_POD_CLAIMS:
-        errors.add("pod", "spec.resourceClaims", None, f"has {len(claims)} resource claims, more than the {MAX_POD_CLAIMS} the webhook reads")
+        errors.add(
+            "pod",
+            "spec.resourceClaims",
+            None,
+            f"has {len(claims)} resource claims, more than the {MAX_POD_CLAIMS} the webhook reads",
+        )
         return []
     namespace = str(as_mapping(pod.get("metadata")).get("namespace") or "")
     found = []
@@ -79,7 +84,12 @@ def claimed_gpus(
                     except InvalidMigProfile as exc:
                         errors.add(subject, f"request {shortened(request.name)!r}", alternative.mig_profile, str(exc))
                 if alternative.count is not None and alternative.count > MAX_GPU_SHARE:
-                    errors.add(subject, f"request {shortened(request.name)!r}", alternative.count, f"asks for {alternative.count} GPUs, {TOO_MANY_DEVICES}")
+                    errors.add(
+                        subject,
+                        f"request {shortened(request.name)!r}",
+                        alternative.count,
+                        f"asks for {alternative.count} GPUs, {TOO_MANY_DEVICES}",
+                    )
             if gpus:
                 requests.append((request.name, gpus))
         if requests:
@@ -99,8 +109,12 @@ def price_claim(
             if alternative.mig_profile is not None:
                 mig = parse_profile(alternative.mig_profile)
                 share = devices * mig.share(model.mig_compute_slices, model.memory_mib)
-                options.append(ClaimGpuRequest(claim, name, alternative.device_class, devices, mig.memory_mib, share, mig.profile))
+                options.append(
+                    ClaimGpuRequest(claim, name, alternative.device_class, devices, mig.memory_mib, share, mig.profile)
+                )
             else:
-                options.append(ClaimGpuRequest(claim, name, alternative.device_class, devices, model.memory_mib, Decimal(devices)))
+                options.append(
+                    ClaimGpuRequest(claim, name, alternative.device_class, devices, model.memory_mib, Decimal(devices))
+                )
         priced.append(max(options, key=lambda o: o.share))
     return priced

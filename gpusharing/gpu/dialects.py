@@ -144,7 +144,12 @@ def _vcuda_core_limit(pod: Mapping[str, Any], errors: Errors, warnings: list[str
         return None
     # gpu-manager reads it with strconv.Atoi and cannot start the container otherwise.
     if not isinstance(raw, str) or not raw.strip().isdigit() or len(raw.strip()) > 9:
-        errors.add("annotation", VCUDA_CORE_LIMIT, raw, "must be a whole percentage: gpu-manager cannot start the pod's containers otherwise")
+        errors.add(
+            "annotation",
+            VCUDA_CORE_LIMIT,
+            raw,
+            "must be a whole percentage: gpu-manager cannot start the pod's containers otherwise",
+        )
         return None
     value = int(raw.strip())
     if value > 100:
@@ -171,20 +176,31 @@ def _gpu_manager_container(c: Container, errors: Errors, limit: Decimal | None) 
         return None
     if core >= 100:
         if core % 100:
-            errors.add(c.subject, VCUDA_CORE, core_raw, "above 99 must be a multiple of 100 (whole GPUs): use 100, 200, ...")
+            errors.add(
+                c.subject, VCUDA_CORE, core_raw, "above 99 must be a multiple of 100 (whole GPUs): use 100, 200, ..."
+            )
             return None
         return ContainerAsk(c, core // 100, DeviceAsk(Decimal(1)))
     if not units:
-        errors.add(c.subject, VCUDA_CORE, core_raw, f"a fraction of a GPU needs {VCUDA_MEMORY} too (units of {VCUDA_MEMORY_UNIT_MIB} MiB)")
+        errors.add(
+            c.subject,
+            VCUDA_CORE,
+            core_raw,
+            f"a fraction of a GPU needs {VCUDA_MEMORY} too (units of {VCUDA_MEMORY_UNIT_MIB} MiB)",
+        )
         return None
-    memory = DeviceAsk(percent(core), memory_mib=units * VCUDA_MEMORY_UNIT_MIB, source=Source(c.subject, VCUDA_MEMORY, memory_raw))
+    memory = DeviceAsk(
+        percent(core), memory_mib=units * VCUDA_MEMORY_UNIT_MIB, source=Source(c.subject, VCUDA_MEMORY, memory_raw)
+    )
     return ContainerAsk(c, 1, memory, compute_limit=limit)
 
 
 # ---- HAMi (pkg/scheduler/webhook.go, pkg/device/nvidia/device.go) --------------------------------------------------
 
 
-def read_hami(pod: Mapping[str, Any], containers: list[Container], hami: HamiSettings, errors: Errors) -> DialectReading:
+def read_hami(
+    pod: Mapping[str, Any], containers: list[Container], hami: HamiSettings, errors: Errors
+) -> DialectReading:
     reading = DialectReading()
     mode = _annotations(pod).get(HAMI_VGPU_MODE)
     modes = str(mode) if mode is not None else ""
@@ -220,11 +236,23 @@ def _hami_container(
 ) -> ContainerAsk | None:
     before = len(errors)
     sharing = [key for key in hami.sharing_keys if key in c.values]
-    count = read_devices(errors, c.subject, hami.count, c.values.get(hami.count), 0, "must be a whole number of devices")
-    memory = whole(errors, c.subject, hami.memory, c.values.get(hami.memory), 0, None, "must be a whole number of MiB per device")
+    count = read_devices(
+        errors, c.subject, hami.count, c.values.get(hami.count), 0, "must be a whole number of devices"
+    )
+    memory = whole(
+        errors, c.subject, hami.memory, c.values.get(hami.memory), 0, None, "must be a whole number of MiB per device"
+    )
     percentage = whole(errors, c.subject, hami.memory_percentage, c.values.get(hami.memory_percentage), 0, 100,
                        "must be a whole percentage of each device's memory, 0 to 100")
-    cores = whole(errors, c.subject, hami.cores, c.values.get(hami.cores), 0, None, "must be a whole percentage of each device's compute")
+    cores = whole(
+        errors,
+        c.subject,
+        hami.cores,
+        c.values.get(hami.cores),
+        0,
+        None,
+        "must be a whole percentage of each device's compute",
+    )
     if len(errors) > before:
         return None
     if count is None:
@@ -232,22 +260,32 @@ def _hami_container(
     if count == 0:
         return None  # HAMi allocates nothing for 0 devices, whatever else is set
     if cores is not None and cores > 100:
-        warnings.append(f"{c.subject}: {hami.cores}={cores} is more than 100: HAMi grants 100 (the whole device's compute)")
+        warnings.append(
+            f"{c.subject}: {hami.cores}={cores} is more than 100: HAMi grants 100 (the whole device's compute)"
+        )
         cores = 100
     # 0 means "not set" for memory and percentage (HAMi reads 0 MiB as no limit); memory in MiB wins over a percentage.
     if memory and percentage:
         warnings.append(f"{c.subject}: {hami.memory_percentage} is ignored: HAMi uses {hami.memory} when both are set")
     if memory:
-        ask = DeviceAsk(None, memory_mib=memory * hami.memory_factor, source=Source(c.subject, hami.memory, c.values[hami.memory]))
+        ask = DeviceAsk(
+            None, memory_mib=memory * hami.memory_factor, source=Source(c.subject, hami.memory, c.values[hami.memory])
+        )
     elif percentage:
         ask = DeviceAsk(None, memory_fraction=percent(percentage))
     elif hami.default_memory_mib:
-        ask = DeviceAsk(None, memory_mib=hami.default_memory_mib, source=Source(c.subject, "defaultMemory", str(hami.default_memory_mib)))
+        ask = DeviceAsk(
+            None,
+            memory_mib=hami.default_memory_mib,
+            source=Source(c.subject, "defaultMemory", str(hami.default_memory_mib)),
+        )
     else:
         ask = DeviceAsk(None)
     # HAMi does not limit compute when gpucores is unset or 0: the pod may use the whole device.
     compute = percent(cores) if cores else Decimal(1)
-    return ContainerAsk(c, count, DeviceAsk(compute, ask.memory_mib, ask.memory_fraction, None, dynamic_mig, mig_only, ask.source))
+    return ContainerAsk(
+        c, count, DeviceAsk(compute, ask.memory_mib, ask.memory_fraction, None, dynamic_mig, mig_only, ask.source)
+    )
 
 
 # ---- Aliyun gpushare (gpushare-scheduler-extender pkg/utils/pod.go, pkg/cache/nodeinfo.go) and ACK --------------
@@ -256,7 +294,12 @@ def _hami_container(
 def read_aliyun(pod: Mapping[str, Any], containers: list[Container], unit_mib: int, errors: Errors) -> DialectReading:
     reading = DialectReading()
     count_raw = as_mapping(as_mapping(pod.get("metadata")).get("labels")).get(ALIYUN_GPU_COUNT)
-    cards = whole(errors, "label", ALIYUN_GPU_COUNT, count_raw, 1, MAX_GPU_SHARE, "must be a whole number of GPUs, at least 1") or 1
+    cards = (
+        whole(
+            errors, "label", ALIYUN_GPU_COUNT, count_raw, 1, MAX_GPU_SHARE, "must be a whole number of GPUs, at least 1"
+        )
+        or 1
+    )
     unit = "GiB" if unit_mib == 1024 else f"{unit_mib} MiB"
     for c in containers:
         if c.values:
@@ -280,16 +323,28 @@ def _aliyun_container(c: Container, unit: str, unit_mib: int, cards: int, errors
         errors.add(c.subject, ALIYUN_CORE, core_raw, core_rule)
         core = None
     if core is not None and not units:
-        errors.add(c.subject, ALIYUN_CORE, core_raw, f"needs {ALIYUN_MEMORY}: ACK allocates computing power with GPU memory only")
+        errors.add(
+            c.subject,
+            ALIYUN_CORE,
+            core_raw,
+            f"needs {ALIYUN_MEMORY}: ACK allocates computing power with GPU memory only",
+        )
     if core is not None and cards > 1:
-        errors.add(c.subject, ALIYUN_CORE, core_raw, f"cannot be combined with label {ALIYUN_GPU_COUNT}: ACK's multi-GPU sharing shares computing power")
+        errors.add(
+            c.subject,
+            ALIYUN_CORE,
+            core_raw,
+            f"cannot be combined with label {ALIYUN_GPU_COUNT}: ACK's multi-GPU sharing shares computing power",
+        )
     if units and units % cards:
         errors.add(c.subject, ALIYUN_MEMORY, memory_raw,
                    f"ACK shares it over the {cards} GPUs of label {ALIYUN_GPU_COUNT} evenly: it must divide by {cards}")
     if len(errors) > before or not units:
         return None  # gpushare: 0 GiB is a container without a GPU
     compute = percent(core) if core is not None else None  # without it gpushare isolates memory only
-    memory = DeviceAsk(compute, memory_mib=units // cards * unit_mib, source=Source(c.subject, ALIYUN_MEMORY, memory_raw))
+    memory = DeviceAsk(
+        compute, memory_mib=units // cards * unit_mib, source=Source(c.subject, ALIYUN_MEMORY, memory_raw)
+    )
     return ContainerAsk(c, cards, memory)
 
 
@@ -328,22 +383,45 @@ def kai_refusals(annotations: Mapping[str, Any], errors: Errors) -> None:
     if kai_requests_gpu(annotations):
         return
     if KAI_NUM_DEVICES in annotations:
-        errors.add("annotation", KAI_NUM_DEVICES, annotations[KAI_NUM_DEVICES], f"needs {KAI_FRACTION} or {KAI_MEMORY}: KAI shares devices only by a fraction or a memory size")
+        errors.add(
+            "annotation",
+            KAI_NUM_DEVICES,
+            annotations[KAI_NUM_DEVICES],
+            f"needs {KAI_FRACTION} or {KAI_MEMORY}: KAI shares devices only by a fraction or a memory size",
+        )
     if annotations.get(KAI_MPS) == "true":
-        errors.add("annotation", KAI_MPS, "true", f"needs {KAI_FRACTION} or {KAI_MEMORY}: KAI runs MPS only for a fraction of a GPU")
+        errors.add(
+            "annotation",
+            KAI_MPS,
+            "true",
+            f"needs {KAI_FRACTION} or {KAI_MEMORY}: KAI runs MPS only for a fraction of a GPU",
+        )
 
 
 def read_kai(annotations: Mapping[str, Any], containers: list[Container], errors: Errors) -> DialectReading:
     reading = DialectReading(mps=annotations.get(KAI_MPS) == "true")
     fraction_raw, memory_raw = annotations.get(KAI_FRACTION), annotations.get(KAI_MEMORY)
     if fraction_raw is not None and memory_raw is not None:
-        errors.add("annotation", KAI_MEMORY, memory_raw, f"cannot be set together with {KAI_FRACTION}: ask for a fraction or for memory, not both")
+        errors.add(
+            "annotation",
+            KAI_MEMORY,
+            memory_raw,
+            f"cannot be set together with {KAI_FRACTION}: ask for a fraction or for memory, not both",
+        )
     fraction = _kai_fraction(errors, fraction_raw)
-    memory = unsigned(errors, "annotation", KAI_MEMORY, memory_raw, "must be a whole number of MiB above 0, in digits only (KAI reads it as an unsigned integer)")
+    memory = unsigned(
+        errors,
+        "annotation",
+        KAI_MEMORY,
+        memory_raw,
+        "must be a whole number of MiB above 0, in digits only (KAI reads it as an unsigned integer)",
+    )
     count = unsigned(errors, "annotation", KAI_NUM_DEVICES, annotations.get(KAI_NUM_DEVICES),
                      "must be a whole number of devices above 0, in digits only (KAI reads it as an unsigned integer)")
     if count is not None and count > MAX_GPU_SHARE:
-        errors.add("annotation", KAI_NUM_DEVICES, annotations[KAI_NUM_DEVICES], f"asks for {count} GPUs, {TOO_MANY_DEVICES}")
+        errors.add(
+            "annotation", KAI_NUM_DEVICES, annotations[KAI_NUM_DEVICES], f"asks for {count} GPUs, {TOO_MANY_DEVICES}"
+        )
     if KAI_CONTAINER_TYPE in annotations:
         reading.warnings.append(
             f"annotation {KAI_CONTAINER_TYPE} is ignored: KAI Scheduler dropped it in v0.10.2; the GPU goes to the "
@@ -386,14 +464,21 @@ def _kai_target(annotations: Mapping[str, Any], containers: list[Container], err
     if name is None:
         first = next((c for c in containers if c.role is ContainerRole.REGULAR), None)
         if first is None:
-            errors.add("annotation", KAI_FRACTION if KAI_FRACTION in annotations else KAI_MEMORY, None, "the pod has no container to give the GPU to")
+            errors.add(
+                "annotation",
+                KAI_FRACTION if KAI_FRACTION in annotations else KAI_MEMORY,
+                None,
+                "the pod has no container to give the GPU to",
+            )
         return first
     ordered = sorted(containers, key=lambda c: c.role is ContainerRole.REGULAR)  # init containers first, as KAI looks
     for container in ordered:
         if container.name == name:
             return container
     names = shortened(", ".join(f'"{c.name}"' for c in containers) or "none", 200)
-    errors.add("annotation", KAI_CONTAINER_NAME, name, f"names no container or init container of this pod (it has {names})")
+    errors.add(
+        "annotation", KAI_CONTAINER_NAME, name, f"names no container or init container of this pod (it has {names})"
+    )
     return None
 
 

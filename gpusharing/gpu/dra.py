@@ -20,7 +20,9 @@ MAX_REQUESTS = 32  # the API server's limit on a claim's requests
 MAX_ALTERNATIVES = 8  # and on a request's firstAvailable list
 MAX_POD_CLAIMS = 128  # far beyond the API server's own limit on a pod's claims; read in microseconds
 # The NVIDIA DRA driver's MIG devices are told apart by this attribute in a request's CEL selector.
-_MIG_PROFILE_SELECTOR = re.compile(r"""\.profile\s*==\s*['"](?P<profile>[0-9]{1,2}g\.[0-9]{1,4}gb(?:[+.-][a-z.]{1,10})?)['"]""")
+_MIG_PROFILE_SELECTOR = re.compile(
+    r"""\.profile\s*==\s*['"](?P<profile>[0-9]{1,2}g\.[0-9]{1,4}gb(?:[+.-][a-z.]{1,10})?)['"]"""
+)
 
 
 class ClaimSource(StrEnum):
@@ -55,7 +57,9 @@ ClaimLookup = Callable[[ClaimSource, str, str], ClaimSpec]  # (source, namespace
 
 
 def no_claims(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
-    raise ClaimUnknown("the webhook reads no resource claims: it has no access to the Kubernetes API (KUBECONFIG or in-cluster)")
+    raise ClaimUnknown(
+        "the webhook reads no resource claims: it has no access to the Kubernetes API (KUBECONFIG or in-cluster)"
+    )
 
 
 def claim_spec(spec: Mapping[str, Any]) -> ClaimSpec:
@@ -110,7 +114,9 @@ def allocated_claim_spec(claim: Mapping[str, Any]) -> ClaimSpec | None:
         for alternative in request.alternatives:
             devices = counts.get((request.name, alternative.name), 0)
             if devices:
-                chosen.append(DeviceAlternative(alternative.device_class, devices, alternative.mig_profile, alternative.name))
+                chosen.append(
+                    DeviceAlternative(alternative.device_class, devices, alternative.mig_profile, alternative.name)
+                )
         requests.append(DeviceRequest(request.name, tuple(chosen)))
     return ClaimSpec(tuple(request for request in requests if request.alternatives))
 

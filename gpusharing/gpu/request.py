@@ -142,7 +142,12 @@ def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuRequestSettings, loo
     metadata = as_mapping(pod.get("metadata"))
     count = sum(len(as_list(spec.get(list_name))) for list_name in ("initContainers", "containers"))
     if count > MAX_CONTAINERS:
-        errors.add("pod", "", None, f"has {count} containers and init containers, more than the {MAX_CONTAINERS} the webhook reads")
+        errors.add(
+            "pod",
+            "",
+            None,
+            f"has {count} containers and init containers, more than the {MAX_CONTAINERS} the webhook reads",
+        )
         raise InvalidGpuRequest(errors)
     annotations = as_mapping(metadata.get("annotations"))
     containers = list(_containers(spec, settings.hami, errors))
@@ -163,19 +168,35 @@ def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuRequestSettings, loo
     if errors:
         raise InvalidGpuRequest(errors)
     priced = [_price(ask, model) for ask in reading.asks]
-    claim_requests = [request for claim, alternatives in claimed for request in price_claim(claim, alternatives, settings.dra_devices_per_node, model)]
+    claim_requests = [
+        request
+        for claim, alternatives in claimed
+        for request in price_claim(claim, alternatives, settings.dra_devices_per_node, model)
+    ]
     order = [c.name for c in containers]
     share = effective_pod_total(priced, order, lambda r: r.share) + sum((c.share for c in claim_requests), Decimal(0))
     memory = effective_pod_total(priced, order, lambda r: Decimal(r.devices * r.memory_mib))
     memory += sum(c.devices * c.memory_mib for c in claim_requests)
     if share > MAX_GPU_SHARE:
-        errors.add("pod", "", None, f"is billed for {format_share(share)} GPUs in all, more than the {MAX_GPU_SHARE} one pod may be")
+        errors.add(
+            "pod",
+            "",
+            None,
+            f"is billed for {format_share(share)} GPUs in all, more than the {MAX_GPU_SHARE} one pod may be",
+        )
         raise InvalidGpuRequest(errors)
     warnings = [*models.warnings, *reading.warnings]
     if len(warnings) > MAX_WARNINGS:
         warnings = [*warnings[: MAX_WARNINGS - 1], f"and {len(warnings) - MAX_WARNINGS + 1} more warnings"]
     return GpuRequest(
-        dialect or Dialect.DRA, tuple(priced), share, int(memory), model.name, tuple(claim_requests), reading.mps, tuple(warnings)
+        dialect or Dialect.DRA,
+        tuple(priced),
+        share,
+        int(memory),
+        model.name,
+        tuple(claim_requests),
+        reading.mps,
+        tuple(warnings),
     )
 
 
@@ -218,7 +239,9 @@ def _containers(spec: Mapping[str, Any], hami: HamiSettings, errors: Errors) -> 
             yield container
 
 
-def _gpu_values(container: Container, resources: Mapping[str, Any], hami: HamiSettings, errors: Errors) -> dict[str, str]:
+def _gpu_values(
+    container: Container, resources: Mapping[str, Any], hami: HamiSettings, errors: Errors
+) -> dict[str, str]:
     """The GPU keys a container sets, from its limits or requests; both, when given, must be equal."""
     limits = as_mapping(resources.get("limits"))
     requests = as_mapping(resources.get("requests"))
@@ -250,7 +273,8 @@ def _same_quantity(a: object, b: object) -> bool:
 def _dialect_in_use(
     containers: list[Container], annotations: Mapping[str, Any], hami: HamiSettings, errors: Errors
 ) -> Dialect | None:
-    """The one dialect the pod's containers and annotations speak, with the first container (or annotation) that speaks it."""
+    """The one dialect the pod's containers and annotations speak, with the first container (or annotation) that speaks
+    it."""
     seen: dict[Dialect, str] = {}
     whole_gpu_at: str | None = None
     for container in containers:
@@ -308,7 +332,11 @@ def _read(
 
 def _demands(reading: DialectReading) -> list[tuple[int, Source]]:
     """The memory sizes one device must hold."""
-    demands = [(a.ask.memory_mib, a.ask.source) for a in reading.asks if a.ask.memory_mib is not None and a.ask.source is not None]
+    demands = [
+        (a.ask.memory_mib, a.ask.source)
+        for a in reading.asks
+        if a.ask.memory_mib is not None and a.ask.source is not None
+    ]
     return demands + reading.pod_demands
 
 
@@ -352,7 +380,9 @@ def _price(ask: ContainerAsk, model: GpuModel) -> ContainerGpuRequest:
         compute = device.compute if device.compute is not None else memory_fraction
         if device.dynamic_mig:
             carved = dynamic_slice(memory_mib, model.mig_compute_slices, model.memory_mib)
-            if device.mig_only or carved.share(model.mig_compute_slices, model.memory_mib) > max(compute, memory_fraction):
+            if device.mig_only or carved.share(model.mig_compute_slices, model.memory_mib) > max(
+                compute, memory_fraction
+            ):
                 compute, memory_mib = carved.compute(model.mig_compute_slices), carved.memory_mib
                 memory_fraction = carved.memory(model.memory_mib)
                 profile = carved.profile

@@ -1,1 +1,2 @@
-"""Idle GPUs, plain data: a budget's idle policy and what it says of a pod; read by the timekeeper and the admin command line."""
+"""Idle GPUs, plain data: a budget's idle policy and what it says of a pod; read by the timekeeper and the admin command
+line."""

@@ -25,7 +25,8 @@ FIELDS = ("after", "action", "warnBefore", "utilisationPercent", "minAge")
 
 class IdleAction(StrEnum):
     WARN = "warn"  # Events on the pod and its owner, a condition on the budget, a metric
-    DEMOTE = "demote"  # evicted through the Eviction API (PDBs honoured) if in budget; its owner's next pods out of budget
+    # evicted through the Eviction API (PDBs honoured) if in budget; its owner's next pods out of budget
+    DEMOTE = "demote"
     EVICT = "evict"  # evicted whatever its class, bare pods too; its owner's next pods out of budget
 
 
@@ -73,7 +74,9 @@ class PolicyInForce:
                            self.source or None)
 
 
-def idle_policy_from_json(raw: object, name: str = "idle", labels: Mapping[str, str] | None = None) -> IdlePolicy | None:
+def idle_policy_from_json(
+    raw: object, name: str = "idle", labels: Mapping[str, str] | None = None
+) -> IdlePolicy | None:
     """A policy from its JSON (a budget's `idle`, a GPUBudget's `spec.idle`); None for null: no policy of its own.
     Refusals name each field `name.field`, or as `labels` call it (the settings' names)."""
     def label(key: str) -> str:
@@ -96,14 +99,18 @@ def idle_policy_from_json(raw: object, name: str = "idle", labels: Mapping[str, 
     except DurationError as exc:
         raise IdlePolicyError(str(exc)) from None
     if warn_before >= after:
-        raise IdlePolicyError(f"{label('warnBefore')} ({format_duration(warn_before)}) must be shorter than {label('after')} "
-                              f"({format_duration(after)}): the warning comes before the action")
+        raise IdlePolicyError(
+            f"{label('warnBefore')} ({format_duration(warn_before)}) must be shorter than {label('after')} "
+            f"({format_duration(after)}): the warning comes before the action"
+        )
     action = raw.get("action", IdleAction.WARN.value)
     if action not in tuple(IdleAction):
         raise IdlePolicyError(f"{label('action')} must be one of {', '.join(IdleAction)}, not {str(action)[:40]!r}")
     percent = raw.get("utilisationPercent", DEFAULT_UTILISATION_PERCENT)
     if isinstance(percent, bool) or not isinstance(percent, (int, float)) or not 0 < percent <= 100:  # NaN fails too
-        raise IdlePolicyError(f"{label('utilisationPercent')} must be a number above 0 and at most 100, not {str(percent)[:40]}")
+        raise IdlePolicyError(
+            f"{label('utilisationPercent')} must be a number above 0 and at most 100, not {str(percent)[:40]}"
+        )
     return IdlePolicy(after, IdleAction(action), warn_before, float(percent), min_age)
 
 

@@ -80,8 +80,15 @@ class Reading:
         (a meter's reading counts only where no node agent or Prometheus has a fresh one)."""
         return self.fresh_until is not None and now <= self.fresh_until and self.source.outranks(source)
 
-    def next_streak(self, streak: Streak, source: UtilisationSource, utilisation: float | None, threshold_percent: float,
-                    now: dt.datetime, max_gap_seconds: float) -> Streak:
+    def next_streak(
+        self,
+        streak: Streak,
+        source: UtilisationSource,
+        utilisation: float | None,
+        threshold_percent: float,
+        now: dt.datetime,
+        max_gap_seconds: float,
+    ) -> Streak:
         """The streak after a reading from `source` that takes this one's place: a streak goes on only from readings
         of one source, so that where the node's word replaces the meter's, idle policies act on the node's alone."""
         last = self.reported_at if self.source is source else None
@@ -122,7 +129,12 @@ class IdleVerdict:
 
 
 def verdict(
-    streak: Streak, reading: Reading, policy: PolicyInForce | None, pod: PodFacts, now: dt.datetime, fresh_seconds: float,
+    streak: Streak,
+    reading: Reading,
+    policy: PolicyInForce | None,
+    pod: PodFacts,
+    now: dt.datetime,
+    fresh_seconds: float,
 ) -> IdleVerdict:
     """What the policy in force says of a pod now. A reading older than `fresh_seconds` (a silent meter) is unknown."""
     threshold = policy.policy.utilisation_percent if policy is not None else None
@@ -135,8 +147,11 @@ def verdict(
                            f"unknown: {whose} has not reported since {_iso(reading.reported_at)} (silent); never "
                            "treated as idle")
     if reading.utilisation is None:
-        blind = ("no NVML data: no driver, an older driver, or the pod's GPU processes out of its sight"
-                 if reading.source is UtilisationSource.METER else "no device of the pod found, or a MIG instance it cannot read")
+        blind = (
+            "no NVML data: no driver, an older driver, or the pod's GPU processes out of its sight"
+            if reading.source is UtilisationSource.METER
+            else "no device of the pod found, or a MIG instance it cannot read"
+        )
         return IdleVerdict(IdleState.UNKNOWN, 0.0, policy, None, None,
                            f"unknown: {whose} reads no GPU utilisation ({blind}); never treated as idle")
     if streak.since is None or (threshold is not None and reading.utilisation >= threshold):
@@ -145,8 +160,10 @@ def verdict(
                            f"busy: {_LAST[reading.source]} read {reading.utilisation:g} % GPU utilisation{under}")
     idle_seconds = max(0.0, (reading.reported_at - streak.since).total_seconds())
     below = f"under {threshold:g} %" if threshold is not None else "idle"
-    why = (f"idle for {format_duration(round(idle_seconds))}: {_EVERY[reading.source]} since {_iso(streak.since)} read GPU "
-           f"utilisation {below}")
+    why = (
+        f"idle for {format_duration(round(idle_seconds))}: {_EVERY[reading.source]} since {_iso(streak.since)} read GPU "
+        f"utilisation {below}"
+    )
     if policy is None or pod.exempt:
         if pod.exempt:
             why += "; exempt (gpusharing.io/idle-exempt: \"true\"): never acted on"

@@ -25,7 +25,11 @@ def controller_of(pod: Mapping[str, Any]) -> Owner | None:
     for reference in as_list(as_mapping(pod.get("metadata")).get("ownerReferences")):
         reference = as_mapping(reference)
         if reference.get("controller") is True:
-            fields = [value for key in ("apiVersion", "kind", "name", "uid") if isinstance(value := reference.get(key), str) and value]
+            fields = [
+                value
+                for key in ("apiVersion", "kind", "name", "uid")
+                if isinstance(value := reference.get(key), str) and value
+            ]
             if len(fields) == 4:
                 return Owner(*fields)
     return None

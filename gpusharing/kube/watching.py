@@ -3,10 +3,11 @@ list-and-watch implementation of every role. In the timekeeper's controller one 
 that reads it (timekeeper.cluster.informers), as client-go's shared informers are.
 
 A background thread lists the kind once, follows the watch from the list's resourceVersion, and lists again when the
-watch expires or breaks. Failures in a row wait longer and longer (capped, jittered, as client-go's reflector
-backs off), and only a watch that delivered something counts as recovered: a list that succeeds while every watch
-fails at once (a proxy, RBAC that allows list and not watch) is not retried in a tight loop. Only what the caller extracts from each object is kept, so memory follows what is needed,
-not the objects' size. Readers on other threads see each entry before or after a change, never half of one.
+watch expires or breaks. Failures in a row wait longer and longer (capped, jittered, as client-go's reflector backs
+off), and only a watch that delivered something counts as recovered: a list that succeeds while every watch fails at
+once (a proxy, RBAC that allows list and not watch) is not retried in a tight loop. Only what the caller extracts from
+each object is kept, so memory follows what is needed, not the objects' size. Readers on other threads see each entry
+before or after a change, never half of one.
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ class WatchedObjects(Generic[T]):
     def synced(self) -> bool:
         return self.items is not None
 
-    def subscribe(self, on_change: Callable[[], None] | None = None, on_delete: Callable[[T], None] | None = None) -> None:
+    def subscribe(
+        self, on_change: Callable[[], None] | None = None, on_delete: Callable[[T], None] | None = None
+    ) -> None:
         """Adds a reader's handlers; each is called on the watch's thread, so it must return quickly."""
         if on_change is not None:
             self._on_change.append(on_change)
@@ -144,8 +147,11 @@ class WatchedObjects(Generic[T]):
                     self.broken_since = time.monotonic()
                 failures += 1
                 wait = backoff_seconds(failures)
-                self._outage.failed(_reason(exc), f"the last known {self.kind} stay in force, listed again with backoff "
-                                    f"(up to {BACKOFF_MAX_SECONDS:g} s, jittered)")
+                self._outage.failed(
+                    _reason(exc),
+                    f"the last known {self.kind} stay in force, listed again with backoff "
+                    f"(up to {BACKOFF_MAX_SECONDS:g} s, jittered)",
+                )
                 self._report(False)
                 self._stop.wait(wait)
 
@@ -154,7 +160,9 @@ class WatchedObjects(Generic[T]):
         items: dict[Key, T] = {}
         page: dict[str, Any] = {}
         while True:
-            response = self._list_all(limit=LIST_PAGE, _preload_content=False, _request_timeout=60, **self._list_options, **page)
+            response = self._list_all(
+                limit=LIST_PAGE, _preload_content=False, _request_timeout=60, **self._list_options, **page
+            )
             body = json.loads(response.data)
             for obj in body.get("items", []):
                 value = self._extract(obj)

@@ -11,7 +11,15 @@ version, or one budget's odd field, costs a reader that field and no more, and t
 
 
 from gpusharing.listing.budgets import BudgetListing, DefaultBudget, FairShareListing, ListedBudget, listing_of
-from gpusharing.listing.parts import BudgetWarning, FairShareLevel, FairShareStanding, IdleHold, IdleInForce, IdleRule, Uncommitted
+from gpusharing.listing.parts import (
+    BudgetWarning,
+    FairShareLevel,
+    FairShareStanding,
+    IdleHold,
+    IdleInForce,
+    IdleRule,
+    Uncommitted,
+)
 from gpusharing.listing.values import ListingError
 
 __all__ = [

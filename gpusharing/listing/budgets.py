@@ -91,7 +91,10 @@ class ListedBudget(JsonRecord):
         together (either one unreadable leaves both unsaid)."""
         if not is_object(raw):
             raise ListingError(f"{where} must be a JSON object")
-        admission, shortfall = read_enum(AdmissionMode, raw.get("admission")), read_enum(Shortfall, raw.get("onShortfall"))
+        admission, shortfall = (
+            read_enum(AdmissionMode, raw.get("admission")),
+            read_enum(Shortfall, raw.get("onShortfall")),
+        )
         if ("admission" in raw and admission is None) or ("onShortfall" in raw and shortfall is None):
             admission = shortfall = None
         return cls(

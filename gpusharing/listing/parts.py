@@ -190,8 +190,16 @@ class FairShareLevel(JsonRecord):
         """The level, or None when any of it is unreadable."""
         if not is_object(raw):
             return None
-        level, rank, siblings = read_whole(raw.get("level")), read_whole(raw.get("rank")), read_whole(raw.get("siblings"))
-        share, usage, ratio = read_number(raw.get("share")), read_number(raw.get("usage")), read_number(raw.get("ratio"))
+        level, rank, siblings = (
+            read_whole(raw.get("level")),
+            read_whole(raw.get("rank")),
+            read_whole(raw.get("siblings")),
+        )
+        share, usage, ratio = (
+            read_number(raw.get("share")),
+            read_number(raw.get("usage")),
+            read_number(raw.get("ratio")),
+        )
         node = read_name(raw.get("node"))
         if level is None or rank is None or siblings is None or share is None or usage is None or ratio is None:
             return None
@@ -244,9 +252,17 @@ class FairShareStanding(JsonRecord):
             return None
         reason, path = raw.get("reason"), raw.get("path")
         return cls(
-            band, burst, share, held, read_number(raw.get("ratio")), read_whole(raw.get("rank")),
-            reason[:MAX_REASON] if isinstance(reason, str) else None, read_text(raw.get("since")),
-            read_number(raw.get("usageGpuSeconds")), read_text(raw.get("asOf")), read_number(raw.get("halfLifeSeconds")),
+            band,
+            burst,
+            share,
+            held,
+            read_number(raw.get("ratio")),
+            read_whole(raw.get("rank")),
+            reason[:MAX_REASON] if isinstance(reason, str) else None,
+            read_text(raw.get("since")),
+            read_number(raw.get("usageGpuSeconds")),
+            read_text(raw.get("asOf")),
+            read_number(raw.get("halfLifeSeconds")),
             read_number(raw.get("heldAsOf")),
             read_items(path, FairShareLevel.read, MAX_LEVELS) if isinstance(path, list) else None,
             read_text(raw.get("zeroUseChange")),

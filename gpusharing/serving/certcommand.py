@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     certs.add_argument("--namespace", default="gpusharing-system", type=namespace, help="where the webhook runs")
     certs.add_argument("--base", default="manifests/base", type=Path, help="the manifests to overlay")
-    certs.add_argument("--output", default="manifests/local-certs", type=Path, help="the overlay's (or PEM files') directory")
+    certs.add_argument(
+        "--output", default="manifests/local-certs", type=Path, help="the overlay's (or PEM files') directory"
+    )
     certs.add_argument("--days", type=whole_number(1, MAX_DAYS), default=365,
                        help=f"validity of the certificate, 1 to {MAX_DAYS} (default 365); of the CA too, except with "
                        "--format cluster, whose CA lives ten times as long")
@@ -48,8 +50,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        "the Secret made or renewed in the cluster and the webhook configurations' caBundle patched "
                        "(through KUBECONFIG, else in-cluster); client-auth: the API server's client certificate for "
                        "the webhook (ca.crt for manifests/client-auth, apiserver/ for the control plane's nodes)")
-    certs.add_argument("--apiserver-path", default=API_SERVER_PATH,
-                       help=f"with --format client-auth: where the control plane's nodes keep apiserver/'s files (default {API_SERVER_PATH})")
+    certs.add_argument(
+        "--apiserver-path",
+        default=API_SERVER_PATH,
+        help=f"with --format client-auth: where the control plane's nodes keep apiserver/'s files (default {API_SERVER_PATH})",
+    )
     certs.add_argument("--name", action="append", default=[], type=host_name,
                        help="with --format pem: a DNS name or IP to certify (repeatable)")
     certs.add_argument("--service", default=WEBHOOK_SERVICE, type=object_name,
@@ -69,8 +74,10 @@ def _certs(args: argparse.Namespace) -> int:
     if args.format == "client-auth":
         output = write_client_auth(args.namespace, args.output, args.days, args.apiserver_path)
         print(f"wrote {output}/ca.crt (for components: [client-auth]) and {output}/apiserver/ (keep it secret)")
-        print(f"on every control plane node: copy {output}/apiserver/*.yaml into {args.apiserver_path}/ and run kube-apiserver "
-              f"with --admission-control-config-file={args.apiserver_path}/admission-configuration.yaml")
+        print(
+            f"on every control plane node: copy {output}/apiserver/*.yaml into {args.apiserver_path}/ and run kube-apiserver "
+            f"with --admission-control-config-file={args.apiserver_path}/admission-configuration.yaml"
+        )
         return 0
     if args.format == "pem":
         names = args.name or service_names(args.namespace)

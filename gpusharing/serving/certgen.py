@@ -34,12 +34,22 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpusharing.kube.client import api_client
-from gpusharing.serving.certs import Authority, PrivateKey, certified_names, issue, key_pem, make_authority, pem, service_names
+from gpusharing.serving.certs import (
+    Authority,
+    PrivateKey,
+    certified_names,
+    issue,
+    key_pem,
+    make_authority,
+    pem,
+    service_names,
+)
 
 CA_LIFETIMES = 10  # the CA lives ten certificates' validity
 RENEW_WHEN_LEFT = 3  # a certificate is renewed when a third of its validity is left
 CONFIGURATION_WAIT_SECONDS = 60.0  # at install the Job may start before the configurations exist
-KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key")  # the Secret's: the CA bundle (current CA first), its key, the serving pair
+# the Secret's: the CA bundle (current CA first), its key, the serving pair
+KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key")
 SECRET_TYPE = "kubernetes.io/tls"
 FIELD_MANAGER = "gpusharing-certgen"
 LABELS = {"app.kubernetes.io/part-of": "kube-gpusharing", "app.kubernetes.io/managed-by": FIELD_MANAGER}
@@ -77,7 +87,9 @@ class Held:
     data: Mapping[str, bytes]
 
 
-def renewal(current: Mapping[str, bytes] | None, names: Sequence[str], days: int, now: datetime.datetime) -> Renewal | None:
+def renewal(
+    current: Mapping[str, bytes] | None, names: Sequence[str], days: int, now: datetime.datetime
+) -> Renewal | None:
     """The Secret's new data and why, or None when `current` (its data, or None when there is none) serves `names`
     for long enough. `days` is the serving certificate's validity."""
     lifetime = datetime.timedelta(days=days)
@@ -144,10 +156,20 @@ def _public(subject: Any) -> bytes:
 
 
 def _issued(
-    authority: Authority, trusted: list[x509.Certificate], names: Sequence[str], days: int, now: datetime.datetime, why: str
+    authority: Authority,
+    trusted: list[x509.Certificate],
+    names: Sequence[str],
+    days: int,
+    now: datetime.datetime,
+    why: str,
 ) -> Renewal:
     cert, key = issue(authority, list(names), days, now)
-    data = {"ca.crt": b"".join(pem(c) for c in trusted), "ca.key": key_pem(authority.key), "tls.crt": pem(cert), "tls.key": key_pem(key)}
+    data = {
+        "ca.crt": b"".join(pem(c) for c in trusted),
+        "ca.key": key_pem(authority.key),
+        "tls.crt": pem(cert),
+        "tls.key": key_pem(key),
+    }
     return Renewal(data, why)
 
 
@@ -175,7 +197,9 @@ def sync(
     Secret. CertgenError when the API server refuses or cannot answer."""
     core = client.CoreV1Api(api)
     where = f"Secret {target.namespace}/{target.secret}"
-    secret = _call(f"read {where}", lambda: core.read_namespaced_secret(target.secret, target.namespace), missing_ok=True)
+    secret = _call(
+        f"read {where}", lambda: core.read_namespaced_secret(target.secret, target.namespace), missing_ok=True
+    )
     current = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()} if secret else None
     planned = renewal(current, service_names(target.namespace, target.service), days, now)
     data = planned.data if planned else current
@@ -183,10 +207,20 @@ def sync(
     bundle = base64.b64encode(data["ca.crt"]).decode()
     admission = client.AdmissionregistrationV1Api(api)
     for kind, read, patch in (
-        ("MutatingWebhookConfiguration", admission.read_mutating_webhook_configuration, admission.patch_mutating_webhook_configuration),
-        ("ValidatingWebhookConfiguration", admission.read_validating_webhook_configuration, admission.patch_validating_webhook_configuration),
+        (
+            "MutatingWebhookConfiguration",
+            admission.read_mutating_webhook_configuration,
+            admission.patch_mutating_webhook_configuration,
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            admission.read_validating_webhook_configuration,
+            admission.patch_validating_webhook_configuration,
+        ),
     ):
-        configuration = _wait_for(f"{kind} {target.configuration}", functools.partial(read, target.configuration), wait_seconds, say)
+        configuration = _wait_for(
+            f"{kind} {target.configuration}", functools.partial(read, target.configuration), wait_seconds, say
+        )
         webhooks = [(w.name, w.client_config.ca_bundle) for w in configuration.webhooks or []]
         changes = ca_bundle_patch(webhooks, bundle)
         if changes:
@@ -213,14 +247,25 @@ def sync(
     }
     if secret is None:
         # The client sends a dict body as it is (sanitize_for_serialization); its types name the model class alone.
-        _call(f"create {where}", lambda: core.create_namespaced_secret(target.namespace, body, field_manager=FIELD_MANAGER))  # type: ignore[arg-type]
+        _call(
+            f"create {where}",
+            lambda: core.create_namespaced_secret(
+                target.namespace, body, field_manager=FIELD_MANAGER  # type: ignore[arg-type]
+            ),
+        )
     else:
-        # Replaced, not patched: its resourceVersion makes a concurrent run's write fail rather than mix two certificates.
+        # Replaced, not patched: its resourceVersion makes a concurrent run's write fail rather than mix two
+        # certificates.
         metadata["resourceVersion"] = secret.metadata.resource_version
         metadata["annotations"] = secret.metadata.annotations
         if not target.owner:
             metadata["ownerReferences"] = api.sanitize_for_serialization(secret.metadata.owner_references)
-        _call(f"update {where}", lambda: core.replace_namespaced_secret(target.secret, target.namespace, body, field_manager=FIELD_MANAGER))  # type: ignore[arg-type]
+        _call(
+            f"update {where}",
+            lambda: core.replace_namespaced_secret(
+                target.secret, target.namespace, body, field_manager=FIELD_MANAGER  # type: ignore[arg-type]
+            ),
+        )
     say(f"{where}: {planned.why}")
 
 
@@ -239,7 +284,9 @@ def _wait_for(what: str, read: Callable[[], Any], seconds: float, say: Callable[
         if found is not None:
             return found
         if time.monotonic() > deadline:
-            raise CertgenError(f"{what} does not exist (waited {seconds:.0f} s): install the chart or the manifests, which create it")
+            raise CertgenError(
+                f"{what} does not exist (waited {seconds:.0f} s): install the chart or the manifests, which create it"
+            )
         if not waited:
             say(f"waiting for {what} to be created")
             waited = True
@@ -254,7 +301,9 @@ def _call(what: str, call: Callable[[], Any], missing_ok: bool = False) -> Any:
             return None
         raise CertgenError(f"cannot {what}: {exc.status} {exc.reason}: {_message(exc)}") from None
     except HTTPError as exc:  # urllib3's retries exhausted: the last attempt's reason says the most
-        raise CertgenError(f"cannot {what}: the API server did not answer ({getattr(exc, 'reason', None) or exc})") from None
+        raise CertgenError(
+            f"cannot {what}: the API server did not answer ({getattr(exc, 'reason', None) or exc})"
+        ) from None
 
 
 def _message(exc: ApiException) -> str:
@@ -268,7 +317,8 @@ def main(target: Target, days: int) -> int:
     """`gpusharing certs --format cluster`: 0 when the Secret and the configurations are as they must be, 1 (one line
     on stderr) when the API server refused or could not be reached; the Job then tries again."""
     api = api_client(os.environ.get("KUBECONFIG") or None, "KUBECONFIG")
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)  # its retries: the last one's reason is said below
+    # its retries: the last one's reason is said below
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     try:
         sync(api, target, days, datetime.datetime.now(datetime.timezone.utc))
     except CertgenError as exc:

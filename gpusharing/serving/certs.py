@@ -123,7 +123,9 @@ def pem(cert: x509.Certificate) -> bytes:
 
 
 def key_pem(key: PrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def certified_names(cert: x509.Certificate) -> set[str]:
@@ -194,7 +196,9 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
     patches = [
         {
             "target": {"group": "admissionregistration.k8s.io", "kind": kind, "name": WEBHOOK_CONFIGURATION},
-            "patch": json.dumps([{"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": ca_bundle}]),
+            "patch": json.dumps(
+                [{"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": ca_bundle}]
+            ),
         }
         for kind, index in WEBHOOK_CONFIGURATIONS
     ]
@@ -228,12 +232,22 @@ def write_client_auth(namespace: str, output: Path, days: int = 365, api_server_
     (output / "ca.crt").write_bytes(certificate.ca_pem)
     user = {"client-certificate-data": base64.b64encode(certificate.cert_pem).decode(),
             "client-key-data": base64.b64encode(certificate.key_pem).decode()}
-    kubeconfig = {"apiVersion": "v1", "kind": "Config", "users": [{"name": f"{WEBHOOK_SERVICE}.{namespace}.svc", "user": user}]}
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "users": [{"name": f"{WEBHOOK_SERVICE}.{namespace}.svc", "user": user}],
+    }
     (output / "apiserver" / "webhook-kubeconfig.yaml").touch(mode=0o600)
     (output / "apiserver" / "webhook-kubeconfig.yaml").write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
     plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
               "kubeConfigFile": f"{api_server_path}/webhook-kubeconfig.yaml"}
-    admission = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-                 "plugins": [{"name": name, "configuration": plugin} for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]}
+    admission = {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [
+            {"name": name, "configuration": plugin}
+            for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+        ],
+    }
     (output / "apiserver" / "admission-configuration.yaml").write_text(yaml.safe_dump(admission, sort_keys=False))
     return output

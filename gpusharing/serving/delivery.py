@@ -38,7 +38,9 @@ class TokenPoster:
         try:
             token = self.token_path.read_text().strip()
         except OSError as exc:
-            return Delivered(Delivery.UNAVAILABLE, f"cannot read the token file {self.token_path}: {exc.strerror or exc}")
+            return Delivered(
+                Delivery.UNAVAILABLE, f"cannot read the token file {self.token_path}: {exc.strerror or exc}"
+            )
         if not token:
             return Delivered(Delivery.UNAVAILABLE, f"the token file {self.token_path} is empty")
         try:

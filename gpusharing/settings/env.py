@@ -27,7 +27,11 @@ def env_int(name: str, default: int, minimum: int = 0, environ: Mapping[str, str
 
 
 def env_float(
-    name: str, default: float, minimum: float = 0.0, environ: Mapping[str, str] = os.environ, maximum: float | None = None,
+    name: str,
+    default: float,
+    minimum: float = 0.0,
+    environ: Mapping[str, str] = os.environ,
+    maximum: float | None = None,
 ) -> float:
     """A finite number of at least `minimum` (and at most `maximum`, if given); unset: `default`."""
     return _env_number(name, default, minimum, float, "a finite number", environ, maximum)
@@ -98,7 +102,9 @@ def check_http_url(value: str) -> str:
     return value.rstrip("/")
 
 
-def env_url(name: str, default: str | None = None, environ: Mapping[str, str] = os.environ, required: bool = False) -> str | None:
+def env_url(
+    name: str, default: str | None = None, environ: Mapping[str, str] = os.environ, required: bool = False
+) -> str | None:
     """An http(s) URL without a trailing '/'; unset: `default`, or ConfigError when `required`."""
     raw = environ.get(name, "").strip()
     if not raw:
@@ -119,7 +125,8 @@ def env_code(name: str, default: str, environ: Mapping[str, str] = os.environ) -
 
 
 def load_code(name: str, path: str) -> Any:
-    """What the `module:attribute` path of setting `name` names; ConfigError naming the setting when it cannot be loaded."""
+    """What the `module:attribute` path of setting `name` names; ConfigError naming the setting when it cannot be
+    loaded."""
     module, _, attribute = path.partition(":")
     try:
         return getattr(importlib.import_module(module), attribute)

@@ -19,7 +19,9 @@ def gpu_request_settings(environ: Mapping[str, str] = os.environ) -> GpuRequestS
         catalogue=catalogue_from_env(environ),
         aliyun_memory_unit_mib=ALIYUN_UNITS[unit],
         hami=_hami(environ),
-        dra_gpu_classes=frozenset(env_list("GPUSHARING_DRA_GPU_DEVICE_CLASSES", tuple(sorted(DEFAULT_DRA_GPU_CLASSES)), environ)),
+        dra_gpu_classes=frozenset(
+            env_list("GPUSHARING_DRA_GPU_DEVICE_CLASSES", tuple(sorted(DEFAULT_DRA_GPU_CLASSES)), environ)
+        ),
         dra_devices_per_node=env_int("GPUSHARING_DRA_DEVICES_PER_NODE", 8, 1, environ),
     )
 
@@ -38,5 +40,7 @@ def _hami(environ: Mapping[str, str]) -> HamiSettings:
     )
     names = (hami.count, hami.memory, hami.memory_percentage, hami.cores)
     if len(set(names)) < len(names):
-        raise ConfigError("GPUSHARING_HAMI_RESOURCE_NAME, _MEM, _MEM_PERCENTAGE and _CORES must be four different resource names")
+        raise ConfigError(
+            "GPUSHARING_HAMI_RESOURCE_NAME, _MEM, _MEM_PERCENTAGE and _CORES must be four different resource names"
+        )
     return hami

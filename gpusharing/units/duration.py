@@ -26,7 +26,9 @@ def parse_duration(raw: object, name: str, low: float = 0.0, high: float = 365 *
     elif _WHOLE.fullmatch(raw):
         seconds = sum(float(number) * _UNITS[unit] for number, unit in _PART.findall(raw))
     else:
-        raise DurationError(f"{name} must be a duration as Kubernetes writes it, e.g. 4h, 30m, 90s or 1h30m, not {raw!r}")
+        raise DurationError(
+            f"{name} must be a duration as Kubernetes writes it, e.g. 4h, 30m, 90s or 1h30m, not {raw!r}"
+        )
     if not low <= seconds <= high:
         raise DurationError(f"{name} must be from {format_duration(low)} to {format_duration(high)}, not {raw}")
     return seconds

@@ -23,12 +23,18 @@ class WeightError(ValueError):
 def parse_weight(value: object) -> int:
     """A catalogue's `billingWeight` (a number from 0.001 to 1000, at most three decimals), in thousandths."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise WeightError(f"must be a number from 0.001 to {MAX_WEIGHT} with at most three decimals, got {str(value)[:40]!r}")
+        raise WeightError(
+            f"must be a number from 0.001 to {MAX_WEIGHT} with at most three decimals, got {str(value)[:40]!r}"
+        )
     try:
         thousandths = Decimal(str(value)) * MILLI
     except InvalidOperation:
         thousandths = Decimal("NaN")
-    if not thousandths.is_finite() or thousandths != thousandths.to_integral_value() or not 1 <= thousandths <= MAX_WEIGHT * MILLI:
+    if (
+        not thousandths.is_finite()
+        or thousandths != thousandths.to_integral_value()
+        or not 1 <= thousandths <= MAX_WEIGHT * MILLI
+    ):
         raise WeightError(f"must be a number from 0.001 to {MAX_WEIGHT} with at most three decimals, got {value!r}")
     return int(thousandths)
 

@@ -94,5 +94,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("leases", "namespace_states", "namespace_usage", "pod_ledgers", "budget_changes", "top_ups", "budgets"):
+    for table in (
+        "leases",
+        "namespace_states",
+        "namespace_usage",
+        "pod_ledgers",
+        "budget_changes",
+        "top_ups",
+        "budgets",
+    ):
         op.drop_table(table)

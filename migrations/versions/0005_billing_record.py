@@ -38,8 +38,10 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Rows the watch opened have no report: they go back with the time they were opened (their start) as both.
-    op.execute("UPDATE pod_ledgers SET first_report_at = COALESCE(first_report_at, started_at, observed_until, "
-               "CURRENT_TIMESTAMP), last_report_at = COALESCE(last_report_at, observed_until, started_at, CURRENT_TIMESTAMP)")
+    op.execute(
+        "UPDATE pod_ledgers SET first_report_at = COALESCE(first_report_at, started_at, observed_until, "
+        "CURRENT_TIMESTAMP), last_report_at = COALESCE(last_report_at, observed_until, started_at, CURRENT_TIMESTAMP)"
+    )
     with op.batch_alter_table("pod_ledgers") as batch:
         batch.alter_column("last_report_at", existing_type=_TIME, nullable=False)
         batch.alter_column("first_report_at", existing_type=_TIME, nullable=False)

@@ -31,9 +31,13 @@ def upgrade() -> None:
         batch.add_column(sa.Column("idle_warned_at", _TIME, nullable=True))
         batch.add_column(sa.Column("idle_acted_at", _TIME, nullable=True))
     with op.batch_alter_table("pod_usage") as batch:
-        batch.add_column(sa.Column("idle_weighted_micro_gpu_seconds", sa.BigInteger(), nullable=False, server_default="0"))
-    op.execute("UPDATE pod_usage SET idle_weighted_micro_gpu_seconds = CAST(ROUND(CAST(idle_micro_gpu_seconds AS FLOAT) "
-               "* weighted_micro_gpu_seconds / micro_gpu_seconds) AS BIGINT) WHERE micro_gpu_seconds > 0")
+        batch.add_column(
+            sa.Column("idle_weighted_micro_gpu_seconds", sa.BigInteger(), nullable=False, server_default="0")
+        )
+    op.execute(
+        "UPDATE pod_usage SET idle_weighted_micro_gpu_seconds = CAST(ROUND(CAST(idle_micro_gpu_seconds AS FLOAT) "
+        "* weighted_micro_gpu_seconds / micro_gpu_seconds) AS BIGINT) WHERE micro_gpu_seconds > 0"
+    )
     op.create_table(
         "idle_holds",
         sa.Column("owner_uid", sa.String(253), nullable=False),

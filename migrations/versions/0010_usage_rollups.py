@@ -32,7 +32,8 @@ _STARTS = {
     "postgresql": {
         "daily": "day",
         "weekly": "day - (CAST(EXTRACT(ISODOW FROM day) AS INTEGER) - 1)",
-        "monthly": "CAST(date_trunc('month', CAST(day AS TIMESTAMP)) AS DATE)",  # no time zone: the session's is no part
+        # no time zone: the session's is no part
+        "monthly": "CAST(date_trunc('month', CAST(day AS TIMESTAMP)) AS DATE)",
         "none": "DATE '1970-01-01'",
     },
 }

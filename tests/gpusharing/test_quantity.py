@@ -4,7 +4,13 @@ from decimal import Decimal
 
 import pytest
 
-from gpusharing.units.quantity import QuantityError, QuantityOutOfBounds, parse_decimal, parse_quantity, parse_whole_quantity
+from gpusharing.units.quantity import (
+    QuantityError,
+    QuantityOutOfBounds,
+    parse_decimal,
+    parse_quantity,
+    parse_whole_quantity,
+)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,16 @@ import pytest
 
 from demo.processes import free_port
 from tests.sidecar import fake_gpu
-from tests.sidecar.conftest import GRACE_SECONDS, INTERVAL, METER_TOKENS, ROOT, MeterProcess, Stopped, Timekeeper, eventually
+from tests.sidecar.conftest import (
+    GRACE_SECONDS,
+    INTERVAL,
+    METER_TOKENS,
+    ROOT,
+    MeterProcess,
+    Stopped,
+    Timekeeper,
+    eventually,
+)
 
 ROUNDING = 0.002  # the meter reports GPU-seconds to the millisecond
 

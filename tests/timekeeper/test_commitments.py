@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from gpusharing.contract import ANNOTATION_ADMISSION_ID, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE, AdmissionMode, Period
+from gpusharing.contract import (
+    ANNOTATION_ADMISSION_ID,
+    ANNOTATION_GPU_MODEL,
+    ANNOTATION_GPU_SHARE,
+    AdmissionMode,
+    Period,
+)
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel
 from tests.timekeeper.conftest import Clock
 from timekeeper.budgets.commitments import (

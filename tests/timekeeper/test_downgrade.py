@@ -16,7 +16,14 @@ from sqlalchemy import Engine, MetaData, create_engine, func, inspect, select, t
 
 from gpusharing.cli import main
 from testbed.postgres import PostgresServer
-from timekeeper.database.schema import alembic_config, current_revision, downgrade, head_revision, schema_problem, upgrade
+from timekeeper.database.schema import (
+    alembic_config,
+    current_revision,
+    downgrade,
+    head_revision,
+    schema_problem,
+    upgrade,
+)
 from timekeeper.database.tables import Base
 
 VALUES: dict[type, Any] = {str: "x", int: 1, float: 1.5, bool: True, dt.date: dt.date(2026, 11, 1),

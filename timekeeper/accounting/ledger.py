@@ -38,7 +38,8 @@ class PodLedger:
     started_at: dt.datetime | None = None  # the record's start: caps what the meter may claim
     observed_until: dt.datetime | None = None
     ended_at: dt.datetime | None = None  # the record's end: the bill is closed
-    share: float | None = None  # the share billed: the record's, else (off a cluster) what the pod's meter was trusted with
+    # the share billed: the record's, else (off a cluster) what the pod's meter was trusted with
+    share: float | None = None
 
     @property
     def closed(self) -> bool:
@@ -101,7 +102,8 @@ def meter_ceiling(ledger: PodLedger, share: float, now: dt.datetime) -> int | No
 def report(
     ledger: PodLedger, seq: int, cumulative_micro: int, final: bool, ceiling: int | None, share: float | None = None
 ) -> Accounting:
-    """What one meter report does to a pod's ledger (`share`: the share it was trusted with, shown until the record's)."""
+    """What one meter report does to a pod's ledger (`share`: the share it was trusted with, shown until the
+    record's)."""
     if ledger.final:
         return Accounting(Outcome.AFTER_FINAL, ledger, 0)
     if seq <= ledger.last_seq:

@@ -18,7 +18,15 @@ from flask import Flask
 from timekeeper.api import budgets, health, node_readings, pods, reports, reservations, usage
 from timekeeper.api.errors import register_error_handlers
 
-BLUEPRINTS = (budgets.blueprint, reports.blueprint, node_readings.blueprint, pods.blueprint, usage.blueprint, reservations.blueprint, health.blueprint)
+BLUEPRINTS = (
+    budgets.blueprint,
+    reports.blueprint,
+    node_readings.blueprint,
+    pods.blueprint,
+    usage.blueprint,
+    reservations.blueprint,
+    health.blueprint,
+)
 
 
 def register_api(app: Flask) -> None:

@@ -23,7 +23,9 @@ def list_budgets() -> Response:
     who = reader(None)
     webhook = request.args.get("webhook")
     if webhook is not None:  # what it holds in force holds evictions back: only the webhook's own say counts
-        services().auth.check_reserver(who, "name itself as a webhook process (what it holds in force holds evictions back)")
+        services().auth.check_reserver(
+            who, "name itself as a webhook process (what it holds in force holds evictions back)"
+        )
     # Stamped before it is read: the listing shows every change committed before listedAt.
     listed_at = services().webhooks.poll(webhook, request.args.get("inForce"), request.args.get("refreshSeconds"))
     return jsonify(services().listing(listed_at).to_json())
@@ -45,14 +47,18 @@ def put_budget(name: str) -> tuple[Response, int]:
 @blueprint.patch("/<name>")
 def patch_budget(name: str) -> tuple[Response, int]:
     who = admin()
-    return _answer_change(services().budgets.patch_budget(check_budget_name(name), budget_changes_from_json(body()), who.name), who)
+    return _answer_change(
+        services().budgets.patch_budget(check_budget_name(name), budget_changes_from_json(body()), who.name), who
+    )
 
 
 @blueprint.delete("/<name>")
 def delete_budget(name: str) -> Response | tuple[str, int]:
     who = admin()
     status = services().budgets.remove_budget(check_budget_name(name), who.name)
-    log.info("%s: budget removed by %s", name, who.name, extra={"namespace": name, "actor": who.name, "action": "removal"})
+    log.info(
+        "%s: budget removed by %s", name, who.name, extra={"namespace": name, "actor": who.name, "action": "removal"}
+    )
     if status is None:  # a group: nothing applies in its place
         return "", 204
     crossing(True, status, f"its budget was removed by {who.name}")

@@ -29,7 +29,8 @@ def caller() -> Caller:
 
 
 def reader(scope: str | None) -> Caller:
-    """The caller, who must be allowed to read `scope`: a namespace, a group budget, or (None) every namespace (a 403)."""
+    """The caller, who must be allowed to read `scope`: a namespace, a group budget, or (None) every namespace (a
+    403)."""
     who = caller()
     services().auth.check_read(who, scope)
     return who

@@ -24,7 +24,14 @@ from timekeeper.database.cluster.listings import ListingQueryError
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-BAD_REQUESTS: tuple[type[Exception], ...] = (ReportError, UsageRequestError, BudgetRequestError, InvalidName, JsonBodyError, ListingQueryError)
+BAD_REQUESTS: tuple[type[Exception], ...] = (
+    ReportError,
+    UsageRequestError,
+    BudgetRequestError,
+    InvalidName,
+    JsonBodyError,
+    ListingQueryError,
+)
 CONFLICTS: tuple[type[Exception], ...] = (NoLimit, Managed, HierarchyConflict, AdmissionIdTaken)
 
 

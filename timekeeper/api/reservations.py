@@ -22,4 +22,6 @@ def post_reservation() -> Response:
     if committed is None:
         raise Uncountable(pods.problem() or NOT_PUBLISHED)
     grant = services().reservations.reserve(asked, committed, pods.counted_ids(), pods.admitted_as, pods.settled_ids())
-    return jsonify(granted=grant.granted, uncommitted=None if grant.uncommitted is None else grant.uncommitted.to_json())
+    return jsonify(
+        granted=grant.granted, uncommitted=None if grant.uncommitted is None else grant.uncommitted.to_json()
+    )

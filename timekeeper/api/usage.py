@@ -23,8 +23,11 @@ def get_usage() -> Response:
     report = services().ledger.usage.report(asked)
     if request.accept_mimetypes.best_match(["application/json", "text/csv"]) == "text/csv":
         filename = f"gpu-usage-{asked.start}-{asked.end}.csv"
-        return Response(usage_csv(report.fields, (row.to_json() for row in report.rows)), content_type="text/csv; charset=utf-8",
-                        headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+        return Response(
+            usage_csv(report.fields, (row.to_json() for row in report.rows)),
+            content_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+        )
     return jsonify(report.to_json())
 
 
@@ -33,7 +36,10 @@ def get_gpu_models() -> Response:
     services().auth.check_not_meter(caller())
     catalogue = services().config.catalogue
     return jsonify(
-        items=[{"name": m.name, "memoryMiB": m.memory_mib, "billingWeight": weight_number(m.billing_weight)} for m in catalogue.models],
+        items=[
+            {"name": m.name, "memoryMiB": m.memory_mib, "billingWeight": weight_number(m.billing_weight)}
+            for m in catalogue.models
+        ],
         default=catalogue.default.name,
         changes=[change.to_json() for change in services().ledger.weights.history()],
     )

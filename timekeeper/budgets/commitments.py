@@ -1,12 +1,13 @@
 """What the namespaces' GPU pods have committed of their budgets, and what is left uncommitted (safe admission).
 
 The timekeeper's controller follows the cluster's GPU pods (those the webhook recorded a share on) by a watch and
-publishes the committed ones in the database, where the web replicas read them (timekeeper.database.cluster.commitments). A pod with a
-deadline that has not ended commits its share x its model's weight x the time its deadline leaves it: all of its
-deadline until it starts, then what remains of it (gpusharing.commitment). A pod without a deadline commits
-nothing it can be held to, and is not counted. A pod being admitted holds its commitment as a reservation
-(timekeeper.database.budgets.reservations) until the controller publishes the pod, whose admission id says which reservation it
-replaces. What is left uncommitted is counted along the namespace's path to its root budget.
+publishes the committed ones in the database, where the web replicas read them
+(timekeeper.database.cluster.commitments). A pod with a deadline that has not ended commits its share x its model's
+weight x the time its deadline leaves it: all of its deadline until it starts, then what remains of it
+(gpusharing.commitment). A pod without a deadline commits nothing it can be held to, and is not counted. A pod being
+admitted holds its commitment as a reservation (timekeeper.database.budgets.reservations) until the controller publishes
+the pod, whose admission id says which reservation it replaces. What is left uncommitted is counted along the
+namespace's path to its root budget.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def held_below(budgets: Mapping[str, Budget], held: Mapping[str, int]) -> dict[s
     return below
 
 
-def tightest(status: BudgetStatus, committed_below: Mapping[str, int], reserved_below: Mapping[str, int]) -> Uncommitted | None:
+def tightest(
+    status: BudgetStatus, committed_below: Mapping[str, int], reserved_below: Mapping[str, int]
+) -> Uncommitted | None:
     """What is left uncommitted of the tightest of the namespace's budget and its ancestors' (each less what is
     committed and reserved below it); None when none of them has a limit."""
     least: Uncommitted | None = None
@@ -155,7 +158,9 @@ NOT_KNOWN = ListedCommitments()
 
 
 def listed_commitments(
-    statuses: Iterable[BudgetStatus], committed: Mapping[str, NamespaceCommitments] | None, budgets: Mapping[str, Budget],
+    statuses: Iterable[BudgetStatus],
+    committed: Mapping[str, NamespaceCommitments] | None,
+    budgets: Mapping[str, Budget],
     reserved: Mapping[str, int],
 ) -> dict[str, ListedCommitments]:
     """Each status's commitments, by its name, for the listing (`budgets`: all of them, the hierarchy; `reserved`: what

@@ -1,4 +1,5 @@
-"""Budget hierarchies (Slurm's Grp* limits): ancestors, what may be a parent, and statuses rolled up a group. Plain data."""
+"""Budget hierarchies (Slurm's Grp* limits): ancestors, what may be a parent, and statuses rolled up a group. Plain
+data."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ def ancestry(budgets: Mapping[str, Budget], name: str) -> list[str]:
     """The names above `name`, parent first, as far as they have budgets; at most MAX_ANCESTORS, never a loop."""
     chain: list[str] = []
     parent = budgets[name].parent if name in budgets else None
-    while parent is not None and parent in budgets and parent != name and parent not in chain and len(chain) < MAX_ANCESTORS:
+    while (
+        parent is not None
+        and parent in budgets
+        and parent != name
+        and parent not in chain
+        and len(chain) < MAX_ANCESTORS
+    ):
         chain.append(parent)
         parent = budgets[parent].parent
     return chain
@@ -31,7 +38,9 @@ def idle_policy_of(budgets: Mapping[str, Budget], name: str, default: IdlePolicy
     return in_force([(n, budgets[n].idle) for n in chain], default)
 
 
-def hierarchy_problem(budgets: Mapping[str, Budget], name: str, parent: str | None, parent_must_exist: bool = True) -> str | None:
+def hierarchy_problem(
+    budgets: Mapping[str, Budget], name: str, parent: str | None, parent_must_exist: bool = True
+) -> str | None:
     """Why `name` may not have `parent` among `budgets` (the other budgets' parents as they are), or None.
 
     A parent is a group budget; no budget is its own ancestor; no chain is longer than MAX_ANCESTORS above a
@@ -44,7 +53,11 @@ def hierarchy_problem(budgets: Mapping[str, Budget], name: str, parent: str | No
     if parent == name:
         return f"{name} cannot be its own parent: {name} -> {name} is a cycle"
     if parent not in budgets:
-        return f"the parent of {name} is {parent}, which has no budget: set the group's budget first" if parent_must_exist else None
+        return (
+            f"the parent of {name} is {parent}, which has no budget: set the group's budget first"
+            if parent_must_exist
+            else None
+        )
     chain = [parent]
     while True:
         if chain[-1] == name:

@@ -33,7 +33,9 @@ def period_window(period: Period, at: dt.datetime) -> PeriodWindow:
         return PeriodWindow(monday, monday + dt.timedelta(days=7))
     if period is Period.MONTHLY:
         first = day.replace(day=1)
-        following = first.replace(year=first.year + 1, month=1) if first.month == 12 else first.replace(month=first.month + 1)
+        following = (
+            first.replace(year=first.year + 1, month=1) if first.month == 12 else first.replace(month=first.month + 1)
+        )
         return PeriodWindow(first, following)
     return PeriodWindow(EPOCH, None)
 

@@ -30,7 +30,9 @@ BUDGET_FIELDS = {"gpuMinutes": "gpu_minutes", "period": "period", "evictOnExhaus
 def budget_from_json(name: str, body: object, default_period: Period) -> Budget:
     """A budget from `PUT /api/v1/budgets/{name}`: gpuMinutes (a number, or null for unlimited), period,
     evictOnExhaustion, parent, warningThresholds, admission, onShortfall, idle."""
-    fields = _object(body, required=("gpuMinutes",), optional=tuple(key for key in BUDGET_FIELDS if key != "gpuMinutes"))
+    fields = _object(
+        body, required=("gpuMinutes",), optional=tuple(key for key in BUDGET_FIELDS if key != "gpuMinutes")
+    )
     given = _budget_fields(fields)
     return replace(Budget(check_budget_name(name), given["gpu_minutes"], default_period), **given)
 
@@ -59,7 +61,9 @@ def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
         if parent is not None and not isinstance(parent, str):
             raise BudgetRequestError("parent must be a group budget's name (e.g. team.vision), or null for none")
         if parent is not None and not is_group(parent):
-            raise BudgetRequestError(f"parent {parent!r} is a namespace's name: a parent is a group budget (a name with a dot, e.g. team.vision)")
+            raise BudgetRequestError(
+                f"parent {parent!r} is a namespace's name: a parent is a group budget (a name with a dot, e.g. team.vision)"
+            )
         try:
             given["parent"] = None if parent is None else check_budget_name(parent, "parent")
         except InvalidName as exc:
@@ -96,7 +100,9 @@ def top_up_from_json(body: object) -> tuple[float, str]:
     reason = fields["reason"]
     # Printable: no control characters (a database refuses NUL) and no lone surrogates (not UTF-8).
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON or not reason.isprintable():
-        raise BudgetRequestError(f"reason must be a non-empty line of printable text of at most {MAX_REASON} characters")
+        raise BudgetRequestError(
+            f"reason must be a non-empty line of printable text of at most {MAX_REASON} characters"
+        )
     return _minutes(fields["gpuMinutes"], "gpuMinutes", allow_zero=False), reason.strip()
 
 

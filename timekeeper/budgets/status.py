@@ -1,4 +1,5 @@
-"""A budget and its status: what an admin set, what was used, and the state that follows. Plain data, no Flask, no SQL."""
+"""A budget and its status: what an admin set, what was used, and the state that follows. Plain data, no Flask, no
+SQL."""
 
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ class BudgetStatus:
 
     @property
     def limited_by(self) -> str | None:
-        """The budget (this one, or the nearest ancestor) whose own state is the effective state; None when unlimited."""
+        """The budget (this one, or the nearest ancestor) whose own state is the effective state; None when
+        unlimited."""
         state = self.state
         if state is BudgetState.UNLIMITED:
             return None
@@ -186,7 +188,9 @@ def default_budget(gpu_minutes: float | None, period: Period) -> DefaultBudget:
     return DefaultBudget(gpu_minutes, period, state_for(gpu_minutes, 0))
 
 
-def effective_budget(namespace: str, budget: Budget | None, default_gpu_minutes: float | None, default_period: Period) -> Budget:
+def effective_budget(
+    namespace: str, budget: Budget | None, default_gpu_minutes: float | None, default_period: Period
+) -> Budget:
     """The namespace's own budget, or the default one (unlimited when no default is configured; its idle policy, the
     default budget's settings, comes to it as to every namespace without one, see hierarchy.roll_up)."""
     if budget is not None:

@@ -157,8 +157,10 @@ class Biller:
         flagged = []
         for uid in self.ledger.claim_silent(list(running), quiet_since, now):
             pod = running[uid]
-            message = (f"the GPU meter of pod {pod.name} has not reported for {fresh_for(self.meter_interval):g}s: the pod is "
-                       "billed from its recorded start all the same; its GPU utilisation and memory are unknown")
+            message = (
+                f"the GPU meter of pod {pod.name} has not reported for {fresh_for(self.meter_interval):g}s: the pod is "
+                "billed from its recorded start all the same; its GPU utilisation and memory are unknown"
+            )
             self.events.put(Event(METER_SILENT, message, about=ObjectRef("v1", "Pod", pod.name, uid, pod.namespace)))
             flagged.append(f"{pod.namespace}/{pod.name}")
             log.warning("%s", message, extra={"namespace": pod.namespace, "pod": pod.name, "event": METER_SILENT})

@@ -75,7 +75,8 @@ class BudgetSync:
         self.idle = idle  # the idle task's last pass, for the statuses' idle figures
         self.fair_share = fair_share  # the fairshare task's last figures by budget name (none when fair share is off)
         self.webhooks = evictions.webhooks
-        self._over_since: dict[str, float] = {}  # namespaces to evict: when this process saw them over (the database's time)
+        # namespaces to evict: when this process saw them over (the database's time)
+        self._over_since: dict[str, float] = {}
         self.last: BudgetPass | None = None
 
     def sync(self) -> BudgetPass:
@@ -106,7 +107,8 @@ class BudgetSync:
         """The `statuses` task: each resource's status where it differs; the budgets written. A resource whose spec
         the `budgets` task has not written into the ledger yet keeps its status until it has: its observedGeneration
         is never stamped on figures of the spec before."""
-        ledger = self.budgets.budgets()  # read before the statuses: a budget applied in between shows in both or neither
+        # read before the statuses: a budget applied in between shows in both or neither
+        ledger = self.budgets.budgets()
         statuses = {s.namespace: s for s in self.budgets.statuses()}
         problems = self.last.problems if self.last is not None else {}
         idle = budget_idle(statuses, self.idle())
@@ -174,8 +176,11 @@ class BudgetSync:
             ledger[name] = budget
         for name, budget in desired.items():
             if name not in problems and budget.parent is not None and budget.parent not in ledger:
-                problems[name] = Problem("ParentNotFound", f"the parent {budget.parent} has no budget (no ClusterGPUBudget "
-                                         "or REST budget of that name): only this budget limits it")
+                problems[name] = Problem(
+                    "ParentNotFound",
+                    f"the parent {budget.parent} has no budget (no ClusterGPUBudget "
+                    "or REST budget of that name): only this budget limits it",
+                )
             elif name not in problems and (problem := hierarchy_problem(ledger, name, budget.parent, False)):
                 problems[name] = Problem("HierarchyConflict", problem)
         synced = {resource.namespaced: watched.synced for resource, watched in self.informers.budgets.items()}
@@ -185,7 +190,12 @@ class BudgetSync:
             try:
                 self.budgets.remove_budget(name, actor=by, owner=by)
                 done.removed.append(name)
-                log.info("%s: its budget was removed with its resource (%s)", name, by, extra={"namespace": name, "actor": by})
+                log.info(
+                    "%s: its budget was removed with its resource (%s)",
+                    name,
+                    by,
+                    extra={"namespace": name, "actor": by},
+                )
             except NoBudget:
                 pass
         return problems
@@ -209,7 +219,9 @@ class BudgetSync:
                           lambda: self.budgets.release_transition(status.namespace, status.state, given_back)):
                 done.events.append((status.namespace, event[0]))
                 fields["event"] = event[0]
-        log.info("%s: %s -> %s%s", status.namespace, claimed, status.state, f" ({event[1]})" if event else "", extra=fields)
+        log.info(
+            "%s: %s -> %s%s", status.namespace, claimed, status.state, f" ({event[1]})" if event else "", extra=fields
+        )
 
     def _warn(self, status: BudgetStatus, targets: dict[str, dict[str, Any]], done: BudgetPass) -> None:
         """Warns once per period of the highest warning threshold the budget's own use newly reached. Thresholds
@@ -255,8 +267,10 @@ class BudgetSync:
                 log.info("%s: evictions wait for %d webhook process(es) to hold its over-budget state", namespace,
                          behind, extra={"namespace": namespace})
                 continue
-            candidates += [PodRef(namespace, pod.record.name, pod.record.uid, pod.record.owner.uid if pod.record.owner else "")
-                           for pod in eviction_candidates(running.get(namespace, []))]
+            candidates += [
+                PodRef(namespace, pod.record.name, pod.record.uid, pod.record.owner.uid if pod.record.owner else "")
+                for pod in eviction_candidates(running.get(namespace, []))
+            ]
             acknowledged = max(acknowledged, since)
         if not candidates:
             return

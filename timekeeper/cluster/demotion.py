@@ -27,7 +27,9 @@ def transition_event(status: BudgetStatus, previous: BudgetState) -> tuple[str, 
     """(reason, message, warning) of the Event for a change of state, or None when it deserves none (a warning
     threshold is told by threshold_event)."""
     if status.state is BudgetState.OVER_BUDGET:
-        action = "its running GPU pods are being evicted" if status.evict_on_exhaustion else "running pods are left alone"
+        action = (
+            "its running GPU pods are being evicted" if status.evict_on_exhaustion else "running pods are left alone"
+        )
         limiting = next(s for s in (status, *status.ancestors) if s.namespace == status.limited_by)
         whose = "GPU budget exhausted" if limiting is status else f"GPU budget of {limiting.namespace} exhausted"
         pods = "new GPU pods of its namespaces" if is_group(status.namespace) else "new GPU pods"
@@ -38,7 +40,11 @@ def transition_event(status: BudgetStatus, previous: BudgetState) -> tuple[str, 
             True,
         )
     if previous is BudgetState.OVER_BUDGET:
-        return RESTORED, f"GPU budget available again ({status.state}); new GPU pods get the in-budget priority class", False
+        return (
+            RESTORED,
+            f"GPU budget available again ({status.state}); new GPU pods get the in-budget priority class",
+            False,
+        )
     return None
 
 

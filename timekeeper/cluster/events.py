@@ -79,8 +79,9 @@ class EventQueue:
     def _send(self, event: Event) -> bool:
         """Whether there was something to record it on (a namespace deleted meanwhile has none)."""
         if event.namespace is not None:
-            return not is_group(event.namespace) and self.kube.record_event(event.namespace, event.reason, event.message,
-                                                                            event.warning)
+            return not is_group(event.namespace) and self.kube.record_event(
+                event.namespace, event.reason, event.message, event.warning
+            )
         assert event.about is not None
         about = self.kube.shown_owner(event.about) if event.shown_owner else event.about
         self.kube.record_object_event(about, event.reason, event.message, event.warning, event.related)

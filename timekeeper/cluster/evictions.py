@@ -169,7 +169,12 @@ class EvictionPath:
         try:
             if read_first:
                 found = self.kube.read_pod(pod.namespace, pod.name)
-                if found is None or found.metadata is None or found.metadata.uid != pod.uid or found.metadata.deletion_timestamp:
+                if (
+                    found is None
+                    or found.metadata is None
+                    or found.metadata.uid != pod.uid
+                    or found.metadata.deletion_timestamp
+                ):
                     return EvictionAnswer(EvictionResult.GONE)
             remaining = self.election.remaining_seconds()
             if remaining <= 0:
@@ -252,13 +257,15 @@ class _Pass:
                     self._collect(None)
                 except LeaseLost as exc:
                     lost = lost or exc
-            for uid, claim in self.held.items():  # not read yet: whether an earlier request was granted is unknown still
+            # not read yet: whether an earlier request was granted is unknown still
+            for uid, claim in self.held.items():
                 if claim.read_first:
                     self.path._keep_unknown(uid, claim.term)
             given_back = {uid: claim for uid, claim in self.held.items() if not claim.read_first}
             for term in {claim.term for claim in given_back.values()}:
                 self.path.fence.release(term, *(uid for uid, claim in given_back.items() if claim.term == term))
-            for pods in (self.done.evicted, self.done.refused, self.done.gone, self.done.unknown):  # as answered: told in order of name
+            # as answered: told in order of name
+            for pods in (self.done.evicted, self.done.refused, self.done.gone, self.done.unknown):
                 pods.sort(key=lambda pod: (pod.namespace, pod.name))
         if lost is not None:
             raise lost
@@ -281,7 +288,9 @@ class _Pass:
         if renewed is None or claimed is None:
             self.path._put_back_unknown(unknown)  # still unknown: whoever leads next reads them first
             raise LeaseLost(f"a later leader than {self.path.election.identity} (term {term}) has recorded itself")
-        self.path._put_back_unknown({uid: kept for uid, kept in unknown.items() if uid not in renewed and uid not in claimed})
+        self.path._put_back_unknown(
+            {uid: kept for uid, kept in unknown.items() if uid not in renewed and uid not in claimed}
+        )
         for uid in (uid for uid in batch if uid in renewed or uid in claimed):
             read_first = uid in renewed or uid in unknown or uid in claimed.taken_over
             self.held[uid] = _Claimed(batch[uid], term, since, read_first=read_first)
@@ -352,7 +361,8 @@ class _Pass:
         fields = {"namespace": pod.namespace, "pod": pod.name}
         self.path.answered(failed=isinstance(answer, KubeUnavailable))
         if isinstance(answer, KubeUnavailable):
-            del self.held[pod.uid]  # unknown: its claim is kept, not given back, and the pod read before it is asked again
+            # unknown: its claim is kept, not given back, and the pod read before it is asked again
+            del self.held[pod.uid]
             self.path._keep_unknown(pod.uid, claim.term)
             self.done.unknown.append(pod)
             log.warning("%s; a later pass reads the pod before it asks again (%d evictions in flight at most now)",
@@ -364,7 +374,9 @@ class _Pass:
         if result is EvictionResult.REFUSED:
             claim.read_first = False  # read before it was asked, and running: no earlier request evicted it
             claim.refusals += 1
-            backoff = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** (claim.refusals - 1)) * random.uniform(0.8, 1.2)
+            backoff = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** (claim.refusals - 1)) * random.uniform(
+                0.8, 1.2
+            )
             when = self.path._monotonic() + (answer.retry_after if answer.retry_after is not None else backoff)
             if pod.owner:  # its owner's other pods would be refused as well: they wait as long, then go one at a time
                 self.guarded[pod.owner] = max(self.guarded.get(pod.owner, 0.0), when)
@@ -374,8 +386,14 @@ class _Pass:
                 heapq.heappush(self.later, (when, self._order, claim))
                 return
             self.done.refused.append(pod)
-            log.info("eviction of %s refused (429: a PodDisruptionBudget, or the API server's flow control) %d time(s); "
-                     "a later pass tries again (%s)", pod, claim.refusals, self.reason, extra=fields)
+            log.info(
+                "eviction of %s refused (429: a PodDisruptionBudget, or the API server's flow control) %d time(s); "
+                "a later pass tries again (%s)",
+                pod,
+                claim.refusals,
+                self.reason,
+                extra=fields,
+            )
             return
         del self.held[pod.uid]  # evicted, or gone already: its claim stands, so that no one asks again
         if result is EvictionResult.GONE:

@@ -69,7 +69,9 @@ class FairSharePass:
     held_back: list[str] = field(default_factory=list)  # namespaces whose evictions wait for the webhooks
 
 
-def share_nodes(budgets: Mapping[str, Budget], specs: Mapping[str, FairShareSpec], usage: Mapping[str, float]) -> list[ShareNode]:
+def share_nodes(
+    budgets: Mapping[str, Budget], specs: Mapping[str, FairShareSpec], usage: Mapping[str, float]
+) -> list[ShareNode]:
     """The budget hierarchy as Fair Tree's nodes: a budget's weight is its spec.fairShare.weight, else its GPU-minutes
     (an unlimited budget: the largest finite weight, so that it is no lighter than any other)."""
     finite = [b.gpu_minutes for b in budgets.values() if b.gpu_minutes is not None]
@@ -77,9 +79,15 @@ def share_nodes(budgets: Mapping[str, Budget], specs: Mapping[str, FairShareSpec
     nodes = []
     for name, budget in sorted(budgets.items()):
         spec = specs.get(name, FairShareSpec())
-        weight = spec.weight if spec.weight is not None else (unlimited if budget.gpu_minutes is None else budget.gpu_minutes)
+        weight = (
+            spec.weight
+            if spec.weight is not None
+            else (unlimited if budget.gpu_minutes is None else budget.gpu_minutes)
+        )
         group = is_group(name)
-        nodes.append(ShareNode(name, budget.parent, max(weight, MIN_WEIGHT), 0.0 if group else usage.get(name, 0.0), not group))
+        nodes.append(
+            ShareNode(name, budget.parent, max(weight, MIN_WEIGHT), 0.0 if group else usage.get(name, 0.0), not group)
+        )
     return nodes
 
 
@@ -97,8 +105,15 @@ class Rebalance:
     evict: tuple[RecordedPod, ...]
 
 
-def rebalance(pods: Sequence[RecordedPod], bands: FairShareBands, current: Mapping[str, int], ratios: Mapping[str, float],
-              now: dt.datetime, grace: dt.timedelta, min_run_time: dt.timedelta) -> Rebalance:
+def rebalance(
+    pods: Sequence[RecordedPod],
+    bands: FairShareBands,
+    current: Mapping[str, int],
+    ratios: Mapping[str, float],
+    now: dt.datetime,
+    grace: dt.timedelta,
+    min_run_time: dt.timedelta,
+) -> Rebalance:
     """The fewest running pods to evict so that pods of a higher band, unschedulable for longer than `grace`, can
     preempt their way in: pods admitted in a band no lower than the waiting pods' (so those cannot preempt them)
     whose namespace's band is now lower than both that and the band of the lightest namespace that waits, heaviest
@@ -121,7 +136,9 @@ def rebalance(pods: Sequence[RecordedPod], bands: FairShareBands, current: Mappi
         and p.owner is not None and p.running and p.started_at is not None and now - p.started_at >= min_run_time
         and p.finished_at is None and p.deleted_at is None
     ]
-    candidates.sort(key=lambda p: (-current[p.namespace], -ratios.get(p.namespace, 0.0), p.namespace, -p.admitted, p.name))
+    candidates.sort(
+        key=lambda p: (-current[p.namespace], -ratios.get(p.namespace, 0.0), p.namespace, -p.admitted, p.name)
+    )
     chosen: list[RecordedPod] = []
     freed = 0.0
     for pod in candidates:
@@ -135,8 +152,16 @@ def rebalance(pods: Sequence[RecordedPod], bands: FairShareBands, current: Mappi
 class FairShareTask:
     """The `fairshare` task of the controller's leader, on the shared caches."""
 
-    def __init__(self, settings: FairShareSettings, ledger: FairShareLedger, budgets: BudgetStore, informers: ClusterInformers,
-                 evictions: EvictionPath, events: EventQueue, now: Callable[[], dt.datetime]):
+    def __init__(
+        self,
+        settings: FairShareSettings,
+        ledger: FairShareLedger,
+        budgets: BudgetStore,
+        informers: ClusterInformers,
+        evictions: EvictionPath,
+        events: EventQueue,
+        now: Callable[[], dt.datetime],
+    ):
         self.settings = settings
         self.ledger = ledger
         self.budgets = budgets
@@ -164,7 +189,9 @@ class FairShareTask:
         specs = {budget_name(obj): fair_share_spec(obj) for _, obj in self.informers.budget_resources()}
         budgets = self.budgets.budgets()
         records = self.ledger.records()
-        usage = {name: record.usage.at(now, self._half_life(specs.get(name))).gpu_seconds for name, record in records.items()}
+        usage = {
+            name: record.usage.at(now, self._half_life(specs.get(name))).gpu_seconds for name, record in records.items()
+        }
         standings = rank_fair_tree(share_nodes(budgets, specs, usage))
         held: dict[str, float] = {}
         for pod in pods:  # what its pods in budget hold or wait for: the burst guard counts a pending pod's GPUs too
@@ -228,8 +255,13 @@ class FairShareTask:
                 "rank": standing.standing.rank if standing else level.rank,
                 "usage": round(done.usage.get(name, 0.0) / 3600, 3),
                 "asOf": iso_utc(done.at),
-                **({"band": classes[standing.state.band], "reason": standing.reason} if standing else
-                   {"reason": f"{name} ranks {level.rank} of {level.siblings} among its siblings, at {level.ratio:.2f}x its share"}),
+                **(
+                    {"band": classes[standing.state.band], "reason": standing.reason}
+                    if standing
+                    else {
+                        "reason": f"{name} ranks {level.rank} of {level.siblings} among its siblings, at {level.ratio:.2f}x its share"
+                    }
+                ),
             }
         return result
 
@@ -238,7 +270,9 @@ class FairShareTask:
     def _rebalance(self, pods: Sequence[RecordedPod], done: FairSharePass, now: dt.datetime) -> None:
         current = {name: s.state.band for name, s in done.standings.items()}
         ratios = {name: s.standing.ratio for name, s in done.standings.items()}
-        plan = rebalance(pods, self.settings.bands, current, ratios, now, self.settings.grace, self.settings.min_run_time)
+        plan = rebalance(
+            pods, self.settings.bands, current, ratios, now, self.settings.grace, self.settings.min_run_time
+        )
         done.waiting = [f"{p.namespace}/{p.name}" for p in plan.waiting]
         by_namespace: dict[str, list[RecordedPod]] = {}
         for pod in plan.evict:
@@ -247,15 +281,20 @@ class FairShareTask:
             # Its replacements must be admitted in its band now: every webhook holds a listing read after it changed.
             since = done.standings[namespace].state.since
             for_whom, why = self._why(namespace, plan.waiting, done, now)
-            result = self.evictions.evict(f"fair share: {why}", [PodRef(p.namespace, p.name, p.uid) for p in victims],
-                                          since.timestamp(),
-                                          on_evicted=lambda ref, why=why, to=for_whom: self._tell(ref, to, why))  # type: ignore[misc]
+            result = self.evictions.evict(
+                f"fair share: {why}",
+                [PodRef(p.namespace, p.name, p.uid) for p in victims],
+                since.timestamp(),
+                on_evicted=lambda ref, why=why, to=for_whom: self._tell(ref, to, why),  # type: ignore[misc]
+            )
             if result.waiting:
                 done.held_back.append(namespace)
             done.evicted += [str(pod) for pod in result.evicted]
             done.refused += [str(pod) for pod in result.refused]
 
-    def _why(self, namespace: str, waiting: Sequence[RecordedPod], done: FairSharePass, now: dt.datetime) -> tuple[str, str]:
+    def _why(
+        self, namespace: str, waiting: Sequence[RecordedPod], done: FairSharePass, now: dt.datetime
+    ) -> tuple[str, str]:
         """The namespace the pods are evicted for, and why."""
         first = min(waiting, key=lambda p: (p.unschedulable_since or now, p.namespace, p.name))
         waited = format_duration(round((now - (first.unschedulable_since or now)).total_seconds()))

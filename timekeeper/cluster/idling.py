@@ -1,9 +1,9 @@
 """The idle policy, acted on by the controller's leader: Events, evictions and holds for GPU pods nobody uses.
 
-Every billing interval the leader reads the streak of each running governed pod (kept from its node agent's
-readings where they are fresh, else from its meter's: timekeeper.database.accounting.readings, reports) and judges it by the
-policy in force (gpusharing.idle.verdict). Each streak is warned of once (`GPUIdleWarning` on the pod and its
-owner) and acted on once (`GPUIdle`), claimed in the database first so that two leaders never both act:
+Every billing interval the leader reads the streak of each running governed pod (kept from its node agent's readings
+where they are fresh, else from its meter's: timekeeper.database.accounting.readings, reports) and judges it by the
+policy in force (gpusharing.idle.verdict). Each streak is warned of once (`GPUIdleWarning` on the pod and its owner) and
+acted on once (`GPUIdle`), claimed in the database first so that two leaders never both act:
 
 - warn: the Event, nothing else;
 - demote: a pod that runs in budget and has an owner is evicted through the Eviction API (PodDisruptionBudgets
@@ -13,11 +13,11 @@ owner) and acted on once (`GPUIdle`), claimed in the database first so that two 
 - evict: as demote, and bare pods and pods already out of budget are evicted too.
 
 An owner is held from the moment its pod is warned of (or, without a warning, is due), and the pod is evicted through
-the controller's one eviction path (timekeeper.cluster.evictions) once every webhook process has acknowledged the
-hold (holds a listing read after this process saw the hold written, by the database's clock: the one the listings are
-stamped with, which the hold's recorded time need not be), so that the owner's replacement is admitted out of budget; the eviction then comes within one pass of the
-deadline. A hold ends when a pod of its owner reads busy, when the policy in force stops demoting or evicting, or a
-week after its owner was last seen with a pod.
+the controller's one eviction path (timekeeper.cluster.evictions) once every webhook process has acknowledged the hold
+(holds a listing read after this process saw the hold written, by the database's clock: the one the listings are stamped
+with, which the hold's recorded time need not be), so that the owner's replacement is admitted out of budget; the
+eviction then comes within one pass of the deadline. A hold ends when a pod of its owner reads busy, when the policy in
+force stops demoting or evicting, or a week after its owner was last seen with a pod.
 """
 
 from __future__ import annotations
@@ -147,7 +147,9 @@ class Idler:
         said = _idle_for(pod, judged) + f": {_rule(policy)}"
         spared = self._spared(pod, action)
         if action is IdleAction.WARN or spared:
-            told = f"{said}; nothing else is done" if action is IdleAction.WARN else f"{said}; it is not evicted: {spared}"
+            told = (
+                f"{said}; nothing else is done" if action is IdleAction.WARN else f"{said}; it is not evicted: {spared}"
+            )
             if self._tell(pod, streak, "idle_acted_at", IDLE, told, now):
                 done.acted.append(f"{pod.namespace}/{pod.name}")
                 metrics.IDLE_ACTIONS.labels(str(action), "spared" if spared else "done").inc()
@@ -175,8 +177,16 @@ class Idler:
         if not result.evicted or not self.idle.claim(pod.uid, streak.since, "idle_acted_at", now):
             return  # gone meanwhile, or acted on already
         metrics.IDLE_ACTIONS.labels(str(action), "evicted").inc()
-        log.info("idle pod %s evicted %s", ref, self._when(pod.uid, now),
-                 extra={"namespace": pod.namespace, "pod": pod.name, "deadline": iso_utc(judged.act_at) if judged.act_at else None})
+        log.info(
+            "idle pod %s evicted %s",
+            ref,
+            self._when(pod.uid, now),
+            extra={
+                "namespace": pod.namespace,
+                "pod": pod.name,
+                "deadline": iso_utc(judged.act_at) if judged.act_at else None,
+            },
+        )
         done.evicted.append(str(ref))
         done.acted.append(str(ref))
         held = (f"; {pod.owner.kind} {pod.owner.name}'s next pods are admitted out of budget until one uses its GPU"
@@ -210,7 +220,9 @@ class Idler:
         self._events(pod, reason, message, on_failure=lambda: self.idle.release(pod.uid, since, step))
         return True
 
-    def _events(self, pod: RecordedPod, reason: str, message: str, on_failure: Callable[[], None] | None = None) -> None:
+    def _events(
+        self, pod: RecordedPod, reason: str, message: str, on_failure: Callable[[], None] | None = None
+    ) -> None:
         """The Event on the pod, and on its owner as `kubectl describe` shows it (a ReplicaSet's Deployment).
         `on_failure`: when the pod's cannot be sent (the owner's is only logged)."""
         self.events.put(Event(reason, message, about=ObjectRef("v1", "Pod", pod.name, pod.uid, pod.namespace),
@@ -250,14 +262,18 @@ def budget_idle(statuses: Mapping[str, BudgetStatus], done: IdlePass | None) -> 
     beyond: dict[str, list[str]] = {}
     for pod, judged in done.verdicts.values():
         if judged.warning_due or judged.action_due:
-            beyond.setdefault(pod.namespace, []).append(f"{pod.namespace}/{pod.name} (idle {format_duration(round(judged.idle_seconds))})")
+            beyond.setdefault(pod.namespace, []).append(
+                f"{pod.namespace}/{pod.name} (idle {format_duration(round(judged.idle_seconds))})"
+            )
     result = {}
     for name, status in statuses.items():
         window = status.window
         namespaces = sorted(below.get(name, set()))
         idle = sum(done.use[ns].between(window.start.date(), window.end.date() if window.end else None)[0]
                    for ns in namespaces if ns in done.use)
-        result[name] = IdleStatus(idle / MICROS_PER_SECOND / 3600, tuple(p for ns in namespaces for p in sorted(beyond.get(ns, []))))
+        result[name] = IdleStatus(
+            idle / MICROS_PER_SECOND / 3600, tuple(p for ns in namespaces for p in sorted(beyond.get(ns, [])))
+        )
     return result
 
 

@@ -77,7 +77,11 @@ class ClusterInformers:
 
     def budget_resources(self) -> list[tuple[CustomResource, dict[str, Any]]]:
         """Every GPUBudget and ClusterGPUBudget cached."""
-        return [(resource, obj) for resource, watched in self.budgets.items() for obj in list((watched.items or {}).values())]
+        return [
+            (resource, obj)
+            for resource, watched in self.budgets.items()
+            for obj in list((watched.items or {}).values())
+        ]
 
     def records(self) -> dict[tuple[str, str], RecordedPod] | None:
         """The governed pods' records by (namespace, name); None until listed."""

@@ -84,7 +84,8 @@ class Access:
 
 class EvictionResult(StrEnum):
     EVICTED = "evicted"
-    REFUSED = "refused"  # 429: a PodDisruptionBudget does not allow it now, or flow control throttles; retried, never forced
+    # 429: a PodDisruptionBudget does not allow it now, or flow control throttles; retried, never forced
+    REFUSED = "refused"
     GONE = "gone"  # the pod no longer exists
 
 
@@ -164,7 +165,9 @@ class KubeApi:
         return bool(answer.status and answer.status.allowed)
 
     def read_pod(self, namespace: str, name: str) -> client.V1Pod | None:
-        return self._call(f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace, answers={404: None})
+        return self._call(
+            f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace, answers={404: None}
+        )
 
     def node_pods(self, node: str) -> NodePods:
         """The pods bound to `node`, in every namespace: one LIST, by the API server's field selector."""
@@ -175,7 +178,10 @@ class KubeApi:
 
     def running_pods(self, namespace: str) -> list[client.V1Pod]:
         answer = self._call(
-            f"list the pods of {namespace}", self.core.list_namespaced_pod, namespace, field_selector="status.phase=Running"
+            f"list the pods of {namespace}",
+            self.core.list_namespaced_pod,
+            namespace,
+            field_selector="status.phase=Running",
         )
         return list(answer.items or [])
 
@@ -199,12 +205,19 @@ class KubeApi:
         leaves within that many seconds or not at all (a connection it must open first is given up after that long);
         once sent, its answer is waited for the API's whole timeout. KubeUnavailable when there is no answer: whether
         it was granted is then unknown."""
-        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-                                     delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)))
+        eviction = client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+        )
         answers = {429: lambda exc: EvictionAnswer(EvictionResult.REFUSED, _retry_after(exc)),
                    404: EvictionAnswer(EvictionResult.GONE), 409: EvictionAnswer(EvictionResult.GONE)}
         answer = self._call(
-            f"evict pod {namespace}/{name}", self.core.create_namespaced_pod_eviction, name, namespace, eviction, answers=answers,
+            f"evict pod {namespace}/{name}",
+            self.core.create_namespaced_pod_eviction,
+            name,
+            namespace,
+            eviction,
+            answers=answers,
             timeout=None if send_within is None else (max(0.001, min(send_within, self.timeout)), self.timeout),
         )
         return answer if isinstance(answer, EvictionAnswer) else EvictionAnswer(EvictionResult.EVICTED)
@@ -234,7 +247,9 @@ class KubeApi:
         self.record_object_event(ObjectRef("v1", "Namespace", namespace, answer.metadata.uid), reason, message, warning)
         return True
 
-    def record_object_event(self, about: ObjectRef, reason: str, message: str, warning: bool, related: ObjectRef | None = None) -> None:
+    def record_object_event(
+        self, about: ObjectRef, reason: str, message: str, warning: bool, related: ObjectRef | None = None
+    ) -> None:
         """An Event about `about`, in its namespace (a cluster-scoped object's in `default`); `related`: the other
         object it concerns (for GPUFairShare, the namespace whose pods waited), as kube-scheduler's Preempted Event
         names the preemptor."""
@@ -243,11 +258,21 @@ class KubeApi:
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=f"{about.name}.gpusharing-{uuid.uuid4().hex[:12]}", namespace=where),
             involved_object=client.V1ObjectReference(
-                api_version=about.api_version, kind=about.kind, name=about.name, uid=about.uid, namespace=about.namespace
+                api_version=about.api_version,
+                kind=about.kind,
+                name=about.name,
+                uid=about.uid,
+                namespace=about.namespace,
             ),
-            related=None if related is None else client.V1ObjectReference(
-                api_version=related.api_version, kind=related.kind, name=related.name, uid=related.uid or None,
-                namespace=related.namespace),
+            related=None
+            if related is None
+            else client.V1ObjectReference(
+                api_version=related.api_version,
+                kind=related.kind,
+                name=related.name,
+                uid=related.uid or None,
+                namespace=related.namespace,
+            ),
             reason=reason,
             message=message,
             type="Warning" if warning else "Normal",
@@ -275,8 +300,14 @@ class KubeApi:
 
     def replace_lease(self, namespace: str, name: str, lease: client.V1Lease) -> client.V1Lease | None:
         """The Lease written; None when it changed since it was read (409: another process wrote first)."""
-        return self._call(f"update lease {namespace}/{name}", self.coordination.replace_namespaced_lease, name, namespace,
-                          lease, answers={409: None})
+        return self._call(
+            f"update lease {namespace}/{name}",
+            self.coordination.replace_namespaced_lease,
+            name,
+            namespace,
+            lease,
+            answers={409: None},
+        )
 
     # -- custom resources (GPUBudget, ClusterGPUBudget) ------------------------------------------------------------
 
@@ -286,7 +317,9 @@ class KubeApi:
         return self._call(f"list {resource.plural}", self.custom.list_cluster_custom_object, resource.group,
                           resource.version, resource.plural, answers={404: None})
 
-    def patch_custom_status(self, resource: CustomResource, namespace: str | None, name: str, status: dict[str, Any]) -> None:
+    def patch_custom_status(
+        self, resource: CustomResource, namespace: str | None, name: str, status: dict[str, Any]
+    ) -> None:
         """Merges `status` into the object's status subresource; an object deleted meanwhile is left alone."""
         body = {"status": status}
         what = f"update the status of {resource.plural} {f'{namespace}/' if namespace else ''}{name}"

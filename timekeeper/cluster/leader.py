@@ -7,13 +7,13 @@ every write carries the resourceVersion it read, so that of two processes racing
 write is refused (409). A process that stops gives the Lease up (holderIdentity emptied), so that the next takes
 over at once.
 
-A holder's work can outlast its Lease (a pass over hundreds of evictions): `keep()`, called before each act, renews
-the Lease once a third of it has passed and says whether it is still held, so that the work stops the moment it is
-lost. By its own clock, a holder holds the Lease for `lease_seconds` from the moment it sent its last successful
-write: no other process can take it over sooner. The controller's `lease` task and the task evicting both renew it:
-one renewal at a time (a lock), and one due no longer once the other has just been written, so that the holder's
-two writes never race each other to a 409 and read as the Lease lost. `term`, the Lease's leaseTransitions when this holder took it,
-fences what it does in the database (timekeeper.database.cluster.fencing), where a process's clock does not count.
+A holder's work can outlast its Lease (a pass over hundreds of evictions): `keep()`, called before each act, renews the
+Lease once a third of it has passed and says whether it is still held, so that the work stops the moment it is lost. By
+its own clock, a holder holds the Lease for `lease_seconds` from the moment it sent its last successful write: no other
+process can take it over sooner. The controller's `lease` task and the task evicting both renew it: one renewal at a
+time (a lock), and one due no longer once the other has just been written, so that the holder's two writes never race
+each other to a 409 and read as the Lease lost. `term`, the Lease's leaseTransitions when this holder took it, fences
+what it does in the database (timekeeper.database.cluster.fencing), where a process's clock does not count.
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ class LeaderElection:
                                 "written and no pod evicted")
             self.leading = False
         if self.leading != was_leading:
-            log.info("%s the lease %s/%s as %s", "took" if self.leading else "lost", self.namespace, self.name, self.identity)
+            log.info(
+                "%s the lease %s/%s as %s", "took" if self.leading else "lost", self.namespace, self.name, self.identity
+            )
         return self.leading
 
     def remaining_seconds(self) -> float:

@@ -75,8 +75,17 @@ class ControllerPass:
 
 
 class ControllerManager:
-    def __init__(self, config: TimekeeperConfig, budgets: BudgetStore, ledger: ReportLedger, idle: IdleLedger,
-                 kube: KubeApi, clock: Clock, identity: str | None = None, utilisation_sink: UtilisationSink | None = None):
+    def __init__(
+        self,
+        config: TimekeeperConfig,
+        budgets: BudgetStore,
+        ledger: ReportLedger,
+        idle: IdleLedger,
+        kube: KubeApi,
+        clock: Clock,
+        identity: str | None = None,
+        utilisation_sink: UtilisationSink | None = None,
+    ):
         """`utilisation_sink`: where the `utilisation` task hands its readings (default: the pods' ledgers, as the node
         agents' go); a test's recording stand-in."""
         self.config = config
@@ -93,13 +102,16 @@ class ControllerManager:
         self.events = EventQueue(kube, wake=lambda: self.scheduler.wake("events"))
         self.biller = Biller(ledger, kube, config.gpu_request, self.informers.pods, self.informers.claims, self.events,
                              config.meter_interval_seconds)
-        self.idler = Idler(idle, budgets, self.informers.pods, self.evictions, self.events, fresh_for(config.meter_interval_seconds))
+        self.idler = Idler(
+            idle, budgets, self.informers.pods, self.evictions, self.events, fresh_for(config.meter_interval_seconds)
+        )
         self.commitments = CommitmentPublisher(budgets.db, budgets.clock, identity)
         self.fair_share = None if ledger.fair_share is None else FairShareTask(
             config.fair_share, ledger.fair_share, budgets, self.informers, self.evictions, self.events, budgets.clock)
         fair_share_statuses = self.fair_share.statuses if self.fair_share is not None else dict
-        self.budget_sync = BudgetSync(budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last,
-                                      fair_share_statuses)
+        self.budget_sync = BudgetSync(
+            budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last, fair_share_statuses
+        )
         self._leading = False
         now = budgets.clock
         self.utilisation: PrometheusUtilisation | None = None
@@ -137,7 +149,9 @@ class ControllerManager:
 
     def _lead(self) -> bool:
         was = self._leading
-        self._leading = self.election.try_acquire_or_renew() and self.fence.enter(self.election.term, self.election.identity)
+        self._leading = self.election.try_acquire_or_renew() and self.fence.enter(
+            self.election.term, self.election.identity
+        )
         metrics.LEADING.set(1 if self._leading else 0)
         self.informers.measure()  # every replica's caches, as often as the Lease is asked for
         if self._leading and not was:  # a new holder acts at once, on caches already warm
@@ -171,11 +185,16 @@ class ControllerManager:
         ran = self.scheduler.run_due()
         self.informers.measure()
         return ControllerPass(
-            budgets=_as(ran.get("budgets"), BudgetPass), statuses=_as(ran.get("statuses"), list),
-            billing=_as(ran.get("bills"), BillingPass), ended=_as(ran.get("ended"), BillingPass),
-            idle=_as(ran.get("idle"), IdlePass), silent=_as(ran.get("silent-meters"), list),
-            utilisation=_as(ran.get("utilisation"), UtilisationPass), fair_share=_as(ran.get("fairshare"), FairSharePass),
-            leading=self.leading())
+            budgets=_as(ran.get("budgets"), BudgetPass),
+            statuses=_as(ran.get("statuses"), list),
+            billing=_as(ran.get("bills"), BillingPass),
+            ended=_as(ran.get("ended"), BillingPass),
+            idle=_as(ran.get("idle"), IdlePass),
+            silent=_as(ran.get("silent-meters"), list),
+            utilisation=_as(ran.get("utilisation"), UtilisationPass),
+            fair_share=_as(ran.get("fairshare"), FairSharePass),
+            leading=self.leading(),
+        )
 
 
 def _stops_on_lost_lease(name: str, run: Callable[[], object]) -> Callable[[], object]:

@@ -54,7 +54,9 @@ def budget_from_resource(obj: Mapping[str, Any]) -> Budget:
     if metadata.get("namespace") and metadata.get("name") != GPU_BUDGET_NAME:
         raise BudgetRequestError(f"a namespace's GPUBudget is named {GPU_BUDGET_NAME!r}")
     if not metadata.get("namespace") and not is_group(name):
-        raise BudgetRequestError(f"a ClusterGPUBudget is named as its group, with a dot (e.g. team.vision), not {name!r}")
+        raise BudgetRequestError(
+            f"a ClusterGPUBudget is named as its group, with a dot (e.g. team.vision), not {name!r}"
+        )
     if not isinstance(spec, dict):
         raise BudgetRequestError("spec must be an object")
     unlimited = spec.get("unlimited") is True
@@ -154,17 +156,33 @@ def resource_status(
     state = status.state if status is not None else BudgetState.UNKNOWN
     limited_elsewhere = status is not None and status.limited_by not in (None, status.namespace)
     wanted = [
-        ("Ready", problem is None, problem.reason if problem else "Reconciled",
-         problem.message if problem else "the budget is in the timekeeper's ledger"),
-        ("Exhausted", state is BudgetState.OVER_BUDGET,
-         ("AncestorExhausted" if limited_elsewhere else "BudgetExhausted") if state is BudgetState.OVER_BUDGET else "WithinBudget",
-         _state_message(status)),
-        ("Warning", state is BudgetState.WARNING,
-         ("AncestorThresholdReached" if limited_elsewhere else "ThresholdReached") if state is BudgetState.WARNING else "BelowThresholds",
-         _state_message(status)),
+        (
+            "Ready",
+            problem is None,
+            problem.reason if problem else "Reconciled",
+            problem.message if problem else "the budget is in the timekeeper's ledger",
+        ),
+        (
+            "Exhausted",
+            state is BudgetState.OVER_BUDGET,
+            ("AncestorExhausted" if limited_elsewhere else "BudgetExhausted")
+            if state is BudgetState.OVER_BUDGET
+            else "WithinBudget",
+            _state_message(status),
+        ),
+        (
+            "Warning",
+            state is BudgetState.WARNING,
+            ("AncestorThresholdReached" if limited_elsewhere else "ThresholdReached")
+            if state is BudgetState.WARNING
+            else "BelowThresholds",
+            _state_message(status),
+        ),
     ]
     if idle is not None:
-        wanted.append(("Idle", bool(idle.idle_pods), "PodsIdle" if idle.idle_pods else "NoIdlePods", _idle_message(idle)))
+        wanted.append(
+            ("Idle", bool(idle.idle_pods), "PodsIdle" if idle.idle_pods else "NoIdlePods", _idle_message(idle))
+        )
     previous = {c.get("type"): c for c in ((obj.get("status") or {}).get("conditions") or []) if isinstance(c, dict)}
     conditions = []
     for kind, true, reason, message in wanted:

@@ -26,7 +26,9 @@ from timekeeper.config import PrometheusSource
 log = logging.getLogger(__name__)
 
 MAX_TOKEN_BYTES = 16 * 1024
-MEANWHILE = "the pods' GPU utilisation from Prometheus is unknown meanwhile (the meters' and node agents' reports still count)"
+MEANWHILE = (
+    "the pods' GPU utilisation from Prometheus is unknown meanwhile (the meters' and node agents' reports still count)"
+)
 
 
 class UtilisationSink(Protocol):

@@ -78,8 +78,13 @@ class Database:
             # A statement that runs (or waits for a lock) past the timeout is cancelled by the server: a 503, not a
             # request thread held.
             self.engine = create_engine(
-                url, pool_size=pool_size, max_overflow=pool_size,
-                connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS, "options": f"-c statement_timeout={statement_timeout_ms}"},
+                url,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                connect_args={
+                    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                    "options": f"-c statement_timeout={statement_timeout_ms}",
+                },
             )
         self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
         self._statements = None if self.is_sqlite else PreparedStatements(self.engine.dialect)
@@ -88,7 +93,12 @@ class Database:
     def from_config(cls, config: DatabaseSettings) -> Database:
         """The database of the role's settings (TimekeeperConfig), read by their names: this layer imports no role's
         configuration. Prefer passing the plain values to Database() itself."""
-        return cls(config.database_url, config.db_pool_size, config.sqlite_busy_timeout_ms, int(config.db_statement_timeout_seconds * 1000))
+        return cls(
+            config.database_url,
+            config.db_pool_size,
+            config.sqlite_busy_timeout_ms,
+            int(config.db_statement_timeout_seconds * 1000),
+        )
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -151,7 +161,9 @@ class Database:
         if self.is_sqlite:
             # WHERE: SQLite reads the ON CONFLICT of an INSERT ... SELECT only after one.
             rows = select(*_sqlite_incoming(columns).c).where(true())
-            return BulkWrite(on_conflict(sqlite.insert(table).from_select(columns, rows)), columns, self._stored(table, columns))
+            return BulkWrite(
+                on_conflict(sqlite.insert(table).from_select(columns, rows)), columns, self._stored(table, columns)
+            )
         incoming = _incoming(table, columns)
         return BulkWrite(on_conflict(postgresql.insert(table).from_select(columns, select(*incoming.c))), columns)
 
@@ -204,9 +216,12 @@ class BulkWrite:
 
 
 def _sqlite_incoming(columns: Sequence[str]) -> Any:
-    """SELECT json_extract(value, '$.column1') AS column1, ... FROM json_each(:incoming): a BulkWrite's rows on SQLite."""
+    """SELECT json_extract(value, '$.column1') AS column1, ... FROM json_each(:incoming): a BulkWrite's rows on
+    SQLite."""
     each = func.json_each(bindparam(_INCOMING, type_=Text)).table_valued("value")
-    return select(*(func.json_extract(each.c.value, literal_column(f"'$.{c}'")).label(c) for c in columns)).subquery(_INCOMING)
+    return select(*(func.json_extract(each.c.value, literal_column(f"'$.{c}'")).label(c) for c in columns)).subquery(
+        _INCOMING
+    )
 
 
 def _incoming(table: Table, columns: Sequence[str]) -> Any:
@@ -308,7 +323,8 @@ class PreparedStatements:
 
 @dataclass(frozen=True)
 class _Shape:
-    """A statement expanded for one set of parameter names and IN-list lengths (expanding it costs more than running it)."""
+    """A statement expanded for one set of parameter names and IN-list lengths (expanding it costs more than running
+    it)."""
 
     name: str
     sql: str
@@ -317,7 +333,9 @@ class _Shape:
 
     @classmethod
     def of(cls, state: Any, parameters: Mapping[str, Any]) -> _Shape:
-        expanded = {item: (name, index) for name, items in state.parameter_expansion.items() for index, item in enumerate(items)}
+        expanded = {
+            item: (name, index) for name, items in state.parameter_expansion.items() for index, item in enumerate(items)
+        }
         sources: list[tuple[str | None, Any, Callable[[Any], Any] | None]] = []
         for name, value in zip(state.positiontup or (), state.positional_parameters or ()):
             processor = state.processors.get(name)

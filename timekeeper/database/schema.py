@@ -1,4 +1,5 @@
-"""The schema's version: Alembic driven from code, so `gpusharing db upgrade` works from any directory and when installed."""
+"""The schema's version: Alembic driven from code, so `gpusharing db upgrade` works from any directory and when
+installed."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def upgrade(database_url: str, revision: str = "head") -> None:
 
 
 def downgrade(database_url: str, revision: str) -> None:
-    """Back to `revision` (`base`: no table left): each later revision's downgrade drops what it added, data included."""
+    """Back to `revision` (`base`: no table left): each later revision's downgrade drops what it added, data
+    included."""
     command.downgrade(alembic_config(database_url), revision)
 
 
@@ -54,8 +56,10 @@ def schema_problem(engine: Engine, head: str | None = None) -> str | None:
         return f"the database is unreachable: {first_line(exc)}"
     if current != head:
         if current is not None and not known_revision(current):
-            return (f"the database is at revision {current}, newer than this timekeeper knows (it needs {head}): run the "
-                    f"newer version, or migrate back with its `gpusharing db downgrade {head}`")
+            return (
+                f"the database is at revision {current}, newer than this timekeeper knows (it needs {head}): run the "
+                f"newer version, or migrate back with its `gpusharing db downgrade {head}`"
+            )
         found = f"at revision {current}" if current else "not migrated"
         return f"the database is {found}, this timekeeper needs revision {head}: run `gpusharing db upgrade`"
     return None

@@ -115,7 +115,8 @@ class PodLedgerRow(Base):
     billed_share: Mapped[float] = mapped_column(Float)
     micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # cumulative charged: max(observed, metered), never less
     metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the meter's cumulative
-    observed_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the watch's, to observed_until
+    # the watch's, to observed_until
+    observed_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")
     observed_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the record is billed up to here
     started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the pod's status.startTime
     ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # its end as recorded: the bill is closed
@@ -186,7 +187,8 @@ class PodUsageRow(Base):
 
 
 class PodLabelRow(Base):
-    """The labels a pod had when the timekeeper first read it (bounded: timekeeper.database.accounting.usage.recorded_labels)."""
+    """The labels a pod had when the timekeeper first read it (bounded:
+    timekeeper.database.accounting.usage.recorded_labels)."""
 
     __tablename__ = "pod_labels"
 
@@ -229,7 +231,8 @@ class BudgetWarningRow(Base):
 
 
 class ReservationRow(Base):
-    """Safe admission's reservation of a pod's commitment, until the timekeeper's pod watch sees the pod (or it lapses)."""
+    """Safe admission's reservation of a pod's commitment, until the timekeeper's pod watch sees the pod (or it
+    lapses)."""
 
     __tablename__ = "reservations"
 
@@ -266,7 +269,8 @@ class ControllerTermRow(Base):
 
 
 class EvictionClaimRow(Base):
-    """A pod's eviction, claimed by the controller of a term before it asks the API server (timekeeper.database.cluster.fencing)."""
+    """A pod's eviction, claimed by the controller of a term before it asks the API server
+    (timekeeper.database.cluster.fencing)."""
 
     __tablename__ = "eviction_claims"
 
@@ -279,7 +283,8 @@ class EvictionClaimRow(Base):
 
 class WebhookListingRow(Base):
     """Which budget listing each webhook process holds in force, as it said when it last polled
-    (timekeeper.database.cluster.listings): a crossing's evictions wait until every live one holds a listing that shows it."""
+    (timekeeper.database.cluster.listings): a crossing's evictions wait until every live one holds a listing that shows
+    it."""
 
     __tablename__ = "webhook_listings"
 
@@ -290,8 +295,9 @@ class WebhookListingRow(Base):
 
 class CommittedPodRow(Base):
     """A GPU pod with a deadline that has not ended, as the controller last published it from its pod watch
-    (timekeeper.database.cluster.commitments): what the web replicas count for safe admission. A pod that left the committed set
-    (ended, deleted) stays a while, `gone_at` set, so that its admission id keeps its reservation given up."""
+    (timekeeper.database.cluster.commitments): what the web replicas count for safe admission. A pod that left the
+    committed set (ended, deleted) stays a while, `gone_at` set, so that its admission id keeps its reservation given
+    up."""
 
     __tablename__ = "committed_pods"
 
@@ -302,9 +308,11 @@ class CommittedPodRow(Base):
     weight: Mapped[int] = mapped_column(Integer)  # thousandths, of its GPU model
     deadline_seconds: Mapped[int] = mapped_column(Integer)  # its activeDeadlineSeconds, bounded
     started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # None: not started (its whole deadline ahead)
-    admission_id: Mapped[str | None] = mapped_column(String(64))  # gpusharing.io/admission-id: the reservation it replaces
+    # gpusharing.io/admission-id: the reservation it replaces
+    admission_id: Mapped[str | None] = mapped_column(String(64))
     seen_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)  # the database's time the controller last saw it change
-    gone_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the database's time it left the set; None: committed
+    # the database's time it left the set; None: committed
+    gone_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
 class CommitmentPublicationRow(Base):
@@ -317,20 +325,22 @@ class CommitmentPublicationRow(Base):
     publisher: Mapped[str] = mapped_column(String(253))  # the publishing process's name for itself
     published_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)  # the database's time of its last publication
     healthy: Mapped[bool] = mapped_column(Boolean)  # whether its pod watch was healthy then
-    confirmed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # the last with a healthy watch; None: none yet
+    # the last with a healthy watch; None: none yet
+    confirmed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
 class FairShareRow(Base):
     """A namespace's fair share (docs/fair-share.md): its usage decayed by a half-life, grown in the transaction that
-    charges the ledger (timekeeper.database.accounting.pods), and its band as the controller's `fairshare` task last ranked
-    it. Kept by namespace name, so that a namespace deleted and re-created finds its usage."""
+    charges the ledger (timekeeper.database.accounting.pods), and its band as the controller's `fairshare` task last
+    ranked it. Kept by namespace name, so that a namespace deleted and re-created finds its usage."""
 
     __tablename__ = "fair_share"
 
     namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
     gpu_seconds: Mapped[float] = mapped_column(Float)  # model-weighted GPU-seconds, decayed to as_of
     as_of: Mapped[dt.datetime] = mapped_column(UtcDateTime)
-    half_life_seconds: Mapped[float | None] = mapped_column(Float)  # its budget's spec.fairShare.halfLife; None: the default
+    # its budget's spec.fairShare.halfLife; None: the default
+    half_life_seconds: Mapped[float | None] = mapped_column(Float)
     band: Mapped[int | None] = mapped_column(Integer)  # index into the bands' classes, 0 the top; None: not ranked yet
     band_since: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     reason: Mapped[str | None] = mapped_column(Text)  # the band's one-line reason
@@ -338,7 +348,8 @@ class FairShareRow(Base):
     rank: Mapped[int | None] = mapped_column(Integer)  # among every namespace ranked, lightest 1
     share_gpus: Mapped[float | None] = mapped_column(Float)  # its fair share of the cluster's GPUs
     held_gpus: Mapped[float | None] = mapped_column(Float)  # GPUs its running pods held when ranked
-    path: Mapped[str | None] = mapped_column(Text)  # JSON: its standing at each level (level, node, share, usage, ratio, rank)
+    # JSON: its standing at each level (level, node, share, usage, ratio, rank)
+    path: Mapped[str | None] = mapped_column(Text)
     band_changes_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # when its band would rise at zero use
     ranked_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 

@@ -20,8 +20,17 @@ from gpusharing.units.duration import format_duration
 from timekeeper.fairshare.decay import DecayedUsage, decay_factor, half_life_seconds
 from timekeeper.fairshare.tree import LevelStanding, NamespaceStanding, decisive
 
-# The bands and the burst guard live in the core, where the webhook reads them too; named here as the interface has them.
-__all__ = ["BandState", "FairShareBands", "admission_band", "band_reason", "next_band", "zero_use_change", "zero_use_standing"]
+# The bands and the burst guard live in the core, where the webhook reads them too; named here as the interface has
+# them.
+__all__ = [
+    "BandState",
+    "FairShareBands",
+    "admission_band",
+    "band_reason",
+    "next_band",
+    "zero_use_change",
+    "zero_use_standing",
+]
 
 # How far past the last event zero_use_change looks: 2^-64 of the namespace's usage is none of it.
 _LAST_LOOK_HALF_LIVES = 64
@@ -35,7 +44,9 @@ class BandState:
     since: datetime
 
 
-def next_band(bands: FairShareBands, previous: BandState | None, standing: NamespaceStanding, now: datetime) -> BandState:
+def next_band(
+    bands: FairShareBands, previous: BandState | None, standing: NamespaceStanding, now: datetime
+) -> BandState:
     """The namespace's band after this pass. The first pass (or a band the settings no longer have) takes the plain
     band of the ratio; after that the band moves only once the minimum time in it is over, and only to a band whose
     bound the ratio crossed by the hysteresis (heavier: above bound x (1 + h); lighter: below bound x (1 - h))."""

@@ -33,7 +33,8 @@ def half_life_seconds(half_life: timedelta) -> float:
 
 
 def decay_factor(elapsed_seconds: float, half_life: float) -> float:
-    """2^(-elapsed/half_life): what one GPU-second counts `elapsed_seconds` later (elapsed >= 0; 0.0 once negligible)."""
+    """2^(-elapsed/half_life): what one GPU-second counts `elapsed_seconds` later (elapsed >= 0; 0.0 once
+    negligible)."""
     return math.exp(-elapsed_seconds * LN2 / half_life)
 
 
@@ -58,7 +59,9 @@ class DecayedUsage:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.gpu_seconds) and self.gpu_seconds >= 0):
-            raise ValueError(f"decayed usage must be a finite number of GPU-seconds, at least 0, not {self.gpu_seconds!r}")
+            raise ValueError(
+                f"decayed usage must be a finite number of GPU-seconds, at least 0, not {self.gpu_seconds!r}"
+            )
         _aware(self.as_of, "the time of decayed usage")
 
     @classmethod
@@ -88,7 +91,9 @@ class DecayedUsage:
             raise ValueError(f"an interval cannot end ({end.isoformat()}) before it starts ({start.isoformat()})")
         worth = gpu_seconds * interval_worth(duration, h)
         if end >= self.as_of:
-            carried = self.gpu_seconds * decay_factor((end - self.as_of).total_seconds(), h) if self.gpu_seconds else 0.0
+            carried = (
+                self.gpu_seconds * decay_factor((end - self.as_of).total_seconds(), h) if self.gpu_seconds else 0.0
+            )
             return _figured(carried + worth, end)
         return _figured(self.gpu_seconds + worth * decay_factor((self.as_of - end).total_seconds(), h), self.as_of)
 

@@ -51,7 +51,8 @@ class LevelStanding:
     siblings_usage: float = 0.0  # the decayed GPU-seconds of the node and its siblings together
 
     def at_parity(self, tolerance: float) -> bool:
-        """Whether this level decides nothing: the siblings used nothing at all, or the ratio is within the tolerance of 1."""
+        """Whether this level decides nothing: the siblings used nothing at all, or the ratio is within the tolerance of
+        1."""
         return not self.siblings_usage > 0 or abs(self.ratio - 1.0) <= tolerance
 
 
@@ -63,7 +64,8 @@ class NamespaceStanding:
     rank: int  # over every namespace, Fair Tree order (depth-first by sibling rank), lightest = 1
     of: int
     share_of_cluster: float  # product of the normalised shares along its path: its fair share of the cluster's GPUs
-    ratio: float  # the ratio at the decisive level: the highest level whose ratio is off parity (|ratio-1| > tolerance); 1.0 if none
+    # the ratio at the decisive level: the highest level whose ratio is off parity (|ratio-1| > tolerance); 1.0 if none
+    ratio: float
     decisive_level: int  # that level (0: none, at parity everywhere)
     path: tuple[LevelStanding, ...]  # level 1 first
     parity_tolerance: float = DEFAULT_PARITY_TOLERANCE  # what the decisive level was chosen with
@@ -77,7 +79,9 @@ def decisive(path: Sequence[LevelStanding], tolerance: float) -> tuple[int, floa
     return 0, 1.0
 
 
-def rank_fair_tree(nodes: Sequence[ShareNode], parity_tolerance: float = DEFAULT_PARITY_TOLERANCE) -> dict[str, NamespaceStanding]:
+def rank_fair_tree(
+    nodes: Sequence[ShareNode], parity_tolerance: float = DEFAULT_PARITY_TOLERANCE
+) -> dict[str, NamespaceStanding]:
     """Every namespace's standing under Fair Tree, by namespace name (in rank order). Refuses (ValueError) a
     hierarchy that is not a tree of namespaces under groups, a weight that is not positive, a usage below zero."""
     if not (math.isfinite(parity_tolerance) and parity_tolerance >= 0):
@@ -110,7 +114,9 @@ def rank_fair_tree(nodes: Sequence[ShareNode], parity_tolerance: float = DEFAULT
         name, path, share = stack.pop()
         if by_name[name].is_namespace:
             decisive_level, ratio = decisive(path, parity_tolerance)
-            standings[name] = NamespaceStanding(name, len(standings) + 1, count, share, ratio, decisive_level, path, parity_tolerance)
+            standings[name] = NamespaceStanding(
+                name, len(standings) + 1, count, share, ratio, decisive_level, path, parity_tolerance
+            )
         else:
             push_children(name, path, share)
     return standings
@@ -125,8 +131,10 @@ def _ranked_siblings(siblings: list[ShareNode], subtree_usage: dict[str, float],
         usage = subtree_usage[node.name] / total_usage if total_usage > 0 else 0.0
         rows.append((usage / share, node.name, node, share, usage))
     rows.sort(key=lambda row: (row[0], row[1]))
-    return [LevelStanding(level, name, share, usage, ratio, rank, len(rows), node.weight, subtree_usage[name], total_usage)
-            for rank, (ratio, name, node, share, usage) in enumerate(rows, start=1)]
+    return [
+        LevelStanding(level, name, share, usage, ratio, rank, len(rows), node.weight, subtree_usage[name], total_usage)
+        for rank, (ratio, name, node, share, usage) in enumerate(rows, start=1)
+    ]
 
 
 def _checked(nodes: Sequence[ShareNode]) -> dict[str, ShareNode]:
@@ -137,7 +145,9 @@ def _checked(nodes: Sequence[ShareNode]) -> dict[str, ShareNode]:
         if not (math.isfinite(node.weight) and node.weight > 0):
             raise ValueError(f"the fair-share weight of {node.name} must be a positive number, not {node.weight!r}")
         if not (math.isfinite(node.usage) and node.usage >= 0):
-            raise ValueError(f"the decayed usage of {node.name} must be a finite number, at least 0, not {node.usage!r}")
+            raise ValueError(
+                f"the decayed usage of {node.name} must be a finite number, at least 0, not {node.usage!r}"
+            )
         by_name[node.name] = node
     for node in nodes:
         if node.parent is None:

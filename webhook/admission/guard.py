@@ -3,7 +3,8 @@
 The billing finalizer holds a deleted GPU pod until the timekeeper has closed its bill: the webhook adds it, and only
 the timekeeper's controller (which closes bills) or a cluster admin may take it off. The meter, its volumes and its
 token stay as the webhook injected them: no other volume may hold a token for the timekeeper, and no UPDATE of the pod
-or of its ephemeral containers or resources may change, remove or reach into the meter. Plain functions of the pod, the request and the settings.
+or of its ephemeral containers or resources may change, remove or reach into the meter. Plain functions of the pod, the
+request and the settings.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def add_billing_finalizer(pod: dict[str, Any], config: WebhookConfig, patch: Jso
 def missing_billing_finalizer(pod: dict[str, Any], config: WebhookConfig) -> str | None:
     """At validation: a GPU pod must carry the billing finalizer (a later webhook may not have removed it)."""
     if config.billing_finalizer and BILLING_FINALIZER not in _finalizers(pod):
-        return (f"a GPU pod must carry the finalizer {BILLING_FINALIZER}, which the GPU-sharing webhook adds so that the "
-                "pod is billed to its end; another webhook removed it")
+        return (
+            f"a GPU pod must carry the finalizer {BILLING_FINALIZER}, which the GPU-sharing webhook adds so that the "
+            "pod is billed to its end; another webhook removed it"
+        )
     return None
 
 
@@ -49,8 +52,10 @@ def foreign_timekeeper_token(pod: dict[str, Any], config: WebhookConfig) -> str 
             continue
         for source in as_list(as_mapping(as_mapping(volume).get("projected")).get("sources")):
             if as_mapping(as_mapping(source).get("serviceAccountToken")).get("audience") == TIMEKEEPER_TOKEN_AUDIENCE:
-                return (f"volume {name!r} projects a ServiceAccount token for audience {TIMEKEEPER_TOKEN_AUDIENCE!r}, the "
-                        "timekeeper's: only the GPU metering sidecar the webhook injects may hold one; remove the volume")
+                return (
+                    f"volume {name!r} projects a ServiceAccount token for audience {TIMEKEEPER_TOKEN_AUDIENCE!r}, the "
+                    "timekeeper's: only the GPU metering sidecar the webhook injects may hold one; remove the volume"
+                )
     return None
 
 
@@ -69,18 +74,26 @@ def _finalizers(pod: dict[str, Any]) -> list[Any]:
     return as_list(as_mapping(pod.get("metadata")).get("finalizers"))
 
 
-def _finalizer_removed(old: dict[str, Any], new: dict[str, Any], request: AdmissionRequest, config: WebhookConfig) -> str | None:
+def _finalizer_removed(
+    old: dict[str, Any], new: dict[str, Any], request: AdmissionRequest, config: WebhookConfig
+) -> str | None:
     """On a pod the webhook governs (it carries the record, which no UPDATE may remove): elsewhere the finalizer was
     written by hand, and is the pod's users' to remove."""
-    if not config.billing_finalizer or BILLING_FINALIZER not in _finalizers(old) or BILLING_FINALIZER in _finalizers(new):
+    if (
+        not config.billing_finalizer
+        or BILLING_FINALIZER not in _finalizers(old)
+        or BILLING_FINALIZER in _finalizers(new)
+    ):
         return None
     if ANNOTATION_GPU_SHARE not in as_mapping(as_mapping(old.get("metadata")).get("annotations")):
         return None
     if request.username in config.billing_accounts or CLUSTER_ADMINS in request.groups:
         return None
-    return (f"the finalizer {BILLING_FINALIZER} keeps this GPU pod until the timekeeper has closed its bill: only the "
-            f"timekeeper's controller ({', '.join(sorted(config.billing_accounts))}) removes it, or a cluster admin (group "
-            f"{CLUSTER_ADMINS}) when no timekeeper is left to; {request.username or 'an anonymous user'!r} may not")
+    return (
+        f"the finalizer {BILLING_FINALIZER} keeps this GPU pod until the timekeeper has closed its bill: only the "
+        f"timekeeper's controller ({', '.join(sorted(config.billing_accounts))}) removes it, or a cluster admin (group "
+        f"{CLUSTER_ADMINS}) when no timekeeper is left to; {request.username or 'an anonymous user'!r} may not"
+    )
 
 
 def _meter_changed(old: dict[str, Any], new: dict[str, Any], config: WebhookConfig) -> str | None:
@@ -108,7 +121,9 @@ def _meter_volumes(pod: dict[str, Any], config: WebhookConfig) -> list[Any]:
     return [v for v in as_list(as_mapping(pod.get("spec")).get("volumes")) if as_mapping(v).get("name") in own]
 
 
-def _ephemeral_container_reaching_the_meter(old: dict[str, Any], new: dict[str, Any], config: WebhookConfig) -> str | None:
+def _ephemeral_container_reaching_the_meter(
+    old: dict[str, Any], new: dict[str, Any], config: WebhookConfig
+) -> str | None:
     """An ephemeral container added to the pod may neither share the meter's processes (and so its token and its
     state) nor mount one of its volumes."""
     before = [as_mapping(c).get("name") for c in _ephemeral_containers(old)]
@@ -118,9 +133,13 @@ def _ephemeral_container_reaching_the_meter(old: dict[str, Any], new: dict[str, 
         if name in before:  # added earlier, and checked then: ephemeral containers cannot be changed
             continue
         if container.get("targetContainerName") == config.meter.name:
-            return (f"ephemeral container {shortened(str(name))!r} targets the GPU metering sidecar {config.meter.name!r}, "
-                    "whose processes and token are out of the workload's reach; target one of the pod's own containers")
-        mounted = [m.get("name") for m in map(as_mapping, as_list(container.get("volumeMounts"))) if m.get("name") in own]
+            return (
+                f"ephemeral container {shortened(str(name))!r} targets the GPU metering sidecar {config.meter.name!r}, "
+                "whose processes and token are out of the workload's reach; target one of the pod's own containers"
+            )
+        mounted = [
+            m.get("name") for m in map(as_mapping, as_list(container.get("volumeMounts"))) if m.get("name") in own
+        ]
         if mounted:
             return (f"ephemeral container {shortened(str(name))!r} mounts {mounted[0]!r}, a volume of the GPU metering "
                     "sidecar, which only the sidecar may mount")

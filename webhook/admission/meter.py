@@ -21,7 +21,8 @@ from gpusharing.contract import (
 from gpusharing.decoded import as_list, as_mapping
 from webhook.config import MeterSpec
 
-# Where the ServiceAccount admission plugin mounts the workload's API token into every container that has no mount there.
+# Where the ServiceAccount admission plugin mounts the workload's API token into every container that has no mount
+# there.
 SERVICE_ACCOUNT_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 # What makes the meter the meter: a container under the reserved name is ours only if all of these are exactly
@@ -133,7 +134,9 @@ def meter_identity(container: dict[str, Any], spec: MeterSpec) -> dict[str, Any]
         if isinstance(field_ref, dict) and field_ref.get("apiVersion") == "v1":  # the API server's default
             del field_ref["apiVersion"]
     own = meter_volume_names(spec)
-    mounts = [m for m in as_list(container.get("volumeMounts")) if as_mapping(m).get("name") in own or not isinstance(m, dict)]
+    mounts = [
+        m for m in as_list(container.get("volumeMounts")) if as_mapping(m).get("name") in own or not isinstance(m, dict)
+    ]
     identity["volumeMounts"] = sorted(mounts, key=lambda m: json.dumps(m, sort_keys=True, default=str))
     return identity
 

@@ -29,7 +29,12 @@ from gpusharing.kube.owners import controller_of
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import QuantityError, parse_whole_quantity
 from gpusharing.units.share import format_share
-from webhook.admission.guard import add_billing_finalizer, foreign_timekeeper_token, guard_update, missing_billing_finalizer
+from webhook.admission.guard import (
+    add_billing_finalizer,
+    foreign_timekeeper_token,
+    guard_update,
+    missing_billing_finalizer,
+)
 from webhook.admission.meter import (
     meter_container,
     meter_identity,
@@ -52,8 +57,15 @@ BudgetLookup = Callable[[str], NamespaceBudget]
 
 
 def admit(
-    request: AdmissionRequest, config: WebhookConfig, budget_of: BudgetLookup, mutate: bool, claims: ClaimLookup = no_claims,
-    jobs: JobLookup = no_jobs, reserve: Reserve = no_timekeeper, disclose: bool = True, priorities: PriorityLookup = no_priorities,
+    request: AdmissionRequest,
+    config: WebhookConfig,
+    budget_of: BudgetLookup,
+    mutate: bool,
+    claims: ClaimLookup = no_claims,
+    jobs: JobLookup = no_jobs,
+    reserve: Reserve = no_timekeeper,
+    disclose: bool = True,
+    priorities: PriorityLookup = no_priorities,
     fair_share: FairShareAdmission = NO_FAIR_SHARE,
 ) -> Decision:
     """The decision for one admission request; `mutate` adds the patch (the /mutate endpoint). `claims` finds the
@@ -63,7 +75,12 @@ def admit(
     of the namespace's budget (the caller is not known to be the API server). `fair_share`: the bands' classes and
     what this process admitted in them lately (docs/fair-share.md)."""
     pod = request.object
-    if not (request.is_pod or request.is_pod_subresource) or pod is None or request.namespace in config.exempt_namespaces or _is_mirror(pod):
+    if (
+        not (request.is_pod or request.is_pod_subresource)
+        or pod is None
+        or request.namespace in config.exempt_namespaces
+        or _is_mirror(pod)
+    ):
         return Decision()
     if request.operation == "UPDATE":
         refused = guard_update(request, config)
@@ -90,7 +107,11 @@ def admit(
         return Decision.deny(403, problem, dialect)
     if gpu is None:
         foreign = _reserved_keys(pod)
-        return Decision.deny(403, f"{RESERVED} and this pod asks for no GPU: remove {_listed(foreign)}") if foreign else Decision()
+        return (
+            Decision.deny(403, f"{RESERVED} and this pod asks for no GPU: remove {_listed(foreign)}")
+            if foreign
+            else Decision()
+        )
     problem = _check_priority_class(pod, config, fair_share.classes)
     if problem:
         return Decision.deny(403, problem, dialect)
@@ -199,7 +220,9 @@ def _check_record_matches(pod: dict[str, Any], record: dict[str, str]) -> str | 
     """At validation, a record annotation that is present must say what the pod asks for, and nothing else under the
     prefix may be there (the webhook removed it; another webhook after it may not add it)."""
     annotations = _annotations(pod)
-    wrong = [f"{k}={annotations[k]!r} (the pod asks for {v!r})" for k, v in record.items() if annotations.get(k, v) != v]
+    wrong = [
+        f"{k}={annotations[k]!r} (the pod asks for {v!r})" for k, v in record.items() if annotations.get(k, v) != v
+    ]
     wrong += _reserved_keys(pod, WEBHOOK_ANNOTATIONS)
     if wrong:
         return f"{RESERVED} and may not be set by hand: {_listed(wrong)}"
@@ -260,8 +283,17 @@ def _check_meter(
 
 
 def _mutation(
-    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], budget: NamespaceBudget, namespace: str, dialect: str,
-    safe: SafeAdmission, disclose: bool, priorities: PriorityLookup, gpus: float = 0.0, admitted: float = 0.0,
+    pod: dict[str, Any],
+    config: WebhookConfig,
+    record: dict[str, str],
+    budget: NamespaceBudget,
+    namespace: str,
+    dialect: str,
+    safe: SafeAdmission,
+    disclose: bool,
+    priorities: PriorityLookup,
+    gpus: float = 0.0,
+    admitted: float = 0.0,
     processes: int = 1,
 ) -> Decision:
     patch = JsonPatch()
@@ -309,12 +341,18 @@ def _mutation(
         warnings.append(
             f"{why}: the pod gets priority class {wanted_class!r} "
             "and may be preempted by pods of namespaces within budget"
-            + (f" (its priority class {current_class!r} was replaced)" if current_class not in (None, wanted_class) else "")
+            + (
+                f" (its priority class {current_class!r} was replaced)"
+                if current_class not in (None, wanted_class)
+                else ""
+            )
         )
     elif band is not None:
         wanted_class = band
     else:  # an administrator's allowed class stays; _check_priority_class has refused any other of the pod's own
-        wanted_class = current_class if current_class in config.allowed_priority_classes else config.priority_class_in_budget
+        wanted_class = (
+            current_class if current_class in config.allowed_priority_classes else config.priority_class_in_budget
+        )
     unresolved = None
     if wanted_class != current_class:
         patch.add(pointer("spec", "priorityClassName"), wanted_class)
@@ -334,7 +372,9 @@ def fair_share_band(budget: NamespaceBudget, gpus: float, admitted: float, proce
     of the room left (gpusharing.fairshare.beyond_process_part)."""
     band = budget.fair_share
     assert band is not None
-    if band.burst_class == band.band_class or not beyond_process_part(band.held_gpus, band.share_gpus, admitted, gpus, processes):
+    if band.burst_class == band.band_class or not beyond_process_part(
+        band.held_gpus, band.share_gpus, admitted, gpus, processes
+    ):
         return band.band_class, band.reason[:MAX_REASON_ANNOTATION]
     holding = band.held_gpus + admitted
     if beyond_fair_share(holding, band.share_gpus, gpus):
@@ -367,7 +407,11 @@ def _inject_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, 
     spec = as_mapping(pod.get("spec"))
     container = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
     list_name = _meter_list(config)
-    injected = [(index, c) for name, index, c in _all_containers(pod) if name == list_name and c.get("name") == config.meter.name]
+    injected = [
+        (index, c)
+        for name, index, c in _all_containers(pod)
+        if name == list_name and c.get("name") == config.meter.name
+    ]
     if injected:  # reinvocation: _check_meter has confirmed it is ours, for this record or an earlier one
         index, current = injected[0]
         if meter_identity(current, config.meter) != meter_identity(container, config.meter):

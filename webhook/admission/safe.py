@@ -67,16 +67,28 @@ def safe_admission(
         return SafeAdmission(carried)
     earlier = as_mapping(as_mapping(pod.get("metadata")).get("annotations")).get(ANNOTATION_ADMISSION_ID)
     needed = commitment(share, weight, deadline)
-    grant = reserve(Reservation(review_uid, namespace, needed, earlier if isinstance(earlier, str) and ADMISSION_ID.fullmatch(earlier)
-                                else None, dry_run))
+    grant = reserve(
+        Reservation(
+            review_uid,
+            namespace,
+            needed,
+            earlier if isinstance(earlier, str) and ADMISSION_ID.fullmatch(earlier) else None,
+            dry_run,
+        )
+    )
     if grant.outcome is Outcome.TAKEN:
         return SafeAdmission(carried, refuse=grant.reason, outcome="refused")
     if grant.outcome is Outcome.UNKNOWN:
         why = f"namespace {namespace!r} has safe admission, and what its budgets have left uncommitted cannot be counted now ({grant.reason})"
         if strict:
-            return SafeAdmission(carried, refuse=f"{why}: its budget's admission is strict, so no GPU pod is admitted until it can be",
-                                 outcome="uncountable")
-        return SafeAdmission(carried, warnings=[f"{why}: the pod is admitted by the budget's state alone"], outcome="unchecked")
+            return SafeAdmission(
+                carried,
+                refuse=f"{why}: its budget's admission is strict, so no GPU pod is admitted until it can be",
+                outcome="uncountable",
+            )
+        return SafeAdmission(
+            carried, warnings=[f"{why}: the pod is admitted by the budget's state alone"], outcome="unchecked"
+        )
     if grant.outcome is Outcome.GRANTED:
         return SafeAdmission(carried, review_uid if grant.uncommitted is not None else None,
                              outcome="reserved" if grant.uncommitted is not None else None)
@@ -88,7 +100,13 @@ def safe_admission(
 
 
 def shortfall_message(
-    namespace: str, uncommitted: Uncommitted, share: float, weight: int, deadline: int, needed: int, disclose: bool = True
+    namespace: str,
+    uncommitted: Uncommitted,
+    share: float,
+    weight: int,
+    deadline: int,
+    needed: int,
+    disclose: bool = True,
 ) -> str:
     where = "its budget" if uncommitted.budget == namespace else f"the budget of {uncommitted.budget}"
     if not disclose:
@@ -98,6 +116,10 @@ def shortfall_message(
         f"({share:g} GPU x weight {weight_number(weight):g} x {deadline} s), and {where} has "
         f"{gpu_minutes(uncommitted.micro_gpu_seconds):.2f} left uncommitted ({uncommitted.remaining_gpu_minutes:.2f} remaining, less "
         f"{uncommitted.committed_gpu_minutes:.2f} committed by running pods' deadlines"
-        + (f" and {uncommitted.reserved_gpu_minutes:.2f} by pods being admitted" if uncommitted.reserved_gpu_minutes > 0.005 else "")
+        + (
+            f" and {uncommitted.reserved_gpu_minutes:.2f} by pods being admitted"
+            if uncommitted.reserved_gpu_minutes > 0.005
+            else ""
+        )
         + ")"
     )

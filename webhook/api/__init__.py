@@ -19,7 +19,9 @@ def register_api(app: Flask) -> None:
 
 
 def _too_large(exc: RequestEntityTooLarge) -> tuple[Response, int]:
-    return jsonify(error=f"not an AdmissionReview: the body is larger than the {MAX_REVIEW_BYTES} bytes the webhook reads"), 413
+    return jsonify(
+        error=f"not an AdmissionReview: the body is larger than the {MAX_REVIEW_BYTES} bytes the webhook reads"
+    ), 413
 
 
 def _http_error(exc: HTTPException) -> tuple[Response, int]:

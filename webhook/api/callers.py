@@ -39,7 +39,9 @@ class Caller:
 
 
 class Callers:
-    def __init__(self, certificates: bool = False, token_users: frozenset[str] = frozenset(), review: TokenReview | None = None):
+    def __init__(
+        self, certificates: bool = False, token_users: frozenset[str] = frozenset(), review: TokenReview | None = None
+    ):
         if token_users and review is None:
             raise ValueError("token users need a TokenReview")
         self.certificates = certificates
@@ -64,11 +66,19 @@ class Callers:
             try:
                 user = self._reviews.get(hashlib.sha256(token.strip().encode()).digest(), lambda: review(token.strip()))
             except Exception as exc:  # the API server could not answer: the caller is neither known nor refused
-                raise Refused(503, f"the caller's token cannot be verified now (TokenReview): {type(exc).__name__}") from None
+                raise Refused(
+                    503, f"the caller's token cannot be verified now (TokenReview): {type(exc).__name__}"
+                ) from None
             if user is None:
-                raise Refused(401, "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience gpusharing-webhook)")
+                raise Refused(
+                    401,
+                    "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience gpusharing-webhook)",
+                )
             if user not in self.token_users:
-                raise Refused(403, f"{user} may not send admission reviews: only the API server may (GPUSHARING_CLIENT_TOKEN_USERS)")
+                raise Refused(
+                    403,
+                    f"{user} may not send admission reviews: only the API server may (GPUSHARING_CLIENT_TOKEN_USERS)",
+                )
             return Caller(authenticated=True)
         ways = " or ".join(way for way, on in (("a client certificate of the API server", self.certificates),
                                               ("the API server's bearer token", bool(self.token_users))) if on)

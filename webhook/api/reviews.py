@@ -87,7 +87,9 @@ def _review(endpoint: str, mutate: bool) -> tuple[Response, int]:
             release_memory()
 
 
-def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, started: float, disclose: bool) -> tuple[Response, int]:
+def _answer(
+    reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, started: float, disclose: bool
+) -> tuple[Response, int]:
     try:
         admission = parse_review(read_json(body))
     except (BadReview, JsonBodyError) as exc:
@@ -95,12 +97,27 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
         log.warning("refused a body on /%s that is not an AdmissionReview: %s", endpoint, exc,
                     extra={"endpoint": endpoint, "decision": "bad-review"})
         return jsonify(error=f"not an AdmissionReview: {exc}"), 400
-    fields = {"request_id": shortened(admission.uid), "namespace": shortened(admission.namespace), "pod": _pod_name(admission.object),
-              "operation": admission.operation, "endpoint": endpoint}
+    fields = {
+        "request_id": shortened(admission.uid),
+        "namespace": shortened(admission.namespace),
+        "pod": _pod_name(admission.object),
+        "operation": admission.operation,
+        "endpoint": endpoint,
+    }
     budgets = reviewer.budgets
     try:
-        decision = admit(admission, reviewer.config, budgets.budget_of, mutate, reviewer.claims, reviewer.jobs, reviewer.reserve,
-                         disclose, reviewer.priorities, budgets.fair_share())
+        decision = admit(
+            admission,
+            reviewer.config,
+            budgets.budget_of,
+            mutate,
+            reviewer.claims,
+            reviewer.jobs,
+            reviewer.reserve,
+            disclose,
+            reviewer.priorities,
+            budgets.fair_share(),
+        )
     except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
         log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
         decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
@@ -122,8 +139,14 @@ def _answer(reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, starte
 
 def _log_decision(reviewer: Reviewer, admission: AdmissionRequest, decision: Decision, fields: dict[str, Any]) -> None:
     if not decision.allowed:
-        log.info("denied %s of pod %s/%s: %s", admission.operation, fields["namespace"], fields["pod"], decision.message,
-                 extra=fields)
+        log.info(
+            "denied %s of pod %s/%s: %s",
+            admission.operation,
+            fields["namespace"],
+            fields["pod"],
+            decision.message,
+            extra=fields,
+        )
     elif decision.warnings:  # demoted (its namespace is over budget), or near its budget
         demoted = reviewer.budgets.state_of(admission.namespace).demoted or decision.safe_admission == "demoted"
         log.info("admitted pod %s/%s%s: %s", fields["namespace"], fields["pod"], " demoted" if demoted else "",

@@ -12,7 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusharing.contract import DEFAULT_BUDGET_REFRESH_SECONDS, MIN_BUDGET_REFRESH_SECONDS, AdmissionMode, BudgetState, Shortfall
+from gpusharing.contract import (
+    DEFAULT_BUDGET_REFRESH_SECONDS,
+    MIN_BUDGET_REFRESH_SECONDS,
+    AdmissionMode,
+    BudgetState,
+    Shortfall,
+)
 from gpusharing.fairshare import MAX_WEBHOOK_PROCESSES
 from gpusharing.listing import BudgetListing, IdleHold, ListedBudget
 from gpusharing.outage import Outage
@@ -29,7 +35,8 @@ class FairShareBand:
     """A namespace's fair-share band as the timekeeper's `fairshare` task ranked it (docs/fair-share.md)."""
 
     band_class: str  # its band's PriorityClass
-    burst_class: str  # the class a pod gets beyond its fair share of the cluster's GPUs (the burst guard): one band lower
+    # the class a pod gets beyond its fair share of the cluster's GPUs (the burst guard): one band lower
+    burst_class: str
     share_gpus: float  # its fair share of the cluster's GPUs
     held_gpus: float  # GPUs its pods held when ranked
     reason: str  # one line: why this band
@@ -190,7 +197,11 @@ class BudgetStateCache:
 
     def fair_share(self) -> FairShareAdmission:
         classes = self._states.band_classes
-        return FairShareAdmission(classes, self.admitted.admitted, self._states.webhook_processes) if classes else NO_FAIR_SHARE
+        return (
+            FairShareAdmission(classes, self.admitted.admitted, self._states.webhook_processes)
+            if classes
+            else NO_FAIR_SHARE
+        )
 
     def refresh(self, refresh_seconds: float | None = None) -> bool:
         """One poll, saying this process polls every `refresh_seconds` (default: its interval); on failure the last

@@ -1,4 +1,5 @@
-"""The cluster's ResourceClaimTemplates and ResourceClaims, kept in memory by a LIST and a WATCH each (resource.k8s.io/v1).
+"""The cluster's ResourceClaimTemplates and ResourceClaims, kept in memory by a LIST and a WATCH each
+(resource.k8s.io/v1).
 
 A pod that gets GPUs through Dynamic Resource Allocation names its claims; what they ask for lives in those objects.
 The webhook never calls the API on the request path: each kind is followed by a watch (gpusharing.kube.watching), and
@@ -45,7 +46,9 @@ class ClaimIndex:
     def lookup(self, source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
         specs = self._watched[source].items
         if specs is None:
-            raise ClaimUnknown(f"the webhook has not yet listed the cluster's {source}s (see its log); try again shortly")
+            raise ClaimUnknown(
+                f"the webhook has not yet listed the cluster's {source}s (see its log); try again shortly"
+            )
         spec = specs.get((namespace, name))
         if spec is None:
             raise ClaimUnknown(f"no {source} {name!r} in namespace {namespace!r}: create it before the pod")

@@ -1,4 +1,5 @@
-"""The cluster's Jobs' deadlines, kept in memory by a watch, so that a Job's `activeDeadlineSeconds` counts for its pods.
+"""The cluster's Jobs' deadlines, kept in memory by a watch, so that a Job's `activeDeadlineSeconds` counts for its
+pods.
 
 The Job controller enforces a Job's deadline itself and never writes it on the pods it creates. Safe admission
 needs it on the pod, where the timekeeper sees it and the kubelet enforces it: the webhook carries what is left of
@@ -53,7 +54,11 @@ def owning_job(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """The name and uid of the Job that controls the pod, if one does."""
     for ref in as_list(as_mapping(pod.get("metadata")).get("ownerReferences")):
         ref = as_mapping(ref)
-        if ref.get("controller") is True and ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch/"):
+        if (
+            ref.get("controller") is True
+            and ref.get("kind") == "Job"
+            and str(ref.get("apiVersion", "")).startswith("batch/")
+        ):
             name, uid = ref.get("name"), ref.get("uid")
             if isinstance(name, str) and isinstance(uid, str):
                 return name, uid

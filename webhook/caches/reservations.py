@@ -1,10 +1,10 @@
 """Safe admission's reservations, asked of the timekeeper: the one call the webhook makes while it reviews a pod, for
 a GPU pod with a deadline under safe or strict admission only, within a short timeout.
 
-A reservation must be weighed against every budget on its namespace's path to the root, one at a time, whichever
-webhook worker, replica or sibling namespace admits the pod; no process's own memory can do that, so the timekeeper
-weighs it in its database (timekeeper.database.budgets.reservations). What cannot be asked (the timekeeper unreachable, slow,
-or unable to count) is an unknown answer: strict admission refuses the pod, safe admission admits it saying so.
+A reservation must be weighed against every budget on its namespace's path to the root, one at a time, whichever webhook
+worker, replica or sibling namespace admits the pod; no process's own memory can do that, so the timekeeper weighs it in
+its database (timekeeper.database.budgets.reservations). What cannot be asked (the timekeeper unreachable, slow, or
+unable to count) is an unknown answer: strict admission refuses the pod, safe admission admits it saying so.
 """
 
 from __future__ import annotations
@@ -69,8 +69,13 @@ def grant_of(answer: object) -> Grant:
     uncommitted = None
     if raw is not None:
         try:
-            uncommitted = Uncommitted(int(raw["microGpuSeconds"]), str(raw["budget"]), float(raw["remainingGpuMinutes"] or 0.0),
-                                      float(raw["committedGpuMinutes"]), float(raw["reservedGpuMinutes"]))
+            uncommitted = Uncommitted(
+                int(raw["microGpuSeconds"]),
+                str(raw["budget"]),
+                float(raw["remainingGpuMinutes"] or 0.0),
+                float(raw["committedGpuMinutes"]),
+                float(raw["reservedGpuMinutes"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"uncommitted is not what the timekeeper answers: {exc!r}") from None
     return Grant(Outcome.GRANTED if answer["granted"] else Outcome.SHORT, uncommitted)
@@ -86,8 +91,13 @@ class TimekeeperReservations:
         self._local = threading.local()
 
     def __call__(self, asked: Reservation) -> Grant:
-        body: dict[str, Any] = {"id": asked.id, "namespace": asked.namespace, "microGpuSeconds": asked.micro_gpu_seconds,
-                                "replaces": asked.replaces, "dryRun": asked.dry_run}
+        body: dict[str, Any] = {
+            "id": asked.id,
+            "namespace": asked.namespace,
+            "microGpuSeconds": asked.micro_gpu_seconds,
+            "replaces": asked.replaces,
+            "dryRun": asked.dry_run,
+        }
         try:
             answer = self._client().request("POST", RESERVATIONS_PATH, body, token=self._token())
         except (Unreachable, OSError) as exc:
@@ -95,7 +105,9 @@ class TimekeeperReservations:
         if answer.status == 409:
             return Grant(Outcome.TAKEN, reason=answer.message)
         if answer.status != 200:
-            return Grant(Outcome.UNKNOWN, reason=f"the timekeeper could not reserve (HTTP {answer.status}): {answer.message}")
+            return Grant(
+                Outcome.UNKNOWN, reason=f"the timekeeper could not reserve (HTTP {answer.status}): {answer.message}"
+            )
         try:
             return grant_of(answer.json())
         except ValueError as exc:

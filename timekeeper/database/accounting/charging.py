@@ -1,17 +1,17 @@
 """Meter reports and the pod watch's observations into the pod ledgers and the namespaces' daily usage, exactly once
 (the SQL side of timekeeper.accounting.ledger).
 
-Reports arriving together are accounted together, in one transaction (ReportQueue), and so are the observations of
-a controller pass: the pods' ledger rows are locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite:
-one writer at a time), each report or observation is accounted against its pod's ledger in order, and the growth
-of the bill is added to the namespaces' usage of the UTC day it was received on. Concurrent reports of one pod, from any worker or process, are thereby
-serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows are always
-locked in the same order (ledgers by uid, then usage by namespace, then pods' daily usage by uid), so concurrent
-transactions cannot deadlock.
+Reports arriving together are accounted together, in one transaction (ReportQueue), and so are the observations of a
+controller pass: the pods' ledger rows are locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite: one
+writer at a time), each report or observation is accounted against its pod's ledger in order, and the growth of the bill
+is added to the namespaces' usage of the UTC day it was received on. Concurrent reports of one pod, from any worker or
+process, are thereby serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows
+are always locked in the same order (ledgers by uid, then usage by namespace, then pods' daily usage by uid), so
+concurrent transactions cannot deadlock.
 
-The pod ledgers count raw GPU-seconds (share × time: what exactly-once is about); each charge is weighted by the
-billing weight of the GPU model it is billed as when it is made, and the namespaces' usage, which budgets count,
-grows by the weighted charge. Both are kept per pod, day and model for usage reports (timekeeper.database.accounting.usage).
+The pod ledgers count raw GPU-seconds (share × time: what exactly-once is about); each charge is weighted by the billing
+weight of the GPU model it is billed as when it is made, and the namespaces' usage, which budgets count, grows by the
+weighted charge. Both are kept per pod, day and model for usage reports (timekeeper.database.accounting.usage).
 """
 
 from __future__ import annotations
@@ -200,9 +200,14 @@ class ReportLedger(PodLedgers):
             namespace_period_usage,
             ["namespace", "period", "period_start", "micro_gpu_seconds"],
             lambda insert: insert.on_conflict_do_update(
-                index_elements=[namespace_period_usage.c.period, namespace_period_usage.c.period_start,
-                                namespace_period_usage.c.namespace],
-                set_={"micro_gpu_seconds": namespace_period_usage.c.micro_gpu_seconds + insert.excluded.micro_gpu_seconds},
+                index_elements=[
+                    namespace_period_usage.c.period,
+                    namespace_period_usage.c.period_start,
+                    namespace_period_usage.c.namespace,
+                ],
+                set_={
+                    "micro_gpu_seconds": namespace_period_usage.c.micro_gpu_seconds + insert.excluded.micro_gpu_seconds
+                },
             ),
         )
 
@@ -233,7 +238,8 @@ class ReportLedger(PodLedgers):
 
     def _now(self) -> dt.datetime:
         now = self.budgets.clock()
-        if not self._weights_recorded:  # before anything is billed at them; a failure fails the batch, as the database's
+        # before anything is billed at them; a failure fails the batch, as the database's
+        if not self._weights_recorded:
             self.weights.record(self.catalogue, now, self.catalogue_source)
             self._weights_recorded = True
         return now
@@ -252,8 +258,14 @@ class ReportLedger(PodLedgers):
             return report(ledger, meter_report.seq, cumulative, meter_report.final, ceiling, share)
 
         return _Entry(
-            index, meter_report.pod_uid, meter_report.namespace, meter_report.pod, () if terms is None else terms.labels,
-            billing_model(self.catalogue, meter_report.gpu_model, recorded), meter_report.gpu_utilization_percent, apply,
+            index,
+            meter_report.pod_uid,
+            meter_report.namespace,
+            meter_report.pod,
+            () if terms is None else terms.labels,
+            billing_model(self.catalogue, meter_report.gpu_model, recorded),
+            meter_report.gpu_utilization_percent,
+            apply,
             {**readings, "meter_silent_since": None},
             {**readings, "first_report_at": now, "started_at": None if terms is None else terms.started_at},
         )
@@ -283,7 +295,9 @@ class ReportLedger(PodLedgers):
         billed: dict[int, int] = {}
         decayed: list[Charge] = []
         # Read before the transaction, so that nothing waits on it while the ledgers are locked.
-        thresholds = {ns: self.idle_threshold(ns) for ns in {entry.namespace for entry in entries if not entry.observed}}
+        thresholds = {
+            ns: self.idle_threshold(ns) for ns in {entry.namespace for entry in entries if not entry.observed}
+        }
         with self.db.pipeline() as conn:
             # The budgets travel with the lock; they are needed after the charges.
             budget_rows = self.budgets.budget_rows(conn, {entry.namespace for entry in entries})
@@ -308,18 +322,29 @@ class ReportLedger(PodLedgers):
                 charges[namespace] += charge.weighted_micro_gpu_seconds
                 billed[entry.index] = charge.weighted_micro_gpu_seconds
                 if self.fair_share is not None and charge.weighted_micro_gpu_seconds:
-                    decayed.append(_interval(namespace, accounting, charge.weighted_micro_gpu_seconds, now, entry.observed))
+                    decayed.append(
+                        _interval(namespace, accounting, charge.weighted_micro_gpu_seconds, now, entry.observed)
+                    )
                 if accounting.outcome is Outcome.CHARGED:
                     advanced[entry.pod_uid] = {
-                        **advanced.get(entry.pod_uid, {}), "pod_uid": entry.pod_uid, "pod": entry.pod,
-                        **_ledger_columns(accounting.ledger), **entry.written,
-                        **({} if entry.observed else self._reading_columns(locked, entry, heard, thresholds[namespace], now)),
+                        **advanced.get(entry.pod_uid, {}),
+                        "pod_uid": entry.pod_uid,
+                        "pod": entry.pod,
+                        **_ledger_columns(accounting.ledger),
+                        **entry.written,
+                        **(
+                            {}
+                            if entry.observed
+                            else self._reading_columns(locked, entry, heard, thresholds[namespace], now)
+                        ),
                     }
             if advanced:  # a batch is all reports or all observations, which write different columns
                 write = self._observed if entries[0].observed else self._advance
                 write.execute(conn, [advanced[uid] for uid in sorted(advanced)])
             day = usage_day(now)
-            charged = [{"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]]
+            charged = [
+                {"namespace": ns, "day": day, "micro_gpu_seconds": charges[ns]} for ns in sorted(charges) if charges[ns]
+            ]
             if charged:
                 self._charge.execute(conn, charged)
                 self._roll_up.execute(conn, rolled_up(charged))
@@ -346,8 +371,9 @@ class ReportLedger(PodLedgers):
         """The pod's reading and idle streak (gpusharing.idle.verdict) after an accepted report, as its ledger keeps
         them: moved by the meter's reading when it is heard, else (the node's word stands) left as they were."""
         if heard:
-            locked.streak = locked.reading.next_streak(locked.streak, UtilisationSource.METER, entry.utilization_percent,
-                                                       threshold, now, self.fresh_seconds)
+            locked.streak = locked.reading.next_streak(
+                locked.streak, UtilisationSource.METER, entry.utilization_percent, threshold, now, self.fresh_seconds
+            )
             locked.reading = Reading(entry.utilization_percent, now, UtilisationSource.METER,
                                      now + dt.timedelta(seconds=self.fresh_seconds))
             locked.memory_used_mib = entry.written["gpu_memory_used_mib"]
@@ -377,10 +403,20 @@ class ReportLedger(PodLedgers):
         return {
             uid: _Locked(
                 row.namespace,
-                PodLedger(row.last_seq, row.metered_micro_gpu_seconds, row.observed_micro_gpu_seconds, row.micro_gpu_seconds,
-                          row.final, row.started_at, row.observed_until, row.ended_at, row.billed_share or None),
-                ledger_reading(row.gpu_utilization_percent, row.utilisation_source, row.utilisation_at,
-                               row.utilisation_fresh_until),
+                PodLedger(
+                    row.last_seq,
+                    row.metered_micro_gpu_seconds,
+                    row.observed_micro_gpu_seconds,
+                    row.micro_gpu_seconds,
+                    row.final,
+                    row.started_at,
+                    row.observed_until,
+                    row.ended_at,
+                    row.billed_share or None,
+                ),
+                ledger_reading(
+                    row.gpu_utilization_percent, row.utilisation_source, row.utilisation_at, row.utilisation_fresh_until
+                ),
                 row.gpu_memory_used_mib,
                 Streak(row.idle_since, row.idle_warned_at, row.idle_acted_at),
             )
@@ -402,7 +438,12 @@ def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     it lies in, in namespace order as the day rows are (rows are locked in one order)."""
     starts = {day: period_starts(day) for day in {row["day"] for row in charged}}  # a batch's charges share one day
     return [
-        {"namespace": row["namespace"], "period": kind.value, "period_start": start, "micro_gpu_seconds": row["micro_gpu_seconds"]}
+        {
+            "namespace": row["namespace"],
+            "period": kind.value,
+            "period_start": start,
+            "micro_gpu_seconds": row["micro_gpu_seconds"],
+        }
         for row in charged
         for kind, start in starts[row["day"]].items()
     ]
@@ -411,7 +452,9 @@ def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, fresh_seconds: float) -> dict[str, Any]:
     """What a charged report leaves in its pod's ledger besides the accounting: NVML readings (those of a ledger it
     opens; a ledger's own are moved by the report only where no higher word stands, `ReportLedger._reading_columns`)."""
-    reading = Reading(report.gpu_utilization_percent, now, UtilisationSource.METER, now + dt.timedelta(seconds=fresh_seconds))
+    reading = Reading(
+        report.gpu_utilization_percent, now, UtilisationSource.METER, now + dt.timedelta(seconds=fresh_seconds)
+    )
     return {
         **reading_columns(reading, report.gpu_memory_used_mib),
         "gpu_memory_requested_mib": report.gpu_memory_requested_mib if terms is None else terms.requested_memory_mib,

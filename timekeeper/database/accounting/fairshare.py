@@ -78,11 +78,15 @@ class FairShareLedger:
     def __init__(self, db: Database, half_life: dt.timedelta):
         self.db = db
         self.half_life = half_life  # the default; a row's own (its budget's spec.fairShare.halfLife) wins
-        lock = (select(fair_share.c.namespace, fair_share.c.gpu_seconds, fair_share.c.as_of, fair_share.c.half_life_seconds)
-                .where(fair_share.c.namespace.in_(bindparam("namespaces", expanding=True)))
-                .order_by(fair_share.c.namespace))
+        lock = (
+            select(fair_share.c.namespace, fair_share.c.gpu_seconds, fair_share.c.as_of, fair_share.c.half_life_seconds)
+            .where(fair_share.c.namespace.in_(bindparam("namespaces", expanding=True)))
+            .order_by(fair_share.c.namespace)
+        )
         self._lock = lock if db.is_sqlite else lock.with_for_update()
-        self._open = db.bulk_insert(fair_share, ["namespace", "gpu_seconds", "as_of"], lambda insert: insert.on_conflict_do_nothing())
+        self._open = db.bulk_insert(
+            fair_share, ["namespace", "gpu_seconds", "as_of"], lambda insert: insert.on_conflict_do_nothing()
+        )
         self._grow = db.bulk_update(fair_share, "namespace", ["gpu_seconds", "as_of"])
         self._rank = db.bulk_update(fair_share, "namespace", list(_RANKED))
 
@@ -161,7 +165,9 @@ def _path(stored: str | None) -> tuple[FairShareLevel, ...]:
 
 
 def _ranked_columns(ranked: Ranked) -> dict[str, Any]:
-    return {column: getattr(ranked, column) for column in _RANKED if column != "ranked_at"} | {"namespace": ranked.namespace}
+    return {column: getattr(ranked, column) for column in _RANKED if column != "ranked_at"} | {
+        "namespace": ranked.namespace
+    }
 
 
 def _record(row: Any) -> FairShareRecord:

@@ -195,8 +195,11 @@ class PodLedgers:
                     select(pod_ledgers.c.pod_uid).where(
                         pod_ledgers.c.pod_uid.in_(pod_uids[start:start + 500]), *self._silent(quiet_since)))]
                 for uid in candidates:
-                    flagged = conn.execute(update(pod_ledgers).where(pod_ledgers.c.pod_uid == uid, *self._silent(quiet_since))
-                                           .values(meter_silent_since=now))
+                    flagged = conn.execute(
+                        update(pod_ledgers)
+                        .where(pod_ledgers.c.pod_uid == uid, *self._silent(quiet_since))
+                        .values(meter_silent_since=now)
+                    )
                     if flagged.rowcount == 1:
                         claimed.append(uid)
         return claimed

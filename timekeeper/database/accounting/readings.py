@@ -26,7 +26,13 @@ from gpusharing.contract import fresh_for
 from gpusharing.idle.verdict import Reading, Streak
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
 from timekeeper.database.accounting.charging import ReportLedger
-from timekeeper.database.accounting.pods import LOCKED_COLUMNS, UTILISATION_COLUMNS, ledger_reading, reading_columns, streak_columns
+from timekeeper.database.accounting.pods import (
+    LOCKED_COLUMNS,
+    UTILISATION_COLUMNS,
+    ledger_reading,
+    reading_columns,
+    streak_columns,
+)
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import pod_ledgers
 
@@ -94,7 +100,9 @@ class UtilisationLedger:
                                              reading.utilisation_percent, thresholds[reading.namespace], at,
                                              fresh_for(window_seconds))
                 taken = Reading(reading.utilisation_percent, at, source, fresh_until)
-                written.append({"pod_uid": uid, **reading_columns(taken, reading.memory_used_mib), **streak_columns(streak)})
+                written.append(
+                    {"pod_uid": uid, **reading_columns(taken, reading.memory_used_mib), **streak_columns(streak)}
+                )
             if written:
                 self._write.execute(conn, written)
         order = {uid: index for index, uid in enumerate(by_uid)}
@@ -110,7 +118,9 @@ def bound_to_node(readings: Sequence[PodUtilisation], bound: Mapping[str, tuple[
     for reading in readings:
         pod = None if bound is None else bound.get(reading.pod_uid)
         if bound is not None and pod is None:
-            ignored.append(Ignored(reading.pod_uid, f"no pod of this uid is bound to node {node} (another node's, or unknown)"))
+            ignored.append(
+                Ignored(reading.pod_uid, f"no pod of this uid is bound to node {node} (another node's, or unknown)")
+            )
         elif pod is not None and pod != (reading.namespace, reading.pod):
             ignored.append(Ignored(reading.pod_uid, f"the pod of this uid on node {node} is {pod[0]}/{pod[1]}, not "
                                                     f"{reading.namespace}/{reading.pod}"))

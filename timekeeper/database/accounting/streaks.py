@@ -69,8 +69,11 @@ class IdleLedger:
         streak ended meanwhile (a busy report): then nothing is to be done."""
         column = pod_ledgers.c[step]
         with self.db.write() as conn:
-            done = conn.execute(update(pod_ledgers).where(
-                pod_ledgers.c.pod_uid == pod_uid, pod_ledgers.c.idle_since == since, column.is_(None)).values({step: now}))
+            done = conn.execute(
+                update(pod_ledgers)
+                .where(pod_ledgers.c.pod_uid == pod_uid, pod_ledgers.c.idle_since == since, column.is_(None))
+                .values({step: now})
+            )
         return done.rowcount == 1
 
     def release(self, pod_uid: str, since: dt.datetime, step: Step) -> None:
@@ -82,7 +85,13 @@ class IdleLedger:
     # -- owners held out of budget -------------------------------------------------------------------------------
 
     def hold(self, namespace: str, owner: Owner, pod: str, now: dt.datetime) -> Hold:
-        values = {"namespace": namespace, "owner_kind": owner.kind, "owner_name": owner.name, "pod": pod, "held_at": now}
+        values = {
+            "namespace": namespace,
+            "owner_kind": owner.kind,
+            "owner_name": owner.name,
+            "pod": pod,
+            "held_at": now,
+        }
         with self.db.write() as conn:
             conn.execute(self.db.insert(idle_holds).values(owner_uid=owner.uid, **values)
                          .on_conflict_do_update(index_elements=[idle_holds.c.owner_uid], set_=values))
@@ -91,7 +100,10 @@ class IdleLedger:
     def holds(self) -> list[Hold]:
         with self.db.read() as conn:
             rows = conn.execute(select(idle_holds).order_by(idle_holds.c.namespace, idle_holds.c.owner_uid)).all()
-        return [Hold(row.namespace, Owner("", row.owner_kind, row.owner_name, row.owner_uid), row.pod, row.held_at) for row in rows]
+        return [
+            Hold(row.namespace, Owner("", row.owner_kind, row.owner_name, row.owner_uid), row.pod, row.held_at)
+            for row in rows
+        ]
 
     def release_holds(self, owner_uids: Iterable[str]) -> None:
         uids = sorted(set(owner_uids))

@@ -70,12 +70,20 @@ class UsageLedger:
                 set_={column: pod_usage.c[column] + insert.excluded[column] for column in _CHARGED},
             ),
         )
-        self._label = db.bulk_insert(pod_labels, ["pod_uid", "key", "value"], lambda insert: insert.on_conflict_do_nothing())
+        self._label = db.bulk_insert(
+            pod_labels, ["pod_uid", "key", "value"], lambda insert: insert.on_conflict_do_nothing()
+        )
 
     def charge(self, conn: Statements, day: dt.date, charges: Mapping[tuple[str, str], PodCharge]) -> None:
-        """Adds each (pod uid, model)'s charge to its row of `day`, in that order (the order every transaction locks in)."""
+        """Adds each (pod uid, model)'s charge to its row of `day`, in that order (the order every transaction locks
+        in)."""
         rows = [
-            {"pod_uid": uid, "day": day, "model": model, **{column: getattr(charges[uid, model], column) for column in _CHARGED}}
+            {
+                "pod_uid": uid,
+                "day": day,
+                "model": model,
+                **{column: getattr(charges[uid, model], column) for column in _CHARGED},
+            }
             for uid, model in sorted(charges)
             if charges[uid, model].micro_gpu_seconds
         ]

@@ -69,8 +69,15 @@ class WeightLog:
             if changes:
                 conn.execute(
                     insert(gpu_model_weights),
-                    [{"model": c.model, "billing_weight": c.billing_weight, "changed_at": c.changed_at, "source": c.source}
-                     for c in changes],
+                    [
+                        {
+                            "model": c.model,
+                            "billing_weight": c.billing_weight,
+                            "changed_at": c.changed_at,
+                            "source": c.source,
+                        }
+                        for c in changes
+                    ],
                 )
         return changes
 
@@ -78,10 +85,14 @@ class WeightLog:
         """The newest first."""
         query = select(gpu_model_weights).order_by(gpu_model_weights.c.id.desc()).limit(MAX_HISTORY)
         with self.db.read() as conn:
-            return [WeightChange(row.model, row.billing_weight, row.changed_at, row.source) for row in conn.execute(query)]
+            return [
+                WeightChange(row.model, row.billing_weight, row.changed_at, row.source) for row in conn.execute(query)
+            ]
 
 
 def _latest(conn: Any) -> dict[str, int]:
     newest = select(func.max(gpu_model_weights.c.id)).group_by(gpu_model_weights.c.model)
-    query = select(gpu_model_weights.c.model, gpu_model_weights.c.billing_weight).where(gpu_model_weights.c.id.in_(newest))
+    query = select(gpu_model_weights.c.model, gpu_model_weights.c.billing_weight).where(
+        gpu_model_weights.c.id.in_(newest)
+    )
     return {model: weight for model, weight in conn.execute(query)}

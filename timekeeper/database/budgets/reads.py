@@ -41,16 +41,23 @@ class StatusReads:
         if self._read is None:
             rows = {**self.own, **{row.namespace: row for row in self.other_budget_rows}}
             used = {row.namespace: {k: int(getattr(row, f"used_{k}") or 0) for k in Period} for row in self.used_rows}
-            topped = {row.namespace: {k: float(getattr(row, f"topped_{k}") or 0.0) for k in Period} for row in self.topped_rows}
+            topped = {
+                row.namespace: {k: float(getattr(row, f"topped_{k}") or 0.0) for k in Period}
+                for row in self.topped_rows
+            }
             self._read = (rows, used, topped)
         rows, used, topped = self._read
         if minus:  # today's charges lie in every kind of period's current one
-            used = {name: {kind: value - minus.get(name, 0) for kind, value in use.items()} for name, use in used.items()}
+            used = {
+                name: {kind: value - minus.get(name, 0) for kind, value in use.items()} for name, use in used.items()
+            }
         budgets_by_name = {name: budget_of_row(row) for name, row in rows.items()}
         if self.wanted is None:
             kind = self.default.period
             wanted = set(budgets_by_name)
-            wanted |= {n for n, use in used.items() if use.get(kind)} | {n for n, top in topped.items() if top.get(kind)}
+            wanted |= {n for n, use in used.items() if use.get(kind)} | {
+                n for n, top in topped.items() if top.get(kind)
+            }
         else:
             wanted = set(self.wanted)
         for name in wanted - budgets_by_name.keys():
@@ -104,5 +111,14 @@ def window_parameters(windows: dict[Period, PeriodWindow]) -> dict[str, object]:
 
 def budget_of_row(row: Any) -> Budget:
     thresholds = tuple(int(t) for t in row.warning_thresholds.split(",") if t)
-    return Budget(row.namespace, row.gpu_minutes, Period(row.period), bool(row.evict_on_exhaustion), row.parent, thresholds,
-                  AdmissionMode(row.admission), Shortfall(row.on_shortfall), from_stored(row.idle))
+    return Budget(
+        row.namespace,
+        row.gpu_minutes,
+        Period(row.period),
+        bool(row.evict_on_exhaustion),
+        row.parent,
+        thresholds,
+        AdmissionMode(row.admission),
+        Shortfall(row.on_shortfall),
+        from_stored(row.idle),
+    )

@@ -33,7 +33,8 @@ class AdmissionIdTaken(RuntimeError):
 
 
 class Uncountable(RuntimeError):
-    """What the pods commit is not known now (the pod watch has not listed them, or has failed): the message says why."""
+    """What the pods commit is not known now (the pod watch has not listed them, or has failed): the message says
+    why."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class ReservationStore:
         if asked.replaces is not None and (pod := admitted_as(asked.replaces)) is not None:
             raise AdmissionIdTaken(
                 f"the pod carries gpusharing.io/admission-id {asked.replaces!r}, the admission of pod {pod}: remove the "
-                "annotation (the GPU-sharing webhook sets it)")
+                "annotation (the GPU-sharing webhook sets it)"
+            )
         db, now = self.store.db, self.store.clock()
         mine = frozenset({asked.id, *([asked.replaces] if asked.replaces else [])})
         with db.write() as conn:
@@ -69,9 +71,15 @@ class ReservationStore:
                 # A reservation outlives no crash of the timekeeper's anyway: its commit need not wait for the disk.
                 conn.execute(text("SET LOCAL synchronous_commit TO OFF"))
                 path = sorted({asked.namespace, *ancestry(hierarchy, asked.namespace)})
-                conn.execute(select(budgets.c.namespace).where(budgets.c.namespace.in_(path)).order_by(budgets.c.namespace)
-                             .with_for_update())
-            conn.execute(reservations.delete().where((reservations.c.expires_at <= now) | reservations.c.id.in_(sorted(settled))))
+                conn.execute(
+                    select(budgets.c.namespace)
+                    .where(budgets.c.namespace.in_(path))
+                    .order_by(budgets.c.namespace)
+                    .with_for_update()
+                )
+            conn.execute(
+                reservations.delete().where((reservations.c.expires_at <= now) | reservations.c.id.in_(sorted(settled)))
+            )
             held = _held(conn, counted | mine, now)
             status = self.store.statuses_in(conn, [asked.namespace], now)[asked.namespace]
             own = {ns: c.micro_gpu_seconds for ns, c in committed.items()}
@@ -92,7 +100,9 @@ class ReservationStore:
 
 def _held(conn: Connection, excluded: AbstractSet[str], now: dt.datetime) -> dict[str, int]:
     held: dict[str, int] = defaultdict(int)
-    live = select(reservations.c.id, reservations.c.namespace, reservations.c.micro_gpu_seconds).where(reservations.c.expires_at > now)
+    live = select(reservations.c.id, reservations.c.namespace, reservations.c.micro_gpu_seconds).where(
+        reservations.c.expires_at > now
+    )
     for row in conn.execute(live):
         if row.id not in excluded:
             held[row.namespace] += row.micro_gpu_seconds

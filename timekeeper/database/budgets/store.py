@@ -1,4 +1,5 @@
-"""Budgets, top-ups, the audit log and namespace statuses in the database (the SQL side of timekeeper.budgets.status)."""
+"""Budgets, top-ups, the audit log and namespace statuses in the database (the SQL side of
+timekeeper.budgets.status)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ class BudgetStore:
         self.db = db
         self.default_gpu_minutes = default_gpu_minutes
         self.default_period = default_period
-        self.default_idle = default_idle  # the default budget's idle policy: in force where no budget up a chain sets one
+        # the default budget's idle policy: in force where no budget up a chain sets one
+        self.default_idle = default_idle
         self.clock = clock
 
     # -- reads ---------------------------------------------------------------------------------------------------
@@ -98,11 +100,14 @@ class BudgetStore:
         return reads.statuses()[namespace]
 
     def statuses(self) -> list[BudgetStatus]:
-        """Every budget (namespaces' and groups'), and every other namespace with use or top-ups in its (default) period."""
+        """Every budget (namespaces' and groups'), and every other namespace with use or top-ups in its (default)
+        period."""
         with self.db.read() as conn:
             return sorted(self.statuses_in(conn, None, self.clock()).values(), key=lambda status: status.namespace)
 
-    def statuses_in(self, conn: Statements, namespaces: Collection[str] | None, now: dt.datetime) -> dict[str, BudgetStatus]:
+    def statuses_in(
+        self, conn: Statements, namespaces: Collection[str] | None, now: dt.datetime
+    ) -> dict[str, BudgetStatus]:
         """The statuses of `namespaces` (None: of every namespace `statuses` lists)."""
         return self.read_use(conn, self.budget_rows(conn, namespaces), namespaces, now).statuses()
 
@@ -177,7 +182,9 @@ class BudgetStore:
         one when it has none (the result becomes its own)."""
         return self._set_budget(namespace, lambda current: replace(current, **changes), actor, None)
 
-    def _set_budget(self, namespace: str, change: Callable[[Budget], Budget], actor: str, owner: str | None) -> BudgetChange:
+    def _set_budget(
+        self, namespace: str, change: Callable[[Budget], Budget], actor: str, owner: str | None
+    ) -> BudgetChange:
         now = self.clock()
         with self.db.write() as conn:
             if lock := not self.db.is_sqlite:  # every budget: the hierarchy is checked against all of them
@@ -225,11 +232,17 @@ class BudgetStore:
         with self.db.write() as conn:
             row = conn.execute(BUDGETS_OF, {"namespaces": [namespace]}).first()
             if row is None:
-                raise NoBudget(f"{'group' if is_group(namespace) else 'namespace'} {namespace} has no budget of its own")
+                raise NoBudget(
+                    f"{'group' if is_group(namespace) else 'namespace'} {namespace} has no budget of its own"
+                )
             self._check_owner(row, namespace, owner)
-            children = sorted(r.namespace for r in conn.execute(select(budgets.c.namespace).where(budgets.c.parent == namespace)))
+            children = sorted(
+                r.namespace for r in conn.execute(select(budgets.c.namespace).where(budgets.c.parent == namespace))
+            )
             if children and owner is None:
-                raise HierarchyConflict(f"{namespace} is the parent of {', '.join(children[:10])}: give them another parent first")
+                raise HierarchyConflict(
+                    f"{namespace} is the parent of {', '.join(children[:10])}: give them another parent first"
+                )
             before = self.status_in(conn, namespace, now, lock=True)
             conn.execute(budgets.delete().where(budgets.c.namespace == namespace))
             after = None if is_group(namespace) else self.status_in(conn, namespace, now)
@@ -255,7 +268,9 @@ class BudgetStore:
                 )
             )
             after = self.status_in(conn, namespace, now)
-            self._audit(conn, namespace, "top-up", actor, now, before, after, {"gpuMinutes": gpu_minutes, "reason": reason})
+            self._audit(
+                conn, namespace, "top-up", actor, now, before, after, {"gpuMinutes": gpu_minutes, "reason": reason}
+            )
         return after
 
     @staticmethod
@@ -295,7 +310,8 @@ class BudgetStore:
             )
         )
 
-    # -- the controller's bookkeeping -----------------------------------------------------------------------------------
+    # -- the controller's bookkeeping
+    # -----------------------------------------------------------------------------------
 
     def acted_states(self) -> dict[str, BudgetState]:
         with self.db.read() as conn:

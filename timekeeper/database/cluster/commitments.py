@@ -72,10 +72,10 @@ class CommitmentPublisher:
     changed since its last publication. Only the leader publishes; see publish() for a deposed one.
 
     The leading controller calls, every second or so, with its informer of committed_pod's values
-    (gpusharing.kube.watching.WatchedObjects):
-    `publisher.publish(by_uid((watched.items or {}).values()), watched.items is not None and watched.broken_since is None)`.
-    `identity` names the process in the heartbeat (by default its host, pid and a token); `keep_seconds` how long a
-    gone pod's row stays: at least the web replicas' reservation lifetime (TIMEKEEPER_RESERVATION_SECONDS)."""
+    (gpusharing.kube.watching.WatchedObjects): `publisher.publish(by_uid((watched.items or {}).values()), watched.items
+    is not None and watched.broken_since is None)`. `identity` names the process in the heartbeat (by default its host,
+    pid and a token); `keep_seconds` how long a gone pod's row stays: at least the web replicas' reservation lifetime
+    (TIMEKEEPER_RESERVATION_SECONDS)."""
 
     def __init__(self, db: Database, clock: Callable[[], dt.datetime], identity: str | None = None,
                  keep_seconds: float = KEEP_GONE_SECONDS):
@@ -83,13 +83,14 @@ class CommitmentPublisher:
         self.clock = clock
         self.identity = (identity or _identity())[:253]
         self.keep_seconds = keep_seconds
-        # The table as this publisher last wrote it; None: read it first (after a start, a failure, or another's writes).
+        # The table as this publisher last wrote it; None: read it first (after a start, a failure, or another's
+        # writes).
         self._written: dict[str, _Written] | None = None
         self._refused_by: str | None = None
 
     def publish(self, pods: Mapping[str, CommittedPod], healthy: bool) -> None:
-        """Publishes `pods`, the informer's whole current set of committed pods by uid, with whether its watch is healthy
-        (listed, and not failing now); called every second or so by the leading controller.
+        """Publishes `pods`, the informer's whole current set of committed pods by uid, with whether its watch is
+        healthy (listed, and not failing now); called every second or so by the leading controller.
 
         From a healthy watch, the table is made to hold exactly `pods`: new and changed pods upserted, pods no longer
         there marked gone, gone ones long past deleted. From an unhealthy one (not listed yet, or failing), the pods
@@ -111,7 +112,12 @@ class CommitmentPublisher:
                 if healthy:
                     self._write_changes(conn, written, pods, now)
                 confirmed = now if healthy else (beat.confirmed_at if beat is not None else None)
-                values = {"publisher": self.identity, "published_at": now, "healthy": healthy, "confirmed_at": confirmed}
+                values = {
+                    "publisher": self.identity,
+                    "published_at": now,
+                    "healthy": healthy,
+                    "confirmed_at": confirmed,
+                }
                 conn.execute(self.db.insert(commitment_publications).values(name=PUBLICATION, **values)
                              .on_conflict_do_update(index_elements=["name"], set_=values))
         except BaseException:
@@ -139,28 +145,40 @@ class CommitmentPublisher:
             conn.execute(insert.on_conflict_do_update(index_elements=["uid"], set_=changed), upserts)
         gone = sorted(uid for uid, old in written.items() if old.gone_at is None and uid not in pods)
         if gone:
-            conn.execute(committed_pods.update().where(committed_pods.c.uid.in_(gone) & committed_pods.c.gone_at.is_(None))
-                         .values(gone_at=now))
+            conn.execute(
+                committed_pods.update()
+                .where(committed_pods.c.uid.in_(gone) & committed_pods.c.gone_at.is_(None))
+                .values(gone_at=now)
+            )
             for uid in gone:
                 written[uid] = _Written(written[uid].figures, now)
         forgotten = now - dt.timedelta(seconds=self.keep_seconds)
         past = sorted(uid for uid, old in written.items() if old.gone_at is not None and old.gone_at < forgotten)
         if past:
-            conn.execute(committed_pods.delete().where(committed_pods.c.uid.in_(past) & (committed_pods.c.gone_at < forgotten)))
+            conn.execute(
+                committed_pods.delete().where(committed_pods.c.uid.in_(past) & (committed_pods.c.gone_at < forgotten))
+            )
             for uid in past:
                 del written[uid]
 
     def _refuse(self, other: str, seconds: float) -> None:
         self._written = None  # the other publisher writes meanwhile: read the table when this one takes over
         if self._refused_by != other:
-            log.warning("another timekeeper controller (%s) published the cluster's committed pods %.1f s ago: this one "
-                        "(%s) publishes nothing until it has been silent for %.0f s", other, seconds, self.identity,
-                        TAKEOVER_AFTER_SECONDS)
+            log.warning(
+                "another timekeeper controller (%s) published the cluster's committed pods %.1f s ago: this one "
+                "(%s) publishes nothing until it has been silent for %.0f s",
+                other,
+                seconds,
+                self.identity,
+                TAKEOVER_AFTER_SECONDS,
+            )
             self._refused_by = other
 
 
 def _read_written(conn: Connection) -> dict[str, _Written]:
-    rows = conn.execute(select(committed_pods.c.uid, committed_pods.c.gone_at, *(committed_pods.c[name] for name in _FIGURES)))
+    rows = conn.execute(
+        select(committed_pods.c.uid, committed_pods.c.gone_at, *(committed_pods.c[name] for name in _FIGURES))
+    )
     return {row.uid: _Written(tuple(getattr(row, name) for name in _FIGURES), row.gone_at) for row in rows}
 
 
@@ -174,7 +192,8 @@ class Publication:
     healthy: bool
     confirmed_at: dt.datetime | None  # the last publication from a healthy watch
     pods: tuple[CommittedPod, ...]  # committed now
-    seen: tuple[tuple[str, dt.datetime, dt.datetime | None], ...]  # (admission id, seen_at, gone_at) within remember_seconds
+    # (admission id, seen_at, gone_at) within remember_seconds
+    seen: tuple[tuple[str, dt.datetime, dt.datetime | None], ...]
     remember_seconds: float
 
     def problem(self) -> str | None:
@@ -199,7 +218,9 @@ class Publication:
         """The admission ids of the pods published now, and of those gone within a reservation's lifetime (an ended
         pod's reservation stays given up): their reservations no longer count."""
         forgotten = self.now - dt.timedelta(seconds=self.remember_seconds)
-        return frozenset(admission_id for admission_id, _, gone_at in self.seen if gone_at is None or gone_at >= forgotten)
+        return frozenset(
+            admission_id for admission_id, _, gone_at in self.seen if gone_at is None or gone_at >= forgotten
+        )
 
     def settled_ids(self) -> frozenset[str]:
         """The admission ids of the pods published (as they are) at least STALE_AFTER_SECONDS ago, within a
@@ -233,11 +254,19 @@ class PublishedCommitments:
         with self.db.read() as conn:
             rows = conn.execute(select(committed_pods).where(c.gone_at.is_(None) | (c.gone_at >= forgotten))
                                 .order_by(c.namespace, c.name, c.uid)).all()
-            beat = conn.execute(select(commitment_publications).where(commitment_publications.c.name == PUBLICATION)).first()
+            beat = conn.execute(
+                select(commitment_publications).where(commitment_publications.c.name == PUBLICATION)
+            ).first()
         return Publication(
-            now, beat.publisher if beat else None, beat.published_at if beat else None, bool(beat and beat.healthy),
-            beat.confirmed_at if beat else None, tuple(_pod(row) for row in rows if row.gone_at is None),
-            tuple((row.admission_id, row.seen_at, row.gone_at) for row in rows if row.admission_id), self.remember_seconds)
+            now,
+            beat.publisher if beat else None,
+            beat.published_at if beat else None,
+            bool(beat and beat.healthy),
+            beat.confirmed_at if beat else None,
+            tuple(_pod(row) for row in rows if row.gone_at is None),
+            tuple((row.admission_id, row.seen_at, row.gone_at) for row in rows if row.admission_id),
+            self.remember_seconds,
+        )
 
     def problem(self) -> str | None:
         return self.read().problem()

@@ -60,8 +60,11 @@ class EvictionFence:
             if row is not None and row.term > term:
                 return False
             if row is None:
-                conn.execute(self.db.insert(controller_terms).values(name=self.name, term=term, holder=holder, since=clock)
-                             .on_conflict_do_nothing())
+                conn.execute(
+                    self.db.insert(controller_terms)
+                    .values(name=self.name, term=term, holder=holder, since=clock)
+                    .on_conflict_do_nothing()
+                )
             elif row.term < term:
                 conn.execute(controller_terms.update().where(controller_terms.c.name == self.name)
                              .values(term=term, holder=holder, since=clock))
@@ -76,8 +79,11 @@ class EvictionFence:
         clock = self.db.clock()
         claimed = Claims()
         with self.db.write() as conn:
-            # Read FOR SHARE: a new holder's enter() waits for this claim to commit, and every claim after it sees its term.
-            query = select(controller_terms.c.term, controller_terms.c.since).where(controller_terms.c.name == self.name)
+            # Read FOR SHARE: a new holder's enter() waits for this claim to commit, and every claim after it sees its
+            # term.
+            query = select(controller_terms.c.term, controller_terms.c.since).where(
+                controller_terms.c.name == self.name
+            )
             current = conn.execute(query if self.db.is_sqlite else query.with_for_update(read=True)).first()
             if current is None or current.term != term:
                 return None
@@ -123,8 +129,13 @@ class EvictionFence:
         return set(renewed)
 
     def release(self, term: int, *pod_uids: str) -> None:
-        """Gives back claims whose evictions did not happen, so that a later pass (or leader) may claim the pods again."""
+        """Gives back claims whose evictions did not happen, so that a later pass (or leader) may claim the pods
+        again."""
         if not pod_uids:
             return
         with self.db.write() as conn:
-            conn.execute(eviction_claims.delete().where(eviction_claims.c.pod_uid.in_(pod_uids) & (eviction_claims.c.term == term)))
+            conn.execute(
+                eviction_claims.delete().where(
+                    eviction_claims.c.pod_uid.in_(pod_uids) & (eviction_claims.c.term == term)
+                )
+            )

@@ -48,7 +48,9 @@ class WebhookListings:
         with self.db.write() as conn:
             conn.execute(self.db.insert(webhook_listings).values(webhook=webhook, **values)
                          .on_conflict_do_update(index_elements=["webhook"], set_=values))
-            conn.execute(webhook_listings.delete().where(webhook_listings.c.expires_at < clock - MAX_BUDGET_REFRESH_SECONDS))
+            conn.execute(
+                webhook_listings.delete().where(webhook_listings.c.expires_at < clock - MAX_BUDGET_REFRESH_SECONDS)
+            )
             return float(conn.execute(select(clock)).scalar_one())
 
     def behind(self, since: float) -> int:
@@ -61,7 +63,11 @@ class WebhookListings:
     def live(self) -> int:
         """How many webhook processes are live (each shares the burst guard's room, docs/fair-share.md)."""
         with self.db.read() as conn:
-            query = select(func.count()).select_from(webhook_listings).where(webhook_listings.c.expires_at > self.db.clock())
+            query = (
+                select(func.count())
+                .select_from(webhook_listings)
+                .where(webhook_listings.c.expires_at > self.db.clock())
+            )
             return int(conn.execute(query).scalar_one())
 
     def now(self) -> float:
