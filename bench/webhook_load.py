@@ -95,10 +95,10 @@ def safe_timekeeper() -> ThreadingHTTPServer:
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True  # its headers and body are two writes: no 40 ms wait for the client's ACK
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self._answer(listing)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self._answer(granted)
 

@@ -141,19 +141,19 @@ class FakeKube:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 fake._handle(self, "GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 fake._handle(self, "POST")
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 fake._handle(self, "DELETE")
 
-            def do_PUT(self) -> None:  # noqa: N802
+            def do_PUT(self) -> None:
                 fake._handle(self, "PUT")
 
-            def do_PATCH(self) -> None:  # noqa: N802
+            def do_PATCH(self) -> None:
                 fake._handle(self, "PATCH")
 
             def log_message(self, *args: Any) -> None:

@@ -32,7 +32,7 @@ class ReportSink:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as gunicorn serves the timekeeper
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 sink.received.append(Received(time.perf_counter(), body, self.headers.get("Authorization")))
                 reply_json(self, sink.status, sink.answer)

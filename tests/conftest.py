@@ -19,7 +19,9 @@ for _variable in ("KUBECONFIG", "TIMEKEEPER_KUBECONFIG", "GPUSHARING_KUBECONFIG"
     os.environ.pop(_variable, None)
 # The fuzz tests share one app across examples (a database per example would cost more than the example).
 _SHARED_APP = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-settings.register_profile("ci", max_examples=150, derandomize=True, deadline=None, database=None, suppress_health_check=_SHARED_APP)
+settings.register_profile(
+    "ci", max_examples=150, derandomize=True, deadline=None, database=None, suppress_health_check=_SHARED_APP
+)
 settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=_SHARED_APP)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

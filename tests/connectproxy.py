@@ -16,7 +16,7 @@ class ConnectProxy:
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_CONNECT(self) -> None:  # noqa: N802
+            def do_CONNECT(self) -> None:
                 proxy.tunnels.append(self.path)
                 host, _, port = self.path.rpartition(":")
                 try:

@@ -19,7 +19,13 @@ RELEASE, NAMESPACE = "gpusharing", "gpusharing-system"
 def render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
     """The objects `helm template gpusharing charts/kube-gpusharing -n NAMESPACE` with `values` renders."""
     rendered = _render(values, namespace)
-    return [doc for path, text in sorted(rendered.items()) if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc]
+    return [
+        doc
+        for path, text in sorted(rendered.items())
+        if path.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
 
 
 def notes(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> str:

@@ -10,19 +10,52 @@ from hypothesis import strategies as st
 # Numbers as text, as annotations and resource values carry them: ordinary, at the bounds, and hostile.
 NUMBER_TEXT = st.one_of(
     st.integers(-5, 3000).map(str),
-    st.builds("{}{}".format, st.integers(0, 5000), st.sampled_from(["", "m", "k", "M", "G", "E", "Ki", "Mi", "Gi", "Ei", "e3", "e-3", "n"])),
+    st.builds(
+        "{}{}".format,
+        st.integers(0, 5000),
+        st.sampled_from(["", "m", "k", "M", "G", "E", "Ki", "Mi", "Gi", "Ei", "e3", "e-3", "n"]),
+    ),
     st.builds("{}e{}".format, st.sampled_from(["1", "9.99", "-1", ".5", "0"]), st.integers(-(10**9), 10**9)),
     st.integers(1, 5000).map(lambda digits: "9" * digits),
     st.decimals(allow_nan=True, allow_infinity=True).map(str),
     st.floats().map(str),
-    st.sampled_from(["1e999999", "1e300000", "1e-999999999", "NaN", "-Infinity", "0x10", "1_000", "٣", "²", "1E", "1e",
-                     "2k", "1e28", "0.00009", "0.0001", "1000", "1001", " 1 ", "", "+1", "--1", "1.", ".1"]),
+    st.sampled_from(
+        [
+            "1e999999",
+            "1e300000",
+            "1e-999999999",
+            "NaN",
+            "-Infinity",
+            "0x10",
+            "1_000",
+            "٣",
+            "²",
+            "1E",
+            "1e",
+            "2k",
+            "1e28",
+            "0.00009",
+            "0.0001",
+            "1000",
+            "1001",
+            " 1 ",
+            "",
+            "+1",
+            "--1",
+            "1.",
+            ".1",
+        ]
+    ),
     st.text(max_size=12),
 )
 
-JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+JSON_LEAVES = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+)
 JSON_VALUES = st.recursive(
-    JSON_LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8
+    JSON_LEAVES,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
 )
 
 # JSON number literals as they would appear in a body: long, huge, tiny, not finite.

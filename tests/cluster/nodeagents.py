@@ -56,14 +56,25 @@ class SimulatedNodeAgent:
     process reading them. `allocatable`: every device the node's plugins advertise (resource: ids), as the kubelet's
     GetAllocatableResources lists them; None for a kubelet without it (each replica a pod holds then counts whole)."""
 
-    def __init__(self, node: str, timekeeper_url: str, token_file: Path, workdir: Path, interval: float = 1.0,
-                 gpus: int = GPUS_PER_NODE, allocatable: dict[str, list[str]] | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        timekeeper_url: str,
+        token_file: Path,
+        workdir: Path,
+        interval: float = 1.0,
+        gpus: int = GPUS_PER_NODE,
+        allocatable: dict[str, list[str]] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.node = node
         self.timekeeper_url = timekeeper_url
         self.token_file = token_file
         self.workdir = workdir
         self.interval = interval
-        self.uuids = [f"GPU-{hashlib.sha1(f'{node}/{i}'.encode()).hexdigest()[:8]}-0000-4000-8000-{i:012d}" for i in range(gpus)]
+        self.uuids = [
+            f"GPU-{hashlib.sha1(f'{node}/{i}'.encode()).hexdigest()[:8]}-0000-4000-8000-{i:012d}" for i in range(gpus)
+        ]
         self.proc, self.logs, self.trace = workdir / "proc", workdir / "pods", workdir / "nvml-trace.json"
         self.proc.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -155,8 +166,11 @@ class SimulatedNodeAgent:
         gpus: list[dict[str, Any]] = []
         for uuid in self.uuids:
             on_it = [p for p in self._placed.values() if _first_device(p.pod).startswith(uuid)]
-            gpu: dict[str, Any] = {"uuid": uuid, "processes": {str(p.pid): int(p.memory_mib * MIB) for p in on_it},
-                                   "busy": {str(p.pid): round(p.utilisation) for p in on_it if p.utilisation is not None}}
+            gpu: dict[str, Any] = {
+                "uuid": uuid,
+                "processes": {str(p.pid): int(p.memory_mib * MIB) for p in on_it},
+                "busy": {str(p.pid): round(p.utilisation) for p in on_it if p.utilisation is not None},
+            }
             if any(p.utilisation is None for p in on_it):  # a driver that can say nothing of this GPU
                 gpu.update(perProcess=False, utilisation=None)
             gpus.append(gpu)

@@ -9,13 +9,14 @@ evicted, preempted) has its meter stopped with SIGTERM and, once its containers 
 code 143, phase Failed) and is removed, as a kubelet removes it (the API server keeps it until the timekeeper has
 closed its bill and released its billing finalizer).
 
-Meters (the simulator's `meters`, or a pod's `cluster.gpusharing.io/meter` annotation): with "process" each pod's injected meter runs as a real `gpusharing meter` process with the
-environment the webhook gave its container and a token bound to the pod (TokenRequest, the timekeeper's audience),
-so that its reports are the evidence beside the API server's record that the timekeeper bills from; with
-"simulated" one thread reports for every running pod (a cumulative every interval, a final one on stop),
-as thousands of processes would on a 2-core machine cost more than the cluster they measure; with "none" nothing
-reports. A simulated meter reads no GPU utilisation, unless its pod is annotated with `cluster.gpusharing.io/utilisation`
-(a percent): then each of its reports says that its GPU was that busy (`gpuUtilizationPercent`; "0": an idle GPU).
+Meters (the simulator's `meters`, or a pod's `cluster.gpusharing.io/meter` annotation): with "process" each pod's
+injected meter runs as a real `gpusharing meter` process with the environment the webhook gave its container and a token
+bound to the pod (TokenRequest, the timekeeper's audience), so that its reports are the evidence beside the API server's
+record that the timekeeper bills from; with "simulated" one thread reports for every running pod (a cumulative every
+interval, a final one on stop), as thousands of processes would on a 2-core machine cost more than the cluster they
+measure; with "none" nothing reports. A simulated meter reads no GPU utilisation, unless its pod is annotated with
+`cluster.gpusharing.io/utilisation` (a percent): then each of its reports says that its GPU was that busy
+(`gpuUtilizationPercent`; "0": an idle GPU).
 
 Node agents (`run_node_agent`): the real `gpusharing node-agent` of a node (tests/cluster/nodeagents.py), presenting the
 projected token of an agent pod bound to that node; this kubelet gives each GPU pod it starts there a GPU of its own in
@@ -56,7 +57,8 @@ STOPS_AFTER = "cluster.gpusharing.io/stops-after"  # seconds a workload takes to
 METER = "cluster.gpusharing.io/meter"  # how the pod's meter runs: process, simulated or none (else the simulator's own)
 METER_MODES = ("process", "simulated", "none")
 UTILISATION = "cluster.gpusharing.io/utilisation"  # the GPU utilisation (percent) a simulated meter reports
-NODE_UTILISATION = "cluster.gpusharing.io/node-utilisation"  # how busy (percent) the node's GPU trace keeps the pod's GPU
+# how busy (percent) the node's GPU trace keeps the pod's GPU
+NODE_UTILISATION = "cluster.gpusharing.io/node-utilisation"
 POOL_LABEL = "cluster.gpusharing.io/pool"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
@@ -125,9 +127,11 @@ class NodeSimulator:
         self._timer_changed = threading.Condition()
         self._stop = threading.Event()
         self._local = threading.local()
-        self._threads = [threading.Thread(target=self._watch_pods, name="sim-watch", daemon=True),
-                         threading.Thread(target=self._run_timers, name="sim-timers", daemon=True),
-                         *(threading.Thread(target=self._work, name=f"sim-kubelet-{i}", daemon=True) for i in range(workers))]
+        self._threads = [
+            threading.Thread(target=self._watch_pods, name="sim-watch", daemon=True),
+            threading.Thread(target=self._run_timers, name="sim-timers", daemon=True),
+            *(threading.Thread(target=self._work, name=f"sim-kubelet-{i}", daemon=True) for i in range(workers)),
+        ]
         self._threads.append(threading.Thread(target=self._report_loop, name="sim-meters", daemon=True))
 
     # --- the API server -------------------------------------------------------------------------------------------
@@ -140,8 +144,13 @@ class NodeSimulator:
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
               ok: tuple[int, ...] = ()) -> dict[str, Any] | None:
-        response = self._session().request(method, f"{self.plane.url}{path}", data=None if body is None else json.dumps(body),
-                                           headers={"Content-Type": content_type}, timeout=30)
+        response = self._session().request(
+            method,
+            f"{self.plane.url}{path}",
+            data=None if body is None else json.dumps(body),
+            headers={"Content-Type": content_type},
+            timeout=30,
+        )
         if response.status_code in ok:
             return None
         if response.status_code >= 300:
@@ -155,7 +164,13 @@ class NodeSimulator:
         names = []
         for index in range(count):
             name = f"sim-{pool}-{index:04d}"
-            capacity = {"cpu": "64", "memory": "512Gi", "pods": str(pods_per_node), "ephemeral-storage": "1Ti", **DIALECTS[dialect]}
+            capacity = {
+                "cpu": "64",
+                "memory": "512Gi",
+                "pods": str(pods_per_node),
+                "ephemeral-storage": "1Ti",
+                **DIALECTS[dialect],
+            }
             node = {"apiVersion": "v1", "kind": "Node",
                     "metadata": {"name": name, "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name,
                                                           "cluster.gpusharing.io/dialect": dialect}}}
@@ -186,7 +201,9 @@ class NodeSimulator:
         patch = {"spec": {"holderIdentity": node, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now}}
         if self._call("PATCH", path, patch, "application/merge-patch+json", ok=(404,)) is None:
             lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": node}, **patch}
-            self._call("POST", f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases", lease, ok=(409,))
+            self._call(
+                "POST", f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases", lease, ok=(409,)
+            )
 
     def _renew_leases(self) -> None:
         with self._lock:
@@ -247,7 +264,9 @@ class NodeSimulator:
 
     def _events(self, version: str) -> Iterator[dict[str, Any]]:
         query = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
-        with self._session().get(f"{self.plane.url}/api/v1/pods", params=query, stream=True, timeout=(10, 330)) as response:
+        with self._session().get(
+            f"{self.plane.url}/api/v1/pods", params=query, stream=True, timeout=(10, 330)
+        ) as response:
             for line in response.iter_lines():
                 if self._stop.is_set():
                     return
@@ -271,18 +290,26 @@ class NodeSimulator:
                 annotations = metadata.get("annotations") or {}
                 mode = annotations.get(METER, self.meters)
                 utilisation, node_utilisation = annotations.get(UTILISATION), annotations.get(NODE_UTILISATION)
-                self.pods[metadata["uid"]] = RunningPod(metadata["namespace"], metadata["name"], metadata["uid"], spec["nodeName"],
-                                                         _share(pod), mode if mode in METER_MODES else self.meters,
-                                                         priority_class=spec.get("priorityClassName", ""),
-                                                         utilisation=None if utilisation is None else float(utilisation),
-                                                         node_utilisation=None if node_utilisation is None else float(node_utilisation))
+                self.pods[metadata["uid"]] = RunningPod(
+                    metadata["namespace"],
+                    metadata["name"],
+                    metadata["uid"],
+                    spec["nodeName"],
+                    _share(pod),
+                    mode if mode in METER_MODES else self.meters,
+                    priority_class=spec.get("priorityClassName", ""),
+                    utilisation=None if utilisation is None else float(utilisation),
+                    node_utilisation=None if node_utilisation is None else float(node_utilisation),
+                )
             self._queue.put(("start", pod))
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
             action, pod = item
             try:
-                {"start": self._start_pod, "kill": self._kill_pod, "finish": self._finish, "remove": self._remove_pod}[action](pod)
+                {"start": self._start_pod, "kill": self._kill_pod, "finish": self._finish, "remove": self._remove_pod}[
+                    action
+                ](pod)
             except Exception:  # one pod's failure must not stop the kubelet
                 log.exception("%s of pod %s/%s failed", action, pod["metadata"]["namespace"], pod["metadata"]["name"])
 
@@ -331,13 +358,22 @@ class NodeSimulator:
         if (agent := self.agents.get(running.node)) is not None:
             agent.remove_pod(running.uid)  # gone from the node's PodResources listing and its GPU trace
         started = running.recorded_start
-        containers = [_container_status(c, "terminated", started, finished, exit_code) for c in spec.get("containers", [])]
-        inits = [_container_status(c, "terminated", started, finished, exit_code) for c in spec.get("initContainers", [])]
-        status = {"status": {
-            "phase": phase,
-            "conditions": [_condition(kind, "False", finished, "PodCompleted") for kind in ("ContainersReady", "Ready")],
-            "containerStatuses": containers, **({"initContainerStatuses": inits} if inits else {}),
-        }}
+        containers = [
+            _container_status(c, "terminated", started, finished, exit_code) for c in spec.get("containers", [])
+        ]
+        inits = [
+            _container_status(c, "terminated", started, finished, exit_code) for c in spec.get("initContainers", [])
+        ]
+        status = {
+            "status": {
+                "phase": phase,
+                "conditions": [
+                    _condition(kind, "False", finished, "PodCompleted") for kind in ("ContainersReady", "Ready")
+                ],
+                "containerStatuses": containers,
+                **({"initContainerStatuses": inits} if inits else {}),
+            }
+        }
         path = f"/api/v1/namespaces/{metadata['namespace']}/pods/{metadata['name']}/status"
         return self._call("PATCH", path, status, "application/strategic-merge-patch+json", ok=(404,)) is not None
 
@@ -362,7 +398,12 @@ class NodeSimulator:
         if running is not None and running.recorded_start and not running.recorded_end:
             if not self._terminated(pod, running, "Failed", 143):
                 return
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0, "preconditions": {"uid": metadata["uid"]}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": metadata["uid"]},
+        }
         self._call("DELETE", f"/api/v1/namespaces/{metadata['namespace']}/pods/{metadata['name']}", body, ok=(404, 409))
 
     # --- node agents ----------------------------------------------------------------------------------------------
@@ -370,9 +411,17 @@ class NodeSimulator:
     def run_node_agent(self, node: str, namespace: str, account: str, interval: float) -> SimulatedNodeAgent:
         """The node agent of `node`, as a DaemonSet runs it: a pod of ServiceAccount `account` (in `namespace`) bound to
         the node, whose projected token (a TokenRequest bound to that pod) the agent presents to the timekeeper."""
-        container = {"name": "agent", "image": "gpusharing:cluster", "securityContext": {
-            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "runAsUser": 65532,
-            "seccompProfile": {"type": "RuntimeDefault"}}}
+        container = {
+            "name": "agent",
+            "image": "gpusharing:cluster",
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+        }
         manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"node-agent-{node}"},
                     "spec": {"nodeName": node, "serviceAccountName": account, "containers": [container]}}
         agent_pod = self._call("POST", f"/api/v1/namespaces/{namespace}/pods", manifest)
@@ -390,12 +439,20 @@ class NodeSimulator:
         """A GPU pod started on a node with an agent: listed by the node's kubelet with a GPU of its own (the first
         resource it asks for), which the node's GPU trace keeps as busy as the pod's annotation says."""
         agent = self.agents.get(running.node)
-        limits: dict[str, Any] = next((c["resources"]["limits"] for c in pod["spec"]["containers"] if c.get("resources", {}).get("limits")), {})
+        limits: dict[str, Any] = next(
+            (c["resources"]["limits"] for c in pod["spec"]["containers"] if c.get("resources", {}).get("limits")), {}
+        )
         if agent is None or running.share is None or not limits:
             return
         with self._lock:
             gpu = next(self._gpus_given[running.node]) % len(agent.uuids)
-        agent.run_pod(running.namespace, running.name, running.uid, {next(iter(limits)): [agent.gpu(gpu)]}, running.node_utilisation)
+        agent.run_pod(
+            running.namespace,
+            running.name,
+            running.uid,
+            {next(iter(limits)): [agent.gpu(gpu)]},
+            running.node_utilisation,
+        )
 
     # --- meters ---------------------------------------------------------------------------------------------------
 
@@ -404,7 +461,8 @@ class NodeSimulator:
         request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
             "audiences": [TIMEKEEPER_TOKEN_AUDIENCE], "expirationSeconds": 3600,
             "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": metadata["name"], "uid": metadata["uid"]}}}
-        path = f"/api/v1/namespaces/{metadata['namespace']}/serviceaccounts/{spec.get('serviceAccountName', 'default')}/token"
+        account = spec.get("serviceAccountName", "default")
+        path = f"/api/v1/namespaces/{metadata['namespace']}/serviceaccounts/{account}/token"
         answer = self._call("POST", path, request)
         assert answer is not None
         return str(answer["status"]["token"])
@@ -412,18 +470,27 @@ class NodeSimulator:
     def _start_meter(self, pod: dict[str, Any], running: RunningPod) -> subprocess.Popen[bytes]:
         """The pod's injected meter as a real process: its container's environment, the downward API resolved, the
         token projected into a file, the state volume a directory of its own."""
-        meter = next(c for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]] if c["name"] == "gpusharing-meter")
+        meter = next(
+            c
+            for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+            if c["name"] == "gpusharing-meter"
+        )
         home = running.home = self.directory / "meters" / running.uid
         home.mkdir(parents=True)
         (home / "token").write_text(running.token)
         fields = {"metadata.namespace": running.namespace, "metadata.name": running.name, "metadata.uid": running.uid}
-        env = {e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in meter["env"]}
+        env = {
+            e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+            for e in meter["env"]
+        }
         env.update({MeterEnv.TOKEN_PATH: str(home / "token"), MeterEnv.STATE_DIR: str(home / "state"),
                     MeterEnv.TIMEKEEPER_URL: self.timekeeper_url, MeterEnv.INTERVAL: str(self.meter_interval),
                     "GPUSHARING_METER_GPU_READER": "tests.cluster.nodes:no_gpu",
                     "PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         log_file = (home / "meter.log").open("wb")
-        return subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "meter"], env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpusharing.cli", "meter"], env=env, stdout=log_file, stderr=subprocess.STDOUT
+        )
 
     def _meter_stopped(self, running: RunningPod) -> None:
         """SIGTERM to the pod's meter, waited for as the kubelet waits out the grace period; once per pod."""
@@ -450,12 +517,14 @@ class NodeSimulator:
         if not running.recorded_start or not running.share:
             return 0.0
         assert running.recorded_end, f"{running.name} still runs"
-        start, end = (dt.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (running.recorded_start, running.recorded_end))
+        start, end = (
+            dt.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (running.recorded_start, running.recorded_end)
+        )
         return running.share * (end - start).total_seconds()
 
     def _report_loop(self) -> None:
-        """Simulated meters: every running GPU pod reports its cumulative each interval, REPORTERS at a time (one
-        after another, thousands of reports outlast the interval, and the timekeeper rightly calls the meters silent)."""
+        """Simulated meters: every running GPU pod reports its cumulative each interval, REPORTERS at a time (one after
+        another, thousands of reports outlast the interval, and the timekeeper rightly calls the meters silent)."""
         def report(running: RunningPod) -> None:
             if not self._stop.is_set():
                 self._report(running, final=False)
@@ -463,7 +532,11 @@ class NodeSimulator:
         with ThreadPoolExecutor(REPORTERS, thread_name_prefix="sim-meter") as reporters:
             while not self._stop.wait(self.meter_interval):
                 with self._lock:
-                    due = [p for uid, p in self.pods.items() if uid not in self.finished and p.token and p.meter_mode == "simulated"]
+                    due = [
+                        p
+                        for uid, p in self.pods.items()
+                        if uid not in self.finished and p.token and p.meter_mode == "simulated"
+                    ]
                 list(reporters.map(report, due))
 
     def _report(self, running: RunningPod, final: bool) -> None:
@@ -525,13 +598,26 @@ def _condition(kind: str, status: str, when: str, reason: str = "") -> dict[str,
     return {"type": kind, "status": status, "lastTransitionTime": when, **({"reason": reason} if reason else {})}
 
 
-def _container_status(container: dict[str, Any], state: str, started: str, finished: str = "", exit_code: int = 0) -> dict[str, Any]:
+def _container_status(
+    container: dict[str, Any], state: str, started: str, finished: str = "", exit_code: int = 0
+) -> dict[str, Any]:
     reason = "Completed" if exit_code == 0 else "Error"
     states = {
         "running": {"running": {"startedAt": started}},
-        "completed": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": started}},
-        "terminated": {"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": finished}},
+        "completed": {
+            "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": started}
+        },
+        "terminated": {
+            "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": finished}
+        },
     }
-    return {"name": container["name"], "image": container.get("image", ""), "imageID": f"sim://{container.get('image', '')}",
-            "containerID": f"sim://{container['name']}", "ready": state == "running", "started": state == "running",
-            "restartCount": 0, "state": states[state]}
+    return {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": f"sim://{container.get('image', '')}",
+        "containerID": f"sim://{container['name']}",
+        "ready": state == "running",
+        "started": state == "running",
+        "restartCount": 0,
+        "state": states[state],
+    }

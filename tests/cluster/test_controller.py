@@ -90,7 +90,9 @@ def leader(cluster: GpuSharing, replicas: list[Service]) -> Service:
     """The replica that holds the Lease (its identity names its process: host-pid-random)."""
     def find() -> Service | None:
         held = holder(cluster)
-        found = [s for s in replicas if s.process is not None and s.process.poll() is None and f"-{s.process.pid}-" in held]
+        found = [
+            s for s in replicas if s.process is not None and s.process.poll() is None and f"-{s.process.pid}-" in held
+        ]
         return found[0] if found else None
     return wait_for(find, "a controller replica to hold the Lease")
 
@@ -154,8 +156,11 @@ def warned_of(cluster: GpuSharing, namespace: str, after: int, timeout: float = 
     """The Deployment's pod, in budget and running, once it has been warned of."""
     (pod,) = wait_for(lambda: running(cluster, namespace, "app=nb"), "the idle Deployment's pod running")
     assert pod["spec"]["priorityClassName"] == IN_BUDGET
-    (warning,) = wait_for(lambda: events(cluster, namespace, "GPUIdleWarning", pod["metadata"]["uid"]), "the GPUIdleWarning Event",
-                          timeout)
+    (warning,) = wait_for(
+        lambda: events(cluster, namespace, "GPUIdleWarning", pod["metadata"]["uid"]),
+        "the GPUIdleWarning Event",
+        timeout,
+    )
     assert "it will be demoted at" in warning["message"], warning["message"]
     since = idle_since(cluster, namespace, pod["metadata"]["uid"])
     assert since is not None
@@ -196,7 +201,9 @@ def within_one_pass(evicted: EvictionAnswer, demotion: Demotion, controllers: li
 # --- the tests ------------------------------------------------------------------------------------------------------
 
 
-def test_a_crossing_and_an_idle_demotion_each_survive_their_leader_killed_midway(cluster: GpuSharing, nodes: NodeSimulator) -> None:
+def test_a_crossing_and_an_idle_demotion_each_survive_their_leader_killed_midway(
+    cluster: GpuSharing, nodes: NodeSimulator
+) -> None:
     cluster.require_controllers()
     nodes.add_pool("ctl-crossing", (2 * TRAINERS + 7) // 8, "whole")  # room for every trainer and its replacement
     nodes.add_pool("ctl-idle", 1, "whole")
@@ -208,24 +215,38 @@ def test_a_crossing_and_an_idle_demotion_each_survive_their_leader_killed_midway
     try:
         # The crossing's namespace, in budget for now: 40 trainers behind a disruption budget.
         cluster.set_budget(crossing, gpu_minutes=10_000, evict=True)
-        cluster.create(crossing, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train"},
-                                  "spec": {"minAvailable": MIN_AVAILABLE, "selector": {"matchLabels": {"app": "train"}}}})
+        cluster.create(
+            crossing,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "train"},
+                "spec": {"minAvailable": MIN_AVAILABLE, "selector": {"matchLabels": {"app": "train"}}},
+            },
+        )
         trainers = pod_template("whole", "ctl-crossing", {METER: "simulated", STOPS_AFTER: str(STOPS_IN)}, {})
         cluster.create(crossing, deployment("train", TRAINERS, trainers))
 
         # The idle pod is warned of; its leader dies before the deadline; the successor demotes it on time.
         demotion = warned_of(cluster, idle, after)
-        assert now() < demotion.deadline - dt.timedelta(seconds=TAKEOVER_SECONDS), "warned too late to kill its leader before the deadline"
+        assert now() < demotion.deadline - dt.timedelta(seconds=TAKEOVER_SECONDS), (
+            "warned too late to kill its leader before the deadline"
+        )
         kill_leader(cluster, replicas, "idle")
         evicted = demoted_once(cluster, idle, demotion, timeout=after + 60)
         within_one_pass(evicted, demotion, replicas)
 
         # The crossing: every trainer running in budget, then the budget runs out by use.
-        originals = wait_for(lambda: (pods := running(cluster, crossing, "app=train")) and len(pods) == TRAINERS and pods,
-                             f"{TRAINERS} trainers running", timeout=180)
+        originals = wait_for(
+            lambda: (pods := running(cluster, crossing, "app=train")) and len(pods) == TRAINERS and pods,
+            f"{TRAINERS} trainers running",
+            timeout=180,
+        )
         assert {p["spec"]["priorityClassName"] for p in originals} == {IN_BUDGET}
         names = {p["metadata"]["name"] for p in originals}
-        used = cluster.timekeeper_call("GET", f"/api/v1/budgets/{crossing}", cluster.budget_admin_token()).json()["usedGpuMinutes"]
+        used = cluster.timekeeper_call("GET", f"/api/v1/budgets/{crossing}", cluster.budget_admin_token()).json()[
+            "usedGpuMinutes"
+        ]
         cluster.set_budget(crossing, gpu_minutes=used + 0.5, evict=True)  # half a GPU-minute left: a second of 40 GPUs
 
         wait_for(lambda: len(granted(cluster, crossing)) >= 3, "the crossing's first evictions", timeout=120)
@@ -234,31 +255,51 @@ def test_a_crossing_and_an_idle_demotion_each_survive_their_leader_killed_midway
         # stale, whichever comes first).
         wait_for(lambda: {a.pod for a in granted(cluster, crossing)} >= names, "every trainer evicted",
                  timeout=STALE_CLAIM_SECONDS + 180)
-        replacements = lambda: [p for p in cluster.pods(crossing, "app=train") if p["metadata"]["name"] not in names]  # noqa: E731
+        replacements = lambda: [  # noqa: E731
+            p for p in cluster.pods(crossing, "app=train") if p["metadata"]["name"] not in names
+        ]
         wait_for(lambda: len(replacements()) >= TRAINERS, "a replacement for every trainer")
-        time.sleep(3 * LEASE_SECONDS)  # the successor's passes after the last eviction have had every chance to evict again
+        # the successor's passes after the last eviction have had every chance to evict again
+        time.sleep(3 * LEASE_SECONDS)
 
         answers = cluster.plane.eviction_answers(crossing)
         times = Counter(a.pod for a in answers if a.code == 201)
         assert set(times) == names, "only the trainers admitted in budget are evicted, every one of them"
-        assert [name for name, count in times.items() if count > 1] == [], "the API server granted no pod's eviction twice"
+        assert [name for name, count in times.items() if count > 1] == [], (
+            "the API server granted no pod's eviction twice"
+        )
         assert any(a.code == 429 for a in answers), "the disruption budget held some back"
-        assert any(a.code == 201 and a.received < kill.at for a in answers) and \
-            any(a.code == 201 and a.received > kill.at for a in answers), "the leader was killed in the middle of the crossing"
+        assert any(a.code == 201 and a.received < kill.at for a in answers) and any(
+            a.code == 201 and a.received > kill.at for a in answers
+        ), "the leader was killed in the middle of the crossing"
         # The first request the API server received after the kill is the successor's (answered 201, or 429 while the
         # disruption budget waits for slow-stopping trainers): when the crossing resumed.
         resumed = min(a.received for a in answers if a.received > kill.at)
-        print(f"\ncrossing: the successor's first eviction request {(resumed - kill.at).total_seconds():.1f} s after the leader was killed")
+        print(
+            f"\ncrossing: the successor's first eviction request {(resumed - kill.at).total_seconds():.1f} s after the "
+            f"leader was killed"
+        )
         for pod in replacements():
             assert pod["spec"]["priorityClassName"] == OVER_BUDGET, pod["metadata"]["name"]
-            assert pod["metadata"]["annotations"]["gpusharing.io/budget-state"] == "over-budget", pod["metadata"]["name"]
-        assert {p.priority_class for p in nodes.pods.values() if p.namespace == crossing and p.name not in names} == {OVER_BUDGET}
+            assert pod["metadata"]["annotations"]["gpusharing.io/budget-state"] == "over-budget", pod["metadata"][
+                "name"
+            ]
+        assert {p.priority_class for p in nodes.pods.values() if p.namespace == crossing and p.name not in names} == {
+            OVER_BUDGET
+        }
 
-        # Meanwhile the idle pod's replacement, out of budget, has been idle past its own deadline: told so, left running.
+        # Meanwhile the idle pod's replacement, out of budget, has been idle past its own deadline: told so, left
+        # running.
         (replacement,) = running(cluster, idle, "app=nb")
-        (told,) = wait_for(lambda: events(cluster, idle, "GPUIdle", replacement["metadata"]["uid"]), "the replacement's GPUIdle Event")
-        assert told["message"].endswith("it is not evicted: it already runs out of budget (the webhook admitted it demoted)")
-        assert [(a.pod, a.code) for a in cluster.plane.eviction_answers(idle)] == [(demotion.pod["metadata"]["name"], 201)]
+        (told,) = wait_for(
+            lambda: events(cluster, idle, "GPUIdle", replacement["metadata"]["uid"]), "the replacement's GPUIdle Event"
+        )
+        assert told["message"].endswith(
+            "it is not evicted: it already runs out of budget (the webhook admitted it demoted)"
+        )
+        assert [(a.pod, a.code) for a in cluster.plane.eviction_answers(idle)] == [
+            (demotion.pod["metadata"]["name"], 201)
+        ]
     finally:
         second.stop()
         if cluster.controller.process is None or cluster.controller.process.poll() is not None:
@@ -291,7 +332,9 @@ def test_an_idle_demotion_comes_within_one_pass_of_its_deadline_however_often_th
     try:
         namespace = idle_namespace(cluster, pool, f"ctl-idle-{refresh}s", AFTER, WARN_BEFORE)
         demotion = warned_of(cluster, namespace, AFTER)
-        assert "deletionTimestamp" not in (cluster.pod(namespace, demotion.pod["metadata"]["name"]) or {}).get("metadata", {})
+        assert "deletionTimestamp" not in (cluster.pod(namespace, demotion.pod["metadata"]["name"]) or {}).get(
+            "metadata", {}
+        )
         evicted = demoted_once(cluster, namespace, demotion, timeout=AFTER + 60)
         within_one_pass(evicted, demotion, [cluster.controller])
     finally:

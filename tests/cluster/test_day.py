@@ -55,19 +55,46 @@ def test_a_day_of_several_teams(cluster: GpuSharing, nodes: NodeSimulator) -> No
             "parallelism": 3, "completions": 3, "backoffLimit": 0, "template": evaluation}})
 
         # vision runs out: an Event, and its in-budget pods evicted within the disruption budget.
-        on_namespace = {"fieldSelector": f"involvedObject.kind=Namespace,involvedObject.name={vision},reason=GPUBudgetExhausted"}
-        wait_for(lambda: cluster.rest("GET", "/api/v1/events", query=on_namespace)["items"], "vision's budget to run out", timeout=120)
-        in_budget = lambda: [p for p in nodes.pods.values() if p.namespace == vision and p.priority_class == "gpusharing-in-budget"]  # noqa: E731
-        wait_for(lambda: len(in_budget()) >= 4 and all(p.stopped for p in in_budget()), "vision's in-budget pods to be evicted",
-                 timeout=180)
-        job = wait_for(lambda: (j := cluster.rest("GET", f"/apis/batch/v1/namespaces/{nlp}/jobs/eval")).get("status", {}).get("succeeded") == 3 and j,
-                       "nlp's Job to complete", timeout=120)
+        on_namespace = {
+            "fieldSelector": f"involvedObject.kind=Namespace,involvedObject.name={vision},reason=GPUBudgetExhausted"
+        }
+        wait_for(
+            lambda: cluster.rest("GET", "/api/v1/events", query=on_namespace)["items"],
+            "vision's budget to run out",
+            timeout=120,
+        )
+        def in_budget() -> list:
+            return [
+                p for p in nodes.pods.values() if p.namespace == vision and p.priority_class == "gpusharing-in-budget"
+            ]
+
+        wait_for(
+            lambda: len(in_budget()) >= 4 and all(p.stopped for p in in_budget()),
+            "vision's in-budget pods to be evicted",
+            timeout=180,
+        )
+        job = wait_for(
+            lambda: (
+                (j := cluster.rest("GET", f"/apis/batch/v1/namespaces/{nlp}/jobs/eval"))
+                .get("status", {})
+                .get("succeeded")
+                == 3
+                and j
+            ),
+            "nlp's Job to complete",
+            timeout=120,
+        )
         assert job["status"]["succeeded"] == 3
 
         # speech fills the pool: the scheduler preempts vision's demoted replacements to make room.
-        demoted = lambda: [p for p in cluster.pods(vision) if p["spec"].get("priorityClassName") == "gpusharing-over-budget"]  # noqa: E731
-        wait_for(lambda: sum(p["status"].get("phase") == "Running" for p in demoted()) == 4, "vision's demoted replacements running",
-                 timeout=120)
+        def demoted() -> list:
+            return [p for p in cluster.pods(vision) if p["spec"].get("priorityClassName") == "gpusharing-over-budget"]
+
+        wait_for(
+            lambda: sum(p["status"].get("phase") == "Running" for p in demoted()) == 4,
+            "vision's demoted replacements running",
+            timeout=120,
+        )
         speakers = whole_gpu(pod_template("vcuda", "day", {METER: "simulated"}))
         made = create_all(cluster, speech, [pod(f"speak-{i:02d}", speakers) for i in range(SLOTS - 2)], clients=4)
         assert not made.refused
@@ -95,7 +122,8 @@ def test_a_day_of_several_teams(cluster: GpuSharing, nodes: NodeSimulator) -> No
         # Each of vision's pods was evicted once; none of its replacements was admitted in budget.
         granted = Counter(name for name, status in cluster.plane.evictions(vision) if status == 201)
         assert sorted(granted) == sorted(p.name for p in in_budget()) and set(granted.values()) == {1}
-        assert any(status == 429 for _, status in cluster.plane.evictions(vision))  # the disruption budget held some back
+        # the disruption budget held some back
+        assert any(status == 429 for _, status in cluster.plane.evictions(vision))
         replacements = {p.uid: p.priority_class for p in nodes.pods.values() if p.namespace == vision} | {
             p["metadata"]["uid"]: p["spec"].get("priorityClassName") for p in cluster.pods(vision)}
         assert Counter(replacements.values())["gpusharing-in-budget"] == 4  # the four first pods, and no replacement
@@ -105,12 +133,25 @@ def test_a_day_of_several_teams(cluster: GpuSharing, nodes: NodeSimulator) -> No
         # down to and the kubelet's delay in writing it; its meter, which starts before the kubelet records the
         # start, adds at most as much.
         for namespace in (vision, nlp):
-            stopped = [p for p in nodes.finished.values() if p.namespace == namespace and p.meter is not None and p.recorded_end]
+            stopped = [
+                p
+                for p in nodes.finished.values()
+                if p.namespace == namespace and p.meter is not None and p.recorded_end
+            ]
             assert stopped
             recorded = {p.uid: nodes.recorded_gpu_seconds(p) for p in stopped}
-            observed = lambda ns=namespace: {uid: e["observedGpuSeconds"] for uid, e in billed(cluster, ns).items()}  # noqa: E731
-            wait_for(lambda ns=namespace: observed(ns).keys() >= recorded.keys() and all(  # type: ignore[misc]
-                observed(ns)[uid] >= seconds - 0.001 for uid, seconds in recorded.items()), f"{namespace}'s bills closed")
+            observed = lambda ns=namespace: {  # noqa: E731
+                uid: e["observedGpuSeconds"] for uid, e in billed(cluster, ns).items()
+            }
+            wait_for(
+                lambda ns=namespace: (
+                    observed(ns).keys() >= recorded.keys()
+                    and all(  # type: ignore[misc]
+                        observed(ns)[uid] >= seconds - 0.001 for uid, seconds in recorded.items()
+                    )
+                ),
+                f"{namespace}'s bills closed",
+            )
             ledger = billed(cluster, namespace)
             for running in stopped:
                 entry, seconds = ledger[running.uid], recorded[running.uid]

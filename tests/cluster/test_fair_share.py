@@ -111,8 +111,12 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
             cluster.set_budget(team, gpu_minutes=6000)
         cluster.set_budget(broke, gpu_minutes=0)
         # Nobody has used anything: everyone is at parity, in the middle band.
-        wait_for(lambda: listed_band(cluster, light) == listed_band(cluster, heavy) == MIDDLE, "the fairshare task to rank the teams")
-        time.sleep(2 * WEBHOOK_REFRESH_SECONDS)  # and the webhook to poll the bands (it polls every WEBHOOK_REFRESH_SECONDS)
+        wait_for(
+            lambda: listed_band(cluster, light) == listed_band(cluster, heavy) == MIDDLE,
+            "the fairshare task to rank the teams",
+        )
+        # and the webhook to poll the bands (it polls every WEBHOOK_REFRESH_SECONDS)
+        time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
 
         # heavy fills the node: its fair share (4 GPUs) in its band, the middle one, the rest one band lower.
         cluster.create(heavy, deployment("train", GPUS, pool))
@@ -138,14 +142,22 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
                      "light to hold its share and more, heavy's pods above its band evicted", timeout=300)
         except AssertionError as late:
             raise AssertionError(f"{late}; {state(cluster, heavy)}; {state(cluster, light)}") from None
-        assert len(cluster.pods(light)) == 20 and len(live(cluster, light)) == 20  # none of light's preempted or evicted
-        assert all(f"pods of namespace {light} in band {MIDDLE} waited unschedulable" in e.message for e in fair_share_events())
-        assert {(e.related.kind, e.related.name) for e in fair_share_events()} == {("Namespace", light)}  # what `explain` reads
+        # none of light's preempted or evicted
+        assert len(cluster.pods(light)) == 20 and len(live(cluster, light)) == 20
+        assert all(
+            f"pods of namespace {light} in band {MIDDLE} waited unschedulable" in e.message for e in fair_share_events()
+        )
+        # what `explain` reads
+        assert {(e.related.kind, e.related.name) for e in fair_share_events()} == {("Namespace", light)}
         # kube-scheduler's own Preempted Events name the preemptor by its UID: one of light's pods, which `explain`
         # finds in the ledger (a cluster-wide read) once it ran (a preemptor may still wait: another took its room).
-        preempted = [e for e in cluster.rest("GET", f"/api/v1/namespaces/{heavy}/events")["items"] if e["reason"] == "Preempted"]
+        preempted = [
+            e for e in cluster.rest("GET", f"/api/v1/namespaces/{heavy}/events")["items"] if e["reason"] == "Preempted"
+        ]
         preemptors = {found.pod_uid for e in preempted if (found := preemptor([e])) is not None}
-        assert preemptors and preemptors <= {p["metadata"]["uid"] for p in cluster.pods(light)}, [e["message"] for e in preempted]
+        assert preemptors and preemptors <= {p["metadata"]["uid"] for p in cluster.pods(light)}, [
+            e["message"] for e in preempted
+        ]
 
         def in_ledger() -> list[str]:
             return [item["namespace"] for uid in preemptors for item in cluster.timekeeper_call(
@@ -161,15 +173,28 @@ def test_a_light_team_gets_its_share_first_and_a_heavy_one_never_takes_it_back(
         # A pod out of budget preempts nothing.
         cluster.create(broke, pod("late", pod_template("whole", pool)))
         late = wait_for(lambda: cluster.pod(broke, "late"), "broke's pod")
-        assert late["spec"]["priorityClassName"] == "gpusharing-over-budget" and BAND not in late["metadata"]["annotations"]
+        assert (
+            late["spec"]["priorityClassName"] == "gpusharing-over-budget"
+            and BAND not in late["metadata"]["annotations"]
+        )
         # Found no room, or (in the churn of the evictions) a GPU free for a moment: it took that, and no one's place.
-        wait_for(lambda: any(c.get("type") == "PodScheduled" and (c.get("status") == "True" or c.get("reason") == "Unschedulable")
-                             for c in (cluster.pod(broke, "late") or {}).get("status", {}).get("conditions", [])),
-                 "broke's pod to be scheduled or found no room")
+        wait_for(
+            lambda: any(
+                c.get("type") == "PodScheduled" and (c.get("status") == "True" or c.get("reason") == "Unschedulable")
+                for c in (cluster.pod(broke, "late") or {}).get("status", {}).get("conditions", [])
+            ),
+            "broke's pod to be scheduled or found no room",
+        )
         time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
-        preempted_for_broke = [e for team in (heavy, light) for e in cluster.rest("GET", f"/api/v1/namespaces/{team}/events")["items"]
-                               if e["reason"] == "Preempted" and (e.get("related") or {}).get("namespace") == broke]
-        assert preempted_for_broke == [] and not (cluster.pod(broke, "late") or {}).get("status", {}).get("nominatedNodeName")
+        preempted_for_broke = [
+            e
+            for team in (heavy, light)
+            for e in cluster.rest("GET", f"/api/v1/namespaces/{team}/events")["items"]
+            if e["reason"] == "Preempted" and (e.get("related") or {}).get("namespace") == broke
+        ]
+        assert preempted_for_broke == [] and not (cluster.pod(broke, "late") or {}).get("status", {}).get(
+            "nominatedNodeName"
+        )
         assert len(live(cluster, light)) == 20 and len(running(cluster, light)) > GPUS // 2
     finally:
         delete_namespaces(cluster, heavy, light, broke)
@@ -184,25 +209,43 @@ def test_equal_teams_never_preempt_each_other_and_a_heavy_teams_re_created_names
     try:
         for team in (first, second):
             cluster.set_budget(team, gpu_minutes=6000)
-        wait_for(lambda: listed_band(cluster, first) == listed_band(cluster, second) == MIDDLE, "the fairshare task to rank the teams")
+        wait_for(
+            lambda: listed_band(cluster, first) == listed_band(cluster, second) == MIDDLE,
+            "the fairshare task to rank the teams",
+        )
         time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
 
         # Both take their fair share at once, then each asks for 2 GPUs more: one band lower, where they preempt none.
         for team in (first, second):
             cluster.create(team, deployment("train", GPUS // 2, pool))
-        wait_for(lambda: all(len(running(cluster, team)) == GPUS // 2 for team in (first, second)), "both teams' pods to run", timeout=120)
+        wait_for(
+            lambda: all(len(running(cluster, team)) == GPUS // 2 for team in (first, second)),
+            "both teams' pods to run",
+            timeout=120,
+        )
         holding = {team: {p["metadata"]["uid"] for p in running(cluster, team)} for team in (first, second)}
         assert all(bands(live(cluster, team)) == {MIDDLE: GPUS // 2} for team in (first, second))
         for team in (first, second):
-            cluster.rest("PATCH", f"/apis/apps/v1/namespaces/{team}/deployments/train", {"spec": {"replicas": GPUS // 2 + 2}}, patch="merge")
-        wait_for(lambda: all(len(live(cluster, team)) == GPUS // 2 + 2 for team in (first, second)), "the teams' extra pods")
+            cluster.rest(
+                "PATCH",
+                f"/apis/apps/v1/namespaces/{team}/deployments/train",
+                {"spec": {"replicas": GPUS // 2 + 2}},
+                patch="merge",
+            )
+        wait_for(
+            lambda: all(len(live(cluster, team)) == GPUS // 2 + 2 for team in (first, second)), "the teams' extra pods"
+        )
         assert all(bands(live(cluster, team)) == {MIDDLE: GPUS // 2, HEAVY: 2} for team in (first, second))
         # Past the grace period and many fairshare passes, equals still: nobody's pod was preempted or evicted.
         time.sleep(3 * float(SETTINGS["TIMEKEEPER_FAIRSHARE_GRACE"].rstrip("s")))
         for team in (first, second):
             assert {p["metadata"]["uid"] for p in running(cluster, team)} == holding[team], state(cluster, team)
             assert len(cluster.pods(team)) == GPUS // 2 + 2, state(cluster, team)
-            assert not [e for e in cluster.rest("GET", f"/api/v1/namespaces/{team}/events")["items"] if e["reason"] == "GPUFairShare"]
+            assert not [
+                e
+                for e in cluster.rest("GET", f"/api/v1/namespaces/{team}/events")["items"]
+                if e["reason"] == "GPUFairShare"
+            ]
         assert listed_band(cluster, first) == listed_band(cluster, second) == MIDDLE
 
         # Both stop; a third team that used nothing arrives: the two are heavy beside it, and stay so while it waits.
@@ -210,12 +253,24 @@ def test_equal_teams_never_preempt_each_other_and_a_heavy_teams_re_created_names
         cluster.rest("DELETE", f"/api/v1/namespaces/{first}")
         late = cluster.namespace("fs-late")
         cluster.set_budget(late, gpu_minutes=6000)
-        wait_for(lambda: listed_band(cluster, first) == listed_band(cluster, second) == HEAVY and listed_band(cluster, late) == LIGHT,
-                 "the teams that used GPUs heavy beside one that used none")
+        wait_for(
+            lambda: (
+                listed_band(cluster, first) == listed_band(cluster, second) == HEAVY
+                and listed_band(cluster, late) == LIGHT
+            ),
+            "the teams that used GPUs heavy beside one that used none",
+        )
         # first's namespace deleted and made again: its use is the same name's, it comes back heavy.
-        wait_for(lambda: not cluster.exists(f"/api/v1/namespaces/{first}"), "first's namespace to be deleted", timeout=120)
-        cluster.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": first}})
-        wait_for(lambda: cluster.exists(f"/api/v1/namespaces/{first}/serviceaccounts/default"), "first's default ServiceAccount")
+        wait_for(
+            lambda: not cluster.exists(f"/api/v1/namespaces/{first}"), "first's namespace to be deleted", timeout=120
+        )
+        cluster.rest(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": first}}
+        )
+        wait_for(
+            lambda: cluster.exists(f"/api/v1/namespaces/{first}/serviceaccounts/default"),
+            "first's default ServiceAccount",
+        )
         time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
         assert listed_band(cluster, first) == HEAVY
         for team, band in ((first, HEAVY), (late, LIGHT)):

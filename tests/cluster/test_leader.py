@@ -40,7 +40,9 @@ def evictions(log: Path, namespace: str) -> Counter[str]:
     return Counter(name for ns, name in EVICTED.findall(log.read_text(errors="replace")) if ns == namespace)
 
 
-def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_controllers(cluster: GpuSharing, nodes: NodeSimulator) -> None:
+def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_controllers(
+    cluster: GpuSharing, nodes: NodeSimulator
+) -> None:
     cluster.require_controllers()
     nodes.add_pool("leader", 10, "hami")
     namespace = cluster.namespace("cluster-leader")
@@ -67,7 +69,10 @@ def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_controlle
         with _between_sqlite_writes(cluster.database):
             os.kill(worker, signal.SIGSTOP)  # the leader, paused mid-pass, still believes it leads
         try:
-            wait_for(lambda: cluster.rest("GET", lease_path)["spec"]["holderIdentity"] != holder, "a successor to take the lease")
+            wait_for(
+                lambda: cluster.rest("GET", lease_path)["spec"]["holderIdentity"] != holder,
+                "a successor to take the lease",
+            )
             wait_for(lambda: terminating() >= 100, "the successor to evict")
         finally:
             os.kill(worker, signal.SIGCONT)
@@ -76,7 +81,8 @@ def test_a_pass_longer_than_the_lease_evicts_every_pod_once_across_two_controlle
 
         granted = Counter(name for name, status in cluster.plane.evictions(namespace) if status == 201)
         assert set(granted) == {f"train-{i:03d}" for i in range(PODS)}
-        assert [name for name, times in granted.items() if times > 1] == []  # the API server granted no pod's eviction twice
+        # the API server granted no pod's eviction twice
+        assert [name for name, times in granted.items() if times > 1] == []
         assert all(evictions(log, namespace) for log in logs.values()), "both evicted: the successor took over mid-pass"
         assert "stops here" in logs[leader].read_text()  # the deposed leader stopped
     finally:

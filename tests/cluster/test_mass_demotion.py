@@ -81,8 +81,15 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
     sampling = threading.Event()
     try:
         cluster.set_budget(namespace, gpu_minutes=1_000_000, evict=True)
-        cluster.create(namespace, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded"},
-                                   "spec": {"maxUnavailable": MAX_UNAVAILABLE, "selector": {"matchLabels": {"app": "train-0"}}}})
+        cluster.create(
+            namespace,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "guarded"},
+                "spec": {"maxUnavailable": MAX_UNAVAILABLE, "selector": {"matchLabels": {"app": "train-0"}}},
+            },
+        )
         for index in range(DEPLOYMENTS):
             template = pod_template("hami", "mass-demotion", {METER: "simulated"}, {})
             cluster.create(namespace, deployment(f"train-{index}", REPLICAS, template))
@@ -115,7 +122,9 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
         wait_for(lambda: {a.pod for a in granted(cluster, namespace)} >= names, "every pod admitted in budget evicted",
                  timeout=300)
         last_eviction = max(a.received for a in granted(cluster, namespace) if a.pod in names)
-        demoted = lambda: [p for p in running(cluster, namespace, "") if p["metadata"]["name"] not in names]  # noqa: E731
+        demoted = lambda: [  # noqa: E731
+            p for p in running(cluster, namespace, "") if p["metadata"]["name"] not in names
+        ]
         wait_for(lambda: len(demoted()) == PODS, "a replacement running for every pod", timeout=300)
         replacements_running = time.monotonic() - crossed
         sampling.set()
@@ -125,18 +134,24 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
         times = Counter(a.pod for a in answers if a.code == 201)
         refused = [a for a in answers if a.code == 429]
         what = "evicted by a plain client, replaced in budget (the baseline)" if BY_CLIENT else "demoted"
-        figures.append(f"{PODS} running pods {what} ({CONCURRENCY or 'default'} evictions at a time): last eviction "
-                       f"{(last_eviction - crossed_at).total_seconds():.1f} s after the crossing, every replacement "
-                       f"running after {replacements_running:.1f} s; {sum(times.values())} evictions granted, "
-                       f"{len(refused)} answered 429 ({sum(a.pod in guarded for a in refused)} of the guarded "
-                       f"Deployment's); its ready pods at least {min(lowest)} of {REPLICAS} (budget: {REPLICAS - MAX_UNAVAILABLE})")
+        figures.append(
+            f"{PODS} running pods {what} ({CONCURRENCY or 'default'} evictions at a time): last eviction "
+            f"{(last_eviction - crossed_at).total_seconds():.1f} s after the crossing, every replacement "
+            f"running after {replacements_running:.1f} s; {sum(times.values())} evictions granted, "
+            f"{len(refused)} answered 429 ({sum(a.pod in guarded for a in refused)} of the guarded "
+            f"Deployment's); its ready pods at least {min(lowest)} of {REPLICAS} (budget: {REPLICAS - MAX_UNAVAILABLE})"
+        )
         assert set(times) == names, "only the pods admitted in budget are evicted, every one of them"
-        assert [name for name, count in times.items() if count > 1] == [], "the API server granted no pod's eviction twice"
+        assert [name for name, count in times.items() if count > 1] == [], (
+            "the API server granted no pod's eviction twice"
+        )
         assert any(a.pod in guarded for a in refused), "the disruption budget held some of its pods back"
         assert min(lowest) >= REPLICAS - MAX_UNAVAILABLE, "never more disrupted than its budget allows"
         for pod in [] if BY_CLIENT else demoted():
             assert pod["spec"]["priorityClassName"] == OVER_BUDGET, pod["metadata"]["name"]
-            assert pod["metadata"]["annotations"]["gpusharing.io/budget-state"] == "over-budget", pod["metadata"]["name"]
+            assert pod["metadata"]["annotations"]["gpusharing.io/budget-state"] == "over-budget", pod["metadata"][
+                "name"
+            ]
     finally:
         sampling.set()
         delete_namespaces(cluster, namespace)

@@ -75,8 +75,13 @@ def scene(cluster: GpuSharing, nodes: NodeSimulator) -> Iterator[Scene]:
     # The idle pod's meter says its GPU is busy in every report: the tenant's word.
     cluster.create(namespace, deployment("idle", 1, on_node(pod_template(
         "whole", POOL, {METER: "simulated", UTILISATION: "100", NODE_UTILISATION: "0"}), first)))
-    busy = cluster.create(namespace, pod("busy", on_node(pod_template("whole", POOL, {METER: "simulated", NODE_UTILISATION: "90"}), second)))
-    unknown = cluster.create(namespace, pod("unknown", on_node(pod_template("whole", POOL, {METER: "simulated"}), first)))
+    busy = cluster.create(
+        namespace,
+        pod("busy", on_node(pod_template("whole", POOL, {METER: "simulated", NODE_UTILISATION: "90"}), second)),
+    )
+    unknown = cluster.create(
+        namespace, pod("unknown", on_node(pod_template("whole", POOL, {METER: "simulated"}), first))
+    )
     try:
         yield Scene(namespace, first, second, busy, unknown)
     finally:
@@ -106,7 +111,9 @@ def instant(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def test_an_agents_token_speaking_for_another_nodes_pod_is_ignored(cluster: GpuSharing, nodes: NodeSimulator, scene: Scene) -> None:
+def test_an_agents_token_speaking_for_another_nodes_pod_is_ignored(
+    cluster: GpuSharing, nodes: NodeSimulator, scene: Scene
+) -> None:
     busy = scene.busy["metadata"]
     before = nodes_word(cluster, scene.namespace, busy["uid"])
     assert (before["gpuUtilizationPercent"], before["idleSince"]) == (90.0, None)
@@ -118,8 +125,15 @@ def test_an_agents_token_speaking_for_another_nodes_pod_is_ignored(cluster: GpuS
     # Read at once: a reading taken would stand until the second node's agent next spoke (within an agent interval).
     after = ledger(cluster, scene.namespace, busy["uid"])
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"accepted": 0, "ignored": [
-        {"podUid": busy["uid"], "reason": f"no pod of this uid is bound to node {scene.first} (another node's, or unknown)"}]}
+    assert answer.json() == {
+        "accepted": 0,
+        "ignored": [
+            {
+                "podUid": busy["uid"],
+                "reason": f"no pod of this uid is bound to node {scene.first} (another node's, or unknown)",
+            }
+        ],
+    }
     assert after is not None
     assert (after["utilisationSource"], after["gpuUtilizationPercent"], after["idleSince"]) == ("node", 90.0, None)
     # Naming the other node in the batch is refused outright.
@@ -144,7 +158,9 @@ def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes
     # with the node's first reading and stands on the node's readings alone.
     stood_from = instant(first["idleSince"])
 
-    (warning,) = wait_for(lambda: events(cluster, namespace, "GPUIdleWarning", uid), "the GPUIdleWarning Event", AFTER + 60)
+    (warning,) = wait_for(
+        lambda: events(cluster, namespace, "GPUIdleWarning", uid), "the GPUIdleWarning Event", AFTER + 60
+    )
     assert "it will be demoted at" in warning["message"], warning["message"]
     (evicted,) = wait_for(lambda: granted(cluster, namespace), f"the eviction of {namespace}/{name}", AFTER + 60)
     assert evicted.pod == name
@@ -153,17 +169,24 @@ def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes
     # The tenant's meter claimed a busy GPU all along, and was heard: its reports were taken, its word was not.
     idle_pod = nodes.pods[uid]
     heard = ledger(cluster, namespace, uid) or {}
-    assert idle_pod.utilisation == 100.0 and heard.get("seq", 0) >= 2, heard  # heard again and again (as often as a busy host lets it)
+    # heard again and again (as often as a busy host lets it)
+    assert idle_pod.utilisation == 100.0 and heard.get("seq", 0) >= 2, heard
 
     # The busy pod and the unknown one: never warned of, never acted on.
     time.sleep(4 * IDLE_INTERVAL)  # a few more idle passes, each of which could have acted
     for other in (scene.busy, scene.unknown):
         other_uid = other["metadata"]["uid"]
-        assert [e["reason"] for reason in ("GPUIdleWarning", "GPUIdle") for e in events(cluster, namespace, reason, other_uid)] == []
+        assert [
+            e["reason"]
+            for reason in ("GPUIdleWarning", "GPUIdle")
+            for e in events(cluster, namespace, reason, other_uid)
+        ] == []
         kept = ledger(cluster, namespace, other_uid)
         assert kept is not None and kept["idleSince"] is None and kept["idleWarnedAt"] is None, kept
     # The node's word on each: 90 %, and unknown (its driver can say nothing of that GPU), which is never idle.
-    busy, unknown = (ledger(cluster, namespace, other["metadata"]["uid"]) or {} for other in (scene.busy, scene.unknown))
+    busy, unknown = (
+        ledger(cluster, namespace, other["metadata"]["uid"]) or {} for other in (scene.busy, scene.unknown)
+    )
     assert (busy["utilisationSource"], busy["gpuUtilizationPercent"]) == ("node", 90.0), busy
     assert (unknown["utilisationSource"], unknown["gpuUtilizationPercent"]) == ("node", None), unknown
     assert [(a.pod, a.code) for a in cluster.plane.eviction_answers(namespace)] == [(name, 201)]
@@ -179,8 +202,10 @@ def test_an_idle_pod_is_demoted_by_its_nodes_readings_alone_and_its_idle_minutes
     expected = idle_pod.share * stood / 60
     today = dt.datetime.now(dt.timezone.utc).date()
     answer = cluster.timekeeper_call(
-        "GET", f"/api/v1/usage?namespace={namespace}&groupBy=pod&from={stood_from.date()}&to={today + dt.timedelta(days=1)}",
-        cluster.budget_admin_token())
+        "GET",
+        f"/api/v1/usage?namespace={namespace}&groupBy=pod&from={stood_from.date()}&to={today + dt.timedelta(days=1)}",
+        cluster.budget_admin_token(),
+    )
     assert answer.status_code == 200, answer.text
     (row,) = [item for item in answer.json()["items"] if item["podUid"] == uid]
     minutes = row["idleGpuMinutes"]

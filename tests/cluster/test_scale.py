@@ -64,10 +64,17 @@ def processes(cluster: GpuSharing) -> dict[str, Callable[[], float]]:
         return lambda: cpu_seconds(pid) + sum(cpu_seconds(child) for child in child_pids(pid))
 
     def simulator() -> float:
-        return sum(cpu_seconds(os.getpid(), t.native_id) for t in threading.enumerate() if t.name.startswith("sim-") and t.native_id)
+        return sum(
+            cpu_seconds(os.getpid(), t.native_id)
+            for t in threading.enumerate()
+            if t.name.startswith("sim-") and t.native_id
+        )
 
-    plane = {name: cluster.plane.processes[name].pid for name in ("kube-apiserver", "etcd", SCHEDULER, CONTROLLER_MANAGER)
-             if name in cluster.plane.processes}
+    plane = {
+        name: cluster.plane.processes[name].pid
+        for name in ("kube-apiserver", "etcd", SCHEDULER, CONTROLLER_MANAGER)
+        if name in cluster.plane.processes
+    }
     return {
         **{name: with_children(pid) for name, pid in plane.items()},
         "webhook": with_children(cluster.webhook.process.pid),  # type: ignore[union-attr]
@@ -78,7 +85,8 @@ def processes(cluster: GpuSharing) -> dict[str, Callable[[], float]]:
 
 
 def cpu_per_thousand(gpu: dict[str, float], gpu_creates: int, plain: dict[str, float], plain_creates: int) -> str:
-    """CPU-seconds per 1,000 creates of each process, GPU pods beside pods without a GPU (which the webhook never sees)."""
+    """CPU-seconds per 1,000 creates of each process, GPU pods beside pods without a GPU (which the webhook never
+    sees)."""
     def per(used: float, creates: int) -> float:
         return 1000 * used / max(1, creates)
 
@@ -97,34 +105,52 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
     figures: list[str] = []
     try:
         # The same creates with no GPU (the webhook is never called), then with one, from CLIENTS concurrent clients.
-        running = lambda namespace: sum(p["status"].get("phase") == "Running" for p in cluster.pods(namespace))  # noqa: E731
+        running = lambda namespace: sum(  # noqa: E731
+            p["status"].get("phase") == "Running" for p in cluster.pods(namespace)
+        )
         plain = [pod(f"cpu-{i:05d}", pod_template(None, f"scale-{DIALECT_CYCLE[i % 8]}")) for i in range(PODS // 2)]
         cpu = CpuUse(processes(cluster))
         baseline = create_all(cluster, baseline_namespace, plain, CLIENTS)
         wait_for(lambda: running(baseline_namespace) == len(plain), "every pod without a GPU running", timeout=600)
         plain_cpu = cpu.since_start()
-        gpu = [(teams[i % TEAMS], pod(f"gpu-{i:05d}", pod_template(DIALECT_CYCLE[i % 8], f"scale-{DIALECT_CYCLE[i % 8]}",
-                                                                   {METER: "simulated"}))) for i in range(PODS)]
+        gpu = [
+            (
+                teams[i % TEAMS],
+                pod(
+                    f"gpu-{i:05d}",
+                    pod_template(DIALECT_CYCLE[i % 8], f"scale-{DIALECT_CYCLE[i % 8]}", {METER: "simulated"}),
+                ),
+            )
+            for i in range(PODS)
+        ]
         started, calls = time.monotonic(), mutate_calls(cluster)
         cpu = CpuUse(processes(cluster))
         made = create_across(cluster, gpu, CLIENTS)
         burst, calls = time.monotonic() - started, mutate_calls(cluster) - calls
-        figures.append(f"creates from {CLIENTS} clients: {len(baseline.seconds)} without a GPU p50 {_ms(baseline.seconds, .5)} "
-                       f"p99 {_ms(baseline.seconds, .99)}; {len(made.seconds)} GPU pods in {burst:.0f} s p50 {_ms(made.seconds, .5)} "
-                       f"p99 {_ms(made.seconds, .99)} (added p50 {_ms(made.seconds, .5, baseline.seconds)}, "
-                       f"p99 {_ms(made.seconds, .99, baseline.seconds)}); {made.timed_out} webhook timeouts (tried again), "
-                       f"refused {len(made.refused)}; "
-                       f"{calls / max(1, len(made.created)):.2f} /mutate calls per GPU pod")
+        figures.append(
+            f"creates from {CLIENTS} clients: {len(baseline.seconds)} without a GPU p50 {_ms(baseline.seconds, 0.5)} "
+            f"p99 {_ms(baseline.seconds, 0.99)}; {len(made.seconds)} GPU pods in {burst:.0f} s p50 "
+            f"{_ms(made.seconds, 0.5)} "
+            f"p99 {_ms(made.seconds, 0.99)} (added p50 {_ms(made.seconds, 0.5, baseline.seconds)}, "
+            f"p99 {_ms(made.seconds, 0.99, baseline.seconds)}); {made.timed_out} webhook timeouts (tried again), "
+            f"refused {len(made.refused)}; "
+            f"{calls / max(1, len(made.created)):.2f} /mutate calls per GPU pod"
+        )
         assert made.refused == [], Counter(r[:120] for r in made.refused).most_common(3)  # every pod admitted
         started = time.monotonic()
         wait_for(lambda: all(running(team) == PODS // TEAMS for team in teams), "every GPU pod running", timeout=600)
-        figures.append(f"every GPU pod scheduled and running {time.monotonic() - started:.0f} s after the last was created")
+        figures.append(
+            f"every GPU pod scheduled and running {time.monotonic() - started:.0f} s after the last was created"
+        )
         figures.append(cpu_per_thousand(cpu.since_start(), len(made.created), plain_cpu, len(baseline.created)))
 
         # One team runs out (its budget set below what its pods have used): each of its running pods is evicted once.
         demoted = teams[0]
         cluster.set_budget(demoted, gpu_minutes=1, evict=True)
-        state = lambda: cluster.timekeeper_call("GET", f"/api/v1/budgets/{demoted}", cluster.budget_admin_token()).json()["state"]  # noqa: E731
+        def state() -> str:
+            answer = cluster.timekeeper_call("GET", f"/api/v1/budgets/{demoted}", cluster.budget_admin_token())
+            return answer.json()["state"]
+
         wait_for(lambda: state() == "over-budget", "the namespace's use, billed from the record, past its budget")
         started = time.monotonic()
         in_budget = lambda: [p for p in cluster.pods(demoted) if "deletionTimestamp" not in p["metadata"]  # noqa: E731
@@ -144,16 +170,25 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
         recorded = {p.uid: nodes.recorded_gpu_seconds(p) for p in evicted}
         ledger = lambda: {item["podUid"]: item for item in cluster.timekeeper_call(  # noqa: E731
             "GET", f"/api/v1/pods?namespace={demoted}", cluster.budget_admin_token()).json()["items"]}
-        unclosed = lambda: {uid: (seconds, ledger().get(uid, {}).get("observedGpuSeconds")) for uid, seconds in  # noqa: E731
-                            recorded.items() if ledger().get(uid, {}).get("observedGpuSeconds", -1) < seconds - 0.001}
+        def unclosed() -> dict:
+            return {
+                uid: (seconds, ledger().get(uid, {}).get("observedGpuSeconds"))
+                for uid, seconds in recorded.items()
+                if ledger().get(uid, {}).get("observedGpuSeconds", -1) < seconds - 0.001
+            }
+
         try:
-            # Never a speed check: a demotion's hundreds of bills close within a few billing passes, slower on a busy host.
+            # Never a speed check: a demotion's hundreds of bills close within a few billing passes, slower on a busy
+            # host.
             wait_for(lambda: not unclosed(), "the evicted pods' bills closed", timeout=300)
         except AssertionError:
             raise AssertionError(f"bills not closed (recorded, observed): {unclosed()}") from None
         billed = {uid: item["gpuSeconds"] for uid, item in ledger().items() if uid in recorded}
         share = {p.uid: p.share or 0 for p in evicted}  # the slack of two seconds of a pod's share: see test_day.py
-        assert all(recorded[uid] - 0.001 <= billed[uid] <= recorded[uid] + 2 * share[uid] for uid in recorded), (billed, recorded)
+        assert all(recorded[uid] - 0.001 <= billed[uid] <= recorded[uid] + 2 * share[uid] for uid in recorded), (
+            billed,
+            recorded,
+        )
         figures.append(f"billed {sum(billed.values()):,.1f} GPU-seconds, recorded {sum(recorded.values()):,.1f}")
 
         webhook = max(rss_mib(pid) for pid in child_pids(cluster.webhook.process.pid))  # type: ignore[union-attr]

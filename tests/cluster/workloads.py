@@ -24,8 +24,13 @@ REQUESTS: dict[str, dict[str, int]] = {
 }
 
 
-def pod_template(dialect: str | None, pool: str, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-                 restart: str = "Always") -> dict[str, Any]:
+def pod_template(
+    dialect: str | None,
+    pool: str,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    restart: str = "Always",
+) -> dict[str, Any]:
     """A pod spec for `pool`'s nodes asking for a GPU in `dialect` (None: no GPU)."""
     container: dict[str, Any] = {"name": "work", "image": "registry.example.com/ml/train:1.0"}
     if dialect is not None:
@@ -60,7 +65,9 @@ class Creations:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def create_all(cluster: GpuSharing, namespace: str, manifests: Sequence[dict[str, Any]], clients: int = 16) -> Creations:
+def create_all(
+    cluster: GpuSharing, namespace: str, manifests: Sequence[dict[str, Any]], clients: int = 16
+) -> Creations:
     """Creates the manifests in the namespace from `clients` concurrent clients, as teams' controllers would."""
     return create_across(cluster, [(namespace, manifest) for manifest in manifests], clients)
 

@@ -20,14 +20,22 @@ EXAMPLE_PODS = [name for name, manifest in example_manifests().items() if manife
 @pytest.mark.parametrize("name", EXAMPLE_PODS)
 def test_the_webhooks_patch_of_each_example_pod_gives_what_jsonpatch_gives(name: str) -> None:
     pod = example_pod(name)
-    decision = admit(parse_review(admission_review(pod)), WebhookConfig(), lambda _ns: NamespaceBudget(BudgetState.OVER_BUDGET), mutate=True)
+    decision = admit(
+        parse_review(admission_review(pod)),
+        WebhookConfig(),
+        lambda _ns: NamespaceBudget(BudgetState.OVER_BUDGET),
+        mutate=True,
+    )
     assert decision.patch, f"{name} is a GPU pod: the webhook mutates it"
     assert apply_patch(pod, decision.patch) == jsonpatch.apply_patch(pod, decision.patch)
     assert apply_patch(pod, decision.patch) != pod and pod == example_pod(name)  # the pod itself left as it was
 
 
 def test_adds_and_removes_under_escaped_keys_and_list_positions() -> None:
-    pod = {"metadata": {"annotations": {"a~b/c": "1", "keep": "2"}}, "spec": {"containers": [{"name": "x"}, {"name": "y"}]}}
+    pod = {
+        "metadata": {"annotations": {"a~b/c": "1", "keep": "2"}},
+        "spec": {"containers": [{"name": "x"}, {"name": "y"}]},
+    }
     patch = [
         {"op": "remove", "path": pointer("metadata", "annotations", "a~b/c")},
         {"op": "add", "path": pointer("metadata", "annotations", "gpusharing.io/x"), "value": "v"},

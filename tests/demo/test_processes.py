@@ -15,8 +15,23 @@ def test_a_server_whose_certificate_is_refused_is_said_to_be_so_at_once(tmp_path
     served = make_serving_certificate(["127.0.0.1"]).write(tmp_path / "served")
     other = make_serving_certificate(["127.0.0.1"]).write(tmp_path / "other")
     port = free_port()
-    args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(served["cert"]), "--key", str(served["key"])]
-    service = Service("webhook", args, f"https://127.0.0.1:{port}/readyz", verify=str(other["ca"]), log_path=tmp_path / "log")
-    with pytest.raises(RuntimeError, match="webhook answers, but its TLS certificate was not accepted: .*certificate verify failed"):
+    args = [
+        "webhook",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cert",
+        str(served["cert"]),
+        "--key",
+        str(served["key"]),
+    ]
+    service = Service(
+        "webhook", args, f"https://127.0.0.1:{port}/readyz", verify=str(other["ca"]), log_path=tmp_path / "log"
+    )
+    with pytest.raises(
+        RuntimeError, match="webhook answers, but its TLS certificate was not accepted: .*certificate verify failed"
+    ):
         service.__enter__()
     assert service.process is not None and service.process.poll() is not None  # stopped, not left running

@@ -15,8 +15,25 @@ PACKAGES = ("gpusharing", "timekeeper", "webhook", "sidecar", "nodeagent")
 
 def named_paths(text: str) -> set[str]:
     """Repository paths in code spans: `timekeeper/api/budgets.py`, `webhook/caches/`, `gpusharing/cli.py`."""
-    return {span for span in re.findall(r"`([^`\s]+)`", text) if "/" in span and span.split("/")[0] in (*PACKAGES, "demo",
-            "migrations", "manifests", "charts", "plugins", "release", "tests", "bench", "examples", "docs")}
+    return {
+        span
+        for span in re.findall(r"`([^`\s]+)`", text)
+        if "/" in span
+        and span.split("/")[0]
+        in (
+            *PACKAGES,
+            "demo",
+            "migrations",
+            "manifests",
+            "charts",
+            "plugins",
+            "release",
+            "tests",
+            "bench",
+            "examples",
+            "docs",
+        )
+    }
 
 
 def test_every_path_it_names_exists() -> None:

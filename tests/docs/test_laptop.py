@@ -32,7 +32,9 @@ def test_the_laptop_block_waits_for_the_timekeeper_and_runs(tmp_path: Path) -> N
         env.pop(variable, None)
     # Whatever fails, the background timekeeper is stopped with the shell.
     stop = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n"
-    ran = subprocess.run(["bash", "-e", "-c", stop + script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    ran = subprocess.run(
+        ["bash", "-e", "-c", stop + script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     said = ran.stdout.splitlines()
     assert said[:2] == ["database migrated to head", '{"status":"ok"}'], ran.stdout  # curl printed /readyz once ready

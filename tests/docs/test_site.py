@@ -1,4 +1,5 @@
-"""The documentation: a short README, and a site in docs/ that MkDocs builds with every link, anchor and page checked."""
+"""The documentation: a short README, and a site in docs/ that MkDocs builds with every link, anchor and page
+checked."""
 
 from __future__ import annotations
 

@@ -85,8 +85,11 @@ def control_plane_for(tier: str, scheduler: bool = False) -> "ControlPlane":
     control plane that does not start.
     """
     wanted = (*REQUIRED, *([SCHEDULER] if scheduler else []))
-    how = (f"the {tier} needs a Kubernetes control plane: set KUBEBUILDER_ASSETS to a directory with {', '.join(wanted)} "
-           "and optionally kube-controller-manager (KUBEBUILDER_ASSETS=$(../shared/kube/unpack), or `setup-envtest use -p path`)")
+    how = (
+        f"the {tier} needs a Kubernetes control plane: set KUBEBUILDER_ASSETS to a directory with {', '.join(wanted)} "
+        "and optionally kube-controller-manager (KUBEBUILDER_ASSETS=$(../shared/kube/unpack), or `setup-envtest use -p "
+        "path`)"
+    )
     assets = os.environ.get("KUBEBUILDER_ASSETS", "").strip()
     if not assets or (scheduler and missing_binaries(Path(assets), (SCHEDULER,))):
         if os.environ.get("CI") == "true":
@@ -108,7 +111,8 @@ class ControlPlane:
 
     @property
     def webhook_client_ca(self) -> Path:
-        """The CA of the client certificate kube-apiserver presents to admission webhooks (its AdmissionConfiguration)."""
+        """The CA of the client certificate kube-apiserver presents to admission webhooks (its
+        AdmissionConfiguration)."""
         return self.directory / "webhook-client-ca.crt"
 
     @property
@@ -139,7 +143,9 @@ class ControlPlane:
         d = self.directory
         ca = trustme.CA(organization_name="gpusharing e2e")
         ca.cert_pem.write_to_path(str(self.ca_file))
-        serving = ca.issue_cert("127.0.0.1", "localhost", "kubernetes", "kubernetes.default.svc", common_name="kube-apiserver")
+        serving = ca.issue_cert(
+            "127.0.0.1", "localhost", "kubernetes", "kubernetes.default.svc", common_name="kube-apiserver"
+        )
         serving.cert_chain_pems[0].write_to_path(str(d / "apiserver.crt"))
         serving.private_key_pem.write_to_path(str(d / "apiserver.key"))
         admin = ca.issue_cert("admin", common_name="admin", organization_name="system:masters")
@@ -148,7 +154,9 @@ class ControlPlane:
         (d / "client-ca.crt").write_bytes(ca.cert_pem.bytes())
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         (d / "sa.key").write_bytes(
-            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
         )
         (d / "sa.pub").write_bytes(
             key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -225,15 +233,28 @@ class ControlPlane:
         client.cert_chain_pems[0].write_to_path(str(d / "webhook-client.crt"))
         client.private_key_pem.write_to_path(str(d / "webhook-client.key"))
         kubeconfig = {
-            "apiVersion": "v1", "kind": "Config",
-            "users": [{"name": "*", "user": {"client-certificate": str(d / "webhook-client.crt"), "client-key": str(d / "webhook-client.key")}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "users": [
+                {
+                    "name": "*",
+                    "user": {
+                        "client-certificate": str(d / "webhook-client.crt"),
+                        "client-key": str(d / "webhook-client.key"),
+                    },
+                }
+            ],
         }
         (d / "webhook-admission.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
         webhook = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
                    "kubeConfigFile": str(d / "webhook-admission.kubeconfig")}
         configuration = {
-            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-            "plugins": [{"name": plugin, "configuration": webhook} for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")],
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": [
+                {"name": plugin, "configuration": webhook}
+                for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+            ],
         }
         (d / "admission-configuration.yaml").write_text(yaml.safe_dump(configuration))
         return d / "admission-configuration.yaml"
@@ -278,7 +299,9 @@ class ControlPlane:
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
-                raise ControlPlaneUnavailable(f"kube-apiserver not ready in {START_TIMEOUT_SECONDS} s:\n{self.log_tail('kube-apiserver')}")
+                raise ControlPlaneUnavailable(
+                    f"kube-apiserver not ready in {START_TIMEOUT_SECONDS} s:\n{self.log_tail('kube-apiserver')}"
+                )
             time.sleep(0.2)
 
     def evictions(self, namespace: str) -> list[tuple[str, int]]:
@@ -298,9 +321,15 @@ class ControlPlane:
                     break
                 raise
             ref = event.get("objectRef", {})
-            if event.get("stage") == "ResponseComplete" and ref.get("namespace") == namespace and ref.get("subresource") == "eviction":
+            if (
+                event.get("stage") == "ResponseComplete"
+                and ref.get("namespace") == namespace
+                and ref.get("subresource") == "eviction"
+            ):
                 received = dt.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
-                answered.append(EvictionAnswer(ref["name"], int(event.get("responseStatus", {}).get("code", 0)), received))
+                answered.append(
+                    EvictionAnswer(ref["name"], int(event.get("responseStatus", {}).get("code", 0)), received)
+                )
         return answered
 
     def log_tail(self, name: str, characters: int = 3000) -> str:
@@ -309,7 +338,9 @@ class ControlPlane:
 
     def api_client(self, kubeconfig: Path | None = None) -> client.ApiClient:
         configuration = client.Configuration()
-        kube_config.load_kube_config(config_file=str(kubeconfig or self.admin_kubeconfig), client_configuration=configuration)
+        kube_config.load_kube_config(
+            config_file=str(kubeconfig or self.admin_kubeconfig), client_configuration=configuration
+        )
         return client.ApiClient(configuration)
 
     def stop(self) -> None:

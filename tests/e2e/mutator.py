@@ -42,14 +42,16 @@ class Mutator:
         mutator = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 mutator.calls += 1
                 response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": True}
                 patch = mutation(review["request"]["object"])
                 if patch:
                     response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
-                reply_json(self, 200, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+                reply_json(
+                    self, 200, {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+                )
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -90,7 +90,9 @@ class GpuSharing:
         self.plane = plane
         self.directory = directory
         self.timekeeper_env = timekeeper_env or {}
-        self.database = self.timekeeper_env.get("TIMEKEEPER_DATABASE_URL", f"sqlite:///{directory / 'timekeeper.sqlite'}")
+        self.database = self.timekeeper_env.get(
+            "TIMEKEEPER_DATABASE_URL", f"sqlite:///{directory / 'timekeeper.sqlite'}"
+        )
         self.webhook_env = webhook_env or {}
         self.webhook_threads = webhook_threads
         self.api = plane.api_client()
@@ -109,19 +111,28 @@ class GpuSharing:
                 utils.create_from_dict(self.api, obj)
         for crd in (o for o in self.manifests if o["kind"] == "CustomResourceDefinition"):
             path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
-            wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True"
-                                 for c in self.rest("GET", path).get("status", {}).get("conditions", [])), f"{path} established")
+            wait_for(
+                lambda: any(
+                    c["type"] == "Established" and c["status"] == "True"
+                    for c in self.rest("GET", path).get("status", {}).get("conditions", [])
+                ),
+                f"{path} established",
+            )
         self.timekeeper_url = self._start_timekeeper()
         self.webhook_url, ca_pem = self._start_webhook()
         self.ca_bundle = base64.b64encode(ca_pem).decode()
         for configuration in self.webhook_configurations():
             self.rest("POST", _collection(configuration), configuration)
 
-    def webhook_configurations(self, url: str | None = None, objects: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def webhook_configurations(
+        self, url: str | None = None, objects: list[dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
         """The webhook configurations of `objects` (default: the manifests'), their clientConfig pointed at `url`
         (default: the loopback webhook)."""
         configurations = []
-        for configuration in (o for o in (self.manifests if objects is None else objects) if o["kind"].endswith("WebhookConfiguration")):
+        for configuration in (
+            o for o in (self.manifests if objects is None else objects) if o["kind"].endswith("WebhookConfiguration")
+        ):
             configuration = copy.deepcopy(configuration)
             for webhook in configuration["webhooks"]:
                 path = webhook["clientConfig"]["service"]["path"]
@@ -187,7 +198,11 @@ class GpuSharing:
                 added.append(obj["metadata"]["name"])
             elif obj["kind"] == "ClusterRole" and obj["metadata"]["name"] == "gpusharing-controller":
                 self.replace(obj)
-        settings = {"TIMEKEEPER_FAIRSHARE_ENABLED": "true", "TIMEKEEPER_DATABASE_URL": self.fresh_database("fair-share"), **env}
+        settings = {
+            "TIMEKEEPER_FAIRSHARE_ENABLED": "true",
+            "TIMEKEEPER_DATABASE_URL": self.fresh_database("fair-share"),
+            **env,
+        }
         try:
             with self.timekeeper_settings(**settings):
                 yield
@@ -214,7 +229,9 @@ class GpuSharing:
         migrate(database)
         return database
 
-    def timekeeper_service(self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str) -> tuple[Service, str]:
+    def timekeeper_service(
+        self, name: str, database: str, upgrade: bool = True, api_url: str | None = None, **env: str
+    ) -> tuple[Service, str]:
         """A web timekeeper process on loopback as the manifests' ServiceAccount of the timekeeper (the system's
         `timekeeper_env`, and `env` on top), started; stopped with the system at the latest."""
         kubeconfig = self.service_account_kubeconfig(name, TIMEKEEPER_ACCOUNT, api_url)
@@ -240,7 +257,9 @@ class GpuSharing:
         paths = certificate.write(self.directory / "webhook-tls")
         port = free_port()
         self.webhook_ca_file = str(paths["ca"])
-        self.webhook = self._stack.enter_context(self.webhook_service("webhook", port, paths["cert"], paths["key"], verify=str(paths["ca"])))
+        self.webhook = self._stack.enter_context(
+            self.webhook_service("webhook", port, paths["cert"], paths["key"], verify=str(paths["ca"]))
+        )
         return f"https://127.0.0.1:{port}", certificate.ca_pem
 
     def webhook_service(self, name: str, port: int, cert: Path, key: Path, verify: str | bool) -> Service:
@@ -267,7 +286,14 @@ class GpuSharing:
         }
         args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(cert),
                 "--key", str(key), "--workers", "1", "--threads", str(self.webhook_threads)]
-        return Service(name, args, f"https://127.0.0.1:{port}/readyz", env=env, verify=verify, log_path=self.directory / f"{name}.log")
+        return Service(
+            name,
+            args,
+            f"https://127.0.0.1:{port}/readyz",
+            env=env,
+            verify=verify,
+            log_path=self.directory / f"{name}.log",
+        )
 
     def stop(self) -> None:
         self._stack.close()
@@ -285,10 +311,14 @@ class GpuSharing:
 
     # --- the Kubernetes API ---------------------------------------------------------------------------------------
 
-    def rest(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None, patch: str = "") -> Any:
+    def rest(
+        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None, patch: str = ""
+    ) -> Any:
         """One call to the API server as the cluster admin; the answer's JSON, or ApiError with the server's Status."""
         content_type = {
-            "": "application/json", "merge": "application/merge-patch+json", "strategic": "application/strategic-merge-patch+json",
+            "": "application/json",
+            "merge": "application/merge-patch+json",
+            "strategic": "application/strategic-merge-patch+json",
             "json": "application/json-patch+json",
         }[patch]
         response = self.session.request(
@@ -304,7 +334,8 @@ class GpuSharing:
         return dict(self.rest("GET", f"{_collection(obj)}/{obj['metadata']['name']}"))
 
     def replace(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """Creates a cluster-scoped object, or replaces the one of its name; ApiError carries the API server's refusal."""
+        """Creates a cluster-scoped object, or replaces the one of its name; ApiError carries the API server's
+        refusal."""
         query = {"dryRun": "All"} if dry_run else None
         path = f"{_collection(obj)}/{obj['metadata']['name']}"
         if self.exists(path):
@@ -319,7 +350,10 @@ class GpuSharing:
         self.rest("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
         if not self.plane.runs_controllers:  # what the ServiceAccount controller would do
             self.service_account(name, "default")
-        wait_for(lambda: self.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"), f"the default ServiceAccount of {name}")
+        wait_for(
+            lambda: self.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+            f"the default ServiceAccount of {name}",
+        )
         return name
 
     def require_controllers(self) -> None:
@@ -336,12 +370,20 @@ class GpuSharing:
         })
 
     def service_account(self, namespace: str, name: str) -> None:
-        self.rest("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}})
+        self.rest(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}},
+        )
 
     def core_api_as(self, namespace: str, service_account: str) -> client.CoreV1Api:
         """The official client's core API with a ServiceAccount's own token: what RBAC grants it, and nothing more."""
-        kubeconfig = write_kubeconfig(self.directory / f"{namespace}.{service_account}.kubeconfig", self.plane.url,
-                                      self.plane.ca_file, {"token": self.token(namespace, service_account, audience=None)})
+        kubeconfig = write_kubeconfig(
+            self.directory / f"{namespace}.{service_account}.kubeconfig",
+            self.plane.url,
+            self.plane.ca_file,
+            {"token": self.token(namespace, service_account, audience=None)},
+        )
         return client.CoreV1Api(self.plane.api_client(kubeconfig))
 
     def namespace_admin(self, namespace: str) -> client.CoreV1Api:
@@ -349,7 +391,9 @@ class GpuSharing:
         (that role is aggregated by a controller, so the caller needs kube-controller-manager)."""
         self.bind(namespace, "tenant-admin", "admin")
         api = self.core_api_as(namespace, "tenant-admin")
-        wait_for(lambda: _allowed(lambda: api.list_namespaced_pod(namespace)), f"the admin of {namespace} to list its pods")
+        wait_for(
+            lambda: _allowed(lambda: api.list_namespaced_pod(namespace)), f"the admin of {namespace} to list its pods"
+        )
         return api
 
     def release(self, namespace: str, name: str) -> None:
@@ -364,7 +408,12 @@ class GpuSharing:
                 return True
             at = f"/metadata/finalizers/{finalizers.index(BILLING_FINALIZER)}"
             try:  # tested first: the timekeeper may be removing it at the same time
-                self.rest("PATCH", path, [{"op": "test", "path": at, "value": BILLING_FINALIZER}, {"op": "remove", "path": at}], patch="json")
+                self.rest(
+                    "PATCH",
+                    path,
+                    [{"op": "test", "path": at, "value": BILLING_FINALIZER}, {"op": "remove", "path": at}],
+                    patch="json",
+                )
             except ApiError as exc:
                 if exc.status not in (404, 409, 422):
                     raise
@@ -374,16 +423,27 @@ class GpuSharing:
         wait_for(released, f"the billing finalizer of pod {namespace}/{name} removed")
 
     def token(
-        self, namespace: str, service_account: str, audience: str | None = TIMEKEEPER_TOKEN_AUDIENCE, pod: dict[str, Any] | None = None
+        self,
+        namespace: str,
+        service_account: str,
+        audience: str | None = TIMEKEEPER_TOKEN_AUDIENCE,
+        pod: dict[str, Any] | None = None,
     ) -> str:
         """A token from the TokenRequest API, for `audience` (None: the API server's own), bound to `pod` if given."""
         spec: dict[str, Any] = {"expirationSeconds": 3600}
         if audience:
             spec["audiences"] = [audience]
         if pod:
-            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+            spec["boundObjectRef"] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod["metadata"]["name"],
+                "uid": pod["metadata"]["uid"],
+            }
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
-        answer = self.rest("POST", path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        answer = self.rest(
+            "POST", path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        )
         return str(answer["status"]["token"])
 
     def create(self, namespace: str, manifest: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
@@ -392,7 +452,11 @@ class GpuSharing:
         return self.rest("POST", _collection(manifest, namespace), manifest, {"dryRun": "All"} if dry_run else None)
 
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
-        return list(self.rest("GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": selector} if selector else None)["items"])
+        return list(
+            self.rest(
+                "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": selector} if selector else None
+            )["items"]
+        )
 
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -422,12 +486,21 @@ class GpuSharing:
         if not hasattr(self, "_admin_token"):
             namespace = self.namespace("e2e-admins")
             self.service_account(namespace, "budget-admin")
-            self.rest("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": f"e2e-budget-admin-{namespace}"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpusharing-budget-admin"},
-                "subjects": [{"kind": "ServiceAccount", "name": "budget-admin", "namespace": namespace}],
-            })
+            self.rest(
+                "POST",
+                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": f"e2e-budget-admin-{namespace}"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": "gpusharing-budget-admin",
+                    },
+                    "subjects": [{"kind": "ServiceAccount", "name": "budget-admin", "namespace": namespace}],
+                },
+            )
             self._admin_token = self.token(namespace, "budget-admin")
         return self._admin_token
 
@@ -442,7 +515,9 @@ class GpuSharing:
         answer = self.timekeeper_call("POST", f"/api/v1/budgets/{namespace}/top-ups", self.budget_admin_token(), body)
         assert answer.status_code == 201, answer.text
 
-    def report(self, pod: dict[str, Any], token: str, gpu_seconds: float, seq: int = 1, final: bool = False) -> requests.Response:
+    def report(
+        self, pod: dict[str, Any], token: str, gpu_seconds: float, seq: int = 1, final: bool = False
+    ) -> requests.Response:
         """A meter's report for `pod`, as its injected meter would send it."""
         metadata = pod["metadata"]
         body = {

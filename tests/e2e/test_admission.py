@@ -36,7 +36,9 @@ def meter_of(pod: dict[str, Any]) -> dict[str, Any]:
     return meter
 
 
-def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state: str = "unlimited", claims: ClaimLookup = no_claims) -> None:
+def assert_governed(
+    pod: dict[str, Any], priority_class: str = IN_BUDGET, state: str = "unlimited", claims: ClaimLookup = no_claims
+) -> None:
     """The pod as the API server stored it carries the webhook's record (as `parse_gpu_request` reads it, with the
     claims `claims` finds), the meter and a resolved priority. The timekeeper runs without a default budget, so a
     namespace it does not list is unlimited."""
@@ -50,33 +52,44 @@ def assert_governed(pod: dict[str, Any], priority_class: str = IN_BUDGET, state:
     assert annotations["gpusharing.io/budget-state"] == state
     spec = pod["spec"]
     assert spec["priorityClassName"] == priority_class
-    assert spec["priority"] == {IN_BUDGET: 1000, OVER_BUDGET: -1000}[priority_class]  # the class's, as the Priority plugin checks
+    # the class's, as the Priority plugin checks
+    assert spec["priority"] == {IN_BUDGET: 1000, OVER_BUDGET: -1000}[priority_class]
     meter = meter_of(pod)
     assert meter["restartPolicy"] == "Always" and spec["initContainers"][0]["name"] == METER
     env = {e["name"]: e.get("value") for e in meter["env"]}
     assert env["GPUSHARING_GPU_SHARE"] == annotations["gpusharing.io/gpu-share"]
     # The ServiceAccount plugin mounted the workload's token into the workload, not into the meter.
-    token_mounts = {c["name"]: [m["name"] for m in c.get("volumeMounts", []) if m["mountPath"] == SERVICE_ACCOUNT_TOKEN_DIR]
-                    for c in spec.get("initContainers", []) + spec["containers"]}
+    token_mounts = {
+        c["name"]: [m["name"] for m in c.get("volumeMounts", []) if m["mountPath"] == SERVICE_ACCOUNT_TOKEN_DIR]
+        for c in spec.get("initContainers", []) + spec["containers"]
+    }
     assert token_mounts.pop(METER) == ["gpusharing-meter-no-api-token"]
-    assert all(len(mounts) == 1 and mounts[0].startswith("kube-api-access-") for mounts in token_mounts.values()), token_mounts
+    assert all(len(mounts) == 1 and mounts[0].startswith("kube-api-access-") for mounts in token_mounts.values()), (
+        token_mounts
+    )
 
 
 @pytest.mark.parametrize("name", EXAMPLE_PODS)
-def test_every_example_pod_is_admitted_with_the_default_service_account_token(gpusharing: GpuSharing, name: str) -> None:
+def test_every_example_pod_is_admitted_with_the_default_service_account_token(
+    gpusharing: GpuSharing, name: str
+) -> None:
     namespace = gpusharing.namespace("e2e-examples")
     pod = gpusharing.create(namespace, example(name))
     assert pod["spec"]["serviceAccountName"] == "default" and pod["spec"].get("automountServiceAccountToken") is None
     assert_governed(pod)
 
 
-def test_pods_of_a_job_and_of_a_deployment_are_admitted_as_their_controllers_create_them(gpusharing: GpuSharing) -> None:
+def test_pods_of_a_job_and_of_a_deployment_are_admitted_as_their_controllers_create_them(
+    gpusharing: GpuSharing,
+) -> None:
     gpusharing.require_controllers()
     namespace = gpusharing.namespace("e2e-controllers")
     for name in EXAMPLE_JOBS:
         job = example(name)
         gpusharing.create(namespace, job)
-        (pod,) = wait_for(lambda: gpusharing.pods(namespace, f"job-name={job['metadata']['name']}"), f"the pod of Job {name}")
+        (pod,) = wait_for(
+            lambda: gpusharing.pods(namespace, f"job-name={job['metadata']['name']}"), f"the pod of Job {name}"
+        )
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
         assert_governed(pod)
     template = example("kai-fraction.yaml")
@@ -86,7 +99,9 @@ def test_pods_of_a_job_and_of_a_deployment_are_admitted_as_their_controllers_cre
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "infer"}}, "template": template},
     }
     gpusharing.create(namespace, deployment)
-    pods = wait_for(lambda: (p := gpusharing.pods(namespace, "app=infer")) and len(p) == 2 and p, "the Deployment's two pods")
+    pods = wait_for(
+        lambda: (p := gpusharing.pods(namespace, "app=infer")) and len(p) == 2 and p, "the Deployment's two pods"
+    )
     for pod in pods:
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
         assert_governed(pod)
@@ -159,7 +174,9 @@ def test_the_record_cannot_be_changed_once_admitted(gpusharing: GpuSharing) -> N
     pod = gpusharing.create(namespace, example("kai-fraction.yaml"))
     path = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}"
     with pytest.raises(ApiError) as refused:
-        gpusharing.rest("PATCH", path, {"metadata": {"annotations": {"gpusharing.io/gpu-share": "0.01"}}}, patch="merge")
+        gpusharing.rest(
+            "PATCH", path, {"metadata": {"annotations": {"gpusharing.io/gpu-share": "0.01"}}}, patch="merge"
+        )
     assert 'admission webhook "validate.gpusharing.io" denied the request' in refused.value.message
     assert "gpusharing.io/gpu-share" in refused.value.message
     relabelled = gpusharing.rest("PATCH", path, {"metadata": {"labels": {"team": "vision"}}}, patch="merge")
@@ -177,8 +194,16 @@ def admissions_answered(gpusharing: GpuSharing, endpoint: str = "") -> float:
 def test_a_pod_without_a_gpu_request_never_reaches_the_webhook(gpusharing: GpuSharing) -> None:
     namespace = gpusharing.namespace("e2e-no-gpu")
     before = admissions_answered(gpusharing)
-    web = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
-           "spec": {"containers": [{"name": "web", "image": "nginx:1.27", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}}
+    web = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web"},
+        "spec": {
+            "containers": [
+                {"name": "web", "image": "nginx:1.27", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
+            ]
+        },
+    }
     created = gpusharing.create(namespace, web)
     assert "annotations" not in created["metadata"] and "priorityClassName" not in created["spec"]
     assert admissions_answered(gpusharing) == before
@@ -196,7 +221,10 @@ def test_a_namespace_over_budget_gets_the_over_budget_class_and_a_top_up_brings_
 
     token = gpusharing.token(namespace, "default", pod=first)
     assert gpusharing.report(first, token, gpu_seconds=90).status_code == 200  # 1.5 GPU-minutes: over budget
-    wait_for(lambda: gpusharing.webhook_state(namespace, probe) == "over-budget", "the webhook to learn the namespace is over budget")
+    wait_for(
+        lambda: gpusharing.webhook_state(namespace, probe) == "over-budget",
+        "the webhook to learn the namespace is over budget",
+    )
     second = example("kai-fraction.yaml")
     second["metadata"]["name"] = "gpu-pod-2"
     demoted = gpusharing.create(namespace, second)
@@ -213,7 +241,10 @@ def test_a_namespace_over_budget_gets_the_over_budget_class_and_a_top_up_brings_
 def webhook_down(gpusharing: GpuSharing) -> Iterator[None]:
     """The project's webhook configurations pointed at a port where nothing answers, as when every replica is down."""
     dead = f"https://127.0.0.1:{free_port()}"
-    paths = {c["kind"]: f"/apis/admissionregistration.k8s.io/v1/{c['kind'].lower()}s/{c['metadata']['name']}" for c in gpusharing.webhook_configurations()}
+    paths = {
+        c["kind"]: f"/apis/admissionregistration.k8s.io/v1/{c['kind'].lower()}s/{c['metadata']['name']}"
+        for c in gpusharing.webhook_configurations()
+    }
 
     def point_at(url: str | None) -> None:
         for configuration in gpusharing.webhook_configurations(url):
@@ -225,9 +256,16 @@ def webhook_down(gpusharing: GpuSharing) -> Iterator[None]:
     point_at(None)
 
 
-def test_with_the_webhook_down_gpu_pods_are_refused_and_other_pods_admitted(gpusharing: GpuSharing, webhook_down: None) -> None:
+def test_with_the_webhook_down_gpu_pods_are_refused_and_other_pods_admitted(
+    gpusharing: GpuSharing, webhook_down: None
+) -> None:
     namespace = gpusharing.namespace("e2e-down")
-    web = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}}
+    web = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]},
+    }
     assert gpusharing.create(namespace, web)["metadata"]["name"] == "web"
     with pytest.raises(ApiError) as refused:
         gpusharing.create(namespace, example("kai-fraction.yaml"))
@@ -245,7 +283,9 @@ def other_team(gpusharing: GpuSharing, tmp_path: Path) -> Iterator[Mutator]:
     mutator.stop()
 
 
-def test_a_later_webhook_that_adds_a_label_leaves_the_pod_admitted_and_its_record_right(gpusharing: GpuSharing, other_team: Mutator) -> None:
+def test_a_later_webhook_that_adds_a_label_leaves_the_pod_admitted_and_its_record_right(
+    gpusharing: GpuSharing, other_team: Mutator
+) -> None:
     namespace = gpusharing.namespace("e2e-reinvoke")
     pod = example("kai-fraction.yaml")
     pod["metadata"]["labels"] = {LABEL: "label"}
@@ -254,7 +294,9 @@ def test_a_later_webhook_that_adds_a_label_leaves_the_pod_admitted_and_its_recor
     assert_governed(created)
 
 
-def test_a_later_webhook_that_changes_the_gpu_request_gets_the_pod_billed_for_the_new_one(gpusharing: GpuSharing, other_team: Mutator) -> None:
+def test_a_later_webhook_that_changes_the_gpu_request_gets_the_pod_billed_for_the_new_one(
+    gpusharing: GpuSharing, other_team: Mutator
+) -> None:
     namespace = gpusharing.namespace("e2e-reinvoke-gpu")
     pod = example("kai-fraction.yaml")
     assert pod["metadata"]["annotations"]["gpu-fraction"] == "0.5"
@@ -270,9 +312,15 @@ def test_how_the_backend_reads_a_pod_reaches_the_user_as_warnings(gpusharing: Gp
     pod = example("hami-fraction.yaml")
     pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] = 150
     response = gpusharing.session.post(
-        f"{gpusharing.plane.url}/api/v1/namespaces/{namespace}/pods", json=pod, headers={"Accept": "application/json"}, timeout=60,
+        f"{gpusharing.plane.url}/api/v1/namespaces/{namespace}/pods",
+        json=pod,
+        headers={"Accept": "application/json"},
+        timeout=60,
     )
     assert response.status_code == 201, response.text
     # The API server sends each admission warning as a Warning header, as kubectl prints them (RFC 7234: 299 - "...").
-    assert '299 - "container \\"infer\\": nvidia.com/gpucores=150 is more than 100: HAMi grants 100' in response.headers["Warning"]
+    assert (
+        '299 - "container \\"infer\\": nvidia.com/gpucores=150 is more than 100: HAMi grants 100'
+        in response.headers["Warning"]
+    )
     assert response.json()["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"

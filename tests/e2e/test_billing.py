@@ -44,11 +44,17 @@ class Timekeepers:
         self.urls: list[str] = []
 
     def start(self) -> None:
-        settings = {"TIMEKEEPER_BILLING_INTERVAL_SECONDS": "0.5", "GPUSHARING_METER_INTERVAL_SECONDS": str(METER_INTERVAL_SECONDS)}
+        settings = {
+            "TIMEKEEPER_BILLING_INTERVAL_SECONDS": "0.5",
+            "GPUSHARING_METER_INTERVAL_SECONDS": str(METER_INTERVAL_SECONDS),
+        }
         for index in range(REPLICAS):
             name = f"billing-{index}-{time.monotonic_ns()}"
             service, url = self.gpusharing.timekeeper_service(name, self.database, upgrade=index == 0, **settings)
-            self.services += [service, self.gpusharing.controller_service(f"{name}-controller", self.database, **settings)]
+            self.services += [
+                service,
+                self.gpusharing.controller_service(f"{name}-controller", self.database, **settings),
+            ]
             self.urls.append(url)
 
     def stop(self) -> None:
@@ -70,7 +76,9 @@ class Timekeepers:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def timekeepers(request: pytest.FixtureRequest, gpusharing: GpuSharing, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Timekeepers]:
+def timekeepers(
+    request: pytest.FixtureRequest, gpusharing: GpuSharing, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Timekeepers]:
     if request.param == "sqlite":
         database = f"sqlite:///{tmp_path_factory.mktemp('billing') / 'timekeeper.sqlite'}"
     else:
@@ -109,9 +117,25 @@ def set_status(gpusharing: GpuSharing, pod: dict[str, Any], status: dict[str, An
 
 def start(gpusharing: GpuSharing, pod: dict[str, Any]) -> dict[str, Any]:
     names = [c["name"] for c in pod["spec"]["containers"]]
-    return set_status(gpusharing, pod, {"phase": "Running", "startTime": now(), "containerStatuses": [
-        {"name": name, "image": "x", "imageID": "", "ready": True, "restartCount": 0, "state": {"running": {"startedAt": now()}}}
-        for name in names]})
+    return set_status(
+        gpusharing,
+        pod,
+        {
+            "phase": "Running",
+            "startTime": now(),
+            "containerStatuses": [
+                {
+                    "name": name,
+                    "image": "x",
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": now()}},
+                }
+                for name in names
+            ],
+        },
+    )
 
 
 def finish(gpusharing: GpuSharing, pod: dict[str, Any], phase: str = "Succeeded") -> dict[str, Any]:
@@ -161,7 +185,10 @@ def test_every_pod_is_billed_its_share_from_its_recorded_start_to_its_recorded_e
     pods.append(gpu_pod(gpusharing, namespace, "hami", "hami-fraction.yaml"))
     assert all(BILLING_FINALIZER in p["metadata"]["finalizers"] for p in pods)  # the webhook's, on every governed pod
     pods = [start(gpusharing, pod) for pod in pods]
-    wait_for(lambda: all((timekeepers.ledger(p) or {}).get("observedGpuSeconds") for p in pods), "the running pods' bills to grow")
+    wait_for(
+        lambda: all((timekeepers.ledger(p) or {}).get("observedGpuSeconds") for p in pods),
+        "the running pods' bills to grow",
+    )
     ended = []
     for pod in pods:  # each ends at its own time
         time.sleep(1)
@@ -195,7 +222,9 @@ def test_a_forged_report_from_a_namespace_admin_does_not_stop_the_bill(
     assert recorded_seconds(pod) >= 3 * METER_INTERVAL_SECONDS
 
 
-def test_a_pod_whose_meter_never_reports_is_billed_and_flagged(gpusharing: GpuSharing, timekeepers: Timekeepers) -> None:
+def test_a_pod_whose_meter_never_reports_is_billed_and_flagged(
+    gpusharing: GpuSharing, timekeepers: Timekeepers
+) -> None:
     namespace = gpusharing.namespace("e2e-silent")
     pod = start(gpusharing, gpu_pod(gpusharing, namespace, "quiet"))
     selector = f"involvedObject.kind=Pod,involvedObject.name=quiet,involvedObject.uid={pod['metadata']['uid']}"
@@ -212,7 +241,9 @@ def test_a_pod_whose_meter_never_reports_is_billed_and_flagged(gpusharing: GpuSh
     assert_billed_as_recorded(wait_for(lambda: closed(timekeepers, pod), "the pod's bill to close"), pod)
 
 
-def test_a_pod_deleted_while_every_timekeeper_is_down_is_billed_to_its_end(gpusharing: GpuSharing, timekeepers: Timekeepers) -> None:
+def test_a_pod_deleted_while_every_timekeeper_is_down_is_billed_to_its_end(
+    gpusharing: GpuSharing, timekeepers: Timekeepers
+) -> None:
     namespace = gpusharing.namespace("e2e-downtime")
     pod = start(gpusharing, gpu_pod(gpusharing, namespace, "ephemeral"))
     wait_for(lambda: (timekeepers.ledger(pod) or {}).get("observedGpuSeconds"), "the pod to be observed")
@@ -236,9 +267,17 @@ def test_a_meter_stopped_in_its_first_instant_exits_cleanly_and_the_bill_does_no
     pod = start(gpusharing, gpu_pod(gpusharing, namespace, "short"))
     token = tmp_path / "token"
     token.write_text(gpusharing.token(namespace, "default", pod=pod))
-    env = {**os.environ, MeterEnv.NAMESPACE: namespace, MeterEnv.POD_NAME: "short", MeterEnv.POD_UID: pod["metadata"]["uid"],
-           MeterEnv.GPU_SHARE: str(share_of(pod)), MeterEnv.TIMEKEEPER_URL: timekeepers.urls[0],
-           MeterEnv.TOKEN_PATH: str(token), MeterEnv.STATE_DIR: str(tmp_path / "state"), MeterEnv.INTERVAL: "1"}
+    env = {
+        **os.environ,
+        MeterEnv.NAMESPACE: namespace,
+        MeterEnv.POD_NAME: "short",
+        MeterEnv.POD_UID: pod["metadata"]["uid"],
+        MeterEnv.GPU_SHARE: str(share_of(pod)),
+        MeterEnv.TIMEKEEPER_URL: timekeepers.urls[0],
+        MeterEnv.TOKEN_PATH: str(token),
+        MeterEnv.STATE_DIR: str(tmp_path / "state"),
+        MeterEnv.INTERVAL: "1",
+    }
     meter = subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "meter"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     # Stopped in its first instant: as soon as it has blocked its stop signals (its first act; before that only the
@@ -259,8 +298,16 @@ def test_a_dra_pod_is_billed_for_what_its_claim_was_allocated_not_what_was_admit
     claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
 
     def claim(devices: int) -> dict[str, Any]:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "gpus"}, "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": devices}}]}}}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "gpus"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": devices}}]
+                }
+            },
+        }
 
     gpusharing.rest("POST", claims, claim(1))
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"}, "spec": {

@@ -71,13 +71,17 @@ def release(gpusharing: GpuSharing, tmp_path_factory: pytest.TempPathFactory) ->
     port = free_port()
     theirs = gpusharing.webhook_configurations()
     for configuration in theirs:
-        gpusharing.rest("DELETE", f"/apis/admissionregistration.k8s.io/v1/{configuration['kind'].lower()}s/{configuration['metadata']['name']}")
+        kind, name = configuration["kind"].lower(), configuration["metadata"]["name"]
+        gpusharing.rest("DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}s/{name}")
     try:
         for obj in objects:
             if obj["kind"] in NOT_CREATED:
                 continue
             if obj["kind"] == "Service" and obj["metadata"]["name"] == f"{RELEASE}-webhook":
-                obj = {**obj, "spec": {"type": "ExternalName", "externalName": "localhost", "ports": obj["spec"]["ports"]}}
+                obj = {
+                    **obj,
+                    "spec": {"type": "ExternalName", "externalName": "localhost", "ports": obj["spec"]["ports"]},
+                }
             if obj["kind"] in CONFIGURATIONS:
                 for webhook in obj["webhooks"]:
                     webhook["clientConfig"]["service"]["port"] = port
@@ -96,7 +100,11 @@ def release(gpusharing: GpuSharing, tmp_path_factory: pytest.TempPathFactory) ->
     finally:
         for obj in objects:
             if "namespace" not in obj["metadata"] and obj["kind"] not in NOT_CREATED and obj["kind"] != "PriorityClass":
-                path = configuration_path(obj["kind"]) if obj["kind"] in CONFIGURATIONS else f"/apis/rbac.authorization.k8s.io/v1/{obj['kind'].lower()}s/{obj['metadata']['name']}"
+                path = (
+                    configuration_path(obj["kind"])
+                    if obj["kind"] in CONFIGURATIONS
+                    else f"/apis/rbac.authorization.k8s.io/v1/{obj['kind'].lower()}s/{obj['metadata']['name']}"
+                )
                 gpusharing.rest("DELETE", path)
         for configuration in theirs:
             gpusharing.replace(configuration)
@@ -114,25 +122,40 @@ def first_run(release: Release) -> str:
 def test_the_certgen_makes_a_certificate_the_api_server_trusts_and_a_gpu_pod_is_admitted(
     gpusharing: GpuSharing, release: Release, first_run: str, tmp_path: Path
 ) -> None:
-    assert f"Secret {release.namespace}/{RELEASE}-webhook-tls: made a CA and a certificate (there was no Secret)" in first_run
+    assert (
+        f"Secret {release.namespace}/{RELEASE}-webhook-tls: made a CA and a certificate (there was no Secret)"
+        in first_run
+    )
     secret = release.secret(gpusharing)
     assert secret["type"] == "kubernetes.io/tls"
     data = {key: base64.b64decode(value) for key, value in secret["data"].items()}
     # Owned by the certgen's ServiceAccount: uninstalling the chart deletes it (the garbage collector's work).
     account = gpusharing.rest("GET", f"/api/v1/namespaces/{release.namespace}/serviceaccounts/{RELEASE}-certgen")
     (owner,) = secret["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("ServiceAccount", f"{RELEASE}-certgen", account["metadata"]["uid"])
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "ServiceAccount",
+        f"{RELEASE}-certgen",
+        account["metadata"]["uid"],
+    )
     for kind in CONFIGURATIONS:
         (webhook,) = gpusharing.rest("GET", configuration_path(kind))["webhooks"]
         bundle = base64.b64decode(webhook["clientConfig"]["caBundle"])
         assert bundle == data["ca.crt"]
         # The caBundle verifies the serving certificate for the name the API server asks for.
-        verifier = PolicyBuilder().store(Store(x509.load_pem_x509_certificates(bundle))).time(datetime.datetime.now(datetime.timezone.utc))
-        verifier.build_server_verifier(DNSName(f"{RELEASE}-webhook.{release.namespace}.svc")).verify(x509.load_pem_x509_certificate(data["tls.crt"]), [])
+        verifier = (
+            PolicyBuilder()
+            .store(Store(x509.load_pem_x509_certificates(bundle)))
+            .time(datetime.datetime.now(datetime.timezone.utc))
+        )
+        verifier.build_server_verifier(DNSName(f"{RELEASE}-webhook.{release.namespace}.svc")).verify(
+            x509.load_pem_x509_certificate(data["tls.crt"]), []
+        )
     # The webhook serving the Secret's pair, as the kubelet would mount it; the API server calls it by the Service.
     (tmp_path / "tls.crt").write_bytes(data["tls.crt"])
     (tmp_path / "tls.key").write_bytes(data["tls.key"])
-    with gpusharing.webhook_service("certgen-webhook", release.port, tmp_path / "tls.crt", tmp_path / "tls.key", verify=False):
+    with gpusharing.webhook_service(
+        "certgen-webhook", release.port, tmp_path / "tls.crt", tmp_path / "tls.key", verify=False
+    ):
         namespace = gpusharing.namespace("e2e-certgen-pods")
         assert_governed(gpusharing.create(namespace, gpu_pod("admitted")))
         # The API server does verify: with a CA bundle of another CA, GPU pods are refused (fail closed) ...
@@ -154,15 +177,26 @@ def test_a_second_run_keeps_everything_and_another_puts_back_a_ca_bundle_taken_a
     version = release.secret(gpusharing)["metadata"]["resourceVersion"]
     code, out, err = release.certgen()
     assert code == 0, err
-    assert f"Secret {release.namespace}/{RELEASE}-webhook-tls: kept (the certificate expires " in out and "caBundle set" not in out
+    assert (
+        f"Secret {release.namespace}/{RELEASE}-webhook-tls: kept (the certificate expires " in out
+        and "caBundle set" not in out
+    )
     assert release.secret(gpusharing)["metadata"]["resourceVersion"] == version
     # As an apply of a configuration with a caBundle the certgen did not set would leave it.
     for kind in CONFIGURATIONS:
-        gpusharing.rest("PATCH", configuration_path(kind), [{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}], patch="json")
+        gpusharing.rest(
+            "PATCH",
+            configuration_path(kind),
+            [{"op": "remove", "path": "/webhooks/0/clientConfig/caBundle"}],
+            patch="json",
+        )
     code, out, err = release.certgen()
     assert code == 0, err
     for kind in CONFIGURATIONS:
-        assert f"{kind} {RELEASE}: caBundle set to the CA bundle of Secret {release.namespace}/{RELEASE}-webhook-tls" in out
+        assert (
+            f"{kind} {RELEASE}: caBundle set to the CA bundle of Secret {release.namespace}/{RELEASE}-webhook-tls"
+            in out
+        )
         (webhook,) = gpusharing.rest("GET", configuration_path(kind))["webhooks"]
         assert webhook["clientConfig"]["caBundle"] == release.secret(gpusharing)["data"]["ca.crt"]
 
@@ -170,22 +204,30 @@ def test_a_second_run_keeps_everything_and_another_puts_back_a_ca_bundle_taken_a
 def test_the_certgen_may_read_no_other_secret_nor_change_another_configuration(
     gpusharing: GpuSharing, release: Release, first_run: str
 ) -> None:
-    other = [*release.args[: release.args.index("--secret") + 1], f"{RELEASE}-database", *release.args[release.args.index("--secret") + 2:]]
+    other = [
+        *release.args[: release.args.index("--secret") + 1],
+        f"{RELEASE}-database",
+        *release.args[release.args.index("--secret") + 2 :],
+    ]
     code, out, err = Release(release.namespace, release.objects, other, release.kubeconfig, release.port).certgen()
     assert code == 1 and out == ""
     assert err.strip() == (
         f"gpusharing certs: cannot read Secret {release.namespace}/{RELEASE}-database: 403 Forbidden: secrets "
-        f'"{RELEASE}-database" is forbidden: User "system:serviceaccount:{release.namespace}:{RELEASE}-certgen" cannot get '
+        f'"{RELEASE}-database" is forbidden: User "system:serviceaccount:{release.namespace}:{RELEASE}-certgen" cannot '
+        f'get '
         f'resource "secrets" in API group "" in the namespace "{release.namespace}"'
     )
     session = requests.Session()
     session.trust_env = False
     session.verify = str(gpusharing.plane.ca_file)
-    session.headers["Authorization"] = f"Bearer {gpusharing.token(release.namespace, f'{RELEASE}-certgen', audience=None)}"
+    session.headers["Authorization"] = (
+        f"Bearer {gpusharing.token(release.namespace, f'{RELEASE}-certgen', audience=None)}"
+    )
     for method, path in (
         ("GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"),  # no listing
         ("GET", f"/api/v1/namespaces/{release.namespace}/secrets"),
-        ("DELETE", f"/api/v1/namespaces/{release.namespace}/secrets/{RELEASE}-webhook-tls"),  # no more than get and update
+        # no more than get and update
+        ("DELETE", f"/api/v1/namespaces/{release.namespace}/secrets/{RELEASE}-webhook-tls"),
         ("DELETE", configuration_path("ValidatingWebhookConfiguration")),
     ):
         assert session.request(method, f"{gpusharing.plane.url}{path}", timeout=30).status_code == 403, (method, path)
@@ -195,6 +237,8 @@ def test_the_installations_certgen_job_runs_a_pod_pod_security_restricted_admits
     """The manifests' Job in gpusharing-system, whose namespace enforces Pod Security `restricted`: its controller
     makes the pod (no kubelet runs it here)."""
     gpusharing.require_controllers()
-    wait_for(lambda: gpusharing.pods(SYSTEM_NAMESPACE, "app.kubernetes.io/name=gpusharing-certgen"), "the certgen Job's pod")
+    wait_for(
+        lambda: gpusharing.pods(SYSTEM_NAMESPACE, "app.kubernetes.io/name=gpusharing-certgen"), "the certgen Job's pod"
+    )
     namespace = gpusharing.rest("GET", f"/api/v1/namespaces/{SYSTEM_NAMESPACE}")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"

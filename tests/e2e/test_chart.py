@@ -19,10 +19,17 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityCla
                   "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
 
 
-@pytest.mark.parametrize("combination", ["defaults", "cert-manager", "external database", "everything changed", "conventional values", "renamed"])
+@pytest.mark.parametrize(
+    "combination",
+    ["defaults", "cert-manager", "external database", "everything changed", "conventional values", "renamed"],
+)
 def test_every_object_the_chart_renders_is_accepted_by_the_api_server(gpusharing: GpuSharing, combination: str) -> None:
     namespace = gpusharing.namespace("e2e-chart")
-    objects = [o for o in render(COMBINATIONS[combination], namespace=namespace) if not o["apiVersion"].startswith(CUSTOM_RESOURCES)]
+    objects = [
+        o
+        for o in render(COMBINATIONS[combination], namespace=namespace)
+        if not o["apiVersion"].startswith(CUSTOM_RESOURCES)
+    ]
     assert objects
     for obj in objects:
         if obj["kind"] in CLUSTER_SCOPED:

@@ -24,17 +24,32 @@ WEBHOOK_USER = "system:serviceaccount:gpusharing-system:gpusharing-webhook"
 def claim_template(name: str, device_class: str = "gpu.nvidia.com", **exactly: Any) -> dict[str, Any]:
     """As the NVIDIA DRA driver's quickstart writes them (demo/specs/quickstart/v1/gpu-test1.yaml)."""
     return {
-        "apiVersion": RESOURCE_API, "kind": "ResourceClaimTemplate", "metadata": {"name": name},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, **exactly}}]}}},
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, **exactly}}]}
+            }
+        },
     }
 
 
 def claiming_pod(name: str, template: str | None = None, claim: str | None = None) -> dict[str, Any]:
     source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
         "spec": {
-            "containers": [{"name": "ctr", "image": "ubuntu:22.04", "command": ["sleep", "infinity"], "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [
+                {
+                    "name": "ctr",
+                    "image": "ubuntu:22.04",
+                    "command": ["sleep", "infinity"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
             "resourceClaims": [{"name": "gpu", **source}],
         },
     }
@@ -93,17 +108,32 @@ def test_a_pod_claiming_gpus_through_a_template_is_admitted_and_billed_by_its_de
     claims = ServerClaims(gpusharing)
     for pod, share, memory in ((one, "1", "81920"), (two, "2", "163840")):
         annotations = pod["metadata"]["annotations"]
-        assert (annotations["gpusharing.io/dialect"], annotations["gpusharing.io/gpu-share"], annotations["gpusharing.io/gpu-memory-mib"]) == ("dra", share, memory)
+        assert (
+            annotations["gpusharing.io/dialect"],
+            annotations["gpusharing.io/gpu-share"],
+            annotations["gpusharing.io/gpu-memory-mib"],
+        ) == ("dra", share, memory)
         assert_governed(pod, claims=claims)
 
 
-def test_a_pod_claiming_a_mig_device_is_billed_by_its_profile_and_a_shared_claim_is_read(gpusharing: GpuSharing) -> None:
+def test_a_pod_claiming_a_mig_device_is_billed_by_its_profile_and_a_shared_claim_is_read(
+    gpusharing: GpuSharing,
+) -> None:
     namespace = gpusharing.namespace("e2e-dra-mig")
-    mig = claim_template("mig-1g", "mig.nvidia.com", selectors=[{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}])
+    mig = claim_template(
+        "mig-1g",
+        "mig.nvidia.com",
+        selectors=[{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}],
+    )
     gpusharing.create(namespace, mig)
     sliced = admitted_when_known(gpusharing, namespace, claiming_pod("sliced", "mig-1g"))
     assert sliced["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "0.1429"
-    shared = {"apiVersion": RESOURCE_API, "kind": "ResourceClaim", "metadata": {"name": "shared-gpu"}, "spec": copy.deepcopy(mig["spec"]["spec"])}
+    shared = {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared-gpu"},
+        "spec": copy.deepcopy(mig["spec"]["spec"]),
+    }
     shared["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "gpu.nvidia.com"}
     gpusharing.create(namespace, shared)
     user = admitted_when_known(gpusharing, namespace, claiming_pod("user", claim="shared-gpu"))
@@ -111,7 +141,9 @@ def test_a_pod_claiming_a_mig_device_is_billed_by_its_profile_and_a_shared_claim
     assert_governed(user, claims=ServerClaims(gpusharing))
 
 
-def test_a_pod_whose_template_does_not_exist_is_refused_and_one_without_gpus_passes_untouched(gpusharing: GpuSharing) -> None:
+def test_a_pod_whose_template_does_not_exist_is_refused_and_one_without_gpus_passes_untouched(
+    gpusharing: GpuSharing,
+) -> None:
     namespace = gpusharing.namespace("e2e-dra-missing")
     gpusharing.create(namespace, claim_template("nic", "rdma.example.com"))
     nic = admitted_when_known(gpusharing, namespace, claiming_pod("nic", "nic"))
@@ -120,14 +152,20 @@ def test_a_pod_whose_template_does_not_exist_is_refused_and_one_without_gpus_pas
         gpusharing.create(namespace, claiming_pod("orphan", "no-such-template"))
     assert refused.value.message.endswith(
         'admission webhook "mutate.gpusharing.io" denied the request: invalid GPU request: resource claim "gpu": '
-        f"resourceClaimTemplateName=\"no-such-template\": no ResourceClaimTemplate 'no-such-template' in namespace '{namespace}': create it before the pod"
+        f"resourceClaimTemplateName=\"no-such-template\": no ResourceClaimTemplate 'no-such-template' in namespace "
+        f"'{namespace}': create it before the pod"
     )
 
 
 def test_the_watch_follows_a_template_deleted_and_made_again(gpusharing: GpuSharing) -> None:
     namespace = gpusharing.namespace("e2e-dra-watch")
     gpusharing.create(namespace, claim_template("gpus", count=1, allocationMode="ExactCount"))
-    assert admitted_when_known(gpusharing, namespace, claiming_pod("first", "gpus"))["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"
+    assert (
+        admitted_when_known(gpusharing, namespace, claiming_pod("first", "gpus"))["metadata"]["annotations"][
+            "gpusharing.io/gpu-share"
+        ]
+        == "1"
+    )
     gpusharing.rest("DELETE", f"/apis/{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/gpus")
     gpusharing.create(namespace, claim_template("gpus", count=3, allocationMode="ExactCount"))
 
@@ -153,9 +191,13 @@ def test_the_webhooks_service_account_may_list_and_watch_claims_and_nothing_else
     gpusharing: GpuSharing, verb: str, group: str, resource: str, allowed: bool
 ) -> None:
     review = {
-        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-        "spec": {"user": WEBHOOK_USER, "groups": ["system:serviceaccounts", "system:serviceaccounts:gpusharing-system", "system:authenticated"],
-                 "resourceAttributes": {"verb": verb, "group": group, "resource": resource}},
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": WEBHOOK_USER,
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:gpusharing-system", "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "group": group, "resource": resource},
+        },
     }
     answer = gpusharing.rest("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
     assert answer["status"]["allowed"] is allowed

@@ -26,7 +26,9 @@ def fair_share(gpusharing: GpuSharing) -> Iterator[None]:
         yield
 
 
-def fraction_pod(name: str, priority_class: str | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def fraction_pod(
+    name: str, priority_class: str | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     pod: dict[str, Any] = yaml.safe_load((EXAMPLES / "kai-fraction.yaml").read_text())
     pod["metadata"]["name"] = name
     pod["metadata"]["annotations"].update(annotations or {})
@@ -39,22 +41,30 @@ def priority_of(gpusharing: GpuSharing, name: str) -> int:
     return int(gpusharing.rest("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")["value"])
 
 
-def test_a_tenant_can_neither_name_a_band_nor_forge_or_edit_its_record(gpusharing: GpuSharing, fair_share: None) -> None:
+def test_a_tenant_can_neither_name_a_band_nor_forge_or_edit_its_record(
+    gpusharing: GpuSharing, fair_share: None
+) -> None:
     gpusharing.require_controllers()  # the tenant's admin role is aggregated by a controller
     namespace = gpusharing.namespace("e2e-fs")
     gpusharing.set_budget(namespace, gpu_minutes=600)
     tenant = gpusharing.namespace_admin(namespace)
     # The webhook's poll brings the namespace's band (this tier has no node: every GPU is beyond a fair share of
     # none, and the burst guard admits it one band lower than the middle, where nobody's use puts it).
-    given = wait_for(lambda: gpusharing.create(namespace, fraction_pod("probe"), dry_run=True)["metadata"]["annotations"].get(BAND),
-                     "the webhook to admit the namespace's pods in a band")
+    given = wait_for(
+        lambda: gpusharing.create(namespace, fraction_pod("probe"), dry_run=True)["metadata"]["annotations"].get(BAND),
+        "the webhook to admit the namespace's pods in a band",
+    )
     assert given == HEAVY
 
     # Naming a band's class: refused, as any class not the webhook's.
     with pytest.raises(ApiException) as refused:
         tenant.create_namespaced_pod(namespace, fraction_pod("named", LIGHT))
     assert refused.value.status == 403
-    assert f"GPU pods get their priority class from the GPU-sharing webhook ('gpusharing-in-budget' in budget), not '{LIGHT}'" in str(refused.value.body)
+    assert (
+        f"GPU pods get their priority class from the GPU-sharing webhook ('gpusharing-in-budget' in budget), not "
+        f"'{LIGHT}'"
+        in str(refused.value.body)
+    )
 
     # The record written by hand with the class it names: taken for a reinvocation, the band is the webhook's, and so
     # is the priority the scheduler reads.

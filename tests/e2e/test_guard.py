@@ -46,10 +46,22 @@ def grant_debugging(gpusharing: GpuSharing, tenant: Tenant) -> None:
     """What clusters that allow `kubectl debug` and in-place resizes grant their tenants besides the built-in admin
     role, which has neither."""
     rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{tenant.namespace}"
-    gpusharing.rest("POST", f"{rbac}/roles", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "debugger"},
-        "rules": [{"apiGroups": [""], "resources": ["pods/ephemeralcontainers", "pods/resize"], "verbs": ["patch", "update"]}],
-    })
+    gpusharing.rest(
+        "POST",
+        f"{rbac}/roles",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "debugger"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods/ephemeralcontainers", "pods/resize"],
+                    "verbs": ["patch", "update"],
+                }
+            ],
+        },
+    )
     gpusharing.rest("POST", f"{rbac}/rolebindings", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "debugger"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "debugger"},
@@ -58,7 +70,9 @@ def grant_debugging(gpusharing: GpuSharing, tenant: Tenant) -> None:
     review = {"spec": {"resourceAttributes": {"namespace": tenant.namespace, "verb": "patch", "resource": "pods",
                                               "subresource": "resize"}}}
     authorization = client.AuthorizationV1Api(tenant.admin.api_client)
-    wait_for(lambda: authorization.create_self_subject_access_review(review).status.allowed, "the debugger role to apply")
+    wait_for(
+        lambda: authorization.create_self_subject_access_review(review).status.allowed, "the debugger role to apply"
+    )
 
 
 def refusal(call: Any) -> str:
@@ -77,20 +91,37 @@ def test_a_namespace_admin_cannot_change_the_meters_image(tenant: Tenant) -> Non
     assert 'admission webhook "validate.gpusharing.io" denied the request: the GPU metering sidecar ' \
            "'gpusharing-meter' is injected by the GPU-sharing webhook and cannot be changed or removed" in message
     # The workload's own image is the admin's to change.
-    bump = {"spec": {"containers": [{"name": pod["spec"]["containers"][0]["name"], "image": "nvidia/cuda:12.6.0-base-ubuntu22.04"}]}}
-    assert tenant.admin.patch_namespaced_pod("train", tenant.namespace, bump).spec.containers[0].image.startswith("nvidia/cuda:12.6.0")
+    bump = {
+        "spec": {
+            "containers": [
+                {"name": pod["spec"]["containers"][0]["name"], "image": "nvidia/cuda:12.6.0-base-ubuntu22.04"}
+            ]
+        }
+    }
+    assert (
+        tenant.admin.patch_namespaced_pod("train", tenant.namespace, bump)
+        .spec.containers[0]
+        .image.startswith("nvidia/cuda:12.6.0")
+    )
 
 
 def test_a_pod_cannot_mount_its_own_token_for_the_timekeeper(tenant: Tenant) -> None:
     pod = yaml.safe_load((EXAMPLES / "kai-fraction.yaml").read_text())
     pod["spec"]["volumes"] = [{"name": "report-as-me", "projected": {"sources": [
         {"serviceAccountToken": {"audience": "gpusharing-timekeeper", "expirationSeconds": 3600, "path": "token"}}]}}]
-    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "report-as-me", "mountPath": "/var/run/secrets/timekeeper"}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "report-as-me", "mountPath": "/var/run/secrets/timekeeper"}
+    ]
     message = refusal(lambda: tenant.admin.create_namespaced_pod(tenant.namespace, pod))
-    assert "volume 'report-as-me' projects a ServiceAccount token for audience 'gpusharing-timekeeper', the timekeeper's" in message
+    assert (
+        "volume 'report-as-me' projects a ServiceAccount token for audience 'gpusharing-timekeeper', the timekeeper's"
+        in message
+    )
 
 
-def test_the_billing_finalizer_holds_a_deleted_pod_until_the_timekeeper_removes_it(gpusharing: GpuSharing, tenant: Tenant) -> None:
+def test_the_billing_finalizer_holds_a_deleted_pod_until_the_timekeeper_removes_it(
+    gpusharing: GpuSharing, tenant: Tenant
+) -> None:
     pod = tenant.create_gpu_pod("train")
     assert pod["metadata"]["finalizers"] == [FINALIZER]
     tenant.admin.delete_namespaced_pod("train", tenant.namespace)
@@ -100,8 +131,10 @@ def test_the_billing_finalizer_holds_a_deleted_pod_until_the_timekeeper_removes_
     # kubectl patch pod train --type=json -p '[{"op": "remove", "path": "/metadata/finalizers/0"}]'
     remove = [{"op": "remove", "path": "/metadata/finalizers/0"}]
     message = refusal(lambda: tenant.admin.patch_namespaced_pod("train", tenant.namespace, remove))
-    assert f"the finalizer {FINALIZER} keeps this GPU pod until the timekeeper has closed its bill: only the timekeeper's " \
-           f"controller (system:serviceaccount:{SYSTEM_NAMESPACE}:gpusharing-controller) removes it" in message
+    assert (
+        f"the finalizer {FINALIZER} keeps this GPU pod until the timekeeper has closed its bill: only the timekeeper's "
+        f"controller (system:serviceaccount:{SYSTEM_NAMESPACE}:gpusharing-controller) removes it" in message
+    )
     assert f"'system:serviceaccount:{tenant.namespace}:tenant-admin' may not" in message
     # Nor through the pod's status, whose finalizers the API server lets change: the webhook leaves pods/status to
     # the kubelets and controllers that write it, and no built-in role gives a tenant that.
@@ -118,7 +151,9 @@ def test_the_billing_finalizer_holds_a_deleted_pod_until_the_timekeeper_removes_
     wait_for(lambda: gpusharing.pod(tenant.namespace, "train") is None, "the pod gone once its bill is closed")
 
 
-def test_an_ephemeral_container_may_debug_the_workload_but_not_the_meter(gpusharing: GpuSharing, tenant: Tenant) -> None:
+def test_an_ephemeral_container_may_debug_the_workload_but_not_the_meter(
+    gpusharing: GpuSharing, tenant: Tenant
+) -> None:
     grant_debugging(gpusharing, tenant)
     pod = tenant.create_gpu_pod("train")
     workload = pod["spec"]["containers"][0]["name"]
@@ -138,7 +173,12 @@ def test_a_resize_cannot_starve_the_meter(gpusharing: GpuSharing, tenant: Tenant
     grant_debugging(gpusharing, tenant)
     pod = tenant.create_gpu_pod("train")
     cpu = pod["spec"]["initContainers"][0]["resources"]["limits"]["cpu"]
-    starve = {"spec": {"initContainers": [{"name": METER, "resources": {"limits": {"cpu": "1m"}, "requests": {"cpu": "1m"}}}]}}
+    starve = {
+        "spec": {"initContainers": [{"name": METER, "resources": {"limits": {"cpu": "1m"}, "requests": {"cpu": "1m"}}}]}
+    }
     message = refusal(lambda: tenant.admin.patch_namespaced_pod_resize("train", tenant.namespace, starve))
     assert "'gpusharing-meter' is injected by the GPU-sharing webhook and cannot be changed or removed" in message
-    assert tenant.admin.read_namespaced_pod("train", tenant.namespace).spec.init_containers[0].resources.limits["cpu"] == cpu
+    assert (
+        tenant.admin.read_namespaced_pod("train", tenant.namespace).spec.init_containers[0].resources.limits["cpu"]
+        == cpu
+    )

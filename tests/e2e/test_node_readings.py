@@ -67,7 +67,9 @@ class Nodes:
         assert answer.status_code == 200, answer.text
 
     def ledger(self, pod: dict[str, Any]) -> dict[str, Any]:
-        answer = self.gpusharing.timekeeper_call("GET", f"/api/v1/pods?namespace={self.tenant}", self.gpusharing.budget_admin_token())
+        answer = self.gpusharing.timekeeper_call(
+            "GET", f"/api/v1/pods?namespace={self.tenant}", self.gpusharing.budget_admin_token()
+        )
         return next(item for item in answer.json()["items"] if item["podUid"] == pod["metadata"]["uid"])
 
 
@@ -111,15 +113,26 @@ def test_the_agents_token_speaks_for_its_own_nodes_pods_and_outranks_the_tenants
     nodes.meter(nodes.theirs, 1, 97.0)
     answer = nodes.send(nodes.agent_token(), nodes.a, nodes.mine, nodes.theirs)
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"accepted": 1, "ignored": [{"podUid": nodes.theirs["metadata"]["uid"], "reason":
-                                                          f"no pod of this uid is bound to node {nodes.a} (another node's, or unknown)"}]}
+    assert answer.json() == {
+        "accepted": 1,
+        "ignored": [
+            {
+                "podUid": nodes.theirs["metadata"]["uid"],
+                "reason": f"no pod of this uid is bound to node {nodes.a} (another node's, or unknown)",
+            }
+        ],
+    }
     mine = nodes.ledger(nodes.mine)
     assert (mine["utilisationSource"], mine["gpuUtilizationPercent"]) == ("node", 0.0) and mine["idleSince"] is not None
     assert nodes.ledger(nodes.theirs)["utilisationSource"] == "meter"
     # The tenant's meter claims a busy GPU: the node's word stands, and the idle streak goes on.
     nodes.meter(nodes.mine, 2, 99.0)
     after = nodes.ledger(nodes.mine)
-    assert (after["utilisationSource"], after["gpuUtilizationPercent"], after["idleSince"]) == ("node", 0.0, mine["idleSince"])
+    assert (after["utilisationSource"], after["gpuUtilizationPercent"], after["idleSince"]) == (
+        "node",
+        0.0,
+        mine["idleSince"],
+    )
     assert after["lastReportAt"] is not None and after["seq"] == 2  # the report itself was accounted
 
 

@@ -23,7 +23,9 @@ from webhook.caches.priorities import PriorityClassIndex, ResolvedPriority
 POLICIES = {IN_BUDGET: "PreemptLowerPriority", OVER_BUDGET: "Never"}  # manifests/base/priorityclasses.yaml
 
 
-def created_counting_reviews(gpusharing: GpuSharing, namespace: str, pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+def created_counting_reviews(
+    gpusharing: GpuSharing, namespace: str, pod: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, float]]:
     """`pod` as the API server stored it, and the reviews the webhook answered meanwhile, by endpoint."""
     before = {endpoint: admissions_answered(gpusharing, endpoint) for endpoint in ("mutate", "validate")}
     created = gpusharing.create(namespace, pod)
@@ -57,15 +59,24 @@ def test_a_pod_claiming_its_gpu_through_a_resource_claim_template_costs_one_muta
 
 def test_over_budget_a_demoted_pod_costs_one_mutate_call_whatever_class_it_came_with(gpusharing: GpuSharing) -> None:
     namespace = gpusharing.namespace("e2e-one-call-over")
-    gpusharing.replace({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": ALLOWED_PRIORITY_CLASS},
-                        "value": 5000})
+    gpusharing.replace(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": ALLOWED_PRIORITY_CLASS},
+            "value": 5000,
+        }
+    )
     gpusharing.set_budget(namespace, gpu_minutes=1)
     probe = example("kai-fraction.yaml")
     wait_for(lambda: gpusharing.webhook_state(namespace, probe) == "in-budget", "the webhook to learn the new budget")
     first = gpusharing.create(namespace, probe)
     token = gpusharing.token(namespace, "default", pod=first)
     assert gpusharing.report(first, token, gpu_seconds=90).status_code == 200  # 1.5 GPU-minutes: over budget
-    wait_for(lambda: gpusharing.webhook_state(namespace, probe) == "over-budget", "the webhook to learn the namespace is over budget")
+    wait_for(
+        lambda: gpusharing.webhook_state(namespace, probe) == "over-budget",
+        "the webhook to learn the namespace is over budget",
+    )
 
     for index, name in enumerate(("vcuda-fraction.yaml", "hami-fraction.yaml", "kai-memory.yaml")):
         pod = example(name)
@@ -78,7 +89,9 @@ def test_over_budget_a_demoted_pod_costs_one_mutate_call_whatever_class_it_came_
         assert_resolved(demoted, OVER_BUDGET)
 
 
-def test_the_webhooks_priority_class_index_follows_the_classes_with_its_own_service_account(gpusharing: GpuSharing) -> None:
+def test_the_webhooks_priority_class_index_follows_the_classes_with_its_own_service_account(
+    gpusharing: GpuSharing,
+) -> None:
     """What the webhook's index holds: each class as the Priority plugin reads it, from the first list and then the
     watch, under the manifests' RBAC (the webhook's own kubeconfig)."""
     index = PriorityClassIndex(gpusharing.plane.api_client(gpusharing.directory / "webhook.kubeconfig"))
@@ -87,9 +100,16 @@ def test_the_webhooks_priority_class_index_follows_the_classes_with_its_own_serv
         assert wait_for(lambda: index.lookup(OVER_BUDGET), "the first list") == ResolvedPriority(-1000, "Never")
         assert index.lookup(IN_BUDGET) == ResolvedPriority(1000, "PreemptLowerPriority")
         assert index.lookup("e2e-later") is None
-        later = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "e2e-later"}, "value": 7}
+        later = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "e2e-later"},
+            "value": 7,
+        }
         gpusharing.replace(later)
-        assert wait_for(lambda: index.lookup("e2e-later"), "the watch to bring the new class") == ResolvedPriority(7, "PreemptLowerPriority")
+        assert wait_for(lambda: index.lookup("e2e-later"), "the watch to bring the new class") == ResolvedPriority(
+            7, "PreemptLowerPriority"
+        )
         gpusharing.rest("DELETE", "/apis/scheduling.k8s.io/v1/priorityclasses/e2e-later")
         wait_for(lambda: index.lookup("e2e-later") is None, "the watch to drop the deleted class")
     finally:

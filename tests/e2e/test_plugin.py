@@ -29,7 +29,8 @@ PLUGIN = str(Path(sys.executable).parent / "kubectl-gpusharing")
 
 def plugin(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "GPUSHARING_LOG_LEVEL": "warning"}
-    # The client, as kubectl, would also take a proxy (or exceptions to it) from the environment: none but the kubeconfig's.
+    # The client, as kubectl, would also take a proxy (or exceptions to it) from the environment: none but the
+    # kubeconfig's.
     for variable in ("TIMEKEEPER_URL", "TIMEKEEPER_TOKEN", *PROXY_VARIABLES):
         env.pop(variable, None)
     return subprocess.run([PLUGIN, *args], capture_output=True, text=True, env=env, timeout=60)
@@ -44,7 +45,9 @@ def test_budgets_and_explain_with_the_kubeconfigs_credentials(gpusharing: GpuSha
     done = plugin(admin, "budget", "set", namespace, "--gpu-minutes", "30", *at, "-o", "json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["gpuMinutes"] == 30
-    changes = gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{namespace}/changes", gpusharing.budget_admin_token()).json()
+    changes = gpusharing.timekeeper_call(
+        "GET", f"/api/v1/budgets/{namespace}/changes", gpusharing.budget_admin_token()
+    ).json()
     assert changes["items"][0]["actor"] == f"system:serviceaccount:{SYSTEM_NAMESPACE}:gpusharing-budget-admin"
 
     pod = gpusharing.create(namespace, example("hami-fraction.yaml"))
@@ -52,11 +55,21 @@ def test_budgets_and_explain_with_the_kubeconfigs_credentials(gpusharing: GpuSha
     assert explained.returncode == 0, explained.stderr
     record = json.loads(explained.stdout)
     annotations = pod["metadata"]["annotations"]
-    assert record["pod"]["record"] == {k.split("/", 1)[1]: v for k, v in annotations.items() if k.startswith("gpusharing.io/")}
-    assert (record["pod"]["priorityClassName"], record["pod"]["priority"], record["pod"]["meter"]) == ("gpusharing-in-budget", 1000, "native sidecar")
+    assert record["pod"]["record"] == {
+        k.split("/", 1)[1]: v for k, v in annotations.items() if k.startswith("gpusharing.io/")
+    }
+    assert (record["pod"]["priorityClassName"], record["pod"]["priority"], record["pod"]["meter"]) == (
+        "gpusharing-in-budget",
+        1000,
+        "native sidecar",
+    )
     assert record["namespace"]["state"] == "in-budget" and record["metering"] is None
     table = plugin(admin, "explain", pod["metadata"]["name"], "-n", namespace, *at)
-    assert table.returncode == 0 and "Admitted:" in table.stdout and "Namespace now:  in-budget: 0.0 of 30.0" in table.stdout
+    assert (
+        table.returncode == 0
+        and "Admitted:" in table.stdout
+        and "Namespace now:  in-budget: 0.0 of 30.0" in table.stdout
+    )
 
 
 def test_the_service_proxy_is_asked_with_the_kubeconfigs_credentials(gpusharing: GpuSharing, tmp_path: Path) -> None:
@@ -107,7 +120,9 @@ def test_an_exec_plugins_token_through_the_clusters_proxy_url(gpusharing: GpuSha
         refused = plugin(kubeconfig("not-a-token-the-api-server-knows"), "explain", f"pod/{pod['metadata']['name']}",
                          "-n", namespace, *at)
         assert refused.returncode == 1 and refused.stdout == "" and refused.stderr.count("\n") == 1
-        assert refused.stderr.startswith(f"gpusharing: the API server {gpusharing.plane.url} refused the credentials of "
-                                         "context e2e (401 Unauthorized)")
+        assert refused.stderr.startswith(
+            f"gpusharing: the API server {gpusharing.plane.url} refused the credentials of "
+            "context e2e (401 Unauthorized)"
+        )
     finally:
         proxy.close()

@@ -26,8 +26,11 @@ from timekeeper.database.tables import webhook_listings
 def gpu_pod(name: str, deadline: int | None = None, share: str = "0.5", **metadata: Any) -> dict[str, Any]:
     """KAI's example pod (half a GPU by default), with a deadline when given."""
     pod = yaml.safe_load((EXAMPLES / "kai-fraction.yaml").read_text())
-    pod["metadata"] = {**metadata, "name": name, "annotations": {**pod["metadata"]["annotations"], "gpu-fraction": share,
-                                                               **metadata.get("annotations", {})}}
+    pod["metadata"] = {
+        **metadata,
+        "name": name,
+        "annotations": {**pod["metadata"]["annotations"], "gpu-fraction": share, **metadata.get("annotations", {})},
+    }
     if deadline is not None:
         pod["spec"]["activeDeadlineSeconds"] = deadline
     return dict(pod)
@@ -72,9 +75,13 @@ def at_once(count: int, create: Callable[[int], bool]) -> int:
 
 
 def applying(gpusharing: GpuSharing, namespace: str, refused: str) -> None:
-    """Waits for the webhook's next poll of the timekeeper: a dry run (which holds nothing) refused as `refused` says."""
+    """Waits for the webhook's next poll of the timekeeper: a dry run (which holds nothing) refused as `refused`
+    says."""
     probe = gpu_pod("probe", 36_000)
-    wait_for(lambda: refused in str(outcome(gpusharing, namespace, probe, dry_run=True)), f"the webhook applying {namespace}'s budget")
+    wait_for(
+        lambda: refused in str(outcome(gpusharing, namespace, probe, dry_run=True)),
+        f"the webhook applying {namespace}'s budget",
+    )
 
 
 # -- 1: anyone can talk to the webhook -----------------------------------------------------------------------------
@@ -86,9 +93,14 @@ def test_forged_reviews_are_refused_and_hold_nothing(gpusharing: GpuSharing) -> 
     applying(gpusharing, namespace, "cannot cover this pod's deadline")
     forged = admission_review(api_server_pod(gpu_pod("forged", 120), namespace))  # 1 GPU-minute each
     for _ in range(10):
-        answer = requests.post(f"{gpusharing.webhook_url}/mutate", json=forged, verify=gpusharing.webhook_ca_file, timeout=10)
+        answer = requests.post(
+            f"{gpusharing.webhook_url}/mutate", json=forged, verify=gpusharing.webhook_ca_file, timeout=10
+        )
         assert answer.status_code == 401, answer.text
-        assert answer.json() == {"error": "the GPU-sharing webhook answers only the API server: present a client certificate of the API server"}
+        assert answer.json() == {
+            "error": "the GPU-sharing webhook answers only the API server: "
+            "present a client certificate of the API server"
+        }
     # The namespace's own half GPU-minute, with 10 budgeted and nothing running, is admitted.
     assert created(gpusharing, namespace, gpu_pod("small-job", 60))
 
@@ -103,10 +115,15 @@ def test_pods_that_ask_for_no_gpu_may_not_carry_the_record(gpusharing: GpuSharin
     for namespace in (hostile, sibling):
         set_budget(gpusharing, namespace, gpuMinutes=100, parent=group, admission="strict", onShortfall="refuse")
     for index, where in enumerate(("annotations", "labels", "annotations")):
-        message = outcome(gpusharing, hostile, cpu_pod(f"blocker-{index}", **{where: {"gpusharing.io/gpu-share": "1000"}}))
+        message = outcome(
+            gpusharing, hostile, cpu_pod(f"blocker-{index}", **{where: {"gpusharing.io/gpu-share": "1000"}})
+        )
         assert isinstance(message, str), "a pod asking for no GPU was admitted with the webhook's record"
-        assert "annotations and labels under gpusharing.io/ are the GPU-sharing webhook's record and this pod asks for no GPU: " \
-               f"remove {where[:-1]} gpusharing.io/gpu-share" in message
+        assert (
+            "annotations and labels under gpusharing.io/ are the GPU-sharing webhook's record and this pod asks for no "
+            "GPU: "
+            f"remove {where[:-1]} gpusharing.io/gpu-share" in message
+        )
     applying(gpusharing, sibling, "the budget of " + group)
     assert created(gpusharing, sibling, gpu_pod("fits", 600))  # 5 GPU-minutes: all the group has, all uncommitted
 
@@ -130,8 +147,10 @@ def test_forty_pods_carrying_one_admission_id_are_forty_commitments(gpusharing: 
              .json()["committedGpuMinutes"] == 10, "the timekeeper seeing the pods")
     set_budget(gpusharing, namespace, gpuMinutes=100, admission="strict", onShortfall="refuse")
     copied = gpu_pod("copy", 120, annotations={ANNOTATION_ADMISSION_ID: stolen["annotations"][ANNOTATION_ADMISSION_ID]})
-    message = wait_for(lambda: (m := outcome(gpusharing, namespace, copied)) and isinstance(m, str) and "admission of pod" in m and m,
-                       "the copied id refused")
+    message = wait_for(
+        lambda: (m := outcome(gpusharing, namespace, copied)) and isinstance(m, str) and "admission of pod" in m and m,
+        "the copied id refused",
+    )
     assert f"the admission of pod {namespace}/{stolen['name']}: remove the annotation" in message
 
 
@@ -156,10 +175,17 @@ def test_sibling_namespaces_bursting_at_once_commit_no_more_than_their_parent(gp
 def running(gpusharing: GpuSharing, pod: dict[str, Any]) -> None:
     """The pod made Running the way a kubelet reports it (no kubelet runs here)."""
     path = f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}/status"
-    gpusharing.rest("PATCH", path, {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}, patch="merge")
+    gpusharing.rest(
+        "PATCH",
+        path,
+        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+        patch="merge",
+    )
 
 
-def test_the_priority_class_is_the_governors_and_eviction_spares_none_admitted_in_budget(gpusharing: GpuSharing) -> None:
+def test_the_priority_class_is_the_governors_and_eviction_spares_none_admitted_in_budget(
+    gpusharing: GpuSharing,
+) -> None:
     namespace = gpusharing.namespace("e2e-priority")
     critical = gpu_pod("critical")
     critical["spec"]["priorityClassName"] = "system-cluster-critical"
@@ -168,8 +194,14 @@ def test_the_priority_class_is_the_governors_and_eviction_spares_none_admitted_i
     assert "GPU pods get their priority class from the GPU-sharing webhook ('gpusharing-in-budget' in budget), not " \
            "'system-cluster-critical'" in message
     # A class an administrator allows stays; exhaustion evicts its pod as it does its ordinary neighbour.
-    gpusharing.replace({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": ALLOWED_PRIORITY_CLASS},
-                        "value": 5000})
+    gpusharing.replace(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": ALLOWED_PRIORITY_CLASS},
+            "value": 5000,
+        }
+    )
     set_budget(gpusharing, namespace, gpuMinutes=1, period="monthly", evictOnExhaustion=True)
     allowed = gpu_pod("allowed")
     allowed["spec"]["priorityClassName"] = ALLOWED_PRIORITY_CLASS
@@ -199,12 +231,16 @@ def test_reads_are_scoped_to_the_namespaces_kubernetes_lets_the_caller_read(gpus
     set_budget(gpusharing, theirs, gpuMinutes=60)
     victim_pod = gpusharing.create(theirs, gpu_pod("victim"))
     tenant = gpusharing.token(mine, "default")
-    assert statuses(gpusharing, tenant, READS, theirs) + statuses(gpusharing, tenant, CLUSTER_READS, theirs) == [403] * 7
+    assert (
+        statuses(gpusharing, tenant, READS, theirs) + statuses(gpusharing, tenant, CLUSTER_READS, theirs) == [403] * 7
+    )
     # A member of a namespace (RBAC's view role there) reads it, and it alone.
     gpusharing.bind(mine, "member", "view")
     member = gpusharing.token(mine, "member")
     assert wait_for(lambda: statuses(gpusharing, member, READS, mine) == [200] * 4, "the view role aggregated")
-    assert statuses(gpusharing, member, READS, theirs) + statuses(gpusharing, member, CLUSTER_READS, theirs) == [403] * 7
+    assert (
+        statuses(gpusharing, member, READS, theirs) + statuses(gpusharing, member, CLUSTER_READS, theirs) == [403] * 7
+    )
     # A meter's token (bound to its pod) reads nothing, not even its own namespace.
     meter = gpusharing.token(theirs, "default", pod=victim_pod)
     assert statuses(gpusharing, meter, READS, theirs) == [403] * 4
@@ -227,14 +263,23 @@ def test_strict_admission_refuses_while_the_timekeeper_cannot_count_and_safe_say
     try:
         message = wait_for(lambda: (m := outcome(gpusharing, strict, gpu_pod(f"during-{uuid.uuid4().hex[:6]}", 60)))
                            and isinstance(m, str) and m, "strict admission refusing")
-        assert f"namespace '{strict}' has safe admission, and what its budgets have left uncommitted cannot be counted now " \
-               "(the timekeeper" in message
+        assert (
+            f"namespace '{strict}' has safe admission, and what its budgets have left uncommitted cannot be counted "
+            f"now "
+            "(the timekeeper" in message
+        )
         assert "its budget's admission is strict, so no GPU pod is admitted until it can be" in message
         admitted = outcome(gpusharing, safe, gpu_pod("during", 60))
-        assert isinstance(admitted, dict) and admitted["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "unchecked"
+        assert (
+            isinstance(admitted, dict)
+            and admitted["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "unchecked"
+        )
     finally:
         gpusharing.timekeeper_link.mend()
-    wait_for(lambda: created(gpusharing, strict, gpu_pod(f"after-{uuid.uuid4().hex[:6]}", 60)), "strict admission counting again")
+    wait_for(
+        lambda: created(gpusharing, strict, gpu_pod(f"after-{uuid.uuid4().hex[:6]}", 60)),
+        "strict admission counting again",
+    )
 
 
 def test_the_webhook_answers_the_api_server_alone_and_probes(gpusharing: GpuSharing) -> None:
@@ -244,7 +289,9 @@ def test_the_webhook_answers_the_api_server_alone_and_probes(gpusharing: GpuShar
     assert requests.get(f"{gpusharing.webhook_url}/readyz", verify=ca, timeout=10).status_code == 200
 
 
-def test_only_the_webhook_may_say_what_listing_it_holds_which_holds_a_crossings_evictions(gpusharing: GpuSharing) -> None:
+def test_only_the_webhook_may_say_what_listing_it_holds_which_holds_a_crossings_evictions(
+    gpusharing: GpuSharing,
+) -> None:
     """A poll naming itself as a webhook process that holds an old listing would hold every crossing's evictions back:
     a namespace admin reads no listing at all, and a reader of every namespace who is not the webhook may read it
     but not name itself."""
@@ -252,8 +299,12 @@ def test_only_the_webhook_may_say_what_listing_it_holds_which_holds_a_crossings_
     gpusharing.bind(tenant_namespace, "ns-admin", "admin")
     namespace_admin, reader = gpusharing.token(tenant_namespace, "ns-admin"), gpusharing.budget_admin_token()
     poll = "/api/v1/budgets?webhook=forged-webhook&inForce=0&refreshSeconds=3600"
-    assert wait_for(lambda: gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{tenant_namespace}", namespace_admin).status_code
-                    == 200, "the admin role aggregated")  # it reads its own namespace: its refusal below is the poll's
+    assert wait_for(
+        lambda: (
+            gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{tenant_namespace}", namespace_admin).status_code == 200
+        ),
+        "the admin role aggregated",
+    )  # it reads its own namespace: its refusal below is the poll's
     assert gpusharing.timekeeper_call("GET", poll, namespace_admin).status_code == 403
     assert gpusharing.timekeeper_call("GET", "/api/v1/budgets", reader).status_code == 200
     refused = gpusharing.timekeeper_call("GET", poll, reader)

@@ -35,7 +35,9 @@ def test_a_pod_bound_token_reports_for_its_own_pod_only(gpusharing: GpuSharing) 
     unbound = gpusharing.token(namespace, "default", audience=None, pod=mine)
     assert gpusharing.report(mine, unbound, gpu_seconds=4).status_code == 401
 
-    used = gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{namespace}", gpusharing.budget_admin_token()).json()["usedGpuMinutes"]
+    used = gpusharing.timekeeper_call("GET", f"/api/v1/budgets/{namespace}", gpusharing.budget_admin_token()).json()[
+        "usedGpuMinutes"
+    ]
     assert used == pytest.approx(3 / 60)  # the pod's own report, and nothing of the refused ones
 
 
@@ -54,7 +56,10 @@ def test_budget_changes_need_the_budget_admin_role_of_the_manifests(gpusharing: 
 def events(gpusharing: GpuSharing, namespace: str, reason: str) -> list[dict[str, Any]]:
     """The namespace's Events as `kubectl describe namespace` selects them."""
     uid = gpusharing.rest("GET", f"/api/v1/namespaces/{namespace}")["metadata"]["uid"]
-    selector = f"involvedObject.kind=Namespace,involvedObject.name={namespace},involvedObject.namespace=,involvedObject.uid={uid}"
+    selector = (
+        f"involvedObject.kind=Namespace,involvedObject.name={namespace},involvedObject.namespace=,"
+        f"involvedObject.uid={uid}"
+    )
     items = gpusharing.rest("GET", "/api/v1/events", query={"fieldSelector": selector})["items"]
     return [e for e in items if e["reason"] == reason]
 
@@ -80,7 +85,10 @@ def test_exhaustion_is_an_event_on_the_namespace_and_evicts_within_disruption_bu
     }
     gpusharing.create(namespace, pdb)
     path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/train"
-    wait_for(lambda: gpusharing.rest("GET", path).get("status", {}).get("currentHealthy") == 1, "the disruption controller to count the pod")
+    wait_for(
+        lambda: gpusharing.rest("GET", path).get("status", {}).get("currentHealthy") == 1,
+        "the disruption controller to count the pod",
+    )
 
     refused_before = evictions_refused(gpusharing)
     token = gpusharing.token(namespace, "default", pod=pod)
@@ -94,8 +102,13 @@ def test_exhaustion_is_an_event_on_the_namespace_and_evicts_within_disruption_bu
 
     gpusharing.rest("DELETE", path)
     # Evicted: deleted, and held by the billing finalizer until its bill is closed (here by hand: see test_guard.py).
-    wait_for(lambda: "deletionTimestamp" in (gpusharing.pod(namespace, name) or {"metadata": {"deletionTimestamp": "gone"}})["metadata"],
-             "the pod to be evicted once no disruption budget holds it")
+    wait_for(
+        lambda: (
+            "deletionTimestamp"
+            in (gpusharing.pod(namespace, name) or {"metadata": {"deletionTimestamp": "gone"}})["metadata"]
+        ),
+        "the pod to be evicted once no disruption budget holds it",
+    )
     gpusharing.release(namespace, name)
     wait_for(lambda: gpusharing.pod(namespace, name) is None, "the evicted pod gone once its finalizer is removed")
     assert len(events(gpusharing, namespace, "GPUBudgetExhausted")) == 1  # one Event per crossing, not one per pass

@@ -32,40 +32,45 @@ class FakeMigDriver:
     def instance_busy(self, instance: Any) -> float | None:
         raise NotImplementedError
 
-    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
         if device.mig is None:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
         return [self.NVML_DEVICE_MIG_ENABLE, self.NVML_DEVICE_MIG_ENABLE]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:  # noqa: N802
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
         assert device.mig is not None
         return len(device.mig) + 1  # one slot empty
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:  # noqa: N802
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
         assert device.mig is not None
         if index >= len(device.mig):
             raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
         return device.mig[index]
 
-    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> Any:  # noqa: N802
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> Any:
         return handle  # stands for the instance's id
 
-    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:  # noqa: N802
+    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:
         return SimpleNamespace(instance=None, busy=None)
 
-    def nvmlGpmMigSampleGet(self, device: Any, instance: Any, sample: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
+    def nvmlGpmMigSampleGet(self, device: Any, instance: Any, sample: SimpleNamespace) -> SimpleNamespace:
         if not instance.gpm:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
         sample.instance, sample.busy = instance, self.instance_busy(instance)
         return sample
 
-    def c_nvmlGpmMetricsGet_t(self) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None, metrics=[SimpleNamespace(metricId=0, value=0.0)])
+    def c_nvmlGpmMetricsGet_t(self) -> SimpleNamespace:
+        return SimpleNamespace(
+            version=0, numMetrics=0, sample1=None, sample2=None, metrics=[SimpleNamespace(metricId=0, value=0.0)]
+        )
 
-    def nvmlGpmMetricsGet(self, metrics: SimpleNamespace) -> SimpleNamespace:  # noqa: N802
-        assert metrics.version == self.NVML_GPM_METRICS_GET_VERSION and metrics.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL
+    def nvmlGpmMetricsGet(self, metrics: SimpleNamespace) -> SimpleNamespace:
+        assert (
+            metrics.version == self.NVML_GPM_METRICS_GET_VERSION
+            and metrics.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL
+        )
         metrics.metrics[0].value = metrics.sample2.busy  # the instance's SM activity between the two samples
         return metrics
 
-    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:  # noqa: N802
+    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:
         self.freed.append(sample)

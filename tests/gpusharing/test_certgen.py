@@ -90,7 +90,9 @@ def test_before_the_ca_would_cut_a_certificate_short_a_new_ca_is_trusted_beside_
     rotated = renewal(old, NAMES, DAYS, when)
     assert rotated is not None and rotated.why.startswith("made a new CA and a certificate (the CA expires 2036-02-27;")
     new_ca, old_ca = authorities(rotated.data)
-    assert old_ca == authorities(old)[0] and new_ca.not_valid_after_utc == when + datetime.timedelta(days=DAYS * CA_LIFETIMES)
+    assert old_ca == authorities(old)[0] and new_ca.not_valid_after_utc == when + datetime.timedelta(
+        days=DAYS * CA_LIFETIMES
+    )
     assert cert(rotated.data).not_valid_after_utc <= new_ca.not_valid_after_utc
 
 
@@ -115,7 +117,9 @@ def test_run_every_week_for_two_ca_lifetimes_the_webhook_is_always_trusted() -> 
             assert serves(data, when, trusted=renewed.data["ca.crt"]) and serves(renewed.data, when), f"week {week}"
             data = renewed.data
             renewals.append(renewed.why.split(" (")[0])
-    assert renewals.count("made a new CA and a certificate") == 2 and "dropped the expired CA from the bundle" in renewals
+    assert (
+        renewals.count("made a new CA and a certificate") == 2 and "dropped the expired CA from the bundle" in renewals
+    )
 
 
 @pytest.mark.parametrize(("change", "why"), [
@@ -137,7 +141,9 @@ def test_a_secret_of_another_issuer_is_made_anew() -> None:
 def test_keys_that_belong_to_other_certificates_are_found() -> None:
     first, second = made().data, made().data
     swapped_ca = renewal({**first, "ca.key": second["ca.key"]}, NAMES, DAYS, START)
-    assert swapped_ca is not None and swapped_ca.why.endswith("(ca.key was not the key of the first certificate of ca.crt)")
+    assert swapped_ca is not None and swapped_ca.why.endswith(
+        "(ca.key was not the key of the first certificate of ca.crt)"
+    )
     swapped_key = renewal({**first, "tls.key": second["tls.key"]}, NAMES, DAYS, START)
     assert swapped_key is not None and swapped_key.why == "renewed the certificate (tls.key was not its key)"
     other_issuer = renewal({**first, "tls.crt": second["tls.crt"], "tls.key": second["tls.key"]}, NAMES, DAYS, START)
@@ -160,19 +166,26 @@ def test_the_ca_bundle_patch_sets_each_webhook_that_lacks_it_guarded_by_its_name
     (["--owner", "x_y"], "argument --owner: 'x_y' is not a Kubernetes object name"),
     (["--format", "secret"], "argument --format: invalid choice: 'secret'"),
 ])
-def test_bad_cluster_arguments_are_one_usage_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_cluster_arguments_are_one_usage_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["certs", "--format", "cluster", *args])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"gpusharing certs: error: {message}")
 
 
-def test_outside_a_cluster_without_a_kubeconfig_it_says_what_to_set(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_outside_a_cluster_without_a_kubeconfig_it_says_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert main(["certs", "--format", "cluster"]) == 2
     error = capsys.readouterr().err.strip()
-    assert error.startswith("gpusharing: cannot configure the Kubernetes API from the in-cluster ServiceAccount (outside a cluster, set KUBECONFIG")
+    assert error.startswith(
+        "gpusharing: cannot configure the Kubernetes API from the in-cluster ServiceAccount (outside a cluster, set "
+        "KUBECONFIG"
+    )
     assert len(error.splitlines()) == 1
 
 

@@ -1,4 +1,5 @@
-"""`gpusharing certs`: certificates that strict verifiers accept (OpenSSL -x509_strict, Python 3.13's default context)."""
+"""`gpusharing certs`: certificates that strict verifiers accept (OpenSSL -x509_strict, Python 3.13's default
+context)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def pem(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def strict_client(ca_file: Path) -> ssl.SSLContext:
-    """The client context Python 3.13 makes by default; the flag is set explicitly so that 3.11 and 3.12 check it too."""
+    """The client context Python 3.13 makes by default; the flag is set explicitly so that 3.11 and 3.12 check it
+    too."""
     context = ssl.create_default_context(cafile=str(ca_file))
     context.verify_flags |= ssl.VERIFY_X509_STRICT
     return context
@@ -66,7 +68,9 @@ def test_a_strict_default_client_context_accepts_the_certificate(pem: dict[str, 
     assert handshake(pem["cert"], pem["key"], strict_client(pem["ca"]), server_name).startswith("TLS")
 
 
-def test_the_strict_client_refuses_a_certificate_without_key_identifiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_strict_client_refuses_a_certificate_without_key_identifiers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What `gpusharing certs` made before: the same chain less the key identifiers. The strict check bites."""
     keys: list[ec.EllipticCurvePrivateKey] = []
     generate = ec.generate_private_key

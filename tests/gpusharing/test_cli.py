@@ -8,7 +8,16 @@ import pytest
 
 from gpusharing.cli import _ROLES, build_parser
 
-SERVER_LIBRARIES = ("flask", "gunicorn", "sqlalchemy", "alembic", "kubernetes", "cryptography", "prometheus_client", "requests")
+SERVER_LIBRARIES = (
+    "flask",
+    "gunicorn",
+    "sqlalchemy",
+    "alembic",
+    "kubernetes",
+    "cryptography",
+    "prometheus_client",
+    "requests",
+)
 
 
 def registered_commands(parser: argparse.ArgumentParser) -> set[str]:

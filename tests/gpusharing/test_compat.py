@@ -14,8 +14,11 @@ class Colour(StrEnum):
 
 
 def test_a_member_is_its_value_as_text_in_formats_and_json() -> None:
-    assert (str(Colour.RED), f"{Colour.RED}", f"{Colour.RED:>5}", "%s" % Colour.RED) == ("red", "red", "  red", "red")  # noqa: UP031 (%-formatting is what is tested)
-    assert Colour.RED == "red" and Colour("red") is Colour.RED and json.dumps({Colour.RED: Colour.RED}) == '{"red": "red"}'
+    formatted = (str(Colour.RED), f"{Colour.RED}", f"{Colour.RED:>5}", "%s" % Colour.RED)  # noqa: UP031 (it is tested)
+    assert formatted == ("red", "red", "  red", "red")
+    assert (
+        Colour.RED == "red" and Colour("red") is Colour.RED and json.dumps({Colour.RED: Colour.RED}) == '{"red": "red"}'
+    )
 
 
 def test_an_rfc_3339_time_in_utc_reads_as_every_python_reads_it() -> None:

@@ -31,17 +31,41 @@ TEMPLATES = {
     # gpu-test1.yaml: one GPU
     "single-gpu": template(request("gpu")),
     # gpu-test-mps.yaml: one GPU shared by the pod's two containers under MPS
-    "shared-gpu": {**template(request("mps-gpu")), "config": [{"requests": ["mps-gpu"], "opaque": {"driver": "gpu.nvidia.com"}}]},
+    "shared-gpu": {
+        **template(request("mps-gpu")),
+        "config": [{"requests": ["mps-gpu"], "opaque": {"driver": "gpu.nvidia.com"}}],
+    },
     "two-gpus": template(request("gpus", count=2, allocationMode="ExactCount")),
     "all-gpus": template(request("gpus", allocationMode="All")),
-    "mig-1g": template(request("mig", "mig.nvidia.com", selectors=[{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}])),
+    "mig-1g": template(
+        request(
+            "mig",
+            "mig.nvidia.com",
+            selectors=[{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}],
+        )
+    ),
     "mig-any": template(request("mig", "mig.nvidia.com")),
-    "mig-bad": template(request("mig", "mig.nvidia.com", selectors=[{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '9g.10gb'"}}])),
+    "mig-bad": template(
+        request(
+            "mig",
+            "mig.nvidia.com",
+            selectors=[{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '9g.10gb'"}}],
+        )
+    ),
     "nic": template(request("nic", "rdma.example.com")),
-    "gpu-or-mig": template({"name": "either", "firstAvailable": [
-        {"name": "mig", "deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}]},
-        {"name": "gpu", "deviceClassName": "gpu.nvidia.com"},
-    ]}),
+    "gpu-or-mig": template(
+        {
+            "name": "either",
+            "firstAvailable": [
+                {
+                    "name": "mig",
+                    "deviceClassName": "mig.nvidia.com",
+                    "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}],
+                },
+                {"name": "gpu", "deviceClassName": "gpu.nvidia.com"},
+            ],
+        }
+    ),
     "gpu-and-nic": template(request("gpu"), request("nic", "rdma.example.com")),
 }
 
@@ -73,7 +97,9 @@ CLAIMS = [
 
 
 @pytest.mark.parametrize(("name", "templates", "share", "memory"), CLAIMS, ids=[row[0] for row in CLAIMS])
-def test_a_pod_is_billed_by_the_gpus_its_claims_ask_for(name: str, templates: tuple[str, ...], share: str | None, memory: int | None) -> None:
+def test_a_pod_is_billed_by_the_gpus_its_claims_ask_for(
+    name: str, templates: tuple[str, ...], share: str | None, memory: int | None
+) -> None:
     gpu = parse_gpu_request(claiming(*templates), claims=lookup)
     if share is None:
         assert gpu is None
@@ -88,7 +114,16 @@ def test_claims_add_to_a_container_dialect_and_last_the_pods_life() -> None:
     gpu = parse_gpu_request(p, claims=lookup)
     assert gpu is not None and str(gpu.dialect) == "whole-gpu"
     assert gpu.share == 4  # max(3 init, 1 regular) + 1 claimed for the whole life of the pod
-    assert gpu.to_dict()["claims"] == [{"claim": "c0", "request": "gpu", "deviceClass": "gpu.nvidia.com", "devices": 1, "memoryMiB": 81920, "share": "1"}]
+    assert gpu.to_dict()["claims"] == [
+        {
+            "claim": "c0",
+            "request": "gpu",
+            "deviceClass": "gpu.nvidia.com",
+            "devices": 1,
+            "memoryMiB": 81920,
+            "share": "1",
+        }
+    ]
 
 
 def test_the_gpu_device_classes_are_a_setting() -> None:
@@ -99,9 +134,17 @@ def test_the_gpu_device_classes_are_a_setting() -> None:
 
 
 REFUSED = [
-    ("a template that does not exist", claiming("missing"),
-     'resource claim "c0": resourceClaimTemplateName="missing": no ResourceClaimTemplate \'missing\' in namespace \'ml-team\': create it before the pod'),
-    ("a MIG profile that is not one", claiming("mig-bad"), "resource claim \"c0\": request 'mig'=\"9g.10gb\": is not a MIG profile"),
+    (
+        "a template that does not exist",
+        claiming("missing"),
+        'resource claim "c0": resourceClaimTemplateName="missing": no ResourceClaimTemplate \'missing\' in namespace '
+        '\'ml-team\': create it before the pod',
+    ),
+    (
+        "a MIG profile that is not one",
+        claiming("mig-bad"),
+        "resource claim \"c0\": request 'mig'=\"9g.10gb\": is not a MIG profile",
+    ),
 ]
 
 
@@ -128,7 +171,10 @@ def test_a_shared_resource_claim_is_read_too() -> None:
 def test_claim_specs_keep_what_billing_needs() -> None:
     spec = claim_spec(TEMPLATES["gpu-or-mig"])
     (only,) = spec.requests
-    assert [(a.device_class, a.count, a.mig_profile) for a in only.alternatives] == [("mig.nvidia.com", 1, "3g.40gb"), ("gpu.nvidia.com", 1, None)]
+    assert [(a.device_class, a.count, a.mig_profile) for a in only.alternatives] == [
+        ("mig.nvidia.com", 1, "3g.40gb"),
+        ("gpu.nvidia.com", 1, None),
+    ]
     assert claim_spec({"devices": "nonsense"}).requests == ()
 
 

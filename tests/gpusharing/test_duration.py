@@ -14,7 +14,9 @@ def test_durations_as_kubernetes_writes_them(text: str, seconds: float) -> None:
     assert parse_duration(text, "after") == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["4", "h", "4 h", "-4h", "4H", "4d", "1h 30m", "", "4h!", "1e3s", "١h", None, 4, True, "1" * 40 + "s"])
+@pytest.mark.parametrize(
+    "text", ["4", "h", "4 h", "-4h", "4H", "4d", "1h 30m", "", "4h!", "1e3s", "١h", None, 4, True, "1" * 40 + "s"]
+)
 def test_not_a_duration(text: object) -> None:
     with pytest.raises(DurationError, match="after must be a duration as Kubernetes writes it, e.g. 4h"):
         parse_duration(text, "after")
@@ -27,7 +29,9 @@ def test_bounds_are_said_in_durations() -> None:
         parse_duration("9000h", "after")
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(14400, "4h"), (5400, "1h30m"), (90, "1m30s"), (0, "0s"), (3661, "1h1m1s"), (1.5, "1.5s")])
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(14400, "4h"), (5400, "1h30m"), (90, "1m30s"), (0, "0s"), (3661, "1h1m1s"), (1.5, "1.5s")]
+)
 def test_written_back_short(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
     assert parse_duration(text, "x") == seconds

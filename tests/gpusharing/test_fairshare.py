@@ -28,7 +28,13 @@ BANDS = FairShareBands(CLASSES, (0.8, 1.25), hysteresis=0.1, min_time_in_band=dt
     ({"min_time_in_band": -MINUTE}, "minimum time in a band cannot be negative"),
 ])
 def test_bands_out_of_shape_are_refused(kwargs: dict, message: str) -> None:
-    settings = {"classes": CLASSES, "ratio_bounds": (0.8, 1.25), "hysteresis": 0.1, "min_time_in_band": MINUTE, **kwargs}
+    settings = {
+        "classes": CLASSES,
+        "ratio_bounds": (0.8, 1.25),
+        "hysteresis": 0.1,
+        "min_time_in_band": MINUTE,
+        **kwargs,
+    }
     with pytest.raises(ValueError, match=message):
         FairShareBands(**settings)
 
@@ -54,7 +60,9 @@ def test_a_burst_takes_its_namespaces_band_only_up_to_its_fair_share() -> None:
     (0, 0.0, math.nan, 0.0, "the fair share of GPUs must be a finite number"),
     (0, 0.0, 1.0, math.inf, "the pod's GPUs must be a finite number"),
 ])
-def test_the_burst_guard_refuses_figures_out_of_range(band: int, held: float, share: float, pod: float, message: str) -> None:
+def test_the_burst_guard_refuses_figures_out_of_range(
+    band: int, held: float, share: float, pod: float, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         admission_band(BANDS, band, held, share, pod)
 

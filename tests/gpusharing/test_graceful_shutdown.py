@@ -22,7 +22,9 @@ STOP_SECONDS = 30  # only stops a broken test from hanging; not a speed check
 
 def begin_request(sock: socket.socket, path: str, body: bytes, headers: dict[str, str]) -> bytes:
     """Sends the request line, the headers and half the body; returns the half still to send."""
-    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    )
     head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
     half = len(body) // 2
     sock.sendall(head.encode() + body[:half])
@@ -80,7 +82,9 @@ def test_the_webhook_finishes_an_admission_in_flight_after_sigterm(tmp_path: Pat
     args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", str(paths["cert"]),
             "--key", str(paths["key"]), "--workers", "1", "--threads", "2"]
     review = admission_review(example_pod("kai-fraction.yaml"))
-    with Service("webhook", args, f"https://127.0.0.1:{port}/readyz", verify=str(paths["ca"]), log_path=tmp_path / "log") as webhook:
+    with Service(
+        "webhook", args, f"https://127.0.0.1:{port}/readyz", verify=str(paths["ca"]), log_path=tmp_path / "log"
+    ) as webhook:
         tls = ssl.create_default_context(cafile=str(paths["ca"]))
         with tls.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1") as sock:
             status, answer = terminate_mid_request(webhook, sock, "/mutate", json.dumps(review).encode())
@@ -93,18 +97,26 @@ def test_the_timekeeper_answers_a_report_in_flight_after_sigterm_once_it_is_comm
     database = f"sqlite:///{tmp_path / 'timekeeper.sqlite'}"
     tokens = tmp_path / "tokens"
     tokens.write_text("meter-token meter\nreader-token reader\n")
-    env = {"TIMEKEEPER_DATABASE_URL": database, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": str(tokens)}
+    env = {
+        "TIMEKEEPER_DATABASE_URL": database,
+        "TIMEKEEPER_AUTH": "static",
+        "TIMEKEEPER_STATIC_TOKENS_FILE": str(tokens),
+    }
     assert run_command("db", "upgrade", env=env).returncode == 0
     port = free_port()
     args = ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--threads", "4"]
     report = {"podUid": "uid-1", "namespace": "team-a", "pod": "train-0", "gpuShare": 0.5, "seq": 1, "gpuSeconds": 90}
-    with Service("timekeeper", args, f"http://127.0.0.1:{port}/readyz", env=env, log_path=tmp_path / "log") as timekeeper:
+    with Service(
+        "timekeeper", args, f"http://127.0.0.1:{port}/readyz", env=env, log_path=tmp_path / "log"
+    ) as timekeeper:
         with socket.create_connection(("127.0.0.1", port)) as sock:
             status, answer = terminate_mid_request(timekeeper, sock, "/api/v1/reports", json.dumps(report).encode(),
                                                    {"Authorization": "Bearer meter-token"})
     assert (status, answer["outcome"], answer["chargedGpuSeconds"]) == (200, "charged", 90)
     with Service("timekeeper", args, f"http://127.0.0.1:{port}/readyz", env=env, log_path=tmp_path / "log2"):
         again = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        again.request("GET", "/api/v1/budgets/team-a", headers={"Authorization": "Bearer reader-token", "Connection": "close"})
+        again.request(
+            "GET", "/api/v1/budgets/team-a", headers={"Authorization": "Bearer reader-token", "Connection": "close"}
+        )
         assert json.loads(again.getresponse().read())["usedGpuMinutes"] == 1.5  # it was committed before the exit
         again.close()

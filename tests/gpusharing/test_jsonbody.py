@@ -12,7 +12,10 @@ def nested(depth: int) -> str:
 
 
 def test_ordinary_json_is_read_as_json() -> None:
-    assert read_json(b'{"a": [1, 2.5, "x", null, true], "b": {"c": -7}}') == {"a": [1, 2.5, "x", None, True], "b": {"c": -7}}
+    assert read_json(b'{"a": [1, 2.5, "x", null, true], "b": {"c": -7}}') == {
+        "a": [1, 2.5, "x", None, True],
+        "b": {"c": -7},
+    }
     assert read_json('{"seq": 4611686018427387904, "share": 1.7976931348623157e308}')["seq"] == 2**62
 
 

@@ -66,8 +66,16 @@ def test_json_goes_out_and_comes_back_with_the_token_over_one_kept_alive_connect
     client = JsonClient(echo.url + "/")
     answer = client.request("POST", "/api/v1/reports", {"seq": 1}, token="t-1")
     assert answer.status == 200
-    assert answer.json() == {"method": "POST", "path": "/api/v1/reports", "body": {"seq": 1}, "authorization": "Bearer t-1"}
-    assert client.request("GET", "/api/v1/pods", query={"overMemory": "true"}).json()["path"] == "/api/v1/pods?overMemory=true"
+    assert answer.json() == {
+        "method": "POST",
+        "path": "/api/v1/reports",
+        "body": {"seq": 1},
+        "authorization": "Bearer t-1",
+    }
+    assert (
+        client.request("GET", "/api/v1/pods", query={"overMemory": "true"}).json()["path"]
+        == "/api/v1/pods?overMemory=true"
+    )
     assert len(echo.connections) == 1
     client.close()
 
@@ -111,7 +119,10 @@ def test_a_host_name_that_does_not_resolve_is_named(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
     with pytest.raises(Unreachable) as caught:
         JsonClient("http://timekeeper.example:8080").request("GET", "/")
-    assert str(caught.value) == "the host name 'timekeeper.example' does not resolve: check the URL http://timekeeper.example:8080"
+    assert (
+        str(caught.value)
+        == "the host name 'timekeeper.example' does not resolve: check the URL http://timekeeper.example:8080"
+    )
 
 
 def test_a_server_that_does_not_answer_is_a_timeout() -> None:

@@ -17,17 +17,23 @@ from gpusharing.settings.env import ConfigError
 
 
 def record(message: str, *args: object, level: int = logging.INFO, **extra: object) -> logging.LogRecord:
-    made = logging.getLogger("webhook.app").makeRecord("webhook.app", level, __file__, 1, message, args, None, extra=extra)
+    made = logging.getLogger("webhook.app").makeRecord(
+        "webhook.app", level, __file__, 1, message, args, None, extra=extra
+    )
     return made
 
 
 def test_a_text_line_has_a_utc_timestamp_the_level_the_process_and_the_logger() -> None:
     line = TextFormatter().format(record("denied %s", "pod x", namespace="ml"))
-    assert re.fullmatch(rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}Z INFO \[{os.getpid()}\] webhook\.app: denied pod x", line)
+    assert re.fullmatch(
+        rf"\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}}Z INFO \[{os.getpid()}\] webhook\.app: denied pod x", line
+    )
 
 
 def test_a_json_line_carries_the_fields_the_call_passed() -> None:
-    line = JsonFormatter().format(record("denied", namespace="ml", pod="train-0", decision="denied", request_id="uid-1"))
+    line = JsonFormatter().format(
+        record("denied", namespace="ml", pod="train-0", decision="denied", request_id="uid-1")
+    )
     entry = json.loads(line)
     assert entry.pop("time").endswith("Z")
     assert entry == {"level": "info", "logger": "webhook.app", "pid": os.getpid(), "message": "denied",
@@ -70,10 +76,15 @@ def test_a_malformed_setting_is_named(environ: dict[str, str], message: str) -> 
 
 
 def test_a_command_writes_json_lines_when_told(tmp_path: Path) -> None:
-    result = run_command("db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'tk.sqlite'}", env={"GPUSHARING_LOG_FORMAT": "json"})
+    result = run_command(
+        "db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'tk.sqlite'}", env={"GPUSHARING_LOG_FORMAT": "json"}
+    )
     assert result.returncode == 0, result.stderr
     entries = [json.loads(line) for line in result.stderr.splitlines()]
-    assert any(e["level"] == "info" and e["logger"].startswith("alembic") and "Running upgrade" in e["message"] for e in entries)
+    assert any(
+        e["level"] == "info" and e["logger"].startswith("alembic") and "Running upgrade" in e["message"]
+        for e in entries
+    )
 
 
 def test_a_malformed_log_setting_stops_any_command_with_one_line(tmp_path: Path) -> None:

@@ -42,7 +42,9 @@ def test_an_interval_out_of_bounds_is_refused_naming_the_setting_and_the_bounds(
     assert str(refused.value) == message
 
 
-@pytest.mark.parametrize("interval", [MIN_METER_INTERVAL_SECONDS, 10.0, DEFAULT_METER_INTERVAL_SECONDS, MAX_METER_INTERVAL_SECONDS])
+@pytest.mark.parametrize(
+    "interval", [MIN_METER_INTERVAL_SECONDS, 10.0, DEFAULT_METER_INTERVAL_SECONDS, MAX_METER_INTERVAL_SECONDS]
+)
 def test_a_reading_is_fresh_for_two_meter_intervals(interval: float) -> None:
     assert fresh_for(interval) == 2 * interval
     assert fresh_for(DEFAULT_METER_INTERVAL_SECONDS) == 60.0  # not the 90 s the report path once kept apart

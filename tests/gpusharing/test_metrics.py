@@ -38,7 +38,11 @@ BOUNDED = {  # the label values a webhook metric may take, whatever the pods it 
     "status": {"401", "403", "503"},  # a refused caller's (webhook.api.callers): set when tests/webhook ran first
     # the classes the webhook gives, fair-share bands' among them (an allowed class of the pod's own is never
     # resolved by the webhook)
-    "priority_class": {WebhookConfig().priority_class_in_budget, WebhookConfig().priority_class_over_budget, *DEFAULT_BAND_CLASSES},
+    "priority_class": {
+        WebhookConfig().priority_class_in_budget,
+        WebhookConfig().priority_class_over_budget,
+        *DEFAULT_BAND_CLASSES,
+    },
 }
 PER_OBJECT_LABELS = {"pod", "uid", "pod_uid", "request_id", "name"}
 PER_POD_FAMILIES = {
@@ -84,7 +88,9 @@ def test_metric_names_units_and_labels_follow_the_conventions(tmp_path: Path) ->
             "gpusharing_timekeeper_pod_gpu_memory_over_request_bytes"} <= names
     for family in families:
         assert NAME.match(family.name), family.name
-        assert not any(word in family.name for word in NOT_BASE_UNITS), f"{family.name}: use base units (seconds, bytes)"
+        assert not any(word in family.name for word in NOT_BASE_UNITS), (
+            f"{family.name}: use base units (seconds, bytes)"
+        )
         if family.type == "counter":
             assert all(s.name.endswith(("_total", "_created")) for s in family.samples), family.name
         if family.type == "histogram":

@@ -12,7 +12,9 @@ def test_namespaces(name: str) -> None:
     assert NAMESPACE.check(name, "namespace") == name
 
 
-@pytest.mark.parametrize("name", ["ML-Team ", "..", "'; DROP TABLE budgets; --", "-a", "a-", "a.b", "a" * 64, "", "tëam", "a\x00"])
+@pytest.mark.parametrize(
+    "name", ["ML-Team ", "..", "'; DROP TABLE budgets; --", "-a", "a-", "a.b", "a" * 64, "", "tëam", "a\x00"]
+)
 def test_not_namespaces(name: str) -> None:
     with pytest.raises(InvalidName, match="is not a namespace name: lower-case letters"):
         NAMESPACE.check(name, "namespace")

@@ -25,7 +25,12 @@ def test_an_outage_is_a_line_when_it_starts_and_one_when_it_ends(caplog: pytest.
     outage.succeeded("current again")
     assert not outage.ongoing
     assert [(r.levelname, r.getMessage(), getattr(r, "outage", None)) for r in caplog.records] == [
-        ("WARNING", "the thing at http://x is unavailable: refused; the last known stay in force (logged again when it is back)", "started"),
+        (
+            "WARNING",
+            "the thing at http://x is unavailable: refused; the last known stay in force (logged again when it is "
+            "back)",
+            "started",
+        ),
         ("DEBUG", "the thing at http://x still unavailable (2 polls failed): refused", None),
         ("DEBUG", "the thing at http://x still unavailable (3 polls failed): timed out", None),
         ("INFO", "the thing at http://x is back after 1 min 15 s (3 polls failed): current again", "ended"),

@@ -24,7 +24,9 @@ def test_quantities_by_value(text: object, value: Decimal) -> None:
     assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("text", ["abc", "", "1.2.3", "5 Gi", "1Q", True, None, 1.5, "--1", "1e", "NaN", "Infinity", "1_000", "٣", "1e3k"])
+@pytest.mark.parametrize(
+    "text", ["abc", "", "1.2.3", "5 Gi", "1Q", True, None, 1.5, "--1", "1e", "NaN", "Infinity", "1_000", "٣", "1e3k"]
+)
 def test_not_a_quantity(text: object) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(text)
@@ -38,8 +40,19 @@ def test_whole_quantities() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["1e999999", "1e-999999999", "1e33", "1e-33", "1" * 33, "0." + "0" * 32 + "1", "1" * 40 + "Ki", 10**32, "1" * 3_000_000,
-             "1e" + "9" * 1_000_000],
+    "text",
+    [
+        "1e999999",
+        "1e-999999999",
+        "1e33",
+        "1e-33",
+        "1" * 33,
+        "0." + "0" * 32 + "1",
+        "1" * 40 + "Ki",
+        10**32,
+        "1" * 3_000_000,
+        "1e" + "9" * 1_000_000,
+    ],
 )
 def test_quantities_beyond_the_bounds_are_refused_before_they_are_read(text: object) -> None:
     with pytest.raises(QuantityOutOfBounds, match="at most 32 digits and an exponent from -32 to 32"):

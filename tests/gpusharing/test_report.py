@@ -10,7 +10,9 @@ VALID = {"podUid": "4f1c", "namespace": "ml", "pod": "train-0", "gpuShare": 0.5,
 
 
 def test_round_trip() -> None:
-    report = MeterReport.from_json({**VALID, "final": True, "gpuMemoryUsedMiB": 1200, "gpuUtilizationPercent": 40, "gpuModel": "Tesla T4"})
+    report = MeterReport.from_json(
+        {**VALID, "final": True, "gpuMemoryUsedMiB": 1200, "gpuUtilizationPercent": 40, "gpuModel": "Tesla T4"}
+    )
     assert report.final and report.gpu_memory_used_mib == 1200 and report.gpu_model == "Tesla T4"
     assert MeterReport.from_json(report.to_json()) == report
 

@@ -1,4 +1,5 @@
-"""gunicorn as the services run it (gpusharing.serving.server): what each worker is set up with, and two servers on one host."""
+"""gunicorn as the services run it (gpusharing.serving.server): what each worker is set up with, and two servers on one
+host."""
 
 from __future__ import annotations
 

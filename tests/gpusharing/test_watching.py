@@ -76,7 +76,9 @@ def test_a_list_is_read_a_page_at_a_time_and_only_what_is_extracted_is_kept(monk
     assert changes == [True]
 
 
-def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
+    monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """Not a line per list retried (every few seconds, for as long as the API server is away)."""
     monkeypatch.setattr(watching, "backoff_seconds", lambda failures: 0.0)
     failures = iter(range(12))
@@ -98,8 +100,11 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(monkeypatch: 
     finally:
         watched.stop()
     (started, ended) = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "gpusharing.kube.watching"]
-    assert started == ("WARNING", "the list and watch of pods is unavailable: HTTP 503: Service Unavailable; the last known "
-                                  "pods stay in force, listed again with backoff (up to 30 s, jittered) (logged again when it is back)")
+    assert started == (
+        "WARNING",
+        "the list and watch of pods is unavailable: HTTP 503: Service Unavailable; the last known "
+        "pods stay in force, listed again with backoff (up to 30 s, jittered) (logged again when it is back)",
+    )
     assert ended[0] == "INFO" and ended[1].startswith("the list and watch of pods is back after ")
     assert ended[1].endswith(" (12 lists failed): 0 pods listed")  # how long it lasted: tests/gpusharing/test_outage.py
 
@@ -201,9 +206,16 @@ def test_every_reader_subscribed_is_told_of_changes_and_of_deletions_as_the_obje
 
     changes: list[str] = []
     deletions: list[tuple[str, str]] = []
-    watched = WatchedObjects("pods", list_all, lambda obj: obj["spec"]["gpu"], on_change=lambda: changes.append("first"),
-                             on_delete=lambda gpu: deletions.append(("first", gpu)))
-    watched.subscribe(on_change=lambda: changes.append("second"), on_delete=lambda gpu: deletions.append(("second", gpu)))
+    watched = WatchedObjects(
+        "pods",
+        list_all,
+        lambda obj: obj["spec"]["gpu"],
+        on_change=lambda: changes.append("first"),
+        on_delete=lambda gpu: deletions.append(("first", gpu)),
+    )
+    watched.subscribe(
+        on_change=lambda: changes.append("second"), on_delete=lambda gpu: deletions.append(("second", gpu))
+    )
     watched.subscribe(on_change=lambda: changes.append("third"))
     watched.start()
     try:

@@ -27,7 +27,12 @@ from tests.kustomize import MANIFESTS, crds, installable_manifests, overlay
 from tests.manifests.test_manifests import KUBERNETES_VERSION, find
 from timekeeper.config import prometheus_source
 
-HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version")
+HELM_LABELS = (
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+)
 CUSTOM_RESOURCES = ("cert-manager.io/", "monitoring.coreos.com/")
 # What kustomize generates with a hash of it in the name, and the chart names with a hash too (the certgen's Job,
 # by what it runs; the catalogue, by its content): the hashes differ, the names before them must not.
@@ -38,12 +43,28 @@ POD_VALUES = {
     "podLabels": {"example.com/tier": "governance"},
     "nodeSelector": {"example.com/pool": "system"},
     "tolerations": [{"key": "example.com/system", "operator": "Exists", "effect": "NoSchedule"}],
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}
+                ]
+            }
+        }
+    },
     "priorityClassName": "system-cluster-critical",
-    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-    "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
-                        "runAsUser": 10001},
+    "podSecurityContext": {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+    "securityContext": {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsUser": 10001,
+    },
     "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "200Mi"}},
 }
 CATALOGUE = {"default": "NVIDIA H100 80GB HBM3", "models": [
@@ -55,30 +76,64 @@ CATALOGUE = {"default": "NVIDIA H100 80GB HBM3", "models": [
 COMBINATIONS = {
     "defaults": {},
     "cert-manager": {"certManager": {"enabled": True}},
-    "cert-manager with a ClusterIssuer": {"certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "company-ca"}}},
+    "cert-manager with a ClusterIssuer": {
+        "certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "company-ca"}}
+    },
     "external database": {"database": {"bundled": False, "external": {"secretName": "gpusharing-database-url"}}},
-    "service monitors": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}},
-    "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-                               "grafanaDashboard": {"enabled": True}}},
-    "the API server's client certificate": {"webhook": {"clientAuth": {"mode": "certificate"}},
-                                            "networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24", "fd00::/64"]}},
-    "the API server's token": {"webhook": {"clientAuth": {"mode": "token"}}, "priorityClasses": {"allowed": ["research-high"]}},
-    "GPU utilisation from Prometheus": {"controller": {"prometheusUtilisation": {
-        "enabled": True, "url": "https://thanos-querier.openshift-monitoring.svc:9091", "caConfigMap": "openshift-service-ca.crt",
-        "caKey": "service-ca.crt", "tokenSecret": "prometheus-reader", "perPodMetric": "DCGM_FI_DEV_GPU_UTIL",
-        "exporterSelector": 'namespace="nvidia-gpu-operator"'}}},
+    "service monitors": {
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}
+    },
+    "monitoring": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "grafanaDashboard": {"enabled": True},
+        }
+    },
+    "the API server's client certificate": {
+        "webhook": {"clientAuth": {"mode": "certificate"}},
+        "networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24", "fd00::/64"]},
+    },
+    "the API server's token": {
+        "webhook": {"clientAuth": {"mode": "token"}},
+        "priorityClasses": {"allowed": ["research-high"]},
+    },
+    "GPU utilisation from Prometheus": {
+        "controller": {
+            "prometheusUtilisation": {
+                "enabled": True,
+                "url": "https://thanos-querier.openshift-monitoring.svc:9091",
+                "caConfigMap": "openshift-service-ca.crt",
+                "caKey": "service-ca.crt",
+                "tokenSecret": "prometheus-reader",
+                "perPodMetric": "DCGM_FI_DEV_GPU_UTIL",
+                "exporterSelector": 'namespace="nvidia-gpu-operator"',
+            }
+        }
+    },
     "everything changed": {
         "namespace": {"create": True},
         "image": {"repository": "registry.example.com/gpusharing", "tag": "0.2.0", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "regcred"}],
-        "webhook": {"replicas": 2, "failurePolicy": "Ignore", "exemptNamespaces": ["kube-system", "ml-sandbox"],
-                    "env": [{"name": "GPUSHARING_ALIYUN_MEM_UNIT", "value": "MiB"}]},
+        "webhook": {
+            "replicas": 2,
+            "failurePolicy": "Ignore",
+            "exemptNamespaces": ["kube-system", "ml-sandbox"],
+            "env": [{"name": "GPUSHARING_ALIYUN_MEM_UNIT", "value": "MiB"}],
+        },
         "meter": {"image": "registry.example.com/gpusharing-meter:0.2.0", "mode": "container", "intervalSeconds": 10},
         "controller": {"replicas": 3, "env": [{"name": "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS", "value": "5"}]},
-        "timekeeper": {"auth": "none", "staticTokensSecret": "admin-tokens", "defaultBudget": {"gpuMinutes": 0, "period": "weekly"},
-                       "metricsAuth": "token"},
+        "timekeeper": {
+            "auth": "none",
+            "staticTokensSecret": "admin-tokens",
+            "defaultBudget": {"gpuMinutes": 0, "period": "weekly"},
+            "metricsAuth": "token",
+        },
         "database": {"password": "s3cretPassw0rd", "postgres": {"storageClassName": "fast", "storage": "50Gi"}},
-        "priorityClasses": {"inBudget": {"name": "gpu-in-budget", "value": 500}, "overBudget": {"name": "gpu-over-budget", "value": -500}},
+        "priorityClasses": {
+            "inBudget": {"name": "gpu-in-budget", "value": 500},
+            "overBudget": {"name": "gpu-over-budget", "value": -500},
+        },
         "networkPolicy": {"enabled": False},
         "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
@@ -91,19 +146,37 @@ COMBINATIONS = {
         "podAnnotations": {"example.com/owner": "sre"},
         "podLabels": {"example.com/cost-center": "ml"},
         "nodeSelector": {"kubernetes.io/os": "linux"},
-        "tolerations": [{"key": "example.com/dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
+        "tolerations": [
+            {"key": "example.com/dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}
+        ],
         "webhook": POD_VALUES,
         "timekeeper": POD_VALUES,
         "controller": POD_VALUES,
         "database": {"postgres": POD_VALUES},
         "certgen": POD_VALUES,
     },
-    "node agent": {"nodeAgent": {"enabled": True, "runtimeClassName": "nvidia", "resourceNames": ["nvidia.com/gpu", "example.com/vgpu-*"],
-                                 "intervalSeconds": 15, "priorityClassName": "system-node-critical"},
-                   "nodeSelector": {"example.com/pool": "system"}},
-    "node agent in a namespace of yours": {"nodeAgent": {"enabled": True, "namespace": {"name": "gpu-agents", "create": False}}},
-    "renamed": {"nameOverride": "gov", "fullnameOverride": "gpu-governance", "metrics": {
-        "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}},
+    "node agent": {
+        "nodeAgent": {
+            "enabled": True,
+            "runtimeClassName": "nvidia",
+            "resourceNames": ["nvidia.com/gpu", "example.com/vgpu-*"],
+            "intervalSeconds": 15,
+            "priorityClassName": "system-node-critical",
+        },
+        "nodeSelector": {"example.com/pool": "system"},
+    },
+    "node agent in a namespace of yours": {
+        "nodeAgent": {"enabled": True, "namespace": {"name": "gpu-agents", "create": False}}
+    },
+    "renamed": {
+        "nameOverride": "gov",
+        "fullnameOverride": "gpu-governance",
+        "metrics": {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "grafanaDashboard": {"enabled": True},
+        },
+    },
 }
 
 
@@ -137,7 +210,8 @@ def test_helm_lints_the_chart_strictly_for_every_combination() -> None:
 
 def assert_same_objects(chart: list[dict[str, Any]], manifests: list[dict[str, Any]]) -> None:
     rendered = normalized(chart)
-    expected = normalized([o for o in manifests + crds() if o["kind"] != "Namespace"])  # helm install --create-namespace makes it
+    # helm install --create-namespace makes it
+    expected = normalized([o for o in manifests + crds() if o["kind"] != "Namespace"])
     assert sorted(rendered) == sorted(expected)
     for identity, obj in expected.items():
         assert rendered[identity] == obj, identity
@@ -145,7 +219,9 @@ def assert_same_objects(chart: list[dict[str, Any]], manifests: list[dict[str, A
 
 def test_with_cert_manager_the_chart_renders_the_manifests_cert_manager_component(tmp_path: Path) -> None:
     installable_manifests(tmp_path)
-    component = overlay(tmp_path / "with-cert-manager", {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]})
+    component = overlay(
+        tmp_path / "with-cert-manager", {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]}
+    )
     assert_same_objects(render(COMBINATIONS["cert-manager"]), component)
     assert not [o for o in component if "certgen" in o["metadata"]["name"]]
 
@@ -171,26 +247,32 @@ def test_the_chart_and_its_image_have_the_packages_version() -> None:
     assert chart["version"] == chart["appVersion"] == setup["metadata"]["version"]
 
 
-@pytest.mark.parametrize(("values", "where"), [
-    ({"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
-    ({"database": {"password": "has spaces;"}}, "/database/password"),
-    ({"timekeeper": {"auth": "static"}}, "/timekeeper/auth"),
-    ({"meter": {"mode": "sidecar"}}, "/meter/mode"),
-    ({"webhook": {"exemptNamespaces": ["Kube_System"]}}, "/webhook/exemptNamespaces/0"),
-    ({"certgen": {"days": 36500}}, "/certgen/days"),
-    ({"fullnameOverride": "Governance"}, "/fullnameOverride"),
-    ({"nameOverride": "a-name-longer-than-forty-characters-is-too-long"}, "/nameOverride"),
-    ({"webhook": {"podLabels": {"tier": 1}}}, "/webhook/podLabels/tier"),
-    ({"timekeeper": {"tolerations": {"key": "x"}}}, "/timekeeper/tolerations"),
-    ({"certgen": {"priorityClassName": "Critical"}}, "/certgen/priorityClassName"),
-    ({"gpuModels": {"default": "NVIDIA L4"}}, "/gpuModels"),
-    ({"gpuModels": {"default": "x", "models": [{"name": "x", "memoryMiB": 1, "migComputeSlices": 3}]}}, "/gpuModels/models/0/migComputeSlices"),
-    ({"tls": {"certManager": False}}, "additional properties 'tls' not allowed"),
-    ({"replicas": 3}, "additional properties 'replicas' not allowed"),
-    ({"meter": {"intervalSeconds": 0}}, "/meter/intervalSeconds"),
-    ({"controller": {"replicas": 0}}, "/controller/replicas"),
-    ({"controller": {"auth": "none"}}, "additional properties 'auth' not allowed"),
-])
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
+        ({"database": {"password": "has spaces;"}}, "/database/password"),
+        ({"timekeeper": {"auth": "static"}}, "/timekeeper/auth"),
+        ({"meter": {"mode": "sidecar"}}, "/meter/mode"),
+        ({"webhook": {"exemptNamespaces": ["Kube_System"]}}, "/webhook/exemptNamespaces/0"),
+        ({"certgen": {"days": 36500}}, "/certgen/days"),
+        ({"fullnameOverride": "Governance"}, "/fullnameOverride"),
+        ({"nameOverride": "a-name-longer-than-forty-characters-is-too-long"}, "/nameOverride"),
+        ({"webhook": {"podLabels": {"tier": 1}}}, "/webhook/podLabels/tier"),
+        ({"timekeeper": {"tolerations": {"key": "x"}}}, "/timekeeper/tolerations"),
+        ({"certgen": {"priorityClassName": "Critical"}}, "/certgen/priorityClassName"),
+        ({"gpuModels": {"default": "NVIDIA L4"}}, "/gpuModels"),
+        (
+            {"gpuModels": {"default": "x", "models": [{"name": "x", "memoryMiB": 1, "migComputeSlices": 3}]}},
+            "/gpuModels/models/0/migComputeSlices",
+        ),
+        ({"tls": {"certManager": False}}, "additional properties 'tls' not allowed"),
+        ({"replicas": 3}, "additional properties 'replicas' not allowed"),
+        ({"meter": {"intervalSeconds": 0}}, "/meter/intervalSeconds"),
+        ({"controller": {"replicas": 0}}, "/controller/replicas"),
+        ({"controller": {"auth": "none"}}, "additional properties 'auth' not allowed"),
+    ],
+)
 def test_the_schema_refuses_bad_values_and_says_where(values: dict[str, Any], where: str) -> None:
     with helm.Chart.load(CHART) as chart:
         with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
@@ -208,7 +290,9 @@ def test_a_renamed_hami_resource_prefix_reaches_the_match_conditions() -> None:
     values = {"webhook": {"gpuResourcePrefixes": ["nvidia.com/", "example.com/gpu-"]}}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         (condition,) = find(render(values), kind, "gpusharing")["webhooks"][0]["matchConditions"]
-        assert "k.startsWith('example.com/gpu-')" in condition["expression"] and "hami.io/" not in condition["expression"]
+        assert (
+            "k.startsWith('example.com/gpu-')" in condition["expression"] and "hami.io/" not in condition["expression"]
+        )
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -222,7 +306,9 @@ def containers(objects: list[dict[str, Any]], name: str) -> list[dict[str, Any]]
 
 def test_an_external_database_replaces_postgres() -> None:
     objects = render(COMBINATIONS["external database"])
-    assert not [o for o in objects if "postgres" in o["metadata"]["name"] or o["metadata"]["name"] == "gpusharing-database"]
+    assert not [
+        o for o in objects if "postgres" in o["metadata"]["name"] or o["metadata"]["name"] == "gpusharing-database"
+    ]
     for container in containers(objects, "gpusharing-timekeeper"):
         env = env_of(container)
         assert env["TIMEKEEPER_DATABASE_URL"] == {"secretKeyRef": {"name": "gpusharing-database-url", "key": "url"}}
@@ -239,7 +325,10 @@ def test_the_bundled_databases_password_is_generated_in_letters_and_digits() -> 
 def test_a_cluster_issuer_replaces_the_charts_own_issuer() -> None:
     objects = render(COMBINATIONS["cert-manager with a ClusterIssuer"])
     assert not [o for o in objects if o["kind"] == "Issuer"]
-    assert find(objects, "Certificate", "gpusharing-webhook")["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "company-ca"}
+    assert find(objects, "Certificate", "gpusharing-webhook")["spec"]["issuerRef"] == {
+        "kind": "ClusterIssuer",
+        "name": "company-ca",
+    }
 
 
 def certgen_args(container: dict[str, Any]) -> dict[str, str]:
@@ -258,13 +347,17 @@ def test_by_default_the_certgen_makes_the_certificate_for_the_objects_the_chart_
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     args = certgen_args(container)
-    assert args["--namespace"] == "$(NAMESPACE)" and {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
+    assert (
+        args["--namespace"] == "$(NAMESPACE)"
+        and {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
+    )
     assert find(objects, "Service", args["--service"])
     assert find(objects, "ServiceAccount", args["--owner"])["metadata"]["name"] == pod["serviceAccountName"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         configuration = find(objects, kind, args["--webhook-configuration"])
         assert "annotations" not in configuration["metadata"]  # no cert-manager
-        assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]  # the certgen's to set, kept across upgrades
+        # the certgen's to set, kept across upgrades
+        assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
         assert configuration["webhooks"][0]["clientConfig"]["service"]["name"] == args["--service"]
     webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
     (tls,) = [v for v in webhook["volumes"] if v["name"] == "tls"]
@@ -279,16 +372,35 @@ def test_the_certgen_may_touch_its_secret_and_the_two_webhook_configurations_alo
     role = find(objects, "Role", "gpusharing-certgen")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},  # a create cannot be limited by name
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gpusharing-webhook-tls"], "verbs": ["get", "update"]},
-        {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["gpusharing-certgen"], "verbs": ["get"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["gpusharing-webhook-tls"],
+            "verbs": ["get", "update"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts"],
+            "resourceNames": ["gpusharing-certgen"],
+            "verbs": ["get"],
+        },
     ]
-    assert find(objects, "ClusterRole", "gpusharing-certgen")["rules"] == [{
-        "apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
-        "resourceNames": ["gpusharing"], "verbs": ["get", "patch"],
-    }]
-    bindings = [o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and o["metadata"]["name"] == "gpusharing-certgen"]
+    assert find(objects, "ClusterRole", "gpusharing-certgen")["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+            "resourceNames": ["gpusharing"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    bindings = [
+        o
+        for o in objects
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and o["metadata"]["name"] == "gpusharing-certgen"
+    ]
     assert [(b["roleRef"]["kind"], b["subjects"]) for b in bindings] == [
-        (kind, [{"kind": "ServiceAccount", "name": "gpusharing-certgen", "namespace": NAMESPACE}]) for kind in ("Role", "ClusterRole")
+        (kind, [{"kind": "ServiceAccount", "name": "gpusharing-certgen", "namespace": NAMESPACE}])
+        for kind in ("Role", "ClusterRole")
     ]
     assert not [o for o in render(COMBINATIONS["cert-manager"]) if "certgen" in o["metadata"]["name"]]
 
@@ -327,7 +439,9 @@ def test_every_pod_takes_the_conventional_values_its_component_and_the_release_g
 
 
 def test_pod_labels_never_change_a_selector() -> None:
-    objects = render({"webhook": {"podLabels": {"app.kubernetes.io/name": "mine", "team": "a"}}, "podLabels": {"team": "b"}})
+    objects = render(
+        {"webhook": {"podLabels": {"app.kubernetes.io/name": "mine", "team": "a"}}, "podLabels": {"team": "b"}}
+    )
     deployment = find(objects, "Deployment", "gpusharing-webhook")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items() and labels["team"] == "a"
@@ -336,21 +450,31 @@ def test_pod_labels_never_change_a_selector() -> None:
 def test_the_defaults_spread_the_webhook_the_timekeeper_and_the_controller_over_nodes() -> None:
     for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
         deployment = find(render(), "Deployment", name)
-        (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
         assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
 
 def test_the_name_overrides_rename_every_object_and_every_reference_to_it() -> None:
     objects = render(COMBINATIONS["renamed"])
-    fixed = {"CustomResourceDefinition", "PriorityClass", "NetworkPolicy"}  # named by the API group, the values, the role
+    # named by the API group, the values, the role
+    fixed = {"CustomResourceDefinition", "PriorityClass", "NetworkPolicy"}
     for obj in objects:
         if obj["kind"] not in fixed:
             assert obj["metadata"]["name"].startswith("gpu-governance"), (obj["kind"], obj["metadata"]["name"])
-    text = json.dumps(objects).replace('"audience": "gpusharing-timekeeper"', "")  # the tokens' audience is the contract's
-    assert not re.findall(r"(?<![\w.-])gpusharing-(?:webhook|timekeeper|controller|postgres|database|certgen|budget-admin|gpu-models|dashboard)\b", text)
+    # the tokens' audience is the contract's
+    text = json.dumps(objects).replace('"audience": "gpusharing-timekeeper"', "")
+    assert not re.findall(
+        r"(?<![\w.-])gpusharing-(?:webhook|timekeeper|controller|postgres|database|certgen|budget-admin|gpu-models"
+        r"|dashboard)\b",
+        text,
+    )
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     for _, pod in pod_templates(objects):
-        assert ("ServiceAccount", pod["spec"].get("serviceAccountName", "default")) in names | {("ServiceAccount", "default")}
+        assert ("ServiceAccount", pod["spec"].get("serviceAccountName", "default")) in names | {
+            ("ServiceAccount", "default")
+        }
         assert pod["metadata"]["labels"]["app.kubernetes.io/name"].startswith("gov-")  # nameOverride: the labels
     for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in names
@@ -393,32 +517,62 @@ def test_the_prometheus_utilisation_values_give_the_controller_a_source_it_reads
     container = pod["containers"][0]
     env = env_of(container)
     source = prometheus_source(env, float(env["TIMEKEEPER_UTILISATION_INTERVAL_SECONDS"]))  # as the controller reads it
-    assert (env["TIMEKEEPER_UTILISATION_SOURCE"], source.url) == ("prometheus", "https://thanos-querier.openshift-monitoring.svc:9091")
+    assert (env["TIMEKEEPER_UTILISATION_SOURCE"], source.url) == (
+        "prometheus",
+        "https://thanos-querier.openshift-monitoring.svc:9091",
+    )
     assert (source.query.per_pod_metric, source.query.window_seconds) == ("DCGM_FI_DEV_GPU_UTIL", 120)
     assert source.query.selector == 'namespace="nvidia-gpu-operator"'
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert source.ca_file == f"{mounts['prometheus-ca']}/service-ca.crt"
-    assert volumes["prometheus-ca"]["configMap"] == {"name": "openshift-service-ca.crt", "items": [{"key": "service-ca.crt", "path": "service-ca.crt"}]}
+    assert volumes["prometheus-ca"]["configMap"] == {
+        "name": "openshift-service-ca.crt",
+        "items": [{"key": "service-ca.crt", "path": "service-ca.crt"}],
+    }
     assert source.token_file == f"{mounts['prometheus-token']}/token"
     assert volumes["prometheus-token"]["secret"]["secretName"] == "prometheus-reader"
-    own = env_of(containers(render({"controller": {"prometheusUtilisation": {"enabled": True, "url": "http://prometheus:9090",
-                                                                             "serviceAccountToken": True}}}), "gpusharing-controller")[0])
+    own = env_of(
+        containers(
+            render(
+                {
+                    "controller": {
+                        "prometheusUtilisation": {
+                            "enabled": True,
+                            "url": "http://prometheus:9090",
+                            "serviceAccountToken": True,
+                        }
+                    }
+                }
+            ),
+            "gpusharing-controller",
+        )[0]
+    )
     assert own["TIMEKEEPER_PROMETHEUS_TOKEN_FILE"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    assert "TIMEKEEPER_UTILISATION_SOURCE" not in env_of(containers(render(), "gpusharing-controller")[0])  # the meters' by default
-    with pytest.raises(helm.HelmError, match="controller.prometheusUtilisation.enabled needs controller.prometheusUtilisation.url"):
+    # the meters' by default
+    assert "TIMEKEEPER_UTILISATION_SOURCE" not in env_of(containers(render(), "gpusharing-controller")[0])
+    with pytest.raises(
+        helm.HelmError, match="controller.prometheusUtilisation.enabled needs controller.prometheusUtilisation.url"
+    ):
         render({"controller": {"prometheusUtilisation": {"enabled": True}}})
 
 
 @pytest.mark.parametrize("component", ["webhook", "timekeeper", "controller"])
 def test_the_setting_the_catalogue_replaces_is_refused_with_what_to_give_instead(component: str) -> None:
-    with pytest.raises(helm.HelmError, match=f"{component}.env sets GPUSHARING_DEVICE_MEMORY_MIB, which the GPU-model catalogue replaces: give gpuModels"):
+    with pytest.raises(
+        helm.HelmError,
+        match=f"{component}.env sets GPUSHARING_DEVICE_MEMORY_MIB, which the GPU-model catalogue replaces: give "
+            f"gpuModels",
+    ):
         render({component: {"env": [{"name": "GPUSHARING_DEVICE_MEMORY_MIB", "value": "40960"}]}})
 
 
 def test_the_crds_are_kept_on_uninstall() -> None:
     definitions = [o for o in render() if o["kind"] == "CustomResourceDefinition"]
-    assert {d["metadata"]["name"] for d in definitions} == {"gpubudgets.gpusharing.io", "clustergpubudgets.gpusharing.io"}
+    assert {d["metadata"]["name"] for d in definitions} == {
+        "gpubudgets.gpusharing.io",
+        "clustergpubudgets.gpusharing.io",
+    }
     assert all(d["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for d in definitions)
 
 
@@ -435,13 +589,19 @@ def test_the_notes_name_only_what_the_release_has(combination: str) -> None:
         assert ("ClusterRole", role) in names
     for label in re.findall(r"-l app.kubernetes.io/name=([a-z0-9-]+)", text):
         assert [t for _, t in pod_templates(objects) if t["metadata"]["labels"]["app.kubernetes.io/name"] == label]
-    assert ("budget-admin" in text) == values.get("budgetAdmin", {}).get("create", True) or combination == "everything changed"
+    assert ("budget-admin" in text) == values.get("budgetAdmin", {}).get(
+        "create", True
+    ) or combination == "everything changed"
 
 
 def test_service_monitors_scrape_the_services_ports_and_the_webhook_over_its_tls() -> None:
     objects = render(COMBINATIONS["service monitors"])
     monitors = [o for o in objects if o["kind"] == "ServiceMonitor"]
-    assert {m["metadata"]["name"] for m in monitors} == {"gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"}
+    assert {m["metadata"]["name"] for m in monitors} == {
+        "gpusharing-webhook",
+        "gpusharing-timekeeper",
+        "gpusharing-controller",
+    }
     for monitor in monitors:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -464,27 +624,53 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
     assert env["GPUSHARING_METER_IMAGE"] == "registry.example.com/gpusharing-meter:0.2.0"
     assert env["GPUSHARING_SIDECAR_MODE"] == "container"
     assert env["GPUSHARING_ALIYUN_MEM_UNIT"] == "MiB"
-    assert (env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"], env["GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"]) == ("gpu-in-budget", "gpu-over-budget")
-    assert {o["metadata"]["name"]: o["value"] for o in objects if o["kind"] == "PriorityClass"} == {"gpu-in-budget": 500, "gpu-over-budget": -500}
+    assert (env["GPUSHARING_PRIORITY_CLASS_IN_BUDGET"], env["GPUSHARING_PRIORITY_CLASS_OVER_BUDGET"]) == (
+        "gpu-in-budget",
+        "gpu-over-budget",
+    )
+    assert {o["metadata"]["name"]: o["value"] for o in objects if o["kind"] == "PriorityClass"} == {
+        "gpu-in-budget": 500,
+        "gpu-over-budget": -500,
+    }
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         (hook,) = find(objects, kind, "gpusharing")["webhooks"]
         assert hook["failurePolicy"] == "Ignore"
-        assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), NAMESPACE]
+        assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == [
+            *env["GPUSHARING_EXEMPT_NAMESPACES"].split(","),
+            NAMESPACE,
+        ]
     timekeeper = containers(objects, "gpusharing-timekeeper")
     tk_env = env_of(timekeeper[1])
     (controller,) = containers(objects, "gpusharing-controller")
     ct_env = env_of(controller)
-    assert env["GPUSHARING_METER_INTERVAL_SECONDS"] == tk_env["GPUSHARING_METER_INTERVAL_SECONDS"] == ct_env["GPUSHARING_METER_INTERVAL_SECONDS"] == "10"
-    assert (ct_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], ct_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("0", "weekly")  # the same budgets
-    assert ct_env["TIMEKEEPER_DEMOTION_INTERVAL_SECONDS"] == "5" and "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS" not in tk_env
+    assert (
+        env["GPUSHARING_METER_INTERVAL_SECONDS"]
+        == tk_env["GPUSHARING_METER_INTERVAL_SECONDS"]
+        == ct_env["GPUSHARING_METER_INTERVAL_SECONDS"]
+        == "10"
+    )
+    # the same budgets
+    assert (ct_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], ct_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("0", "weekly")
+    assert (
+        ct_env["TIMEKEEPER_DEMOTION_INTERVAL_SECONDS"] == "5" and "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS" not in tk_env
+    )
     assert find(objects, "Deployment", "gpusharing-controller")["spec"]["replicas"] == 3
-    assert (tk_env["TIMEKEEPER_AUTH"], tk_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"], tk_env["TIMEKEEPER_DEFAULT_PERIOD"]) == ("none", "0", "weekly")
+    assert (
+        tk_env["TIMEKEEPER_AUTH"],
+        tk_env["TIMEKEEPER_DEFAULT_GPU_MINUTES"],
+        tk_env["TIMEKEEPER_DEFAULT_PERIOD"],
+    ) == ("none", "0", "weekly")
     assert tk_env["TIMEKEEPER_STATIC_TOKENS_FILE"] == "/etc/gpusharing/static-tokens/tokens"
     assert tk_env["TIMEKEEPER_METRICS_AUTH"] == "token"
     scrape = find(objects, "ServiceMonitor", "gpusharing-timekeeper")["spec"]["endpoints"][0]
-    assert scrape["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-timekeeper-token", "key": "token"}}
+    assert scrape["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "prometheus-timekeeper-token", "key": "token"},
+    }
     for container in [webhook, *timekeeper, controller]:
-        assert container["image"] == "registry.example.com/gpusharing:0.2.0" and container["imagePullPolicy"] == "Always"
+        assert (
+            container["image"] == "registry.example.com/gpusharing:0.2.0" and container["imagePullPolicy"] == "Always"
+        )
     for name, pod in pod_templates(objects):
         spec = pod["spec"]
         assert spec["imagePullSecrets"] == [{"name": "regcred"}] and spec["tolerations"] == values["tolerations"], name
@@ -497,10 +683,17 @@ def test_changed_values_reach_every_place_that_must_agree() -> None:
     assert certgen["spec"]["schedule"] == "0 4 * * 1"
     (job_container,) = certgen["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     assert job_container["args"][job_container["args"].index("--days") + 1] == "730"
-    assert job_container["image"] == "registry.example.com/gpusharing:0.2.0" and job_container["imagePullPolicy"] == "Always"
+    assert (
+        job_container["image"] == "registry.example.com/gpusharing:0.2.0"
+        and job_container["imagePullPolicy"] == "Always"
+    )
     # budgetAdmin.create false: the ClusterRole to bind people to, and no ServiceAccount of it.
     assert find(objects, "ClusterRole", "gpusharing-budget-admin")
-    assert not [o for o in objects if o["kind"] in ("ServiceAccount", "ClusterRoleBinding") and o["metadata"]["name"] == "gpusharing-budget-admin"]
+    assert not [
+        o
+        for o in objects
+        if o["kind"] in ("ServiceAccount", "ClusterRoleBinding") and o["metadata"]["name"] == "gpusharing-budget-admin"
+    ]
 
 
 def pod_templates(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -529,7 +722,9 @@ def test_the_alerts_and_the_dashboard_are_those_of_the_monitoring_component(tmp_
     rule, expected_rule = (find(o, "PrometheusRule", "gpusharing") for o in (objects, component))
     assert rule["spec"] == expected_rule["spec"] and rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     dashboard, expected_dashboard = (find(o, "ConfigMap", "gpusharing-dashboard") for o in (objects, component))
-    assert json.loads(dashboard["data"]["gpusharing-budgets.json"]) == json.loads(expected_dashboard["data"]["gpusharing-budgets.json"])
+    assert json.loads(dashboard["data"]["gpusharing-budgets.json"]) == json.loads(
+        expected_dashboard["data"]["gpusharing-budgets.json"]
+    )
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert not [o for o in render() if o["kind"] == "PrometheusRule" or o["metadata"]["name"] == "gpusharing-dashboard"]
 
@@ -539,8 +734,21 @@ def kustomize_monitoring(directory: Path) -> list[dict[str, Any]]:
     return overlay(directory, {"components": [os.path.relpath(MANIFESTS / "monitoring", directory)]})
 
 
-ONE_VALUE = ("resources", "migrationResources", "labels", "issuerRef", "inBudget", "overBudget", "podAnnotations", "podLabels",
-             "nodeSelector", "affinity", "podSecurityContext", "securityContext", "gpuModels")
+ONE_VALUE = (
+    "resources",
+    "migrationResources",
+    "labels",
+    "issuerRef",
+    "inBudget",
+    "overBudget",
+    "podAnnotations",
+    "podLabels",
+    "nodeSelector",
+    "affinity",
+    "podSecurityContext",
+    "securityContext",
+    "gpuModels",
+)
 
 
 def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
@@ -568,18 +776,24 @@ def secret_file(objects: list[dict[str, Any]], name: str, key: str) -> bytes:
     return base64.b64decode(find(objects, "Secret", name)["data"][key])
 
 
-def test_with_client_certificates_the_webhook_answers_the_api_server_alone_and_the_control_plane_gets_its_files() -> None:
+def test_with_client_certificates_the_webhook_answers_the_api_server_alone_and_the_control_plane_gets_its_files() -> (
+    None
+):
     objects = render(COMBINATIONS["the API server's client certificate"])
     webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
     (container,) = webhook["containers"]
     assert env_of(container)["GPUSHARING_CLIENT_CA_FILE"] == "/etc/gpusharing/client-ca/ca.crt"
-    assert {"name": "client-ca", "mountPath": "/etc/gpusharing/client-ca", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "client-ca", "mountPath": "/etc/gpusharing/client-ca", "readOnly": True} in container[
+        "volumeMounts"
+    ]
     assert {"name": "client-ca", "secret": {"secretName": "gpusharing-webhook-client-ca"}} in webhook["volumes"]
     # What the control plane's nodes need: the AdmissionConfiguration, and the kubeconfig it names for the webhook's
     # Service, whose client certificate the webhook's CA signed.
     admission = yaml.safe_load(secret_file(objects, "gpusharing-apiserver-admission", "admission-configuration.yaml"))
     assert [p["name"] for p in admission["plugins"]] == ["ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"]
-    assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {"/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"}
+    assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {
+        "/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"
+    }
     kubeconfig = yaml.safe_load(secret_file(objects, "gpusharing-apiserver-admission", "webhook-kubeconfig.yaml"))
     (user,) = kubeconfig["users"]
     assert user["name"] == f"gpusharing-webhook.{NAMESPACE}.svc"  # the name the API server looks its credentials up by
@@ -587,7 +801,12 @@ def test_with_client_certificates_the_webhook_answers_the_api_server_alone_and_t
     ca = x509.load_pem_x509_certificate(secret_file(objects, "gpusharing-webhook-client-ca", "ca.crt"))
     client.verify_directly_issued_by(ca)
     policy = find(objects, "NetworkPolicy", "webhook-from-api-server")["spec"]["ingress"]
-    assert policy == [{"ports": [{"protocol": "TCP", "port": 8443}], "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}]}]
+    assert policy == [
+        {
+            "ports": [{"protocol": "TCP", "port": 8443}],
+            "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+        }
+    ]
 
 
 def test_with_tokens_the_webhook_reviews_them_for_the_api_servers_service_account() -> None:
@@ -598,7 +817,9 @@ def test_with_tokens_the_webhook_reviews_them_for_the_api_servers_service_accoun
     assert find(objects, "ServiceAccount", "gpusharing-apiserver")["automountServiceAccountToken"] is False
     rules = find(objects, "ClusterRole", "gpusharing-webhook")["rules"]
     assert {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]} in rules
-    assert "GPUSHARING_CLIENT_TOKEN_USERS" not in env_of(find(render(), "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0])
+    assert "GPUSHARING_CLIENT_TOKEN_USERS" not in env_of(
+        find(render(), "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]
+    )
 
 
 def node_agent(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -634,19 +855,27 @@ def test_the_node_agent_runs_on_gpu_nodes_in_a_namespace_of_its_own_with_what_it
     assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "utility")
     assert env["GPUSHARING_NODE_AGENT_RESOURCES"] == "nvidia.com/gpu,example.com/vgpu-*"
     # What it mounts is where its settings' defaults look, read-only; the host's paths are the kubelet's and /proc.
-    config = NodeAgentConfig.from_env({k: v for k, v in env.items() if isinstance(v, str)} | {"GPUSHARING_NODE_AGENT_NODE_NAME": "n"})
+    config = NodeAgentConfig.from_env(
+        {k: v for k, v in env.items() if isinstance(v, str)} | {"GPUSHARING_NODE_AGENT_NODE_NAME": "n"}
+    )
     assert config.interval_seconds == 15
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert all(m["readOnly"] for m in mounts.values())
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {host_paths[name]: mounts[name]["mountPath"] for name in host_paths} == {
-        "/var/lib/kubelet/pod-resources": str(config.podresources_socket.parent), "/proc": str(config.proc_root), "/var/log/pods": str(config.pod_logs)}
+        "/var/lib/kubelet/pod-resources": str(config.podresources_socket.parent),
+        "/proc": str(config.proc_root),
+        "/var/log/pods": str(config.pod_logs),
+    }
     (token,) = [v["projected"]["sources"][0]["serviceAccountToken"] for v in pod["volumes"] if "projected" in v]
     assert token == {"audience": "gpusharing-timekeeper", "expirationSeconds": 3600, "path": config.token_path.name}
     assert mounts["timekeeper-token"]["mountPath"] == str(config.token_path.parent)
     # Its own ServiceAccount, bound to nothing: it asks the API server for nothing.
     account = find(objects, "ServiceAccount", "gpusharing-node-agent")
-    assert pod["serviceAccountName"] == account["metadata"]["name"] and account["metadata"]["namespace"] == "gpusharing-node-agent"
+    assert (
+        pod["serviceAccountName"] == account["metadata"]["name"]
+        and account["metadata"]["namespace"] == "gpusharing-node-agent"
+    )
     bound = [s for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in o["subjects"]]
     assert not [s for s in bound if s["name"] == "gpusharing-node-agent"]
 
@@ -659,6 +888,9 @@ def test_the_node_agent_may_go_into_a_namespace_made_beforehand() -> None:
 
 
 def test_the_node_agent_component_of_the_manifests_is_what_the_chart_renders(tmp_path: Path) -> None:
-    component = overlay(tmp_path / "with-node-agent", {"components": [os.path.relpath(MANIFESTS / "node-agent", tmp_path / "with-node-agent")]})
+    component = overlay(
+        tmp_path / "with-node-agent",
+        {"components": [os.path.relpath(MANIFESTS / "node-agent", tmp_path / "with-node-agent")]},
+    )
     chart = [o for o in render({"nodeAgent": {"enabled": True}}) if "node-agent" in o["metadata"]["name"]]
     assert normalized(chart) == normalized(component)

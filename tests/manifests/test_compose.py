@@ -32,7 +32,15 @@ def compose() -> dict[str, Any]:
 def test_compose_file_is_valid_by_the_compose_specification(compose: dict[str, Any]) -> None:
     parsed = compose_spec.PyCompose.from_json(json.dumps(compose))
     parsed.validate()
-    assert set(parsed.service_names()) == {"postgres", "migrate", "timekeeper", "kube-api", "controller", "webhook", "meter"}
+    assert set(parsed.service_names()) == {
+        "postgres",
+        "migrate",
+        "timekeeper",
+        "kube-api",
+        "controller",
+        "webhook",
+        "meter",
+    }
 
 
 def test_services_wait_for_what_they_need(compose: dict[str, Any]) -> None:
@@ -69,7 +77,11 @@ def test_the_controller_runs_beside_the_timekeeper_on_its_image_and_database(com
     timekeeper, controller = compose["services"]["timekeeper"], compose["services"]["controller"]
     assert controller["command"] == ["timekeeper", "controller"]
     assert (controller["image"], controller["build"]) == (timekeeper["image"], timekeeper["build"])
-    shared = {k: v for k, v in timekeeper["environment"].items() if k.startswith("TIMEKEEPER_") and "AUTH" not in k and "TOKENS" not in k}
+    shared = {
+        k: v
+        for k, v in timekeeper["environment"].items()
+        if k.startswith("TIMEKEEPER_") and "AUTH" not in k and "TOKENS" not in k
+    }
     assert shared.items() <= controller["environment"].items()
     assert "http://127.0.0.1:8081/livez" in " ".join(controller["healthcheck"]["test"])
     assert "ports" not in controller  # it serves no API
@@ -78,7 +90,9 @@ def test_the_controller_runs_beside_the_timekeeper_on_its_image_and_database(com
 def test_the_controller_works_against_the_stand_in_api_its_kubeconfig_names(compose: dict[str, Any]) -> None:
     services = compose["services"]
     mounted = {volume.split(":")[1]: volume.split(":")[0] for volume in services["controller"]["volumes"]}
-    kubeconfig = yaml.safe_load((ROOT / mounted[services["controller"]["environment"]["TIMEKEEPER_KUBECONFIG"]]).read_text())
+    kubeconfig = yaml.safe_load(
+        (ROOT / mounted[services["controller"]["environment"]["TIMEKEEPER_KUBECONFIG"]]).read_text()
+    )
     (cluster,) = kubeconfig["clusters"]
     assert cluster["cluster"]["server"] == f"http://kube-api:{services['kube-api']['command'][-1]}"
     (user,) = kubeconfig["users"]
@@ -124,17 +138,23 @@ def test_the_stand_in_api_needs_only_demo_beside_the_installed_package(compose: 
 
 def test_static_tokens_match_the_token_files(compose: dict[str, Any]) -> None:
     tokens = load_static_tokens(str(ROOT / "compose/static-tokens"))
-    callers = {role: tokens.caller((ROOT / f"compose/{role}-token").read_text().strip()) for role in ("meter", "reader", "admin")}
+    callers = {
+        role: tokens.caller((ROOT / f"compose/{role}-token").read_text().strip())
+        for role in ("meter", "reader", "admin")
+    }
     assert {role: caller and caller.role for role, caller in callers.items()} == {r: Role(r) for r in callers}
     meter = compose["services"]["meter"]["environment"]["GPUSHARING_NAMESPACE"]
-    assert callers["meter"] is not None and callers["meter"].namespaces == {meter}  # the meter token reports for its namespace only
+    # the meter token reports for its namespace only
+    assert callers["meter"] is not None and callers["meter"].namespaces == {meter}
     assert compose["services"]["timekeeper"]["environment"]["TIMEKEEPER_AUTH"] == "static"
 
 
 def documented_commands(text: str) -> list[list[str]]:
     """The concrete `gpusharing …` commands in a text (code blocks, inline code, comments), as argument lists."""
     commands = []
-    for match in re.finditer(r"(?:^|[`\s(])gpusharing ((?:budget|pods|explain|certs|db|timekeeper|webhook|--)[^`\n]*)", text, re.M):
+    for match in re.finditer(
+        r"(?:^|[`\s(])gpusharing ((?:budget|pods|explain|certs|db|timekeeper|webhook|--)[^`\n]*)", text, re.M
+    ):
         line = match.group(1).split(" # ")[0].split(" && ")[0].split(" &")[0].strip().rstrip("`)")
         if any(mark in line for mark in ("[", "…", "|", "COMMAND")):
             continue  # a synopsis, not a command

@@ -46,14 +46,20 @@ def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 def examples() -> list[dict[str, Any]]:
-    return [doc for path in sorted((MANIFESTS / "examples").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return [
+        doc
+        for path in sorted((MANIFESTS / "examples").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
 
 
 def test_every_object_validates_strictly(objects: list[dict[str, Any]]) -> None:
     extra = examples() + crds()
     for obj in objects + extra:
         if obj["apiVersion"].startswith(("cert-manager.io/", "gpusharing.io/")):
-            continue  # custom resources, not in the Kubernetes schema: checked below (and gpusharing.io's by the e2e tier)
+            # custom resources, not in the Kubernetes schema: checked below (and gpusharing.io's by the e2e tier)
+            continue
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
@@ -70,7 +76,18 @@ def test_the_gpubudget_examples_match_their_crds_schema() -> None:
         assert version["served"] and version["storage"] and version["subresources"] == {"status": {}}
         Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(obj)
         columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-        assert columns == ["Budget", "Used", "Remaining", "Percent", "Idle", "State", "Band", "Fair-share ratio", "Period End", "Age"]
+        assert columns == [
+            "Budget",
+            "Used",
+            "Remaining",
+            "Percent",
+            "Idle",
+            "State",
+            "Band",
+            "Fair-share ratio",
+            "Period End",
+            "Age",
+        ]
     assert definitions["GPUBudget"]["spec"]["names"]["shortNames"] == ["gb"]
 
 
@@ -88,17 +105,31 @@ def test_the_crds_take_safe_admissions_settings_as_the_contract_names_them() -> 
         spec = schema["properties"]["spec"]["properties"]
         assert (spec["admission"]["enum"], spec["admission"]["default"]) == (list(AdmissionMode), AdmissionMode.OPEN)
         assert (spec["onShortfall"]["enum"], spec["onShortfall"]["default"]) == (list(Shortfall), Shortfall.DEMOTE)
-        obj = {"apiVersion": "gpusharing.io/v1alpha1", "kind": crd["spec"]["names"]["kind"], "metadata": {"name": "x.y"}}
-        Draft4Validator(schema).validate({**obj, "spec": {"gpuMinutes": 1, "admission": "strict", "onShortfall": "refuse"}})
+        obj = {
+            "apiVersion": "gpusharing.io/v1alpha1",
+            "kind": crd["spec"]["names"]["kind"],
+            "metadata": {"name": "x.y"},
+        }
+        Draft4Validator(schema).validate(
+            {**obj, "spec": {"gpuMinutes": 1, "admission": "strict", "onShortfall": "refuse"}}
+        )
         for key, value in (("admission", "unsafe"), ("onShortfall", "evict"), ("admission", "Safe")):
             errors = Draft4Validator(schema).iter_errors({**obj, "spec": {"gpuMinutes": 1, key: value}})
             assert [error.message for error in errors] == [f"{value!r} is not one of {spec[key]['enum']}"]
-        assert {"name": "Admission", "type": "string", "jsonPath": ".spec.admission", "priority": 1} in version["additionalPrinterColumns"]
+        assert {"name": "Admission", "type": "string", "jsonPath": ".spec.admission", "priority": 1} in version[
+            "additionalPrinterColumns"
+        ]
 
 
-CERTGEN = {("ServiceAccount", "gpusharing-certgen"), ("Role", "gpusharing-certgen"), ("RoleBinding", "gpusharing-certgen"),
-           ("ClusterRole", "gpusharing-certgen"), ("ClusterRoleBinding", "gpusharing-certgen"), ("Job", "gpusharing-certgen"),
-           ("CronJob", "gpusharing-certgen")}
+CERTGEN = {
+    ("ServiceAccount", "gpusharing-certgen"),
+    ("Role", "gpusharing-certgen"),
+    ("RoleBinding", "gpusharing-certgen"),
+    ("ClusterRole", "gpusharing-certgen"),
+    ("ClusterRoleBinding", "gpusharing-certgen"),
+    ("Job", "gpusharing-certgen"),
+    ("CronJob", "gpusharing-certgen"),
+}
 
 
 def test_the_certgen_makes_the_webhooks_certificate_without_cert_manager(objects: list[dict[str, Any]]) -> None:
@@ -115,7 +146,10 @@ def test_the_certgen_makes_the_webhooks_certificate_without_cert_manager(objects
         assert find(objects, kind, options["--webhook-configuration"])
     volumes = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["volumes"]
     (tls,) = [v for v in volumes if v["name"] == "tls"]
-    assert tls["secret"]["secretName"] == options["--secret"] and [i["key"] for i in tls["secret"]["items"]] == ["tls.crt", "tls.key"]
+    assert tls["secret"]["secretName"] == options["--secret"] and [i["key"] for i in tls["secret"]["items"]] == [
+        "tls.crt",
+        "tls.key",
+    ]
     assert granted_in(find(objects, "ClusterRole", "gpusharing-certgen")) == {
         ("admissionregistration.k8s.io", f"{kind}webhookconfigurations", verb, "gpusharing")
         for kind in ("mutating", "validating") for verb in ("get", "patch")
@@ -140,7 +174,10 @@ def granted_in(role: dict[str, Any]) -> set[tuple[str, str, str, str | None]]:
 
 
 def test_the_cert_manager_component_issues_the_certificate_in_place_of_the_certgen(installable: Path) -> None:
-    objects = overlay(installable.parent / "with-cert-manager", {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]})
+    objects = overlay(
+        installable.parent / "with-cert-manager",
+        {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]},
+    )
     assert not CERTGEN & {(o["kind"], o["metadata"]["name"]) for o in objects}
     certificate = find(objects, "Certificate", "gpusharing-webhook")
     assert certificate["spec"]["secretName"] == "gpusharing-webhook-tls"
@@ -196,8 +233,26 @@ def match_conditions(objects: list[dict[str, Any]], kind: str) -> Any:
     return matches
 
 
-NO_GPU = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "annotations": {"team": "web"}}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}})
-NO_RESOURCES = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"}, "spec": {"containers": [{"name": "bare", "image": "busybox:1.36"}]}})
+NO_GPU = api_server_pod(
+    {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "annotations": {"team": "web"}},
+        "spec": {
+            "containers": [
+                {"name": "web", "image": "nginx:1.27", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
+            ]
+        },
+    }
+)
+NO_RESOURCES = api_server_pod(
+    {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bare"},
+        "spec": {"containers": [{"name": "bare", "image": "busybox:1.36"}]},
+    }
+)
 
 
 def backend_pods() -> list[tuple[str, dict[str, Any]]]:
@@ -209,10 +264,14 @@ def backend_pods() -> list[tuple[str, dict[str, Any]]]:
         if expected is not None:
             pods.append((name, backends.pod(backends.container("main"), annotations=given)))
     for table in (backends.HAMI_REQUESTS, backends.GPU_MANAGER):
-        pods += [(row[0], backends.pod(backends.container("main", limits=row[1]))) for row in table if row[-1] is not None]
+        pods += [
+            (row[0], backends.pod(backends.container("main", limits=row[1]))) for row in table if row[-1] is not None
+        ]
     for name, limits, _, expected in backends.ALIYUN:
         if expected is not None:
-            pods.append((name, backends.pod(*[backends.container(f"c{i}", limits=each) for i, each in enumerate(limits)])))
+            pods.append(
+                (name, backends.pod(*[backends.container(f"c{i}", limits=each) for i, each in enumerate(limits)]))
+            )
     for name, resource, _, _ in backends.MIG:
         pods.append((name, backends.pod(backends.container("main", limits={resource: "1"}))))
     for name, templates, _, _ in dra.CLAIMS:
@@ -232,9 +291,24 @@ def test_match_conditions_let_every_gpu_pod_through_and_no_other(objects: list[d
     renamed = backends.pod(backends.container("main", limits={"hami.io/gpu": "1"}))
     assert matches(renamed)
     assert not matches(NO_GPU) and not matches(NO_RESOURCES)
-    assert not matches(api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "amd"},
-                                       "spec": {"containers": [{"name": "c", "image": "rocm", "resources": {"limits": {"amd.com/gpu": "1"}}}]}}))
-    impostor = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"containers": [{"name": "gpusharing-meter", "image": "evil:1"}]}})
+    assert not matches(
+        api_server_pod(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "amd"},
+                "spec": {"containers": [{"name": "c", "image": "rocm", "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+            }
+        )
+    )
+    impostor = api_server_pod(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "x"},
+            "spec": {"containers": [{"name": "gpusharing-meter", "image": "evil:1"}]},
+        }
+    )
     assert matches(impostor)
 
 
@@ -242,16 +316,31 @@ def test_match_conditions_let_every_gpu_pod_through_and_no_other(objects: list[d
 def test_validation_also_sees_pods_and_updates_carrying_the_record(objects: list[dict[str, Any]], where: str) -> None:
     """A pod that asks for no GPU but carries the record is refused there (the timekeeper would count it)."""
     matches = match_conditions(objects, "ValidatingWebhookConfiguration")
-    recorded = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", where: {"gpusharing.io/gpu-share": "0.5"}}, "spec": NO_GPU["spec"]})
+    recorded = api_server_pod(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "x", where: {"gpusharing.io/gpu-share": "0.5"}},
+            "spec": NO_GPU["spec"],
+        }
+    )
     assert matches(recorded)
     assert matches(NO_GPU, old=recorded) and matches(recorded, old=NO_GPU)
     assert not matches(NO_GPU, old=NO_GPU)
 
 
-def test_validation_also_sees_updates_of_pods_with_the_billing_finalizer_or_the_meter(objects: list[dict[str, Any]]) -> None:
+def test_validation_also_sees_updates_of_pods_with_the_billing_finalizer_or_the_meter(
+    objects: list[dict[str, Any]],
+) -> None:
     matches = match_conditions(objects, "ValidatingWebhookConfiguration")
-    finalized = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "finalizers": ["example.com/a", "gpusharing.io/billing"]},
-                                "spec": NO_GPU["spec"]})
+    finalized = api_server_pod(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "x", "finalizers": ["example.com/a", "gpusharing.io/billing"]},
+            "spec": NO_GPU["spec"],
+        }
+    )
     assert matches(finalized) and matches(NO_GPU, old=finalized) and matches(finalized, old=NO_GPU)
     assert not matches(NO_GPU, old={**NO_GPU, "metadata": {**NO_GPU["metadata"], "finalizers": ["example.com/a"]}})
     for list_name in ("initContainers", "containers"):
@@ -284,7 +373,9 @@ def test_webhook_deployment_is_highly_available(objects: list[dict[str, Any]]) -
 
 
 def test_containers_run_unprivileged(objects: list[dict[str, Any]]) -> None:
-    workloads = [(o["metadata"]["name"], o["spec"]) for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
+    workloads = [
+        (o["metadata"]["name"], o["spec"]) for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")
+    ]
     workloads += [(o["metadata"]["name"], o["spec"]["jobTemplate"]["spec"]) for o in objects if o["kind"] == "CronJob"]
     assert len(workloads) == 6  # webhook, timekeeper, controller, postgres, the certgen's Job and CronJob
     for name, spec in workloads:
@@ -312,7 +403,9 @@ def granted(objects: list[dict[str, Any]], role: str) -> set[tuple[str, str, str
     return {(group, resource, verb) for group, resource, verb, _ in granted_in(find(objects, "ClusterRole", role))}
 
 
-def test_controller_does_the_cluster_work_under_a_lease_with_the_timekeepers_database(objects: list[dict[str, Any]]) -> None:
+def test_controller_does_the_cluster_work_under_a_lease_with_the_timekeepers_database(
+    objects: list[dict[str, Any]],
+) -> None:
     deployment = find(objects, "Deployment", "gpusharing-controller")
     assert deployment["spec"]["replicas"] == 2
     spec = deployment["spec"]["template"]["spec"]
@@ -326,7 +419,12 @@ def test_controller_does_the_cluster_work_under_a_lease_with_the_timekeepers_dat
     assert env["TIMEKEEPER_LEASE_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]
     tk_env = {e["name"]: e for e in timekeeper["containers"][0]["env"]}
-    shared = ("DATABASE_PASSWORD", "TIMEKEEPER_DATABASE_URL", "GPUSHARING_GPU_MODELS_FILE", "GPUSHARING_METER_INTERVAL_SECONDS")
+    shared = (
+        "DATABASE_PASSWORD",
+        "TIMEKEEPER_DATABASE_URL",
+        "GPUSHARING_GPU_MODELS_FILE",
+        "GPUSHARING_METER_INTERVAL_SECONDS",
+    )
     assert {name: env[name] for name in shared} == {name: tk_env[name] for name in shared}
     assert "TIMEKEEPER_LEASE_NAMESPACE" not in tk_env  # the Lease is the controller's alone
     assert container["securityContext"] == timekeeper["containers"][0]["securityContext"]
@@ -340,7 +438,9 @@ def test_controller_does_the_cluster_work_under_a_lease_with_the_timekeepers_dat
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics"}]
 
 
-def test_the_meters_interval_is_one_setting_of_the_webhook_the_timekeeper_and_the_controller(objects: list[dict[str, Any]]) -> None:
+def test_the_meters_interval_is_one_setting_of_the_webhook_the_timekeeper_and_the_controller(
+    objects: list[dict[str, Any]],
+) -> None:
     for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
         (container,) = find(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"]
         assert {"name": "GPUSHARING_METER_INTERVAL_SECONDS", "value": "30"} in container["env"], name
@@ -362,18 +462,37 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "pods", "watch"),  # billing: what ran; safe admission: what the deadlines commit
         ("", "pods", "patch"),  # the billing finalizer, removed once a pod's bill is closed
         ("", "pods/eviction", "create"),
-        ("resource.k8s.io", "resourceclaims", "list"), ("resource.k8s.io", "resourceclaims", "watch"),  # DRA pods' bills
+        # DRA pods' bills
+        ("resource.k8s.io", "resourceclaims", "list"),
+        ("resource.k8s.io", "resourceclaims", "watch"),
         ("", "events", "create"),
         ("", "namespaces", "get"),
         ("apps", "replicasets", "get"),  # idle pods' Events on the Deployment that owns their ReplicaSet
-        *{("gpusharing.io", resource, verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("get", "list", "watch")},
-        *{("gpusharing.io", f"{resource}/status", verb) for resource in ("gpubudgets", "clustergpubudgets") for verb in ("update", "patch")},
+        *{
+            ("gpusharing.io", resource, verb)
+            for resource in ("gpubudgets", "clustergpubudgets")
+            for verb in ("get", "list", "watch")
+        },
+        *{
+            ("gpusharing.io", f"{resource}/status", verb)
+            for resource in ("gpubudgets", "clustergpubudgets")
+            for verb in ("update", "patch")
+        },
     }
     election = find(objects, "Role", "gpusharing-controller-leader-election")
     assert election["metadata"]["namespace"] == "gpusharing-system"
-    assert election["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
-    bindings = {(o["kind"], o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
-    assert {(kind, role) for kind, role, subject in bindings if subject == "gpusharing-timekeeper"} == {("ClusterRoleBinding", "gpusharing-timekeeper")}
+    assert election["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+    bindings = {
+        (o["kind"], o["roleRef"]["name"], s["name"])
+        for o in objects
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        for s in o["subjects"]
+    }
+    assert {(kind, role) for kind, role, subject in bindings if subject == "gpusharing-timekeeper"} == {
+        ("ClusterRoleBinding", "gpusharing-timekeeper")
+    }
     assert {(kind, role) for kind, role, subject in bindings if subject == "gpusharing-controller"} == {
         ("ClusterRoleBinding", "gpusharing-controller"), ("RoleBinding", "gpusharing-controller-leader-election")}
     viewer = find(objects, "ClusterRole", "gpusharing-gpubudget-viewer")
@@ -387,31 +506,53 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("gpusharing.io", "gpubudgets", "list"),  # the timekeeper's listing of every namespace's budget state
         ("gpusharing.io", "reservations", "create"),  # safe admission's reservations, made by the timekeeper
     }
-    bindings = {(o["roleRef"]["name"], s["name"]) for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding") for s in o["subjects"]}
+    bindings = {
+        (o["roleRef"]["name"], s["name"])
+        for o in objects
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        for s in o["subjects"]
+    }
     assert {role for role, subject in bindings if subject == "gpusharing-webhook"} == {"gpusharing-webhook"}
     # No token by default; the webhook's own container gets the API's and the timekeeper's, projected.
     assert find(objects, "ServiceAccount", "gpusharing-webhook")["automountServiceAccountToken"] is False
     pod = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     (api_token,) = [v for v in pod["volumes"] if v["name"] == "kube-api-token"]
-    (token_source,) = [s["serviceAccountToken"] for s in api_token["projected"]["sources"] if "serviceAccountToken" in s]
+    (token_source,) = [
+        s["serviceAccountToken"] for s in api_token["projected"]["sources"] if "serviceAccountToken" in s
+    ]
     assert "audience" not in token_source and token_source["expirationSeconds"] <= 3600
 
 
-def test_network_policy_opens_only_the_timekeeper_port_and_the_controllers_metrics_to_all_pods(objects: list[dict[str, Any]]) -> None:
+def test_network_policy_opens_only_the_timekeeper_port_and_the_controllers_metrics_to_all_pods(
+    objects: list[dict[str, Any]],
+) -> None:
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
     deny = next(p for p in policies if p["spec"]["podSelector"] == {})
     assert deny["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in deny["spec"]
-    from_everywhere = [p for p in policies if any(source.get("namespaceSelector") == {} for rule in p["spec"].get("ingress", []) for source in rule.get("from", []))]
-    assert {(p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"], p["spec"]["ingress"][0]["ports"][0]["port"]) for p in from_everywhere} == {
-        ("gpusharing-timekeeper", 8080), ("gpusharing-controller", 8081)}
+    from_everywhere = [
+        p
+        for p in policies
+        if any(
+            source.get("namespaceSelector") == {}
+            for rule in p["spec"].get("ingress", [])
+            for source in rule.get("from", [])
+        )
+    ]
+    assert {
+        (p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"], p["spec"]["ingress"][0]["ports"][0]["port"])
+        for p in from_everywhere
+    } == {("gpusharing-timekeeper", 8080), ("gpusharing-controller", 8081)}
     (database,) = [p for p in policies if p["metadata"]["name"] == "postgres-from-timekeeper"]
-    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in database["spec"]["ingress"][0]["from"]] == [
-        "gpusharing-timekeeper", "gpusharing-controller"]
+    assert [
+        peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for peer in database["spec"]["ingress"][0]["from"]
+    ] == ["gpusharing-timekeeper", "gpusharing-controller"]
 
 
 def database_password(objects: list[dict[str, Any]]) -> str:
-    [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-database-")]
+    [secret] = [
+        o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-database-")
+    ]
     return base64.b64decode(secret["data"]["password"]).decode()
 
 
@@ -419,19 +560,31 @@ def test_the_database_password_is_generated_from_database_env_and_reaches_postgr
     objects: list[dict[str, Any]]
 ) -> None:
     assert database_password(objects) == PASSWORD
-    [secret] = [o["metadata"]["name"] for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-database")]
+    [secret] = [
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-database")
+    ]
     postgres = find(objects, "StatefulSet", "gpusharing-postgres")["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "POSTGRES_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}} in postgres["env"]
+    assert {
+        "name": "POSTGRES_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}},
+    } in postgres["env"]
     timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]
     controller = find(objects, "Deployment", "gpusharing-controller")["spec"]["template"]["spec"]
     for container in (timekeeper["initContainers"][0], timekeeper["containers"][0], controller["containers"][0]):
         names = [e["name"] for e in container["env"]]
         # Kubernetes expands $(VAR) only from variables defined before.
         assert names.index("DATABASE_PASSWORD") < names.index("TIMEKEEPER_DATABASE_URL")
-        assert container["env"][names.index("DATABASE_PASSWORD")]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "password"}
+        assert container["env"][names.index("DATABASE_PASSWORD")]["valueFrom"]["secretKeyRef"] == {
+            "name": secret,
+            "key": "password",
+        }
         url = container["env"][names.index("TIMEKEEPER_DATABASE_URL")]["value"]
         assert url.startswith("postgresql+psycopg://gpusharing:$(DATABASE_PASSWORD)@gpusharing-postgres.")
-    in_base = [doc for path in (MANIFESTS / "base").glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc]
+    in_base = [
+        doc for path in (MANIFESTS / "base").glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc
+    ]
     assert not [doc for doc in in_base if doc.get("kind") == "Secret"]  # no password in git to edit by hand
 
 
@@ -442,18 +595,34 @@ def test_without_database_env_kustomize_names_the_file_to_write(tmp_path: Path) 
 
 
 def test_an_overlays_images_override_reaches_the_meter_image_and_the_certgen(installable: Path) -> None:
-    objects = overlay(installable.parent / "registry-overlay", {
-        "resources": ["../manifests"],
-        "images": [{"name": "ghcr.io/kube-gpusharing/gpusharing", "newName": "registry.example.com/gpusharing", "newTag": "0.2.0"}],
-    })
+    objects = overlay(
+        installable.parent / "registry-overlay",
+        {
+            "resources": ["../manifests"],
+            "images": [
+                {
+                    "name": "ghcr.io/kube-gpusharing/gpusharing",
+                    "newName": "registry.example.com/gpusharing",
+                    "newTag": "0.2.0",
+                }
+            ],
+        },
+    )
     templates = [o["spec"]["template"] for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")]
     templates += [o["spec"]["jobTemplate"]["spec"]["template"] for o in objects if o["kind"] == "CronJob"]
-    ours = [c for t in templates for c in t["spec"].get("initContainers", []) + t["spec"]["containers"] if "gpusharing" in c["image"]]
+    ours = [
+        c
+        for t in templates
+        for c in t["spec"].get("initContainers", []) + t["spec"]["containers"]
+        if "gpusharing" in c["image"]
+    ]
     assert len(ours) == 6 and {c["image"] for c in ours} == {"registry.example.com/gpusharing:0.2.0"}
     webhook = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "GPUSHARING_METER_IMAGE", "value": "registry.example.com/gpusharing:0.2.0"} in webhook["env"]
     timekeeper = find(objects, "Deployment", "gpusharing-timekeeper")["spec"]["template"]["spec"]["containers"][0]
-    assert [e for e in timekeeper["env"] if e["name"] == "TIMEKEEPER_DATABASE_URL"][0]["value"].startswith("postgresql+psycopg://")
+    assert [e for e in timekeeper["env"] if e["name"] == "TIMEKEEPER_DATABASE_URL"][0]["value"].startswith(
+        "postgresql+psycopg://"
+    )
 
 
 def test_certs_overlay_for_clusters_without_cert_manager(tmp_path: Path) -> None:
@@ -477,19 +646,26 @@ def test_the_documented_admin_token_comes_from_a_service_account_the_installatio
 ) -> None:
     documents = [MANIFESTS.parent / "README.md", *sorted((MANIFESTS.parent / "docs").rglob("*.md"))]
     text = "\n".join(document.read_text() for document in documents)
-    accounts = set(re.findall(r"kubectl -n gpusharing-system create token ([a-z0-9-]+) --audience gpusharing-timekeeper", text))
+    accounts = set(
+        re.findall(r"kubectl -n gpusharing-system create token ([a-z0-9-]+) --audience gpusharing-timekeeper", text)
+    )
     assert accounts, "neither the README nor docs/ shows an admin token"
     created = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o["kind"] == "ServiceAccount"}
-    bound = {(s["namespace"], s["name"]) for o in objects if o["kind"] == "ClusterRoleBinding"
-             and o["roleRef"]["name"] == "gpusharing-budget-admin" for s in o["subjects"] if s["kind"] == "ServiceAccount"}
+    bound = {
+        (s["namespace"], s["name"])
+        for o in objects
+        if o["kind"] == "ClusterRoleBinding" and o["roleRef"]["name"] == "gpusharing-budget-admin"
+        for s in o["subjects"]
+        if s["kind"] == "ServiceAccount"
+    }
     for account in accounts:
         assert ("gpusharing-system", account) in created & bound, account
 
 
 def test_uninstalling_leaves_nothing_behind(objects: list[dict[str, Any]]) -> None:
     """`kubectl delete -k manifests/` deletes what the installation made: every binding's subjects come with it (a
-    ClusterRoleBinding applied apart, as the budget admin's was, outlived the namespace), the examples hold no RBAC
-    to apply apart, and the Secret the certgen makes is owned by its ServiceAccount (the garbage collector deletes it)."""
+    ClusterRoleBinding applied apart, as the budget admin's was, outlived the namespace), the examples hold no RBAC to
+    apply apart, and the Secret the certgen makes is owned by its ServiceAccount (the garbage collector deletes it)."""
     names = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects}
     for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         for subject in binding["subjects"]:
@@ -500,16 +676,32 @@ def test_uninstalling_leaves_nothing_behind(objects: list[dict[str, Any]]) -> No
     assert ("ServiceAccount", "gpusharing-system", owner) in names
 
 
-def test_the_gpu_model_catalogue_is_the_shipped_one_mounted_by_both_and_an_overlay_replaces_it(installable: Path) -> None:
+def test_the_gpu_model_catalogue_is_the_shipped_one_mounted_by_both_and_an_overlay_replaces_it(
+    installable: Path,
+) -> None:
     assert (MANIFESTS / "base" / "gpu-models.yaml").read_bytes() == SHIPPED_CATALOGUE.read_bytes()
     mine = "default: NVIDIA L4\nmodels:\n- {name: NVIDIA L4, memoryMiB: 23034, billingWeight: 0.3}\n"
-    replaced = overlay(installable.parent / "my-models", {
-        "resources": ["../manifests"],
-        "configMapGenerator": [{"name": "gpusharing-gpu-models", "namespace": "gpusharing-system", "behavior": "replace",
-                                "files": ["gpu-models.yaml=my-models.yaml"]}],
-    }, files={"my-models.yaml": mine})
+    replaced = overlay(
+        installable.parent / "my-models",
+        {
+            "resources": ["../manifests"],
+            "configMapGenerator": [
+                {
+                    "name": "gpusharing-gpu-models",
+                    "namespace": "gpusharing-system",
+                    "behavior": "replace",
+                    "files": ["gpu-models.yaml=my-models.yaml"],
+                }
+            ],
+        },
+        files={"my-models.yaml": mine},
+    )
     for objects, content in ((kustomize(installable), SHIPPED_CATALOGUE.read_text()), (replaced, mine)):
-        [config_map] = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpusharing-gpu-models-")]
+        [config_map] = [
+            o
+            for o in objects
+            if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("gpusharing-gpu-models-")
+        ]
         assert config_map["data"] == {"gpu-models.yaml": content}
         catalogue_from(yaml.safe_load(content), "the catalogue")
         for name in ("gpusharing-webhook", "gpusharing-timekeeper", "gpusharing-controller"):
@@ -518,12 +710,22 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_mounted_by_both_and_an_overl
             (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "gpu-models"]
             env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
             assert env["GPUSHARING_GPU_MODELS_FILE"] == f"{mount['mountPath']}/gpu-models.yaml"
-    names = {o["metadata"]["name"] for objects in (kustomize(installable), replaced) for o in objects if o["kind"] == "ConfigMap"}
+    names = {
+        o["metadata"]["name"]
+        for objects in (kustomize(installable), replaced)
+        for o in objects
+        if o["kind"] == "ConfigMap"
+    }
     assert len(names) == 2  # another name for another catalogue: both Deployments roll
 
 
-def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classes(objects: list[dict[str, Any]]) -> None:
-    env = {e["name"]: e.get("value") for e in find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]["env"]}
+def test_the_webhooks_settings_agree_with_its_configurations_and_priority_classes(
+    objects: list[dict[str, Any]],
+) -> None:
+    env = {
+        e["name"]: e.get("value")
+        for e in find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         (expression,) = find(objects, kind, "gpusharing")["webhooks"][0]["namespaceSelector"]["matchExpressions"]
         assert expression["values"] == [*env["GPUSHARING_EXEMPT_NAMESPACES"].split(","), "gpusharing-system"]
@@ -537,18 +739,25 @@ def test_the_client_auth_component_makes_the_webhook_answer_the_api_servers_cert
     with (installed / "kustomization.yaml").open("a") as kustomization:
         kustomization.write("components:\n- client-auth\n")
     objects = kustomize(installed)
-    (secret,) = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-webhook-client-ca")]
+    (secret,) = [
+        o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("gpusharing-webhook-client-ca")
+    ]
     assert base64.b64decode(secret["data"]["ca.crt"]) == (installed / "client-auth" / "ca.crt").read_bytes()
     pod = find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert {"name": "GPUSHARING_CLIENT_CA_FILE", "value": "/etc/gpusharing/client-ca/ca.crt"} in container["env"]
-    assert {"name": "client-ca", "mountPath": "/etc/gpusharing/client-ca", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "client-ca", "mountPath": "/etc/gpusharing/client-ca", "readOnly": True} in container[
+        "volumeMounts"
+    ]
     # The Secret's hashed name, so that a new CA rolls the webhook.
     assert {"name": "client-ca", "secret": {"secretName": secret["metadata"]["name"]}} in pod["volumes"]
     apiserver = installed / "client-auth" / "apiserver"
     admission = yaml.safe_load((apiserver / "admission-configuration.yaml").read_text())
-    assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {"/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"}
-    assert (apiserver / "webhook-kubeconfig.yaml").stat().st_mode & 0o077 == 0  # the client key: for the control plane alone
+    assert {p["configuration"]["kubeConfigFile"] for p in admission["plugins"]} == {
+        "/etc/kubernetes/gpusharing/webhook-kubeconfig.yaml"
+    }
+    # the client key: for the control plane alone
+    assert (apiserver / "webhook-kubeconfig.yaml").stat().st_mode & 0o077 == 0
 
 
 def test_the_crds_take_an_idle_policy_as_the_api_does() -> None:
@@ -562,10 +771,17 @@ def test_the_crds_take_an_idle_policy_as_the_api_does() -> None:
         assert set(idle["properties"]) == set(IDLE_FIELDS) and idle["required"] == ["after"]
         actions = [str(action) for action in IdleAction]
         assert idle["properties"]["action"]["enum"] == actions
-        obj = {"apiVersion": "gpusharing.io/v1alpha1", "kind": crd["spec"]["names"]["kind"], "metadata": {"name": "x.y"}}
+        obj = {
+            "apiVersion": "gpusharing.io/v1alpha1",
+            "kind": crd["spec"]["names"]["kind"],
+            "metadata": {"name": "x.y"},
+        }
         policy = {"after": "4h", "action": "evict", "warnBefore": "30m", "utilisationPercent": 0.5, "minAge": "1h"}
         Draft4Validator(schema).validate({**obj, "spec": {"gpuMinutes": 1, "idle": policy}})
         errors = Draft4Validator(schema).iter_errors({**obj, "spec": {"gpuMinutes": 1, "idle": {"action": "kill"}}})
-        assert sorted(error.message for error in errors) == ["'after' is a required property", f"'kill' is not one of {actions}"]
+        assert sorted(error.message for error in errors) == [
+            "'after' is a required property",
+            f"'kill' is not one of {actions}",
+        ]
         assert {"name": "Idle", "type": "number", "jsonPath": ".status.idleGpuHours",
                 "description": "GPU-hours idle this period"} in version["additionalPrinterColumns"]

@@ -18,7 +18,10 @@ import yaml
 from tests.kustomize import MANIFESTS, installable_manifests, kustomize
 
 REPO = MANIFESTS.parent
-HOW_TO_GET = "promtool is needed: `make tools` puts Debian's beside this Python, in .venv/bin (or install the prometheus package)"
+HOW_TO_GET = (
+    "promtool is needed: `make tools` puts Debian's beside this Python, in .venv/bin "
+    "(or install the prometheus package)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,9 @@ def monitoring(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
     shutil.copytree(MANIFESTS / "monitoring", directory / "manifests" / "monitoring", dirs_exist_ok=True)
     overlay = directory / "overlay"
     overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["../manifests"], "components": ["../manifests/monitoring"]}))
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": ["../manifests"], "components": ["../manifests/monitoring"]})
+    )
     return kustomize(overlay)
 
 
@@ -67,16 +72,28 @@ def run(promtool: str, *args: str, cwd: Path) -> str:
     return done.stdout
 
 
-def test_the_component_adds_alerts_scraping_and_the_dashboard_and_nothing_else(monitoring: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_the_component_adds_alerts_scraping_and_the_dashboard_and_nothing_else(
+    monitoring: list[dict[str, Any]], tmp_path: Path
+) -> None:
     base = {(o["kind"], o["metadata"]["name"]) for o in kustomize(installable_manifests(tmp_path))}
     added = {(o["kind"], o["metadata"]["name"]) for o in monitoring} - base
     assert added == {("PrometheusRule", "gpusharing"), ("ServiceMonitor", "gpusharing-timekeeper"),
                      ("ServiceMonitor", "gpusharing-controller"), ("ServiceMonitor", "gpusharing-webhook"),
                      ("ConfigMap", "gpusharing-dashboard")}
     alerts = {rule["alert"] for group in rule_groups(monitoring) for rule in group["rules"]}
-    assert alerts == {"GPUBudgetWarning", "GPUBudgetExhausted", "GPUBudgetExhaustionForecast", "GPUPodsIdle", "GPUMetersSilent",
-                      "GPUMeterReportsRefused", "GPUSharingTimekeeperDown", "GPUSharingControllerNotLeading",
-                      "GPUSharingControllerTaskLagging", "GPUSharingWebhookDown", "GPUSharingWebhookCannotReachTimekeeper"}
+    assert alerts == {
+        "GPUBudgetWarning",
+        "GPUBudgetExhausted",
+        "GPUBudgetExhaustionForecast",
+        "GPUPodsIdle",
+        "GPUMetersSilent",
+        "GPUMeterReportsRefused",
+        "GPUSharingTimekeeperDown",
+        "GPUSharingControllerNotLeading",
+        "GPUSharingControllerTaskLagging",
+        "GPUSharingWebhookDown",
+        "GPUSharingWebhookCannotReachTimekeeper",
+    }
 
 
 def test_promtool_checks_the_rules_and_the_dashboards_queries_and_the_alerts_fire_as_meant(
@@ -86,7 +103,9 @@ def test_promtool_checks_the_rules_and_the_dashboards_queries_and_the_alerts_fir
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
     assert "SUCCESS: 11 rules found" in run(promtool, "check", "rules", "rules.yaml", cwd=tmp_path)
     # The dashboard's queries, parsed by Prometheus' own parser as recording rules.
-    records = [{"record": f"dashboard:query_{i}", "expr": q} for i, q in enumerate(dashboard_queries(dashboard(monitoring)))]
+    records = [
+        {"record": f"dashboard:query_{i}", "expr": q} for i, q in enumerate(dashboard_queries(dashboard(monitoring)))
+    ]
     (tmp_path / "dashboard.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
     run(promtool, "check", "rules", "dashboard.yaml", cwd=tmp_path)
     shutil.copy(Path(__file__).parent / "alerts_test.yaml", tmp_path / "alerts_test.yaml")
@@ -99,7 +118,13 @@ def exported_metrics() -> set[str]:
     for module in ("timekeeper/metrics.py", "webhook/metrics.py"):
         source = (REPO / module).read_text()
         for kind, name in re.findall(r'(Counter|Histogram|GaugeMetricFamily|Gauge)\(\s*"([a-z_]+)"', source):
-            names |= {f"{name}_total"} if kind == "Counter" else {f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "Histogram" else {name}
+            names |= (
+                {f"{name}_total"}
+                if kind == "Counter"
+                else {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+                if kind == "Histogram"
+                else {name}
+            )
     return names
 
 
@@ -108,7 +133,13 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(monitoring: l
     expressions += dashboard_queries(dashboard(monitoring))
     board = dashboard(monitoring)
     expressions += [v["query"]["query"] for v in board["templating"]["list"] if isinstance(v.get("query"), dict)]
-    used = {name for expr in expressions for name in re.findall(r"\b(gpusharing_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[-+*/<>=,]|\s+(?:and|unless|or)\b)", expr)}
+    used = {
+        name
+        for expr in expressions
+        for name in re.findall(
+            r"\b(gpusharing_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[-+*/<>=,]|\s+(?:and|unless|or)\b)", expr
+        )
+    }
     assert used and used <= exported_metrics(), used - exported_metrics()
     assert {"gpusharing_timekeeper_pod_gpu_seconds", "gpusharing_timekeeper_remaining_gpu_seconds",
             "gpusharing_timekeeper_idle_gpu_seconds", "gpusharing_timekeeper_idle_pods_warned"} <= used

@@ -37,7 +37,11 @@ def test_the_manifest_follows_krews_rules() -> None:
     assert spec["platforms"]
     for platform in spec["platforms"]:
         for expression in platform["selector"]["matchExpressions"]:
-            assert expression["key"] in ("os", "arch") and expression["operator"] in ("In", "NotIn") and expression["values"]
+            assert (
+                expression["key"] in ("os", "arch")
+                and expression["operator"] in ("In", "NotIn")
+                and expression["values"]
+            )
         assert re.fullmatch(r"[0-9a-f]{64}", platform["sha256"]) and platform["uri"].startswith("https://")
         assert platform["bin"] and not platform["bin"].startswith("/") and ".." not in platform["bin"]
 
@@ -49,7 +53,9 @@ def test_the_manifest_names_this_versions_archive_and_its_sha256() -> None:
     assert build.archive() == data  # the same bytes each time, so a sha256 can be published
     for platform in spec["platforms"]:
         assert platform["uri"].endswith(f"/v{build.version()}/{build.archive_name()}")
-        assert platform["sha256"] == hashlib.sha256(data).hexdigest(), "run `make plugin` and put its sha256 in the manifest"
+        assert platform["sha256"] == hashlib.sha256(data).hexdigest(), (
+            "run `make plugin` and put its sha256 in the manifest"
+        )
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             names = tar.getnames()
         assert platform["bin"] in names and all(f["from"] in names for f in platform["files"])
@@ -68,14 +74,22 @@ def test_the_archive_carries_no_trace_of_the_python_or_the_machine_that_built_it
 def supported_pythons() -> list[str]:
     """The other supported interpreters this machine has (the system's, or pyenv's)."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    found = {str(Path(p).resolve()) for minor in (10, 11, 12, 13)
-             for p in [f"/usr/bin/python3.{minor}", *glob.glob(str(pyenv / f"3.{minor}.*" / "bin" / "python3"))] if Path(p).exists()}
+    found = {
+        str(Path(p).resolve())
+        for minor in (10, 11, 12, 13)
+        for p in [f"/usr/bin/python3.{minor}", *glob.glob(str(pyenv / f"3.{minor}.*" / "bin" / "python3"))]
+        if Path(p).exists()
+    }
     return sorted(found - {str(Path(sys.executable).resolve())})
 
 
-@pytest.mark.parametrize("python", supported_pythons() or [pytest.param(None, marks=pytest.mark.skip("no other Python 3.10-3.13 here"))])
+@pytest.mark.parametrize(
+    "python", supported_pythons() or [pytest.param(None, marks=pytest.mark.skip("no other Python 3.10-3.13 here"))]
+)
 def test_every_supported_python_builds_the_same_archive(python: str, tmp_path: Path) -> None:
-    built = subprocess.run([python, str(PLUGINS / "build.py"), str(tmp_path)], capture_output=True, text=True, check=True)
+    built = subprocess.run(
+        [python, str(PLUGINS / "build.py"), str(tmp_path)], capture_output=True, text=True, check=True
+    )
     assert built.stdout.split()[0] == hashlib.sha256(build.archive()).hexdigest(), python
 
 

@@ -48,14 +48,24 @@ def test_every_rendered_file_says_it_is_generated_from_what_and_how_and_carries_
         assert "Do not edit: change the chart and run `make manifests`." in second, path
         for obj in (o for o in yaml.safe_load_all(text) if o):
             labels = obj["metadata"].get("labels", {})
-            assert not [label for label in labels if label.startswith("helm.sh/") or label.startswith("app.kubernetes.io/managed")], path
+            assert not [
+                label
+                for label in labels
+                if label.startswith("helm.sh/") or label.startswith("app.kubernetes.io/managed")
+            ], path
             assert labels["app.kubernetes.io/part-of"] == "kube-gpusharing", path
-    listed = {str(p.relative_to(MANIFESTS)) for p in MANIFESTS.glob("*/*") if p.name != "kustomization.yaml" and p.parent.name != "examples"}
+    listed = {
+        str(p.relative_to(MANIFESTS))
+        for p in MANIFESTS.glob("*/*")
+        if p.name != "kustomization.yaml" and p.parent.name != "examples"
+    }
     assert listed - {"base/kustomizeconfig.yaml"} == set(rendered)  # every resource file of the install is rendered
 
 
 def test_the_rendered_files_keep_the_comments_that_say_why() -> None:
     rbac = (MANIFESTS / "base" / "rbac.yaml").read_text()
-    assert "# Idle pods' Events also go on their owner as `kubectl describe` shows it: a ReplicaSet's Deployment." in rbac
+    assert (
+        "# Idle pods' Events also go on their owner as `kubectl describe` shows it: a ReplicaSet's Deployment." in rbac
+    )
     assert "kubectl -n gpusharing-system create token gpusharing-budget-admin --audience gpusharing-timekeeper" in rbac
     assert "automountServiceAccountToken: false  # its tokens are made on request" in rbac

@@ -52,7 +52,9 @@ class ReadingsEndpoint:
     def wait_for(self, count: int, timeout: float = 30.0) -> list[Received]:
         """The first `count` requests, once they have arrived (the timeout only stops a broken test from hanging)."""
         with self.arrived:
-            assert self.arrived.wait_for(lambda: len(self.received) >= count, timeout), f"{len(self.received)} of {count} requests came"
+            assert self.arrived.wait_for(lambda: len(self.received) >= count, timeout), (
+                f"{len(self.received)} of {count} requests came"
+            )
             return self.received[:count]
 
 
@@ -64,7 +66,7 @@ def endpoint() -> Iterator[ReadingsEndpoint]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with recorder.arrived:
                 recorder.received.append(Received(self.path, self.headers.get("Authorization"), body))

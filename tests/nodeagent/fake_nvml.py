@@ -67,23 +67,23 @@ class FakeNvml(FakeMigDriver):
         if gpu.failing:
             raise NVMLError(self.NVML_ERROR_GPU_IS_LOST, "GPU is lost")
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         if self.failure:
             raise NVMLError(999, self.failure)
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         self._check(self.gpus[index])
         return self.gpus[index]
 
-    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
         return handle.uuid
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:
         self._check(handle)
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes.items()]
 
-    def nvmlDeviceGetProcessUtilization(self, handle: FakeGpu, last_seen: int) -> list[SimpleNamespace]:  # noqa: N802
+    def nvmlDeviceGetProcessUtilization(self, handle: FakeGpu, last_seen: int) -> list[SimpleNamespace]:
         self._check(handle)
         if not handle.per_process:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
@@ -94,10 +94,10 @@ class FakeNvml(FakeMigDriver):
         return [SimpleNamespace(pid=pid, timeStamp=round(at * 1e6), smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
                 for at, pid, sm in samples]
 
-    def nvmlDeviceGetSamples(self, handle: FakeGpu, kind: int, last_seen: int) -> tuple[int, list[SimpleNamespace]]:  # noqa: N802
+    def nvmlDeviceGetSamples(self, handle: FakeGpu, kind: int, last_seen: int) -> tuple[int, list[SimpleNamespace]]:
         raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")  # the device's last sample alone, below
 
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:
         if handle.utilisation is None:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
         return SimpleNamespace(gpu=round(handle.utilisation), memory=0)
@@ -133,7 +133,7 @@ class TracedNvml(FakeNvml):
         self.trace = trace
         self._read: float | None = None
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         modified = self.trace.stat().st_mtime_ns
         if modified != self._read:
             self.gpus, self._read = gpus_from_trace(json.loads(self.trace.read_text())), modified

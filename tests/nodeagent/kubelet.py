@@ -30,14 +30,28 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
         self.allocatable = allocatable
         self.listings = 0
 
-    def List(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def List(self, request: Any, context: grpc.ServicerContext) -> Any:
         self.listings += 1
-        return api_pb2.ListPodResourcesResponse(pod_resources=[
-            api_pb2.PodResources(name=pod.name, namespace=pod.namespace, containers=[api_pb2.ContainerResources(
-                name="main", devices=[api_pb2.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in pod.devices.items()])])
-            for pod in self.pods])
+        return api_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                api_pb2.PodResources(
+                    name=pod.name,
+                    namespace=pod.namespace,
+                    containers=[
+                        api_pb2.ContainerResources(
+                            name="main",
+                            devices=[
+                                api_pb2.ContainerDevices(resource_name=r, device_ids=ids)
+                                for r, ids in pod.devices.items()
+                            ],
+                        )
+                    ],
+                )
+                for pod in self.pods
+            ]
+        )
 
-    def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:
         if self.allocatable is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method GetAllocatableResources")
         return api_pb2.AllocatableResourcesResponse(devices=[
@@ -73,16 +87,21 @@ class KubeletSocket:
 
 def systemd_cgroup(uid: str, qos: str = "burstable") -> str:
     """cgroup v2 under the systemd driver, as /proc/<pid>/cgroup reads it from the host's cgroup namespace."""
-    return f"0::/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid.replace('-', '_')}.slice/cri-containerd-0a1b.scope\n"
+    slice_uid = uid.replace("-", "_")
+    return f"0::/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{slice_uid}.slice/cri-containerd-0a1b.scope\n"
 
 
 def cgroupfs_v1(uid: str) -> str:
     """cgroup v1 under the cgroupfs driver: a line per controller."""
-    return "".join(f"{n}:{c}:/kubepods/besteffort/pod{uid}/0a1b2c\n" for n, c in ((12, "memory"), (11, "cpu,cpuacct"), (1, "name=systemd")))
+    return "".join(
+        f"{n}:{c}:/kubepods/besteffort/pod{uid}/0a1b2c\n"
+        for n, c in ((12, "memory"), (11, "cpu,cpuacct"), (1, "name=systemd"))
+    )
 
 
 def guaranteed_from_another_namespace(uid: str) -> str:
-    """cgroup v2, systemd driver, a Guaranteed pod (no QoS level in the path), read from a cgroup namespace of its own."""
+    """cgroup v2, systemd driver, a Guaranteed pod (no QoS level in the path), read from a cgroup namespace of its
+    own."""
     return f"0::/../../kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-0a1b.scope\n"
 
 

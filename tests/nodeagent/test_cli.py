@@ -26,7 +26,9 @@ def agent_env(tmp_path: Path, endpoint: ReadingsEndpoint, socket: Path, **change
     pods = [Pod("team-a", "trainer", A, {"nvidia.com/gpu": [GPU0]})]
     proc, logs = node_view(tmp_path, {4242: systemd_cgroup(A)}, pods)
     (tmp_path / "token").write_text("node-agent-token")
-    trace = write_trace(tmp_path / "trace.json", [{"uuid": GPU0, "processes": {"4242": 3 * 1024 * MIB}, "busy": {"4242": 40}}])
+    trace = write_trace(
+        tmp_path / "trace.json", [{"uuid": GPU0, "processes": {"4242": 3 * 1024 * MIB}, "busy": {"4242": 40}}]
+    )
     return {
         **os.environ,
         "GPUSHARING_NODE_AGENT_NODE_NAME": "gpu-node-1",
@@ -42,10 +44,20 @@ def agent_env(tmp_path: Path, endpoint: ReadingsEndpoint, socket: Path, **change
     }
 
 
-def test_sends_its_nodes_readings_every_interval_until_sigterm_then_exits_0(tmp_path: Path, socket_dir: Path, endpoint: ReadingsEndpoint) -> None:
-    kubelet = KubeletSocket(socket_dir / "kubelet.sock", FakeKubelet([Pod("team-a", "trainer", A, {"nvidia.com/gpu": [GPU0]})])).start()
-    agent = subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "node-agent"], env=agent_env(tmp_path, endpoint, kubelet.socket),
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def test_sends_its_nodes_readings_every_interval_until_sigterm_then_exits_0(
+    tmp_path: Path, socket_dir: Path, endpoint: ReadingsEndpoint
+) -> None:
+    kubelet = KubeletSocket(
+        socket_dir / "kubelet.sock", FakeKubelet([Pod("team-a", "trainer", A, {"nvidia.com/gpu": [GPU0]})])
+    ).start()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpusharing.cli", "node-agent"],
+        env=agent_env(tmp_path, endpoint, kubelet.socket),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         batches = endpoint.wait_for(2)
         agent.send_signal(signal.SIGTERM)
@@ -56,20 +68,45 @@ def test_sends_its_nodes_readings_every_interval_until_sigterm_then_exits_0(tmp_
     assert agent.returncode == 0, output
     assert {b.authorization for b in batches} == {"Bearer node-agent-token"}
     assert [b.body["node"] for b in batches] == ["gpu-node-1"] * 2
-    assert batches[1].body["readings"] == [{"podUid": A, "namespace": "team-a", "pod": "trainer", "utilisationPercent": 40.0, "memoryUsedMiB": 3072.0}]
+    assert batches[1].body["readings"] == [
+        {"podUid": A, "namespace": "team-a", "pod": "trainer", "utilisationPercent": 40.0, "memoryUsedMiB": 3072.0}
+    ]
 
 
-def test_a_bad_setting_stops_it_at_start_with_one_line(tmp_path: Path, socket_dir: Path, endpoint: ReadingsEndpoint) -> None:
+def test_a_bad_setting_stops_it_at_start_with_one_line(
+    tmp_path: Path, socket_dir: Path, endpoint: ReadingsEndpoint
+) -> None:
     env = agent_env(tmp_path, endpoint, socket_dir / "kubelet.sock", GPUSHARING_NODE_AGENT_INTERVAL_SECONDS="soon")
-    result = subprocess.run([sys.executable, "-m", "gpusharing.cli", "node-agent"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpusharing.cli", "node-agent"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr == "gpusharing: GPUSHARING_NODE_AGENT_INTERVAL_SECONDS='soon' must be a finite number\n"
 
 
 @pytest.mark.skipif(fake_gpu.nvidia_driver_present(), reason="an NVIDIA driver is present")
-def test_without_nvml_it_stops_at_start_saying_what_to_check(tmp_path: Path, socket_dir: Path, endpoint: ReadingsEndpoint) -> None:
-    env = agent_env(tmp_path, endpoint, socket_dir / "kubelet.sock", GPUSHARING_NODE_AGENT_NVML="nodeagent.devices:open_nvml")
-    result = subprocess.run([sys.executable, "-m", "gpusharing.cli", "node-agent"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_without_nvml_it_stops_at_start_saying_what_to_check(
+    tmp_path: Path, socket_dir: Path, endpoint: ReadingsEndpoint
+) -> None:
+    env = agent_env(
+        tmp_path, endpoint, socket_dir / "kubelet.sock", GPUSHARING_NODE_AGENT_NVML="nodeagent.devices:open_nvml"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gpusharing.cli", "node-agent"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
-    assert "the node agent cannot read the GPUs through NVML" in result.stderr and "NVIDIA_VISIBLE_DEVICES=all" in result.stderr
+    assert (
+        "the node agent cannot read the GPUs through NVML" in result.stderr
+        and "NVIDIA_VISIBLE_DEVICES=all" in result.stderr
+    )
     assert endpoint.received == []

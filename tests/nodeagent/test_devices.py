@@ -29,7 +29,8 @@ def test_each_interval_reads_the_samples_since_the_last_one_as_each_process_mean
         nvml.advance(2.0)
         busy.append(gpus.read()[GPU0].busy_by_pid)
     assert busy == [{10: 50.0, 20: 10.0}, {10: 90.0}, {}, {99: 70.0}]
-    assert nvml.cursors == [0, 1_500_000, 2_500_000, 2_500_000]  # the last sample's timestamp, kept across an empty interval
+    # the last sample's timestamp, kept across an empty interval
+    assert nvml.cursors == [0, 1_500_000, 2_500_000, 2_500_000]
     assert gpus.read() == {GPU0: DeviceWindow(GPU0, {}, None, ((10, 512 * MIB), (20, None)))}
 
 
@@ -41,7 +42,12 @@ def test_a_steady_trace_is_sampled_every_period() -> None:
 
 
 def test_without_per_process_samples_the_device_utilisation_is_read_instead() -> None:
-    nvml = FakeNvml([FakeGpu(GPU0, {10: MIB}, per_process=False, utilisation=42.0), FakeGpu(GPU1, per_process=False, utilisation=None)])
+    nvml = FakeNvml(
+        [
+            FakeGpu(GPU0, {10: MIB}, per_process=False, utilisation=42.0),
+            FakeGpu(GPU1, per_process=False, utilisation=None),
+        ]
+    )
     windows = Gpus(nvml).read()
     assert (windows[GPU0].busy_by_pid, windows[GPU0].device_busy) == (None, 42.0)
     assert (windows[GPU1].busy_by_pid, windows[GPU1].device_busy) == (None, None)  # the driver cannot say: unknown

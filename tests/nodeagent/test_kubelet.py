@@ -14,7 +14,11 @@ from nodeagent.config import DEFAULT_RESOURCES
 from nodeagent.kubelet import KubeletUnavailable, NodeDevices, PodDevices, PodResources
 from tests.nodeagent.kubelet import FakeKubelet, KubeletSocket, Pod
 
-A, B, C = "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f", "1c9b4d2f-3a5e-4d66-8e1f-7b8c9d0e1f2a", "2dac5e3a-4b6f-4e77-9f2a-8c9d0e1f2a3b"
+A, B, C = (
+    "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f",
+    "1c9b4d2f-3a5e-4d66-8e1f-7b8c9d0e1f2a",
+    "2dac5e3a-4b6f-4e77-9f2a-8c9d0e1f2a3b",
+)
 
 
 def test_lists_the_pods_holding_a_gpu_resource_of_any_dialect_and_nothing_else(socket_dir: Path) -> None:
@@ -27,8 +31,12 @@ def test_lists_the_pods_holding_a_gpu_resource_of_any_dialect_and_nothing_else(s
     try:
         client = PodResources(server.socket, DEFAULT_RESOURCES)
         assert client.read() == NodeDevices(
-            pods=(PodDevices("team-a", "trainer", (("nvidia.com/gpu", "GPU-1111::0"), ("nvidia.com/gpu", "GPU-1111::3"))),
-                  PodDevices("team-b", "sliced", (("nvidia.com/mig-1g.10gb", "MIG-aaaa"), ("tencent.com/vcuda-core", "vc-1")))),
+            pods=(
+                PodDevices("team-a", "trainer", (("nvidia.com/gpu", "GPU-1111::0"), ("nvidia.com/gpu", "GPU-1111::3"))),
+                PodDevices(
+                    "team-b", "sliced", (("nvidia.com/mig-1g.10gb", "MIG-aaaa"), ("tencent.com/vcuda-core", "vc-1"))
+                ),
+            ),
             allocatable=tuple(("nvidia.com/gpu", f"GPU-1111::{n}") for n in range(4)),
         )
         client.close()
@@ -37,8 +45,10 @@ def test_lists_the_pods_holding_a_gpu_resource_of_any_dialect_and_nothing_else(s
 
 
 def test_only_the_configured_resources_make_a_pod_governed(socket_dir: Path) -> None:
-    kubelet = FakeKubelet([Pod("team-a", "a", A, {"nvidia.com/gpu": ["GPU-1"]}), Pod("team-a", "b", B, {"example.com/fpga-x": ["f0"]})],
-                          allocatable={"nvidia.com/gpu": ["GPU-1", "GPU-2"], "example.com/fpga-x": ["f0", "f1"]})
+    kubelet = FakeKubelet(
+        [Pod("team-a", "a", A, {"nvidia.com/gpu": ["GPU-1"]}), Pod("team-a", "b", B, {"example.com/fpga-x": ["f0"]})],
+        allocatable={"nvidia.com/gpu": ["GPU-1", "GPU-2"], "example.com/fpga-x": ["f0", "f1"]},
+    )
     server = KubeletSocket(socket_dir / "kubelet.sock", kubelet).start()
     try:
         node = PodResources(server.socket, ("example.com/fpga-*",)).read()
@@ -48,8 +58,12 @@ def test_only_the_configured_resources_make_a_pod_governed(socket_dir: Path) -> 
         server.stop()
 
 
-def test_a_kubelet_without_allocatable_resources_is_read_all_the_same_and_said_once(socket_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    server = KubeletSocket(socket_dir / "kubelet.sock", FakeKubelet([Pod("ns", "p", A, {"nvidia.com/gpu": ["GPU-1"]})], allocatable=None)).start()
+def test_a_kubelet_without_allocatable_resources_is_read_all_the_same_and_said_once(
+    socket_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = KubeletSocket(
+        socket_dir / "kubelet.sock", FakeKubelet([Pod("ns", "p", A, {"nvidia.com/gpu": ["GPU-1"]})], allocatable=None)
+    ).start()
     try:
         client = PodResources(server.socket, DEFAULT_RESOURCES)
         with caplog.at_level(logging.INFO):
@@ -67,7 +81,9 @@ def test_a_restarted_kubelet_is_followed_at_the_next_listing(socket_dir: Path) -
     try:
         assert [p.name for p in client.read().pods] == ["before"]
         server.stop()  # the kubelet goes away, its socket with it
-        with pytest.raises(KubeletUnavailable, match=rf"the kubelet's PodResources API at {server.socket}: UNAVAILABLE"):
+        with pytest.raises(
+            KubeletUnavailable, match=rf"the kubelet's PodResources API at {server.socket}: UNAVAILABLE"
+        ):
             client.read()
         kubelet.pods = [Pod("ns", "after", B, {"nvidia.com/gpu": ["GPU-1"]})]
         server.start()  # a new socket at the same path
@@ -131,4 +147,6 @@ def test_what_the_kubelet_sends_beyond_the_fields_read_is_skipped() -> None:
     read = api_pb2.ListPodResourcesResponse.FromString(full.SerializeToString())
     (pod_read,) = read.pod_resources
     assert (pod_read.name, pod_read.namespace, pod_read.containers[0].name) == ("trainer", "team-a", "main")
-    assert [(d.resource_name, list(d.device_ids)) for d in pod_read.containers[0].devices] == [("nvidia.com/gpu", ["GPU-1", "GPU-2"])]
+    assert [(d.resource_name, list(d.device_ids)) for d in pod_read.containers[0].devices] == [
+        ("nvidia.com/gpu", ["GPU-1", "GPU-2"])
+    ]

@@ -1,5 +1,6 @@
 """Whose a GPU process is, from the host's /proc/<pid>/cgroup under each layout the kubelet makes (cgroup v1 and v2,
-systemd and cgroupfs drivers, seen from another cgroup namespace), and a pod's uid from the kubelet's log directories."""
+systemd and cgroupfs drivers, seen from another cgroup namespace), and a pod's uid from the kubelet's log
+directories."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from pathlib import Path
 from nodeagent.pods import pod_uids, pods_of_processes
 from tests.nodeagent.kubelet import Pod, cgroupfs_v1, guaranteed_from_another_namespace, node_view, systemd_cgroup
 
-A, B, C = "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f", "1c9b4d2f-3a5e-4d66-8e1f-7b8c9d0e1f2a", "2dac5e3a-4b6f-4e77-9f2a-8c9d0e1f2a3b"
+A, B, C = (
+    "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f",
+    "1c9b4d2f-3a5e-4d66-8e1f-7b8c9d0e1f2a",
+    "2dac5e3a-4b6f-4e77-9f2a-8c9d0e1f2a3b",
+)
 
 
 def test_each_process_is_its_pods_under_every_cgroup_layout_and_the_hosts_are_nobodys(tmp_path: Path) -> None:
@@ -25,7 +30,8 @@ def test_each_process_is_its_pods_under_every_cgroup_layout_and_the_hosts_are_no
 
 
 def test_a_uid_is_read_only_where_the_kubelet_puts_it_not_from_a_name_that_holds_one(tmp_path: Path) -> None:
-    """A tenant names its own things; only the pod's cgroup level (pod<uid>) counts, not a container or unit named so."""
+    """A tenant names its own things; only the pod's cgroup level (pod<uid>) counts, not a container or unit named
+    so."""
     proc, _ = node_view(tmp_path, {
         30: f"0::/system.slice/mypod{A}.service\n",
         31: f"0::/user.slice/pod{A}-helper.scope\n",

@@ -9,7 +9,11 @@ from pathlib import Path
 from tests.cluster.nodeagents import SimulatedNodeAgent
 from tests.nodeagent.conftest import ReadingsEndpoint
 
-A, B, C = "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f", "1c9b4d2f-3a5e-4d66-8e1f-7b8c9d0e1f2a", "2dac5e3a-4b6f-4e77-9f2a-8c9d0e1f2a3b"
+A, B, C = (
+    "0b8a3c1e-2f4d-4c55-9d0e-6a7b8c9d0e1f",
+    "1c9b4d2f-3a5e-4d66-8e1f-7b8c9d0e1f2a",
+    "2dac5e3a-4b6f-4e77-9f2a-8c9d0e1f2a3b",
+)
 
 
 def readings(endpoint: ReadingsEndpoint, after: int) -> dict[str, float | None]:
@@ -18,7 +22,9 @@ def readings(endpoint: ReadingsEndpoint, after: int) -> dict[str, float | None]:
     return {r["pod"]: r.get("utilisationPercent") for r in batch["readings"]}
 
 
-def test_a_simulated_nodes_agent_reports_the_pods_it_is_told_run_there(tmp_path: Path, endpoint: ReadingsEndpoint) -> None:
+def test_a_simulated_nodes_agent_reports_the_pods_it_is_told_run_there(
+    tmp_path: Path, endpoint: ReadingsEndpoint
+) -> None:
     token = tmp_path / "token"
     token.write_text("node-agent-token")
     agent = SimulatedNodeAgent("gpu-node-1", endpoint.url, token, tmp_path / "gpu-node-1", interval=0.3)

@@ -46,7 +46,8 @@ def test_the_chart_packages_to_the_same_bytes_from_any_clone(tmp_path: Path) -> 
         assert chart_yaml is not None
         metadata = yaml.safe_load(chart_yaml.read())
     assert {(m.mtime, m.mode) for m in members if m.isfile()} == {(EPOCH, 0o644)}
-    assert "kube-gpusharing/templates/crds.yaml" in {m.name for m in members}  # the CRDs, rendered into manifests/crds too
+    # the CRDs, rendered into manifests/crds too
+    assert "kube-gpusharing/templates/crds.yaml" in {m.name for m in members}
     assert (metadata["version"], metadata["appVersion"]) == (dist.version(), dist.version())
 
 
@@ -63,12 +64,17 @@ def test_the_index_lists_the_chart_at_the_releases_url_with_its_digest_and_time(
 
 def test_the_krew_manifest_points_at_the_same_release_assets() -> None:
     plugin = yaml.safe_load((dist.ROOT / "plugins" / "gpusharing.yaml").read_text())
-    assert all(p["uri"] == f"{dist.release_url(dist.version())}/{krew.archive_name()}" for p in plugin["spec"]["platforms"])
+    assert all(
+        p["uri"] == f"{dist.release_url(dist.version())}/{krew.archive_name()}" for p in plugin["spec"]["platforms"]
+    )
 
 
 def fake_sdist(path: Path, mtime: int) -> None:
     with tarfile.open(path, "w:gz") as tar:
-        for name, data in [("kube_gpusharing-0.1.0/PKG-INFO", b"Version: 0.1.0\n"), ("kube_gpusharing-0.1.0/setup.cfg", b"[x]\n")]:
+        for name, data in [
+            ("kube_gpusharing-0.1.0/PKG-INFO", b"Version: 0.1.0\n"),
+            ("kube_gpusharing-0.1.0/setup.cfg", b"[x]\n"),
+        ]:
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.uid, info.uname, info.mode = len(data), mtime, 1000, "builder", 0o664
             tar.addfile(info, io.BytesIO(data))
@@ -84,21 +90,26 @@ def test_the_sdist_is_rewritten_the_same_whatever_built_it(tmp_path: Path) -> No
     assert first.read_bytes() == second.read_bytes() and first.read_bytes()[:10] == krew.GZIP_HEADER
     with tarfile.open(first) as tar:
         assert [(m.name, m.mtime, m.uid, m.uname, m.mode) for m in tar.getmembers()] == [
-            ("kube_gpusharing-0.1.0/PKG-INFO", EPOCH, 0, "", 0o644), ("kube_gpusharing-0.1.0/setup.cfg", EPOCH, 0, "", 0o644)]
+            ("kube_gpusharing-0.1.0/PKG-INFO", EPOCH, 0, "", 0o644),
+            ("kube_gpusharing-0.1.0/setup.cfg", EPOCH, 0, "", 0o644),
+        ]
         member = tar.extractfile("kube_gpusharing-0.1.0/PKG-INFO")
         assert member is not None and member.read() == b"Version: 0.1.0\n"
 
 
 def release_directory(directory: Path, release: str, wheel_version: str, leave_out: str = "",
                       add: tuple[str, ...] = ()) -> Path:
-    """Artifacts as `make dist` leaves them: the real chart, index and krew archive; a wheel and sdist that hold names."""
+    """Artifacts as `make dist` leaves them: the real chart, index and krew archive; a wheel and sdist that hold
+    names."""
     names = dist.artifact_names(release)
     dist.package_chart(directory, EPOCH)
     dist.write_index(directory, release, EPOCH)
     (directory / names["krew"]).write_bytes(krew.archive())
     (directory / names["sdist"]).write_bytes(b"")
     with zipfile.ZipFile(directory / names["wheel"], "w") as wheel:
-        wheel.writestr(f"kube_gpusharing-{release}.dist-info/METADATA", f"Name: kube-gpusharing\nVersion: {wheel_version}\n")
+        wheel.writestr(
+            f"kube_gpusharing-{release}.dist-info/METADATA", f"Name: kube-gpusharing\nVersion: {wheel_version}\n"
+        )
         for module in (dist._packaged_modules() - {leave_out}) | set(add):
             wheel.writestr(module, "")
     return directory
@@ -110,7 +121,9 @@ def test_a_release_of_one_version_has_no_problems(tmp_path: Path) -> None:
 
 def test_each_artifact_of_another_version_or_missing_is_named_on_a_line(tmp_path: Path) -> None:
     release = dist.version()
-    wrong = dist.problems(release_directory(tmp_path / "a", release, "9.9.9", leave_out="gpusharing/gpu/gpu-models.yaml"), release)
+    wrong = dist.problems(
+        release_directory(tmp_path / "a", release, "9.9.9", leave_out="gpusharing/gpu/gpu-models.yaml"), release
+    )
     assert wrong == ["wheel: its METADATA does not say Version: " + release,
                      "wheel: lacks gpusharing/gpu/gpu-models.yaml: list it in setup.cfg"]
     (tmp_path / "a" / dist.artifact_names(release)["krew"]).unlink()
@@ -147,10 +160,15 @@ def test_setup_cfg_installs_neither_the_demo_nor_the_testbed() -> None:
 
 def test_the_changelog_has_an_entry_for_this_version_first() -> None:
     assert dist.changelog_versions(dist.CHANGELOG.read_text())[0] == dist.version()
-    assert dist.changelog_versions("# Changelog\n\n## 0.2.0 - 2027-01-04\n\n## 0.1.0 - 2026-11-30\n") == ["0.2.0", "0.1.0"]
+    assert dist.changelog_versions("# Changelog\n\n## 0.2.0 - 2027-01-04\n\n## 0.1.0 - 2026-11-30\n") == [
+        "0.2.0",
+        "0.1.0",
+    ]
 
 
-def test_make_dist_says_each_problem_on_a_line_of_its_own_and_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_make_dist_says_each_problem_on_a_line_of_its_own_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def failing(directory: Path) -> list[Path]:
         raise dist.ReleaseError("chart: version 0.0.9, appVersion 0.1.0: make both 0.1.0\n"
                                 "wheel: lacks gpusharing/x.py: list it")

@@ -14,14 +14,17 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = re.compile(r"python:3\.(1[0-3])-slim-(bookworm|trixie)(@sha256:[0-9a-f]{64})?")  # Debian 12 or 13, a supported Python
+# Debian 12 or 13, a supported Python
+BASE = re.compile(r"python:3\.(1[0-3])-slim-(bookworm|trixie)(@sha256:[0-9a-f]{64})?")
 
 
 def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments), continuation lines joined and comments left out."""
     text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
     lines = (line.strip() for line in text.splitlines())
-    return [(line.split()[0].upper(), line.partition(" ")[2].strip()) for line in lines if line and not line.startswith("#")]
+    return [
+        (line.split()[0].upper(), line.partition(" ")[2].strip()) for line in lines if line and not line.startswith("#")
+    ]
 
 
 def stages() -> list[list[tuple[str, str]]]:
@@ -36,12 +39,20 @@ def stages() -> list[list[tuple[str, str]]]:
 
 
 def pip_commands() -> list[str]:
-    return [part.strip() for word, args in instructions() if word == "RUN" for part in args.split("&&") if re.search(r"\bpip (install|wheel)\b", part)]
+    return [
+        part.strip()
+        for word, args in instructions()
+        if word == "RUN"
+        for part in args.split("&&")
+        if re.search(r"\bpip (install|wheel)\b", part)
+    ]
 
 
 def test_every_stage_starts_from_the_one_pinned_base() -> None:
     arguments = dict(args.split("=", 1) for word, args in instructions() if word == "ARG" and "=" in args)
-    assert BASE.fullmatch(arguments["BASE"]), f"the base {arguments['BASE']} names no Debian release and supported Python"
+    assert BASE.fullmatch(arguments["BASE"]), (
+        f"the base {arguments['BASE']} names no Debian release and supported Python"
+    )
     assert [stage[0][1].split()[0] for stage in stages()] == ["${BASE}", "${BASE}"]
 
 
@@ -49,7 +60,11 @@ def test_it_installs_the_wheels_built_under_constraints_txt_and_nothing_else() -
     build, final = stages()
     assert ("COPY", "constraints.txt pyproject.toml setup.cfg setup.py README.md ./") in build
     wheel, install = (re.sub(r"--mount=\S+\s*", "", command) for command in pip_commands())
-    assert wheel == "PIP_CONSTRAINT=/src/constraints.txt PIP_BUILD_CONSTRAINT=/src/constraints.txt pip wheel --wheel-dir /wheels -c constraints.txt ."
+    assert (
+        wheel
+        == "PIP_CONSTRAINT=/src/constraints.txt PIP_BUILD_CONSTRAINT=/src/constraints.txt pip wheel --wheel-dir "
+            "/wheels -c constraints.txt ."
+    )
     assert install == "pip install --no-index --find-links /wheels -c /constraints.txt kube-gpusharing"
     mounts = next(args for word, args in final if word == "RUN" and "pip install" in args)
     assert "source=/src/constraints.txt,target=/constraints.txt" in mounts and "source=/wheels,target=/wheels" in mounts
@@ -98,7 +113,9 @@ def test_constraints_txt_pins_everything_the_image_installs_on_this_python() -> 
     would float in the image (pip wheel -c pins only what is listed)."""
     needed, pins = needed_at_run_time(), pinned_here()
     assert {"flask", "sqlalchemy", "psycopg-binary", "kubernetes", "urllib3"} <= needed
-    assert not needed - set(pins), f"constraints.txt pins none of {sorted(needed - set(pins))} for this Python: make constraints"
+    assert not needed - set(pins), (
+        f"constraints.txt pins none of {sorted(needed - set(pins))} for this Python: make constraints"
+    )
     assert all(pin.startswith("==") for pin in pins.values())
 
 
@@ -128,8 +145,17 @@ def test_it_copies_the_product_alone_not_the_demo_nor_the_testbed() -> None:
 def test_make_image_builds_it_tagged_with_the_version() -> None:
     version = re.search(r"^version = (\S+)$", (ROOT / "setup.cfg").read_text(), re.M)
     assert version is not None
-    outside_make = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    outside_make = {
+        name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }
     planned = subprocess.run(["make", "-n", "image", "BASE=python:3.12-slim-bookworm@sha256:" + "0" * 64], cwd=ROOT,
                              capture_output=True, text=True, check=True, env=outside_make).stdout
-    assert planned.split() == ["docker", "build", "--build-arg", "BASE=python:3.12-slim-bookworm@sha256:" + "0" * 64, "-t",
-                               f"ghcr.io/kube-gpusharing/gpusharing:{version.group(1)}", "."]
+    assert planned.split() == [
+        "docker",
+        "build",
+        "--build-arg",
+        "BASE=python:3.12-slim-bookworm@sha256:" + "0" * 64,
+        "-t",
+        f"ghcr.io/kube-gpusharing/gpusharing:{version.group(1)}",
+        ".",
+    ]

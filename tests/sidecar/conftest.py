@@ -52,7 +52,10 @@ class Timekeeper:
             "TIMEKEEPER_THREADS": "4",
         }
         upgrade = subprocess.run(
-            [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"], env={**os.environ, **self.env}, capture_output=True, text=True
+            [sys.executable, "-m", "gpusharing.cli", "db", "upgrade"],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
         )
         assert upgrade.returncode == 0, upgrade.stderr
         self.log_path = workdir / "timekeeper.log"
@@ -74,7 +77,9 @@ class Timekeeper:
             self._service = None
 
     def get(self, path: str, **params: str) -> Any:
-        response = requests.get(f"{self.url}{path}", params=params, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+        response = requests.get(
+            f"{self.url}{path}", params=params, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+        )
         response.raise_for_status()
         return response.json()
 
@@ -121,7 +126,9 @@ class MeterProcess:
 
     def start(self) -> "MeterProcess":
         with open(self.log_path, "ab") as log:  # appended to: a restarted meter's lines follow the first one's
-            self.process = subprocess.Popen([sys.executable, "-m", "gpusharing.cli", "meter"], env=self.env, stderr=log, cwd=ROOT)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpusharing.cli", "meter"], env=self.env, stderr=log, cwd=ROOT
+            )
         return self
 
     def set_token(self, token: str) -> None:

@@ -1,4 +1,5 @@
-"""A GPU for the meter's NVML seam in tests, selected with GPUSHARING_METER_GPU_READER=tests.sidecar.fake_gpu:open_reader."""
+"""A GPU for the meter's NVML seam in tests, selected with
+GPUSHARING_METER_GPU_READER=tests.sidecar.fake_gpu:open_reader."""
 
 from sidecar.nvml import GpuReading
 

@@ -55,31 +55,34 @@ class FakeNvml(FakeMigDriver):
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
         return busy
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         if self.failure:
             raise NVMLError(999, self.failure)
         self.reading += 1
         return len(self.devices)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDevice:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDevice:
         return self.devices[index]
 
-    def nvmlDeviceGetName(self, device: FakeDevice) -> str | bytes:  # noqa: N802
-        return device.name.encode() if device.name == "Tesla T4" else device.name  # bytes, as bindings before 11.515 gave
+    def nvmlDeviceGetName(self, device: FakeDevice) -> str | bytes:
+        # bytes, as bindings before 11.515 gave
+        return device.name.encode() if device.name == "Tesla T4" else device.name
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list[SimpleNamespace]:  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list[SimpleNamespace]:
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes]
 
-    def nvmlDeviceGetProcessUtilization(self, handle: FakeDevice, last_seen: int) -> list[SimpleNamespace]:  # noqa: N802
+    def nvmlDeviceGetProcessUtilization(self, handle: FakeDevice, last_seen: int) -> list[SimpleNamespace]:
         if not handle.per_process:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
         busy = [(pid, self._traced(handle) if i == 0 else handle.others) for i, (pid, _) in enumerate(handle.processes)]
-        samples = [SimpleNamespace(pid=pid, timeStamp=self._timestamp(), smUtil=round(util)) for pid, util in busy if util > 0]
+        samples = [
+            SimpleNamespace(pid=pid, timeStamp=self._timestamp(), smUtil=round(util)) for pid, util in busy if util > 0
+        ]
         if self._timestamp() <= last_seen or not samples:  # NVML samples only the processes that ran
             raise NVMLError(self.NVML_ERROR_NOT_FOUND, "Not Found")
         return samples
 
-    def nvmlDeviceGetSamples(self, handle: FakeDevice, kind: int, last_seen: int) -> tuple[int, list[SimpleNamespace]]:  # noqa: N802
+    def nvmlDeviceGetSamples(self, handle: FakeDevice, kind: int, last_seen: int) -> tuple[int, list[SimpleNamespace]]:
         assert kind == self.NVML_GPU_UTILIZATION_SAMPLES
         if not handle.device_samples:
             raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
@@ -88,10 +91,12 @@ class FakeNvml(FakeMigDriver):
         value = round(min(100.0, self._traced(handle) + handle.others))
         # Two samples in the interval: the busier second half and the idler first, whose mean is the interval's.
         first, second = value // 2, value - value // 2
-        return kind, [SimpleNamespace(timeStamp=self._timestamp() - 500_000, sampleValue=SimpleNamespace(uiVal=2 * first)),
-                      SimpleNamespace(timeStamp=self._timestamp(), sampleValue=SimpleNamespace(uiVal=2 * second))]
+        return kind, [
+            SimpleNamespace(timeStamp=self._timestamp() - 500_000, sampleValue=SimpleNamespace(uiVal=2 * first)),
+            SimpleNamespace(timeStamp=self._timestamp(), sampleValue=SimpleNamespace(uiVal=2 * second)),
+        ]
 
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> SimpleNamespace:
         return SimpleNamespace(gpu=round(min(100.0, self._traced(handle) + handle.others)), memory=0)
 
     def instance_busy(self, instance: FakeDevice) -> float | None:
@@ -101,13 +106,19 @@ class FakeNvml(FakeMigDriver):
 def pod_proc(directory: Path, pod_uid: str, host_view: bool = True) -> Path:
     """A /proc as a meter sees it: pids 10 and 11 are the pod's (systemd and cgroupfs drivers), 20 another pod's;
     `host_view`: the meter in the host's PID namespace with the host's cgroup view, else in the pod's own."""
+    slice_uid = pod_uid.replace("-", "_")
     cgroups = {
-        "10": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-a.scope\n",
+        "10": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}.slice/"
+        "cri-containerd-a.scope\n",
         "11": f"12:memory:/kubepods/besteffort/pod{pod_uid}/c0ffee\n",
         "20": "0::/kubepods.slice/kubepods-podffffffff_0000_0000_0000_000000000000.slice/cri-containerd-b.scope\n",
-        "self": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-m.scope\n"
-                if host_view else "0::/\n",
-        "1": "0::/init.scope\n" if host_view else f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/pause.scope\n",
+        "self": f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}.slice/"
+        "cri-containerd-m.scope\n"
+        if host_view
+        else "0::/\n",
+        "1": "0::/init.scope\n"
+        if host_view
+        else f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/pause.scope\n",
     }
     for pid, text in cgroups.items():
         (directory / pid).mkdir(parents=True, exist_ok=True)

@@ -64,10 +64,16 @@ def test_a_requested_memory_of_0_is_not_known() -> None:
         ({"GPUSHARING_GPU_SHARE": "nan"}, "GPUSHARING_GPU_SHARE='nan' must be a finite number"),
         ({"GPUSHARING_GPU_SHARE": "5000"}, "GPUSHARING_GPU_SHARE='5000' must be above 0 and at most 1000"),
         ({"GPUSHARING_TIMEKEEPER_URL": None}, "GPUSHARING_TIMEKEEPER_URL must be set"),
-        ({"GPUSHARING_TIMEKEEPER_URL": "timekeeper:8080"}, "GPUSHARING_TIMEKEEPER_URL='timekeeper:8080' must be an http"),
+        (
+            {"GPUSHARING_TIMEKEEPER_URL": "timekeeper:8080"},
+            "GPUSHARING_TIMEKEEPER_URL='timekeeper:8080' must be an http",
+        ),
         ({"GPUSHARING_METER_INTERVAL": "soon"}, "GPUSHARING_METER_INTERVAL='soon' must be a finite number"),
         ({"GPUSHARING_METER_INTERVAL": "0"}, "GPUSHARING_METER_INTERVAL='0' must be a finite number from 0.05 to 300"),
-        ({"GPUSHARING_METER_INTERVAL": "301"}, "GPUSHARING_METER_INTERVAL='301' must be a finite number from 0.05 to 300"),
+        (
+            {"GPUSHARING_METER_INTERVAL": "301"},
+            "GPUSHARING_METER_INTERVAL='301' must be a finite number from 0.05 to 300",
+        ),
         ({"GPUSHARING_METER_INTERVAL": "inf"}, "GPUSHARING_METER_INTERVAL='inf' must be a finite number"),
         ({"GPUSHARING_METER_TIME_SCALE": "0"}, "GPUSHARING_METER_TIME_SCALE='0' must be above 0"),
         ({"GPUSHARING_GPU_MEMORY_MIB": "20Gi"}, "GPUSHARING_GPU_MEMORY_MIB='20Gi' must be a finite number"),

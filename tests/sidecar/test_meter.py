@@ -50,7 +50,9 @@ def config(tmp_path: Path, receiver: ReportSink) -> MeterConfig:
 
 
 def make_meter(config: MeterConfig, clock: Clock, gpu: fake_gpu.FakeGpu | None = None) -> Meter:
-    return Meter(config, TimekeeperClient(config.timekeeper_url, config.token_path), StateFile(config.state_dir), gpu, clock)
+    return Meter(
+        config, TimekeeperClient(config.timekeeper_url, config.token_path), StateFile(config.state_dir), gpu, clock
+    )
 
 
 def test_retries_double_from_a_quarter_interval_up_to_four_intervals_with_jitter() -> None:
@@ -111,7 +113,10 @@ def test_each_report_is_sent_with_the_token_as_it_is_now(config: MeterConfig, re
     assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
     config.token_path.write_text("token-2")
     assert meter.report(final=False, timeout=5).delivery is Delivery.ACCEPTED
-    assert [(r.body["seq"], r.authorization) for r in receiver.received] == [(1, "Bearer token-1"), (2, "Bearer token-2")]
+    assert [(r.body["seq"], r.authorization) for r in receiver.received] == [
+        (1, "Bearer token-1"),
+        (2, "Bearer token-2"),
+    ]
 
 
 def test_a_sequence_number_is_saved_before_its_report_leaves(config: MeterConfig, receiver: ReportSink) -> None:

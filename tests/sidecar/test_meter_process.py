@@ -67,7 +67,9 @@ def test_reports_until_sigterm_then_a_final_report_and_exit_0(timekeeper: Timeke
     assert "(final)" in meter.log()
 
 
-def test_with_json_logs_each_line_is_an_object_with_time_level_and_the_pod(timekeeper: Timekeeper, meters: Meters) -> None:
+def test_with_json_logs_each_line_is_an_object_with_time_level_and_the_pod(
+    timekeeper: Timekeeper, meters: Meters
+) -> None:
     meter = meters(timekeeper.url, "json-logs", GPUSHARING_LOG_FORMAT="json").start()
     meter.wait_for_log("report 1 accepted")
     assert_billed_to_the_end(timekeeper, meter, meter.terminate())
@@ -75,13 +77,17 @@ def test_with_json_logs_each_line_is_an_object_with_time_level_and_the_pod(timek
     assert {e["logger"] for e in entries} >= {"sidecar.meter"} and all(e["time"].endswith("Z") for e in entries)
     started = next(e for e in entries if e["message"].startswith("metering pod"))
     assert started["level"] == "info" and "json-logs/json-logs-pod" in started["message"]
-    assert any(e["level"] == "info" and e["message"].startswith("report") and "(final)" in e["message"] for e in entries)
+    assert any(
+        e["level"] == "info" and e["message"].startswith("report") and "(final)" in e["message"] for e in entries
+    )
     metering = [e for e in entries if e["logger"].startswith("sidecar.")]
     assert metering and all((e["namespace"], e["pod"], e["pod_uid"]) == ("json-logs", "json-logs-pod", "uid-json-logs")
                             for e in metering)  # every line names the pod, for a log collector
 
 
-def test_an_outage_of_several_intervals_is_billed_in_full_when_the_timekeeper_is_back(tmp_path: Path, meters: Meters) -> None:
+def test_an_outage_of_several_intervals_is_billed_in_full_when_the_timekeeper_is_back(
+    tmp_path: Path, meters: Meters
+) -> None:
     keeper = Timekeeper(tmp_path / "timekeeper")
     keeper.start()
     try:
@@ -156,7 +162,9 @@ def test_gpu_figures_reach_the_timekeeper_through_the_nvml_seam(timekeeper: Time
 
 
 @pytest.mark.skipif(fake_gpu.nvidia_driver_present(), reason="a real NVIDIA driver is present: the meter would find it")
-def test_without_a_gpu_the_meter_says_so_once_and_reports_without_gpu_figures(timekeeper: Timekeeper, meters: Meters) -> None:
+def test_without_a_gpu_the_meter_says_so_once_and_reports_without_gpu_figures(
+    timekeeper: Timekeeper, meters: Meters
+) -> None:
     meter = meters(timekeeper.url, "cpu-only", GPUSHARING_GPU_MEMORY_MIB="20480").start()
     eventually(lambda: accepted_seq(timekeeper, "cpu-only") >= 3, "three reports accepted")
 
@@ -212,10 +220,15 @@ def test_a_sigterm_while_the_meter_still_loads_its_libraries_waits_for_it_and_ge
     [
         ({"GPUSHARING_GPU_SHARE": "half"}, "GPUSHARING_GPU_SHARE='half' must be a finite number"),
         ({"GPUSHARING_POD_UID": ""}, "GPUSHARING_POD_UID must be set"),
-        ({"GPUSHARING_METER_STATE_DIR": "{tmp}/a-file/state"}, "GPUSHARING_METER_STATE_DIR='{tmp}/a-file/state': Not a directory"),
+        (
+            {"GPUSHARING_METER_STATE_DIR": "{tmp}/a-file/state"},
+            "GPUSHARING_METER_STATE_DIR='{tmp}/a-file/state': Not a directory",
+        ),
     ],
 )
-def test_a_bad_setting_stops_the_meter_at_start_with_one_line(tmp_path: Path, change: dict[str, str], message: str) -> None:
+def test_a_bad_setting_stops_the_meter_at_start_with_one_line(
+    tmp_path: Path, change: dict[str, str], message: str
+) -> None:
     (tmp_path / "a-file").write_text("")
     env = {
         **os.environ,

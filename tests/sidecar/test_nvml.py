@@ -35,7 +35,7 @@ def test_the_utilisation_is_the_pods_own_over_each_interval_as_the_trace_plays(p
     trace = [0, 0, 35, 0, 100, 0.4]
     nvml = FakeNvml([FakeDevice(H100, [(10, MIB), (20, MIB)], trace, others=80)])  # another pod keeps the GPU busy
     reader = NvmlReader(nvml, UID, proc)
-    assert [reader.read().utilization_percent for _ in trace] == [0.0, 0.0, 35.0, 0.0, 100.0, 0.0]  # type: ignore[union-attr]
+    assert [reader.read().utilization_percent for _ in trace] == [0.0, 0.0, 35.0, 0.0, 100.0, 0.0]
 
 
 def test_without_per_process_samples_the_device_is_read_and_a_shared_gpus_other_tenants_count(proc: Path) -> None:
@@ -58,7 +58,8 @@ def test_mig_instances_are_read_through_gpm_from_their_second_reading(proc: Path
     nvml = FakeNvml([FakeDevice(H100, [], mig=[theirs, ours])])
     reader = NvmlReader(nvml, UID, proc)
     readings = [reader.read() for _ in range(3)]
-    assert readings[0] == GpuReading(memory_used_mib=2.0, utilization_percent=None, model=H100)  # one sample: unknown yet
+    # one sample: unknown yet
+    assert readings[0] == GpuReading(memory_used_mib=2.0, utilization_percent=None, model=H100)
     assert [r.utilization_percent for r in readings[1:]] == [0.0, 45.0]  # type: ignore[union-attr]
     assert len(nvml.freed) == 2  # each sample freed once its successor is read
 
@@ -67,7 +68,9 @@ def test_mig_without_gpm_is_unknown_and_said_once(proc: Path, caplog: pytest.Log
     nvml = FakeNvml([FakeDevice(H100, [], mig=[FakeDevice("MIG 1g.10gb", [(10, MIB)], [0], gpm=False)])])
     reader = NvmlReader(nvml, UID, proc)
     with caplog.at_level(logging.WARNING):
-        assert [reader.read() for _ in range(3)] == [GpuReading(memory_used_mib=1.0, utilization_percent=None, model=H100)] * 3
+        assert [reader.read() for _ in range(3)] == [
+            GpuReading(memory_used_mib=1.0, utilization_percent=None, model=H100)
+        ] * 3
     assert caplog.text.count("cannot read the utilisation of a MIG instance") == 1
 
 
@@ -96,7 +99,9 @@ def test_memory_the_driver_does_not_disclose_counts_as_none(proc: Path) -> None:
 
 
 def test_the_model_is_the_first_device_the_pod_runs_on_as_nvml_names_it(proc: Path) -> None:
-    nvml = FakeNvml([FakeDevice(H100, [(20, MIB)], [100]), FakeDevice(T4, [(11, MIB)], [40]), FakeDevice(A10, [(10, MIB)], [60])])
+    nvml = FakeNvml(
+        [FakeDevice(H100, [(20, MIB)], [100]), FakeDevice(T4, [(11, MIB)], [40]), FakeDevice(A10, [(10, MIB)], [60])]
+    )
     assert NvmlReader(nvml, UID, proc).read() == GpuReading(memory_used_mib=2.0, utilization_percent=60.0, model=T4)
 
 
@@ -119,7 +124,9 @@ def test_without_a_driver_there_is_no_reader_and_one_log_line(caplog: pytest.Log
     assert "no GPU visible to the meter" in caplog.text
 
 
-@pytest.mark.skipif(not fake_gpu.nvidia_driver_present(), reason="no NVIDIA driver on this machine: see test_without_a_driver")
+@pytest.mark.skipif(
+    not fake_gpu.nvidia_driver_present(), reason="no NVIDIA driver on this machine: see test_without_a_driver"
+)
 def test_with_a_driver_the_reader_reads() -> None:
     reader = open_reader(UID)
     assert reader is not None
@@ -133,7 +140,9 @@ def test_the_reader_is_chosen_by_module_and_function() -> None:
     assert reader.read() == GpuReading(fake_gpu.MEMORY_USED_MIB, fake_gpu.UTILIZATION_PERCENT, fake_gpu.MODEL)
 
 
-@pytest.mark.parametrize("path", ["tests.sidecar.no_such_module:open_reader", "tests.sidecar.fake_gpu:no_such_function"])
+@pytest.mark.parametrize(
+    "path", ["tests.sidecar.no_such_module:open_reader", "tests.sidecar.fake_gpu:no_such_function"]
+)
 def test_a_reader_that_cannot_be_loaded_stops_the_meter_at_start(path: str) -> None:
     with pytest.raises(ConfigError, match=f"GPUSHARING_METER_GPU_READER='{path}' cannot be loaded"):
         load_reader(path, UID)

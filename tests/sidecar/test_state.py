@@ -43,7 +43,9 @@ def test_another_pods_state_is_not_continued(tmp_path: Path, caplog: pytest.LogC
     assert "belongs to pod another-pod" in caplog.text
 
 
-@pytest.mark.parametrize("content", ["", "{", '{"podUid": "x"}', '{"podUid": "x", "startedAt": "soon", "seq": 1}', "[]"])
+@pytest.mark.parametrize(
+    "content", ["", "{", '{"podUid": "x"}', '{"podUid": "x", "startedAt": "soon", "seq": 1}', "[]"]
+)
 def test_an_unreadable_state_is_reported_and_the_count_starts_again(
     tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -119,7 +119,9 @@ def make_app(database_url: str, clock: Clock, tokens_file: str) -> Iterator[AppF
     def make(kube: KubeApi | None = None, **settings: Any) -> Flask:
         if "catalogue" in settings:  # the GPU models, read with the rest of the GPU request's settings
             settings["gpu_request"] = GpuRequestSettings(catalogue=settings.pop("catalogue"))
-        config = TimekeeperConfig(**{"database_url": database_url, "auth": "static", "static_tokens_file": tokens_file, **settings})
+        config = TimekeeperConfig(
+            **{"database_url": database_url, "auth": "static", "static_tokens_file": tokens_file, **settings}
+        )
         app = create_app(config, kube=kube, clock=clock)
         apps.append(app)
         return app

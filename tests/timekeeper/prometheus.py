@@ -50,7 +50,10 @@ def beside_python(tool: str) -> str:
     beside = Path(sys.executable).parent / tool
     found = str(beside) if beside.exists() else shutil.which(tool)
     if found is None:
-        how = f"{tool} is needed: `make tools` puts Debian's beside this Python, in .venv/bin (or install the prometheus package)"
+        how = (
+            f"{tool} is needed: `make tools` puts Debian's beside this Python, in .venv/bin "
+            "(or install the prometheus package)"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true but {how}", pytrace=False)
         pytest.skip(how)
@@ -67,7 +70,7 @@ class CannedServer:
         canned = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
                 canned.asked.append((url.path, urllib.parse.parse_qs(url.query), self.headers.get("Authorization")))
                 self.send_response(canned.status)

@@ -18,23 +18,46 @@ from timekeeper.database.accounting.report_queue import ReportQueue
 from webhook.caches.budgets import BudgetStateCache
 
 
-def report(seq: int, gpu_seconds: float, pod: str = "trainer", namespace: str = "team-a", **extra: Any) -> dict[str, Any]:
+def report(
+    seq: int, gpu_seconds: float, pod: str = "trainer", namespace: str = "team-a", **extra: Any
+) -> dict[str, Any]:
     return {"podUid": f"uid-{namespace}-{pod}", "namespace": namespace, "pod": pod, "gpuShare": 0.5, "seq": seq,
             "gpuSeconds": gpu_seconds, **extra}
 
 
 def test_set_get_and_list_a_budget(api: SpecClient) -> None:
-    created = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 6000, "period": "monthly", "evictOnExhaustion": True})
+    created = api.put(
+        "/api/v1/budgets/team-a", json={"gpuMinutes": 6000, "period": "monthly", "evictOnExhaustion": True}
+    )
     assert created.status_code == 201
     assert created.json == {
-        "namespace": "team-a", "gpuMinutes": 6000.0, "period": "monthly",
-        "periodStart": "2028-02-01T00:00:00Z", "periodEnd": "2028-03-01T00:00:00Z",
-        "usedGpuMinutes": 0.0, "remainingGpuMinutes": 6000.0, "topUpGpuMinutes": 0.0, "percentUsed": 0.0,
-        "evictOnExhaustion": True, "state": "in-budget", "ownState": "in-budget", "limitedBy": "team-a",
-        "kind": "namespace", "parent": None, "ancestors": [], "managedBy": None, "warningThresholds": [80, 95],
-        "admission": "open", "onShortfall": "demote", "warnings": [], "idle": None, "idleInForce": None, "idleHolds": [],
+        "namespace": "team-a",
+        "gpuMinutes": 6000.0,
+        "period": "monthly",
+        "periodStart": "2028-02-01T00:00:00Z",
+        "periodEnd": "2028-03-01T00:00:00Z",
+        "usedGpuMinutes": 0.0,
+        "remainingGpuMinutes": 6000.0,
+        "topUpGpuMinutes": 0.0,
+        "percentUsed": 0.0,
+        "evictOnExhaustion": True,
+        "state": "in-budget",
+        "ownState": "in-budget",
+        "limitedBy": "team-a",
+        "kind": "namespace",
+        "parent": None,
+        "ancestors": [],
+        "managedBy": None,
+        "warningThresholds": [80, 95],
+        "admission": "open",
+        "onShortfall": "demote",
+        "warnings": [],
+        "idle": None,
+        "idleInForce": None,
+        "idleHolds": [],
         # Without a Kubernetes API the timekeeper does not see the cluster's pods: their commitments are not known.
-        "committedGpuMinutes": None, "uncommitted": None,
+        "committedGpuMinutes": None,
+        "uncommitted": None,
     }
     changed = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10, "period": "daily"})
     assert changed.status_code == 200
@@ -123,7 +146,9 @@ def test_the_listing_holds_namespaces_with_use_but_no_budget(make_app: AppFactor
 def test_the_listing_tells_the_default_budget_and_the_state_of_a_namespace_it_leaves_out(
     make_app: AppFactory, default_gpu_minutes: float | None, state: str
 ) -> None:
-    api = SpecClient(make_app(default_gpu_minutes=default_gpu_minutes, default_period=Period.WEEKLY).test_client(), ADMIN)
+    api = SpecClient(
+        make_app(default_gpu_minutes=default_gpu_minutes, default_period=Period.WEEKLY).test_client(), ADMIN
+    )
     listing = api.get("/api/v1/budgets").json
     assert listing.pop("listedAt") > 0  # the database's time
     assert listing == {"items": [], "default": {"gpuMinutes": default_gpu_minutes, "period": "weekly", "state": state}}
@@ -134,7 +159,12 @@ def test_the_listing_holds_a_namespace_topped_up_under_the_default_before_any_us
     api = SpecClient(make_app(default_gpu_minutes=0.0).test_client(), ADMIN)
     api.post("/api/v1/budgets/newteam/top-ups", json={"gpuMinutes": 30, "reason": "first experiments"})
     [item] = api.get("/api/v1/budgets").json["items"]
-    assert (item["namespace"], item["gpuMinutes"], item["topUpGpuMinutes"], item["state"]) == ("newteam", 0.0, 30.0, "in-budget")
+    assert (item["namespace"], item["gpuMinutes"], item["topUpGpuMinutes"], item["state"]) == (
+        "newteam",
+        0.0,
+        30.0,
+        "in-budget",
+    )
 
 
 def test_the_webhook_sees_every_namespace_as_the_timekeeper_does(make_app: AppFactory, tmp_path: Path) -> None:
@@ -156,10 +186,18 @@ def test_patch_changes_only_what_it_names_and_starts_from_the_default(make_app: 
     api = SpecClient(make_app(default_gpu_minutes=600.0, default_period=Period.WEEKLY).test_client(), ADMIN)
     created = api.patch("/api/v1/budgets/team-a", json={"evictOnExhaustion": True})
     assert created.status_code == 201
-    assert (created.json["gpuMinutes"], created.json["period"], created.json["evictOnExhaustion"]) == (600.0, "weekly", True)
+    assert (created.json["gpuMinutes"], created.json["period"], created.json["evictOnExhaustion"]) == (
+        600.0,
+        "weekly",
+        True,
+    )
     changed = api.patch("/api/v1/budgets/team-a", json={"gpuMinutes": 90})
     assert changed.status_code == 200
-    assert (changed.json["gpuMinutes"], changed.json["period"], changed.json["evictOnExhaustion"]) == (90.0, "weekly", True)
+    assert (changed.json["gpuMinutes"], changed.json["period"], changed.json["evictOnExhaustion"]) == (
+        90.0,
+        "weekly",
+        True,
+    )
     unlimited = api.patch("/api/v1/budgets/team-a", json={"gpuMinutes": None, "period": "daily"}).json
     assert (unlimited["state"], unlimited["period"], unlimited["evictOnExhaustion"]) == ("unlimited", "daily", True)
     assert [c["action"] for c in api.get("/api/v1/budgets/team-a/changes").json["items"]] == ["set", "set", "set"]
@@ -249,7 +287,10 @@ def test_every_budget_change_is_audited_with_who_when_before_and_after(api: Spec
     api.post("/api/v1/budgets/team-a/top-ups", json={"gpuMinutes": 2, "reason": "demo day"})
     api.delete("/api/v1/budgets/team-a")
     changes = api.as_(READER).get("/api/v1/budgets/team-a/changes").json["items"]
-    assert [(c["action"], c["actor"]) for c in changes] == [("set", "alice")] * 2 + [("top-up", "alice"), ("remove", "alice")]
+    assert [(c["action"], c["actor"]) for c in changes] == [("set", "alice")] * 2 + [
+        ("top-up", "alice"),
+        ("remove", "alice"),
+    ]
     assert changes[0]["before"] is None and changes[0]["after"]["gpuMinutes"] == 5.0
     assert changes[1]["before"]["gpuMinutes"] == 5.0 and changes[1]["after"]["gpuMinutes"] == 7.0
     assert changes[2]["after"]["reason"] == "demo day" and changes[2]["after"]["topUpGpuMinutes"] == 2.0
@@ -306,7 +347,9 @@ def test_numbers_are_bounded_and_keys_unique_as_the_body_is_read(api: SpecClient
     for path in ("/api/v1/budgets/team-a", "/api/v1/budgets/team-a/top-ups"):
         number = literal.replace("gpuSeconds", "gpuMinutes")
         budget = json.dumps({"gpuMinutes": 5}).replace('"gpuMinutes": 5', f'"gpuMinutes": {number}')
-        answer = api.request("PUT" if path.endswith("team-a") else "POST", path, data=budget, content_type="application/json")
+        answer = api.request(
+            "PUT" if path.endswith("team-a") else "POST", path, data=budget, content_type="application/json"
+        )
         assert answer.status_code == 400 and message.replace("gpuSeconds", "gpuMinutes") in answer.json["error"]
     assert api.get("/api/v1/budgets").json["items"] == []
 
@@ -321,7 +364,10 @@ def test_a_body_that_is_not_json_is_refused(api: SpecClient) -> None:
     deep = api.as_(METER).post("/api/v1/reports", data="[" * 10_000 + "]" * 10_000, content_type="application/json")
     assert deep.status_code == 400 and deep.json["error"] == "the body is nested more than 100 levels deep"
     large = api.as_(METER).post("/api/v1/reports", data="[" * 100_000 + "]" * 100_000, content_type="application/json")
-    assert large.status_code == 413 and large.json["error"] == "the body is larger than the 65536 bytes the timekeeper reads"
+    assert (
+        large.status_code == 413
+        and large.json["error"] == "the body is larger than the 65536 bytes the timekeeper reads"
+    )
 
 
 @pytest.mark.parametrize("namespace", ["ML-Team%20", "a%00", "-a", "a" * 64])
@@ -345,9 +391,15 @@ def test_bad_budget_requests_get_400(api: SpecClient) -> None:
     bad = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": -1})
     assert bad.status_code == 400 and "gpuMinutes must be a finite number" in bad.json["error"]
     unsafe = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "admission": "unsafe"})
-    assert unsafe.status_code == 400 and unsafe.json["error"] == "admission must be one of open, safe, strict, not 'unsafe'"
+    assert (
+        unsafe.status_code == 400
+        and unsafe.json["error"] == "admission must be one of open, safe, strict, not 'unsafe'"
+    )
     shortfall = api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "onShortfall": "wait"})
-    assert shortfall.status_code == 400 and shortfall.json["error"] == "onShortfall must be one of demote, refuse, not 'wait'"
+    assert (
+        shortfall.status_code == 400
+        and shortfall.json["error"] == "onShortfall must be one of demote, refuse, not 'wait'"
+    )
     assert api.put("/api/v1/budgets/Not_A_Namespace", json={"gpuMinutes": 1}).status_code == 400
     assert api.get("/api/v1/budgets/team-a").json["gpuMinutes"] is None
 
@@ -378,9 +430,13 @@ def test_pods_over_their_memory_request_are_listed(api: SpecClient, clock: Clock
                                              gpuUtilizationPercent=97))
     meter.post("/api/v1/reports", json=report(1, 10, pod="modest", gpuMemoryUsedMiB=4000, gpuMemoryRequestedMiB=8192))
     meter.post("/api/v1/reports", json=report(1, 10, pod="blind"))  # no NVML in this pod
-    meter.post("/api/v1/reports", json=report(1, 10, pod="done", gpuMemoryUsedMiB=9000, gpuMemoryRequestedMiB=10, final=True))
+    meter.post(
+        "/api/v1/reports", json=report(1, 10, pod="done", gpuMemoryUsedMiB=9000, gpuMemoryRequestedMiB=10, final=True)
+    )
     over = api.as_(READER).get("/api/v1/pods?overMemory=true").json["items"]
-    assert [(p["pod"], p["gpuMemoryOverRequestMiB"], p["gpuUtilizationPercent"]) for p in over] == [("greedy", 3808.0, 97.0)]
+    assert [(p["pod"], p["gpuMemoryOverRequestMiB"], p["gpuUtilizationPercent"]) for p in over] == [
+        ("greedy", 3808.0, 97.0)
+    ]
     everyone = api.get("/api/v1/pods?namespace=team-a").json["items"]
     assert [p["pod"] for p in everyone] == ["blind", "done", "greedy", "modest"]
     clock.advance(hours=1)  # a pod not heard from for long no longer holds the memory
@@ -407,7 +463,9 @@ def test_the_latest_readings_are_kept_and_stale_ones_ignored(api: SpecClient) ->
     assert (pod["seq"], pod["gpuSeconds"], pod["gpuMemoryUsedMiB"]) == (2, 20.0, 9000.0)
 
 
-@pytest.mark.parametrize("query", ["overMemory=yes", "limit=0", "limit=abc", "namespace=Bad_NS", "limit=%C2%B2", "limit=" + "9" * 5000])
+@pytest.mark.parametrize(
+    "query", ["overMemory=yes", "limit=0", "limit=abc", "namespace=Bad_NS", "limit=%C2%B2", "limit=" + "9" * 5000]
+)
 def test_bad_pod_queries_get_400(api: SpecClient, query: str) -> None:
     assert api.get(f"/api/v1/pods?{query}").status_code == 400
 
@@ -444,7 +502,11 @@ def test_meters_gone_quiet_are_counted_and_let_go_after_an_hour(app: Flask, api:
     meter.post("/api/v1/reports", json=report(1, 30, pod="done", final=True))
 
     def silent() -> str:
-        return next(line for line in api.get("/metrics").data.decode().splitlines() if line.startswith("gpusharing_timekeeper_meters_silent "))
+        return next(
+            line
+            for line in api.get("/metrics").data.decode().splitlines()
+            if line.startswith("gpusharing_timekeeper_meters_silent ")
+        )
 
     assert silent().endswith(" 0.0")
     clock.advance(seconds=fresh_for(DEFAULT_METER_INTERVAL_SECONDS))  # two meter intervals: not yet silent

@@ -28,7 +28,9 @@ def report_of(pod: dict[str, Any], seq: int, gpu_seconds: float, share: float, *
             "seq": seq, "gpuSeconds": gpu_seconds, **extra}
 
 
-def test_a_pod_reports_with_its_own_token_and_is_billed_at_its_annotated_share(cluster: tuple[SpecClient, FakeKube]) -> None:
+def test_a_pod_reports_with_its_own_token_and_is_billed_at_its_annotated_share(
+    cluster: tuple[SpecClient, FakeKube],
+) -> None:
     api, kube = cluster
     pod = kube.add_pod("team-a", "trainer", share="0.5")
     meter = api.as_(kube.pod_token(pod))
@@ -52,14 +54,16 @@ def test_a_report_with_zero_share_but_time_is_refused(cluster: tuple[SpecClient,
     assert answer.status_code == 400 and "gpuShare is 0" in answer.json["error"]
 
 
-def test_a_token_reports_for_its_own_pod_only(cluster: tuple[SpecClient, FakeKube], caplog: pytest.LogCaptureFixture) -> None:
+def test_a_token_reports_for_its_own_pod_only(
+    cluster: tuple[SpecClient, FakeKube], caplog: pytest.LogCaptureFixture
+) -> None:
     api, kube = cluster
     mine, other = kube.add_pod("team-a", "mine"), kube.add_pod("team-b", "other")
     with caplog.at_level(logging.WARNING, logger="timekeeper.api"):
         answer = api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=report_of(other, 1, 60, share=0.5))
     assert answer.status_code == 403
     [logged] = [r for r in caplog.records if r.getMessage().startswith("report refused (forbidden)")]
-    assert (logged.namespace, logged.pod, logged.decision) == ("team-b", "other", "forbidden")  # type: ignore[attr-defined]
+    assert (logged.namespace, logged.pod, logged.decision) == ("team-b", "other", "forbidden")
     assert f"the token belongs to pod {mine['metadata']['uid']} in namespace team-a" in answer.json["error"]
     spoofed = {**report_of(mine, 1, 60, share=0.5), "namespace": "team-b"}
     assert api.as_(kube.pod_token(mine)).post("/api/v1/reports", json=spoofed).status_code == 403
@@ -86,7 +90,9 @@ def test_requested_memory_comes_from_the_pod_not_the_report(cluster: tuple[SpecC
     api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=body)
     kube.admins.add("ops")
     over = api.as_(kube.user_token("ops")).get("/api/v1/pods?overMemory=true").json["items"]
-    assert [(p["pod"], p["gpuMemoryRequestedMiB"], p["gpuMemoryOverRequestMiB"]) for p in over] == [("trainer", 4096.0, 1904.0)]
+    assert [(p["pod"], p["gpuMemoryRequestedMiB"], p["gpuMemoryOverRequestMiB"]) for p in over] == [
+        ("trainer", 4096.0, 1904.0)
+    ]
 
 
 def test_unknown_tokens_are_401(cluster: tuple[SpecClient, FakeKube]) -> None:
@@ -128,13 +134,20 @@ def test_reads_are_scoped_to_what_kubernetes_lets_the_caller_read(cluster: tuple
         assert refused.status_code == 403, path
         assert refused.json["error"] == ("bob may not read the budget of team-b: that needs verb 'get' on resource "
                                          "'gpubudgets' in API group 'gpusharing.io' in namespace team-b")
-    # What spans every namespace needs cluster-wide permission: a 403, as `kubectl get -A` answers, never a shorter list.
-    for path in ("/api/v1/budgets", "/api/v1/pods", "/api/v1/pods?uid=1f3a", "/api/v1/usage?from=2028-02-01&to=2028-03-01"):
+    # What spans every namespace needs cluster-wide permission: a 403, as `kubectl get -A` answers, never a shorter
+    # list.
+    for path in (
+        "/api/v1/budgets",
+        "/api/v1/pods",
+        "/api/v1/pods?uid=1f3a",
+        "/api/v1/usage?from=2028-02-01&to=2028-03-01",
+    ):
         refused = bob.get(path)
         assert refused.status_code == 403 and "verb 'list' on resource 'gpubudgets'" in refused.json["error"]
         assert "in all namespaces" in refused.json["error"]
         assert alice.get(path).status_code == 200
-    assert "named team.vision" in bob.get("/api/v1/budgets/team.vision").json["error"]  # a group's: its ClusterGPUBudget
+    # a group's: its ClusterGPUBudget
+    assert "named team.vision" in bob.get("/api/v1/budgets/team.vision").json["error"]
     # Each answer of the API server is reused for a while.
     asked = len(kube.access_reviews)
     assert bob.get("/api/v1/budgets/team-a").status_code == 200 and len(kube.access_reviews) == asked
@@ -165,7 +178,9 @@ def test_an_unreachable_api_server_is_503_not_a_refusal(cluster: tuple[SpecClien
 
 
 def test_a_slow_api_server_holds_no_report_hostage(make_app: AppFactory, fake_kube: FakeKube) -> None:
-    api = SpecClient(make_app(kube=KubeApi(fake_kube.api_client()), auth="tokenreview", auth_wait_seconds=0.2).test_client())
+    api = SpecClient(
+        make_app(kube=KubeApi(fake_kube.api_client()), auth="tokenreview", auth_wait_seconds=0.2).test_client()
+    )
     pod = fake_kube.add_pod("team-a", "trainer", share="0.5")
     token = fake_kube.pod_token(pod)
     fake_kube.delay_seconds = 1.0  # five times what a report waits
@@ -187,17 +202,23 @@ def test_auth_none_lets_anyone_in_and_says_so_loudly(make_app: AppFactory, caplo
     assert "ANYONE who can reach this timekeeper can change budgets" in caplog.text
 
 
-def test_tokenreview_without_a_kubernetes_api_stops_at_start(make_app: AppFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokenreview_without_a_kubernetes_api_stops_at_start(
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="in-cluster ServiceAccount"):
         make_app(auth="tokenreview")
 
 
-def test_a_kubeconfig_points_the_timekeeper_at_an_api_server(make_app: AppFactory, fake_kube: FakeKube, tmp_path: Path) -> None:
+def test_a_kubeconfig_points_the_timekeeper_at_an_api_server(
+    make_app: AppFactory, fake_kube: FakeKube, tmp_path: Path
+) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(fake_kube.kubeconfig())
     fake_kube.admins.add("alice")
-    api = SpecClient(make_app(auth="tokenreview", kubeconfig=str(kubeconfig)).test_client(), fake_kube.user_token("alice"))
+    api = SpecClient(
+        make_app(auth="tokenreview", kubeconfig=str(kubeconfig)).test_client(), fake_kube.user_token("alice")
+    )
     assert api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1}).status_code == 201
 
 
@@ -244,8 +265,13 @@ def test_a_meter_token_bound_to_namespaces_reports_for_those_only(make_app: AppF
 
 
 @pytest.mark.parametrize("share", ["1e999999", "0", "1001", "NaN", "-1", "0.00001", "9" * 5000])
-def test_a_pod_whose_share_annotation_is_out_of_bounds_cannot_report(cluster: tuple[SpecClient, FakeKube], share: str) -> None:
+def test_a_pod_whose_share_annotation_is_out_of_bounds_cannot_report(
+    cluster: tuple[SpecClient, FakeKube], share: str
+) -> None:
     api, kube = cluster
     pod = kube.add_pod("team-a", "odd", share=share)
     answer = api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=report_of(pod, 1, 60, share=0.5))
-    assert answer.status_code == 403 and "no valid gpusharing.io/gpu-share annotation (a share from 0.0001 to 1000)" in answer.json["error"]
+    assert (
+        answer.status_code == 403
+        and "no valid gpusharing.io/gpu-share annotation (a share from 0.0001 to 1000)" in answer.json["error"]
+    )

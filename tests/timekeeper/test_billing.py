@@ -58,13 +58,17 @@ def billed(ledger: ReportLedger, uid: str) -> int:
     return next(pod.micro_gpu_seconds for pod in ledger.pods("ml") if pod.pod_uid == uid)
 
 
-def test_two_replicas_observing_at_once_bill_share_times_recorded_time_exactly(ledgers: list[ReportLedger], clock: Clock) -> None:
+def test_two_replicas_observing_at_once_bill_share_times_recorded_time_exactly(
+    ledgers: list[ReportLedger], clock: Clock
+) -> None:
     uids = [f"uid-{i}" for i in range(20)]
     ends = {uid: 60 + 7 * i for i, uid in enumerate(uids)}
 
     def replica(ledger: ReportLedger, offset: float) -> None:
         for until in range(10, 200, 10):
-            ledger.observe([observed(uid, min(until + offset, ends[uid]), ended=until + offset >= ends[uid]) for uid in uids])
+            ledger.observe(
+                [observed(uid, min(until + offset, ends[uid]), ended=until + offset >= ends[uid]) for uid in uids]
+            )
 
     threads = [threading.Thread(target=replica, args=(ledger, offset)) for ledger, offset in zip(ledgers, (0, 3))]
     for thread in threads:
@@ -136,17 +140,24 @@ def test_a_pod_lost_from_sight_is_listed_until_closed(ledgers: list[ReportLedger
     assert billed(ledger, "uid-2") == 15 * MICROS
 
 
-def test_silence_is_flagged_once_by_one_process_and_a_report_clears_it(ledgers: list[ReportLedger], clock: Clock) -> None:
+def test_silence_is_flagged_once_by_one_process_and_a_report_clears_it(
+    ledgers: list[ReportLedger], clock: Clock
+) -> None:
     ledgers[0].observe([observed("uid-1", 30), observed("uid-2", 30)])
-    ledgers[0].record([(MeterReport("uid-2", "ml", "pod-uid-2", 0.5, 1, 10.0), ReportTerms(0.5, None, started_at=START))])
+    ledgers[0].record(
+        [(MeterReport("uid-2", "ml", "pod-uid-2", 0.5, 1, 10.0), ReportTerms(0.5, None, started_at=START))]
+    )
     quiet_since = START - dt.timedelta(seconds=1)  # uid-2's meter reported since: not silent
     assert ledgers[0].claim_silent(["uid-1", "uid-2"], quiet_since, at(60)) == ["uid-1"]
     assert ledgers[1].claim_silent(["uid-1", "uid-2"], quiet_since, at(61)) == []
-    ledgers[0].record([(MeterReport("uid-1", "ml", "pod-uid-1", 0.5, 1, 1.0), ReportTerms(0.5, None, started_at=START))])
+    ledgers[0].record(
+        [(MeterReport("uid-1", "ml", "pod-uid-1", 0.5, 1, 1.0), ReportTerms(0.5, None, started_at=START))]
+    )
     assert ledgers[0].silent_meters(120, 3600) == 0
 
 
-# -- the controller's billing tasks, against an HTTP fake of the API (the real one: tests/e2e/test_billing.py) ----------
+# -- the controller's billing tasks, against an HTTP fake of the API (the real one: tests/e2e/test_billing.py)
+# ----------
 
 def pod_object(fake: FakeKube, name: str, status: dict[str, Any], deleting: str | None = None) -> dict[str, Any]:
     pod = fake.add_pod("ml", name, share="0.5")
@@ -206,8 +217,15 @@ def test_a_finalizer_is_not_released_while_the_bill_cannot_be_written(
 def test_a_deleted_pod_is_billed_to_its_containers_end_then_let_go(
     controller: ControllerManager, fake_kube: FakeKube, ledgers: list[ReportLedger], clock: Clock,
 ) -> None:
-    deleted = pod_object(fake_kube, "deleted", {"phase": "Running", "containerStatuses": [
-        {"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:01:00Z"}}}]}, deleting="2026-11-25T10:01:30Z")
+    deleted = pod_object(
+        fake_kube,
+        "deleted",
+        {
+            "phase": "Running",
+            "containerStatuses": [{"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:01:00Z"}}}],
+        },
+        deleting="2026-11-25T10:01:30Z",
+    )
     run_at(controller, clock, 3600)  # the timekeeper came back an hour later: billed to the end, not to its return
     assert billed(ledgers[0], deleted["metadata"]["uid"]) == 60 * MICROS
     assert fake_kube.pods["ml", "deleted"]["metadata"]["finalizers"] == []

@@ -97,7 +97,10 @@ def test_top_ups_add_to_the_allowance_and_remaining_never_goes_below_zero() -> N
     assert status.state is BudgetState.WARNING and status.crossed_thresholds == (80,)  # 87 % of 150, not 130 % of 100
     spent = BudgetStatus("team-a", 100.0, Period.MONTHLY, window, 170 * MICROS_PER_GPU_MINUTE, 50.0, False)
     assert spent.remaining_gpu_minutes == 0.0 and spent.state is BudgetState.OVER_BUDGET
-    assert spent.to_json()["periodStart"] == "2026-05-01T00:00:00Z" and spent.to_json()["periodEnd"] == "2026-06-01T00:00:00Z"
+    assert (
+        spent.to_json()["periodStart"] == "2026-05-01T00:00:00Z"
+        and spent.to_json()["periodEnd"] == "2026-06-01T00:00:00Z"
+    )
 
 
 def test_a_namespace_without_a_budget_gets_the_default() -> None:
@@ -108,10 +111,12 @@ def test_a_namespace_without_a_budget_gets_the_default() -> None:
 
 
 def test_budget_requests() -> None:
-    assert budget_from_json("team-a", {"gpuMinutes": 6000, "period": "monthly", "evictOnExhaustion": True}, Period.DAILY) == Budget(
-        "team-a", 6000.0, Period.MONTHLY, True
+    assert budget_from_json(
+        "team-a", {"gpuMinutes": 6000, "period": "monthly", "evictOnExhaustion": True}, Period.DAILY
+    ) == Budget("team-a", 6000.0, Period.MONTHLY, True)
+    assert budget_from_json("team-a", {"gpuMinutes": None}, Period.WEEKLY) == Budget(
+        "team-a", None, Period.WEEKLY, False
     )
-    assert budget_from_json("team-a", {"gpuMinutes": None}, Period.WEEKLY) == Budget("team-a", None, Period.WEEKLY, False)
 
 
 def test_safe_admissions_settings_default_to_open_and_demote_and_are_taken_as_given() -> None:
@@ -140,13 +145,21 @@ def test_safe_admissions_settings_default_to_open_and_demote_and_are_taken_as_gi
         ("team-a", {"gpuMinutes": float("nan")}, "gpuMinutes must be a finite number"),
         ("team-a", {"gpuMinutes": float("inf")}, "gpuMinutes must be a finite number"),
         ("team-a", {"gpuMinutes": 1e13}, "at most 1e+12"),
-        ("team-a", {"gpuMinutes": 1, "period": "yearly"}, "period must be one of daily, weekly, monthly, none, not 'yearly'"),
+        (
+            "team-a",
+            {"gpuMinutes": 1, "period": "yearly"},
+            "period must be one of daily, weekly, monthly, none, not 'yearly'",
+        ),
         ("team-a", {"gpuMinutes": 1, "evictOnExhaustion": "yes"}, "evictOnExhaustion must be true or false"),
         ("team-a", {"gpuMinutes": 1, "admission": "x"}, "admission must be one of open, safe, strict, not 'x'"),
         ("team-a", {"gpuMinutes": 1, "admission": "SAFE"}, "admission must be one of open, safe, strict, not 'SAFE'"),
         ("team-a", {"gpuMinutes": 1, "admission": None}, "admission must be one of open, safe, strict, not None"),
         ("team-a", {"gpuMinutes": 1, "onShortfall": "evict"}, "onShortfall must be one of demote, refuse, not 'evict'"),
-        ("team-a", {"gpuMinutes": 1, "onShortfall": ["refuse"]}, "onShortfall must be one of demote, refuse, not ['refuse']"),
+        (
+            "team-a",
+            {"gpuMinutes": 1, "onShortfall": ["refuse"]},
+            "onShortfall must be one of demote, refuse, not ['refuse']",
+        ),
         ("Team_A", {"gpuMinutes": 1}, "'Team_A' is not a namespace name"),
         ("a" * 64, {"gpuMinutes": 1}, "is not a namespace name"),
     ],

@@ -48,7 +48,21 @@ def report(app: Flask, namespace: str, gpu_seconds: float, pod: str = "p", **ext
 
 def test_set_top_up_ls_get_and_rm(url: str, capsys: pytest.CaptureFixture[str], app: Flask) -> None:
     admin = ("--timekeeper", url, "--token", ADMIN)
-    assert run(capsys, "budget", "set", "team-a", "--gpu-minutes", "6000", "--period", "weekly", "--evict-on-exhaustion", *admin)[0] == 0
+    assert (
+        run(
+            capsys,
+            "budget",
+            "set",
+            "team-a",
+            "--gpu-minutes",
+            "6000",
+            "--period",
+            "weekly",
+            "--evict-on-exhaustion",
+            *admin,
+        )[0]
+        == 0
+    )
     assert run(capsys, "budget", "set", "team-b", "--gpu-minutes", "1", *admin)[0] == 0
     assert run(capsys, "budget", "set", "ops", "--unlimited", *admin)[0] == 0
     report(app, "team-b", 90)
@@ -65,7 +79,15 @@ def test_set_top_up_ls_get_and_rm(url: str, capsys: pytest.CaptureFixture[str], 
         "any other namespace: unlimited monthly (unlimited)",
     ]
     code, out, _ = run(capsys, "budget", "get", "team-b", *admin)
-    assert code == 0 and out.splitlines()[1].split()[:7] == ["team-b", "1.0", "1.5", "0.0", "over-budget", "monthly", "no"]
+    assert code == 0 and out.splitlines()[1].split()[:7] == [
+        "team-b",
+        "1.0",
+        "1.5",
+        "0.0",
+        "over-budget",
+        "monthly",
+        "no",
+    ]
     code, out, _ = run(capsys, "budget", "rm", "team-b", *admin)
     assert code == 0 and out.startswith("removed the budget of team-b") and "unlimited" in out
 
@@ -99,14 +121,24 @@ def test_set_changes_only_what_it_names_and_a_new_budget_takes_the_servers_defau
             return out.splitlines()[1].split()[:7]
 
         assert row("--gpu-minutes", "10") == ["team-a", "10.0", "0.0", "10.0", "in-budget", "daily", "no"]
-        assert row("--period", "weekly", "--evict-on-exhaustion") == ["team-a", "10.0", "0.0", "10.0", "in-budget", "weekly", "yes"]
+        assert row("--period", "weekly", "--evict-on-exhaustion") == [
+            "team-a",
+            "10.0",
+            "0.0",
+            "10.0",
+            "in-budget",
+            "weekly",
+            "yes",
+        ]
         assert row("--gpu-minutes", "20") == ["team-a", "20.0", "0.0", "20.0", "in-budget", "weekly", "yes"]
         assert row("--no-evict-on-exhaustion") == ["team-a", "20.0", "0.0", "20.0", "in-budget", "weekly", "no"]
         assert row("--unlimited") == ["team-a", "unlimited", "0.0", "-", "unlimited", "weekly", "no"]
         code, _, err = run(capsys, "budget", "set", "team-a", *admin)
         assert code == 2
-        assert err == ("gpusharing: nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
-                       "--parent, --no-parent, --warning-thresholds, --admission or --on-shortfall\n")
+        assert err == (
+            "gpusharing: nothing to set: give --gpu-minutes N, --unlimited, --period, --[no-]evict-on-exhaustion, "
+            "--parent, --no-parent, --warning-thresholds, --admission or --on-shortfall\n"
+        )
         code, out, _ = run(capsys, "budget", "ls", *admin)
         assert out.splitlines()[-1] == "any other namespace: 600.0 daily (in-budget)"
 
@@ -154,7 +186,9 @@ def test_the_audit_log_and_the_pods_are_reachable(url: str, capsys: pytest.Captu
         "top-up  alice  60.0 daily, evict  +5.0: demo day",
         "remove  alice  60.0 daily, evict  (default)",
     ]
-    report(app, "team-a", 600, pod="hungry", gpuMemoryUsedMiB=9000, gpuMemoryRequestedMiB=8192, gpuUtilizationPercent=97)
+    report(
+        app, "team-a", 600, pod="hungry", gpuMemoryUsedMiB=9000, gpuMemoryRequestedMiB=8192, gpuUtilizationPercent=97
+    )
     report(app, "team-a", 60, pod="modest", gpuMemoryUsedMiB=1000, gpuMemoryRequestedMiB=8192)
     code, out, _ = run(capsys, "pods", "--over-memory", *admin)
     assert code == 0 and [line.split()[:7] for line in out.splitlines()] == [
@@ -166,7 +200,9 @@ def test_the_audit_log_and_the_pods_are_reachable(url: str, capsys: pytest.Captu
 
 
 def test_server_refusals_are_sentences_that_say_what_to_do(url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "budget", "--timekeeper", url, "--token", READER, "set", "team-a", "--gpu-minutes", "5")
+    code, out, err = run(
+        capsys, "budget", "--timekeeper", url, "--token", READER, "set", "team-a", "--gpu-minutes", "5"
+    )
     assert (code, out) == (1, "")
     assert err == (
         "gpusharing: the timekeeper refused (403): static-reader-line-3 may not change budgets: an admin needs verb "
@@ -175,26 +211,49 @@ def test_server_refusals_are_sentences_that_say_what_to_do(url: str, capsys: pyt
     code, _, err = run(capsys, "budget", "rm", "nobody", "--timekeeper", url, "--token", ADMIN)
     assert (code, err) == (3, "gpusharing: the timekeeper refused (404): namespace nobody has no budget of its own\n")
     code, _, err = run(capsys, "budget", "ls", "--timekeeper", url)
-    assert (code, err) == (1, "gpusharing: the timekeeper refused (401): a bearer token is required (Authorization: Bearer "
-                              "TOKEN): give a token with --token or TIMEKEEPER_TOKEN\n")
+    assert (code, err) == (
+        1,
+        "gpusharing: the timekeeper refused (401): a bearer token is required (Authorization: Bearer "
+        "TOKEN): give a token with --token or TIMEKEEPER_TOKEN\n",
+    )
     code, _, err = run(capsys, "budget", "ls", "--timekeeper", url, "--token", "wrong")
-    assert (code, err) == (1, "gpusharing: the timekeeper refused (401): the bearer token is not known to the timekeeper: the "
-                              "token given (--token or TIMEKEEPER_TOKEN) was not accepted\n")
+    assert (code, err) == (
+        1,
+        "gpusharing: the timekeeper refused (401): the bearer token is not known to the timekeeper: the "
+        "token given (--token or TIMEKEEPER_TOKEN) was not accepted\n",
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["set", "team-a", "--gpu-minutes", "nan"], "argument --gpu-minutes: 'nan' is not a number of GPU-minutes: give a finite number, 0 or more"),
+        (
+            ["set", "team-a", "--gpu-minutes", "nan"],
+            "argument --gpu-minutes: 'nan' is not a number of GPU-minutes: give a finite number, 0 or more",
+        ),
         (["set", "team-a", "--gpu-minutes", "-3"], "argument --gpu-minutes: '-3' is not a number of GPU-minutes"),
-        (["set", "team-a", "--period", "yearly"], "argument --period: invalid choice: 'yearly' (choose from 'daily', 'weekly', 'monthly', 'none')"),
-        (["set", "team-a", "--gpu-minutes", "5", "--unlimited"], "argument --unlimited: not allowed with argument --gpu-minutes"),
-        (["set", "team-a", "--admission", "unsafe"], "argument --admission: invalid choice: 'unsafe' (choose from 'open', 'safe', 'strict')"),
-        (["set", "team-a", "--on-shortfall", "evict"], "argument --on-shortfall: invalid choice: 'evict' (choose from 'demote', 'refuse')"),
+        (
+            ["set", "team-a", "--period", "yearly"],
+            "argument --period: invalid choice: 'yearly' (choose from 'daily', 'weekly', 'monthly', 'none')",
+        ),
+        (
+            ["set", "team-a", "--gpu-minutes", "5", "--unlimited"],
+            "argument --unlimited: not allowed with argument --gpu-minutes",
+        ),
+        (
+            ["set", "team-a", "--admission", "unsafe"],
+            "argument --admission: invalid choice: 'unsafe' (choose from 'open', 'safe', 'strict')",
+        ),
+        (
+            ["set", "team-a", "--on-shortfall", "evict"],
+            "argument --on-shortfall: invalid choice: 'evict' (choose from 'demote', 'refuse')",
+        ),
         (["set", "Team_A", "--unlimited"], "argument NAME: 'Team_A' is not a namespace name"),
         (["top-up", "team-a", "inf", "--reason", "x"], "argument GPU_MINUTES: 'inf' is not a number of GPU-minutes"),
-        (["ls", "--timekeeper", "127.0.0.1:8080"], "argument --timekeeper: '127.0.0.1:8080' must be an http:// or https:// URL, "
-                                                   "e.g. http://127.0.0.1:8080"),
+        (
+            ["ls", "--timekeeper", "127.0.0.1:8080"],
+            "argument --timekeeper: '127.0.0.1:8080' must be an http:// or https:// URL, e.g. http://127.0.0.1:8080",
+        ),
     ],
 )
 def test_bad_arguments_are_one_usage_line(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
@@ -209,19 +268,27 @@ def test_an_unreachable_timekeeper_is_told_apart_from_an_unknown_host(
 ) -> None:
     port = free_port()
     code, _, err = run(capsys, "budget", "ls", "--timekeeper", f"http://127.0.0.1:{port}")
-    assert (code, err) == (1, f"gpusharing: cannot reach the timekeeper at http://127.0.0.1:{port}: connection refused by "
-                              f"127.0.0.1:{port}: is the server running there?\n")
+    assert (code, err) == (
+        1,
+        f"gpusharing: cannot reach the timekeeper at http://127.0.0.1:{port}: connection refused by "
+        f"127.0.0.1:{port}: is the server running there?\n",
+    )
 
     def no_such_name(*args: object, **kwargs: object) -> None:  # no DNS query leaves the machine
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
     code, _, err = run(capsys, "budget", "ls", "--timekeeper", "http://timekeeper.example:8080")
-    assert (code, err) == (1, "gpusharing: cannot reach the timekeeper at http://timekeeper.example:8080: the host name "
-                              "'timekeeper.example' does not resolve: check the URL http://timekeeper.example:8080\n")
+    assert (code, err) == (
+        1,
+        "gpusharing: cannot reach the timekeeper at http://timekeeper.example:8080: the host name "
+        "'timekeeper.example' does not resolve: check the URL http://timekeeper.example:8080\n",
+    )
 
 
-def test_url_and_token_come_from_the_environment(url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_url_and_token_come_from_the_environment(
+    url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TIMEKEEPER_URL", url)
     monkeypatch.setenv("TIMEKEEPER_TOKEN", ADMIN)
     code, out, _ = run(capsys, "budget", "set", "team-a", "--gpu-minutes", "5")
@@ -232,7 +299,9 @@ def test_url_and_token_come_from_the_environment(url: str, capsys: pytest.Captur
                               "e.g. http://timekeeper:8080\n")
 
 
-def test_the_default_url_refused_says_how_to_reach_a_cluster(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_url_refused_says_how_to_reach_a_cluster(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("gpusharing.admin.client.DEFAULT_URL", f"http://127.0.0.1:{free_port()}")
     code, _, err = run(capsys, "budget", "ls")
     assert code == 1 and err.rstrip().endswith(
@@ -286,8 +355,21 @@ def test_explain_shows_the_bill_from_the_record_and_a_silent_meter() -> None:
     pod = {"namespace": "ml", "name": "train-0", "phase": "Running", "governed": True, "record": {"gpu-share": "0.5"},
            "priorityClassName": "gpusharing-in-budget", "priority": None, "meter": "native sidecar"}
     namespace = {"state": "in-budget", "gpuMinutes": None, "usedGpuMinutes": 3.0, "period": "monthly"}
-    ledger = {"gpuSeconds": 180.0, "observedGpuSeconds": 180.0, "meteredGpuSeconds": 0.0, "startedAt": "2026-11-25T10:00:00Z",
-              "endedAt": None, "lastReportAt": None, "final": False, "meterSilentSince": "2026-11-25T10:01:00Z"}
-    fields = dict(line.split(":", 1) for line in format_explanation({"pod": pod, "namespace": namespace, "metering": ledger}).splitlines())
+    ledger = {
+        "gpuSeconds": 180.0,
+        "observedGpuSeconds": 180.0,
+        "meteredGpuSeconds": 0.0,
+        "startedAt": "2026-11-25T10:00:00Z",
+        "endedAt": None,
+        "lastReportAt": None,
+        "final": False,
+        "meterSilentSince": "2026-11-25T10:01:00Z",
+    }
+    fields = dict(
+        line.split(":", 1)
+        for line in format_explanation({"pod": pod, "namespace": namespace, "metering": ledger}).splitlines()
+    )
     assert fields["Billed"].strip() == "3.0 GPU-minutes, from the API server's record since 2026-11-25T10:00:00Z"
-    assert fields["Metered"].strip().startswith("no report yet; SILENT since 2026-11-25T10:01:00Z: billed from the record")
+    assert (
+        fields["Metered"].strip().startswith("no report yet; SILENT since 2026-11-25T10:01:00Z: billed from the record")
+    )

@@ -48,7 +48,8 @@ def test_the_databases_time_is_carried_forward_and_read_again_after_the_interval
     monotonic.now += 9.5
     assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=9.5) and readings.count == 1  # no round trip
     monotonic.now += 0.5
-    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=12) and readings.count == 2  # the database says 12 s passed
+    # the database says 12 s passed
+    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=12) and readings.count == 2
 
 
 def test_a_database_down_at_a_reading_leaves_the_last_one_in_force_and_is_asked_again_after_the_interval() -> None:
@@ -59,7 +60,8 @@ def test_a_database_down_at_a_reading_leaves_the_last_one_in_force_and_is_asked_
     monotonic.now += 10.0
     assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=10)
     monotonic.now += 5.0
-    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=15)  # not asked meanwhile: no connection attempt per call
+    # not asked meanwhile: no connection attempt per call
+    assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=15)
     readings.down = False
     monotonic.now += 5.0
     assert clock.now() == DATABASE_TIME + dt.timedelta(seconds=12) and readings.count == 2
@@ -84,7 +86,9 @@ def test_a_served_timekeeper_reckons_by_the_databases_time_and_a_test_clock_repl
     assert now.tzinfo is not None and before - dt.timedelta(seconds=1) <= now <= after + dt.timedelta(seconds=1)
     services.reports.close()
     services.database.dispose()
-    tested = build_stores(TimekeeperConfig(database_url=database_url, auth="none", clock="tests.timekeeper.fake_clock:now"))
+    tested = build_stores(
+        TimekeeperConfig(database_url=database_url, auth="none", clock="tests.timekeeper.fake_clock:now")
+    )
     assert not isinstance(tested.clock, DatabaseClock)
     tested.database.dispose()
 
@@ -102,4 +106,6 @@ def test_requests_that_come_while_the_first_reading_is_under_way_wait_for_it() -
         answers = [callers.submit(clock.now) for _ in range(8)]
         reading.set()
         # Each is the database's time (carried forward by the moments since it was read), none the machine's own.
-        assert all(dt.timedelta(0) <= answer.result(timeout=10) - DATABASE_TIME < dt.timedelta(hours=1) for answer in answers)
+        assert all(
+            dt.timedelta(0) <= answer.result(timeout=10) - DATABASE_TIME < dt.timedelta(hours=1) for answer in answers
+        )

@@ -55,7 +55,11 @@ def pod(share: str | None = "0.5", deadline: Any = 1200, phase: str = "Pending",
     status: dict[str, Any] = {"phase": phase}
     if started:
         status["startTime"] = started
-    return {"metadata": {"namespace": "ml", "name": "p", "uid": "uid-p", "annotations": annotations}, "spec": spec, "status": status}
+    return {
+        "metadata": {"namespace": "ml", "name": "p", "uid": "uid-p", "annotations": annotations},
+        "spec": spec,
+        "status": status,
+    }
 
 
 def test_a_pod_not_started_commits_its_whole_deadline() -> None:
@@ -85,11 +89,18 @@ def test_pods_that_commit_nothing_are_not_kept() -> None:
 def test_commitments_are_summed_per_namespace() -> None:
     pods = [CommittedPod("ml", 1.0, 1000, 60, None, "b" * 16), CommittedPod("ml", 0.5, 1000, 120, None, None),
             CommittedPod("cv", 2.0, 1000, 30, None, "c" * 16)]
-    assert commitments_by_namespace(pods, NOW) == {"ml": NamespaceCommitments(2 * MINUTE), "cv": NamespaceCommitments(MINUTE)}
+    assert commitments_by_namespace(pods, NOW) == {
+        "ml": NamespaceCommitments(2 * MINUTE),
+        "cv": NamespaceCommitments(MINUTE),
+    }
 
 
-def listed(used: dict[str, int], committed: dict[str, NamespaceCommitments] | None, reserved: dict[str, int] | None = None,
-           **budgets: Budget) -> list[dict[str, Any]]:
+def listed(
+    used: dict[str, int],
+    committed: dict[str, NamespaceCommitments] | None,
+    reserved: dict[str, int] | None = None,
+    **budgets: Budget,
+) -> list[dict[str, Any]]:
     windows = {kind: period_window(kind, NOW) for kind in Period}
     rolled = roll_up(budgets, {ns: {Period.MONTHLY: micro} for ns, micro in used.items()}, {}, windows)
     statuses = [rolled[name] for name in sorted(rolled)]
@@ -127,7 +138,8 @@ def test_what_is_uncommitted_never_goes_below_zero() -> None:
     assert items[0]["uncommitted"]["microGpuSeconds"] == 0
 
 
-# The controller publishes the committed pods in the database; the web replicas read them there (timekeeper.database.cluster.commitments).
+# The controller publishes the committed pods in the database; the web replicas read them there
+# (timekeeper.database.cluster.commitments).
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:
@@ -169,7 +181,9 @@ class Writes:
         return seen
 
 
-def test_what_the_pods_commit_is_unknown_until_published_and_once_the_publications_go_stale(db: Database, clock: Clock) -> None:
+def test_what_the_pods_commit_is_unknown_until_published_and_once_the_publications_go_stale(
+    db: Database, clock: Clock
+) -> None:
     publisher, reader = CommitmentPublisher(db, clock), PublishedCommitments(db, clock, remember_seconds=30)
     assert reader.problem() == NOT_PUBLISHED and reader.by_namespace() is None
     publisher.publish({}, healthy=False)  # the controller's informer has not listed the pods yet
@@ -204,7 +218,8 @@ def test_the_ids_of_published_pods_are_known_for_a_reservations_lifetime(db: Dat
     assert reader.counted_ids() == {"a" * 16}  # even though the pod has ended: its reservation stays given up
     assert reader.settled_ids() == {"a" * 16}  # and may go: every reader has had the pod for 10 s
     clock.advance(seconds=2.5)
-    assert reader.counted_ids() == frozenset() and reader.settled_ids() == frozenset()  # its reservation has lapsed anyway
+    # its reservation has lapsed anyway
+    assert reader.counted_ids() == frozenset() and reader.settled_ids() == frozenset()
 
 
 def test_a_pod_still_published_is_counted_and_settles_once_unchanged_for_a_while(db: Database, clock: Clock) -> None:
@@ -240,7 +255,9 @@ def test_the_publisher_writes_only_what_changed(db: Database, clock: Clock) -> N
     publisher.publish(by_uid([p, moved, r]), healthy=True)
     assert writes.taken() == ["INSERT"]  # q changed, r is new: one upsert
     now = rows(db)
-    assert now["uid-p"] == first["uid-p"] and now["uid-q"] == ("q", clock(), None) and now["uid-r"] == ("r", clock(), None)
+    assert (
+        now["uid-p"] == first["uid-p"] and now["uid-q"] == ("q", clock(), None) and now["uid-r"] == ("r", clock(), None)
+    )
     clock.advance(seconds=1)
     publisher.publish(by_uid([p, moved]), healthy=True)
     assert writes.taken() == ["UPDATE"] and rows(db)["uid-r"][2] == clock()  # r marked gone, not forgotten yet
@@ -275,7 +292,11 @@ def test_a_restarted_publisher_reconciles_with_the_table(db: Database, clock: Cl
 
 def test_a_deposed_leader_publishing_once_more_changes_nothing(db: Database, clock: Clock) -> None:
     p, q, r = committed("p", "a" * 16), committed("q"), committed("r")
-    first, second, reader = CommitmentPublisher(db, clock, "first"), CommitmentPublisher(db, clock, "second"), PublishedCommitments(db, clock)
+    first, second, reader = (
+        CommitmentPublisher(db, clock, "first"),
+        CommitmentPublisher(db, clock, "second"),
+        PublishedCommitments(db, clock),
+    )
     first.publish(by_uid([p, q]), healthy=True)
     clock.advance(seconds=1)
     second.publish(by_uid([r]), healthy=True)  # a new leader while the first still publishes: it waits
@@ -294,7 +315,9 @@ def test_a_deposed_leader_publishing_once_more_changes_nothing(db: Database, clo
     assert {uid for uid, (_, _, gone) in rows(db).items() if gone is not None} == {"uid-q", "uid-r"}
 
 
-def test_a_new_leader_not_yet_listed_keeps_what_its_predecessor_confirmed_until_it_goes_stale(db: Database, clock: Clock) -> None:
+def test_a_new_leader_not_yet_listed_keeps_what_its_predecessor_confirmed_until_it_goes_stale(
+    db: Database, clock: Clock
+) -> None:
     p = committed("p", "a" * 16)
     reader = PublishedCommitments(db, clock)
     CommitmentPublisher(db, clock, "first").publish(by_uid([p]), healthy=True)

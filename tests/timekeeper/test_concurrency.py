@@ -79,7 +79,10 @@ def test_concurrent_duplicated_reordered_reports_are_accounted_exactly_once(
             thread.join()
         assert failures == []
         headers = {"Authorization": f"Bearer {ADMIN}"}
-        statuses = {s["namespace"]: s for s in requests.get(f"{second.url}/api/v1/budgets", headers=headers, timeout=10).json()["items"]}
+        statuses = {
+            s["namespace"]: s
+            for s in requests.get(f"{second.url}/api/v1/budgets", headers=headers, timeout=10).json()["items"]
+        }
         pods = requests.get(f"{first.url}/api/v1/pods?limit=1000", headers=headers, timeout=10).json()["items"]
         usage = requests.get(f"{first.url}/api/v1/usage?from=2020-01-01&to=2030-01-01&groupBy=pod", headers=headers,
                              timeout=10).json()["items"]  # these processes run on the real clock

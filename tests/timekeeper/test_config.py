@@ -1,5 +1,6 @@
 """Where the timekeeper finds the Kubernetes API: its own setting, then KUBECONFIG as kubectl reads it, then in-cluster;
-the default budget's idle policy from TIMEKEEPER_IDLE_*; the utilisation source; the evictions' concurrency and retries."""
+the default budget's idle policy from TIMEKEEPER_IDLE_*; the utilisation source; the evictions' concurrency and
+retries."""
 
 from __future__ import annotations
 
@@ -23,26 +24,47 @@ from timekeeper.database.cluster.fencing import STALE_CLAIM_SECONDS
         ({}, None),  # inside a pod: the in-cluster ServiceAccount
     ],
 )
-def test_the_kubeconfig_follows_the_kubernetes_clients_convention(environ: dict[str, str], kubeconfig: str | None) -> None:
+def test_the_kubeconfig_follows_the_kubernetes_clients_convention(
+    environ: dict[str, str], kubeconfig: str | None
+) -> None:
     assert TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", **environ}).kubeconfig == kubeconfig
 
 
 def test_the_default_budgets_idle_policy_comes_from_the_idle_settings() -> None:
-    environ = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_IDLE_AFTER": "4h", "TIMEKEEPER_IDLE_ACTION": "evict",
-               "TIMEKEEPER_IDLE_WARN_BEFORE": "30m", "TIMEKEEPER_IDLE_UTILISATION_PERCENT": "2.5", "TIMEKEEPER_IDLE_MIN_AGE": "1h"}
+    environ = {
+        "TIMEKEEPER_AUTH": "none",
+        "TIMEKEEPER_IDLE_AFTER": "4h",
+        "TIMEKEEPER_IDLE_ACTION": "evict",
+        "TIMEKEEPER_IDLE_WARN_BEFORE": "30m",
+        "TIMEKEEPER_IDLE_UTILISATION_PERCENT": "2.5",
+        "TIMEKEEPER_IDLE_MIN_AGE": "1h",
+    }
     assert TimekeeperConfig.from_env(environ).default_idle == IdlePolicy(4 * 3600, IdleAction.EVICT, 1800, 2.5, 3600)
     assert TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none"}).default_idle is None  # no policy unless asked
 
 
-@pytest.mark.parametrize(("environ", "message"), [
-    ({"TIMEKEEPER_IDLE_ACTION": "evict"}, "TIMEKEEPER_IDLE_ACTION set without TIMEKEEPER_IDLE_AFTER: set it (e.g. 4h)"),
-    ({"TIMEKEEPER_IDLE_AFTER": "4 hours"}, "TIMEKEEPER_IDLE_AFTER must be a duration as Kubernetes writes it"),
-    ({"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_WARN_BEFORE": "1h"},
-     "TIMEKEEPER_IDLE_WARN_BEFORE (1h) must be shorter than TIMEKEEPER_IDLE_AFTER (1h)"),
-    ({"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_UTILISATION_PERCENT": "one"},
-     "TIMEKEEPER_IDLE_UTILISATION_PERCENT='one' must be a number"),
-    ({"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_ACTION": "kill"}, "TIMEKEEPER_IDLE_ACTION must be one of warn, demote, evict"),
-])
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"TIMEKEEPER_IDLE_ACTION": "evict"},
+            "TIMEKEEPER_IDLE_ACTION set without TIMEKEEPER_IDLE_AFTER: set it (e.g. 4h)",
+        ),
+        ({"TIMEKEEPER_IDLE_AFTER": "4 hours"}, "TIMEKEEPER_IDLE_AFTER must be a duration as Kubernetes writes it"),
+        (
+            {"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_WARN_BEFORE": "1h"},
+            "TIMEKEEPER_IDLE_WARN_BEFORE (1h) must be shorter than TIMEKEEPER_IDLE_AFTER (1h)",
+        ),
+        (
+            {"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_UTILISATION_PERCENT": "one"},
+            "TIMEKEEPER_IDLE_UTILISATION_PERCENT='one' must be a number",
+        ),
+        (
+            {"TIMEKEEPER_IDLE_AFTER": "1h", "TIMEKEEPER_IDLE_ACTION": "kill"},
+            "TIMEKEEPER_IDLE_ACTION must be one of warn, demote, evict",
+        ),
+    ],
+)
 def test_idle_settings_that_cannot_be_a_policy_are_refused_in_one_line(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as refused:
         TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", **environ})
@@ -74,56 +96,120 @@ def test_a_meter_interval_out_of_bounds_is_refused_with_the_bounds(raw: str) -> 
 
 def test_the_utilisation_source_is_the_meters_unless_prometheus_is_named_with_its_url() -> None:
     assert TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none"}).prometheus is None
-    environ = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_UTILISATION_SOURCE": "prometheus",
-               "TIMEKEEPER_PROMETHEUS_URL": "https://thanos-querier.openshift-monitoring.svc:9091/",
-               "TIMEKEEPER_PROMETHEUS_CA_FILE": "/etc/ca/service-ca.crt", "TIMEKEEPER_PROMETHEUS_TOKEN_FILE": "/var/run/token",
-               "TIMEKEEPER_PROMETHEUS_POD_LABEL": "pod", "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": "namespace",
-               "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL": "", "TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_GPU_UTIL",
-               "TIMEKEEPER_PROMETHEUS_PER_POD_METRIC": "DCGM_FI_DEV_GPU_UTIL", "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS": "30",
-               "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "60", "TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="nvidia-gpu-operator"'}
+    environ = {
+        "TIMEKEEPER_AUTH": "none",
+        "TIMEKEEPER_UTILISATION_SOURCE": "prometheus",
+        "TIMEKEEPER_PROMETHEUS_URL": "https://thanos-querier.openshift-monitoring.svc:9091/",
+        "TIMEKEEPER_PROMETHEUS_CA_FILE": "/etc/ca/service-ca.crt",
+        "TIMEKEEPER_PROMETHEUS_TOKEN_FILE": "/var/run/token",
+        "TIMEKEEPER_PROMETHEUS_POD_LABEL": "pod",
+        "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": "namespace",
+        "TIMEKEEPER_PROMETHEUS_POD_UID_LABEL": "",
+        "TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_GPU_UTIL",
+        "TIMEKEEPER_PROMETHEUS_PER_POD_METRIC": "DCGM_FI_DEV_GPU_UTIL",
+        "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS": "30",
+        "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "60",
+        "TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="nvidia-gpu-operator"',
+    }
     config = TimekeeperConfig.from_env(environ)
     assert config.tasks.utilisation == 30.0
     assert config.prometheus == PrometheusSource(
-        url="https://thanos-querier.openshift-monitoring.svc:9091", ca_file="/etc/ca/service-ca.crt", token_file="/var/run/token",
-        query=DcgmQuery(namespace_label="namespace", pod_label="pod", pod_uid_label="", metrics=("DCGM_FI_DEV_GPU_UTIL",),
-                        per_pod_metric="DCGM_FI_DEV_GPU_UTIL", window_seconds=60, selector='namespace="nvidia-gpu-operator"'))
+        url="https://thanos-querier.openshift-monitoring.svc:9091",
+        ca_file="/etc/ca/service-ca.crt",
+        token_file="/var/run/token",
+        query=DcgmQuery(
+            namespace_label="namespace",
+            pod_label="pod",
+            pod_uid_label="",
+            metrics=("DCGM_FI_DEV_GPU_UTIL",),
+            per_pod_metric="DCGM_FI_DEV_GPU_UTIL",
+            window_seconds=60,
+            selector='namespace="nvidia-gpu-operator"',
+        ),
+    )
     defaults = TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_UTILISATION_SOURCE": "prometheus",
                                           "TIMEKEEPER_PROMETHEUS_URL": "http://prometheus:9090"}).prometheus
     assert defaults is not None and defaults.query == DcgmQuery()  # the GPU Operator's labels, GR_ENGINE_ACTIVE first
 
 
-@pytest.mark.parametrize(("environ", "message"), [
-    ({"TIMEKEEPER_UTILISATION_SOURCE": "dcgm"}, "TIMEKEEPER_UTILISATION_SOURCE='dcgm' must be one of meter, prometheus"),
-    ({"TIMEKEEPER_PROMETHEUS_URL": ""}, "TIMEKEEPER_PROMETHEUS_URL must be set"),
-    ({"TIMEKEEPER_PROMETHEUS_URL": "prometheus:9090"}, "TIMEKEEPER_PROMETHEUS_URL='prometheus:9090' must be an http:// or https:// URL"),
-    ({"TIMEKEEPER_PROMETHEUS_POD_LABEL": 'pod"}) or vector(1'}, "TIMEKEEPER_PROMETHEUS_POD_LABEL='pod\"}) or vector(1' must be a Prometheus label name"),
-    ({"TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="gpu-operator"} or vector(100) or x{a="b"'},
-     "TIMEKEEPER_PROMETHEUS_SELECTOR='namespace=\"gpu-operator\"} or vector(100) or x{a=\"b\"' must be PromQL label matchers"),
-    ({"TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": ""}, "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL='' must be a Prometheus label name"),
-    ({"TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_POWER_USAGE"}, "'DCGM_FI_DEV_POWER_USAGE' is not one of DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
-    ({"TIMEKEEPER_PROMETHEUS_METRICS": ","}, "TIMEKEEPER_PROMETHEUS_METRICS must name at least one metric"),
-    ({"TIMEKEEPER_PROMETHEUS_PER_POD_METRIC": "up"}, "'up' is not one of"),
-    ({"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "30"}, "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS=30 must be from TIMEKEEPER_UTILISATION_INTERVAL_SECONDS (60) to 3600"),
-    ({"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "5"}, "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS='5' must be a whole number, at least 10"),
-])
-def test_a_prometheus_source_it_cannot_query_is_refused_at_start_naming_the_setting(environ: dict[str, str], message: str) -> None:
-    base = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_UTILISATION_SOURCE": "prometheus", "TIMEKEEPER_PROMETHEUS_URL": "http://prometheus:9090"}
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"TIMEKEEPER_UTILISATION_SOURCE": "dcgm"},
+            "TIMEKEEPER_UTILISATION_SOURCE='dcgm' must be one of meter, prometheus",
+        ),
+        ({"TIMEKEEPER_PROMETHEUS_URL": ""}, "TIMEKEEPER_PROMETHEUS_URL must be set"),
+        (
+            {"TIMEKEEPER_PROMETHEUS_URL": "prometheus:9090"},
+            "TIMEKEEPER_PROMETHEUS_URL='prometheus:9090' must be an http:// or https:// URL",
+        ),
+        (
+            {"TIMEKEEPER_PROMETHEUS_POD_LABEL": 'pod"}) or vector(1'},
+            "TIMEKEEPER_PROMETHEUS_POD_LABEL='pod\"}) or vector(1' must be a Prometheus label name",
+        ),
+        (
+            {"TIMEKEEPER_PROMETHEUS_SELECTOR": 'namespace="gpu-operator"} or vector(100) or x{a="b"'},
+            "TIMEKEEPER_PROMETHEUS_SELECTOR='namespace=\"gpu-operator\"} or vector(100) or x{a=\"b\"' must be PromQL "
+            "label matchers",
+        ),
+        (
+            {"TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL": ""},
+            "TIMEKEEPER_PROMETHEUS_NAMESPACE_LABEL='' must be a Prometheus label name",
+        ),
+        (
+            {"TIMEKEEPER_PROMETHEUS_METRICS": "DCGM_FI_DEV_POWER_USAGE"},
+            "'DCGM_FI_DEV_POWER_USAGE' is not one of DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        ),
+        ({"TIMEKEEPER_PROMETHEUS_METRICS": ","}, "TIMEKEEPER_PROMETHEUS_METRICS must name at least one metric"),
+        ({"TIMEKEEPER_PROMETHEUS_PER_POD_METRIC": "up"}, "'up' is not one of"),
+        (
+            {"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "30"},
+            "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS=30 must be from TIMEKEEPER_UTILISATION_INTERVAL_SECONDS (60) to 3600",
+        ),
+        (
+            {"TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS": "5"},
+            "TIMEKEEPER_PROMETHEUS_WINDOW_SECONDS='5' must be a whole number, at least 10",
+        ),
+    ],
+)
+def test_a_prometheus_source_it_cannot_query_is_refused_at_start_naming_the_setting(
+    environ: dict[str, str], message: str
+) -> None:
+    base = {
+        "TIMEKEEPER_AUTH": "none",
+        "TIMEKEEPER_UTILISATION_SOURCE": "prometheus",
+        "TIMEKEEPER_PROMETHEUS_URL": "http://prometheus:9090",
+    }
     with pytest.raises(ConfigError) as refused:
         TimekeeperConfig.from_env({**base, **environ})
     assert message in str(refused.value)
 def test_evictions_in_flight_and_their_retries_come_from_their_settings() -> None:
     default = TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none"})
     assert (default.eviction_concurrency, default.eviction_retry_seconds) == (16, 30.0)  # sized for a real API server
-    environ = {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_EVICTION_CONCURRENCY": "4", "TIMEKEEPER_EVICTION_RETRY_SECONDS": "0"}
-    assert (TimekeeperConfig.from_env(environ).eviction_concurrency, TimekeeperConfig.from_env(environ).eviction_retry_seconds) == (4, 0.0)
+    environ = {
+        "TIMEKEEPER_AUTH": "none",
+        "TIMEKEEPER_EVICTION_CONCURRENCY": "4",
+        "TIMEKEEPER_EVICTION_RETRY_SECONDS": "0",
+    }
+    assert (
+        TimekeeperConfig.from_env(environ).eviction_concurrency,
+        TimekeeperConfig.from_env(environ).eviction_retry_seconds,
+    ) == (4, 0.0)
 
 
-@pytest.mark.parametrize(("environ", "message"), [
-    ({"TIMEKEEPER_EVICTION_CONCURRENCY": "0"}, "TIMEKEEPER_EVICTION_CONCURRENCY='0' must be"),
-    ({"TIMEKEEPER_EVICTION_CONCURRENCY": "many"}, "TIMEKEEPER_EVICTION_CONCURRENCY='many' must be"),
-    # Retries past this would outlast the claim: another leader may take a claim over once it is stale.
-    ({"TIMEKEEPER_EVICTION_RETRY_SECONDS": "50"}, "TIMEKEEPER_EVICTION_RETRY_SECONDS='50' must be a finite number from 0 to 45"),
-])
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"TIMEKEEPER_EVICTION_CONCURRENCY": "0"}, "TIMEKEEPER_EVICTION_CONCURRENCY='0' must be"),
+        ({"TIMEKEEPER_EVICTION_CONCURRENCY": "many"}, "TIMEKEEPER_EVICTION_CONCURRENCY='many' must be"),
+        # Retries past this would outlast the claim: another leader may take a claim over once it is stale.
+        (
+            {"TIMEKEEPER_EVICTION_RETRY_SECONDS": "50"},
+            "TIMEKEEPER_EVICTION_RETRY_SECONDS='50' must be a finite number from 0 to 45",
+        ),
+    ],
+)
 def test_eviction_settings_out_of_bounds_are_refused_in_one_line(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as refused:
         TimekeeperConfig.from_env({"TIMEKEEPER_AUTH": "none", **environ})

@@ -53,16 +53,39 @@ def test_bulk_writes_insert_and_update_many_rows_with_every_column_type(db: Data
     with db.pipeline() as conn:
         opening.execute(conn, [pod("a"), pod("b"), pod("c")])
         opening.execute(conn, [pod("a", pod="not-reopened")])  # the conflict clause applies to every row
-        advancing.execute(conn, [
-            {"pod_uid": "a", "micro_gpu_seconds": 9_000_000_000_000, "last_seq": 7, "final": True, "last_report_at": SEEN,
-             "gpu_memory_used_mib": 1500.5, "gpu_utilization_percent": None},
-            {"pod_uid": "c", "micro_gpu_seconds": 1, "last_seq": 1, "final": False, "last_report_at": OPENED,
-             "gpu_memory_used_mib": None, "gpu_utilization_percent": 87.5},
-        ])
+        advancing.execute(
+            conn,
+            [
+                {
+                    "pod_uid": "a",
+                    "micro_gpu_seconds": 9_000_000_000_000,
+                    "last_seq": 7,
+                    "final": True,
+                    "last_report_at": SEEN,
+                    "gpu_memory_used_mib": 1500.5,
+                    "gpu_utilization_percent": None,
+                },
+                {
+                    "pod_uid": "c",
+                    "micro_gpu_seconds": 1,
+                    "last_seq": 1,
+                    "final": False,
+                    "last_report_at": OPENED,
+                    "gpu_memory_used_mib": None,
+                    "gpu_utilization_percent": 87.5,
+                },
+            ],
+        )
     rows = stored(db)
     assert sorted(rows) == ["a", "b", "c"]
     a, b, c = rows["a"], rows["b"], rows["c"]
-    assert (a.pod, a.micro_gpu_seconds, a.last_seq, a.final, a.gpu_memory_used_mib) == ("pod-a", 9_000_000_000_000, 7, True, 1500.5)
+    assert (a.pod, a.micro_gpu_seconds, a.last_seq, a.final, a.gpu_memory_used_mib) == (
+        "pod-a",
+        9_000_000_000_000,
+        7,
+        True,
+        1500.5,
+    )
     assert a.last_report_at == SEEN and a.last_report_at.utcoffset() == dt.timedelta(0)
     assert a.first_report_at == OPENED and a.gpu_memory_requested_mib == 2048.0 and a.gpu_utilization_percent is None
     assert (b.micro_gpu_seconds, b.last_seq, b.final, b.gpu_memory_used_mib) == (0, 0, False, None)
@@ -119,10 +142,21 @@ def test_a_connection_the_server_dropped_fails_one_report_with_503_and_the_retry
     app: Flask = create_app(TimekeeperConfig(database_url=url, auth="static", static_tokens_file=tokens_file))
     meter = SpecClient(app.test_client(), METER)
     try:
-        body = {"podUid": "uid-1", "namespace": "team-a", "pod": "trainer", "gpuShare": 0.5, "seq": 1, "gpuSeconds": 60.0}
+        body = {
+            "podUid": "uid-1",
+            "namespace": "team-a",
+            "pod": "trainer",
+            "gpuShare": 0.5,
+            "seq": 1,
+            "gpuSeconds": 60.0,
+        }
         assert meter.post("/api/v1/reports", json=body).status_code == 200
-        with psycopg.connect(f"host=127.0.0.1 port={server.port} user=postgres dbname=postgres", autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'dropped_connections'")
+        with psycopg.connect(
+            f"host=127.0.0.1 port={server.port} user=postgres dbname=postgres", autocommit=True
+        ) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'dropped_connections'"
+            )
         second = {**body, "seq": 2, "gpuSeconds": 120.0}
         refused = meter.post("/api/v1/reports", json=second)
         assert refused.status_code == 503 and refused.json["error"] == "the database is unavailable, try again"
@@ -164,8 +198,12 @@ def test_the_pipeline_raises_a_dropped_connection_as_a_database_error_and_discar
     try:
         with db.pipeline() as conn:
             list(conn.execute(select(pod_ledgers)))
-        with psycopg.connect(f"host=127.0.0.1 port={server.port} user=postgres dbname=postgres", autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'dropped_connections'")
+        with psycopg.connect(
+            f"host=127.0.0.1 port={server.port} user=postgres dbname=postgres", autocommit=True
+        ) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'dropped_connections'"
+            )
         with pytest.raises(DBAPIError) as raised:
             with db.pipeline() as conn:
                 list(conn.execute(select(pod_ledgers)))

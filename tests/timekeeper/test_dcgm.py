@@ -48,7 +48,9 @@ def pods(*records: RecordedPod) -> dict[tuple[str, str], RecordedPod]:
     return {(r.namespace, r.name): r for r in records}
 
 
-def row(metric: str, pod: str, value: str, gpu: str = "GPU-1", namespace: str = "team-a", **labels: str) -> dict[str, Any]:
+def row(
+    metric: str, pod: str, value: str, gpu: str = "GPU-1", namespace: str = "team-a", **labels: str
+) -> dict[str, Any]:
     names = {METRIC_LABEL: metric, "exported_pod": pod, "exported_namespace": namespace, "UUID": gpu,
              "gpu": "0", "Hostname": "node-1", **labels}
     return {"metric": {k: v for k, v in names.items() if v != ""}, "value": [1764158400.0, value]}
@@ -58,8 +60,13 @@ def answer(*rows: dict[str, Any]) -> bytes:
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": list(rows)}}).encode()
 
 
-def readings(body: bytes, known: dict[tuple[str, str], RecordedPod], query: DcgmQuery = QUERY) -> dict[str, float | None]:
-    return {f"{r.namespace}/{r.pod}": r.utilisation_percent for r in pod_readings(read_answer(body, query), known, query, NOW)}
+def readings(
+    body: bytes, known: dict[tuple[str, str], RecordedPod], query: DcgmQuery = QUERY
+) -> dict[str, float | None]:
+    return {
+        f"{r.namespace}/{r.pod}": r.utilisation_percent
+        for r in pod_readings(read_answer(body, query), known, query, NOW)
+    }
 
 
 def test_a_whole_gpu_reads_the_preferred_metric_and_falls_back_to_the_next() -> None:
@@ -76,17 +83,25 @@ def test_a_shared_gpus_device_wide_figure_is_given_to_none_of_its_pods() -> None
     assert readings(body, known) == {"team-a/a": None, "team-b/b": None, "team-a/alone": 1.0}
 
 
-def test_a_shared_gpu_counts_pods_that_are_not_governed_and_gpus_are_told_apart_by_node_and_index_without_uuid() -> None:
+def test_a_shared_gpu_counts_pods_that_are_not_governed_and_gpus_are_told_apart_by_node_and_index_without_uuid() -> (
+    None
+):
     known = pods(record("team-a", "a"))
-    assert readings(answer(row(GR, "a", "50"), row(GR, "intruder", "50", namespace="other")), known) == {"team-a/a": None}
+    assert readings(answer(row(GR, "a", "50"), row(GR, "intruder", "50", namespace="other")), known) == {
+        "team-a/a": None
+    }
     apart = answer(row(GR, "a", "50", gpu=""), row(GR, "other", "50", gpu="", Hostname="node-2"))
     assert readings(apart, known) == {"team-a/a": 50.0}
 
 
 def test_the_exporters_per_pod_split_counts_on_a_shared_gpu_when_configured() -> None:
     known = pods(record("team-a", "a", uid="u-a"), record("team-b", "b", uid="u-b"))
-    body = answer(row(GR, "a", "90"), row(GR, "b", "90", namespace="team-b"),  # device-wide, copied to each
-                  row(UTIL, "a", "85", pod_uid="u-a", vgpu="0"), row(UTIL, "b", "0", pod_uid="u-b", namespace="team-b", vgpu="1"))
+    body = answer(
+        row(GR, "a", "90"),
+        row(GR, "b", "90", namespace="team-b"),  # device-wide, copied to each
+        row(UTIL, "a", "85", pod_uid="u-a", vgpu="0"),
+        row(UTIL, "b", "0", pod_uid="u-b", namespace="team-b", vgpu="1"),
+    )
     assert readings(body, known, SPLIT) == {"team-a/a": 85.0, "team-b/b": 0.0}
     assert readings(body, known, QUERY) == {"team-a/a": None, "team-b/b": None}  # not configured: no split trusted
     # A split series without the pod's UID is no split (the exporter labels its per-pod series with pod_uid).
@@ -106,13 +121,18 @@ def test_a_pod_on_several_gpus_reads_its_busiest_and_unknown_if_any_is_unknown()
     known = pods(record("team-a", "multi", share=2))
     assert readings(answer(row(GR, "multi", "10", gpu="GPU-1"), row(GR, "multi", "60", gpu="GPU-2")), known) == \
         {"team-a/multi": 60.0}
-    shared = answer(row(GR, "multi", "10", gpu="GPU-1"), row(GR, "multi", "60", gpu="GPU-2"), row(GR, "x", "60", gpu="GPU-2"))
+    shared = answer(
+        row(GR, "multi", "10", gpu="GPU-1"), row(GR, "multi", "60", gpu="GPU-2"), row(GR, "x", "60", gpu="GPU-2")
+    )
     assert readings(shared, known) == {"team-a/multi": None}
 
 
 def test_series_of_pods_not_governed_not_running_or_by_a_stale_name_are_dropped_or_unknown() -> None:
-    known = pods(record("team-a", "done", running=False), record("team-a", "new", started_at=NOW - dt.timedelta(seconds=30)),
-                 record("team-a", "by-uid", started_at=NOW - dt.timedelta(seconds=30), uid="u-new"))
+    known = pods(
+        record("team-a", "done", running=False),
+        record("team-a", "new", started_at=NOW - dt.timedelta(seconds=30)),
+        record("team-a", "by-uid", started_at=NOW - dt.timedelta(seconds=30), uid="u-new"),
+    )
     body = answer(row(GR, "done", "50", gpu="GPU-1"), row(GR, "gone", "50", gpu="GPU-2"),
                   row(GR, "new", "50", gpu="GPU-3"),  # younger than the window: the name may be a predecessor's
                   row(GR, "by-uid", "50", gpu="GPU-4", pod_uid="u-new"),  # its UID says it is this pod
@@ -122,9 +142,12 @@ def test_series_of_pods_not_governed_not_running_or_by_a_stale_name_are_dropped_
 
 def test_no_series_is_no_reading_and_nan_infinite_or_negative_values_are_unknown_not_zero() -> None:
     known = pods(record("team-a", "a"), record("team-a", "b"), record("team-a", "c"), record("team-a", "quiet"))
-    body = answer(row(GR, "a", "NaN", gpu="GPU-1"), row(UTIL, "b", "+Inf", gpu="GPU-2"), row(UTIL, "c", "-1", gpu="GPU-3"))
+    body = answer(
+        row(GR, "a", "NaN", gpu="GPU-1"), row(UTIL, "b", "+Inf", gpu="GPU-2"), row(UTIL, "c", "-1", gpu="GPU-3")
+    )
     assert readings(body, known) == {"team-a/a": None, "team-a/b": None, "team-a/c": None}
-    assert readings(answer(row(UTIL, "a", "250", gpu="GPU-1")), known) == {"team-a/a": 100.0}  # summed processes: capped
+    # summed processes: capped
+    assert readings(answer(row(UTIL, "a", "250", gpu="GPU-1")), known) == {"team-a/a": 100.0}
 
 
 def test_series_missing_labels_are_skipped_or_unknown() -> None:
@@ -136,17 +159,26 @@ def test_series_missing_labels_are_skipped_or_unknown() -> None:
     assert readings(body, known) == {"team-a/a": None}
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    (b"<html>", "not JSON"),
-    (json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}).encode(), "parse error at char 3"),
-    (json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode(), "not an instant vector"),
-    (answer({"metric": {}, "value": "1"}), "not {metric, value}"),
-    (answer(row(GR, "a", "lots")), "'lots' is not a number"),
-    (answer(row(GR, "a", "1" * 100)), "is not [time, \"number\"]"),
-    (answer(row(GR, "a", "1", extra="x" * 2000)), "more than 64 labels, or a label that is not a short string"),
-    (answer(*[row(GR, f"p{i}", "1") for i in range(MAX_SERIES + 1)]), f"more than {MAX_SERIES}"),
-    (b" " * (33 * 1024 * 1024), "larger than 32 MiB"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"<html>", "not JSON"),
+        (
+            json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}).encode(),
+            "parse error at char 3",
+        ),
+        (
+            json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode(),
+            "not an instant vector",
+        ),
+        (answer({"metric": {}, "value": "1"}), "not {metric, value}"),
+        (answer(row(GR, "a", "lots")), "'lots' is not a number"),
+        (answer(row(GR, "a", "1" * 100)), "is not [time, \"number\"]"),
+        (answer(row(GR, "a", "1", extra="x" * 2000)), "more than 64 labels, or a label that is not a short string"),
+        (answer(*[row(GR, f"p{i}", "1") for i in range(MAX_SERIES + 1)]), f"more than {MAX_SERIES}"),
+        (b" " * (33 * 1024 * 1024), "larger than 32 MiB"),
+    ],
+)
 def test_an_answer_it_cannot_read_is_refused_whole_with_what_is_wrong(body: bytes, message: str) -> None:
     with pytest.raises(AnswerError, match=None) as refused:
         read_answer(body, QUERY)
@@ -171,13 +203,17 @@ def test_promtool_runs_the_query_on_dcgm_series_as_a_recording_rule(tmp_path: Pa
     rules = {"groups": [{"name": "gpusharing-dcgm", "rules": [{"record": RECORD, "expr": utilisation_query(SPLIT)}]}]}
     (tmp_path / "dcgm_rules.yaml").write_text(yaml.safe_dump(rules))
     shutil.copy(Path(__file__).parent / "dcgm_rules_test.yaml", tmp_path)
-    done = subprocess.run([promtool, "test", "rules", "dcgm_rules_test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [promtool, "test", "rules", "dcgm_rules_test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
 
 
 def test_readings_are_plain_pod_utilisation() -> None:
     series = [Series(GR, ("GPU-1", ""), "team-a", "a", None, 12.5)]
-    assert pod_readings(series, pods(record("team-a", "a", uid="u")), QUERY, NOW) == [PodUtilisation("u", "team-a", "a", 12.5)]
+    assert pod_readings(series, pods(record("team-a", "a", uid="u")), QUERY, NOW) == [
+        PodUtilisation("u", "team-a", "a", 12.5)
+    ]
 
 
 def test_the_query_operations_shows_is_the_one_the_controller_asks_with_the_defaults() -> None:

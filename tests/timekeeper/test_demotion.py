@@ -56,7 +56,9 @@ def spend(api: SpecClient, namespace: str, gpu_seconds: float, seq: int = 1) -> 
     return answer
 
 
-def test_crossing_records_one_event_on_the_namespace(api: SpecClient, demoter: ControllerManager, fake_kube: FakeKube) -> None:
+def test_crossing_records_one_event_on_the_namespace(
+    api: SpecClient, demoter: ControllerManager, fake_kube: FakeKube
+) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
     spend(api, "team-a", 30)
     assert run(demoter).events == []
@@ -66,7 +68,12 @@ def test_crossing_records_one_event_on_the_namespace(api: SpecClient, demoter: C
     (event,) = fake_kube.events
     # A Namespace is cluster-scoped: its Events live in `default` and name its uid (what `kubectl describe` selects).
     assert event["metadata"]["namespace"] == "default"
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Namespace", "name": "team-a", "uid": fake_kube.namespace_uid("team-a")}
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "name": "team-a",
+        "uid": fake_kube.namespace_uid("team-a"),
+    }
     assert event["type"] == "Warning" and event["reason"] == "GPUBudgetExhausted"
     assert "1.0 of 1 GPU-minutes used in the monthly period" in event["message"]
     assert fake_kube.evicted == []  # evictOnExhaustion is off
@@ -109,14 +116,19 @@ def test_evictions_wait_until_every_webhook_process_holds_a_listing_that_shows_t
 
 
 def test_a_poll_that_names_itself_wrongly_is_refused_with_the_rule(api: SpecClient) -> None:
-    for query, rule in (("webhook=a%20b", "webhook must be 1 to 253 letters"), ("webhook=w&inForce=nan", "inForce must be a number"),
-                        ("webhook=w&refreshSeconds=1e9", "refreshSeconds must be a number from 0.1 to 3600")):
+    for query, rule in (
+        ("webhook=a%20b", "webhook must be 1 to 253 letters"),
+        ("webhook=w&inForce=nan", "inForce must be a number"),
+        ("webhook=w&refreshSeconds=1e9", "refreshSeconds must be a number from 0.1 to 3600"),
+    ):
         refused = api.get(f"/api/v1/budgets?{query}")
         assert refused.status_code == 400 and rule in refused.json["error"]
 
 
 @pytest.mark.parametrize(("raw", "polls"), [("0.1", True), ("3600", True), ("0.09", False), ("3600.5", False)])
-def test_a_webhook_polls_at_a_refresh_the_timekeeper_accepts_or_does_not_start(api: SpecClient, raw: str, polls: bool) -> None:
+def test_a_webhook_polls_at_a_refresh_the_timekeeper_accepts_or_does_not_start(
+    api: SpecClient, raw: str, polls: bool
+) -> None:
     """The bounds of GPUSHARING_BUDGET_REFRESH_SECONDS are those of the poll's refreshSeconds (the contract's)."""
     try:
         refresh = str(WebhookConfig.from_env({"GPUSHARING_BUDGET_REFRESH_SECONDS": raw}).budget_refresh_seconds)
@@ -142,7 +154,9 @@ def test_an_eviction_a_disruption_budget_refuses_is_retried_later_never_forced(
     assert fake_kube.count("DELETE", "/api/v1") == 0
 
 
-def test_a_top_up_promotes_back_and_stops_evictions(api: SpecClient, demoter: ControllerManager, fake_kube: FakeKube) -> None:
+def test_a_top_up_promotes_back_and_stops_evictions(
+    api: SpecClient, demoter: ControllerManager, fake_kube: FakeKube
+) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True})
     spend(api, "team-a", 90)
     run(demoter)
@@ -173,7 +187,14 @@ def test_lowering_a_budget_below_use_demotes(api: SpecClient, demoter: Controlle
 def test_a_re_created_pod_is_never_free(api: SpecClient) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 10})
     meter = api.as_(METER)
-    old = {"podUid": "old-uid", "namespace": "team-a", "pod": "trainer-x1", "gpuShare": 1.0, "seq": 5, "gpuSeconds": 300}
+    old = {
+        "podUid": "old-uid",
+        "namespace": "team-a",
+        "pod": "trainer-x1",
+        "gpuShare": 1.0,
+        "seq": 5,
+        "gpuSeconds": 300,
+    }
     meter.post("/api/v1/reports", json=old)
     # Evicted and re-created by its controller: a new uid, a new ledger, and the old pod's time still counts.
     new = {**old, "podUid": "new-uid", "pod": "trainer-x2", "seq": 1, "gpuSeconds": 120}
@@ -237,23 +258,56 @@ def test_an_unreachable_api_server_leaves_the_event_for_a_later_run(
 def test_eviction_candidates_are_running_gpu_pods_admitted_in_budget_whatever_their_class() -> None:
     settings = GpuRequestSettings()
 
-    def pod(name: str, cls: str = "gpusharing-in-budget", phase: str = "Running", gpu: bool = True, deleting: bool = False,
-            **record: str) -> Any:
-        annotations = {"gpusharing.io/gpu-share": "0.25", **{f"gpusharing.io/{k.replace('_', '-')}": v for k, v in record.items()}} if gpu else {}
+    def pod(
+        name: str,
+        cls: str = "gpusharing-in-budget",
+        phase: str = "Running",
+        gpu: bool = True,
+        deleting: bool = False,
+        **record: str,
+    ) -> Any:
+        annotations = (
+            {
+                "gpusharing.io/gpu-share": "0.25",
+                **{f"gpusharing.io/{k.replace('_', '-')}": v for k, v in record.items()},
+            }
+            if gpu
+            else {}
+        )
         metadata = {"name": name, "namespace": "ml", "uid": f"uid-{name}", "annotations": annotations,
                     **({"deletionTimestamp": "2028-01-01T00:00:00Z"} if deleting else {})}
-        status: dict[str, Any] = {"phase": phase, **({"startTime": "2027-12-31T00:00:00Z"} if phase != "Pending" else {})}
+        status: dict[str, Any] = {
+            "phase": phase,
+            **({"startTime": "2027-12-31T00:00:00Z"} if phase != "Pending" else {}),
+        }
         if phase == "Succeeded":
-            status["containerStatuses"] = [{"name": "main", "state": {"terminated": {"finishedAt": "2027-12-31T01:00:00Z"}}}]
-        obj = {"metadata": metadata, "spec": {"containers": [{"name": "main"}], "priorityClassName": cls}, "status": status}
+            status["containerStatuses"] = [
+                {"name": "main", "state": {"terminated": {"finishedAt": "2027-12-31T01:00:00Z"}}}
+            ]
+        obj = {
+            "metadata": metadata,
+            "spec": {"containers": [{"name": "main"}], "priorityClassName": cls},
+            "status": status,
+        }
         return governed_pod(obj, settings, settings.catalogue)
 
-    pods = [pod("b", budget_state="in-budget"), pod("a"), pod("allowed-class", cls="research-high", budget_state="warning"),
-            pod("demoted", cls="gpusharing-over-budget", budget_state="over-budget"),
-            pod("short", cls="gpusharing-over-budget", budget_state="in-budget", safe_admission="demoted"),
-            pod("cpu", gpu=False), pod("done", phase="Succeeded"), pod("going", deleting=True), pod("waiting", phase="Pending")]
+    pods = [
+        pod("b", budget_state="in-budget"),
+        pod("a"),
+        pod("allowed-class", cls="research-high", budget_state="warning"),
+        pod("demoted", cls="gpusharing-over-budget", budget_state="over-budget"),
+        pod("short", cls="gpusharing-over-budget", budget_state="in-budget", safe_admission="demoted"),
+        pod("cpu", gpu=False),
+        pod("done", phase="Succeeded"),
+        pod("going", deleting=True),
+        pod("waiting", phase="Pending"),
+    ]
     chosen = eviction_candidates([p for p in pods if p is not None])
-    assert [(p.record.name, p.record.uid) for p in chosen] == [("a", "uid-a"), ("allowed-class", "uid-allowed-class"), ("b", "uid-b")]
+    assert [(p.record.name, p.record.uid) for p in chosen] == [
+        ("a", "uid-a"),
+        ("allowed-class", "uid-allowed-class"),
+        ("b", "uid-b"),
+    ]
 
 
 def test_a_namespace_deleted_before_its_event_gets_none_and_is_not_tried_again(
@@ -272,10 +326,15 @@ def test_a_namespace_deleted_before_its_event_gets_none_and_is_not_tried_again(
 def test_a_resource_the_watch_delivers_during_a_pass_gets_its_status_from_the_next(
     demoter: ControllerManager, fake_kube: FakeKube,
 ) -> None:
-    """Not Ready (Reconciled) with no figures: the budgets task applied the resources before the watch brought this one."""
+    """Not Ready (Reconciled) with no figures: the budgets task applied the resources before the watch brought this
+    one."""
     run_controller(demoter)
-    late = {"apiVersion": "gpusharing.io/v1alpha1", "kind": "GPUBudget", "metadata": {"namespace": "team-a", "name": "budget",
-                                                                                     "generation": 1}, "spec": {"gpuMinutes": 5}}
+    late = {
+        "apiVersion": "gpusharing.io/v1alpha1",
+        "kind": "GPUBudget",
+        "metadata": {"namespace": "team-a", "name": "budget", "generation": 1},
+        "spec": {"gpuMinutes": 5},
+    }
     fake_kube.custom["gpubudgets"] = [late]
     demoter.informers.list_now()  # the watch brings it after the budgets task ran, before the statuses task runs
     assert demoter.budget_sync.write_statuses() == []  # the statuses task
@@ -289,14 +348,20 @@ def test_an_edit_the_watch_delivers_during_a_pass_keeps_the_old_status_until_the
     demoter: ControllerManager, fake_kube: FakeKube,
 ) -> None:
     """The edited generation is never stamped on the figures of the spec before: the budgets task applies it first."""
-    resource = {"apiVersion": "gpusharing.io/v1alpha1", "kind": "GPUBudget", "metadata": {"namespace": "team-a", "name": "budget",
-                                                                                         "generation": 1}, "spec": {"gpuMinutes": 5}}
+    resource = {
+        "apiVersion": "gpusharing.io/v1alpha1",
+        "kind": "GPUBudget",
+        "metadata": {"namespace": "team-a", "name": "budget", "generation": 1},
+        "spec": {"gpuMinutes": 5},
+    }
     fake_kube.custom["gpubudgets"] = [resource]
     demoter.informers.list_now()
     done = run_controller(demoter)
     assert done.statuses == ["team-a"]
     written = fake_kube.count("PATCH", "/apis/gpusharing.io")
-    fake_kube.custom["gpubudgets"] = [{**resource, "metadata": {**resource["metadata"], "generation": 2}, "spec": {"gpuMinutes": 50}}]
+    fake_kube.custom["gpubudgets"] = [
+        {**resource, "metadata": {**resource["metadata"], "generation": 2}, "spec": {"gpuMinutes": 50}}
+    ]
     demoter.informers.list_now()  # the edit arrives after the budgets task ran, before the statuses task runs
     assert demoter.budget_sync.write_statuses() == []
     assert fake_kube.count("PATCH", "/apis/gpusharing.io") == written

@@ -56,14 +56,19 @@ def fill(engine: Engine) -> None:
         for name in tables(engine):
             table = metadata.tables[name]
             if conn.execute(select(func.count()).select_from(table)).scalar_one() == 0:
-                conn.execute(table.insert().values({column.name: VALUES[column.type.python_type] for column in table.columns}))
+                conn.execute(
+                    table.insert().values({column.name: VALUES[column.type.python_type] for column in table.columns})
+                )
 
 
 def rows(engine: Engine) -> dict[str, int]:
     metadata = MetaData()
     metadata.reflect(engine)
     with engine.connect() as conn:
-        return {name: conn.execute(select(func.count()).select_from(metadata.tables[name])).scalar_one() for name in tables(engine)}
+        return {
+            name: conn.execute(select(func.count()).select_from(metadata.tables[name])).scalar_one()
+            for name in tables(engine)
+        }
 
 
 def test_every_downgrade_keeps_what_it_does_not_drop_and_upgrades_again(url: str) -> None:
@@ -107,13 +112,21 @@ def test_db_downgrade_and_its_exit_statuses(tmp_path: Path, capsys: pytest.Captu
     assert db(capsys, "downgrade", "0003", *at)[:2] == (0, "database migrated down to 0003\n")  # a unique prefix
     assert current_revision(create_engine(url)) == "0003_usage_reports"
     code, out, err = db(capsys, "downgrade", "0004", *at)  # 2: not a downgrade from here
-    assert (code, out) == (2, "") and err.endswith("to 0004: Destination 0004 is not a valid downgrade target from current head(s)")
+    assert (code, out) == (2, "") and err.endswith(
+        "to 0004: Destination 0004 is not a valid downgrade target from current head(s)"
+    )
     code, out, err = db(capsys, "downgrade", "0999", *at)
-    assert (code, out, err) == (2, "", f"gpusharing: cannot migrate {url} to 0999: Can't locate revision identified by '0999'")
+    assert (code, out, err) == (
+        2,
+        "",
+        f"gpusharing: cannot migrate {url} to 0999: Can't locate revision identified by '0999'",
+    )
     code, out, err = db(capsys, "downgrade", "base", "--database-url", "postgresql+psycopg://tk:secret@127.0.0.1:1/tk")
     assert (code, out) == (1, "")  # 1: the database cannot be reached; the password is not shown
-    assert err == ("gpusharing: cannot migrate the database postgresql+psycopg://tk:***@127.0.0.1:1/tk: connection failed: "
-                   'connection to server at "127.0.0.1", port 1 failed: Connection refused')
+    assert err == (
+        "gpusharing: cannot migrate the database postgresql+psycopg://tk:***@127.0.0.1:1/tk: connection failed: "
+        'connection to server at "127.0.0.1", port 1 failed: Connection refused'
+    )
     assert db(capsys, "downgrade", "base", *at)[:2] == (0, "database migrated down to base\n")
     assert tables(create_engine(url)) == set()
 
@@ -125,6 +138,8 @@ def test_a_database_a_newer_version_migrated_says_to_downgrade_with_that_version
     with engine.begin() as conn:  # as the next version's migration would leave it
         conn.execute(text("UPDATE alembic_version SET version_num = '0099_from_the_future'"))
     assert schema_problem(engine) == (
-        f"the database is at revision 0099_from_the_future, newer than this timekeeper knows (it needs {head_revision()}): "
-        f"run the newer version, or migrate back with its `gpusharing db downgrade {head_revision()}`")
+        f"the database is at revision 0099_from_the_future, newer than this timekeeper knows (it needs "
+        f"{head_revision()}): "
+        f"run the newer version, or migrate back with its `gpusharing db downgrade {head_revision()}`"
+    )
     engine.dispose()

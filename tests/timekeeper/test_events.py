@@ -46,7 +46,9 @@ def test_an_event_that_fails_gives_its_claim_back_and_the_rest_are_still_sent(
     assert queue.send() == 1 and given_back == ["a"]
 
 
-def test_an_event_about_a_deleted_namespace_is_not_sent_and_not_a_failure(queue: EventQueue, fake_kube: FakeKube) -> None:
+def test_an_event_about_a_deleted_namespace_is_not_sent_and_not_a_failure(
+    queue: EventQueue, fake_kube: FakeKube
+) -> None:
     given_back: list[str] = []
     fake_kube.deleted_namespaces.add("team-a")
     queue.put(Event("GPUBudgetExhausted", "over", namespace="team-a", on_failure=lambda: given_back.append("x")))

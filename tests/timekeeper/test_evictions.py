@@ -43,7 +43,9 @@ def leaders_path(db: Database, fake: FakeKube, clock: Clock, identity: str, retr
     assert election.try_acquire_or_renew()
     fence = EvictionFence(db, FENCE)
     assert fence.enter(election.term, election.identity)
-    return EvictionPath(kube, election, fence, WebhookListings(db), concurrency=CONCURRENCY, retry_seconds=retry_seconds)
+    return EvictionPath(
+        kube, election, fence, WebhookListings(db), concurrency=CONCURRENCY, retry_seconds=retry_seconds
+    )
 
 
 @pytest.fixture
@@ -83,9 +85,12 @@ def test_evictions_wait_for_every_live_webhook_to_hold_a_listing_read_after_the_
     assert done.waiting == 0 and done.evicted == [pod] and fake_kube.evicted == [("ml", "trainer")]
 
 
-def test_a_webhook_that_stopped_polling_holds_nothing_back(path: EvictionPath, fake_kube: FakeKube, db: Database) -> None:
+def test_a_webhook_that_stopped_polling_holds_nothing_back(
+    path: EvictionPath, fake_kube: FakeKube, db: Database
+) -> None:
     pod = running(fake_kube, "trainer")
-    path.webhooks.poll("gone-replica", "0", "0.1")  # live for three polls of 0.1 s and 5 s of slack, by the database's clock
+    # live for three polls of 0.1 s and 5 s of slack, by the database's clock
+    path.webhooks.poll("gone-replica", "0", "0.1")
     with db.write() as conn:  # its last poll long ago (the database's clock cannot be moved: aged through the table)
         conn.execute(webhook_listings.update().values(expires_at=webhook_listings.c.expires_at - 60))
     assert path.evict("a test", [pod], path.webhooks.now()).evicted == [pod]
@@ -100,7 +105,9 @@ def test_a_pod_is_claimed_once_and_never_evicted_twice(path: EvictionPath, fake_
     assert fake_kube.count("POST", "/api/v1/namespaces/ml/pods/trainer/eviction") == 1
 
 
-def test_a_disruption_budgets_refusal_gives_the_claim_back_for_a_later_try(path: EvictionPath, fake_kube: FakeKube) -> None:
+def test_a_disruption_budgets_refusal_gives_the_claim_back_for_a_later_try(
+    path: EvictionPath, fake_kube: FakeKube
+) -> None:
     pod, other = running(fake_kube, "guarded"), running(fake_kube, "free")
     fake_kube.refuse_evictions.add(("ml", "guarded"))
     done = path.evict("a test", [pod, other], 0.0)
@@ -207,11 +214,14 @@ def test_a_leader_deposed_mid_way_asks_nothing_more_and_its_successor_evicts_the
 ) -> None:
     pods = [running(fake_kube, f"trainer-{index:02}") for index in range(40)]
     fake_kube.eviction_seconds = 0.02
-    successor = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic)
+    successor = LeaderElection(
+        KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic
+    )
     assert not successor.try_acquire_or_renew()  # sees the first's record
 
     def depose_after_five(pod: PodRef) -> None:
-        if len(fake_kube.evicted) >= 5 and not successor.leading:  # the first paused past its Lease; the second takes over
+        # the first paused past its Lease; the second takes over
+        if len(fake_kube.evicted) >= 5 and not successor.leading:
             clock.advance(seconds=31)
             assert successor.try_acquire_or_renew()
             assert EvictionFence(db, FENCE).enter(successor.term, successor.identity)
@@ -255,7 +265,9 @@ def test_an_owners_pods_are_asked_in_turn_with_the_others_and_one_more_at_a_time
     assert each_evicted_once(fake_kube, guarded + free)
 
 
-def test_failed_requests_halve_the_evictions_in_flight_and_answers_bring_them_back(path: EvictionPath, fake_kube: FakeKube) -> None:
+def test_failed_requests_halve_the_evictions_in_flight_and_answers_bring_them_back(
+    path: EvictionPath, fake_kube: FakeKube
+) -> None:
     pods = [running(fake_kube, f"trainer-{index:02}") for index in range(24)]
     fake_kube.eviction_seconds = 0.1
     fake_kube.up = False  # an API server that fails every request (or answers none within the Lease)
@@ -267,7 +279,9 @@ def test_failed_requests_halve_the_evictions_in_flight_and_answers_bring_them_ba
     assert each_evicted_once(fake_kube, pods)
 
 
-def test_an_eviction_whose_answer_was_lost_is_read_before_it_is_asked_again(path: EvictionPath, fake_kube: FakeKube) -> None:
+def test_an_eviction_whose_answer_was_lost_is_read_before_it_is_asked_again(
+    path: EvictionPath, fake_kube: FakeKube
+) -> None:
     pod = running(fake_kube, "trainer")
     path.kube = KubeApi(fake_kube.api_client(), timeout=0.3)
     fake_kube.eviction_seconds = 0.8  # the API server grants it after the client has given up waiting
@@ -307,7 +321,9 @@ def test_the_holders_renewals_from_two_threads_never_race_each_other_to_a_lost_l
     at a time, the second not written once the first has been, so that neither is refused (409) as a stale write and
     the holder never reads its own renewal as the Lease lost."""
     now = [0.0]
-    election = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "first", 3, monotonic=lambda: now[0])
+    election = LeaderElection(
+        KubeApi(fake_kube.api_client()), "gpusharing-system", "first", 3, monotonic=lambda: now[0]
+    )
     assert election.try_acquire_or_renew()
     now[0] = 1.5  # half the Lease gone: the evicting task's keep() renews
     fake_kube.delay_seconds = 0.2  # a loaded API server: the two renewals overlap
@@ -332,7 +348,9 @@ def test_an_unanswered_evictions_claim_is_kept_and_its_pod_read_before_anyone_as
     done = path.evict("a test", [pod], 0.0)
     assert done.evicted == [] and done.unknown == [pod]
     fake_kube.eviction_seconds = 0.0
-    successor = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic)
+    successor = LeaderElection(
+        KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic
+    )
     assert not successor.try_acquire_or_renew()
     clock.advance(seconds=31)  # the first paused past its Lease; the second takes over at once
     assert successor.try_acquire_or_renew()
@@ -348,7 +366,9 @@ def test_an_unanswered_evictions_claim_is_kept_and_its_pod_read_before_anyone_as
         assert fake_kube.evicted == [("ml", "trainer")]  # granted, unanswered
         fake_kube.add_pod("ml", "trainer")["metadata"].update(uid=pod.uid, deletionTimestamp="2028-02-28T23:00:00Z")
         with db.write() as conn:  # the claim stale (the database's clock cannot be moved: aged through the table)
-            conn.execute(update(eviction_claims).values(claimed_at=eviction_claims.c.claimed_at - STALE_CLAIM_SECONDS - 1))
+            conn.execute(
+                update(eviction_claims).values(claimed_at=eviction_claims.c.claimed_at - STALE_CLAIM_SECONDS - 1)
+            )
         again = second.evict("a test", [pod], 0.0)  # taken over: read first, terminating, not asked a second time
     finally:
         second.close()
@@ -372,7 +392,8 @@ def test_an_unanswered_eviction_is_asked_again_by_the_same_leaders_next_pass_aft
     assert done.evicted == [pod] and done.unknown == []
     assert fake_kube.count("GET", "/api/v1/namespaces/ml/pods/trainer") == 1  # read before it was asked again
     with db.read() as conn:
-        assert conn.execute(select(eviction_claims.c.claimed_at)).scalar_one() >= aged + STALE_CLAIM_SECONDS - 5  # made fresh
+        # made fresh
+        assert conn.execute(select(eviction_claims.c.claimed_at)).scalar_one() >= aged + STALE_CLAIM_SECONDS - 5
 
 
 def test_a_claim_taken_over_is_kept_not_given_back_when_the_lease_is_lost_before_its_pod_was_read(
@@ -385,7 +406,9 @@ def test_a_claim_taken_over_is_kept_not_given_back_when_the_lease_is_lost_before
     fence = EvictionFence(db, FENCE)
     assert fence.claim_many(path.election.term, [(p.uid, p.namespace, p.name) for p in pods]) is not None  # and it died
     fake_kube.eviction_seconds = 0.02
-    successor = LeaderElection(KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic)
+    successor = LeaderElection(
+        KubeApi(fake_kube.api_client()), "gpusharing-system", "second", 30, monotonic=clock.monotonic
+    )
     assert not successor.try_acquire_or_renew()
     clock.advance(seconds=31)
     assert successor.try_acquire_or_renew() and fence.enter(successor.term, successor.identity)

@@ -45,7 +45,8 @@ def at(seconds: float) -> dt.datetime:
 
 
 def decayed(share: float, start: float, end: float, now: float, half_life: float = 3600.0) -> float:
-    """share x the integral of 2^-((now - t)/h) dt over [start, end], numerically: what the ledger's decay must equal."""
+    """share x the integral of 2^-((now - t)/h) dt over [start, end], numerically: what the ledger's decay must
+    equal."""
     steps = 20_000
     width = (end - start) / steps
     return sum(share * width * 2 ** (-(now - (start + (i + 0.5) * width)) / half_life) for i in range(steps))
@@ -59,8 +60,16 @@ def test_fair_share_is_off_by_default_and_its_settings_are_read_in_one_place() -
     settings = fair_share_settings({"TIMEKEEPER_FAIRSHARE_ENABLED": "true", "TIMEKEEPER_FAIRSHARE_HALF_LIFE": "10m",
                                     "TIMEKEEPER_FAIRSHARE_CLASSES": "a,b", "TIMEKEEPER_FAIRSHARE_RATIO_BOUNDS": "1.5",
                                     "TIMEKEEPER_FAIRSHARE_GRACE": "30s", "TIMEKEEPER_FAIRSHARE_MIN_RUN_TIME": "0"})
-    assert settings.enabled and settings.half_life == dt.timedelta(minutes=10) and settings.grace == dt.timedelta(seconds=30)
-    assert settings.bands.classes == ("a", "b") and settings.bands.ratio_bounds == (1.5,) and settings.min_run_time == dt.timedelta(0)
+    assert (
+        settings.enabled
+        and settings.half_life == dt.timedelta(minutes=10)
+        and settings.grace == dt.timedelta(seconds=30)
+    )
+    assert (
+        settings.bands.classes == ("a", "b")
+        and settings.bands.ratio_bounds == (1.5,)
+        and settings.min_run_time == dt.timedelta(0)
+    )
 
 
 @pytest.mark.parametrize(("environ", "named"), [
@@ -78,7 +87,9 @@ def test_a_bad_setting_is_refused_naming_it(environ: dict[str, str], named: str)
 
 def test_a_budget_resource_s_fair_share_is_read_within_bounds() -> None:
     def spec(fair_share: object) -> FairShareSpec:
-        return fair_share_spec({"metadata": {"name": "budget", "namespace": "ml"}, "spec": {"gpuMinutes": 1, "fairShare": fair_share}})
+        return fair_share_spec(
+            {"metadata": {"name": "budget", "namespace": "ml"}, "spec": {"gpuMinutes": 1, "fairShare": fair_share}}
+        )
 
     assert spec({"weight": 3, "halfLife": "2h"}) == FairShareSpec(3.0, 7200.0)
     assert spec({"weight": -1, "halfLife": "forever"}) == spec({"weight": True}) == spec("heavy") == FairShareSpec()
@@ -110,14 +121,18 @@ def usage_now(ledger: ReportLedger, namespace: str, now: dt.datetime) -> float:
     return ledger.fair_share.records()[namespace].usage.at(now, HOUR).gpu_seconds
 
 
-def test_decayed_usage_equals_the_integral_of_what_was_billed_whatever_the_passes(ledgers: list[ReportLedger], clock: Clock) -> None:
+def test_decayed_usage_equals_the_integral_of_what_was_billed_whatever_the_passes(
+    ledgers: list[ReportLedger], clock: Clock
+) -> None:
     """Two replicas observe the same pods at once, at different times: each interval is charged once, so the decayed
     usage is each pod's share decayed over its recorded life, exactly."""
     ends = {f"uid-{i}": 600 + 300 * i for i in range(6)}
 
     def replica(ledger: ReportLedger, offset: float) -> None:
         for until in range(60, 2400, 60):
-            ledger.observe([observed(uid, min(until + offset, end), ended=until + offset >= end) for uid, end in ends.items()])
+            ledger.observe(
+                [observed(uid, min(until + offset, end), ended=until + offset >= end) for uid, end in ends.items()]
+            )
 
     threads = [threading.Thread(target=replica, args=(ledger, offset)) for ledger, offset in zip(ledgers, (0, 17))]
     for thread in threads:
@@ -143,7 +158,9 @@ def test_meter_reports_count_once_each_over_the_time_they_cover(ledgers: list[Re
     ledger = ledgers[0]
     for seq in (0, 1):
         clock.advance(seconds=120)
-        report = MeterReport(pod_uid="m", namespace="ml", pod="pod-m", gpu_share=0.5, seq=seq, gpu_seconds=60.0 * (seq + 1))
+        report = MeterReport(
+            pod_uid="m", namespace="ml", pod="pod-m", gpu_share=0.5, seq=seq, gpu_seconds=60.0 * (seq + 1)
+        )
         ledger.record([(report, None)])
         ledger.record([(report, None)])
     assert usage_now(ledger, "ml", at(240)) == pytest.approx(decayed(0.5, 0, 240, 240), rel=1e-6)
@@ -184,7 +201,8 @@ def cluster(fake_kube: FakeKube, database_url: str, clock: Clock, make_controlle
     before, light 6 GPU-minutes."""
     fake_kube.custom["nodes"] = [{"metadata": {"name": f"gpu-{i}"}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}}
                                  for i in range(2)]
-    fake_kube.custom["nodes"].append({"metadata": {"name": "cordoned"}, "spec": {"unschedulable": True},  # counts nothing
+    # counts nothing
+    fake_kube.custom["nodes"].append({"metadata": {"name": "cordoned"}, "spec": {"unschedulable": True},
                                       "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
     db = Database(database_url)
     store = BudgetStore(db, clock=clock)
@@ -223,12 +241,20 @@ def test_the_task_ranks_the_heavy_team_below_the_light_one_and_the_listing_shows
     listed = {item["namespace"]: item.get("fairShare") for item in listing["items"]}
     assert listed["dept.research"] is None
     assert listed["light"]["band"] == LIGHT and listed["light"]["burstClass"] == MIDDLE
-    assert listed["light"]["shareGpus"] == 4 and listed["heavy"]["band"] == HEAVY and listed["heavy"]["burstClass"] == HEAVY
+    assert (
+        listed["light"]["shareGpus"] == 4
+        and listed["heavy"]["band"] == HEAVY
+        and listed["heavy"]["burstClass"] == HEAVY
+    )
     assert "path" not in listed["light"]  # what the webhook polls stays small
     # Read alone, for `gpusharing explain`: its path down the tree, and when its band would rise at zero use.
     heavy = api.get("/api/v1/budgets/heavy").get_json()["fairShare"]
-    assert [(level["node"], level["rank"], level["siblings"]) for level in heavy["path"]] == [("dept.research", 1, 1), ("heavy", 2, 2)]
-    assert heavy["path"][1]["share"] == 0.5 and heavy["path"][1]["ratio"] == pytest.approx(1.965, abs=1e-3)  # 2 x heavy's part of the two teams' decayed usage
+    assert [(level["node"], level["rank"], level["siblings"]) for level in heavy["path"]] == [
+        ("dept.research", 1, 1),
+        ("heavy", 2, 2),
+    ]
+    # 2 x heavy's part of the two teams' decayed usage
+    assert heavy["path"][1]["share"] == 0.5 and heavy["path"][1]["ratio"] == pytest.approx(1.965, abs=1e-3)
     assert heavy["zeroUseChange"] is not None and heavy["zeroUseChange"] > heavy["asOf"]
     # Off, the listing says nothing of fair share.
     off = SpecClient(make_app().test_client(), ADMIN).get("/api/v1/budgets").get_json()
@@ -278,19 +304,36 @@ def test_pods_of_a_higher_band_that_wait_past_the_grace_make_room_by_the_fewest_
     clock.advance(minutes=2)
     done = run_controller(controller).fair_share
     assert done is not None and done.waiting == ["light/waiting"]
-    assert len(fake_kube.evicted) == 1 and fake_kube.evicted[0][0] == "heavy" and fake_kube.evicted[0][1].startswith("h-")
+    assert (
+        len(fake_kube.evicted) == 1 and fake_kube.evicted[0][0] == "heavy" and fake_kube.evicted[0][1].startswith("h-")
+    )
     controller.events.send()  # the events task, queued for after this run
     (event,) = [e for e in fake_kube.events if e["reason"] == FAIR_SHARE_EVENT]
     assert event["involvedObject"]["namespace"] == "heavy"
     assert "pods of namespace light in band gpusharing-in-budget-light waited unschedulable for 3m" in event["message"]
-    assert event["related"] == {"apiVersion": "v1", "kind": "Namespace", "name": "light"}  # what `explain` compares with
+    # what `explain` compares with
+    assert event["related"] == {"apiVersion": "v1", "kind": "Namespace", "name": "light"}
 
 
 def recorded(name: str, namespace: str, band: str, *, started: float | None = 0.0, waiting_since: float | None = None,
              owned: bool = True, share: float = 1.0) -> RecordedPod:
-    return RecordedPod(f"uid-{name}", namespace, name, share, share, None, (), None if started is None else at(started), None,
-                       None, None, owner=Owner("apps/v1", "ReplicaSet", f"{name}-rs", f"rs-{name}") if owned else None,
-                       running=started is not None, band=band, unschedulable_since=None if waiting_since is None else at(waiting_since))
+    return RecordedPod(
+        f"uid-{name}",
+        namespace,
+        name,
+        share,
+        share,
+        None,
+        (),
+        None if started is None else at(started),
+        None,
+        None,
+        None,
+        owner=Owner("apps/v1", "ReplicaSet", f"{name}-rs", f"rs-{name}") if owned else None,
+        running=started is not None,
+        band=band,
+        unschedulable_since=None if waiting_since is None else at(waiting_since),
+    )
 
 
 BANDS = FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(minutes=10))
@@ -298,10 +341,18 @@ GRACE, MIN_RUN = dt.timedelta(minutes=2), dt.timedelta(minutes=5)
 
 
 def test_rebalance_evicts_the_heaviest_namespace_s_pods_admitted_above_its_band_and_no_more() -> None:
-    pods = [recorded("w-0", "light", LIGHT, started=None, waiting_since=1000), recorded("w-1", "light", LIGHT, started=None, waiting_since=1000),
-            recorded("a-0", "mid", LIGHT), recorded("a-1", "mid", LIGHT), recorded("b-0", "heavy", LIGHT), recorded("b-1", "heavy", LIGHT),
-            recorded("b-2", "heavy", LIGHT, owned=False), recorded("b-3", "heavy", LIGHT, started=1100),
-            recorded("c-0", "heavy", HEAVY), recorded("light-own", "light", LIGHT)]
+    pods = [
+        recorded("w-0", "light", LIGHT, started=None, waiting_since=1000),
+        recorded("w-1", "light", LIGHT, started=None, waiting_since=1000),
+        recorded("a-0", "mid", LIGHT),
+        recorded("a-1", "mid", LIGHT),
+        recorded("b-0", "heavy", LIGHT),
+        recorded("b-1", "heavy", LIGHT),
+        recorded("b-2", "heavy", LIGHT, owned=False),
+        recorded("b-3", "heavy", LIGHT, started=1100),
+        recorded("c-0", "heavy", HEAVY),
+        recorded("light-own", "light", LIGHT),
+    ]
     current = {"light": 0, "mid": 1, "heavy": 2}
     plan = rebalance(pods, BANDS, current, {"heavy": 3.0, "mid": 1.1, "light": 0.2}, at(1200), GRACE, MIN_RUN)
     assert [p.name for p in plan.waiting] == ["w-0", "w-1"]
@@ -314,9 +365,14 @@ def test_rebalance_evicts_the_heaviest_namespace_s_pods_admitted_above_its_band_
 def test_pods_waiting_in_a_band_cannot_make_room_from_pods_they_could_preempt_or_of_equal_teams() -> None:
     """A middle pod waiting is helped only by pods at or above its band whose namespace is now lower; two namespaces
     in one band never evict each other's pods."""
-    pods = [recorded("w", "a", MIDDLE, started=None, waiting_since=0), recorded("x", "b", MIDDLE), recorded("y", "b", HEAVY)]
+    pods = [
+        recorded("w", "a", MIDDLE, started=None, waiting_since=0),
+        recorded("x", "b", MIDDLE),
+        recorded("y", "b", HEAVY),
+    ]
     plan = rebalance(pods, BANDS, {"a": 1, "b": 1}, {}, at(1200), GRACE, MIN_RUN)
-    assert [p.name for p in plan.waiting] == ["w"] and plan.evict == ()  # b's band is as x was admitted: nothing to correct
+    # b's band is as x was admitted: nothing to correct
+    assert [p.name for p in plan.waiting] == ["w"] and plan.evict == ()
     plan = rebalance(pods, BANDS, {"a": 1, "b": 2}, {}, at(1200), GRACE, MIN_RUN)
     assert [p.name for p in plan.evict] == ["x"]  # y is below w: kube-scheduler's preemption takes it, if it must
 
@@ -324,7 +380,8 @@ def test_pods_waiting_in_a_band_cannot_make_room_from_pods_they_could_preempt_or
 def test_explain_shows_the_pod_s_band_its_namespace_s_path_and_when_its_band_would_rise(
     cluster: Any, fake_kube: FakeKube, make_app: AppFactory,
 ) -> None:
-    """`gpusharing explain POD` from what the pod records and its namespace's budget read alone (a tenant's own read)."""
+    """`gpusharing explain POD` from what the pod records and its namespace's budget read alone (a tenant's own
+    read)."""
     controller, _ = cluster
     run_controller(controller)
     status = SpecClient(make_app(fair_share=ON).test_client(), ADMIN).get("/api/v1/budgets/heavy").get_json()
@@ -333,7 +390,10 @@ def test_explain_shows_the_pod_s_band_its_namespace_s_path_and_when_its_band_wou
     text = format_explanation({"pod": pod_record(obj), "namespace": status, "metering": None, "idle": None})
     flat = " ".join(text.split())
     assert "Fair-share band: gpusharing-in-budget-heavy: heavy used 2.0x its fair share" in flat
-    assert "Namespace's band: gpusharing-in-budget-heavy since" in flat and "new pods get gpusharing-in-budget-heavy" in flat
+    assert (
+        "Namespace's band: gpusharing-in-budget-heavy since" in flat
+        and "new pods get gpusharing-in-budget-heavy" in flat
+    )
     assert f"At zero use: its band would rise at {status['fairShare']['zeroUseChange']}" in flat
     table = text.split("\n\n", 1)[1].splitlines()
     assert table[0].split() == ["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"]
@@ -351,9 +411,17 @@ def test_explain_compares_the_pod_s_path_with_the_namespace_it_was_preempted_for
     # kube-scheduler's Preempted Event names the preemptor's UID (as the API server shows it, no related object);
     # the fairshare task's names the namespace whose pods waited. The last one counts.
     events = [
-        {"reason": "Preempted", "lastTimestamp": "2026-11-25T10:00:00Z", "related": None,
-         "message": "Preempted by pod c61e1961-9dc8-4ab2-b3f8-0c0e1f585289 on node sim-fair-1-0000"},
-        {"reason": FAIR_SHARE_EVENT, "lastTimestamp": "2026-11-25T10:05:00Z", "related": {"kind": "Namespace", "name": "other"}},
+        {
+            "reason": "Preempted",
+            "lastTimestamp": "2026-11-25T10:00:00Z",
+            "related": None,
+            "message": "Preempted by pod c61e1961-9dc8-4ab2-b3f8-0c0e1f585289 on node sim-fair-1-0000",
+        },
+        {
+            "reason": FAIR_SHARE_EVENT,
+            "lastTimestamp": "2026-11-25T10:05:00Z",
+            "related": {"kind": "Namespace", "name": "other"},
+        },
         {"reason": "Scheduled", "lastTimestamp": "2026-11-25T10:09:00Z", "message": "Successfully assigned"},
     ]
     assert preemptor(events) == Preemptor(namespace="other")
@@ -367,17 +435,27 @@ def test_explain_compares_the_pod_s_path_with_the_namespace_it_was_preempted_for
     assert ("Where they part: level 2, among the children of dept.research: heavy at 1.96x its share, rank 2/2; "
             "light at 0.04x, rank 1/2 (lower ratio first)") in text
     # A tenant reads its own namespace's figures only: the other's name, and no more.
-    refused = {**explained, "preemptedFor": {"namespace": "light", "status": None, "refused": "the timekeeper refused (403)"}}
+    refused = {
+        **explained,
+        "preemptedFor": {"namespace": "light", "status": None, "refused": "the timekeeper refused (403)"},
+    }
     text = " ".join(format_explanation(refused).split())
     assert "Preempted for: pods of namespace light: its figures are not yours to read" in text and "0.04" not in text
     unknown = {**explained, "preemptedFor": {"namespace": None, "podUid": "c61e1961", "status": None}}
-    assert "Preempted for: pod c61e1961, of a namespace whose figures are not yours to read" in " ".join(format_explanation(unknown).split())
+    assert "Preempted for: pod c61e1961, of a namespace whose figures are not yours to read" in " ".join(
+        format_explanation(unknown).split()
+    )
 
 
 def test_a_heavy_namespace_s_own_waiting_pods_do_not_shield_its_pods_above_its_band() -> None:
     """The cluster tier's case: light and heavy both wait in the middle band; room is made for light, the lighter,
     from heavy's pods admitted above heavy's band now, never for heavy from light's."""
-    pods = [recorded("lw", "light", MIDDLE, started=None, waiting_since=0), recorded("hw", "heavy", MIDDLE, started=None, waiting_since=0),
-            recorded("h-0", "heavy", LIGHT), recorded("h-1", "heavy", MIDDLE), recorded("l-0", "light", LIGHT)]
+    pods = [
+        recorded("lw", "light", MIDDLE, started=None, waiting_since=0),
+        recorded("hw", "heavy", MIDDLE, started=None, waiting_since=0),
+        recorded("h-0", "heavy", LIGHT),
+        recorded("h-1", "heavy", MIDDLE),
+        recorded("l-0", "light", LIGHT),
+    ]
     plan = rebalance(pods, BANDS, {"light": 0, "heavy": 2}, {}, at(1200), GRACE, MIN_RUN)
     assert [p.name for p in plan.waiting] == ["lw"] and [p.name for p in plan.evict] == ["h-0"]

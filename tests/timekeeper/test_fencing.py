@@ -44,7 +44,9 @@ def test_a_pod_is_claimed_once_until_its_claim_is_given_back(fence: EvictionFenc
     assert fence.claim_many(2, [A]) == set()
 
 
-def test_a_claim_left_by_a_dead_leader_is_taken_over_once_no_request_can_still_be_under_way(fence: EvictionFence) -> None:
+def test_a_claim_left_by_a_dead_leader_is_taken_over_once_no_request_can_still_be_under_way(
+    fence: EvictionFence,
+) -> None:
     fence.enter(1, "first")
     assert fence.claim_many(1, [A]) == {"uid-a"}  # and the first dies before it asks
     fence.enter(2, "second")

@@ -18,10 +18,16 @@ from gpusharing.units.share import MAX_GPU_SHARE
 from tests.hostile import JSON_VALUES, NUMBER_LITERALS, json_objects, json_text
 from tests.timekeeper.conftest import METER, SpecClient
 
-HOSTILE_TEXT = st.sampled_from(["ML-Team ", "..", "'; DROP TABLE budgets; --", "a" * 64, "a\x00", "\ud800", "", "Ω", "a.b", "-a"])
+HOSTILE_TEXT = st.sampled_from(
+    ["ML-Team ", "..", "'; DROP TABLE budgets; --", "a" * 64, "a\x00", "\ud800", "", "Ω", "a.b", "-a"]
+)
 
 
-VALID_REPORT = {"podUid": [f"uid-{n}" for n in range(200)], "namespace": ["team-a", "team-b"], "pod": ["trainer", "web-0.shard"]}
+VALID_REPORT = {
+    "podUid": [f"uid-{n}" for n in range(200)],
+    "namespace": ["team-a", "team-b"],
+    "pod": ["trainer", "web-0.shard"],
+}
 
 
 def number_field(low: float, high: float) -> st.SearchStrategy[str]:
@@ -38,7 +44,9 @@ VALID_FIELDS = {
     "gpuUtilizationPercent": number_field(0, 100),
     "gpuMemoryRequestedMiB": number_field(0, 1e5),
 }
-HOSTILE_VALUES = st.one_of(NUMBER_LITERALS, HOSTILE_TEXT.map(json_text), st.text(max_size=12).map(json_text), JSON_VALUES.map(json_text))
+HOSTILE_VALUES = st.one_of(
+    NUMBER_LITERALS, HOSTILE_TEXT.map(json_text), st.text(max_size=12).map(json_text), JSON_VALUES.map(json_text)
+)
 REQUIRED = ("podUid", "namespace", "pod", "gpuShare", "seq", "gpuSeconds")
 
 
@@ -66,11 +74,13 @@ def reports(draw: st.DrawFn) -> str:
 
 BUDGET_FIELDS = {
     "gpuMinutes": st.one_of(number_field(0, 1e12), number_field(0, 1e12), NUMBER_LITERALS, JSON_VALUES.map(json_text)),
-    "period": st.sampled_from(["monthly", "daily", "weekly", "none", "yearly"]).map(json_text) | JSON_VALUES.map(json_text),
+    "period": st.sampled_from(["monthly", "daily", "weekly", "none", "yearly"]).map(json_text)
+    | JSON_VALUES.map(json_text),
     "evictOnExhaustion": st.booleans().map(json_text) | JSON_VALUES.map(json_text),
     "admission": st.sampled_from(["open", "safe", "strict", "Safe"]).map(json_text) | JSON_VALUES.map(json_text),
     "onShortfall": st.sampled_from(["demote", "refuse", "evict"]).map(json_text) | JSON_VALUES.map(json_text),
-    "reason": st.one_of(st.just("more"), st.text(max_size=20), HOSTILE_TEXT).map(json_text) | JSON_VALUES.map(json_text),
+    "reason": st.one_of(st.just("more"), st.text(max_size=20), HOSTILE_TEXT).map(json_text)
+    | JSON_VALUES.map(json_text),
 }
 # Any text but what routing resolves before the timekeeper sees it ("", ".", "..", a "/").
 NAMESPACES = st.one_of(st.sampled_from(["team-a", "team-b"]), HOSTILE_TEXT, st.text(min_size=1, max_size=12)).filter(
@@ -85,14 +95,20 @@ def charged() -> list[float]:
 
 
 @given(body=reports())
-def test_any_report_is_answered_as_documented_and_charges_add_up(api: SpecClient, charged: list[float], body: str) -> None:
-    answer = api.as_(METER).post("/api/v1/reports", data=body.encode("utf-8", "surrogatepass"), content_type="application/json")
+def test_any_report_is_answered_as_documented_and_charges_add_up(
+    api: SpecClient, charged: list[float], body: str
+) -> None:
+    answer = api.as_(METER).post(
+        "/api/v1/reports", data=body.encode("utf-8", "surrogatepass"), content_type="application/json"
+    )
     event(f"{answer.status_code} {(answer.json or {}).get('outcome', '')}")
     assert answer.status_code in (200, 400), answer.json
     if answer.status_code == 200:
         assert 0 <= answer.json["chargedGpuSeconds"] <= MAX_GPU_SECONDS
         charged.append(answer.json["chargedGpuSeconds"])
-    used = sum(item["usedGpuMinutes"] * 60 for item in api.get("/api/v1/budgets").json["items"] if item["kind"] == "namespace")
+    used = sum(
+        item["usedGpuMinutes"] * 60 for item in api.get("/api/v1/budgets").json["items"] if item["kind"] == "namespace"
+    )
     ledgers = api.get("/api/v1/pods?limit=10000").json["items"]
     assert used == pytest.approx(sum(charged), rel=1e-9, abs=1e-6)
     assert sum(pod["gpuSeconds"] for pod in ledgers) == pytest.approx(sum(charged), rel=1e-9, abs=1e-6)
@@ -109,5 +125,9 @@ def test_any_budget_request_is_answered_as_documented(api: SpecClient, namespace
     assert answer.status_code in (200, 201, 400, 404, 409), answer.json  # 404: a top-up of a group without a budget
     if answer.status_code in (200, 201):
         assert api.get(path).json == answer.json  # the status after the change, as a read sees it
-    for read in (path, f"{path}/changes", f"/api/v1/pods?namespace={quote(namespace, safe='', errors='surrogatepass')}"):
+    for read in (
+        path,
+        f"{path}/changes",
+        f"/api/v1/pods?namespace={quote(namespace, safe='', errors='surrogatepass')}",
+    ):
         assert api.get(read).status_code in (200, 400, 404)

@@ -62,25 +62,47 @@ def test_a_policy_reads_durations_as_kubernetes_writes_them() -> None:
     policy = idle_policy_from_json({"after": "4h", "action": "evict", "warnBefore": "30m", "utilisationPercent": 0.5,
                                     "minAge": "1h"})
     assert policy == IdlePolicy(4 * 3600, IdleAction.EVICT, 1800, 0.5, 3600)
-    assert policy.to_json() == {"after": "4h", "action": "evict", "warnBefore": "30m", "utilisationPercent": 0.5, "minAge": "1h"}
+    assert policy.to_json() == {
+        "after": "4h",
+        "action": "evict",
+        "warnBefore": "30m",
+        "utilisationPercent": 0.5,
+        "minAge": "1h",
+    }
     assert idle_policy_from_json(policy.to_json()) == policy
-    assert idle_policy_from_json({"after": "90s"}) == IdlePolicy(90, IdleAction.WARN, 0, 1.0, 0)  # warn, at 1 %, any age
+    # warn, at 1 %, any age
+    assert idle_policy_from_json({"after": "90s"}) == IdlePolicy(90, IdleAction.WARN, 0, 1.0, 0)
     assert idle_policy_from_json(None) is None
     assert policy.describe() == "evict after 4h idle (under 0.5 % utilisation), warned 30m before, pods older than 1h"
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ({}, "idle.after is missing: how long a GPU may stay idle, e.g. 4h"),
-    ({"after": "4 hours"}, "idle.after must be a duration as Kubernetes writes it, e.g. 4h, 30m, 90s or 1h30m, not '4 hours'"),
-    ({"after": "0s"}, "idle.after must be from 1s to 8760h, not 0s"),
-    ({"after": "1h", "warnBefore": "2h"}, "idle.warnBefore (2h) must be shorter than idle.after (1h): the warning comes before the action"),
-    ({"after": "1h", "action": "delete"}, "idle.action must be one of warn, demote, evict, not 'delete'"),
-    ({"after": "1h", "utilisationPercent": 0}, "idle.utilisationPercent must be a number above 0 and at most 100, not 0"),
-    ({"after": "1h", "utilisationPercent": True}, "idle.utilisationPercent must be a number above 0 and at most 100, not True"),
-    ({"after": "1h", "minAge": -1}, "idle.minAge must be a duration as Kubernetes writes it"),
-    ({"after": "1h", "exempt": True}, "idle has unknown field(s): exempt"),
-    ("4h", "idle must be an object with after (e.g. 4h)"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "idle.after is missing: how long a GPU may stay idle, e.g. 4h"),
+        (
+            {"after": "4 hours"},
+            "idle.after must be a duration as Kubernetes writes it, e.g. 4h, 30m, 90s or 1h30m, not '4 hours'",
+        ),
+        ({"after": "0s"}, "idle.after must be from 1s to 8760h, not 0s"),
+        (
+            {"after": "1h", "warnBefore": "2h"},
+            "idle.warnBefore (2h) must be shorter than idle.after (1h): the warning comes before the action",
+        ),
+        ({"after": "1h", "action": "delete"}, "idle.action must be one of warn, demote, evict, not 'delete'"),
+        (
+            {"after": "1h", "utilisationPercent": 0},
+            "idle.utilisationPercent must be a number above 0 and at most 100, not 0",
+        ),
+        (
+            {"after": "1h", "utilisationPercent": True},
+            "idle.utilisationPercent must be a number above 0 and at most 100, not True",
+        ),
+        ({"after": "1h", "minAge": -1}, "idle.minAge must be a duration as Kubernetes writes it"),
+        ({"after": "1h", "exempt": True}, "idle has unknown field(s): exempt"),
+        ("4h", "idle must be an object with after (e.g. 4h)"),
+    ],
+)
 def test_a_policy_that_cannot_be_one_is_refused_in_one_line(body: object, message: str) -> None:
     with pytest.raises(IdlePolicyError) as refused:
         idle_policy_from_json(body)
@@ -93,7 +115,9 @@ def test_a_budget_carries_its_idle_policy_and_says_which_one_is_in_force(api: Sp
     answer = api.put("/api/v1/budgets/ml-team", json={"gpuMinutes": 100, "parent": "team.vision"}).json
     assert answer["idle"] is None and answer["idleInForce"] == {**evict, "from": "team.vision"}
     warn = {"after": "2h", "action": "warn", "warnBefore": "0s", "utilisationPercent": 5.0, "minAge": "10m"}
-    answer = api.patch("/api/v1/budgets/ml-team", json={"idle": {"after": "2h", "utilisationPercent": 5, "minAge": "10m"}}).json
+    answer = api.patch(
+        "/api/v1/budgets/ml-team", json={"idle": {"after": "2h", "utilisationPercent": 5, "minAge": "10m"}}
+    ).json
     assert answer["idle"] == warn and answer["idleInForce"] == {**warn, "from": "ml-team"}
     assert api.patch("/api/v1/budgets/ml-team", json={"idle": None}).json["idleInForce"]["from"] == "team.vision"
     refused = api.put("/api/v1/budgets/ml-team", json={"gpuMinutes": 100, "idle": {"after": "forever"}})
@@ -128,8 +152,17 @@ def ledger(store: BudgetStore) -> ReportLedger:
 class Meter:
     """A pod's meter as the timekeeper sees it: a report every INTERVAL seconds carrying the utilisation read."""
 
-    def __init__(self, ledger: ReportLedger, clock: Clock, uid: str, name: str, namespace: str = "ml", share: float = 0.5):
-        self.ledger, self.clock, self.uid, self.name, self.namespace, self.share = ledger, clock, uid, name, namespace, share
+    def __init__(
+        self, ledger: ReportLedger, clock: Clock, uid: str, name: str, namespace: str = "ml", share: float = 0.5
+    ):
+        self.ledger, self.clock, self.uid, self.name, self.namespace, self.share = (
+            ledger,
+            clock,
+            uid,
+            name,
+            namespace,
+            share,
+        )
         self.seq = 0
         self.started = clock.at
 
@@ -174,7 +207,9 @@ def test_unknown_utilisation_and_a_silent_meter_end_a_streak(ledger: ReportLedge
 
 
 def test_the_threshold_is_the_policy_in_force(ledger: ReportLedger, store: BudgetStore, clock: Clock) -> None:
-    store.set_budget(Budget("team.vision", None, Period.MONTHLY, idle=IdlePolicy(3600, utilisation_percent=10)), "admin")
+    store.set_budget(
+        Budget("team.vision", None, Period.MONTHLY, idle=IdlePolicy(3600, utilisation_percent=10)), "admin"
+    )
     store.set_budget(Budget("ml", None, Period.MONTHLY, parent="team.vision"), "admin")
     meter = Meter(ledger, clock, "uid-serve", "serve")
     meter.report(7)  # an inference replica answering a request now and then: idle under the group's 10 %
@@ -192,15 +227,46 @@ def at(minutes: float) -> dt.datetime:
     return T0 + dt.timedelta(minutes=minutes)
 
 
-@pytest.mark.parametrize(("streak", "reading", "now", "state", "why"), [
-    (Streak(), Reading(None, None), at(1), IdleState.UNKNOWN, "unknown: its meter has not reported yet; never treated as idle"),
-    (Streak(), Reading(None, at(0)), at(1), IdleState.UNKNOWN, "unknown: its meter reads no GPU utilisation (no NVML data"),
-    (Streak(at(0)), Reading(0.0, at(0)), at(2), IdleState.UNKNOWN,
-     "unknown: its meter has not reported since 2026-11-27T09:00:00Z (silent); never treated as idle"),
-    (Streak(), Reading(37.0, at(0)), at(1), IdleState.BUSY, "busy: its last report read 37 % GPU utilisation (idle is under 1 %)"),
-    (Streak(at(0)), Reading(0.0, at(250)), at(250.5), IdleState.IDLE,
-     "idle for 4h10m: every report since 2026-11-27T09:00:00Z read GPU utilisation under 1 %"),
-])
+@pytest.mark.parametrize(
+    ("streak", "reading", "now", "state", "why"),
+    [
+        (
+            Streak(),
+            Reading(None, None),
+            at(1),
+            IdleState.UNKNOWN,
+            "unknown: its meter has not reported yet; never treated as idle",
+        ),
+        (
+            Streak(),
+            Reading(None, at(0)),
+            at(1),
+            IdleState.UNKNOWN,
+            "unknown: its meter reads no GPU utilisation (no NVML data",
+        ),
+        (
+            Streak(at(0)),
+            Reading(0.0, at(0)),
+            at(2),
+            IdleState.UNKNOWN,
+            "unknown: its meter has not reported since 2026-11-27T09:00:00Z (silent); never treated as idle",
+        ),
+        (
+            Streak(),
+            Reading(37.0, at(0)),
+            at(1),
+            IdleState.BUSY,
+            "busy: its last report read 37 % GPU utilisation (idle is under 1 %)",
+        ),
+        (
+            Streak(at(0)),
+            Reading(0.0, at(250)),
+            at(250.5),
+            IdleState.IDLE,
+            "idle for 4h10m: every report since 2026-11-27T09:00:00Z read GPU utilisation under 1 %",
+        ),
+    ],
+)
 def test_the_state_of_a_pod(streak: Streak, reading: Reading, now: dt.datetime, state: IdleState, why: str) -> None:
     judged = verdict(streak, reading, EVICT, PodFacts(at(-120)), now, fresh_seconds=60)
     assert judged.state is state and judged.why.startswith(why)
@@ -247,7 +313,9 @@ IN_BUDGET, OVER_BUDGET = "gpusharing-in-budget", "gpusharing-over-budget"
 class Cluster:
     """The fake API's pods, their meters, and the controller (its tasks run as run_controller runs them)."""
 
-    def __init__(self, fake: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock, controller: ControllerManager):
+    def __init__(
+        self, fake: FakeKube, ledger: ReportLedger, store: BudgetStore, clock: Clock, controller: ControllerManager
+    ):
         self.fake, self.ledger, self.store, self.clock, self.controller = fake, ledger, store, clock, controller
         self.idle = IdleLedger(store.db)
         self.meters: dict[str, Meter] = {}
@@ -255,7 +323,8 @@ class Cluster:
 
     def pod(self, name: str, owner: str | None = None, labels: dict[str, str] | None = None,
             demoted: bool = False, age: dt.timedelta = dt.timedelta(0)) -> Meter:
-        """A running pod, started `age` before its meter's first report (the record's start, which it is billed from)."""
+        """A running pod, started `age` before its meter's first report (the record's start, which it is billed
+        from)."""
         obj = self.fake.add_pod("ml", name, share="0.5", priority_class=OVER_BUDGET if demoted else IN_BUDGET)
         if demoted:  # the webhook's record: admitted out of budget
             obj["metadata"]["annotations"]["gpusharing.io/budget-state"] = "over-budget"
@@ -320,10 +389,12 @@ def test_warnings_come_at_the_right_interval_on_the_pod_and_its_owner_once_per_s
     assert total(passes, "warned") == 1 and total(passes, "acted") == 1
     warnings = leader.events(IDLE_WARNING)
     assert [(kind, name) for kind, name, _ in warnings] == [("Pod", "nb-0"), ("ReplicaSet", "nb-7d9")]
-    assert warnings[0][2].startswith("the GPU of pod nb-0 has been idle for 3m (every meter reading under 1 % "
-                                     "utilisation): it will be reported idle at 2026-11-27T09:05:30Z unless it uses its GPU "
-                                     "(the idle policy of the budget of ml: warn after 5m idle (under 1 % utilisation), "
-                                     "warned 2m before)")
+    assert warnings[0][2].startswith(
+        "the GPU of pod nb-0 has been idle for 3m (every meter reading under 1 % "
+        "utilisation): it will be reported idle at 2026-11-27T09:05:30Z unless it uses its GPU "
+        "(the idle policy of the budget of ml: warn after 5m idle (under 1 % utilisation), "
+        "warned 2m before)"
+    )
     assert "nothing else is done" in leader.events(IDLE)[0][2] and leader.fake.evicted == []
     # A busy interval ends the streak; the next one is warned of again.
     passes = leader.play({"nb-0": 60}) + leader.play({"nb-0": 0}, steps=7)
@@ -346,14 +417,17 @@ def test_demotion_holds_the_owner_first_then_evicts_within_pod_disruption_budget
     # The webhook learns of the hold from the listing it polls, before the pod is evicted.
     listing = SpecClient(make_app().test_client(), READER).get("/api/v1/budgets").json["items"]
     assert [item["idleHolds"] for item in listing if item["namespace"] == "ml"] == [
-        [{"kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9", "pod": "nb-0", "heldAt": "2026-11-27T09:02:30Z"}]]
+        [{"kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9", "pod": "nb-0", "heldAt": "2026-11-27T09:02:30Z"}]
+    ]
     passes = leader.play({"nb-0": 0}, steps=2)
     assert total(passes, "refused") == 2 and total(passes, "evicted") == 0  # tried again each run
     fake_kube.refuse_evictions.clear()
     (done,) = leader.play({"nb-0": 0})
     assert done is not None and done.evicted == ["ml/nb-0"] and fake_kube.evicted == [("ml", "nb-0")]
     (_, _, message), owner_event = leader.events(IDLE)
-    assert message.endswith("; evicted; ReplicaSet nb-7d9's next pods are admitted out of budget until one uses its GPU")
+    assert message.endswith(
+        "; evicted; ReplicaSet nb-7d9's next pods are admitted out of budget until one uses its GPU"
+    )
     assert owner_event[:2] == ("ReplicaSet", "nb-7d9")
     # Its replacement, admitted out of budget, uses its GPU: the owner is back in budget.
     leader.gone("nb-0")
@@ -369,7 +443,9 @@ def test_demote_leaves_bare_pods_and_pods_already_out_of_budget_running(leader: 
     passes = leader.play({"debug": 0, "nb-1": 0}, steps=8)
     assert leader.fake.evicted == [] and leader.idle.holds() == []
     told = {name: message for kind, name, message in leader.events(IDLE) if kind == "Pod"}
-    assert told["debug"].endswith("it is not evicted: it has no owner to re-create it demoted (the action evict would stop it)")
+    assert told["debug"].endswith(
+        "it is not evicted: it has no owner to re-create it demoted (the action evict would stop it)"
+    )
     assert told["nb-1"].endswith("it is not evicted: it already runs out of budget (the webhook admitted it demoted)")
     assert total(passes, "acted") == 2  # once each
 
@@ -462,7 +538,9 @@ def test_an_idle_eviction_comes_within_one_idle_run_of_its_deadline_when_no_webh
     passes = leader.play({"nb-0": 0}, steps=6)
     # Held from the warning on (step 3), acknowledged by the next poll: evicted at the deadline (step 5).
     assert first(passes, "warned") == 3 and first(passes, "held") == 3
-    assert first(passes, "evicted") == 5 and first(passes, "waiting") is None and leader.fake.evicted == [("ml", "nb-0")]
+    assert (
+        first(passes, "evicted") == 5 and first(passes, "waiting") is None and leader.fake.evicted == [("ml", "nb-0")]
+    )
 
 
 @pytest.mark.parametrize("case", ["exempt", "no NVML data", "silent meter", "too young"])
@@ -513,30 +591,54 @@ def test_the_metrics_count_idle_pods_and_idle_gpu_time_per_namespace(leader: Clu
     assert 'gpusharing_timekeeper_idle_gpu_seconds{namespace="ml"} 99.0' in text
 
 
-# -- explained: `gpusharing explain` and `kubectl gpusharing explain` ----------------------------------------------------
+# -- explained: `gpusharing explain` and `kubectl gpusharing explain`
+# ----------------------------------------------------
 
 def test_explain_tells_a_pods_idle_streak_when_it_is_acted_on_and_why(
-    cluster: FakeKube, app: Flask, clock: Clock, capsys: pytest.CaptureFixture[str],  # noqa: F811 (the fixture imported above)
+    cluster: FakeKube,  # noqa: F811 (the fixture imported above)
+    app: Flask,
+    clock: Clock,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     admin = {"Authorization": "Bearer admin-token"}
     policy_json = {"after": "4h", "action": "evict", "warnBefore": "30m", "minAge": "1h"}
-    assert app.test_client().put("/api/v1/budgets/team-a", headers=admin, json={"gpuMinutes": 6000, "idle": policy_json}).status_code == 201
+    assert (
+        app.test_client()
+        .put("/api/v1/budgets/team-a", headers=admin, json={"gpuMinutes": 6000, "idle": policy_json})
+        .status_code
+        == 201
+    )
     pods = {}
     for name, labels in (("nb-0", {}), ("nb-1", {"gpusharing.io/idle-exempt": "true"}), ("blind", {})):
         pod = cluster.add_pod("team-a", name, share="0.5")
         pod["metadata"]["labels"] = labels
-        pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9",
-                                               "controller": True}]
+        pod["metadata"]["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9", "controller": True}
+        ]
         pod["status"]["startTime"] = "2028-02-28T20:00:00Z"
         pods[name] = pod
     began = clock.at
     for seq in range(1, 8):  # three minutes of reports, every 30 s
         for name, utilisation in (("nb-0", 0.2), ("nb-1", 0), ("blind", None)):
-            body = {"podUid": pods[name]["metadata"]["uid"], "namespace": "team-a", "pod": name, "gpuShare": 0.5, "seq": seq,
-                    "gpuSeconds": 15.0 * seq, **({} if utilisation is None else {"gpuUtilizationPercent": utilisation})}
-            assert app.test_client().post("/api/v1/reports", headers={"Authorization": f"Bearer {METER}"}, json=body).status_code == 200
+            body = {
+                "podUid": pods[name]["metadata"]["uid"],
+                "namespace": "team-a",
+                "pod": name,
+                "gpuShare": 0.5,
+                "seq": seq,
+                "gpuSeconds": 15.0 * seq,
+                **({} if utilisation is None else {"gpuUtilizationPercent": utilisation}),
+            }
+            assert (
+                app.test_client()
+                .post("/api/v1/reports", headers={"Authorization": f"Bearer {METER}"}, json=body)
+                .status_code
+                == 200
+            )
         clock.advance(seconds=INTERVAL)
-    IdleLedger(app.extensions["database"]).hold("team-a", Owner("apps/v1", "ReplicaSet", "nb-7d9", "uid-nb-7d9"), "nb-old", began)
+    IdleLedger(app.extensions["database"]).hold(
+        "team-a", Owner("apps/v1", "ReplicaSet", "nb-7d9", "uid-nb-7d9"), "nb-old", began
+    )
 
     capsys.readouterr()  # what the timekeeper logged while the budget and reports were set up is not the plugin's
 
@@ -547,15 +649,26 @@ def test_explain_tells_a_pods_idle_streak_when_it_is_acted_on_and_why(
 
     fields = explained("nb-0")
     assert fields["Idle"] == "idle for 3m: every report since 2028-02-28T23:00:00Z read GPU utilisation under 1 %"
-    assert fields["Idle policy"] == "evict after 4h idle (under 1 % utilisation), warned 30m before, pods older than 1h: the budget of team-a"
+    assert (
+        fields["Idle policy"]
+        == "evict after 4h idle (under 1 % utilisation), warned 30m before, pods older than 1h: the budget of team-a"
+    )
     assert fields["Idle outlook"] == ("to be warned (GPUIdleWarning) once idle to 2028-02-29T02:30:00Z; "
                                       "to be acted on (evict) once idle to 2028-02-29T03:00:00Z")
-    assert fields["Owner held"] == ("ReplicaSet nb-7d9 since 2028-02-28T23:00:00Z (its pod nb-old was evicted idle): its new "
-                                    "pods are admitted out of budget until one uses its GPU")
+    assert fields["Owner held"] == (
+        "ReplicaSet nb-7d9 since 2028-02-28T23:00:00Z (its pod nb-old was evicted idle): its new "
+        "pods are admitted out of budget until one uses its GPU"
+    )
     fields = explained("nb-1")
-    assert fields["Idle"].endswith('exempt (gpusharing.io/idle-exempt: "true"): never acted on') and "Idle outlook" not in fields
+    assert (
+        fields["Idle"].endswith('exempt (gpusharing.io/idle-exempt: "true"): never acted on')
+        and "Idle outlook" not in fields
+    )
     fields = explained("blind")
-    assert fields["Idle"].startswith("unknown: its meter reads no GPU utilisation (no NVML data") and "Idle outlook" not in fields
+    assert (
+        fields["Idle"].startswith("unknown: its meter reads no GPU utilisation (no NVML data")
+        and "Idle outlook" not in fields
+    )
     code, out, _ = plugin(capsys, "explain", "pod/nb-0", "-o", "json")
     idle = json.loads(out)["idle"]
     assert (idle["state"], idle["idleSeconds"], idle["actAt"]) == ("idle", 180.0, "2028-02-29T03:00:00Z")
@@ -580,18 +693,24 @@ def test_the_usage_reports_idle_columns_are_the_trace_played_through_the_meter(
     with served(app) as url:
         config = MeterConfig(namespace="ml", pod_name="nb-0", pod_uid=uid, gpu_share=0.5, timekeeper_url=url,
                              token_path=tmp_path / "token", state_dir=tmp_path, interval_seconds=INTERVAL)
-        meter = MeterLoop(config, TimekeeperClient(url, config.token_path), StateFile(tmp_path), gpu, lambda: meter_clock[0])
+        meter = MeterLoop(
+            config, TimekeeperClient(url, config.token_path), StateFile(tmp_path), gpu, lambda: meter_clock[0]
+        )
         for _ in TRACE:  # the first report, at the start, bills nothing; each later one the interval before it
             assert meter.report(final=False, timeout=5).delivery.value == "accepted"
             meter_clock[0] += INTERVAL
             clock.advance(seconds=INTERVAL)
-    usage = SpecClient(app.test_client(), "admin-token").get("/api/v1/usage?from=2028-02-28&to=2028-03-01&groupBy=pod").json
+    usage = (
+        SpecClient(app.test_client(), "admin-token").get("/api/v1/usage?from=2028-02-28&to=2028-03-01&groupBy=pod").json
+    )
     (row,) = usage["items"]
     idle = sum(0.5 * INTERVAL * (100 - utilisation) / 100 for utilisation in TRACE[1:])
     assert row["gpuSeconds"] == 0.5 * INTERVAL * (len(TRACE) - 1) and row["meteredGpuMinutes"] == row["gpuMinutes"]
     assert round(row["idleGpuMinutes"] * 60 * 1_000_000) == round(idle * 1_000_000)
     # The H100's billing weight (2.5 in the shipped catalogue) prices the idle part as it priced the bill.
-    assert row["idleBilledGpuMinutes"] == pytest.approx(row["idleGpuMinutes"] * row["billedGpuMinutes"] / row["gpuMinutes"])
+    assert row["idleBilledGpuMinutes"] == pytest.approx(
+        row["idleGpuMinutes"] * row["billedGpuMinutes"] / row["gpuMinutes"]
+    )
     (pod,) = SpecClient(app.test_client(), "admin-token").get("/api/v1/pods?namespace=ml").json["items"]
     assert pod["gpuUtilizationPercent"] == TRACE[-1]
     assert pod["idleSince"] == "2028-02-28T23:05:30Z"  # the last report's: the one before it read 3 %, not idle

@@ -65,7 +65,9 @@ def test_through_the_service_proxy_with_a_token_of_the_budget_admin_service_acco
     assert minted["expirationSeconds"] <= 3600
     assert cluster.proxied and all(h == {**h, "X-Timekeeper-Authorization": f"Bearer {ADMIN}"} for h in cluster.proxied)
     assert all("Authorization" not in headers for headers in cluster.proxied)
-    changes = app.test_client().get("/api/v1/budgets/team-a/changes", headers={"Authorization": f"Bearer {READER}"}).json
+    changes = (
+        app.test_client().get("/api/v1/budgets/team-a/changes", headers={"Authorization": f"Bearer {READER}"}).json
+    )
     assert changes["items"][0]["actor"] == "alice"  # the admin token's name, recorded as who set it
 
 
@@ -74,7 +76,9 @@ def test_output_formats_and_namespaces(cluster: FakeKube, capsys: pytest.Capture
         assert plugin(capsys, "budget", "set", namespace, "--gpu-minutes", minutes)[0] == 0
     code, out, _ = plugin(capsys, "budget", "ls", "-o", "json")
     listing = json.loads(out)
-    assert code == 0 and [item["namespace"] for item in listing["items"]] == ["team-a", "team-b"] and "default" in listing
+    assert (
+        code == 0 and [item["namespace"] for item in listing["items"]] == ["team-a", "team-b"] and "default" in listing
+    )
     code, out, _ = plugin(capsys, "-n", "team-b", "budget", "ls", "-o", "yaml")
     assert code == 0 and [item["namespace"] for item in yaml.safe_load(out)["items"]] == ["team-b"]
     code, out, _ = plugin(capsys, "budget", "ls", "-n", "team-b", "-A")  # -A wins, as with kubectl
@@ -99,14 +103,19 @@ def test_exit_statuses_and_one_line_errors(cluster: FakeKube, capsys: pytest.Cap
                    "(--system-namespace) and its timekeeper running?\n")
 
 
-def test_without_a_token_of_the_budget_admin_it_says_how_to_give_one(cluster: FakeKube, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_a_token_of_the_budget_admin_it_says_how_to_give_one(
+    cluster: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster.service_account_tokens.clear()
     code, _, err = plugin(capsys, "budget", "ls")
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("gpusharing: the timekeeper refused (401): ")
     assert err.rstrip().endswith(
-        "give a token with --token or TIMEKEEPER_TOKEN (no token of ServiceAccount gpusharing-system/gpusharing-budget-admin "
-        '(403: serviceaccounts "gpusharing-budget-admin" is forbidden: User "someone" cannot create resource "serviceaccounts/token"))')
+        "give a token with --token or TIMEKEEPER_TOKEN (no token of ServiceAccount "
+        "gpusharing-system/gpusharing-budget-admin "
+        '(403: serviceaccounts "gpusharing-budget-admin" is forbidden: User "someone" cannot create resource '
+        '"serviceaccounts/token"))'
+    )
     assert plugin(capsys, "budget", "ls", "--token", READER)[0] == 0
     cluster.caller_token = "revoked"  # the API server no longer takes the kubeconfig's credentials
     code, _, err = plugin(capsys, "budget", "ls", "--token", READER)
@@ -126,10 +135,14 @@ def test_a_url_is_used_as_given_and_a_missing_kubeconfig_is_one_line(
     assert code == 2 and err.count("\n") == 1
 
 
-def test_explain_says_why_a_pod_got_its_share_class_and_state(cluster: FakeKube, capsys: pytest.CaptureFixture[str], app: Flask) -> None:
+def test_explain_says_why_a_pod_got_its_share_class_and_state(
+    cluster: FakeKube, capsys: pytest.CaptureFixture[str], app: Flask
+) -> None:
     assert plugin(capsys, "budget", "set", "team-a", "--gpu-minutes", "1")[0] == 0
     pod = cluster.add_pod("team-a", "train-0", share="0.5", priority_class="gpusharing-over-budget", memory_mib="40960")
-    pod["metadata"]["annotations"].update({"gpusharing.io/dialect": "hami", "gpusharing.io/budget-state": "over-budget"})
+    pod["metadata"]["annotations"].update(
+        {"gpusharing.io/dialect": "hami", "gpusharing.io/budget-state": "over-budget"}
+    )
     pod["spec"]["priority"] = -1000
     pod["spec"]["initContainers"] = [{"name": "gpusharing-meter", "image": "gpusharing", "restartPolicy": "Always"}]
     report(app, "team-a", "train-0", pod["metadata"]["uid"], 150)
@@ -149,12 +162,20 @@ def test_explain_says_why_a_pod_got_its_share_class_and_state(cluster: FakeKube,
 
     code, out, _ = plugin(capsys, "explain", "train-0", "-n", "team-a", "-o", "json")
     explained = json.loads(out)
-    assert code == 0 and explained["pod"]["record"]["gpu-share"] == "0.5" and explained["namespace"]["state"] == "over-budget"
+    assert (
+        code == 0
+        and explained["pod"]["record"]["gpu-share"] == "0.5"
+        and explained["namespace"]["state"] == "over-budget"
+    )
     assert explained["metering"]["podUid"] == pod["metadata"]["uid"]
 
     # A pod that safe admission demoted: its namespace was in budget, but not with room for its deadline.
-    short = cluster.add_pod("team-a", "train-1", share="0.5", priority_class="gpusharing-over-budget", memory_mib="40960")
-    short["metadata"]["annotations"].update({"gpusharing.io/budget-state": "in-budget", "gpusharing.io/safe-admission": "demoted"})
+    short = cluster.add_pod(
+        "team-a", "train-1", share="0.5", priority_class="gpusharing-over-budget", memory_mib="40960"
+    )
+    short["metadata"]["annotations"].update(
+        {"gpusharing.io/budget-state": "in-budget", "gpusharing.io/safe-admission": "demoted"}
+    )
     code, out, _ = plugin(capsys, "explain", "pod/train-1")
     fields = dict(line.split(":", 1) for line in out.splitlines())
     assert code == 0 and fields["Safe admission"].strip() == (
@@ -175,6 +196,8 @@ def test_kubectl_runs_the_installed_plugin(cluster: FakeKube, tmp_path: Path) ->
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     listed = subprocess.run([KUBECTL, "plugin", "list"], capture_output=True, text=True, env=env)
     assert str(bin_dir / "kubectl-gpusharing") in listed.stdout
-    ran = subprocess.run([KUBECTL, "gpusharing", "budget", "ls", "-o", "json"], capture_output=True, text=True, env=env, timeout=60)
+    ran = subprocess.run(
+        [KUBECTL, "gpusharing", "budget", "ls", "-o", "json"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["items"] == []

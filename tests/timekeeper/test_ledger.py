@@ -36,7 +36,8 @@ def running(until: float, share: float = 0.5) -> Observation:
     return Observation(share, START, at(until), ended=False)
 
 
-# -- the meter's reports, where nothing else is known (off a cluster) ---------------------------------------------------
+# -- the meter's reports, where nothing else is known (off a cluster)
+# ---------------------------------------------------
 
 def test_the_first_report_charges_its_whole_cumulative_whatever_its_seq() -> None:
     assert report(NEW_POD, 0, 5, False, None).charge_micro_gpu_seconds == 5

@@ -146,18 +146,37 @@ def test_the_task_reads_per_pod_utilisation_from_a_real_prometheus_scraping_dcgm
     b = run_gpu_pod(fake_kube, "team-b", "b", "0.5", hour_ago)
     exporter.body = exposition(train, a, b).encode()
     # team-a's own exporter says team-b/b is idle on a GPU of its own and its own pod busy: neither is read.
-    forger.body = "\n".join([
-        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",UUID="GPU-9",Hostname="node-1",namespace="team-b",pod="b",pod_uid="{b["metadata"]["uid"]}"}} 0',
-        'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-1",Hostname="node-1",namespace="team-a",pod="train"} 1',
-        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-2",Hostname="node-1",namespace="team-a",pod="a",pod_uid="' + a["metadata"]["uid"] + '"} 100',
-        ""]).encode()
+    forger.body = "\n".join(
+        [
+            'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-9",Hostname="node-1",namespace="team-b",pod="b",'
+            f'pod_uid="{b["metadata"]["uid"]}"}} 0',
+            'DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-1",Hostname="node-1",namespace="team-a",pod="train"} 1',
+            'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-2",Hostname="node-1",namespace="team-a",pod="a",pod_uid="'
+            + a["metadata"]["uid"]
+            + '"} 100',
+            "",
+        ]
+    ).encode()
     log = tmp_path / "prometheus.log"
     # A few scrapes, so that the window holds samples; the renamed labels, as a ServiceMonitor stores them.
-    wait_for(lambda: len(query(prometheus, f'count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{exported_pod="train"}}[{WINDOW_SECONDS}s]) >= 3')) == 2,
-             "three scrapes of the fake dcgm-exporter and of the tenant's", log)
+    wait_for(
+        lambda: (
+            len(
+                query(
+                    prometheus,
+                    f'count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{exported_pod="train"}}[{WINDOW_SECONDS}s]) >= 3',
+                )
+            )
+            == 2
+        ),
+        "three scrapes of the fake dcgm-exporter and of the tenant's",
+        log,
+    )
 
     sink = RecordingSink()
-    split = PrometheusSource(url=prometheus, query=DcgmQuery(per_pod_metric="DCGM_FI_DEV_GPU_UTIL", window_seconds=WINDOW_SECONDS))
+    split = PrometheusSource(
+        url=prometheus, query=DcgmQuery(per_pod_metric="DCGM_FI_DEV_GPU_UTIL", window_seconds=WINDOW_SECONDS)
+    )
     manager = make_controller(KubeApi(fake_kube.api_client()), utilisation_sink=sink, prometheus=split)
     done = run_controller(manager)
     assert done.utilisation is not None and [call[0] for call in sink.calls] == [UtilisationSource.PROMETHEUS]

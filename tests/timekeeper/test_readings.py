@@ -98,8 +98,14 @@ def test_a_node_reading_takes_the_pods_place_and_moves_its_streak(ledger: Report
     assert pod.later(5).node(0.2, memory=1024) == RecordedReadings(1)
     began = clock.at
     record = pod.record()
-    assert (record.utilisation_source, record.gpu_utilization_percent, record.gpu_memory_used_mib) == ("node", 0.2, 1024)
-    assert record.utilisation_at == began and record.utilisation_fresh_until == began + dt.timedelta(seconds=fresh_for(WINDOW))
+    assert (record.utilisation_source, record.gpu_utilization_percent, record.gpu_memory_used_mib) == (
+        "node",
+        0.2,
+        1024,
+    )
+    assert record.utilisation_at == began and record.utilisation_fresh_until == began + dt.timedelta(
+        seconds=fresh_for(WINDOW)
+    )
     assert record.streak.since == began  # the meter's busy word does not carry over: a streak of the node's alone
     for _ in range(3):
         pod.later(WINDOW).node(0.0)
@@ -166,7 +172,9 @@ def test_a_reading_the_ledger_cannot_take_is_ignored_with_the_reason(
         ("uid-a2", "unknown pod: the timekeeper bills no pod of this uid (yet)"),
     ]
     wrong_namespace = readings.record_utilisation(NODE, [PodUtilisation("uid-a", "other", "a", 3.0)], WINDOW, clock.at)
-    assert [ignored.reason for ignored in wrong_namespace.ignored] == ["the pod of this uid is billed in namespace ml, not other"]
+    assert [ignored.reason for ignored in wrong_namespace.ignored] == [
+        "the pod of this uid is billed in namespace ml, not other"
+    ]
     # Prometheus's word is of the node's rank: it takes the place of a fresh node reading (and the node of its).
     assert readings.record_utilisation(UtilisationSource.PROMETHEUS, [PodUtilisation("uid-a", "ml", "a", 4.0)], 60,
                                        clock.at).accepted == 1
@@ -228,14 +236,20 @@ def test_a_static_node_agent_sends_its_nodes_readings_and_outranks_the_meter(
     api = SpecClient(make_app(static_tokens_file=agent_tokens).test_client(), ADMIN)
     meter, agent = api.as_(METER), api.as_(AGENT_A)
     assert meter.post("/api/v1/reports", json=report("uid-nb", "nb", 1, 0, 90)).status_code == 200
-    answer = agent.post("/api/v1/node-readings", json=batch("node-a", reading("uid-nb", "nb", 0.0), reading("uid-no", "x", 0.0)))
+    answer = agent.post(
+        "/api/v1/node-readings", json=batch("node-a", reading("uid-nb", "nb", 0.0), reading("uid-no", "x", 0.0))
+    )
     assert answer.status_code == 200
     assert answer.json == {"accepted": 1, "ignored": [
         {"podUid": "uid-no", "reason": "unknown pod: the timekeeper bills no pod of this uid (yet)"}]}
     clock.advance(seconds=WINDOW)
     assert meter.post("/api/v1/reports", json=report("uid-nb", "nb", 2, 5, 90)).status_code == 200  # "busy"
     (pod,) = api.get("/api/v1/pods").json["items"]
-    assert (pod["utilisationSource"], pod["gpuUtilizationPercent"], pod["idleSince"]) == ("node", 0.0, "2028-02-28T23:00:00Z")
+    assert (pod["utilisationSource"], pod["gpuUtilizationPercent"], pod["idleSince"]) == (
+        "node",
+        0.0,
+        "2028-02-28T23:00:00Z",
+    )
     assert pod["utilisationAt"] == "2028-02-28T23:00:00Z" and pod["gpuSeconds"] == 5.0
 
 
@@ -330,15 +344,24 @@ def test_an_agents_pod_token_speaks_for_its_nodes_pods_only(cluster: tuple[SpecC
     speaker = api.as_(agent_token(kube, agent, node_name="node-a"))
     answer = speaker.post("/api/v1/node-readings", json=batch("node-a", of(mine, 0.0), of(theirs, 0.0)))
     assert answer.status_code == 200
-    assert answer.json == {"accepted": 1, "ignored": [{"podUid": theirs["metadata"]["uid"], "reason":
-                                                       "no pod of this uid is bound to node node-a (another node's, or unknown)"}]}
+    assert answer.json == {
+        "accepted": 1,
+        "ignored": [
+            {
+                "podUid": theirs["metadata"]["uid"],
+                "reason": "no pod of this uid is bound to node node-a (another node's, or unknown)",
+            }
+        ],
+    }
     # Speaking for node B outright is refused; so is a tenant's own pod token, of a pod of node A.
     refused = speaker.post("/api/v1/node-readings", json=batch("node-b", of(theirs, 0.0)))
     assert refused.status_code == 403 and "runs on node node-a, not on node node-b" in refused.json["error"]
     refused = tenant.post("/api/v1/node-readings", json=batch("node-a", of(mine, 0.0)))
     assert refused.status_code == 403 and "is not a node agent's token" in refused.json["error"]
     # A uid of node A's claimed under another name is not taken either.
-    renamed = speaker.post("/api/v1/node-readings", json=batch("node-a", reading(mine["metadata"]["uid"], "other", 0.0)))
+    renamed = speaker.post(
+        "/api/v1/node-readings", json=batch("node-a", reading(mine["metadata"]["uid"], "other", 0.0))
+    )
     assert renamed.json["ignored"][0]["reason"] == "the pod of this uid on node node-a is ml/mine, not ml/other"
     kube.admins.add("admin@example.com")
     pods = {p["pod"]: p for p in api.as_(kube.user_token("admin@example.com")).get("/api/v1/pods").json["items"]}
@@ -350,10 +373,16 @@ def test_an_agents_pod_token_speaks_for_its_nodes_pods_only(cluster: tuple[SpecC
 def test_an_agent_token_of_another_identity_node_or_pod_is_refused(cluster: tuple[SpecClient, FakeKube]) -> None:
     api, kube = cluster
     agent = bound(kube, AGENTS, "agent-x1", "node-a", share=None)
-    impostor = bound(kube, "ml", "agent-x1", "node-a", share=None)  # the agent's ServiceAccount name, in a tenant's namespace
+    # the agent's ServiceAccount name, in a tenant's namespace
+    impostor = bound(kube, "ml", "agent-x1", "node-a", share=None)
     answer = api.as_(agent_token(kube, impostor)).post("/api/v1/node-readings", json=batch("node-a"))
-    assert answer.status_code == 403 and "system:serviceaccount:ml:gpusharing-node-agent is not a node agent's token" in answer.json["error"]
-    disagreeing = api.as_(agent_token(kube, agent, node_name="node-b")).post("/api/v1/node-readings", json=batch("node-a"))
+    assert (
+        answer.status_code == 403
+        and "system:serviceaccount:ml:gpusharing-node-agent is not a node agent's token" in answer.json["error"]
+    )
+    disagreeing = api.as_(agent_token(kube, agent, node_name="node-b")).post(
+        "/api/v1/node-readings", json=batch("node-a")
+    )
     assert disagreeing.status_code == 403
     assert f"issued on node node-b, but its pod {AGENTS}/agent-x1 is bound to node node-a" in disagreeing.json["error"]
     old = agent_token(kube, agent)
@@ -366,7 +395,8 @@ def test_an_agent_token_of_another_identity_node_or_pod_is_refused(cluster: tupl
     assert answer.status_code == 403 and "not bound to a pod" in answer.json["error"]
 
 
-# -- what is shown of it ------------------------------------------------------------------------------------------------
+# -- what is shown of it
+# ------------------------------------------------------------------------------------------------
 
 def test_a_pod_idle_by_the_node_counts_as_idle_now_while_its_meter_is_silent(
     ledger: ReportLedger, readings: UtilisationLedger, clock: Clock,
@@ -381,14 +411,24 @@ def test_a_pod_idle_by_the_node_counts_as_idle_now_while_its_meter_is_silent(
     assert idle.idle_now(clock.at, ledger.fresh_seconds) == {}
 
 
-@pytest.mark.parametrize(("reading", "why"), [
-    (Reading(0.0, T0, NODE, T0 + dt.timedelta(seconds=20)),
-     "idle for 0s: every reading of the node agent since 2026-11-27T09:00:00Z read GPU utilisation under 1 %"),
-    (Reading(40.0, T0, NODE, T0 + dt.timedelta(seconds=20)), "busy: the node agent's last reading read 40 % GPU utilisation"),
-    (Reading(None, T0, NODE, T0 + dt.timedelta(seconds=20)), "unknown: the node agent reads no GPU utilisation"),
-    (Reading(0.0, T0, NODE, T0 + dt.timedelta(seconds=5)),
-     "unknown: the node agent has not reported since 2026-11-27T09:00:00Z (silent)"),
-])
+@pytest.mark.parametrize(
+    ("reading", "why"),
+    [
+        (
+            Reading(0.0, T0, NODE, T0 + dt.timedelta(seconds=20)),
+            "idle for 0s: every reading of the node agent since 2026-11-27T09:00:00Z read GPU utilisation under 1 %",
+        ),
+        (
+            Reading(40.0, T0, NODE, T0 + dt.timedelta(seconds=20)),
+            "busy: the node agent's last reading read 40 % GPU utilisation",
+        ),
+        (Reading(None, T0, NODE, T0 + dt.timedelta(seconds=20)), "unknown: the node agent reads no GPU utilisation"),
+        (
+            Reading(0.0, T0, NODE, T0 + dt.timedelta(seconds=5)),
+            "unknown: the node agent has not reported since 2026-11-27T09:00:00Z (silent)",
+        ),
+    ],
+)
 def test_the_verdict_says_whose_reading_it_stands_on(reading: Reading, why: str) -> None:
     policy = PolicyInForce(IdlePolicy(3600), "ml")  # warned of nothing, idle under 1 %
     judged = verdict(Streak(T0), reading, policy, PodFacts(T0), T0 + dt.timedelta(seconds=10), fresh_seconds=3600)
@@ -398,8 +438,10 @@ def test_the_verdict_says_whose_reading_it_stands_on(reading: Reading, why: str)
 def test_explain_shows_whose_word_the_utilisation_is() -> None:
     ledger = {"utilisationSource": "node", "gpuUtilizationPercent": 0.0, "utilisationAt": "2026-11-27T09:00:00Z",
               "utilisationFreshUntil": "2026-11-27T09:00:20Z", "lastReportAt": "2026-11-27T08:00:00Z"}
-    assert utilisation_source(ledger) == ("node: 0 %, read at 2026-11-27T09:00:00Z, fresh until 2026-11-27T09:00:20Z, by "
-                                          "the node agent, on the node (outranks the meter's while fresh)")
+    assert utilisation_source(ledger) == (
+        "node: 0 %, read at 2026-11-27T09:00:00Z, fresh until 2026-11-27T09:00:20Z, by "
+        "the node agent, on the node (outranks the meter's while fresh)"
+    )
     meter = {"utilisationSource": "meter", "gpuUtilizationPercent": None, "utilisationAt": "2026-11-27T09:00:00Z"}
     assert utilisation_source(meter) == ("meter: unknown, read at 2026-11-27T09:00:00Z, by its meter, inside the pod "
                                          "(counted only where no node agent or Prometheus reports)")
@@ -412,7 +454,8 @@ def test_explain_shows_whose_word_the_utilisation_is() -> None:
     assert idle_of(pod, None, silent_meter, dt.datetime(2026, 11, 27, 9, 0, 30, tzinfo=UTC))["state"] == "unknown"
 
 
-# -- the idle policy, acted on by the controller (against the HTTP fake of the API) -------------------------------------
+# -- the idle policy, acted on by the controller (against the HTTP fake of the API)
+# -------------------------------------
 
 def test_the_idle_policy_acts_on_the_nodes_word_alone(
     leader: Cluster, readings: UtilisationLedger, clock: Clock,

@@ -22,7 +22,9 @@ SETTINGS = GpuRequestSettings()
 STARTED = dt.datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
 
 
-def governed(gpus: str = "1", admitted: str = "1", status: dict[str, Any] | None = None, **metadata: Any) -> dict[str, Any]:
+def governed(
+    gpus: str = "1", admitted: str = "1", status: dict[str, Any] | None = None, **metadata: Any
+) -> dict[str, Any]:
     return {
         "metadata": {"namespace": "ml", "name": "trainer", "uid": "uid-1",
                      "annotations": {ANNOTATION_GPU_SHARE: admitted}, **metadata},
@@ -54,7 +56,9 @@ def test_the_share_is_read_from_the_spec_not_from_the_annotation_the_tenant_wrot
     # Its owner held for idleness: the webhook admitted it out of budget in a namespace within its budget.
     ({"gpusharing.io/budget-state": "in-budget", "gpusharing.io/idle-hold": "ReplicaSet/nb-7d9"}, True),
 ])
-def test_the_record_says_whether_the_webhook_admitted_the_pod_out_of_budget(annotations: dict[str, str], demoted: bool) -> None:
+def test_the_record_says_whether_the_webhook_admitted_the_pod_out_of_budget(
+    annotations: dict[str, str], demoted: bool
+) -> None:
     pod = governed()
     pod["metadata"]["annotations"].update(annotations)
     record = recorded_pod(pod, SETTINGS)
@@ -77,7 +81,9 @@ def test_a_pod_not_started_has_nothing_to_bill() -> None:
 
 def test_a_pod_ends_when_the_last_of_its_containers_stopped() -> None:
     running = {"name": "sidecar", "state": {"running": {"startedAt": "2026-11-25T10:00:01Z"}}}
-    still = recorded_pod(governed(status={"containerStatuses": [terminated("2026-11-25T10:05:00Z"), running]}), SETTINGS)
+    still = recorded_pod(
+        governed(status={"containerStatuses": [terminated("2026-11-25T10:05:00Z"), running]}), SETTINGS
+    )
     assert still is not None and still.finished_at is None
     done = recorded_pod(governed(status={"phase": "Succeeded", "containerStatuses": [
         terminated("2026-11-25T10:05:00Z"), {**terminated("2026-11-25T10:06:00Z"), "name": "b"}]}), SETTINGS)
@@ -87,11 +93,15 @@ def test_a_pod_ends_when_the_last_of_its_containers_stopped() -> None:
 
 
 def test_a_deleted_pod_whose_node_is_gone_ends_at_its_deletion_once_its_grace_period_passed() -> None:
-    record = recorded_pod(governed(deletionTimestamp="2026-11-25T10:10:00Z", finalizers=["other", BILLING_FINALIZER]), SETTINGS)
+    record = recorded_pod(
+        governed(deletionTimestamp="2026-11-25T10:10:00Z", finalizers=["other", BILLING_FINALIZER]), SETTINGS
+    )
     assert record is not None and record.finalizer == 1
     deleted = STARTED + dt.timedelta(minutes=10)
     assert not record.observation(1.0, deleted + dt.timedelta(seconds=29), 30).ended  # type: ignore[union-attr]
-    assert record.observation(1.0, deleted + dt.timedelta(seconds=30), 30) == Observation(1.0, STARTED, deleted, ended=True)
+    assert record.observation(1.0, deleted + dt.timedelta(seconds=30), 30) == Observation(
+        1.0, STARTED, deleted, ended=True
+    )
 
 
 def test_a_failed_pod_whose_containers_say_nothing_ends_at_its_last_condition() -> None:
@@ -105,11 +115,23 @@ def test_a_failed_pod_whose_containers_say_nothing_ends_at_its_last_condition() 
 def claim(devices: int, allocated: int | None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "metadata": {"namespace": "ml", "name": "dra-infer-gpu-x7k2"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": devices}}]}},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": devices}}]
+            }
+        },
     }
     if allocated is not None:
-        body["status"] = {"allocation": {"devices": {"results": [
-            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": f"gpu-{i}"} for i in range(allocated)]}}}
+        body["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": f"gpu-{i}"}
+                        for i in range(allocated)
+                    ]
+                }
+            }
+        }
     return body
 
 
@@ -155,6 +177,8 @@ def test_a_dra_pod_whose_allocation_is_not_known_is_not_priced_yet(allocations: 
 
 def test_a_kai_fraction_lowered_on_the_live_pod_does_not_lower_the_bill() -> None:
     pod = yaml.safe_load((EXAMPLES / "kai-fraction.yaml").read_text())  # admitted at 0.5
-    pod["metadata"].update(namespace="ml", uid="uid-kai", annotations={"gpu-fraction": "0.01", ANNOTATION_GPU_SHARE: "0.5"})
+    pod["metadata"].update(
+        namespace="ml", uid="uid-kai", annotations={"gpu-fraction": "0.01", ANNOTATION_GPU_SHARE: "0.5"}
+    )
     record = recorded_pod(pod, SETTINGS)
     assert record is not None and record.share == 0.5

@@ -19,9 +19,17 @@ def gpu_budget(**spec: Any) -> dict[str, Any]:
 
 def test_safe_admissions_settings_pass_from_the_spec_into_the_budget() -> None:
     budget = budget_from_resource(gpu_budget(gpuMinutes=60, admission="safe", onShortfall="refuse"))
-    assert budget == Budget("ml-team", 60.0, Period.MONTHLY, admission=AdmissionMode.SAFE, on_shortfall=Shortfall.REFUSE)
-    group = budget_from_resource({"metadata": {"name": "team.vision"}, "spec": {"unlimited": True, "admission": "strict"}})
-    assert (group.namespace, group.admission, group.on_shortfall) == ("team.vision", AdmissionMode.STRICT, Shortfall.DEMOTE)
+    assert budget == Budget(
+        "ml-team", 60.0, Period.MONTHLY, admission=AdmissionMode.SAFE, on_shortfall=Shortfall.REFUSE
+    )
+    group = budget_from_resource(
+        {"metadata": {"name": "team.vision"}, "spec": {"unlimited": True, "admission": "strict"}}
+    )
+    assert (group.namespace, group.admission, group.on_shortfall) == (
+        "team.vision",
+        AdmissionMode.STRICT,
+        Shortfall.DEMOTE,
+    )
     assert budget_from_resource(gpu_budget(gpuMinutes=60)).admission is AdmissionMode.OPEN
 
 
@@ -31,9 +39,13 @@ def test_a_spec_the_crd_would_refuse_is_refused_with_the_apis_words() -> None:
 
 
 def test_an_idle_policy_passes_from_the_spec_into_the_budget() -> None:
-    budget = budget_from_resource(gpu_budget(gpuMinutes=60, idle={"after": "4h", "action": "evict", "warnBefore": "30m"}))
+    budget = budget_from_resource(
+        gpu_budget(gpuMinutes=60, idle={"after": "4h", "action": "evict", "warnBefore": "30m"})
+    )
     assert budget.idle == IdlePolicy(4 * 3600, IdleAction.EVICT, 1800)
-    group = budget_from_resource({"metadata": {"name": "team.vision"}, "spec": {"unlimited": True, "idle": {"after": "90s"}}})
+    group = budget_from_resource(
+        {"metadata": {"name": "team.vision"}, "spec": {"unlimited": True, "idle": {"after": "90s"}}}
+    )
     assert group.idle == IdlePolicy(90)
     assert budget_from_resource(gpu_budget(gpuMinutes=60)).idle is None
     with pytest.raises(BudgetRequestError, match=r"^idle.warnBefore \(4h\) must be shorter than idle.after \(4h\)"):

@@ -54,13 +54,25 @@ def test_a_monthly_rollover_charges_every_gpu_second_to_one_period_and_flips_bac
         session = requests.Session()
 
         def call(method: str, path: str, token: str = ADMIN, **kwargs: Any) -> Any:
-            answer = session.request(method, f"{timekeeper.url}/api/v1/{path}", headers={"Authorization": f"Bearer {token}"},
-                                     timeout=30, **kwargs)
+            answer = session.request(
+                method,
+                f"{timekeeper.url}/api/v1/{path}",
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=30,
+                **kwargs,
+            )
             assert answer.status_code in (200, 201), answer.text
             return answer.json()
 
         def report(pod: str, seq: int, cumulative: float) -> float:
-            body = {"podUid": f"uid-{pod}", "namespace": "team-a", "pod": pod, "gpuShare": 1.0, "seq": seq, "gpuSeconds": cumulative}
+            body = {
+                "podUid": f"uid-{pod}",
+                "namespace": "team-a",
+                "pod": pod,
+                "gpuShare": 1.0,
+                "seq": seq,
+                "gpuSeconds": cumulative,
+            }
             answer = call("POST", "reports", METER, json=body)
             answers.append(("february" if clock.now < BOUNDARY else "march", answer))
             charged: float = answer["chargedGpuSeconds"]
@@ -70,7 +82,11 @@ def test_a_monthly_rollover_charges_every_gpu_second_to_one_period_and_flips_bac
             """The namespace's transition Events (a pass that runs between two reports may also see a warning
             threshold crossed, which has its own Event and tests)."""
             transitions = ("GPUBudgetExhausted", "GPUBudgetRestored")
-            return [e["reason"] for e in fake_kube.events if e["involvedObject"]["name"] == "team-a" and e["reason"] in transitions]
+            return [
+                e["reason"]
+                for e in fake_kube.events
+                if e["involvedObject"]["name"] == "team-a" and e["reason"] in transitions
+            ]
 
         call("PUT", "budgets/team-a", json={"gpuMinutes": BUDGET_SECONDS / 60, "evictOnExhaustion": True})
 
@@ -81,14 +97,23 @@ def test_a_monthly_rollover_charges_every_gpu_second_to_one_period_and_flips_bac
         clock.set(BOUNDARY - dt.timedelta(microseconds=1))
         assert report("p2", 3, 2600) == 100
         february = call("GET", "budgets/team-a")
-        assert (february["usedGpuMinutes"], february["state"], february["periodEnd"]) == (4600 / 60, "over-budget", "2028-03-01T00:00:00Z")
+        assert (february["usedGpuMinutes"], february["state"], february["periodEnd"]) == (
+            4600 / 60,
+            "over-budget",
+            "2028-03-01T00:00:00Z",
+        )
         wait_for(lambda: events() == ["GPUBudgetExhausted"], "an Event for February's exhaustion")
 
         # The boundary: a new period, in budget again at once; the report whose time straddles it is March's.
         clock.set(BOUNDARY)
         march = call("GET", "budgets/team-a")
-        assert (march["usedGpuMinutes"], march["state"], march["periodStart"]) == (0.0, "in-budget", "2028-03-01T00:00:00Z")
-        assert [report("p1", 3, 2300), report("p2", 3, 2600), report("p2", 2, 2500)] == [300, 0, 0]  # late ones: nothing
+        assert (march["usedGpuMinutes"], march["state"], march["periodStart"]) == (
+            0.0,
+            "in-budget",
+            "2028-03-01T00:00:00Z",
+        )
+        # late ones: nothing
+        assert [report("p1", 3, 2300), report("p2", 3, 2600), report("p2", 2, 2500)] == [300, 0, 0]
         clock.set(BOUNDARY + dt.timedelta(minutes=10))
         assert [report("p2", 5, 3000), report("p2", 4, 2800)] == [400, 0]  # seq 4 overtaken: its time came with seq 5
         wait_for(lambda: events() == ["GPUBudgetExhausted", "GPUBudgetRestored"], "an Event for the new period")
@@ -99,7 +124,9 @@ def test_a_monthly_rollover_charges_every_gpu_second_to_one_period_and_flips_bac
         assert call("GET", "budgets/team-a")["state"] == "over-budget"
         wait_for(lambda: len(events()) == 3, "an Event for March's exhaustion")
         passes = controller.task_runs("budgets")
-        wait_for(lambda: controller.task_runs("budgets") >= passes + 10, "ten more runs of the controller's budgets task")
+        wait_for(
+            lambda: controller.task_runs("budgets") >= passes + 10, "ten more runs of the controller's budgets task"
+        )
         assert events() == ["GPUBudgetExhausted", "GPUBudgetRestored", "GPUBudgetExhausted"]  # each transition once
 
     # Every GPU-second in exactly one period: the days' usage is what each period's answers charged, and adds up
@@ -109,7 +136,9 @@ def test_a_monthly_rollover_charges_every_gpu_second_to_one_period_and_flips_bac
         days = {row.day: row.micro_gpu_seconds for row in conn.execute(select(namespace_usage))}
         ledgers = {row.pod_uid: row.micro_gpu_seconds for row in conn.execute(select(pod_ledgers))}
     engine.dispose()
-    charged = {period: sum(a["chargedGpuSeconds"] for p, a in answers if p == period) for period in ("february", "march")}
+    charged = {
+        period: sum(a["chargedGpuSeconds"] for p, a in answers if p == period) for period in ("february", "march")
+    }
     assert days == {dt.date(2028, 2, 29): 4600 * 10**6, dt.date(2028, 3, 1): 4300 * 10**6}
     assert charged == {"february": 4600, "march": 4300}
     assert ledgers == {"uid-p1": 5900 * 10**6, "uid-p2": 3000 * 10**6}

@@ -36,9 +36,13 @@ charges = st.lists(
 )
 budget_plans = st.tuples(
     st.sampled_from(list(Period)),  # the group's period
-    st.lists(st.tuples(st.sampled_from(list(Period)), st.booleans()), min_size=len(NAMESPACES), max_size=len(NAMESPACES)),
+    st.lists(
+        st.tuples(st.sampled_from(list(Period)), st.booleans()), min_size=len(NAMESPACES), max_size=len(NAMESPACES)
+    ),
 )
-top_up_plans = st.lists(st.tuples(st.sampled_from([*NAMESPACES, GROUP]), st.integers(0, 100), st.integers(1, 50)), max_size=4)
+top_up_plans = st.lists(
+    st.tuples(st.sampled_from([*NAMESPACES, GROUP]), st.integers(0, 100), st.integers(1, 50)), max_size=4
+)
 
 
 @pytest.fixture
@@ -93,7 +97,10 @@ def test_statuses_from_rollups_equal_those_from_the_days(
         for now in (at(day, 0.0), at(day, LAST_MICROSECOND)):
             for asked in (None, [NAMESPACES[0]], [NAMESPACES[-1]]):  # all (the hierarchy's path), one, one alone
                 with shared.read() as conn:
-                    assert store.statuses_in(conn, asked, now) == day_sum_reads(store, conn, asked, now).statuses(), (now, asked)
+                    assert store.statuses_in(conn, asked, now) == day_sum_reads(store, conn, asked, now).statuses(), (
+                        now,
+                        asked,
+                    )
 
 
 def test_each_days_charges_roll_up_into_the_period_of_each_kind_it_lies_in(shared: Database) -> None:
@@ -104,7 +111,10 @@ def test_each_days_charges_roll_up_into_the_period_of_each_kind_it_lies_in(share
         clock.at = at(day, LAST_MICROSECOND)
         ledger.record([(MeterReport("uid-a", "ns-a", "trainer", 1.0, seq, float(seq)), None)])
     with shared.read() as conn:
-        rolled = {(row.period, row.period_start): row.micro_gpu_seconds for row in conn.execute(select(namespace_period_usage))}
+        rolled = {
+            (row.period, row.period_start): row.micro_gpu_seconds
+            for row in conn.execute(select(namespace_period_usage))
+        }
         daily = {row.day: row.micro_gpu_seconds for row in conn.execute(select(namespace_usage))}
     expected: dict[tuple[str, dt.date], int] = {}
     for day, micro in daily.items():
@@ -114,5 +124,9 @@ def test_each_days_charges_roll_up_into_the_period_of_each_kind_it_lies_in(share
     assert rolled["none", dt.date(1970, 1, 1)] == 9_000_000  # a GPU-second a report, each charged once
     assert rolled["weekly", dt.date(2027, 12, 27)] == 3_000_000  # Monday 27 Dec to Sunday 2 Jan: Dec 27, 31 and Jan 1
     assert rolled["monthly", dt.date(2028, 2, 1)] == 2_000_000  # Feb 28 and the leap day
-    assert period_starts(dt.date(2028, 1, 1)) == {Period.DAILY: dt.date(2028, 1, 1), Period.WEEKLY: dt.date(2027, 12, 27),
-                                                  Period.MONTHLY: dt.date(2028, 1, 1), Period.NONE: dt.date(1970, 1, 1)}
+    assert period_starts(dt.date(2028, 1, 1)) == {
+        Period.DAILY: dt.date(2028, 1, 1),
+        Period.WEEKLY: dt.date(2027, 12, 27),
+        Period.MONTHLY: dt.date(2028, 1, 1),
+        Period.NONE: dt.date(1970, 1, 1),
+    }

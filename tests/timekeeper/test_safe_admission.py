@@ -39,7 +39,13 @@ OVER_BUDGET_CLASS = WebhookConfig().priority_class_over_budget
 class System:
     def __init__(self, timekeeper: SpecClient, publisher: CommitmentPublisher, clock: Clock, webhook: Any,
                  cache: BudgetStateCache, metrics: LedgerCollector):
-        self.timekeeper, self.publisher, self.clock, self.webhook, self.cache = timekeeper, publisher, clock, webhook, cache
+        self.timekeeper, self.publisher, self.clock, self.webhook, self.cache = (
+            timekeeper,
+            publisher,
+            clock,
+            webhook,
+            cache,
+        )
         self.metrics = metrics
         self.pods: dict[str, CommittedPod] = {}  # the controller's watch's committed pods, by uid
         self.healthy = True  # whether its watch is
@@ -77,15 +83,28 @@ class System:
             thread.start()
         for thread in threads:
             thread.join()
-        return [{"response": r, "pod": jsonpatch.apply_patch(p, patch_of(r)) if r["allowed"] else None} for p, r in answers]
+        return [
+            {"response": r, "pod": jsonpatch.apply_patch(p, patch_of(r)) if r["allowed"] else None} for p, r in answers
+        ]
 
-    def pod(self, deadline: int, namespace: str = NAMESPACE, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    def pod(
+        self, deadline: int, namespace: str = NAMESPACE, annotations: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         self.created += 1
-        return api_server_pod({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"train-{self.created}", "annotations": annotations or {}},
-            "spec": {"activeDeadlineSeconds": deadline,
-                     "containers": [{"name": "train", "image": "cuda:12", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
-        }, namespace)
+        return api_server_pod(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"train-{self.created}", "annotations": annotations or {}},
+                "spec": {
+                    "activeDeadlineSeconds": deadline,
+                    "containers": [
+                        {"name": "train", "image": "cuda:12", "resources": {"limits": {"nvidia.com/gpu": 1}}}
+                    ],
+                },
+            },
+            namespace,
+        )
 
     def created_in_cluster(self, admitted: list[dict[str, Any]]) -> None:
         for result in admitted:
@@ -119,7 +138,11 @@ def committed_gauge(system: System) -> dict[str, float]:
 
 
 def in_budget(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in results if r["response"]["allowed"] and r["pod"]["spec"].get("priorityClassName") != OVER_BUDGET_CLASS]
+    return [
+        r
+        for r in results
+        if r["response"]["allowed"] and r["pod"]["spec"].get("priorityClassName") != OVER_BUDGET_CLASS
+    ]
 
 
 @pytest.fixture
@@ -145,9 +168,19 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     api = system.timekeeper
     assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 70, "admission": "safe"}).status_code == 201
     # 10 GPU-minutes used, and a pod committing 20 more: 40 left uncommitted.
-    report = {"podUid": "used-1", "namespace": NAMESPACE, "pod": "done", "gpuShare": 1, "seq": 1, "gpuSeconds": 600, "final": True}
+    report = {
+        "podUid": "used-1",
+        "namespace": NAMESPACE,
+        "pod": "done",
+        "gpuShare": 1,
+        "seq": 1,
+        "gpuSeconds": 600,
+        "final": True,
+    }
     assert api.as_(METER).post("/api/v1/reports", json=report).status_code == 200
-    system.pods[uid(NAMESPACE, "running")] = CommittedPod(NAMESPACE, 0.5, 1000, 2400, None, None, "running", uid(NAMESPACE, "running"))
+    system.pods[uid(NAMESPACE, "running")] = CommittedPod(
+        NAMESPACE, 0.5, 1000, 2400, None, None, "running", uid(NAMESPACE, "running")
+    )
     system.publish()
     assert system.uncommitted_minutes() == 40.0
     assert system.cache.refresh()
@@ -159,9 +192,11 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     assert (verdicts("reserved") - reserved, verdicts("demoted") - demoted_before) == (20, 20)
     demoted = [r for r in first if r not in admitted]
     assert all(ANNOTATION_ADMISSION_ID not in r["pod"]["metadata"]["annotations"] for r in demoted)
-    assert "cannot cover this pod's deadline: the pod commits 2.00 GPU-minutes (1 GPU x weight 1 x 120 s), and its " \
-           "budget has 0.00 left uncommitted (60.00 remaining, less 20.00 committed by running pods' deadlines and 40.00 " \
-           "by pods being admitted)" in demoted[0]["response"]["warnings"][0]
+    assert (
+        "cannot cover this pod's deadline: the pod commits 2.00 GPU-minutes (1 GPU x weight 1 x 120 s), and its "
+        "budget has 0.00 left uncommitted (60.00 remaining, less 20.00 committed by running pods' deadlines and 40.00 "
+        "by pods being admitted)" in demoted[0]["response"]["warnings"][0]
+    )
 
     # Until the timekeeper has seen the pods, their reservations hold what they commit (the listing counts them too).
     listed = api.get(f"/api/v1/budgets/{NAMESPACE}").json["uncommitted"]
@@ -173,7 +208,12 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
     assert (listed["gpuMinutes"], listed["committedGpuMinutes"], listed["reservedGpuMinutes"]) == (0.0, 60.0, 0.0)
     assert committed_gauge(system) == {NAMESPACE: 60 * 60.0}  # 20 + 40 GPU-minutes, in GPU-seconds
     wide = format_statuses([system.timekeeper.get(f"/api/v1/budgets/{NAMESPACE}").json], wide=True).splitlines()
-    assert wide[0].split()[-2:] == ["COMMITTED", "UNCOMMITTED"] and wide[1].split()[-4:] == ["safe", "demote", "60.0", "0.0"]
+    assert wide[0].split()[-2:] == ["COMMITTED", "UNCOMMITTED"] and wide[1].split()[-4:] == [
+        "safe",
+        "demote",
+        "60.0",
+        "0.0",
+    ]
     assert in_budget(system.burst(5, deadline=60)) == []
 
     # Five pods end: their 10 GPU-minutes are uncommitted again, for five more of the next burst.
@@ -183,7 +223,8 @@ def test_bursts_of_pods_never_commit_more_than_is_left_uncommitted(system: Syste
 
 
 def test_sibling_namespaces_bursting_at_once_never_overrun_their_parent(system: System) -> None:
-    """Each reservation is weighed against every budget on its path, one at a time: the siblings share the group's 10."""
+    """Each reservation is weighed against every budget on its path, one at a time: the siblings share the group's
+    10."""
     api = system.timekeeper
     assert api.put("/api/v1/budgets/team.vision", json={"gpuMinutes": 10}).status_code == 201
     siblings = ("ml-a", "ml-b", "ml-c", "ml-d")
@@ -201,7 +242,12 @@ def test_sibling_namespaces_bursting_at_once_never_overrun_their_parent(system: 
 def test_a_reservation_no_pod_came_of_lapses(system: System, clock: Clock) -> None:
     """A review that never became a pod (refused after the webhook, or sent by someone else) holds nothing for long."""
     api = system.timekeeper
-    assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 3, "admission": "strict", "onShortfall": "refuse"}).status_code == 201
+    assert (
+        api.put(
+            f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 3, "admission": "strict", "onShortfall": "refuse"}
+        ).status_code
+        == 201
+    )
     assert system.cache.refresh()
     assert len(in_budget(system.burst(3, deadline=60))) == 3
     assert in_budget(system.burst(1, deadline=60)) == []
@@ -213,20 +259,33 @@ def test_a_reservation_no_pod_came_of_lapses(system: System, clock: Clock) -> No
 
 def test_a_dry_run_is_weighed_and_holds_nothing(system: System) -> None:
     api = system.timekeeper
-    assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 1, "admission": "strict", "onShortfall": "refuse"}).status_code == 201
+    assert (
+        api.put(
+            f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 1, "admission": "strict", "onShortfall": "refuse"}
+        ).status_code
+        == 201
+    )
     assert system.cache.refresh()
     client = as_api_server(system.webhook)
     for _ in range(3):
         dry = client.post("/mutate", json=admission_review(system.pod(60), dry_run=True)).get_json()["response"]
         assert dry["allowed"]
     assert system.uncommitted_minutes() == 1.0
-    assert client.post("/mutate", json=admission_review(system.pod(61), dry_run=True)).get_json()["response"]["allowed"] is False
+    assert (
+        client.post("/mutate", json=admission_review(system.pod(61), dry_run=True)).get_json()["response"]["allowed"]
+        is False
+    )
 
 
 def test_a_pod_claiming_another_pods_admission_id_is_refused_and_a_forged_one_replaces_nothing(system: System) -> None:
     """Forty pods carrying one id are forty reservations; the id of a pod the timekeeper sees is refused."""
     api = system.timekeeper
-    assert api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 10, "admission": "strict", "onShortfall": "refuse"}).status_code == 201
+    assert (
+        api.put(
+            f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 10, "admission": "strict", "onShortfall": "refuse"}
+        ).status_code
+        == 201
+    )
     assert system.cache.refresh()
     forged = {ANNOTATION_ADMISSION_ID: "a" * 16}
     results = system.burst(40, deadline=60, annotations=forged)
@@ -237,10 +296,20 @@ def test_a_pod_claiming_another_pods_admission_id_is_refused_and_a_forged_one_re
     system.created_in_cluster(admitted)
     api.put(f"/api/v1/budgets/{NAMESPACE}", json={"gpuMinutes": 100, "admission": "strict", "onShortfall": "refuse"})
     stolen = admitted[0]["pod"]
-    (copy,) = system.burst(1, deadline=60, annotations={ANNOTATION_ADMISSION_ID: stolen["metadata"]["annotations"][ANNOTATION_ADMISSION_ID]})
-    assert copy["response"]["status"] == {"code": 403, "message": (
-        f"the pod carries gpusharing.io/admission-id {stolen['metadata']['annotations'][ANNOTATION_ADMISSION_ID]!r}, the "
-        f"admission of pod {NAMESPACE}/{stolen['metadata']['name']}: remove the annotation (the GPU-sharing webhook sets it)")}
+    (copy,) = system.burst(
+        1,
+        deadline=60,
+        annotations={ANNOTATION_ADMISSION_ID: stolen["metadata"]["annotations"][ANNOTATION_ADMISSION_ID]},
+    )
+    assert copy["response"]["status"] == {
+        "code": 403,
+        "message": (
+            f"the pod carries gpusharing.io/admission-id "
+            f"{stolen['metadata']['annotations'][ANNOTATION_ADMISSION_ID]!r}, the "
+            f"admission of pod {NAMESPACE}/{stolen['metadata']['name']}: remove the annotation (the GPU-sharing "
+            f"webhook sets it)"
+        ),
+    }
 
 
 @pytest.mark.parametrize(("failure", "reason"), [
@@ -266,9 +335,15 @@ def test_what_cannot_be_counted_is_refused_under_strict_and_admitted_saying_so_u
     assert api.get("/api/v1/budgets/strict-ns").json["committedGpuMinutes"] is None
     (strict,) = system.burst(1, deadline=60, namespaces=("strict-ns",))
     assert not strict["response"]["allowed"] and reason in strict["response"]["status"]["message"]
-    assert "its budget's admission is strict, so no GPU pod is admitted until it can be" in strict["response"]["status"]["message"]
+    assert (
+        "its budget's admission is strict, so no GPU pod is admitted until it can be"
+        in strict["response"]["status"]["message"]
+    )
     (safe,) = system.burst(1, deadline=60, namespaces=("safe-ns",))
-    assert safe["response"]["allowed"] and safe["pod"]["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "unchecked"
+    assert (
+        safe["response"]["allowed"]
+        and safe["pod"]["metadata"]["annotations"]["gpusharing.io/safe-admission"] == "unchecked"
+    )
     assert reason in safe["response"]["warnings"][0]
     system.healthy = True
     system.publish()
@@ -284,7 +359,12 @@ def test_only_the_webhook_reserves(system: System) -> None:
         assert system.timekeeper.as_(READER).post("/api/v1/reservations", json=hostile).status_code == 400
 
 
-def test_without_the_controllers_publications_nothing_is_reserved_and_the_webhook_is_told_why(make_app: AppFactory) -> None:
+def test_without_the_controllers_publications_nothing_is_reserved_and_the_webhook_is_told_why(
+    make_app: AppFactory,
+) -> None:
     api = SpecClient(make_app().test_client(), READER)  # no controller has published the cluster's pods (none runs)
     answer = api.post("/api/v1/reservations", json={"id": "a-review", "namespace": NAMESPACE, "microGpuSeconds": 1})
-    assert (answer.status_code, answer.json) == (503, {"error": "the timekeeper's controller has not published the cluster's pods yet"})
+    assert (answer.status_code, answer.json) == (
+        503,
+        {"error": "the timekeeper's controller has not published the cluster's pods yet"},
+    )

@@ -57,7 +57,9 @@ def test_a_missing_sqlite_file_is_named_and_not_created_by_looking(tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_readyz_is_503_with_the_reason_when_the_database_is_behind_or_gone(tmp_path: Path, postgres: PostgresServer) -> None:
+def test_readyz_is_503_with_the_reason_when_the_database_is_behind_or_gone(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
     (tmp_path / "empty.sqlite").touch()
     behind = create_app(TimekeeperConfig(database_url=f"sqlite:///{tmp_path / 'empty.sqlite'}", auth="none"))
     answer = SpecClient(behind.test_client()).get("/readyz")
@@ -76,7 +78,9 @@ def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_db_upgrade_works_from_any_directory_and_serve_refuses_until_it_ran(tmp_path: Path) -> None:
     url = "sqlite:///tk.sqlite"  # the default's form: a file in the working directory
-    refused = cli("timekeeper", "serve", "--port", "1", cwd=tmp_path, TIMEKEEPER_DATABASE_URL=url, TIMEKEEPER_AUTH="none")
+    refused = cli(
+        "timekeeper", "serve", "--port", "1", cwd=tmp_path, TIMEKEEPER_DATABASE_URL=url, TIMEKEEPER_AUTH="none"
+    )
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
         "gpusharing: not serving: the database file tk.sqlite does not exist: run `gpusharing db upgrade` to create it"
@@ -103,16 +107,31 @@ def migrated_to(revision: str, backend: str, tmp_path: Path, request: pytest.Fix
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_budgets_from_before_safe_admission_admit_openly_and_demote(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_budgets_from_before_safe_admission_admit_openly_and_demote(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     url = migrated_to("0003_usage_reports", backend, tmp_path, request)
     engine = create_engine(url)
     now = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
     with engine.begin() as conn:  # the columns of 0003 alone
-        conn.execute(budgets.insert().values(namespace="team-a", gpu_minutes=60.0, period="weekly", evict_on_exhaustion=True,
-                                             parent=None, warning_thresholds="80", managed_by=None, created_at=now, updated_at=now))
+        conn.execute(
+            budgets.insert().values(
+                namespace="team-a",
+                gpu_minutes=60.0,
+                period="weekly",
+                evict_on_exhaustion=True,
+                parent=None,
+                warning_thresholds="80",
+                managed_by=None,
+                created_at=now,
+                updated_at=now,
+            )
+        )
     upgrade(url)
     database = Database(url)
-    kept = Budget("team-a", 60.0, Period.WEEKLY, True, None, (80,), admission=AdmissionMode.OPEN, on_shortfall=Shortfall.DEMOTE)
+    kept = Budget(
+        "team-a", 60.0, Period.WEEKLY, True, None, (80,), admission=AdmissionMode.OPEN, on_shortfall=Shortfall.DEMOTE
+    )
     assert BudgetStore(database).budgets() == {"team-a": kept}
     database.dispose()
     command.downgrade(alembic_config(url), "0003_usage_reports")
@@ -142,7 +161,9 @@ def test_ledgers_from_before_billing_by_the_record_carry_over_and_in_flight_pods
             for uid, pod in kept.items()} == {"uid-ended": (30_000_000, 30_000_000, 0, True),
                                               "uid-running": (30_000_000, 30_000_000, 0, False)}
     # The in-flight pod, observed from its start for the first time: only what its record adds beyond its bill.
-    ledger.observe([PodObservation("uid-running", "ml", "uid-running", 0.5, Observation(0.5, start, clock, ended=False))])
+    ledger.observe(
+        [PodObservation("uid-running", "ml", "uid-running", 0.5, Observation(0.5, start, clock, ended=False))]
+    )
     assert ledger.budgets.status("ml").used_micro_gpu_seconds == 60_000_000 + 20_000_000  # 0.5 x 100 s = 50, was 30
     # ... and its meter's next report, below what is now billed, adds nothing.
     ledger.record([(MeterReport("uid-running", "ml", "uid-running", 0.5, 4, 45.0), None)])
@@ -167,9 +188,17 @@ def test_usage_from_before_idle_policies_gets_its_idle_cost_and_budgets_no_polic
               "idle_micro_gpu_seconds": 1_440_000_000},
              {"pod_uid": "uid-b", "day": day, "model": "Tesla T4", "micro_gpu_seconds": 60_000_000,
               "weighted_micro_gpu_seconds": 60_000_000, "metered_micro_gpu_seconds": 0, "idle_micro_gpu_seconds": 0}]))
-        conn.execute(budgets.insert().values(namespace="ml", gpu_minutes=60.0, period="monthly", evict_on_exhaustion=False,
-                                             warning_thresholds="80,95", created_at=dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc),
-                                             updated_at=dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)))
+        conn.execute(
+            budgets.insert().values(
+                namespace="ml",
+                gpu_minutes=60.0,
+                period="monthly",
+                evict_on_exhaustion=False,
+                warning_thresholds="80,95",
+                created_at=dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc),
+                updated_at=dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc),
+            )
+        )
     upgrade(url)
     with engine.connect() as conn:
         costs = dict(conn.execute(select(pod_usage.c.pod_uid, pod_usage.c.idle_weighted_micro_gpu_seconds)).all())
@@ -199,7 +228,10 @@ def test_daily_usage_from_before_rollups_is_rolled_up_into_every_kind_of_period(
             key = (row["namespace"], kind.value, start)
             expected[key] = expected.get(key, 0) + row["micro_gpu_seconds"]
     with engine.connect() as conn:
-        rolled = {(r.namespace, r.period, r.period_start): r.micro_gpu_seconds for r in conn.execute(select(namespace_period_usage))}
+        rolled = {
+            (r.namespace, r.period, r.period_start): r.micro_gpu_seconds
+            for r in conn.execute(select(namespace_period_usage))
+        }
     assert rolled == expected
     assert rolled["ml", "none", dt.date(1970, 1, 1)] == 5050 * 1_000_000
     assert rolled["ml", "weekly", dt.date(2027, 12, 27)] == sum(range(27, 34)) * 1_000_000  # Mon 27 Dec .. Sun 2 Jan

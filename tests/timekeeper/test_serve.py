@@ -34,23 +34,38 @@ def migrated(sqlite_template: Path, tmp_path: Path) -> str:
     ("settings", "message"),
     [
         ({}, OFF_CLUSTER),  # the default, tokenreview, where there is no cluster
-        ({"TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": "{tmp}/missing"},
-         "TIMEKEEPER_STATIC_TOKENS_FILE={tmp}/missing: cannot read it: No such file or directory"),
-        ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/missing"},
-         "cannot configure the Kubernetes API from the kubeconfig {tmp}/missing (TIMEKEEPER_KUBECONFIG, else KUBECONFIG): "
-         "Invalid kube-config file. No configuration found."),
-        ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/not-yaml"},
-         "the kubeconfig {tmp}/not-yaml (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: while parsing a flow node"),
-        ({"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_DATABASE_URL": "mysql://tk:secret@db/tk"},
-         "TIMEKEEPER_DATABASE_URL=mysql://tk:***@db/tk: the timekeeper speaks SQLite and PostgreSQL only: use sqlite:///PATH or "
-         "postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE"),
+        (
+            {"TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": "{tmp}/missing"},
+            "TIMEKEEPER_STATIC_TOKENS_FILE={tmp}/missing: cannot read it: No such file or directory",
+        ),
+        (
+            {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/missing"},
+            "cannot configure the Kubernetes API from the kubeconfig {tmp}/missing (TIMEKEEPER_KUBECONFIG, else "
+            "KUBECONFIG): "
+            "Invalid kube-config file. No configuration found.",
+        ),
+        (
+            {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_KUBECONFIG": "{tmp}/not-yaml"},
+            "the kubeconfig {tmp}/not-yaml (TIMEKEEPER_KUBECONFIG, else KUBECONFIG) is not one: while parsing a flow "
+            "node",
+        ),
+        (
+            {"TIMEKEEPER_AUTH": "none", "TIMEKEEPER_DATABASE_URL": "mysql://tk:secret@db/tk"},
+            "TIMEKEEPER_DATABASE_URL=mysql://tk:***@db/tk: the timekeeper speaks SQLite and PostgreSQL only: use "
+            "sqlite:///PATH or "
+            "postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE",
+        ),
     ],
 )
 def test_a_bad_setting_stops_serve_before_any_worker_with_one_line_saying_what_to_set(
     settings: dict[str, str], message: str, migrated: str, tmp_path: Path
 ) -> None:
     (tmp_path / "not-yaml").write_text("clusters: [")
-    env = {**OFF_CLUSTER_ENV, "TIMEKEEPER_DATABASE_URL": migrated, **{k: v.format(tmp=tmp_path) for k, v in settings.items()}}
+    env = {
+        **OFF_CLUSTER_ENV,
+        "TIMEKEEPER_DATABASE_URL": migrated,
+        **{k: v.format(tmp=tmp_path) for k, v in settings.items()},
+    }
     result = run_command("timekeeper", "serve", "--host", "127.0.0.1", "--port", str(free_port()), env=env)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.splitlines() == [f"gpusharing: {message.format(tmp=tmp_path)}"]
@@ -68,9 +83,16 @@ def test_db_upgrade_takes_a_postgres_url_as_providers_print_it(postgres: Postgre
 @pytest.mark.parametrize(
     ("url", "status", "message"),
     [
-        ("postgres://tk:secret@127.0.0.1:{port}/tk", 1, "cannot migrate the database postgresql+psycopg://tk:***@127.0.0.1:{port}/tk: "),
-        ("sqlite:///{tmp}/no/such/directory/tk.sqlite", 1, "cannot migrate the database sqlite:///{tmp}/no/such/directory/tk.sqlite: "
-                                                           "unable to open database file"),
+        (
+            "postgres://tk:secret@127.0.0.1:{port}/tk",
+            1,
+            "cannot migrate the database postgresql+psycopg://tk:***@127.0.0.1:{port}/tk: ",
+        ),
+        (
+            "sqlite:///{tmp}/no/such/directory/tk.sqlite",
+            1,
+            "cannot migrate the database sqlite:///{tmp}/no/such/directory/tk.sqlite: unable to open database file",
+        ),
         ("not a url", 2, "--database-url is not a database URL: use sqlite:///PATH or postgresql+psycopg://"),
     ],
 )
@@ -95,8 +117,12 @@ def test_the_controller_alone_watches_the_pods_and_its_metrics_count_what_it_cac
         fake_kube.add_pod("team-a", f"train-{i:04d}")
     fake_kube.add_pod("team-a", "no-gpu", share=None)  # not governed: not kept
     port = free_port()
-    env = {"TIMEKEEPER_DATABASE_URL": migrated, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
-           "TIMEKEEPER_KUBECONFIG": str(kubeconfig)}
+    env = {
+        "TIMEKEEPER_DATABASE_URL": migrated,
+        "TIMEKEEPER_AUTH": "static",
+        "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
+        "TIMEKEEPER_KUBECONFIG": str(kubeconfig),
+    }
     with Service("timekeeper", ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
                  f"http://127.0.0.1:{port}/readyz", env=env, log_path=tmp_path / "timekeeper.log"), \
             ControllerProcess(migrated, tmp_path / "controller.log", **env) as controller:
@@ -118,16 +144,41 @@ def test_a_crossing_a_transition_and_an_eviction_each_leave_an_info_line(
     pod = fake_kube.add_pod("team-a", "train-0")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {"TIMEKEEPER_DATABASE_URL": migrated, "TIMEKEEPER_AUTH": "static", "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
-           "TIMEKEEPER_KUBECONFIG": str(kubeconfig), "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.2", "GPUSHARING_LOG_FORMAT": "json"}
+    env = {
+        "TIMEKEEPER_DATABASE_URL": migrated,
+        "TIMEKEEPER_AUTH": "static",
+        "TIMEKEEPER_STATIC_TOKENS_FILE": tokens_file,
+        "TIMEKEEPER_KUBECONFIG": str(kubeconfig),
+        "TIMEKEEPER_DEMOTION_INTERVAL_SECONDS": "0.2",
+        "GPUSHARING_LOG_FORMAT": "json",
+    }
     log, controller_log = tmp_path / "timekeeper.log", tmp_path / "controller.log"
-    with Service("timekeeper", ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port)], f"{url}/readyz", env=env, log_path=log), \
-            ControllerProcess(migrated, controller_log, **env):
+    with (
+        Service(
+            "timekeeper",
+            ["timekeeper", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            f"{url}/readyz",
+            env=env,
+            log_path=log,
+        ),
+        ControllerProcess(migrated, controller_log, **env),
+    ):
         admin = {"Authorization": f"Bearer {ADMIN}"}
-        set_ = requests.put(f"{url}/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True}, headers=admin, timeout=10)
+        set_ = requests.put(
+            f"{url}/api/v1/budgets/team-a", json={"gpuMinutes": 1, "evictOnExhaustion": True}, headers=admin, timeout=10
+        )
         assert set_.status_code == 201
-        report = {"podUid": pod["metadata"]["uid"], "namespace": "team-a", "pod": "train-0", "gpuShare": 1, "seq": 1, "gpuSeconds": 90}
-        answer = requests.post(f"{url}/api/v1/reports", json=report, headers={"Authorization": f"Bearer {METER}"}, timeout=10)
+        report = {
+            "podUid": pod["metadata"]["uid"],
+            "namespace": "team-a",
+            "pod": "train-0",
+            "gpuShare": 1,
+            "seq": 1,
+            "gpuSeconds": 90,
+        }
+        answer = requests.post(
+            f"{url}/api/v1/reports", json=report, headers={"Authorization": f"Bearer {METER}"}, timeout=10
+        )
         assert answer.json()["state"] == "over-budget"
         deadline = time.monotonic() + 30
         while ("team-a", "train-0") not in fake_kube.evicted:
@@ -137,8 +188,14 @@ def test_a_crossing_a_transition_and_an_eviction_each_leave_an_info_line(
     # Every line is JSON, gunicorn's too; the web replica logs the crossing, the controller what it did of it.
     entries = [json.loads(line) for path in (log, controller_log) for line in path.read_text().splitlines()]
     info = [e for e in entries if e["level"] == "info" and e.get("namespace") == "team-a"]
-    assert any(e.get("actor") == "alice" and e["message"].startswith("namespace team-a: budget set by alice") for e in info)
+    assert any(
+        e.get("actor") == "alice" and e["message"].startswith("namespace team-a: budget set by alice") for e in info
+    )
     assert any(e["message"] == "namespace team-a went over its GPU budget: the report of pod train-0" for e in info)
     assert any(e.get("state") == "over-budget" and e.get("event") == "GPUBudgetExhausted" for e in info)
-    assert any(e.get("pod") == "train-0" and e.get("eviction") == "evicted" and e["message"].startswith("evicted pod team-a/train-0")
-               for e in info)
+    assert any(
+        e.get("pod") == "train-0"
+        and e.get("eviction") == "evicted"
+        and e["message"].startswith("evicted pod team-a/train-0")
+        for e in info
+    )

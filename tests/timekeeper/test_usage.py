@@ -56,9 +56,9 @@ def test_charges_fall_on_the_day_they_are_received_exact_to_the_micro_gpu_second
     assert micros(body["total"]["gpuSeconds"]) == 3_600_250_000 + 1_500_000
     # `to` is the first day not counted; a pod's usage in February is what the monthly budget counted then.
     february = api.get("/api/v1/usage?from=2028-02-01&to=2028-03-01&groupBy=pod&namespace=team-a").json
-    assert [(item["namespace"], item["pod"], item["podUid"], micros(item["gpuSeconds"])) for item in february["items"]] == [
-        ("team-a", "trainer", "uid-team-a-trainer", 20_000_005)
-    ]
+    assert [
+        (item["namespace"], item["pod"], item["podUid"], micros(item["gpuSeconds"])) for item in february["items"]
+    ] == [("team-a", "trainer", "uid-team-a-trainer", 20_000_005)]
     clock.advance(days=-1)
     assert micros(api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] * 60) == 20_000_005
 
@@ -73,16 +73,34 @@ def test_idle_gpu_minutes_are_reported_beside_the_bill_where_utilisation_is_read
     )
     items = api.get("/api/v1/usage?from=2028-02-28&to=2028-02-29").json["items"]
     assert items == [
-        {"namespace": "team-a", "gpuSeconds": 180.0, "gpuMinutes": 3.0, "billedGpuSeconds": 180.0, "billedGpuMinutes": 3.0,
-         "meteredGpuMinutes": 2.0, "idleGpuMinutes": 0.75, "idleBilledGpuMinutes": 0.75},
-        {"namespace": "team-b", "gpuSeconds": 60.0, "gpuMinutes": 1.0, "billedGpuSeconds": 60.0, "billedGpuMinutes": 1.0,
-         "meteredGpuMinutes": 0.0, "idleGpuMinutes": None, "idleBilledGpuMinutes": None},
+        {
+            "namespace": "team-a",
+            "gpuSeconds": 180.0,
+            "gpuMinutes": 3.0,
+            "billedGpuSeconds": 180.0,
+            "billedGpuMinutes": 3.0,
+            "meteredGpuMinutes": 2.0,
+            "idleGpuMinutes": 0.75,
+            "idleBilledGpuMinutes": 0.75,
+        },
+        {
+            "namespace": "team-b",
+            "gpuSeconds": 60.0,
+            "gpuMinutes": 1.0,
+            "billedGpuSeconds": 60.0,
+            "billedGpuMinutes": 1.0,
+            "meteredGpuMinutes": 0.0,
+            "idleGpuMinutes": None,
+            "idleBilledGpuMinutes": None,
+        },
     ]
 
 
 def test_the_idle_part_is_integer_arithmetic() -> None:
-    assert pod_charge(1_000_001, 1000, 12.5) == PodCharge(1_000_001, 1_000_001, 1_000_001, 875_000, 875_000)  # 875,000.875 rounded down
-    assert pod_charge(100_000, 1000, 33.3335) == PodCharge(100_000, 100_000, 100_000, 66_666, 66_666)  # a thousandth of a percent: 33.334
+    # 875,000.875 rounded down
+    assert pod_charge(1_000_001, 1000, 12.5) == PodCharge(1_000_001, 1_000_001, 1_000_001, 875_000, 875_000)
+    # a thousandth of a percent: 33.334
+    assert pod_charge(100_000, 1000, 33.3335) == PodCharge(100_000, 100_000, 100_000, 66_666, 66_666)
     assert pod_charge(7, 2500, None) == PodCharge(7, 17)  # 17.5 rounded down
     big = 3 * 10**17
     assert pod_charge(big, 1000, 0.001) == PodCharge(big, big, big, big - 3 * 10**12, big - 3 * 10**12)
@@ -143,11 +161,20 @@ def labelled_report(kube: FakeKube, api: SpecClient, name: str, labels: dict[str
     pod = kube.add_pod("team-a", name, share="0.5")
     pod["metadata"]["labels"] = labels
     metadata = pod["metadata"]
-    body = {"podUid": metadata["uid"], "namespace": "team-a", "pod": name, "gpuShare": 0.5, "seq": 1, "gpuSeconds": gpu_seconds}
+    body = {
+        "podUid": metadata["uid"],
+        "namespace": "team-a",
+        "pod": name,
+        "gpuShare": 0.5,
+        "seq": 1,
+        "gpuSeconds": gpu_seconds,
+    }
     assert api.as_(kube.pod_token(pod)).post("/api/v1/reports", json=body).json["outcome"] == "charged"
 
 
-def test_usage_is_grouped_by_the_labels_pods_had_at_their_first_report(cluster: tuple[SpecClient, FakeKube]) -> None:  # noqa: F811
+def test_usage_is_grouped_by_the_labels_pods_had_at_their_first_report(
+    cluster: tuple[SpecClient, FakeKube],  # noqa: F811
+) -> None:
     api, kube = cluster
     api = api.as_(ADMIN)
     labelled_report(kube, api, "a", {"team": "vision", "example.com/project": "p1"}, 60)
@@ -157,7 +184,8 @@ def test_usage_is_grouped_by_the_labels_pods_had_at_their_first_report(cluster: 
     query = "/api/v1/usage?from=2028-02-28&to=2028-02-29&groupBy=label:team,label:example.com/project"
     items = api.get(query).json["items"]
     got = [(item["label:team"], item["label:example.com/project"], item["gpuSeconds"]) for item in items]
-    assert got == [("speech", "p1", 6.0), ("vision", "p1", 60.0), ("vision", None, 30.0), (None, None, 3.0)]  # absent last
+    # absent last
+    assert got == [("speech", "p1", 6.0), ("vision", "p1", 60.0), ("vision", None, 30.0), (None, None, 3.0)]
     rows = list(csv.DictReader(io.StringIO(api.get(query, headers={"Accept": "text/csv"}).data.decode())))
     assert {(row["label:team"], row["label:example.com/project"], row["gpuSeconds"]) for row in rows} == {
         ("speech", "p1", "6.0"), ("vision", "p1", "60.0"), ("vision", "", "30.0"), ("", "", "3.0")}
@@ -178,7 +206,9 @@ def test_a_pods_labels_are_recorded_within_bounds() -> None:
     assert recorded_labels(None) == () and recorded_labels({"n": 1}) == ()
 
 
-def test_a_pod_with_hostile_labels_is_recorded_within_bounds(cluster: tuple[SpecClient, FakeKube]) -> None:  # noqa: F811
+def test_a_pod_with_hostile_labels_is_recorded_within_bounds(
+    cluster: tuple[SpecClient, FakeKube],  # noqa: F811
+) -> None:
     api, kube = cluster
     api = api.as_(ADMIN)
     labels = {f"key-{index:04d}": "v" * 63 for index in range(2000)}
@@ -190,8 +220,15 @@ def test_a_pod_with_hostile_labels_is_recorded_within_bounds(cluster: tuple[Spec
 def test_metrics_show_each_running_pods_billed_share_and_minutes_by_namespace_pod_and_uid(api: SpecClient) -> None:
     send(api, report(1, 90), report(1, 30, pod="done", final=True))
     text = api.as_(None).get("/metrics").data.decode()
-    assert 'gpusharing_timekeeper_pod_billed_gpu_share{namespace="team-a",pod="trainer",uid="uid-team-a-trainer"} 0.5' in text
-    assert 'gpusharing_timekeeper_pod_billed_gpu_seconds_total{namespace="team-a",pod="trainer",uid="uid-team-a-trainer"} 90.0' in text
+    assert (
+        'gpusharing_timekeeper_pod_billed_gpu_share{namespace="team-a",pod="trainer",uid="uid-team-a-trainer"} 0.5'
+        in text
+    )
+    assert (
+        'gpusharing_timekeeper_pod_billed_gpu_seconds_total{namespace="team-a",pod="trainer",uid="uid-team-a-trainer"} '
+        '90.0'
+        in text
+    )
     assert 'pod="done"' not in text  # an ended pod is no longer billed for a share
 
 
@@ -216,8 +253,17 @@ def test_gpusharing_usage_prints_a_table_csv_or_json(
             ("team-a", "2028-02-28", "2.0"), ("team-b", "2028-02-28", "1.0")]
         code, out, _ = run(capsys, "usage", *days, "--namespace", "team-b", "-o", "json")
         assert code == 0 and json.loads(out)["items"] == [
-            {"namespace": "team-b", "gpuSeconds": 60.0, "gpuMinutes": 1.0, "billedGpuSeconds": 60.0, "billedGpuMinutes": 1.0,
-             "meteredGpuMinutes": 0.0, "idleGpuMinutes": None, "idleBilledGpuMinutes": None}]
+            {
+                "namespace": "team-b",
+                "gpuSeconds": 60.0,
+                "gpuMinutes": 1.0,
+                "billedGpuSeconds": 60.0,
+                "billedGpuMinutes": 1.0,
+                "meteredGpuMinutes": 0.0,
+                "idleGpuMinutes": None,
+                "idleBilledGpuMinutes": None,
+            }
+        ]
         code, out, err = run(capsys, "usage", *days, "--by", "gpu")
         assert code == 2 and out == "" and "groupBy keys are namespace, day, model, pod or label:KEY" in err
         code, out, err = run(capsys, "budget", "ls", "--timekeeper", url, "--token", READER, "-o", "csv")

@@ -40,7 +40,10 @@ class StandInPrometheus(CannedServer):
 
     def answer(self, *rows: dict[str, str], values: list[str]) -> None:
         result = [{"metric": labels, "value": [0, value]} for labels, value in zip(rows, values)]
-        self.status, self.body = 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+        self.status, self.body = (
+            200,
+            json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode(),
+        )
 
 
 @pytest.fixture
@@ -51,8 +54,14 @@ def prometheus() -> Iterator[StandInPrometheus]:
 
 
 def series(pod: dict[str, Any], gpu: str, metric: str = GR) -> dict[str, str]:
-    return {METRIC_LABEL: metric, "exported_pod": pod["metadata"]["name"], "exported_namespace": pod["metadata"]["namespace"],
-            "UUID": gpu, "gpu": "0", "Hostname": "node-1"}
+    return {
+        METRIC_LABEL: metric,
+        "exported_pod": pod["metadata"]["name"],
+        "exported_namespace": pod["metadata"]["namespace"],
+        "UUID": gpu,
+        "gpu": "0",
+        "Hostname": "node-1",
+    }
 
 
 @pytest.fixture
@@ -62,26 +71,39 @@ def token_file(tmp_path: Path) -> Path:
     return path
 
 
-def controller(make_controller: ControllerFactory, fake_kube: FakeKube, prometheus: StandInPrometheus, sink: RecordingSink,
-               token_file: Path) -> Any:
+def controller(
+    make_controller: ControllerFactory,
+    fake_kube: FakeKube,
+    prometheus: StandInPrometheus,
+    sink: RecordingSink,
+    token_file: Path,
+) -> Any:
     source = PrometheusSource(url=prometheus.url, token_file=str(token_file), timeout_seconds=2)
     return make_controller(KubeApi(fake_kube.api_client()), utilisation_sink=sink, prometheus=source)
 
 
 def test_the_task_asks_the_query_with_the_token_and_hands_the_governed_pods_readings_to_the_sink(
-    make_controller: ControllerFactory, fake_kube: FakeKube, prometheus: StandInPrometheus, token_file: Path, clock: Clock,
+    make_controller: ControllerFactory,
+    fake_kube: FakeKube,
+    prometheus: StandInPrometheus,
+    token_file: Path,
+    clock: Clock,
 ) -> None:
     hour_ago = clock.now() - dt.timedelta(hours=1)
     train = run_gpu_pod(fake_kube, "team-a", "train", "1", hour_ago)
     half = run_gpu_pod(fake_kube, "team-b", "half", "0.5", hour_ago)
     stranger = {"metadata": {"name": "not-governed", "namespace": "team-c"}}
-    prometheus.answer(series(train, "GPU-1"), series(half, "GPU-2"), series(stranger, "GPU-3"), values=["37.5", "80", "99"])
+    prometheus.answer(
+        series(train, "GPU-1"), series(half, "GPU-2"), series(stranger, "GPU-3"), values=["37.5", "80", "99"]
+    )
     sink = RecordingSink()
     manager = controller(make_controller, fake_kube, prometheus, sink, token_file)
 
     done = run_controller(manager)
 
-    assert prometheus.asked == [("/api/v1/query", {"query": [utilisation_query(DcgmQuery())]}, "Bearer prometheus-reader-token")]
+    assert prometheus.asked == [
+        ("/api/v1/query", {"query": [utilisation_query(DcgmQuery())]}, "Bearer prometheus-reader-token")
+    ]
     ((source, readings, window, at),) = sink.calls
     assert (source, window, at) == (UtilisationSource.PROMETHEUS, 120.0, clock.now())
     # A half GPU is never given its device's figure; the pod nobody governs is dropped.
@@ -95,8 +117,14 @@ def test_the_task_asks_the_query_with_the_token_and_hands_the_governed_pods_read
 
 @pytest.mark.parametrize("failure", ["down", "error", "oversize", "not json"])
 def test_prometheus_failing_is_an_outage_logged_once_and_readings_resume_when_it_is_back(
-    make_controller: ControllerFactory, fake_kube: FakeKube, prometheus: StandInPrometheus, token_file: Path, clock: Clock,
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, failure: str,
+    make_controller: ControllerFactory,
+    fake_kube: FakeKube,
+    prometheus: StandInPrometheus,
+    token_file: Path,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
 ) -> None:
     train = run_gpu_pod(fake_kube, "team-a", "train", "1", clock.now() - dt.timedelta(hours=1))
     sink = RecordingSink()
@@ -130,10 +158,17 @@ def test_prometheus_failing_is_an_outage_logged_once_and_readings_resume_when_it
     assert [getattr(r, "outage", None) for r in caplog.records].count("ended") == 1
 
 
-@pytest.mark.parametrize(("content", "said"), [(None, "No such file"), (b"two\r\nX-Injected: words", "does not hold a token")])
+@pytest.mark.parametrize(
+    ("content", "said"), [(None, "No such file"), (b"two\r\nX-Injected: words", "does not hold a token")]
+)
 def test_a_token_file_that_cannot_be_read_or_sent_is_an_outage_too(
-    make_controller: ControllerFactory, fake_kube: FakeKube, prometheus: StandInPrometheus, tmp_path: Path,
-    caplog: pytest.LogCaptureFixture, content: bytes | None, said: str,
+    make_controller: ControllerFactory,
+    fake_kube: FakeKube,
+    prometheus: StandInPrometheus,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    content: bytes | None,
+    said: str,
 ) -> None:
     token = tmp_path / "token"
     if content is not None:
@@ -149,7 +184,11 @@ def test_the_meter_source_runs_no_utilisation_task(make_controller: ControllerFa
 
 
 def test_by_default_the_readings_go_into_the_pods_ledgers_as_prometheus_readings(
-    make_controller: ControllerFactory, fake_kube: FakeKube, prometheus: StandInPrometheus, token_file: Path, clock: Clock,
+    make_controller: ControllerFactory,
+    fake_kube: FakeKube,
+    prometheus: StandInPrometheus,
+    token_file: Path,
+    clock: Clock,
 ) -> None:
     train = run_gpu_pod(fake_kube, "team-a", "train", "1", clock.now() - dt.timedelta(hours=1))
     prometheus.answer(series(train, "GPU-1"), values=["2.5"])

@@ -72,14 +72,21 @@ def test_each_charge_is_weighted_by_its_model_exactly_across_model_changes_and_p
     clock.advance(days=-1)  # February's budget counted February's weighted charges, to the micro-GPU-second
     assert micros(api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] * 60) == 80_000_012 + 9 + 499_997
     # Grouped any way, the same integers.
-    assert usage(api, "from=2028-02-01&to=2028-04-01&groupBy=namespace") == {("team-a",): (20_000_003 + 7 + 499_997 + 1_000_000, 84_500_018)}
+    assert usage(api, "from=2028-02-01&to=2028-04-01&groupBy=namespace") == {
+        ("team-a",): (20_000_003 + 7 + 499_997 + 1_000_000, 84_500_018)
+    }
 
 
 def test_budgets_count_weighted_minutes(api: SpecClient) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 1})
-    assert charge(api, report(1, 14.9, gpuModel=H100))["state"] == "warning"  # 59.6 weighted GPU-seconds: past the 95 % threshold
+    # 59.6 weighted GPU-seconds: past the 95 % threshold
+    assert charge(api, report(1, 14.9, gpuModel=H100))["state"] == "warning"
     answer = charge(api, report(2, 15, gpuModel=H100))
-    assert (answer["state"], answer["chargedGpuSeconds"], answer["billedGpuSeconds"]) == ("over-budget", pytest.approx(0.1), pytest.approx(0.4))
+    assert (answer["state"], answer["chargedGpuSeconds"], answer["billedGpuSeconds"]) == (
+        "over-budget",
+        pytest.approx(0.1),
+        pytest.approx(0.4),
+    )
 
 
 def test_a_weight_change_applies_from_then_on_never_before_and_is_audited(
@@ -117,7 +124,14 @@ def test_without_nvml_the_model_the_webhook_recorded_is_billed(
     for name, recorded in (("h", H100), ("odd", "x" * 200), ("unknown", "NVIDIA B200")):
         pod = fake_kube.add_pod("team-a", name, share="0.5")
         pod["metadata"]["annotations"][ANNOTATION_GPU_MODEL] = recorded
-        body = {"podUid": pod["metadata"]["uid"], "namespace": "team-a", "pod": name, "gpuShare": 0.5, "seq": 1, "gpuSeconds": 60}
+        body = {
+            "podUid": pod["metadata"]["uid"],
+            "namespace": "team-a",
+            "pod": name,
+            "gpuShare": 0.5,
+            "seq": 1,
+            "gpuSeconds": 60,
+        }
         assert api.as_(fake_kube.pod_token(pod)).post("/api/v1/reports", json=body).status_code == 200
     got = api.get("/api/v1/usage?from=2028-02-28&to=2028-02-29&groupBy=pod,model").json["items"]
     assert {(item["pod"], item["model"], item["billedGpuSeconds"]) for item in got} == {
@@ -127,4 +141,8 @@ def test_without_nvml_the_model_the_webhook_recorded_is_billed(
 def test_metrics_show_each_running_pods_weighted_minutes(api: SpecClient) -> None:
     charge(api, report(1, 90, gpuModel=H100))
     text = api.as_(None).get("/metrics").data.decode()
-    assert 'gpusharing_timekeeper_pod_billed_gpu_seconds_total{namespace="team-a",pod="trainer",uid="uid-team-a-trainer"} 360.0' in text
+    assert (
+        'gpusharing_timekeeper_pod_billed_gpu_seconds_total{namespace="team-a",pod="trainer",uid="uid-team-a-trainer"} '
+        '360.0'
+        in text
+    )

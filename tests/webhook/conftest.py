@@ -53,7 +53,7 @@ class FakeTimekeeper:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 fake.authorizations.append(self.headers.get("Authorization"))
                 if not fake.up:
                     self.send_response(503)
@@ -62,11 +62,15 @@ class FakeTimekeeper:
                 path, _, query = self.path.partition("?")
                 fake.polls.append({key: values[0] for key, values in urllib.parse.parse_qs(query).items()})
                 fake.listed_at += 1
-                listing = {"items": fake.items, "listedAt": fake.listed_at, **({} if fake.default is None else {"default": fake.default}),
-                           **fake.extra}
+                listing = {
+                    "items": fake.items,
+                    "listedAt": fake.listed_at,
+                    **({} if fake.default is None else {"default": fake.default}),
+                    **fake.extra,
+                }
                 reply_json(self, 200 if path == "/api/v1/budgets" else 404, listing)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 fake.authorizations.append(self.headers.get("Authorization"))
                 fake.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 time.sleep(fake.delay)

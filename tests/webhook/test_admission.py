@@ -51,7 +51,15 @@ def gpu_pod(namespace: str = "ml-team", **spec: Any) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": "infer", "annotations": {"team.example.com/owner": "ana"}},
         "spec": {
-            "containers": [{"name": "infer", "image": "nvidia/cuda:12.4.0", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}}}],
+            "containers": [
+                {
+                    "name": "infer",
+                    "image": "nvidia/cuda:12.4.0",
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
+                    },
+                }
+            ],
             **spec,
         },
     }
@@ -59,11 +67,15 @@ def gpu_pod(namespace: str = "ml-team", **spec: Any) -> dict[str, Any]:
 
 
 def meter_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] if c["name"] == "gpusharing-meter")
+    return next(
+        c for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"] if c["name"] == "gpusharing-meter"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(example_manifests()))
-def test_every_example_is_admitted_mutated_into_a_valid_pod_and_mutating_again_changes_nothing(client: FlaskClient, name: str) -> None:
+def test_every_example_is_admitted_mutated_into_a_valid_pod_and_mutating_again_changes_nothing(
+    client: FlaskClient, name: str
+) -> None:
     pod = example_pod(name)
     response, mutated = admitted(client, pod)
     kubernetes_validate.validate(mutated, KUBERNETES_VERSION, strict=True)
@@ -117,7 +129,12 @@ def test_meter_goes_first_among_existing_init_containers_and_volumes_are_appende
     )
     _, mutated = admitted(client, pod)
     assert [c["name"] for c in mutated["spec"]["initContainers"]] == ["gpusharing-meter", "fetch"]
-    assert [v["name"] for v in mutated["spec"]["volumes"]] == ["data", "gpusharing-meter-token", "gpusharing-meter-state", "gpusharing-meter-no-api-token"]
+    assert [v["name"] for v in mutated["spec"]["volumes"]] == [
+        "data",
+        "gpusharing-meter-token",
+        "gpusharing-meter-state",
+        "gpusharing-meter-no-api-token",
+    ]
 
 
 def test_sidecar_mode_container_for_older_clusters(budgets: BudgetStateCache) -> None:
@@ -165,7 +182,13 @@ def test_over_budget_demotes_with_a_warning(client: FlaskClient) -> None:
 
 
 def warning_entry(budget: str, percent: float) -> dict[str, Any]:
-    return {"budget": budget, "percentUsed": percent, "gpuMinutes": 6000, "period": "monthly", "periodStart": "2026-11-01T00:00:00Z"}
+    return {
+        "budget": budget,
+        "percentUsed": percent,
+        "gpuMinutes": 6000,
+        "period": "monthly",
+        "periodStart": "2026-11-01T00:00:00Z",
+    }
 
 
 def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
@@ -185,7 +208,9 @@ def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
     assert response["warnings"] == ["namespace ml-team has used 86 % of its 6000 GPU-minutes for November"]
     response, _ = admitted(client, gpu_pod("cv-team"))
     # An ancestor's warning reaches its namespaces; an entry the webhook cannot read is left out.
-    assert response["warnings"] == ["namespace cv-team is part of team.vision, which has used 97 % of its 6000 GPU-minutes for November"]
+    assert response["warnings"] == [
+        "namespace cv-team is part of team.vision, which has used 97 % of its 6000 GPU-minutes for November"
+    ]
     assert "patch" not in review(client, admission_review(mutated))  # the warning changes nothing on reinvocation
     # Without client authentication anyone who reaches the webhook is answered: without any budget's figures.
     anyone = create_app(config, budgets).test_client()
@@ -193,12 +218,23 @@ def test_a_namespace_above_a_threshold_is_in_budget_and_every_gpu_pod_is_warned(
     assert "warnings" not in response and mutated["metadata"]["annotations"]["gpusharing.io/budget-state"] == "warning"
 
 
-@pytest.mark.parametrize(("authorization", "status", "message"), [
-    (None, 401, "the GPU-sharing webhook answers only the API server: present the API server's bearer token"),
-    ("Bearer forged", 401, "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience gpusharing-webhook)"),
-    ("Bearer a-tenants-token", 403, "system:serviceaccount:ml-team:default may not send admission reviews: only the API "
-                                    "server may (GPUSHARING_CLIENT_TOKEN_USERS)"),
-])
+@pytest.mark.parametrize(
+    ("authorization", "status", "message"),
+    [
+        (None, 401, "the GPU-sharing webhook answers only the API server: present the API server's bearer token"),
+        (
+            "Bearer forged",
+            401,
+            "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience gpusharing-webhook)",
+        ),
+        (
+            "Bearer a-tenants-token",
+            403,
+            "system:serviceaccount:ml-team:default may not send admission reviews: only the API "
+            "server may (GPUSHARING_CLIENT_TOKEN_USERS)",
+        ),
+    ],
+)
 def test_with_client_authentication_only_the_api_server_is_answered(
     config: WebhookConfig, budgets: BudgetStateCache, authorization: str | None, status: int, message: str
 ) -> None:
@@ -237,7 +273,8 @@ def test_invalid_gpu_request_is_denied_with_the_reason(client: FlaskClient, endp
     assert response["allowed"] is False
     assert response["status"] == {
         "code": 422,
-        "message": "invalid GPU request: container \"infer\": nvidia.com/gpumem-percentage=\"150\": must be a whole percentage of each device's memory, 0 to 100",
+        "message": "invalid GPU request: container \"infer\": nvidia.com/gpumem-percentage=\"150\": "
+        "must be a whole percentage of each device's memory, 0 to 100",
     }
 
 
@@ -246,13 +283,22 @@ def test_how_the_backend_reads_a_pod_comes_back_as_warnings(client: FlaskClient)
     for kind in ("limits", "requests"):
         pod["spec"]["containers"][0]["resources"][kind]["nvidia.com/gpucores"] = "150"
     response, mutated = admitted(client, pod)
-    assert response["warnings"] == ['container "infer": nvidia.com/gpucores=150 is more than 100: HAMi grants 100 (the whole device\'s compute)']
+    assert response["warnings"] == [
+        'container "infer": nvidia.com/gpucores=150 is more than 100: HAMi grants 100 (the whole device\'s compute)'
+    ]
     assert mutated["metadata"]["annotations"]["gpusharing.io/gpu-share"] == "1"
     assert "warnings" not in review(client, admission_review(mutated), "/validate")
 
 
 def test_pods_without_gpu_exempt_namespaces_and_mirror_pods_pass_untouched(client: FlaskClient) -> None:
-    plain = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}})
+    plain = api_server_pod(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web"},
+            "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]},
+        }
+    )
     invalid = gpu_pod("kube-system")
     invalid["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "150"
     mirror = gpu_pod()
@@ -272,7 +318,9 @@ def test_exempt_namespaces_are_configurable() -> None:
 @pytest.mark.parametrize("endpoint", ["/mutate", "/validate"])
 def test_a_container_may_not_take_the_meters_name(client: FlaskClient, endpoint: str) -> None:
     pod = gpu_pod()
-    pod["spec"]["containers"].append({"name": "gpusharing-meter", "image": "evil:1", "terminationMessagePath": "/dev/termination-log"})
+    pod["spec"]["containers"].append(
+        {"name": "gpusharing-meter", "image": "evil:1", "terminationMessagePath": "/dev/termination-log"}
+    )
     response = review(client, admission_review(pod), endpoint)
     assert response["allowed"] is False and response["status"]["code"] == 403
     assert "'gpusharing-meter' is reserved for the GPU metering sidecar" in response["status"]["message"]
@@ -282,7 +330,9 @@ def test_a_tampered_meter_is_refused_even_after_defaulting(client: FlaskClient) 
     _, mutated = admitted(client, gpu_pod())
     # The API server defaults what the webhook injected: still recognised as the webhook's own.
     meter = meter_of(mutated)
-    meter.update(terminationMessagePath="/dev/termination-log", terminationMessagePolicy="File", imagePullPolicy="IfNotPresent")
+    meter.update(
+        terminationMessagePath="/dev/termination-log", terminationMessagePolicy="File", imagePullPolicy="IfNotPresent"
+    )
     for env in meter["env"]:
         if "valueFrom" in env:
             env["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
@@ -300,7 +350,15 @@ def as_the_api_server_stores_it(pod: dict[str, Any]) -> dict[str, Any]:
     """
     stored = copy.deepcopy(pod)
     spec = stored["spec"]
-    spec["volumes"].append({"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}})
+    spec["volumes"].append(
+        {
+            "name": "kube-api-access-x7k2p",
+            "projected": {
+                "defaultMode": 420,
+                "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}],
+            },
+        }
+    )
     for container in spec.get("initContainers", []) + spec["containers"]:
         mounts = container.setdefault("volumeMounts", [])
         if not any(m["mountPath"] == SERVICE_ACCOUNT_TOKEN_DIR for m in mounts):
@@ -319,7 +377,9 @@ def test_the_meter_gets_no_api_token_and_is_recognised_after_the_api_servers_own
     _, mutated = admitted(client, gpu_pod())
     meter = meter_of(mutated)
     blocking = [m for m in meter["volumeMounts"] if m["mountPath"] == SERVICE_ACCOUNT_TOKEN_DIR]
-    assert blocking == [{"name": "gpusharing-meter-no-api-token", "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True}]
+    assert blocking == [
+        {"name": "gpusharing-meter-no-api-token", "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True}
+    ]
     assert {"name": "gpusharing-meter-no-api-token", "emptyDir": {"sizeLimit": "1Ki"}} in mutated["spec"]["volumes"]
 
     stored = as_the_api_server_stores_it(mutated)
@@ -327,7 +387,9 @@ def test_the_meter_gets_no_api_token_and_is_recognised_after_the_api_servers_own
     reinvoked = review(client, admission_review(stored))
     assert reinvoked["allowed"] and "patch" not in reinvoked
     # A token mount added to the meter anyway (a plugin that ignores existing mounts) is not the meter's business.
-    meter_of(stored)["volumeMounts"].append({"name": "kube-api-access-x7k2p", "mountPath": "/elsewhere", "readOnly": True})
+    meter_of(stored)["volumeMounts"].append(
+        {"name": "kube-api-access-x7k2p", "mountPath": "/elsewhere", "readOnly": True}
+    )
     assert review(client, admission_review(stored), "/validate")["allowed"]
 
 
@@ -376,7 +438,10 @@ def test_update_may_not_change_the_record_but_may_change_other_annotations(clien
     response = review(client, admission_review(relabelled, "UPDATE", old=stored))
     assert response["allowed"] and "patch" not in response
 
-    for change in ({"gpusharing.io/budget-state": "in-budget", "gpusharing.io/gpu-share": "0.01"}, {"gpusharing.io/extra": "x"}):
+    for change in (
+        {"gpusharing.io/budget-state": "in-budget", "gpusharing.io/gpu-share": "0.01"},
+        {"gpusharing.io/extra": "x"},
+    ):
         tampered = copy.deepcopy(stored)
         tampered["metadata"]["annotations"].update(change)
         for endpoint in ("/mutate", "/validate"):
@@ -387,12 +452,20 @@ def test_update_may_not_change_the_record_but_may_change_other_annotations(clien
     labelled = copy.deepcopy(stored)
     labelled["metadata"]["labels"] = {"gpusharing.io/gpu-share": "0.01"}
     response = review(client, admission_review(labelled, "UPDATE", old=stored), "/validate")
-    assert not response["allowed"] and "cannot be changed: label gpusharing.io/gpu-share" in response["status"]["message"]
+    assert (
+        not response["allowed"] and "cannot be changed: label gpusharing.io/gpu-share" in response["status"]["message"]
+    )
 
 
 def non_gpu_pod(**metadata: Any) -> dict[str, Any]:
-    return api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", **metadata},
-                           "spec": {"activeDeadlineSeconds": 315_360_000, "containers": [{"name": "web", "image": "nginx:1.27"}]}})
+    return api_server_pod(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", **metadata},
+            "spec": {"activeDeadlineSeconds": 315_360_000, "containers": [{"name": "web", "image": "nginx:1.27"}]},
+        }
+    )
 
 
 @pytest.mark.parametrize("endpoint", ["/mutate", "/validate"])
@@ -404,8 +477,11 @@ def test_a_pod_that_asks_for_no_gpu_may_carry_nothing_of_the_record(client: Flas
     response = review(client, admission_review(forged), endpoint)
     assert not response["allowed"] and response["status"]["code"] == 403
     assert response["status"]["message"] == (
-        "annotations and labels under gpusharing.io/ are the GPU-sharing webhook's record and this pod asks for no GPU: "
-        "remove annotation gpusharing.io/admission-id, annotation gpusharing.io/gpu-share, label gpusharing.io/gpu-model")
+        "annotations and labels under gpusharing.io/ are the GPU-sharing webhook's record and this pod asks for no "
+        "GPU: "
+        "remove annotation gpusharing.io/admission-id, annotation gpusharing.io/gpu-share, label "
+        "gpusharing.io/gpu-model"
+    )
 
 
 def test_on_a_gpu_pod_only_the_webhooks_own_record_stands(client: FlaskClient) -> None:
@@ -415,14 +491,22 @@ def test_on_a_gpu_pod_only_the_webhooks_own_record_stands(client: FlaskClient) -
     pod["metadata"]["labels"] = {"gpusharing.io/gpu-model": "H100", "app": "infer"}
     _, mutated = admitted(client, pod)
     record = {k: v for k, v in mutated["metadata"]["annotations"].items() if k.startswith("gpusharing.io/")}
-    assert record == {"gpusharing.io/gpu-share": "0.3", "gpusharing.io/dialect": "hami", "gpusharing.io/gpu-memory-mib": "3000",
-                      "gpusharing.io/gpu-model": "NVIDIA A100-SXM4-80GB", "gpusharing.io/budget-state": "in-budget"}
+    assert record == {
+        "gpusharing.io/gpu-share": "0.3",
+        "gpusharing.io/dialect": "hami",
+        "gpusharing.io/gpu-memory-mib": "3000",
+        "gpusharing.io/gpu-model": "NVIDIA A100-SXM4-80GB",
+        "gpusharing.io/budget-state": "in-budget",
+    }
     assert mutated["metadata"]["labels"] == {"app": "infer"}
     assert review(client, admission_review(mutated), "/validate")["allowed"]
     # What another webhook adds under the prefix after ours is refused at validation.
     mutated["metadata"]["labels"]["gpusharing.io/budget-state"] = "in-budget"
     response = review(client, admission_review(mutated), "/validate")
-    assert not response["allowed"] and "may not be set by hand: label gpusharing.io/budget-state" in response["status"]["message"]
+    assert (
+        not response["allowed"]
+        and "may not be set by hand: label gpusharing.io/budget-state" in response["status"]["message"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -434,12 +518,25 @@ def test_on_a_gpu_pod_only_the_webhooks_own_record_stands(client: FlaskClient) -
         (b"[]", "expected a JSON AdmissionReview object"),
         (b'{"kind": "Pod", "apiVersion": "v1"}', "expected kind AdmissionReview"),
         (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1"}', "the AdmissionReview has no request"),
-        (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"operation": "CREATE"}}', "request.uid must be a non-empty string"),
-        (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "1", "operation": "EXPLODE"}}', "request.operation must be"),
-        (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "1", "operation": "CREATE", "object": 5}}', "request.object must be an object"),
+        (
+            b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"operation": "CREATE"}}',
+            "request.uid must be a non-empty string",
+        ),
+        (
+            b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "1", "operation": '
+            b'"EXPLODE"}}',
+            "request.operation must be",
+        ),
+        (
+            b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "1", "operation": '
+            b'"CREATE", "object": 5}}',
+            "request.object must be an object",
+        ),
     ],
 )
-def test_a_body_that_is_not_an_admission_review_gets_400_with_a_message(client: FlaskClient, body: bytes, message: str) -> None:
+def test_a_body_that_is_not_an_admission_review_gets_400_with_a_message(
+    client: FlaskClient, body: bytes, message: str
+) -> None:
     for endpoint in ("/mutate", "/validate"):
         answer = client.post(endpoint, data=body, content_type="application/json")
         assert answer.status_code == 400
@@ -452,14 +549,20 @@ def test_wrong_method_and_path_are_json_errors(client: FlaskClient) -> None:
 
 
 def test_malformed_pod_shapes_never_give_a_500(client: FlaskClient) -> None:
-    for obj in ({"spec": "x"}, {"metadata": [], "spec": {"containers": "x"}}, {"spec": {"containers": [{"resources": {"limits": []}}]}}):
+    for obj in (
+        {"spec": "x"},
+        {"metadata": [], "spec": {"containers": "x"}},
+        {"spec": {"containers": [{"resources": {"limits": []}}]}},
+    ):
         body = admission_review(None)
         body["request"]["object"] = obj
         for endpoint in ("/mutate", "/validate"):
             assert client.post(endpoint, json=body).status_code == 200
 
 
-def test_a_body_that_is_not_a_review_is_logged_with_its_endpoint(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_body_that_is_not_a_review_is_logged_with_its_endpoint(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="webhook.api.reviews"):
         assert client.post("/validate", json={"kind": "Pod"}).status_code == 400
     [logged] = caplog.records
@@ -483,10 +586,16 @@ def test_a_denied_pod_whose_metadata_is_not_an_object_is_denied_not_a_500(
 
 @pytest.mark.parametrize(
     ("field", "value", "problem"),
-    [("metadata", None, "metadata must be an object"), ("metadata", [], "metadata must be an object"),
-     ("spec.initContainers", None, "spec.initContainers must be a list"), ("spec.volumes", {}, "spec.volumes must be a list")],
+    [
+        ("metadata", None, "metadata must be an object"),
+        ("metadata", [], "metadata must be an object"),
+        ("spec.initContainers", None, "spec.initContainers must be a list"),
+        ("spec.volumes", {}, "spec.volumes must be a list"),
+    ],
 )
-def test_a_gpu_pod_the_patch_could_not_apply_to_is_denied_not_patched(client: FlaskClient, field: str, value: Any, problem: str) -> None:
+def test_a_gpu_pod_the_patch_could_not_apply_to_is_denied_not_patched(
+    client: FlaskClient, field: str, value: Any, problem: str
+) -> None:
     body = admission_review(gpu_pod())
     parent, _, key = field.rpartition(".")
     (body["request"]["object"][parent] if parent else body["request"]["object"])[key] = value
@@ -501,7 +610,10 @@ def test_a_body_larger_than_the_webhook_reads_is_413(client: FlaskClient) -> Non
     padded = body[:-1] + b', "padding": "' + b"x" * (3 * 1024 * 1024) + b'"}'
     answer = client.post("/mutate", data=padded, content_type="application/json")
     assert answer.status_code == 413
-    assert answer.get_json()["error"] == "not an AdmissionReview: the body is larger than the 3145728 bytes the webhook reads"
+    assert (
+        answer.get_json()["error"]
+        == "not an AdmissionReview: the body is larger than the 3145728 bytes the webhook reads"
+    )
     assert client.post("/mutate", data=body, content_type="application/json").status_code == 200
 
 
@@ -517,12 +629,32 @@ def test_a_large_pod_is_read_like_any_other(client: FlaskClient) -> None:
     ("where", "key", "value", "message"),
     [
         # KAI reads gpu-memory as digits only: an exponent is refused before it is read
-        ("annotation", "gpu-memory", "1e999999", 'annotation gpu-memory="1e999999": must be a whole number of MiB above 0, in digits only'),
-        ("annotation", "gpu-memory", "9" * 5000, 'annotation gpu-memory="' + "9" * 64 + "… (5000 characters)\": has too many digits"),
+        (
+            "annotation",
+            "gpu-memory",
+            "1e999999",
+            'annotation gpu-memory="1e999999": must be a whole number of MiB above 0, in digits only',
+        ),
+        (
+            "annotation",
+            "gpu-memory",
+            "9" * 5000,
+            'annotation gpu-memory="' + "9" * 64 + "… (5000 characters)\": has too many digits",
+        ),
         ("annotation", "gpu-fraction", "1e-999999999", 'annotation gpu-fraction="1e-999999999": has too many digits'),
         ("limits", "nvidia.com/gpu", "2k", 'container "main": nvidia.com/gpu="2k": asks for 2000 GPUs, more than 1000'),
-        ("limits", "nvidia.com/gpu", "1e28", 'container "main": nvidia.com/gpu="1e28": asks for 10000000000000000000000000000 GPUs'),
-        ("limits", "aliyun.com/gpu-mem", "9" * 5000, 'container "main": aliyun.com/gpu-mem="' + "9" * 64 + "… (5000 characters)\": has too many"),
+        (
+            "limits",
+            "nvidia.com/gpu",
+            "1e28",
+            'container "main": nvidia.com/gpu="1e28": asks for 10000000000000000000000000000 GPUs',
+        ),
+        (
+            "limits",
+            "aliyun.com/gpu-mem",
+            "9" * 5000,
+            'container "main": aliyun.com/gpu-mem="' + "9" * 64 + "… (5000 characters)\": has too many",
+        ),
     ],
 )
 def test_hostile_gpu_requests_are_refused_at_once_naming_the_rule(
@@ -540,7 +672,9 @@ def test_hostile_gpu_requests_are_refused_at_once_naming_the_rule(
 
 def test_a_forged_gpu_memory_record_is_read_within_bounds(client: FlaskClient) -> None:
     pod = gpu_pod()
-    pod["metadata"]["annotations"].update({"gpusharing.io/gpu-share": "0.3", "gpusharing.io/gpu-memory-mib": "9" * 5000})
+    pod["metadata"]["annotations"].update(
+        {"gpusharing.io/gpu-share": "0.3", "gpusharing.io/gpu-memory-mib": "9" * 5000}
+    )
     response = review(client, admission_review(pod))
     assert response["allowed"] is True  # the record is rewritten; the forged one does not trip the webhook
 
@@ -549,7 +683,10 @@ def test_health_and_metrics(client: FlaskClient) -> None:
     assert client.get("/livez").status_code == 200 and client.get("/readyz").status_code == 200
     review(client, admission_review(example_pod("kai-fraction.yaml")))
     text = client.get("/metrics").get_data(as_text=True)
-    assert 'gpusharing_webhook_admissions_total{decision="allowed",dialect="kai",endpoint="mutate",operation="CREATE"}' in text
+    assert (
+        'gpusharing_webhook_admissions_total{decision="allowed",dialect="kai",endpoint="mutate",operation="CREATE"}'
+        in text
+    )
     assert "gpusharing_webhook_admission_duration_seconds_bucket" in text
 
 
@@ -579,12 +716,16 @@ def test_a_forged_record_does_not_let_a_foreign_meter_in(client: FlaskClient) ->
 def test_a_timekeeper_url_without_a_scheme_is_refused_as_the_meter_would() -> None:
     with pytest.raises(ConfigError, match="^GPUSHARING_TIMEKEEPER_URL='timekeeper:8080' must be an http"):
         WebhookConfig.from_env({"GPUSHARING_TIMEKEEPER_URL": "timekeeper:8080"})
-def test_a_pod_claiming_a_gpu_is_read_from_the_claims_of_the_reviews_namespace(config: WebhookConfig, budgets: BudgetStateCache) -> None:
+def test_a_pod_claiming_a_gpu_is_read_from_the_claims_of_the_reviews_namespace(
+    config: WebhookConfig, budgets: BudgetStateCache
+) -> None:
     asked: list[tuple[str, str, str]] = []
 
     def claims(source: ClaimSource, namespace: str, name: str) -> ClaimSpec:
         asked.append((str(source), namespace, name))
-        return claim_spec({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}})
+        return claim_spec(
+            {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}
+        )
 
     client = create_app(config, budgets, claims).test_client()
     pod = api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra"}, "spec": {
@@ -598,4 +739,8 @@ def test_a_pod_claiming_a_gpu_is_read_from_the_claims_of_the_reviews_namespace(c
     assert response["allowed"] and asked == [("ResourceClaimTemplate", "ml-team", "two-gpus")]
     mutated = jsonpatch.apply_patch(pod, patch_of(response))
     annotations = mutated["metadata"]["annotations"]
-    assert (annotations["gpusharing.io/dialect"], annotations["gpusharing.io/gpu-share"], annotations["gpusharing.io/gpu-memory-mib"]) == ("dra", "2", "163840")
+    assert (
+        annotations["gpusharing.io/dialect"],
+        annotations["gpusharing.io/gpu-share"],
+        annotations["gpusharing.io/gpu-memory-mib"],
+    ) == ("dra", "2", "163840")

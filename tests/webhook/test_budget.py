@@ -55,7 +55,9 @@ def test_last_known_states_stay_in_force_when_the_timekeeper_is_down(timekeeper:
     assert cache.state_of("a") is BudgetState.OVER_BUDGET
 
 
-def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(timekeeper: FakeTimekeeper, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
+    timekeeper: FakeTimekeeper, caplog: pytest.LogCaptureFixture
+) -> None:
     """Not a line per poll (every few seconds, in every worker): one saying how admission carries on, one saying how
     long it lasted."""
     now = [1000.0]
@@ -83,9 +85,11 @@ def test_an_outage_from_the_start_says_that_no_state_is_known(caplog: pytest.Log
     caplog.set_level(logging.INFO, logger="webhook.caches.budgets")
     assert not cache.refresh() and not cache.refresh()
     (line,) = [r.getMessage() for r in caplog.records]
-    assert line == ("the timekeeper's budget listing http://127.0.0.1:9/api/v1/budgets is unavailable: connection refused by "
-                    "127.0.0.1:9: is the server running there?; no budget state is known yet: every namespace is unknown, "
-                    "its GPU pods admitted as in budget (logged again when it is back)")
+    assert line == (
+        "the timekeeper's budget listing http://127.0.0.1:9/api/v1/budgets is unavailable: connection refused by "
+        "127.0.0.1:9: is the server running there?; no budget state is known yet: every namespace is unknown, "
+        "its GPU pods admitted as in budget (logged again when it is back)"
+    )
 
 
 def test_unreachable_timekeeper_is_survived() -> None:

@@ -18,16 +18,29 @@ from webhook.config import WebhookConfig
 
 CLASSES = ["gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy"]
 LIGHT, MIDDLE, HEAVY = CLASSES
-REASON = "ml-team used 0.2x its fair share at the level of dept.research over a 24h half-life: gpusharing-in-budget-light"
+REASON = (
+    "ml-team used 0.2x its fair share at the level of dept.research over a 24h half-life: gpusharing-in-budget-light"
+)
 BAND = "gpusharing.io/fair-share-band"
 
 
-def ranked(band: str = LIGHT, burst: str = MIDDLE, share: float = 2.0, held: float = 0.0, held_as_of: float = 0.0) -> dict[str, Any]:
-    return {"band": band, "burstClass": burst, "shareGpus": share, "heldGpus": held, "reason": REASON, "heldAsOf": held_as_of}
+def ranked(
+    band: str = LIGHT, burst: str = MIDDLE, share: float = 2.0, held: float = 0.0, held_as_of: float = 0.0
+) -> dict[str, Any]:
+    return {
+        "band": band,
+        "burstClass": burst,
+        "shareGpus": share,
+        "heldGpus": held,
+        "reason": REASON,
+        "heldAsOf": held_as_of,
+    }
 
 
 def whole_gpu_pod(name: str = "infer", **spec: Any) -> dict[str, Any]:
-    pod = gpu_pod(containers=[{"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}}], **spec)
+    pod = gpu_pod(
+        containers=[{"name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}}], **spec
+    )
     pod["metadata"]["name"] = name
     return pod
 
@@ -51,13 +64,18 @@ def test_a_gpu_pod_in_budget_gets_its_namespace_s_band_and_says_why(timekeeper: 
     assert annotations[BAND] == LIGHT and annotations["gpusharing.io/fair-share-reason"] == REASON
 
 
-def test_the_burst_guard_admits_only_the_fair_share_in_the_band_and_the_rest_one_lower(timekeeper: FakeTimekeeper) -> None:
+def test_the_burst_guard_admits_only_the_fair_share_in_the_band_and_the_rest_one_lower(
+    timekeeper: FakeTimekeeper,
+) -> None:
     cache = listed(timekeeper, ranked(share=2.0, held=0.5))
     client = client_of(cache)
     classes = [admitted(client, whole_gpu_pod(f"p-{i}"))[1]["spec"]["priorityClassName"] for i in range(4)]
     assert classes == [LIGHT, MIDDLE, MIDDLE, MIDDLE]  # 0.5 held + 1 fits in 2 GPUs; the next would not
     burst = admitted(client, whole_gpu_pod("p-5"))[1]["metadata"]["annotations"]["gpusharing.io/fair-share-reason"]
-    assert burst.startswith(REASON) and "one band lower: with this pod it would hold 5.5 GPUs, above its fair share of 2" in burst
+    assert (
+        burst.startswith(REASON)
+        and "one band lower: with this pod it would hold 5.5 GPUs, above its fair share of 2" in burst
+    )
     # A dry run admits nothing: it is not counted.
     review(client, admission_review(whole_gpu_pod("dry"), dry_run=True))
     assert cache.admitted.admitted("ml-team", "") == 5
@@ -69,7 +87,9 @@ def test_the_burst_guard_admits_only_the_fair_share_in_the_band_and_the_rest_one
     assert admitted(client, whole_gpu_pod("next"))[1]["spec"]["priorityClassName"] == LIGHT
 
 
-def test_among_several_webhook_processes_each_fills_its_part_of_the_room_in_the_band(timekeeper: FakeTimekeeper) -> None:
+def test_among_several_webhook_processes_each_fills_its_part_of_the_room_in_the_band(
+    timekeeper: FakeTimekeeper,
+) -> None:
     """Four processes, 4 GPUs of room: a burst spread over them all puts at most one pod per process beyond it."""
     timekeeper.items = [{"namespace": "ml-team", "state": "in-budget", "fairShare": ranked(share=4.0, held=0.0)}]
     timekeeper.extra = {"fairShare": {"classes": CLASSES, "webhookProcesses": 4}}
@@ -83,7 +103,12 @@ def test_among_several_webhook_processes_each_fills_its_part_of_the_room_in_the_
             "left in its fair share of 4 GPUs, which 4 webhook processes share") in reason
     # A listing that claims no number, or nonsense, is one process: the plain guard.
     for claimed in (None, 0, -3, "4", True, 2.5):
-        assert states_from_listing({"items": [], "fairShare": {"classes": CLASSES, "webhookProcesses": claimed}}).webhook_processes == 1
+        assert (
+            states_from_listing(
+                {"items": [], "fairShare": {"classes": CLASSES, "webhookProcesses": claimed}}
+            ).webhook_processes
+            == 1
+        )
 
 
 def test_a_heavy_namespace_s_burst_stays_in_the_last_band(timekeeper: FakeTimekeeper) -> None:
@@ -108,7 +133,8 @@ def test_a_reinvocation_changes_nothing_and_validation_admits_the_band(timekeepe
     first = review(client, body)
     mutated = jsonpatch.apply_patch(body["request"]["object"], patch_of(first))
     assert mutated["spec"]["priorityClassName"] == LIGHT
-    again = {**body, "request": {**body["request"], "object": mutated}}  # the same request's uid: its own GPU is not counted twice
+    # the same request's uid: its own GPU is not counted twice
+    again = {**body, "request": {**body["request"], "object": mutated}}
     assert patch_of(review(client, again)) == []
     assert review(client, again, "/validate")["allowed"]
 
@@ -117,11 +143,20 @@ def test_out_of_budget_and_unranked_namespaces_are_admitted_as_without_fair_shar
     over = admitted(client_of(listed(timekeeper, ranked(), state="over-budget")), whole_gpu_pod())[1]
     assert over["spec"]["priorityClassName"] == "gpusharing-over-budget" and BAND not in over["metadata"]["annotations"]
     unranked = admitted(client_of(listed(timekeeper, None)), whole_gpu_pod())[1]
-    assert unranked["spec"]["priorityClassName"] == "gpusharing-in-budget" and BAND not in unranked["metadata"]["annotations"]
+    assert (
+        unranked["spec"]["priorityClassName"] == "gpusharing-in-budget"
+        and BAND not in unranked["metadata"]["annotations"]
+    )
 
 
 def test_a_listing_s_band_the_webhook_cannot_read_leaves_the_namespace_unranked() -> None:
-    for bad in ({"band": LIGHT}, {**ranked(), "shareGpus": -1}, {**ranked(), "heldGpus": float("nan")}, {**ranked(), "band": ""}, "light"):
+    for bad in (
+        {"band": LIGHT},
+        {**ranked(), "shareGpus": -1},
+        {**ranked(), "heldGpus": float("nan")},
+        {**ranked(), "band": ""},
+        "light",
+    ):
         states = states_from_listing({"items": [{"namespace": "ml-team", "state": "in-budget", "fairShare": bad}],
                                       "fairShare": {"classes": CLASSES}})
         assert states.of("ml-team").fair_share is None, bad

@@ -30,7 +30,9 @@ NAMES = st.text("abcdefghij-", min_size=1, max_size=8)
 VALUES = st.one_of(NUMBER_TEXT, NUMBER_TEXT, st.integers(-(10**40), 10**40), JSON_VALUES)
 # Every resource a dialect reads, as a default installation names them, and a MIG slice.
 RESOURCE_KEYS = (*GPU_MANAGER_KEYS, NVIDIA_GPU, *HamiSettings().sharing_keys, *ALIYUN_KEYS, "nvidia.com/mig-1g.10gb")
-ANNOTATION_KEYS = st.sampled_from([*KAI_ANNOTATIONS, ANNOTATION_GPU_SHARE, f"{ANNOTATION_PREFIX}gpu-memory-mib", "team", "a~b/c"])
+ANNOTATION_KEYS = st.sampled_from(
+    [*KAI_ANNOTATIONS, ANNOTATION_GPU_SHARE, f"{ANNOTATION_PREFIX}gpu-memory-mib", "team", "a~b/c"]
+)
 MAX_MESSAGE = 10 * (4 * 64 + 200)  # ten rules shown, each quoting at most two values cut short
 
 
@@ -41,7 +43,9 @@ def containers(draw: st.DrawFn) -> Any:
     limits = draw(st.dictionaries(st.sampled_from(RESOURCE_KEYS), VALUES, max_size=3))
     resources: dict[str, Any] = {"limits": limits}
     if draw(st.booleans()):
-        resources["requests"] = limits if draw(st.booleans()) else draw(st.dictionaries(st.sampled_from(RESOURCE_KEYS), VALUES, max_size=2))
+        resources["requests"] = (
+            limits if draw(st.booleans()) else draw(st.dictionaries(st.sampled_from(RESOURCE_KEYS), VALUES, max_size=2))
+        )
     return {"name": draw(NAMES | JSON_VALUES), "image": "cuda", "resources": resources}
 
 
@@ -53,9 +57,18 @@ def ephemeral_containers(draw: st.DrawFn) -> Any:
     """What `kubectl debug` adds, aimed at the meter or its volumes, or anything at all."""
     if draw(st.integers(0, 9)) == 0:
         return draw(JSON_VALUES)
-    mounts = draw(st.lists(st.fixed_dictionaries({"name": METER_NAMES | JSON_VALUES, "mountPath": st.just("/m")}) | JSON_VALUES, max_size=2))
-    return {"name": draw(NAMES | JSON_VALUES), "image": "busybox", "targetContainerName": draw(METER_NAMES | JSON_VALUES),
-            "volumeMounts": mounts}
+    mounts = draw(
+        st.lists(
+            st.fixed_dictionaries({"name": METER_NAMES | JSON_VALUES, "mountPath": st.just("/m")}) | JSON_VALUES,
+            max_size=2,
+        )
+    )
+    return {
+        "name": draw(NAMES | JSON_VALUES),
+        "image": "busybox",
+        "targetContainerName": draw(METER_NAMES | JSON_VALUES),
+        "volumeMounts": mounts,
+    }
 
 
 @st.composite
@@ -71,14 +84,22 @@ def reviews(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 9)) == 0:
         request["object"]["metadata"] = draw(JSON_VALUES)
     if draw(st.integers(0, 9)) == 0:
-        request[draw(st.sampled_from(["uid", "operation", "kind", "namespace", "object", "oldObject", "userInfo", "subResource"]))] = draw(JSON_VALUES)
+        request[
+            draw(
+                st.sampled_from(
+                    ["uid", "operation", "kind", "namespace", "object", "oldObject", "userInfo", "subResource"]
+                )
+            )
+        ] = draw(JSON_VALUES)
     if draw(st.integers(0, 4)) == 0:  # an UPDATE, of the pod or of a subresource, that may take the finalizer off
         request["operation"] = "UPDATE"
         request["oldObject"] = copy.deepcopy(request["object"])
         request["subResource"] = draw(st.sampled_from(["", "ephemeralcontainers", "resize", "status"]))
         old_metadata = as_mapping(request["oldObject"]).get("metadata")
         if isinstance(old_metadata, dict):
-            old_metadata["finalizers"] = draw(st.lists(st.sampled_from(["gpusharing.io/billing", "x"]) | JSON_VALUES, max_size=2) | JSON_VALUES)
+            old_metadata["finalizers"] = draw(
+                st.lists(st.sampled_from(["gpusharing.io/billing", "x"]) | JSON_VALUES, max_size=2) | JSON_VALUES
+            )
         spec = as_mapping(request["object"]).get("spec")
         if isinstance(spec, dict):
             spec["ephemeralContainers"] = draw(st.lists(ephemeral_containers(), max_size=2) | JSON_VALUES)
@@ -115,7 +136,9 @@ def check_admission(client: FlaskClient, review: dict[str, Any], endpoint: str) 
 
 
 @given(review=reviews())
-def test_any_review_gets_an_answer_that_parses_and_bills_within_bounds(client: FlaskClient, review: dict[str, Any]) -> None:
+def test_any_review_gets_an_answer_that_parses_and_bills_within_bounds(
+    client: FlaskClient, review: dict[str, Any]
+) -> None:
     assert check_admission(client, review, "/validate") is None  # /validate never patches
     mutated = check_admission(client, review, "/mutate")
     if mutated is not None:  # admitted: mutated once, admitted as it is
@@ -159,17 +182,44 @@ def test_any_body_gets_a_400_or_an_answer_never_a_5xx(client: FlaskClient, endpo
 
 DIALECT_REQUESTS = st.one_of(
     st.fixed_dictionaries({"limits": st.fixed_dictionaries({"nvidia.com/gpu": st.integers(1, 1001).map(str)})}),
-    st.fixed_dictionaries({"annotations": st.fixed_dictionaries(
-        {"gpu-fraction": st.decimals(min_value=Decimal("0.00005"), max_value=Decimal("1.0001"), places=30).map(str)},
-        optional={"gpu-fraction-num-devices": st.integers(1, 1001).map(str)})}),
+    st.fixed_dictionaries(
+        {
+            "annotations": st.fixed_dictionaries(
+                {
+                    "gpu-fraction": st.decimals(
+                        min_value=Decimal("0.00005"), max_value=Decimal("1.0001"), places=30
+                    ).map(str)
+                },
+                optional={"gpu-fraction-num-devices": st.integers(1, 1001).map(str)},
+            )
+        }
+    ),
     st.fixed_dictionaries({"annotations": st.fixed_dictionaries({"gpu-memory": st.integers(1, 90000).map(str)})}),
-    st.fixed_dictionaries({"limits": st.fixed_dictionaries(
-        {"nvidia.com/gpu": st.integers(1, 1001).map(str)},
-        optional={"nvidia.com/gpumem": st.integers(1, 90000).map(str), "nvidia.com/gpucores": st.integers(0, 100).map(str)})}),
+    st.fixed_dictionaries(
+        {
+            "limits": st.fixed_dictionaries(
+                {"nvidia.com/gpu": st.integers(1, 1001).map(str)},
+                optional={
+                    "nvidia.com/gpumem": st.integers(1, 90000).map(str),
+                    "nvidia.com/gpucores": st.integers(0, 100).map(str),
+                },
+            )
+        }
+    ),
     st.fixed_dictionaries({"limits": st.fixed_dictionaries({"aliyun.com/gpu-mem": st.integers(1, 100).map(str)})}),
-    st.fixed_dictionaries({"limits": st.fixed_dictionaries(
-        {"tencent.com/vcuda-core": st.integers(1, 99).map(str), "tencent.com/vcuda-memory": st.integers(1, 400).map(str)})}),
-    st.fixed_dictionaries({"limits": st.fixed_dictionaries({"tencent.com/vcuda-core": st.integers(1, 1001).map(lambda n: str(100 * n))})}),
+    st.fixed_dictionaries(
+        {
+            "limits": st.fixed_dictionaries(
+                {
+                    "tencent.com/vcuda-core": st.integers(1, 99).map(str),
+                    "tencent.com/vcuda-memory": st.integers(1, 400).map(str),
+                }
+            )
+        }
+    ),
+    st.fixed_dictionaries(
+        {"limits": st.fixed_dictionaries({"tencent.com/vcuda-core": st.integers(1, 1001).map(lambda n: str(100 * n))})}
+    ),
 )
 
 
@@ -177,10 +227,18 @@ DIALECT_REQUESTS = st.one_of(
 def test_every_admitted_gpu_pod_is_billed_within_bounds_and_every_refusal_says_why(
     client: FlaskClient, requests: list[dict[str, Any]]
 ) -> None:
-    containers = [{"name": f"c{i}", "image": "cuda", "resources": {"limits": r.get("limits", {})}} for i, r in enumerate(requests)]
+    containers = [
+        {"name": f"c{i}", "image": "cuda", "resources": {"limits": r.get("limits", {})}} for i, r in enumerate(requests)
+    ]
     annotations = {key: value for r in requests for key, value in r.get("annotations", {}).items()}
-    review = admission_review({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml-team", "annotations": annotations},
-                               "spec": {"containers": containers}})
+    review = admission_review(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ml-team", "annotations": annotations},
+            "spec": {"containers": containers},
+        }
+    )
     status, answer = answer_of(client, "/mutate", json.dumps(review).encode())
     assert status == 200
     response = answer["response"]

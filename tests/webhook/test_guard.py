@@ -89,10 +89,13 @@ def test_with_the_setting_off_no_finalizer_is_added_or_required(budgets: BudgetS
 def test_only_the_controller_or_a_cluster_admin_removes_the_finalizer(client: FlaskClient) -> None:
     stored = stored_gpu_pod(client)
     released = without_finalizer(stored)
-    assert refused(update(client, stored, released, NAMESPACE_ADMIN),
-                   f"the finalizer {FINALIZER} keeps this GPU pod until the timekeeper has closed its bill",
-                   "only the timekeeper's controller (system:serviceaccount:gpusharing-system:gpusharing-controller) removes it",
-                   "or a cluster admin (group system:masters)", "'system:serviceaccount:ml-team:admin' may not")
+    assert refused(
+        update(client, stored, released, NAMESPACE_ADMIN),
+        f"the finalizer {FINALIZER} keeps this GPU pod until the timekeeper has closed its bill",
+        "only the timekeeper's controller (system:serviceaccount:gpusharing-system:gpusharing-controller) removes it",
+        "or a cluster admin (group system:masters)",
+        "'system:serviceaccount:ml-team:admin' may not",
+    )
     assert refused(update(client, stored, released, {"username": ""}), "'an anonymous user' may not")
     assert update(client, stored, released, CONTROLLER)["allowed"]
     assert update(client, stored, released, CLUSTER_ADMIN)["allowed"]
@@ -134,8 +137,10 @@ def test_a_pod_may_not_project_its_own_token_for_the_timekeeper(client: FlaskCli
     rogue = timekeeper_token_volume("report-as-me")
     pod = gpu_pod(volumes=[rogue])
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "report-as-me", "mountPath": "/var/run/secrets/tk"}]
-    why = ("volume 'report-as-me' projects a ServiceAccount token for audience 'gpusharing-timekeeper', the timekeeper's: "
-           "only the GPU metering sidecar the webhook injects may hold one")
+    why = (
+        "volume 'report-as-me' projects a ServiceAccount token for audience 'gpusharing-timekeeper', the timekeeper's: "
+        "only the GPU metering sidecar the webhook injects may hold one"
+    )
     assert refused(review(client, admission_review(pod)), why)
     _, mutated = admitted(client, gpu_pod())  # a later webhook adds it
     mutated["spec"]["volumes"].append(rogue)
@@ -163,8 +168,11 @@ def test_the_meter_cannot_be_changed_by_an_update(client: FlaskClient, change: A
     changed = copy.deepcopy(stored)
     change(meter_of(changed))
     for user in (NAMESPACE_ADMIN, CLUSTER_ADMIN):
-        assert refused(update(client, stored, changed, user),
-                       "the GPU metering sidecar 'gpusharing-meter' is injected by the GPU-sharing webhook and cannot be changed or removed")
+        assert refused(
+            update(client, stored, changed, user),
+            "the GPU metering sidecar 'gpusharing-meter' is injected by the GPU-sharing webhook and cannot be changed "
+            "or removed",
+        )
 
 
 def test_the_meter_and_its_volumes_cannot_be_removed_and_the_workload_may_change(client: FlaskClient) -> None:
@@ -174,7 +182,10 @@ def test_the_meter_and_its_volumes_cannot_be_removed_and_the_workload_may_change
     assert refused(update(client, stored, no_meter), "cannot be changed or removed")
     no_state = copy.deepcopy(stored)
     no_state["spec"]["volumes"] = [v for v in no_state["spec"]["volumes"] if v["name"] != "gpusharing-meter-state"]
-    assert refused(update(client, stored, no_state), "the volumes of the GPU metering sidecar are injected by the GPU-sharing webhook")
+    assert refused(
+        update(client, stored, no_state),
+        "the volumes of the GPU metering sidecar are injected by the GPU-sharing webhook",
+    )
     new_image = copy.deepcopy(stored)
     new_image["spec"]["containers"][0]["image"] = "nvidia/cuda:12.6.0"
     assert update(client, stored, new_image)["allowed"]
@@ -219,7 +230,9 @@ def test_a_resize_may_change_the_workloads_resources_but_not_the_meters(client: 
 def test_other_subresources_and_pods_in_exempt_namespaces_are_not_the_guards(client: FlaskClient) -> None:
     stored = stored_gpu_pod(client)
     released = without_finalizer(stored)
-    assert review(client, admission_review(released, "UPDATE", old=stored, sub_resource="status"), "/validate")["allowed"]
+    assert review(client, admission_review(released, "UPDATE", old=stored, sub_resource="status"), "/validate")[
+        "allowed"
+    ]
     exempt = copy.deepcopy(stored)
     exempt["metadata"]["namespace"] = "kube-system"
     assert update(client, exempt, without_finalizer(exempt))["allowed"]
@@ -236,7 +249,9 @@ def test_other_subresources_and_pods_in_exempt_namespaces_are_not_the_guards(cli
         ({"username": "ana", "groups": "system:masters"}, "request.userInfo.groups must be a list of strings"),
     ],
 )
-def test_a_review_with_a_malformed_user_is_not_an_admission_review(client: FlaskClient, user_info: Any, message: str) -> None:
+def test_a_review_with_a_malformed_user_is_not_an_admission_review(
+    client: FlaskClient, user_info: Any, message: str
+) -> None:
     body = admission_review(gpu_pod())
     body["request"]["userInfo"] = user_info
     answer = client.post("/validate", json=body)

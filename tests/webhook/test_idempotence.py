@@ -30,7 +30,9 @@ RESOURCE_DIALECTS = st.sampled_from(
         {"aliyun.com/gpu-mem": 3},
     ]
 )
-KAI_ANNOTATIONS = st.sampled_from([{"gpu-fraction": "0.5"}, {"gpu-memory": "4096"}, {"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"}])
+KAI_ANNOTATIONS = st.sampled_from(
+    [{"gpu-fraction": "0.5"}, {"gpu-memory": "4096"}, {"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"}]
+)
 NAMES = st.text("abcdefghij", min_size=1, max_size=6)
 
 
@@ -45,12 +47,18 @@ def gpu_pods(draw: st.DrawFn) -> dict[str, Any]:
         annotations.update(draw(KAI_ANNOTATIONS))
     spec: dict[str, Any] = {"containers": containers}
     if draw(st.booleans()):
-        spec["initContainers"] = [{"name": "init-" + n, "image": "busybox:1.36"} for n in draw(st.lists(NAMES, max_size=2, unique=True))]
+        spec["initContainers"] = [
+            {"name": "init-" + n, "image": "busybox:1.36"} for n in draw(st.lists(NAMES, max_size=2, unique=True))
+        ]
     if draw(st.booleans()):
         spec["volumes"] = [{"name": "data", "emptyDir": {}}]
     if draw(st.booleans()):
-        spec["priorityClassName"] = draw(st.sampled_from(["research-high", "gpusharing-in-budget", "gpusharing-over-budget"]))
-    return api_server_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": annotations}, "spec": spec})
+        spec["priorityClassName"] = draw(
+            st.sampled_from(["research-high", "gpusharing-in-budget", "gpusharing-over-budget"])
+        )
+    return api_server_pod(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": annotations}, "spec": spec}
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -58,7 +66,13 @@ def gpu_pods(draw: st.DrawFn) -> dict[str, Any]:
        priorities=st.sampled_from([no_priorities, CLASSES.get]))
 def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: str, priorities: PriorityLookup) -> None:
     config = WebhookConfig(meter=MeterSpec(mode=mode), allowed_priority_classes=frozenset({"research-high"}))
-    first = admit(parse_review(admission_review(pod)), config, lambda _ns: NamespaceBudget(state), mutate=True, priorities=priorities)
+    first = admit(
+        parse_review(admission_review(pod)),
+        config,
+        lambda _ns: NamespaceBudget(state),
+        mutate=True,
+        priorities=priorities,
+    )
     assert first.allowed, first.message
     assert first.patch
     mutated = jsonpatch.apply_patch(pod, first.patch)
@@ -66,7 +80,9 @@ def test_mutation_is_idempotent(pod: dict[str, Any], state: BudgetState, mode: s
     second = admit(parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=True,
                    priorities=priorities)
     assert second.allowed and second.patch == []
-    assert admit(parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=False).allowed
+    assert admit(
+        parse_review(admission_review(mutated)), config, lambda _ns: NamespaceBudget(state), mutate=False
+    ).allowed
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

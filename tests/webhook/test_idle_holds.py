@@ -14,7 +14,13 @@ from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache, states_from_listing
 from webhook.config import WebhookConfig
 
-HOLD = {"kind": "ReplicaSet", "name": "nb-7d9", "uid": "uid-nb-7d9", "pod": "nb-7d9-x2k", "heldAt": "2026-11-27T13:00:00Z"}
+HOLD = {
+    "kind": "ReplicaSet",
+    "name": "nb-7d9",
+    "uid": "uid-nb-7d9",
+    "pod": "nb-7d9-x2k",
+    "heldAt": "2026-11-27T13:00:00Z",
+}
 
 
 def owned_by(uid: str, **spec: Any) -> dict[str, Any]:
@@ -39,7 +45,8 @@ def test_a_held_owners_next_pod_is_admitted_out_of_budget_and_told_why(timekeepe
     assert annotations["gpusharing.io/idle-hold"] == "ReplicaSet/nb-7d9"
     assert annotations["gpusharing.io/budget-state"] == "in-budget"  # the namespace's state is unchanged
     assert response["warnings"] == [
-        "ReplicaSet nb-7d9 is held out of budget since 2026-11-27T13:00:00Z: its pod nb-7d9-x2k left its GPU idle and was "
+        "ReplicaSet nb-7d9 is held out of budget since 2026-11-27T13:00:00Z: its pod nb-7d9-x2k left its GPU idle and "
+        "was "
         "evicted, and it is back in budget once one of its pods uses its GPU: the pod gets priority class "
         "'gpusharing-over-budget' and may be preempted by pods of namespaces within budget"
     ]

@@ -42,8 +42,13 @@ def interval_env(container: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def as_the_meter_reads_it(container: dict[str, Any]) -> MeterConfig:
-    """The meter's settings from the container's environment, the downward API's fields filled in as the kubelet would."""
-    fields = {"metadata.namespace": "ml-team", "metadata.name": "infer", "metadata.uid": "5f0c3a52-4d8e-4f3b-9a57-2f4f7f0f6a11"}
+    """The meter's settings from the container's environment, the downward API's fields filled in as the kubelet
+    would."""
+    fields = {
+        "metadata.namespace": "ml-team",
+        "metadata.name": "infer",
+        "metadata.uid": "5f0c3a52-4d8e-4f3b-9a57-2f4f7f0f6a11",
+    }
     environ = {env["name"]: env["value"] if "value" in env else fields[env["valueFrom"]["fieldRef"]["fieldPath"]]
                for env in container["env"]}
     return MeterConfig.from_env(environ)
@@ -62,7 +67,9 @@ def test_unset_the_meter_is_given_the_default_interval_explicitly(budgets: Budge
 
 
 @pytest.mark.parametrize("raw", ["0.05", "0.1", "7", "12.5", "30", "300", "45.123456789"])
-def test_the_injected_meter_and_the_timekeeper_read_one_setting_as_the_same_interval(budgets: BudgetStateCache, raw: str) -> None:
+def test_the_injected_meter_and_the_timekeeper_read_one_setting_as_the_same_interval(
+    budgets: BudgetStateCache, raw: str
+) -> None:
     """One value for the installation, set where the webhook and the timekeeper run: the meter reports at exactly the
     interval the timekeeper judges fresh readings and silent meters by."""
     installation = {"GPUSHARING_METER_INTERVAL_SECONDS": raw}
@@ -88,7 +95,9 @@ def test_a_meter_injected_at_another_interval_is_not_one_of_the_webhooks(budgets
     assert refused(response, "reserved for the GPU metering sidecar")
 
 
-def test_a_pod_admitted_before_the_interval_changed_may_be_updated_but_its_meters_interval_not(budgets: BudgetStateCache) -> None:
+def test_a_pod_admitted_before_the_interval_changed_may_be_updated_but_its_meters_interval_not(
+    budgets: BudgetStateCache,
+) -> None:
     _, mutated = admitted(webhook(budgets, GPUSHARING_METER_INTERVAL_SECONDS="10"), example_pod(EXAMPLE))
     stored = as_the_api_server_stores_it(mutated)
     stored["metadata"].update(name="infer", uid="5f0c3a52-4d8e-4f3b-9a57-2f4f7f0f6a11")

@@ -32,7 +32,10 @@ def resolving(config: WebhookConfig, budgets: BudgetStateCache) -> FlaskClient:
 
 
 def unresolved(priority_class: str) -> float:
-    return REGISTRY.get_sample_value("gpusharing_webhook_unresolved_priorities_total", {"priority_class": priority_class}) or 0.0
+    return (
+        REGISTRY.get_sample_value("gpusharing_webhook_unresolved_priorities_total", {"priority_class": priority_class})
+        or 0.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -40,7 +43,8 @@ def unresolved(priority_class: str) -> float:
     [
         ({"value": 1000, "preemptionPolicy": "PreemptLowerPriority"}, ResolvedPriority(1000, "PreemptLowerPriority")),
         ({"value": -1000, "preemptionPolicy": "Never"}, ResolvedPriority(-1000, "Never")),
-        ({"value": 2000001000}, ResolvedPriority(2000001000, "PreemptLowerPriority")),  # the API server's default policy
+        # the API server's default policy
+        ({"value": 2000001000}, ResolvedPriority(2000001000, "PreemptLowerPriority")),
         ({"value": "1000"}, None),
         ({"value": True}, None),
         ({"value": 2**31}, None),
@@ -48,7 +52,9 @@ def unresolved(priority_class: str) -> float:
         ({"value": 1, "preemptionPolicy": "Sometimes"}, None),
     ],
 )
-def test_a_priority_class_is_read_as_the_priority_plugin_reads_it(obj: dict[str, Any], resolved: ResolvedPriority | None) -> None:
+def test_a_priority_class_is_read_as_the_priority_plugin_reads_it(
+    obj: dict[str, Any], resolved: ResolvedPriority | None
+) -> None:
     assert resolved_priority({"metadata": {"name": "c"}, **obj}) == resolved
 
 
@@ -63,7 +69,9 @@ def test_in_budget_the_pod_gets_the_class_its_priority_and_its_preemption_policy
     assert again["allowed"] and "patch" not in again
 
 
-def test_over_budget_an_administrators_class_is_replaced_with_the_over_budget_ones_figures(resolving: FlaskClient) -> None:
+def test_over_budget_an_administrators_class_is_replaced_with_the_over_budget_ones_figures(
+    resolving: FlaskClient,
+) -> None:
     pod = gpu_pod("greedy", priorityClassName="research-high", priority=5000, preemptionPolicy="PreemptLowerPriority")
     _, mutated = admitted(resolving, pod)
     assert (mutated["spec"]["priorityClassName"], mutated["spec"]["priority"], mutated["spec"]["preemptionPolicy"]) == (
@@ -71,12 +79,15 @@ def test_over_budget_an_administrators_class_is_replaced_with_the_over_budget_on
     assert "patch" not in review(resolving, admission_review(mutated))
 
 
-def test_a_class_the_watch_does_not_know_is_left_to_the_priority_plugin_and_counted(config: WebhookConfig, budgets: BudgetStateCache) -> None:
+def test_a_class_the_watch_does_not_know_is_left_to_the_priority_plugin_and_counted(
+    config: WebhookConfig, budgets: BudgetStateCache
+) -> None:
     unknowing = as_api_server(create_app(config, budgets, callers=api_server_callers(), priorities=lambda name: None))
     before = unresolved("gpusharing-over-budget")
     _, mutated = admitted(unknowing, gpu_pod("greedy", preemptionPolicy="PreemptLowerPriority"))
     assert mutated["spec"]["priorityClassName"] == "gpusharing-over-budget"
-    assert "priority" not in mutated["spec"] and "preemptionPolicy" not in mutated["spec"]  # a stale value would be refused
+    # a stale value would be refused
+    assert "priority" not in mutated["spec"] and "preemptionPolicy" not in mutated["spec"]
     assert unresolved("gpusharing-over-budget") == before + 1
 
 

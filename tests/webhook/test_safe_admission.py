@@ -29,8 +29,12 @@ WEIGHT = 1000  # a billing weight of 1, in thousandths
 REVIEW = "6f1c0a52-3c1e-4a7e-9a55-0d4f7c1e2b90"
 
 
-def pod(deadline: int | None = None, owner: dict[str, Any] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "train", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}
+def pod(
+    deadline: int | None = None, owner: dict[str, Any] | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "train", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": 1}}}]
+    }
     if deadline is not None:
         spec["activeDeadlineSeconds"] = deadline
     metadata: dict[str, Any] = {"generateName": "train-", "annotations": annotations or {}}
@@ -81,12 +85,14 @@ def test_a_pod_whose_commitment_does_not_fit_is_demoted_with_the_numbers() -> No
     verdict = decide(pod(1201), budget())
     assert verdict.refuse is None and verdict.admission_id is None
     assert verdict.short == (
-        "namespace 'ml' cannot cover this pod's deadline: the pod commits 10.01 GPU-minutes (0.5 GPU x weight 1 x 1201 s), "
+        "namespace 'ml' cannot cover this pod's deadline: the pod commits 10.01 GPU-minutes (0.5 GPU x weight 1 x 1201 "
+        "s), "
         "and its budget has 10.00 left uncommitted (25.00 remaining, less 15.00 committed by running pods' deadlines)"
     )
     reserved = Timekeeper(answer=Grant(Outcome.SHORT, Uncommitted(MINUTE, "team.a", 25.0, 15.0, 9.0)))
     assert decide(pod(1201), budget(), reserve=reserved).short == (
-        "namespace 'ml' cannot cover this pod's deadline: the pod commits 10.01 GPU-minutes (0.5 GPU x weight 1 x 1201 s), "
+        "namespace 'ml' cannot cover this pod's deadline: the pod commits 10.01 GPU-minutes (0.5 GPU x weight 1 x 1201 "
+        "s), "
         "and the budget of team.a has 1.00 left uncommitted (25.00 remaining, less 15.00 committed by running pods' "
         "deadlines and 9.00 by pods being admitted)"
     )
@@ -124,14 +130,21 @@ def test_what_cannot_be_counted_is_refused_under_strict_and_admitted_saying_so_u
                              f"counted now ({reason}): the pod is admitted by the budget's state alone"]
     strict = decide(pod(600), budget(AdmissionMode.STRICT), reserve=unknown)
     assert strict.outcome == "uncountable" and strict.refuse == (
-        f"namespace 'ml' has safe admission, and what its budgets have left uncommitted cannot be counted now ({reason}): "
-        "its budget's admission is strict, so no GPU pod is admitted until it can be")
+        f"namespace 'ml' has safe admission, and what its budgets have left uncommitted cannot be counted now "
+        f"({reason}): "
+        "its budget's admission is strict, so no GPU pod is admitted until it can be"
+    )
 
 
 def test_a_pod_claiming_another_pods_admission_id_is_refused() -> None:
-    taken = Timekeeper(answer=Grant(Outcome.TAKEN, reason="the pod carries gpusharing.io/admission-id 'x', the admission of pod ml/a"))
+    taken = Timekeeper(
+        answer=Grant(Outcome.TAKEN, reason="the pod carries gpusharing.io/admission-id 'x', the admission of pod ml/a")
+    )
     verdict = decide(pod(600, annotations={ANNOTATION_ADMISSION_ID: "x"}), budget(), reserve=taken)
-    assert (verdict.refuse, verdict.outcome) == ("the pod carries gpusharing.io/admission-id 'x', the admission of pod ml/a", "refused")
+    assert (verdict.refuse, verdict.outcome) == (
+        "the pod carries gpusharing.io/admission-id 'x', the admission of pod ml/a",
+        "refused",
+    )
     assert taken.asked[0].replaces == "x"
 
 
@@ -163,11 +176,19 @@ def test_a_job_the_webhook_does_not_know_leaves_the_pod_without_a_deadline() -> 
 
 
 def test_a_job_is_read_as_the_api_server_serves_it() -> None:
-    job = job_deadline({"metadata": {"uid": "u"}, "spec": {"activeDeadlineSeconds": 600}, "status": {"startTime": "2026-11-23T11:55:00Z"}})
+    job = job_deadline(
+        {
+            "metadata": {"uid": "u"},
+            "spec": {"activeDeadlineSeconds": 600},
+            "status": {"startTime": "2026-11-23T11:55:00Z"},
+        }
+    )
     assert job == JobDeadline("u", 600, dt.datetime(2026, 11, 23, 11, 55, tzinfo=UTC))
     assert job.remaining_seconds(NOW) == 300
     assert job.remaining_seconds(NOW + dt.timedelta(hours=1)) == 1  # past its deadline: the Job controller ends it
-    assert job_deadline({"metadata": {"uid": "u"}, "spec": {}, "status": {"startTime": "yesterday"}}) == JobDeadline("u", None, None)
+    assert job_deadline({"metadata": {"uid": "u"}, "spec": {}, "status": {"startTime": "yesterday"}}) == JobDeadline(
+        "u", None, None
+    )
 
 
 def test_a_reinvoked_webhook_replaces_the_reservation_its_earlier_review_made() -> None:
@@ -193,11 +214,15 @@ def test_the_listing_carries_the_namespaces_admission() -> None:
 def test_a_namespace_over_budget_demotes_a_pod_with_a_deadline_and_strict_still_refuses_one_without() -> None:
     over = NamespaceBudget(BudgetState.OVER_BUDGET, (), AdmissionMode.STRICT, Shortfall.REFUSE)
     timekeeper = Timekeeper()
-    decision = admit(parse_review(admission_review(pod(600))), WebhookConfig(), lambda _: over, mutate=True, reserve=timekeeper)
+    decision = admit(
+        parse_review(admission_review(pod(600))), WebhookConfig(), lambda _: over, mutate=True, reserve=timekeeper
+    )
     assert decision.allowed and any("over its GPU budget" in w for w in decision.warnings)
     assert ANNOTATION_ADMISSION_ID not in json.dumps(decision.patch) and timekeeper.asked == []  # demoted anyway
     refused = admit(parse_review(admission_review(pod())), WebhookConfig(), lambda _: over, mutate=True)
-    assert not refused.allowed and refused.code == 403 and "admits only GPU pods with a deadline" in str(refused.message)
+    assert (
+        not refused.allowed and refused.code == 403 and "admits only GPU pods with a deadline" in str(refused.message)
+    )
 
 
 def test_a_reinvoked_webhook_replaces_its_reservation_and_changes_nothing_else() -> None:
@@ -223,23 +248,51 @@ def test_a_reinvoked_webhook_replaces_its_reservation_and_changes_nothing_else()
 
 def test_the_reservation_is_asked_of_the_timekeeper_with_the_webhooks_token(timekeeper: FakeTimekeeper) -> None:
     reserve = TimekeeperReservations(timekeeper.url, lambda: "webhook-token", 2.0)
-    timekeeper.reservation = (200, {"granted": False, "uncommitted": {
-        "microGpuSeconds": MINUTE, "gpuMinutes": 1.0, "budget": "team.a", "remainingGpuMinutes": 5.0, "committedGpuMinutes": 3.0,
-        "reservedGpuMinutes": 1.0}})
+    timekeeper.reservation = (
+        200,
+        {
+            "granted": False,
+            "uncommitted": {
+                "microGpuSeconds": MINUTE,
+                "gpuMinutes": 1.0,
+                "budget": "team.a",
+                "remainingGpuMinutes": 5.0,
+                "committedGpuMinutes": 3.0,
+                "reservedGpuMinutes": 1.0,
+            },
+        },
+    )
     grant = reserve(Reservation(REVIEW, "ml", 2 * MINUTE, "earlier", dry_run=True))
     assert grant == Grant(Outcome.SHORT, Uncommitted(MINUTE, "team.a", 5.0, 3.0, 1.0))
-    assert timekeeper.bodies == [{"id": REVIEW, "namespace": "ml", "microGpuSeconds": 2 * MINUTE, "replaces": "earlier", "dryRun": True}]
+    assert timekeeper.bodies == [
+        {"id": REVIEW, "namespace": "ml", "microGpuSeconds": 2 * MINUTE, "replaces": "earlier", "dryRun": True}
+    ]
     assert timekeeper.authorizations == ["Bearer webhook-token"]
     timekeeper.reservation = (409, {"error": "the pod carries gpusharing.io/admission-id 'earlier', ..."})
-    assert reserve(Reservation(REVIEW, "ml", MINUTE)) == Grant(Outcome.TAKEN, reason="the pod carries gpusharing.io/admission-id 'earlier', ...")
+    assert reserve(Reservation(REVIEW, "ml", MINUTE)) == Grant(
+        Outcome.TAKEN, reason="the pod carries gpusharing.io/admission-id 'earlier', ..."
+    )
 
 
-@pytest.mark.parametrize(("status", "answer", "reason"), [
-    (503, {"error": "the timekeeper's controller has not published the cluster's pods yet"},
-     "the timekeeper could not reserve (HTTP 503): the timekeeper's controller has not published the cluster's pods yet"),
-    (200, {"granted": "yes"}, "the timekeeper's answer was not understood: expected an object with granted true or false"),
-])
-def test_an_answer_that_is_not_a_grant_is_unknown(timekeeper: FakeTimekeeper, status: int, answer: Any, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "answer", "reason"),
+    [
+        (
+            503,
+            {"error": "the timekeeper's controller has not published the cluster's pods yet"},
+            "the timekeeper could not reserve (HTTP 503): the timekeeper's controller has not published the cluster's "
+            "pods yet",
+        ),
+        (
+            200,
+            {"granted": "yes"},
+            "the timekeeper's answer was not understood: expected an object with granted true or false",
+        ),
+    ],
+)
+def test_an_answer_that_is_not_a_grant_is_unknown(
+    timekeeper: FakeTimekeeper, status: int, answer: Any, reason: str
+) -> None:
     timekeeper.reservation = (status, answer)
     grant = TimekeeperReservations(timekeeper.url, lambda: None, 2.0)(Reservation(REVIEW, "ml", MINUTE))
     assert grant == Grant(Outcome.UNKNOWN, reason=reason)

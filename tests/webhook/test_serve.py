@@ -83,7 +83,9 @@ def test_reviews_over_tls_with_keep_alive_and_metrics_merged_across_workers(webh
     for _ in range(4):
         text = session.get(f"{webhook}/metrics", timeout=5).text
         counted = re.search(
-            r'gpusharing_webhook_admissions_total\{decision="allowed",dialect="gpu-manager",endpoint="mutate",operation="CREATE"\} (\S+)', text
+            r'gpusharing_webhook_admissions_total\{decision="allowed",dialect="gpu-manager",endpoint="mutate",'
+            r'operation="CREATE"\} (\S+)',
+            text,
         )
         assert counted and float(counted.group(1)) == 40
 
@@ -92,7 +94,12 @@ def test_budget_states_reach_every_worker_and_bad_bodies_get_400(webhook: str, t
     deadline = time.monotonic() + 20
     demoted = 0
     while demoted < 10:  # ten demotions in a row: both workers have polled the timekeeper
-        answer = requests.post(f"{webhook}/mutate", json=admission_review(example_pod("kai-fraction.yaml", "greedy")), verify=tls["ca"], timeout=5)
+        answer = requests.post(
+            f"{webhook}/mutate",
+            json=admission_review(example_pod("kai-fraction.yaml", "greedy")),
+            verify=tls["ca"],
+            timeout=5,
+        )
         demoted = demoted + 1 if answer.json()["response"].get("warnings") else 0
         assert time.monotonic() < deadline, "over-budget state never reached the workers"
 
@@ -108,10 +115,16 @@ def test_plain_http_is_not_served(webhook: str) -> None:
 def test_serve_refuses_to_start_without_tls(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--port", str(free_port())],
-        capture_output=True, text=True, timeout=30, env={k: v for k, v in os.environ.items() if not k.startswith("GPUSHARING_TLS")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUSHARING_TLS")},
     )
     assert result.returncode == 2
-    assert result.stderr.strip() == "gpusharing: the webhook serves TLS only: give --cert and --key (or GPUSHARING_TLS_CERT, GPUSHARING_TLS_KEY)"
+    assert (
+        result.stderr.strip()
+        == "gpusharing: the webhook serves TLS only: give --cert and --key (or GPUSHARING_TLS_CERT, GPUSHARING_TLS_KEY)"
+    )
 
 
 def test_serve_names_a_malformed_setting(tls: dict[str, str]) -> None:
@@ -144,12 +157,31 @@ def test_a_renewed_certificate_is_served_without_a_restart(webhook: str, tls: di
         requests.get(f"{webhook}/livez", verify=tls["ca"], timeout=2)
 
 
-def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str], timekeeper: FakeTimekeeper, tmp_path: Path) -> None:
+def test_a_denied_pod_leaves_an_info_line_with_its_request_id(
+    tls: dict[str, str], timekeeper: FakeTimekeeper, tmp_path: Path
+) -> None:
     timekeeper.set_states(greedy="over-budget")
     port = free_port()
     log = tmp_path / "webhook.log"
-    env = {"GPUSHARING_LOG_FORMAT": "json", "GPUSHARING_TIMEKEEPER_URL": timekeeper.url, "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.2"}
-    args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", tls["cert"], "--key", tls["key"], "--workers", "2"]
+    env = {
+        "GPUSHARING_LOG_FORMAT": "json",
+        "GPUSHARING_TIMEKEEPER_URL": timekeeper.url,
+        "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.2",
+    }
+    args = [
+        "webhook",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cert",
+        tls["cert"],
+        "--key",
+        tls["key"],
+        "--workers",
+        "2",
+    ]
     invalid = example_pod("vcuda-fraction.yaml")
     invalid["spec"]["containers"][0]["resources"]["limits"]["tencent.com/vcuda-core"] = "150"
     denied = admission_review(invalid)
@@ -159,7 +191,9 @@ def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str
 
         def demotes() -> bool:
             review = admission_review(example_pod("kai-fraction.yaml", "greedy"))
-            response = requests.post(f"https://127.0.0.1:{port}/mutate", json=review, verify=tls["ca"], timeout=5).json()
+            response = requests.post(
+                f"https://127.0.0.1:{port}/mutate", json=review, verify=tls["ca"], timeout=5
+            ).json()
             return bool(response["response"].get("warnings"))
 
         deadline = time.monotonic() + 20
@@ -171,11 +205,20 @@ def test_a_denied_pod_leaves_an_info_line_with_its_request_id(tls: dict[str, str
     request = denied["request"]
     [line] = [e for e in entries if e.get("request_id") == request["uid"]]
     assert line["level"] == "info" and line["logger"] == "webhook.api.reviews"
-    assert (line["decision"], line["namespace"], line["pod"], line["operation"]) == ("denied", "ml-team", invalid["metadata"]["name"], "CREATE")
+    assert (line["decision"], line["namespace"], line["pod"], line["operation"]) == (
+        "denied",
+        "ml-team",
+        invalid["metadata"]["name"],
+        "CREATE",
+    )
     assert "vcuda-core" in line["message"]
-    assert any(e.get("decision") == "allowed" and e.get("namespace") == "greedy" and "demoted" in e["message"] for e in entries)
+    assert any(
+        e.get("decision") == "allowed" and e.get("namespace") == "greedy" and "demoted" in e["message"] for e in entries
+    )
     # gunicorn's own lines take the same form, and the line came from one of the workers it booted.
-    booted = {e["pid"] for e in entries if e["logger"] == "gunicorn.error" and e["message"].startswith("Booting worker")}
+    booted = {
+        e["pid"] for e in entries if e["logger"] == "gunicorn.error" and e["message"].startswith("Booting worker")
+    }
     assert len(booted) == 2 and line["pid"] in booted
 
 
@@ -186,18 +229,38 @@ def test_with_a_client_ca_only_the_api_servers_certificate_is_answered(tls: dict
     generated = write_client_auth("gpusharing-system", tmp_path / "client-auth")
     (user,) = yaml.safe_load((generated / "apiserver" / "webhook-kubeconfig.yaml").read_text())["users"]
     api_server, stranger = tmp_path / "apiserver.pem", tmp_path / "stranger.pem"
-    api_server.write_bytes(base64.b64decode(user["user"]["client-key-data"]) + base64.b64decode(user["user"]["client-certificate-data"]))
+    api_server.write_bytes(
+        base64.b64decode(user["user"]["client-key-data"]) + base64.b64decode(user["user"]["client-certificate-data"])
+    )
     trustme.CA().issue_cert("kube-apiserver").private_key_and_cert_chain_pem.write_to_path(str(stranger))
     port = free_port()
     url = f"https://127.0.0.1:{port}"
-    args = ["webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--cert", tls["cert"], "--key", tls["key"], "--workers", "1"]
+    args = [
+        "webhook",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cert",
+        tls["cert"],
+        "--key",
+        tls["key"],
+        "--workers",
+        "1",
+    ]
     review = admission_review(example_pod("vcuda-fraction.yaml"))
-    with Service("webhook", args, f"{url}/readyz", env={"GPUSHARING_CLIENT_CA_FILE": str(generated / "ca.crt")}, verify=tls["ca"]):
+    with Service(
+        "webhook", args, f"{url}/readyz", env={"GPUSHARING_CLIENT_CA_FILE": str(generated / "ca.crt")}, verify=tls["ca"]
+    ):
         answer = requests.post(f"{url}/mutate", json=review, verify=tls["ca"], cert=str(api_server), timeout=5)
         assert answer.status_code == 200 and answer.json()["response"]["allowed"]
         anyone = requests.post(f"{url}/mutate", json=review, verify=tls["ca"], timeout=5)
         assert anyone.status_code == 401
-        assert anyone.json() == {"error": "the GPU-sharing webhook answers only the API server: present a client certificate of the API server"}
+        assert anyone.json() == {
+            "error": "the GPU-sharing webhook answers only the API server: "
+            "present a client certificate of the API server"
+        }
         with pytest.raises(requests.exceptions.SSLError):
             requests.post(f"{url}/mutate", json=review, verify=tls["ca"], cert=str(stranger), timeout=5)
         assert requests.get(f"{url}/livez", verify=tls["ca"], timeout=5).status_code == 200  # the kubelet's probes
@@ -205,29 +268,61 @@ def test_with_a_client_ca_only_the_api_servers_certificate_is_answered(tls: dict
 
 def test_a_missing_client_ca_stops_the_webhook_at_start(tls: dict[str, str], tmp_path: Path) -> None:
     env = {**os.environ, "GPUSHARING_CLIENT_CA_FILE": str(tmp_path / "missing.crt")}
-    done = subprocess.run([sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--cert", tls["cert"], "--key", tls["key"]],
-                          env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr == f"gpusharing: GPUSHARING_CLIENT_CA_FILE={tmp_path / 'missing.crt'}: no such file\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpusharing.cli", "webhook", "serve", "--cert", tls["cert"], "--key", tls["key"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        done.returncode == 2
+        and done.stderr == f"gpusharing: GPUSHARING_CLIENT_CA_FILE={tmp_path / 'missing.crt'}: no such file\n"
+    )
 
 
 def hostile_review(where: str, key: str, value: object) -> dict[str, Any]:
-    pod = api_server_pod({"metadata": {"name": "p", "annotations": {key: value} if where == "annotation" else {}},
-                          "spec": {"containers": [{"name": "main", "image": "cuda",
-                                                   "resources": {"limits": {key: value}} if where == "limits" else {}}]}})
+    pod = api_server_pod(
+        {
+            "metadata": {"name": "p", "annotations": {key: value} if where == "annotation" else {}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "cuda",
+                        "resources": {"limits": {key: value}} if where == "limits" else {},
+                    }
+                ]
+            },
+        }
+    )
     return admission_review(pod)
 
 
 PATHOLOGICAL = {
     "gpu-memory 1e999999": (json.dumps(hostile_review("annotation", "gpu-memory", "1e999999")).encode(), 200),
     "gpu-memory 1e300000": (json.dumps(hostile_review("annotation", "gpu-memory", "1e300000")).encode(), 200),
-    "gpu-fraction 1e-999999999": (json.dumps(hostile_review("annotation", "gpu-fraction", "1e-999999999")).encode(), 200),
+    "gpu-fraction 1e-999999999": (
+        json.dumps(hostile_review("annotation", "gpu-fraction", "1e-999999999")).encode(),
+        200,
+    ),
     "nvidia.com/gpu 1e28": (json.dumps(hostile_review("limits", "nvidia.com/gpu", "1e28")).encode(), 200),
     "a 5,000-digit gpu-mem": (json.dumps(hostile_review("limits", "aliyun.com/gpu-mem", "9" * 5000)).encode(), 200),
     "100,000 [": (b"[" * 100_000, 400),
     "100,000 deep": (b"[" * 100_000 + b"]" * 100_000, 400),
-    "metadata a string, denied": (json.dumps(hostile_review("limits", "nvidia.com/gpu", "x")).replace(
-        '"metadata": {"name": "p", "annotations": {}, "namespace": "ml-team", "creationTimestamp": null}', '"metadata": "p"').encode(), 200),
-    "a 400-digit integer": (b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "n": ' + b"9" * 400 + b"}", 400),
+    "metadata a string, denied": (
+        json.dumps(hostile_review("limits", "nvidia.com/gpu", "x"))
+        .replace(
+            '"metadata": {"name": "p", "annotations": {}, "namespace": "ml-team", "creationTimestamp": null}',
+            '"metadata": "p"',
+        )
+        .encode(),
+        200,
+    ),
+    "a 400-digit integer": (
+        b'{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "n": ' + b"9" * 400 + b"}",
+        400,
+    ),
 }
 
 

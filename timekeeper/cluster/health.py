@@ -14,7 +14,7 @@ def serve_health(host: str, port: int, ready: Callable[[], bool]) -> ThreadingHT
     """Serves in a thread of its own until `shutdown()`."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+        def do_GET(self) -> None:
             if self.path == "/metrics":
                 body, content_type = render_metrics()
                 self._answer(200, body, content_type)

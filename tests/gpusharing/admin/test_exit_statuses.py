@@ -39,8 +39,12 @@ class StandIn:
 
         app.add_url_rule("/api/v1/budgets", "ls", lambda: LISTING)
         app.add_url_rule("/api/v1/budgets/<name>", "get", lambda name: [name])  # no budget's status: a list
-        app.add_url_rule("/api/v1/budgets/<name>", "rm", lambda name: ({"error": f"{name} has no budget of its own"}, 404),
-                         methods=["DELETE"])
+        app.add_url_rule(
+            "/api/v1/budgets/<name>",
+            "rm",
+            lambda name: ({"error": f"{name} has no budget of its own"}, 404),
+            methods=["DELETE"],
+        )
         app.add_url_rule("/api/v1/budgets/<name>", "set", lambda name: ({"error": "bob may not change budgets"}, 403),
                          methods=["PATCH"])
         app.add_url_rule("/api/v1/pods", "pods", lambda: ("<html>a proxy's error page</html>", 502))
@@ -83,15 +87,24 @@ def test_0_done(stand_in: tuple[StandIn, str], capsys: pytest.CaptureFixture[str
     assert (code, yaml.safe_load(out), err) == (0, LISTING, "")
 
 
-def test_1_a_server_refused_or_could_not_be_reached(stand_in: tuple[StandIn, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_1_a_server_refused_or_could_not_be_reached(
+    stand_in: tuple[StandIn, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     _, url = stand_in
     at = ("--timekeeper", url)
     assert run(capsys, "budget", "set", "team-a", "--gpu-minutes", "1", *at) == (
         1, "", "gpusharing: the timekeeper refused (403): bob may not change budgets\n")
-    assert run(capsys, "pods", *at) == (1, "", "gpusharing: the timekeeper refused (502): <html>a proxy's error page</html>\n")
+    assert run(capsys, "pods", *at) == (
+        1,
+        "",
+        "gpusharing: the timekeeper refused (502): <html>a proxy's error page</html>\n",
+    )
     assert run(capsys, "budget", "ls", "--timekeeper", "http://127.0.0.1:1") == (
-        1, "", "gpusharing: cannot reach the timekeeper at http://127.0.0.1:1: connection refused by 127.0.0.1:1: is the "
-        "server running there?\n")
+        1,
+        "",
+        "gpusharing: cannot reach the timekeeper at http://127.0.0.1:1: connection refused by 127.0.0.1:1: is the "
+        "server running there?\n",
+    )
 
 
 def test_1_an_answer_that_is_no_budget_status_is_one_line(
@@ -110,9 +123,15 @@ def test_2_bad_arguments_or_settings_are_refused_before_any_request(
     timekeeper, url = stand_in
     at = ("--timekeeper", url)
     code, out, err = run(capsys, "budget", "set", "team-a", "--gpu-minutes", "nan", *at)  # argparse's
-    assert (code, out) == (2, "") and err.splitlines()[-1].endswith("'nan' is not a number of GPU-minutes: give a finite number, 0 or more")
+    assert (code, out) == (2, "") and err.splitlines()[-1].endswith(
+        "'nan' is not a number of GPU-minutes: give a finite number, 0 or more"
+    )
     code, out, err = run(capsys, "budget", "set", "team-a", *at)
-    assert (code, out) == (2, "") and err.startswith("gpusharing: nothing to set: give --gpu-minutes N") and err.count("\n") == 1
+    assert (
+        (code, out) == (2, "")
+        and err.startswith("gpusharing: nothing to set: give --gpu-minutes N")
+        and err.count("\n") == 1
+    )
     code, out, err = run(capsys, "usage", "--from", "2026-11-02", "--to", "2026-11-01", *at)
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert run(capsys, "budget", "ls", "-o", "csv", *at) == (
@@ -140,14 +159,23 @@ def kubeconfig(path: Path, server: str) -> Path:
     return path
 
 
-def test_3_what_was_named_does_not_exist(stand_in: tuple[StandIn, str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_3_what_was_named_does_not_exist(
+    stand_in: tuple[StandIn, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     _, url = stand_in
     assert run(capsys, "budget", "rm", "nobody", "--timekeeper", url) == (
         3, "", "gpusharing: the timekeeper refused (404): nobody has no budget of its own\n")
     kube = FakeKube()
     try:
-        assert run(capsys, "explain", "pod/absent", "--kubeconfig", str(kubeconfig(tmp_path / "up", kube.url)), "--timekeeper", url) == (
-            3, "", "gpusharing: pod absent not found in namespace team-a\n")
+        assert run(
+            capsys,
+            "explain",
+            "pod/absent",
+            "--kubeconfig",
+            str(kubeconfig(tmp_path / "up", kube.url)),
+            "--timekeeper",
+            url,
+        ) == (3, "", "gpusharing: pod absent not found in namespace team-a\n")
     finally:
         kube.close()
 

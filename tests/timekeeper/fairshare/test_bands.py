@@ -1,5 +1,6 @@
 """Bands (timekeeper/fairshare/bands.py): the band of a ratio with hysteresis and a minimum time in band, the one-line
-reason, and when the band would change at zero use. The bands' shape and the burst guard: tests/gpusharing/test_fairshare.py."""
+reason, and when the band would change at zero use. The bands' shape and the burst guard:
+tests/gpusharing/test_fairshare.py."""
 
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ def test_a_ratio_hovering_about_a_bound_does_not_flap() -> None:
 def test_a_band_is_kept_the_minimum_time() -> None:
     state = BandState(1, T0)
     assert next_band(BANDS, state, flat(1.9), T0 + dt.timedelta(minutes=9, seconds=59)) is state
-    assert next_band(BANDS, state, flat(1.9), T0 + dt.timedelta(minutes=10)) == BandState(2, T0 + dt.timedelta(minutes=10))
+    assert next_band(BANDS, state, flat(1.9), T0 + dt.timedelta(minutes=10)) == BandState(
+        2, T0 + dt.timedelta(minutes=10)
+    )
     assert next_band(BANDS, state, flat(1.9), T0 - DAY) is state, "a clock that went back changes nothing"
 
 
@@ -81,31 +84,48 @@ def test_a_band_the_settings_no_longer_have_starts_afresh() -> None:
 
 def research() -> dict[str, NamespaceStanding]:
     """dept-research holds a quarter of the weight and used 52.5% of the GPU time: 2.1x its fair share."""
-    return rank_fair_tree([
-        group("dept-research", None, weight=1.0), group("dept-infra", None, weight=3.0),
-        ns("team-ml", "dept-research", 40.0), ns("team-cv", "dept-research", 12.5),
-        ns("team-ops", "dept-infra", 47.5), ns("team-idle", "dept-infra", 0.0, weight=0.5), ns("team-db", "dept-infra", 0.0),
-    ])
+    return rank_fair_tree(
+        [
+            group("dept-research", None, weight=1.0),
+            group("dept-infra", None, weight=3.0),
+            ns("team-ml", "dept-research", 40.0),
+            ns("team-cv", "dept-research", 12.5),
+            ns("team-ops", "dept-infra", 47.5),
+            ns("team-idle", "dept-infra", 0.0, weight=0.5),
+            ns("team-db", "dept-infra", 0.0),
+        ]
+    )
 
 
 def test_the_reason_names_the_decisive_level_the_ratio_and_the_half_life() -> None:
     standings = research()
     assert band_reason(standings["team-ml"], CLASSES[2], DAY) == (
-        "team-ml used 2.1x its fair share at the level of dept-research over a 24h half-life; light teams first: gpusharing-in-budget-heavy")
+        "team-ml used 2.1x its fair share at the level of dept-research over a 24h half-life; light teams first: "
+        "gpusharing-in-budget-heavy"
+    )
     alone = rank_fair_tree([ns("team-a", None, 30.0), ns("team-b", None, 10.0), ns("team-c", None, 0.0)])
     assert band_reason(alone["team-a"], CLASSES[2], dt.timedelta(hours=1, minutes=30)) == (
-        "team-a used 2.2x its fair share among its siblings over a 1h30m half-life; light teams first: gpusharing-in-budget-heavy")
-    assert band_reason(alone["team-c"], CLASSES[0], DAY).startswith("team-c used none of its fair share among its siblings over a 24h")
+        "team-a used 2.2x its fair share among its siblings over a 1h30m half-life; light teams first: "
+        "gpusharing-in-budget-heavy"
+    )
+    assert band_reason(alone["team-c"], CLASSES[0], DAY).startswith(
+        "team-c used none of its fair share among its siblings over a 24h"
+    )
     tiny = rank_fair_tree([ns("a", None, 1.0), ns("b", None, 1e6)])["a"]
     assert "a used under 0.1x its fair share" in band_reason(tiny, CLASSES[0], DAY)
     near = rank_fair_tree([ns("a", None, 52.0), ns("b", None, 48.0)], parity_tolerance=0.01)["a"]
     assert "a used 1.04x its fair share" in band_reason(near, CLASSES[1], DAY)
     even = rank_fair_tree([ns("a", None, 5.0), ns("b", None, 5.0)])["a"]
-    assert band_reason(even, CLASSES[1], DAY) == "a used about its fair share at every level over a 24h half-life; light teams first: gpusharing-in-budget"
+    assert (
+        band_reason(even, CLASSES[1], DAY)
+        == "a used about its fair share at every level over a 24h half-life; light teams first: gpusharing-in-budget"
+    )
 
 
 def scaled(nodes: list[ShareNode], name: str, factor: float) -> list[ShareNode]:
-    return [ShareNode(n.name, n.parent, n.weight, n.usage * factor, n.is_namespace) if n.name == name else n for n in nodes]
+    return [
+        ShareNode(n.name, n.parent, n.weight, n.usage * factor, n.is_namespace) if n.name == name else n for n in nodes
+    ]
 
 
 def test_zero_use_standing_is_the_tree_with_only_the_namespaces_usage_decayed() -> None:
@@ -117,7 +137,11 @@ def test_zero_use_standing_is_the_tree_with_only_the_namespaces_usage_decayed() 
         got = zero_use_standing(before, factor)
         assert (got.decisive_level, got.ratio) == (expected.decisive_level, pytest.approx(expected.ratio, rel=1e-9))
         for mine, theirs in zip(got.path, expected.path):
-            assert (mine.usage, mine.ratio, mine.decayed_usage) == (pytest.approx(theirs.usage, rel=1e-9), pytest.approx(theirs.ratio, rel=1e-9), pytest.approx(theirs.decayed_usage, rel=1e-9))
+            assert (mine.usage, mine.ratio, mine.decayed_usage) == (
+                pytest.approx(theirs.usage, rel=1e-9),
+                pytest.approx(theirs.ratio, rel=1e-9),
+                pytest.approx(theirs.decayed_usage, rel=1e-9),
+            )
     assert zero_use_standing(before, 1.0) is before
 
 
@@ -148,25 +172,37 @@ def test_zero_use_change_is_when_the_ratio_falls_past_the_bound_less_the_hystere
 def test_zero_use_change_follows_the_decision_down_a_level() -> None:
     """A department a little heavy (middle band, decided at level 1) whose namespace is its heavy user: as the
     namespace stops, the department falls to parity first and the namespace's own level decides."""
-    nodes = [group("d", None), group("e", None), ns("d-heavy", "d", 58.0), ns("d-light", "d", 2.0), ns("e-1", "e", 50.0)]
+    nodes = [
+        group("d", None),
+        group("e", None),
+        ns("d-heavy", "d", 58.0),
+        ns("d-light", "d", 2.0),
+        ns("e-1", "e", 50.0),
+    ]
     standing = rank_fair_tree(nodes)["d-heavy"]
     assert (standing.decisive_level, standing.ratio) == (1, pytest.approx(60 / 110 / 0.5))
     state = BandState(1, T0 - DAY)
     usage = DecayedUsage(58.0, T0)
     when = zero_use_change(BANDS, state, standing, usage, DAY, T0)
     assert when is not None and when > T0
-    before, after = (band_at(nodes, "d-heavy", state, usage, when + d) for d in (-dt.timedelta(seconds=1), dt.timedelta(seconds=1)))
+    before, after = (
+        band_at(nodes, "d-heavy", state, usage, when + d) for d in (-dt.timedelta(seconds=1), dt.timedelta(seconds=1))
+    )
     assert (before, after) == (1, 2), "heavier: its own level, 1.9x, decides once its department is at parity"
 
 
 def test_zero_use_change_is_none_when_nothing_would_change() -> None:
     standings = research()
     light = BandState(0, T0 - DAY)
-    assert zero_use_change(BANDS, light, standings["team-ops"], DecayedUsage(47.5, T0), DAY, T0) is None, "already in the top band"
+    assert zero_use_change(BANDS, light, standings["team-ops"], DecayedUsage(47.5, T0), DAY, T0) is None, (
+        "already in the top band"
+    )
     alone = rank_fair_tree([ns("a", None, 10.0), ns("b", None, 0.0)])["a"]
     assert zero_use_change(BANDS, BandState(2, T0 - DAY), alone, DecayedUsage(10.0, T0), DAY, T0) is None, (
         "alone in using GPUs it stays at twice its share however little it used")
-    idle = rank_fair_tree([group("h", None), group("g", None), ns("h1", "h", 30.0), ns("h0", "h", 0.0), ns("g1", "g", 5.0)])["h0"]
+    idle = rank_fair_tree(
+        [group("h", None), group("g", None), ns("h1", "h", 30.0), ns("h0", "h", 0.0), ns("g1", "g", 5.0)]
+    )["h0"]
     assert zero_use_change(BANDS, BandState(2, T0 - DAY), idle, DecayedUsage.zero(T0), DAY, T0) is None, (
         "a namespace that uses nothing already changes nothing by stopping")
     held = BandState(2, T0 - MINUTE)

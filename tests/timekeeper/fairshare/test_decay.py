@@ -25,7 +25,9 @@ def ledger(seed: int, count: int, span: dt.timedelta, longest: dt.timedelta) -> 
     intervals = []
     for _ in range(count):
         start = T0 + dt.timedelta(seconds=rng.uniform(0, span.total_seconds()))
-        length = dt.timedelta(seconds=rng.choice([0.0, 1e-6, rng.uniform(0, 60), rng.uniform(0, longest.total_seconds())]))
+        length = dt.timedelta(
+            seconds=rng.choice([0.0, 1e-6, rng.uniform(0, 60), rng.uniform(0, longest.total_seconds())])
+        )
         intervals.append((rng.uniform(0, 8) * max(length.total_seconds(), 1.0), start, start + length))
     return intervals
 
@@ -107,11 +109,16 @@ def test_a_leap_day_is_a_day() -> None:
     """From noon on 28 February 2028 to noon on 1 March is two days: two half-lives of a day, a quarter left."""
     feb_28 = dt.datetime(2028, 2, 28, 12, tzinfo=UTC)
     mar_1 = dt.datetime(2028, 3, 1, 12, tzinfo=UTC)
-    assert DecayedUsage.zero(feb_28).plus(100.0, feb_28, feb_28, DAY).at(mar_1, DAY).gpu_seconds == pytest.approx(25.0, rel=1e-15)
+    assert DecayedUsage.zero(feb_28).plus(100.0, feb_28, feb_28, DAY).at(mar_1, DAY).gpu_seconds == pytest.approx(
+        25.0, rel=1e-15
+    )
     # One GPU across the leap day, billed as 48 hours, is worth the integral over 48 hours.
     across = DecayedUsage.zero(feb_28).plus(48 * 3600.0, feb_28, mar_1, DAY)
     assert across.gpu_seconds == pytest.approx(86_400 / math.log(2) * (1 - 2 ** -2), rel=1e-14)
-    intervals = [(48 * 3600.0, feb_28, mar_1), (3600.0, dt.datetime(2028, 2, 29, 23, 30, tzinfo=UTC), dt.datetime(2028, 3, 1, 0, 30, tzinfo=UTC))]
+    intervals = [
+        (48 * 3600.0, feb_28, mar_1),
+        (3600.0, dt.datetime(2028, 2, 29, 23, 30, tzinfo=UTC), dt.datetime(2028, 3, 1, 0, 30, tzinfo=UTC)),
+    ]
     when = mar_1 + HOUR * 5
     assert fold(intervals, DAY, when) == pytest.approx(numerical_integral(intervals, DAY, when), rel=1e-9)
 

@@ -1,5 +1,6 @@
 """Fair Tree over the budget hierarchy (timekeeper/fairshare/tree.py): siblings ranked by usage over share at each
-level, depth-first; a heavy department's namespaces below a light one's; splitting a team gains nothing; ties by name."""
+level, depth-first; a heavy department's namespaces below a light one's; splitting a team gains nothing; ties by
+name."""
 
 from __future__ import annotations
 
@@ -25,13 +26,25 @@ def order(standings) -> list[str]:
 
 
 def test_flat_siblings_rank_by_usage_over_share_lightest_first() -> None:
-    standings = rank_fair_tree([ns("a", None, 60.0, weight=1), ns("b", None, 30.0, weight=3), ns("c", None, 10.0, weight=1), ns("idle", None, 0.0, weight=5)])
+    standings = rank_fair_tree(
+        [
+            ns("a", None, 60.0, weight=1),
+            ns("b", None, 30.0, weight=3),
+            ns("c", None, 10.0, weight=1),
+            ns("idle", None, 0.0, weight=5),
+        ]
+    )
     # Shares 0.1, 0.3, 0.1, 0.5 of the weights; usage 0.6, 0.3, 0.1, 0 of what they used together.
     assert {name: round(s.ratio, 12) for name, s in standings.items()} == {"idle": 0.0, "c": 1.0, "b": 1.0, "a": 6.0}
     assert order(standings) == ["idle", "b", "c", "a"], "used nothing first; b and c tie at parity and go by name"
     a = standings["a"]
     assert (a.rank, a.of, a.decisive_level, a.share_of_cluster) == (4, 4, 1, pytest.approx(0.1))
-    assert (a.path[0].share, a.path[0].usage, a.path[0].rank, a.path[0].siblings) == (pytest.approx(0.1), pytest.approx(0.6), 4, 4)
+    assert (a.path[0].share, a.path[0].usage, a.path[0].rank, a.path[0].siblings) == (
+        pytest.approx(0.1),
+        pytest.approx(0.6),
+        4,
+        4,
+    )
     assert (standings["c"].decisive_level, standings["c"].ratio) == (0, 1.0), "at parity: no decisive level"
     assert (standings["idle"].decisive_level, standings["idle"].ratio) == (1, 0.0)
 
@@ -44,7 +57,9 @@ def test_a_heavy_departments_namespaces_rank_below_a_light_departments_whatever_
     ])
     assert order(standings) == ["light-b", "light-a", "heavy-idle", "heavy-busy"]
     idle = standings["heavy-idle"]
-    assert idle.decisive_level == 1 and idle.ratio == pytest.approx(12 / 7), "judged by its department, which used 900 of 1050 on half the weight"
+    assert idle.decisive_level == 1 and idle.ratio == pytest.approx(12 / 7), (
+        "judged by its department, which used 900 of 1050 on half the weight"
+    )
     assert idle.path[1].ratio == 0.0 and idle.path[0].node == "dept-heavy"
     assert standings["light-a"].ratio == pytest.approx(0.2857142857) and standings["light-a"].decisive_level == 1
 
@@ -71,7 +86,14 @@ def four_levels(seed: int) -> list[ShareNode]:
             for t in range(2):
                 nodes.append(group(f"div{d}.dept{p}.team{t}", f"div{d}.dept{p}", rng.uniform(1, 5)))
                 for n in range(3):
-                    nodes.append(ns(f"ns-{d}-{p}-{t}-{n}", f"div{d}.dept{p}.team{t}", rng.choice([0.0, rng.uniform(0, 1e6)]), rng.uniform(1, 5)))
+                    nodes.append(
+                        ns(
+                            f"ns-{d}-{p}-{t}-{n}",
+                            f"div{d}.dept{p}.team{t}",
+                            rng.choice([0.0, rng.uniform(0, 1e6)]),
+                            rng.uniform(1, 5),
+                        )
+                    )
     return nodes
 
 
@@ -91,7 +113,13 @@ def test_four_levels_rank_depth_first_by_each_levels_ratio_then_name() -> None:
             assert level.ratio == pytest.approx(level.usage / level.share)
     # Siblings' normalised shares and usage add up to 1 at every level (usage: where they used anything).
     for depth in range(4):
-        groups = itertools.groupby(sorted({(s.path[:depth], s.path[depth]) for s in standings.values()}, key=lambda p: [lv.node for lv in p[0]] + [p[1].node]), key=lambda p: p[0])
+        groups = itertools.groupby(
+            sorted(
+                {(s.path[:depth], s.path[depth]) for s in standings.values()},
+                key=lambda p: [lv.node for lv in p[0]] + [p[1].node],
+            ),
+            key=lambda p: p[0],
+        )
         for _, members in groups:
             levels = [lv for _, lv in members]
             assert math.fsum(lv.share for lv in levels) == pytest.approx(1.0)
@@ -109,7 +137,16 @@ def test_the_order_does_not_depend_on_the_inputs_order() -> None:
 
 
 def test_ties_are_broken_by_name() -> None:
-    standings = rank_fair_tree([group("b", None), group("a", None), ns("b2", "b", 5.0), ns("b1", "b", 5.0), ns("a1", "a", 10.0), ns("a0", "a", 0.0, weight=0.5)])
+    standings = rank_fair_tree(
+        [
+            group("b", None),
+            group("a", None),
+            ns("b2", "b", 5.0),
+            ns("b1", "b", 5.0),
+            ns("a1", "a", 10.0),
+            ns("a0", "a", 0.0, weight=0.5),
+        ]
+    )
     assert order(standings) == ["a0", "a1", "b1", "b2"]
     assert standings["a0"].path[0].ratio == standings["b1"].path[0].ratio == 1.0
 
@@ -117,11 +154,25 @@ def test_ties_are_broken_by_name() -> None:
 def test_splitting_a_team_into_many_namespaces_gains_nothing() -> None:
     """The same team as one namespace, or as a group of five splitting its use: everyone else's order is the
     same, and the five namespaces sit where the one did."""
-    others = [group("dept-a", None), group("dept-b", None, weight=2.0),
-              ns("a-1", "dept-a", 300.0), ns("a-2", "dept-a", 50.0), ns("b-1", "dept-b", 200.0), ns("b-2", "dept-b", 10.0)]
+    others = [
+        group("dept-a", None),
+        group("dept-b", None, weight=2.0),
+        ns("a-1", "dept-a", 300.0),
+        ns("a-2", "dept-a", 50.0),
+        ns("b-1", "dept-b", 200.0),
+        ns("b-2", "dept-b", 10.0),
+    ]
     whole = rank_fair_tree([*others, ns("team", "dept-a", 400.0, weight=2.0)])
-    split = rank_fair_tree([*others, group("team", "dept-a", weight=2.0),
-                            *(ns(f"team-{i}", "team", u, weight=w) for i, (u, w) in enumerate([(390.0, 1), (2.5, 1), (2.5, 5), (5.0, 0.1), (0.0, 3)]))])
+    split = rank_fair_tree(
+        [
+            *others,
+            group("team", "dept-a", weight=2.0),
+            *(
+                ns(f"team-{i}", "team", u, weight=w)
+                for i, (u, w) in enumerate([(390.0, 1), (2.5, 1), (2.5, 5), (5.0, 0.1), (0.0, 3)])
+            ),
+        ]
+    )
     flattened = [name if not name.startswith("team-") else "team" for name in order(split)]
     assert [name for i, name in enumerate(flattened) if i == 0 or name != flattened[i - 1]] == order(whole)
     for name in ("a-1", "a-2", "b-1", "b-2"):
@@ -129,9 +180,13 @@ def test_splitting_a_team_into_many_namespaces_gains_nothing() -> None:
     assert {split[f"team-{i}"].path[0] for i in range(5)} == {whole["team"].path[0]}
     assert split["team-4"].ratio == whole["team"].ratio, "an idle split-off still answers for its department's use"
     # Nor does splitting a namespace's budget among several namespaces directly under the department.
-    flat_split = rank_fair_tree([*others, ns("team-x", "dept-a", 200.0, weight=1.0), ns("team-y", "dept-a", 200.0, weight=1.0)])
+    flat_split = rank_fair_tree(
+        [*others, ns("team-x", "dept-a", 200.0, weight=1.0), ns("team-y", "dept-a", 200.0, weight=1.0)]
+    )
     assert flat_split["team-x"].ratio == flat_split["team-y"].ratio == pytest.approx(whole["team"].ratio)
-    assert [(lv.share, lv.usage, lv.ratio) for lv in flat_split["a-1"].path] == [(lv.share, lv.usage, lv.ratio) for lv in whole["a-1"].path]
+    assert [(lv.share, lv.usage, lv.ratio) for lv in flat_split["a-1"].path] == [
+        (lv.share, lv.usage, lv.ratio) for lv in whole["a-1"].path
+    ]
 
 
 def test_a_group_without_namespaces_takes_no_share() -> None:
@@ -142,7 +197,9 @@ def test_a_group_without_namespaces_takes_no_share() -> None:
 
 
 def test_when_nobody_used_anything_everyone_is_at_parity_and_ranks_by_name() -> None:
-    standings = rank_fair_tree([group("d2", None), group("d1", None, weight=3), ns("z", "d1", 0.0), ns("y", "d2", 0.0), ns("x", "d2", 0.0)])
+    standings = rank_fair_tree(
+        [group("d2", None), group("d1", None, weight=3), ns("z", "d1", 0.0), ns("y", "d2", 0.0), ns("x", "d2", 0.0)]
+    )
     assert order(standings) == ["z", "x", "y"]
     for s in standings.values():
         assert (s.ratio, s.decisive_level) == (1.0, 0)
@@ -150,7 +207,16 @@ def test_when_nobody_used_anything_everyone_is_at_parity_and_ranks_by_name() -> 
 
 
 def test_a_namespace_that_alone_used_anything_is_heavy_and_the_rest_at_parity_among_themselves() -> None:
-    standings = rank_fair_tree([group("d", None), group("e", None), ns("d1", "d", 10.0), ns("d2", "d", 0.0), ns("e1", "e", 0.0), ns("e2", "e", 0.0)])
+    standings = rank_fair_tree(
+        [
+            group("d", None),
+            group("e", None),
+            ns("d1", "d", 10.0),
+            ns("d2", "d", 0.0),
+            ns("e1", "e", 0.0),
+            ns("e2", "e", 0.0),
+        ]
+    )
     assert order(standings) == ["e1", "e2", "d2", "d1"]
     assert (standings["d1"].ratio, standings["d1"].decisive_level) == (2.0, 1)
     assert (standings["e1"].ratio, standings["e1"].decisive_level) == (0.0, 1)
