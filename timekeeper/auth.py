@@ -156,7 +156,8 @@ class Authenticator:
                  wait_seconds: float = 2.0, node_agent_users: frozenset[str] = frozenset()):
         if mode == "tokenreview" and kube is None:
             raise ConfigError(
-                "TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
+                "TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API "
+                "(in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
             )
         self.mode = mode
         self._static = static_tokens
@@ -340,8 +341,8 @@ class Authenticator:
         share = _annotated_number(annotations.get(ANNOTATION_GPU_SHARE), MIN_GPU_SHARE, MAX_GPU_SHARE)
         if share is None:
             raise Forbidden(
-                f"pod {namespace}/{name} has no valid {ANNOTATION_GPU_SHARE} annotation (a share from {MIN_GPU_SHARE} to "
-                f"{MAX_GPU_SHARE}): it was not admitted by the GPU-sharing webhook"
+                f"pod {namespace}/{name} has no valid {ANNOTATION_GPU_SHARE} annotation "
+                f"(a share from {MIN_GPU_SHARE} to {MAX_GPU_SHARE}): it was not admitted by the GPU-sharing webhook"
             )
         memory = _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB)
         model = annotations.get(ANNOTATION_GPU_MODEL)

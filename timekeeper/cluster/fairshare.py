@@ -259,7 +259,8 @@ class FairShareTask:
                     {"band": classes[standing.state.band], "reason": standing.reason}
                     if standing
                     else {
-                        "reason": f"{name} ranks {level.rank} of {level.siblings} among its siblings, at {level.ratio:.2f}x its share"
+                        "reason": f"{name} ranks {level.rank} of {level.siblings} among its siblings, "
+                        f"at {level.ratio:.2f}x its share"
                     }
                 ),
             }

@@ -60,8 +60,8 @@ class ReservationStore:
         """
         if asked.replaces is not None and (pod := admitted_as(asked.replaces)) is not None:
             raise AdmissionIdTaken(
-                f"the pod carries gpusharing.io/admission-id {asked.replaces!r}, the admission of pod {pod}: remove the "
-                "annotation (the GPU-sharing webhook sets it)"
+                f"the pod carries gpusharing.io/admission-id {asked.replaces!r}, the admission of pod {pod}: "
+                "remove the annotation (the GPU-sharing webhook sets it)"
             )
         db, now = self.store.db, self.store.clock()
         mine = frozenset({asked.id, *([asked.replaces] if asked.replaces else [])})
