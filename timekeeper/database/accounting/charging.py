@@ -17,7 +17,6 @@ weighted charge. Both are kept per pod, day and model for usage reports (timekee
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +26,6 @@ from sqlalchemy import bindparam, select
 
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, fresh_for
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
-from gpusharing.idle.policy import DEFAULT_UTILISATION_PERCENT
 from gpusharing.idle.verdict import Reading, Streak
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
@@ -45,7 +43,6 @@ from timekeeper.accounting.ledger import (
     observe,
     report,
 )
-from timekeeper.budgets.hierarchy import idle_policy_of
 from timekeeper.budgets.periods import period_starts, usage_day
 from timekeeper.budgets.status import BudgetStatus, crossed
 from timekeeper.database.accounting.fairshare import Charge, FairShareLedger
@@ -61,6 +58,7 @@ from timekeeper.database.accounting.pods import (
     reading_columns,
     streak_columns,
 )
+from timekeeper.database.accounting.thresholds import IdleThresholds
 from timekeeper.database.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
 from timekeeper.database.accounting.weights import WeightLog, billing_model
 from timekeeper.database.budgets.store import BudgetStore
@@ -137,24 +135,6 @@ class _Locked:
     reading: Reading  # the latest utilisation reading, whoever's: the idle part of what is charged while it is fresh
     memory_used_mib: float | None  # read with it
     streak: Streak
-
-
-class IdleThresholds:
-    """The idle threshold in force per namespace (the policy's `utilisationPercent`), from every budget read at most
-    every `refresh_seconds`: a policy change reaches the streaks within that time."""
-
-    def __init__(self, budgets: BudgetStore, refresh_seconds: float, monotonic: Callable[[], float] = time.monotonic):
-        self.store = budgets
-        self.refresh_seconds = refresh_seconds
-        self._monotonic = monotonic
-        self._read_at: float | None = None
-        self._budgets: dict[str, Any] = {}
-
-    def __call__(self, namespace: str) -> float:
-        if self._read_at is None or self._monotonic() - self._read_at >= self.refresh_seconds:
-            self._budgets, self._read_at = self.store.budgets(), self._monotonic()
-        policy = idle_policy_of(self._budgets, namespace, self.store.default_idle)
-        return DEFAULT_UTILISATION_PERCENT if policy is None else policy.policy.utilisation_percent
 
 
 class ReportLedger(PodLedgers):
