@@ -1,20 +1,9 @@
-"""Who may do what: meters report for their own pod and read nothing, readers read the namespaces Kubernetes lets
-them read, admins change budgets.
+"""Who may do what: meters report for their own pod and read nothing, node agents send their node's readings, readers
+read the namespaces Kubernetes lets them read, admins change budgets.
 
-Modes (TIMEKEEPER_AUTH):
-- tokenreview: bearer tokens are verified with the Kubernetes TokenReview API (audience gpusharing-timekeeper).
-  A pod-bound ServiceAccount token may report for that pod only, and read nothing. Reads need a SubjectAccessReview
-  allowing verb `get` on `gpubudgets` in API group `gpusharing.io` in the namespace read (`clustergpubudgets` for
-  a group's budget; `list` on `gpubudgets` in all namespaces for what spans them); budget writes need one allowing
-  verb `update` on resource `budgets`, safe admission's reservations (the webhook's) verb `create` on `reservations`.
-  Tokens in TIMEKEEPER_STATIC_TOKENS_FILE, when set, are accepted too.
-  A node agent's readings (`POST /api/v1/node-readings`) need a pod-bound token of the node agent's ServiceAccount
-  (TIMEKEEPER_NODE_AGENT_USERS), and are taken only for the node its pod runs on, and of the pods bound to that node.
-- static: only the tokens in TIMEKEEPER_STATIC_TOKENS_FILE: `TOKEN ROLE [NAME] [namespaces=NS,...]` per line, role
-  admin, reader or meter. A reader reads everything and reserves (the webhook's token). A meter token may report for
-  any pod (docker-compose has no pod identity to check), or for any pod of the namespaces its line names, and reads
-  nothing. `TOKEN node-agent [NAME] node=NODE`: a node agent's, sending the readings of node NODE only.
-- none: every request is an admin's; for a local demo only.
+TIMEKEEPER_AUTH is `tokenreview` (tokens reviewed by the Kubernetes API, reads and writes allowed by
+SubjectAccessReviews as on the GPUBudget resources), `static` (the tokens of TIMEKEEPER_STATIC_TOKENS_FILE) or `none`
+(a local demo: everyone is an admin). Each mode's rules: docs/security.md, "Who may do what".
 """
 
 from __future__ import annotations
@@ -79,12 +68,8 @@ def token_digest(token: str) -> bytes:
 
 
 class StaticTokens:
-    """The tokens of TIMEKEEPER_STATIC_TOKENS_FILE, kept as SHA-256 digests.
-
-    A presented token is hashed and its digest looked up: no comparison ever runs over a token's own bytes, so
-    its timing tells nothing about any token (it depends on the digest, which nobody can steer without knowing a
-    token), and no scan over the file's tokens tells which one matched.
-    """
+    """The tokens of TIMEKEEPER_STATIC_TOKENS_FILE, looked up by their SHA-256 digests, so that no comparison runs over
+    a token's own bytes and its timing tells nothing about any token."""
 
     def __init__(self, callers: dict[str, Caller]):
         self._by_digest = {token_digest(token): caller for token, caller in callers.items()}
@@ -156,7 +141,8 @@ class Authenticator:
                  wait_seconds: float = 2.0, node_agent_users: frozenset[str] = frozenset()):
         if mode == "tokenreview" and kube is None:
             raise ConfigError(
-                "TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API (in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
+                "TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API "
+                "(in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
             )
         self.mode = mode
         self._static = static_tokens
@@ -340,8 +326,8 @@ class Authenticator:
         share = _annotated_number(annotations.get(ANNOTATION_GPU_SHARE), MIN_GPU_SHARE, MAX_GPU_SHARE)
         if share is None:
             raise Forbidden(
-                f"pod {namespace}/{name} has no valid {ANNOTATION_GPU_SHARE} annotation (a share from {MIN_GPU_SHARE} to "
-                f"{MAX_GPU_SHARE}): it was not admitted by the GPU-sharing webhook"
+                f"pod {namespace}/{name} has no valid {ANNOTATION_GPU_SHARE} annotation "
+                f"(a share from {MIN_GPU_SHARE} to {MAX_GPU_SHARE}): it was not admitted by the GPU-sharing webhook"
             )
         memory = _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB)
         model = annotations.get(ANNOTATION_GPU_MODEL)

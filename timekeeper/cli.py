@@ -17,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run = commands.add_parser(
         "serve",
         help="serve the timekeeper API under gunicorn (settings: TIMEKEEPER_*)",
-        description="Serve the timekeeper's API. Settings come from TIMEKEEPER_* variables (docs/reference/settings.md); the database "
-        "must be migrated first (gpusharing db upgrade).",
+        description="Serve the timekeeper's API. Settings come from TIMEKEEPER_* variables "
+        "(docs/reference/settings.md); the database must be migrated first (gpusharing db upgrade).",
         epilog="examples:\n"
         "  TIMEKEEPER_AUTH=none gpusharing timekeeper serve --host 127.0.0.1     # on a laptop, anyone is admin\n"
         "  TIMEKEEPER_AUTH=static TIMEKEEPER_STATIC_TOKENS_FILE=tokens gpusharing timekeeper serve",
@@ -35,11 +35,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run.set_defaults(run=_serve)
     controller = commands.add_parser(
         "controller",
-        help="run the timekeeper's cluster work: billing, idle policies, GPUBudgets, evictions (settings: TIMEKEEPER_*)",
-        description="Run the controller: the timekeeper's work on the cluster (bills from the API server's record, idle "
-        "policies, GPUBudgets into the ledger and their status, Events, evictions), under a Lease so that one replica acts "
-        "at a time. It reads the same TIMEKEEPER_* settings and database as `gpusharing timekeeper serve`, and serves "
-        "/livez, /readyz and /metrics over plain HTTP on TIMEKEEPER_CONTROLLER_PORT (default 8081).",
+        help="run the timekeeper's cluster work: billing, idle policies, GPUBudgets, evictions "
+        "(settings: TIMEKEEPER_*)",
+        description="Run the controller: the timekeeper's work on the cluster (bills from the API server's record, "
+        "idle policies, GPUBudgets into the ledger and their status, Events, evictions), under a Lease so that one "
+        "replica acts at a time. It reads the same TIMEKEEPER_* settings and database as `gpusharing timekeeper "
+        "serve`, and serves /livez, /readyz and /metrics over plain HTTP on TIMEKEEPER_CONTROLLER_PORT (default 8081).",
         epilog="examples:\n"
         "  KUBECONFIG=~/.kube/config gpusharing timekeeper controller      # off-cluster, on the kubeconfig's cluster\n"
         "  gpusharing timekeeper controller --port 9090",
@@ -66,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     upgrade.set_defaults(run=_migrate, downgrade=False)
     downgrade = db_commands.add_parser(
         "downgrade",
-        help="migrate the database (TIMEKEEPER_DATABASE_URL) back to an earlier revision, dropping what later ones added",
+        help="migrate the database (TIMEKEEPER_DATABASE_URL) back to an earlier revision, "
+        "dropping what later ones added",
         description="Migrate the database back to REVISION: every later revision's columns and tables are dropped, "
         "with their data. Stop the timekeeper first: it refuses a database that is not at its own revision.",
         epilog="examples:\n"

@@ -30,7 +30,8 @@ NODE_READINGS = Counter(
 )
 REPORTS = Counter(
     "gpusharing_timekeeper_reports",
-    "Meter reports answered, by outcome (charged, duplicate, regressed, after-final, rejected, unauthenticated, forbidden).",
+    "Meter reports answered, by outcome "
+    "(charged, duplicate, regressed, after-final, rejected, unauthenticated, forbidden).",
     ["outcome"],
 )
 LATENCY = Histogram(
@@ -176,7 +177,8 @@ class LedgerCollector(Collector):
             info.add_metric([ns, status.kind, status.parent or "", status.limited_by or ""], 1.0)
         top = GaugeMetricFamily(
             "gpusharing_timekeeper_pod_gpu_seconds",
-            f"GPU time billed to each of the {TOP_PODS} running pods that used the most (cumulative, since each started).",
+            f"GPU time billed to each of the {TOP_PODS} running pods that used the most "
+            "(cumulative, since each started).",
             labels=["namespace", "pod"],
             unit="gpu_seconds",
         )
@@ -185,7 +187,8 @@ class LedgerCollector(Collector):
         silent = GaugeMetricFamily(
             "gpusharing_timekeeper_meters_silent",
             "Running pods whose meter is silent: flagged by the controller (no report for two meter intervals; the pod "
-            "is billed all the same), or off a cluster, heard from within the last hour but not for two meter intervals.",
+            "is billed all the same), or off a cluster, heard from within the last hour but not for two meter "
+            "intervals.",
         )
         silent.add_metric([], float(self.ledger.silent_meters(self.ledger.fresh_seconds, GONE_AFTER_SECONDS)))
         over = GaugeMetricFamily(
@@ -229,14 +232,15 @@ class LedgerCollector(Collector):
         """Per namespace: its GPU pods idle now and beyond their policy's warning, and its idle GPU time this period."""
         pods = GaugeMetricFamily(
             "gpusharing_timekeeper_idle_pods",
-            "Running GPU pods whose latest reading (the node agent's or Prometheus's where fresh, else the meter's within "
-            "two meter intervals) continued an idle streak: GPU utilisation under the idle policy's threshold (1 % "
-            "without one). Unknown utilisation is never idle.",
+            "Running GPU pods whose latest reading (the node agent's or Prometheus's where fresh, else the meter's "
+            "within two meter intervals) continued an idle streak: GPU utilisation under the idle policy's threshold "
+            "(1 % without one). Unknown utilisation is never idle.",
             labels=["namespace"],
         )
         warned = GaugeMetricFamily(
             "gpusharing_timekeeper_idle_pods_warned",
-            "Of those, the pods idle beyond the warning of the idle policy in force (warned, or acted on and still running).",
+            "Of those, the pods idle beyond the warning of the idle policy in force "
+            "(warned, or acted on and still running).",
             labels=["namespace"],
         )
         for ns, (now_idle, beyond) in sorted(
@@ -246,8 +250,8 @@ class LedgerCollector(Collector):
             warned.add_metric([ns], float(beyond))
         seconds = GaugeMetricFamily(
             "gpusharing_timekeeper_idle_gpu_seconds",
-            "GPU time the namespace's pods were billed for in its current period while their GPU was idle (share x time "
-            "x (1 - utilisation), where the meter read utilisation; raw, not weighted).",
+            "GPU time the namespace's pods were billed for in its current period while their GPU was idle "
+            "(share x time x (1 - utilisation), where the meter read utilisation; raw, not weighted).",
             labels=["namespace"],
             unit="gpu_seconds",
         )

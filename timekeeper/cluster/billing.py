@@ -1,13 +1,10 @@
-"""Bills governed GPU pods from the API server's record, as tasks of the controller's leader.
+"""The `bills`, `ended` and `silent-meters` tasks of the controller's leader: governed pods billed from the API
+server's record (docs/budgets.md, "Accounting").
 
-The controller's shared caches follow the cluster's governed pods and ResourceClaims. Every
-TIMEKEEPER_BILLING_INTERVAL_SECONDS (the `bills` task) each running pod's bill grows by its share for the time since
-its last observation, and every TIMEKEEPER_ENDED_INTERVAL_SECONDS (the `ended` task) each pod that ended (its
-containers terminated, or deleted) has its bill closed at its end and then its billing finalizer removed,
-so the API server lets it go only once it is billed. A pod the watch lost sight of without an end (deleted without the
-finalizer while no timekeeper watched) is closed as last observed; its meter's reports may still fill the gap. Running
-pods whose meter has not reported for two meter intervals are still billed, and flagged by the `silent-meters` task:
-an Event on the pod, once.
+Running pods' bills grow by their share for the time since their last observation; an ended pod's bill closes at its
+recorded end, and only then does its billing finalizer come off, so that the API server lets it go once billed. A pod
+the watch lost sight of without an end is closed as last observed. A running pod whose meter has not reported for two
+meter intervals is still billed, and flagged once by a `MeterSilent` Event.
 """
 
 from __future__ import annotations

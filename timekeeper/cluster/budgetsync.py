@@ -1,20 +1,10 @@
-"""Budgets as tasks of the controller's leader: GPUBudgets into the ledger, their status back, Events and evictions on
-crossings.
+"""The `budgets` and `statuses` tasks of the controller's leader: GPUBudgets into the ledger, crossings' Events and
+evictions, the resources' status.
 
-The states need no action: they are computed from the ledger on every read, so the webhook sees a namespace over
-budget as soon as the report that crossed commits. What is done here goes to the Kubernetes API, off the request
-path, by the controller's leader: the `budgets` task (every TIMEKEEPER_DEMOTION_INTERVAL_SECONDS, and at once when
-the cached GPUBudgets or ClusterGPUBudgets change) writes the resources' budgets into the ledger, records each
-crossing's Event and warning, and evicts what a crossing says; the `statuses` task (every
-TIMEKEEPER_STATUS_INTERVAL_SECONDS) writes the resources' status. Each run looks at the whole picture again, so an
-eviction a PodDisruptionBudget refused is retried on the next run, and a leader that dies leaves nothing half-done
-that the next cannot finish. Each Event is claimed in the database before it is queued, so that two leaders (one
-whose lease lapsed under a long run) never both send it.
-
-A namespace's pods are evicted through the controller's one eviction path (timekeeper.cluster.evictions): once every
-live webhook process holds a listing read after the controller saw the namespace over budget, each claimed under the
-leader's term. The replacements its ReplicaSets make at once are then admitted with the over-budget class, never in
-budget to be evicted again.
+States are computed from the ledger on every read, so the webhook sees a crossing as soon as its report commits; what
+goes to the Kubernetes API is done here, off the request path. Each run looks at the whole picture again, so a refused
+eviction is retried on the next run and a leader that dies leaves nothing the next cannot finish. See
+docs/budgets.md, "States and demotion".
 """
 
 from __future__ import annotations
@@ -64,6 +54,8 @@ class BudgetPass:
 
 
 class BudgetSync:
+    """The `budgets` and `statuses` tasks, on the shared caches."""
+
     def __init__(self, budgets: BudgetStore, kube: KubeApi, informers: ClusterInformers, evictions: EvictionPath,
                  events: EventQueue, idle: Callable[[], IdlePass | None] = lambda: None,
                  fair_share: Callable[[], Mapping[str, Mapping[str, Any]]] = dict):

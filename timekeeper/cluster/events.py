@@ -1,10 +1,8 @@
-"""Events go out through a queue of their own, sent by the controller's `events` task: a task that has an Event to
-tell queues it and goes on, so that thousands of `MeterSilent` Events (meters all silent after a timekeeper outage)
-never hold a demotion's evictions back, as client-go's event broadcaster keeps them off a controller's work.
+"""The controller's queue of Events, sent by its `events` task, so that a task with something to tell never waits on
+the API server (thousands of `MeterSilent` Events never hold a demotion's evictions back).
 
-An Event whose sending fails calls its `on_failure`, which gives back the claim that made it once (a transition, a
-warning, an idle step), so that the task that queued it queues it again on its next run. The queue is bounded: when
-it is full the oldest Event is dropped, counted and logged, as Kubernetes drops Events under load.
+An Event that cannot be sent calls its `on_failure`, which gives back the claim that keeps it to one sending, so that
+its task queues it again. The queue is bounded: when full, the oldest Event is dropped, counted and logged.
 """
 
 from __future__ import annotations

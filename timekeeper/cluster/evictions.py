@@ -1,41 +1,9 @@
-"""The one eviction path of the controller, for every reason (a budget crossing, an idle policy's demote or evict).
+"""The controller's one eviction path, for every reason (a budget crossing, an idle policy, fair share).
 
-Before a pod is evicted:
-1. every live webhook process holds a listing read after `acknowledged_after` (timekeeper.database.cluster.listings): the
-   state the pod's replacement will be admitted under (the namespace over budget, the owner held for idleness) is
-   in force wherever it can be admitted, so the replacement is never admitted as the pod was, to be evicted again;
-2. the eviction is claimed in the database under the leader's term, a batch at a time (timekeeper.database.cluster.fencing):
-   a deposed leader's claims are refused, a claim its holder left unfinished is taken over once no request of its
-   holder can still be under way, and no pod is evicted twice;
-3. the Lease (and the term the claim was made under) is checked before each request, kept (renewed once a third
-   of it has passed) as the pass goes, and the request leaves while it is surely held or not at all: a connection it
-   must open first is given up once the Lease may have passed, so a leader paused or slowed between its check and
-   its request cannot send it after its successor took over. Its answer, once it is sent, is waited for as long as
-   any call of the API (REQUEST_TIMEOUT_SECONDS), not for what is left of the Lease: a loaded API server's slow
-   answer is not a failure, and its claim keeps every other leader from asking for the pod meanwhile (another takes a
-   claim over only once it is STALE_CLAIM_SECONDS old, or once its own term, begun after this Lease ended, is
-   TERM_SETTLED_SECONDS old: both longer);
-4. the Eviction API is asked, up to `concurrency` requests at a time (the API server takes many at once; a request
-   waits on the network, not on this process; each failed or timed-out request halves that, each answer adds one
-   back, so that a loaded API server gets fewer at once, each answered in its time), so PodDisruptionBudgets hold.
-   A 429 (a PodDisruptionBudget allows no
-   disruption now, or the API server's priority and fairness throttles) is asked again after its Retry-After, or a
-   backoff, while the other pods go on; once a pod's claim is `retry_seconds` old its eviction is given up and the
-   claim given back (a later pass tries again), well before another leader may take a claim over as stale. The pods
-   of one owner (a ReplicaSet, a StatefulSet...) mostly share a PodDisruptionBudget, which the API server updates on
-   every eviction it grants (concurrent ones conflict and wait on each other there): so the owners' pods are asked
-   in turn, one owner's after another's, and once an owner's pod is answered 429 its other pods wait for that
-   answer's time and are then asked one at a time at first, one more in flight with each eviction it grants;
-5. what was done is counted, logged with its reason, and returned. A request that got no answer (it timed out: the
-   API server may have granted it all the same) is unknown: its claim is kept, not given back, so that no other
-   leader asks for the pod meanwhile, and a later pass of this leader (under the same term, the claim made fresh
-   again) reads the pod before asking again: a pod gone, replaced or terminating already is not asked again (the API
-   server would grant an eviction of a terminating pod a second time). A claim taken over from a former leader is
-   as unknown (it may have sent the request and died before the answer): its pod is read first too. Such a claim is
-   never given back before its pod was read, whatever stops the pass: whoever asks next reads the pod first.
-
-The requests run on a pool of `concurrency` threads shared by every task (at most that many in flight at once); the
-task's own thread claims, checks the Lease and keeps the account, so only it acts on the Lease and the database.
+Before a pod is evicted, every live webhook process has acknowledged the state its replacement will be admitted under,
+and its eviction is claimed under the leader's term; the request leaves only while the Lease is surely held, and the
+Eviction API keeps PodDisruptionBudgets. No pod's eviction is asked twice while an earlier request's answer may still
+come. The protocol and why: docs/design/controller.md, "The eviction path".
 """
 
 from __future__ import annotations
@@ -108,6 +76,8 @@ class _Claimed:
 
 
 class EvictionPath:
+    """Evicts pods for every task of the controller: one per process, so that its pool bounds the requests in flight."""
+
     def __init__(self, kube: KubeApi, election: LeaderElection, fence: EvictionFence, webhooks: WebhookListings,
                  concurrency: int, retry_seconds: float, monotonic: Callable[[], float] = time.monotonic):
         """`concurrency`: requests in flight at once (TIMEKEEPER_EVICTION_CONCURRENCY); `retry_seconds`: how long
@@ -133,6 +103,7 @@ class EvictionPath:
         return int(self._window)
 
     def answered(self, failed: bool) -> None:
+        """Halves the window after a request that failed, widens it by one after an answer."""
         self._window = max(1.0, self._window / 2) if failed else min(float(self.concurrency), self._window + 1)
 
     def close(self) -> None:

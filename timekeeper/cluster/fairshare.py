@@ -1,13 +1,10 @@
-"""Fair share as a task of the controller's leader (`fairshare`, every TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS; only
-with TIMEKEEPER_FAIRSHARE_ENABLED): each namespace's band ranked from its decayed usage down the budget hierarchy
-(timekeeper.fairshare), written for the listing the webhook polls and for the budgets' status, and running pods
-rebalanced (docs/fair-share.md#running-pods).
+"""The `fairshare` task of the controller's leader (with TIMEKEEPER_FAIRSHARE_ENABLED): each namespace's band ranked
+from its decayed usage down the budget hierarchy (timekeeper.fairshare) and written for the listing and the budgets'
+status; running pods rebalanced.
 
-A pod's priority cannot change once it is created, so running pods keep the band they were admitted in. Only when
-pods of a higher band have waited unschedulable longer than the grace period does the task evict, through the one
-eviction path (PodDisruptionBudgets hold), the fewest pods admitted above their namespace's current band: heaviest
-namespace first, only pods that ran the minimum run time, only pods a controller re-creates. Their replacements are
-admitted in the band their namespace has now, and kube-scheduler's preemption does the rest.
+A pod's priority cannot change, so running pods keep the band they were admitted in; only when pods of a higher band
+have waited unschedulable past the grace period are the fewest blocking pods evicted, through the one eviction path,
+to be re-created in their namespace's band now (docs/fair-share.md, "Running pods").
 """
 
 from __future__ import annotations
@@ -259,7 +256,8 @@ class FairShareTask:
                     {"band": classes[standing.state.band], "reason": standing.reason}
                     if standing
                     else {
-                        "reason": f"{name} ranks {level.rank} of {level.siblings} among its siblings, at {level.ratio:.2f}x its share"
+                        "reason": f"{name} ranks {level.rank} of {level.siblings} among its siblings, "
+                        f"at {level.ratio:.2f}x its share"
                     }
                 ),
             }

@@ -1,23 +1,9 @@
-"""The idle policy, acted on by the controller's leader: Events, evictions and holds for GPU pods nobody uses.
+"""The `idle` task of the controller's leader: idle policies acted on for GPU pods nobody uses.
 
-Every billing interval the leader reads the streak of each running governed pod (kept from its node agent's readings
-where they are fresh, else from its meter's: timekeeper.database.accounting.readings, reports) and judges it by the
-policy in force (gpusharing.idle.verdict). Each streak is warned of once (`GPUIdleWarning` on the pod and its owner) and
-acted on once (`GPUIdle`), claimed in the database first so that two leaders never both act:
-
-- warn: the Event, nothing else;
-- demote: a pod that runs in budget and has an owner is evicted through the Eviction API (PodDisruptionBudgets
-  honoured; a refusal is retried on the next pass), and its owner is held: the webhook admits the owner's next pods
-  out of budget (the over-budget priority class) until one of its pods uses its GPU again. A bare pod (nothing would
-  re-create it) and a pod already out of budget are left running;
-- evict: as demote, and bare pods and pods already out of budget are evicted too.
-
-An owner is held from the moment its pod is warned of (or, without a warning, is due), and the pod is evicted through
-the controller's one eviction path (timekeeper.cluster.evictions) once every webhook process has acknowledged the hold
-(holds a listing read after this process saw the hold written, by the database's clock: the one the listings are stamped
-with, which the hold's recorded time need not be), so that the owner's replacement is admitted out of budget; the
-eviction then comes within one pass of the deadline. A hold ends when a pod of its owner reads busy, when the policy in
-force stops demoting or evicting, or a week after its owner was last seen with a pod.
+Each running pod's idle streak is judged by the policy in force (gpusharing.idle.verdict); each streak is warned of
+once (`GPUIdleWarning`) and acted on once (`GPUIdle`), claimed in the database first so that two leaders never both
+act. A demoted or evicted pod's owner is held out of budget from its warning on, and the pod evicted through the one
+eviction path once every webhook has acknowledged the hold. What each action does: docs/budgets.md, "Idle GPUs".
 """
 
 from __future__ import annotations
@@ -58,6 +44,8 @@ HELD_AT_SLACK_SECONDS = 1.0
 
 @dataclass
 class IdlePass:
+    """What one run of the `idle` task did."""
+
     warned: list[str] = field(default_factory=list)  # namespace/pod: GPUIdleWarning
     acted: list[str] = field(default_factory=list)  # namespace/pod: GPUIdle (the action taken, or why none was)
     evicted: list[str] = field(default_factory=list)

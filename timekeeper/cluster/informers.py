@@ -1,10 +1,8 @@
-"""The controller's informer caches: one list-and-watch of each kind (gpusharing.kube.watching), shared by every task
-that reads it, as client-go's shared informers are. Every replica keeps them, leader or not, so that a replica that
-takes the Lease over acts at once on a warm cache; so the API server serves one pod watch per controller replica
-and none to the web replicas.
+"""The controller's informer caches, one list-and-watch of each kind shared by every task, as client-go's shared
+informers are. Every replica keeps them, leader or not, so that a new leader acts at once on a warm cache.
 
-Governed pods are those the webhook recorded a share on; each is kept as the two plain records its readers need:
-the bill's (RecordedPod) and, for a pod with a deadline, safe admission's (CommittedPod).
+A governed pod (one the webhook recorded a share on) is kept as the two plain records its readers need: the bill's
+(RecordedPod) and, for a pod with a deadline, safe admission's (CommittedPod).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Leader election through a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
 
-One timekeeper process (of every worker of every replica) holds the Lease and runs the controller. A holder
-renews `renewTime` on every pass; another process takes the Lease over once it has seen the same record unchanged
-for `leaseDurationSeconds` by its own monotonic clock (never by comparing its wall clock with the holder's), and
-every write carries the resourceVersion it read, so that of two processes racing for it one wins and the other's
-write is refused (409). A process that stops gives the Lease up (holderIdentity emptied), so that the next takes
-over at once.
-
-A holder's work can outlast its Lease (a pass over hundreds of evictions): `keep()`, called before each act, renews the
-Lease once a third of it has passed and says whether it is still held, so that the work stops the moment it is lost. By
-its own clock, a holder holds the Lease for `lease_seconds` from the moment it sent its last successful write: no other
-process can take it over sooner. The controller's `lease` task and the task evicting both renew it: one renewal at a
-time (a lock), and one due no longer once the other has just been written, so that the holder's two writes never race
-each other to a 409 and read as the Lease lost. `term`, the Lease's leaseTransitions when this holder took it, fences
-what it does in the database (timekeeper.database.cluster.fencing), where a process's clock does not count.
+One controller process holds the Lease and runs the leader's tasks; another takes it over once it has seen the record
+unchanged for the Lease's duration by its own monotonic clock. `keep()`, called before each act, renews the Lease once
+a third of it has passed, so that work outlasting the Lease stops the moment it is lost. `term` fences what the holder
+does in the database (timekeeper.database.cluster.fencing). Why: docs/design/controller.md, "The Lease".
 """
 
 from __future__ import annotations
@@ -36,6 +26,8 @@ LEASE_NAME = "gpusharing-timekeeper"
 
 
 class LeaderElection:
+    """This process's candidacy for the Lease; `leading` and `term` say whether, and under which term, it holds it."""
+
     def __init__(
         self,
         kube: KubeApi,
@@ -85,7 +77,8 @@ class LeaderElection:
 
     def keep(self) -> bool:
         """Before each act of the leader: renews the Lease once a third of it has passed; False once it is lost (or
-        has run out unrenewed), and the act must not happen."""
+        has run out unrenewed), and the act must not happen. One renewal at a time, whichever thread asks: two
+        racing writes would answer 409 and read as the Lease lost."""
         if self._renewal_due():
             with self._writing:
                 if self._renewal_due():  # not renewed by another thread meanwhile

@@ -1,24 +1,21 @@
-"""The controller: the timekeeper's cluster work in a process of its own (`gpusharing timekeeper controller`), built as
-kube-controller-manager builds its controllers: shared informer caches (timekeeper.cluster.informers), named tasks
-on one scheduler (gpusharing.scheduling), one Clock, leader election on a Lease (timekeeper.cluster.leader), one
-fenced eviction path (timekeeper.cluster.evictions) and one queue of Events (timekeeper.cluster.events).
+"""The controller (`gpusharing timekeeper controller`), built as kube-controller-manager builds its controllers:
+shared informer caches, named tasks on one scheduler (gpusharing.scheduling), one Clock, a Lease, one fenced eviction
+path and one queue of Events. Every replica keeps the caches warm; only the Lease's holder runs the leader's tasks.
+A new concern is one more task here:
 
-Every replica keeps the caches warm; only the Lease's holder runs the leader's tasks. A new concern is one more task
-here, on the same machinery:
-
-| task | every | what it does |
+| task | every TIMEKEEPER_*_INTERVAL_SECONDS | what it does |
 | --- | --- | --- |
-| lease | a fifth of the Lease (2 s at most) | takes or renews the Lease; a new holder records its term for the fence |
-| budgets | TIMEKEEPER_DEMOTION_INTERVAL_SECONDS, and on a GPUBudget change | resources into the ledger, crossings' Events and evictions |
-| statuses | TIMEKEEPER_STATUS_INTERVAL_SECONDS | GPUBudget and ClusterGPUBudget status |
-| bills | TIMEKEEPER_BILLING_INTERVAL_SECONDS | every running pod's bill grows from the record |
-| ended | TIMEKEEPER_ENDED_INTERVAL_SECONDS | ended pods' bills close, their finalizers come off |
-| idle | TIMEKEEPER_IDLE_INTERVAL_SECONDS | idle policies: warnings, holds, demotions and evictions |
-| silent-meters | TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS | a MeterSilent Event on each pod whose meter went quiet |
-| commitments | TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS | safe admission's committed pods published for the web replicas |
-| utilisation | TIMEKEEPER_UTILISATION_INTERVAL_SECONDS, with TIMEKEEPER_UTILISATION_SOURCE=prometheus | pods' GPU utilisation from DCGM's series in Prometheus, to the ingestion |
-| events | when an Event is queued | sends the queued Events |
-| fairshare | TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS, if TIMEKEEPER_FAIRSHARE_ENABLED | bands ranked from decayed usage; room made for a higher band |
+| lease | a fifth of the Lease, 2 s at most | takes or renews the Lease; a new holder records its term for the fence |
+| budgets | DEMOTION, and on a GPUBudget change | resources into the ledger, crossings' Events and evictions |
+| statuses | STATUS | GPUBudget and ClusterGPUBudget status |
+| bills | BILLING | every running pod's bill grows from the record |
+| ended | ENDED | ended pods' bills close, their finalizers come off |
+| idle | IDLE | idle policies: warnings, holds, demotions and evictions |
+| silent-meters | SILENT_METERS | a MeterSilent Event on each pod whose meter went quiet |
+| commitments | COMMITMENTS | safe admission's committed pods published for the web replicas |
+| utilisation | UTILISATION, if TIMEKEEPER_UTILISATION_SOURCE=prometheus | pods' GPU utilisation from DCGM's series |
+| events | 5 s, and when an Event is queued | sends the queued Events |
+| fairshare | FAIRSHARE, if TIMEKEEPER_FAIRSHARE_ENABLED | bands ranked from decayed usage; room made for higher bands |
 """
 
 from __future__ import annotations
@@ -75,6 +72,8 @@ class ControllerPass:
 
 
 class ControllerManager:
+    """The controller's caches, Lease, scheduler and tasks, wired; `start()` runs them, `stop()` on SIGTERM."""
+
     def __init__(
         self,
         config: TimekeeperConfig,

@@ -1,9 +1,5 @@
-"""GPUBudget and ClusterGPUBudget resources: what their specs mean for the ledger, what their status says, and the
-list+watch that keeps them in memory. The mapping is plain functions over the objects' JSON.
-
-A GPUBudget (namespaced, one per namespace, named `budget`: the CRD's CEL rule) holds its namespace's budget; a
-ClusterGPUBudget holds a group's (a team, a department), named as the group (`team.vision`). Their spec is what
-`PUT /api/v1/budgets/{name}` takes. The database stays the source of truth for use.
+"""GPUBudget and ClusterGPUBudget resources, as plain functions over their JSON: what a spec means for the ledger and
+what the status says (docs/budgets.md, "GPUBudget resources"). The database stays the source of truth for use.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The controller's `utilisation` task (TIMEKEEPER_UTILISATION_SOURCE=prometheus): every interval, the leader asks
-Prometheus for DCGM's series (timekeeper.accounting.dcgm builds the query and reads the answer), makes readings of
-them for the governed pods in the shared pod cache, and hands them to the timekeeper's ingestion (a UtilisationSink).
-Prometheus unreachable, or answering what this cannot read, is an outage, logged when it starts and when it ends;
-the pods' readings are meanwhile unknown, as no reading is.
+"""The `utilisation` task (TIMEKEEPER_UTILISATION_SOURCE=prometheus): every interval, DCGM's series read from
+Prometheus (timekeeper.accounting.dcgm), made readings of the governed pods in the shared cache, and handed to the
+ingestion (a UtilisationSink). Prometheus unreachable or unreadable is an outage, logged when it starts and ends;
+the pods' readings are unknown meanwhile.
 """
 
 from __future__ import annotations

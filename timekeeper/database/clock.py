@@ -1,12 +1,8 @@
-"""The timekeeper's time in a cluster: the database's, which every replica reads alike.
+"""The timekeeper's time in a cluster: the database's, which every replica reads alike, where their own clocks may
+differ by seconds.
 
-Replicas compare what they write by time: the day and the periods a charge lands in, whether a reservation has
-lapsed, whether a meter has gone silent, the period a warning is claimed in. Each replica's own clock may be off by
-seconds (or more, without NTP); the database's is one. Reading it costs a round trip, which a batch of reports (two
-round trips in all) and a status read (one) would feel, so the database's time is read every RESYNC_SECONDS and
-carried forward by the process's monotonic clock: between reads it is off by half a round trip and the monotonic
-clock's drift over those seconds (parts per million), milliseconds at most, against the seconds replicas' wall
-clocks may differ by.
+Read every RESYNC_SECONDS and carried forward by the monotonic clock in between, so that a report batch or a status
+read costs no extra round trip: off by half a round trip and the monotonic clock's drift, milliseconds at most.
 """
 
 from __future__ import annotations

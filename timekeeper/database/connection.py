@@ -187,9 +187,8 @@ _INCOMING = "incoming"
 
 @dataclass(frozen=True)
 class BulkWrite:
-    """A statement that writes many rows at once, one statement whatever their number: the rows are sent as one JSON
-    array (PostgreSQL: json_to_recordset, psycopg adapts a JSON string far faster than a dozen lists; SQLite:
-    json_each, where running the statement once per row, executemany, cost SQLAlchemy's parameter handling per row)."""
+    """A statement that writes many rows at once, whatever their number, sent as one JSON array (PostgreSQL:
+    json_to_recordset; SQLite: json_each), which costs far less per row than lists of parameters or executemany."""
 
     statement: Executable
     columns: Sequence[str]
@@ -245,13 +244,11 @@ def _json_time(value: Any) -> str:
 class Pipeline:
     """A PostgreSQL transaction whose statements travel together: one message per round trip.
 
-    Statements are queued, not sent; the queue goes to the server in one message (the simple query protocol)
-    when a queued statement's rows are first read, and at the commit: a batch of reports is accounted in two
-    round trips, whatever its size. A round trip costs more than its milliseconds: after it, the calling thread
-    waits for the GIL behind the request threads. (psycopg's pipeline mode saves the round trips too, but talks
-    to the server at each statement holding the GIL: measured, a fifth of a worker's GIL time.) Each statement is
-    prepared once per connection and then EXECUTEd with its parameters bound client-side by psycopg, so that the
-    server does not plan it again (planning was two fifths of its time).
+    Statements are queued, not sent; the queue goes to the server in one message (the simple query protocol) when a
+    queued statement's rows are first read, and at the commit, so a batch of reports takes two round trips whatever its
+    size. Each statement is prepared once per connection, then EXECUTEd with its parameters bound by psycopg, so that
+    the server does not plan it again. Why not psycopg's pipeline mode: docs/design/controller.md, "The ledger's
+    transactions".
     """
 
     def __init__(self, conn: Connection, statements: PreparedStatements):
@@ -391,12 +388,9 @@ class _Buffered:
 
 
 class _WriterLock:
-    """SQLite has one writer at a time: the timekeeper's writers, threads and processes, queue here.
-
-    BEGIN IMMEDIATE alone would serialize them too, but a writer that finds the database busy polls it with
-    sleeps of up to 100 ms; a lock file wakes the next writer as soon as the last one is done. BEGIN IMMEDIATE
-    and the busy timeout still guard against other writers (a migration, a second tool).
-    """
+    """SQLite has one writer at a time: the timekeeper's writers, threads and processes, queue on a lock file, which
+    wakes the next as soon as the last is done (BEGIN IMMEDIATE alone would have it poll with sleeps of up to 100 ms).
+    BEGIN IMMEDIATE and the busy timeout still guard against other writers (a migration, a second tool)."""
 
     def __init__(self, database: str | None):
         self._threads = threading.Lock()

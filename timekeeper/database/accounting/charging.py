@@ -1,23 +1,13 @@
-"""Meter reports and the pod watch's observations into the pod ledgers and the namespaces' daily usage, exactly once
-(the SQL side of timekeeper.accounting.ledger).
+"""Meter reports and the controller's observations charged to the pod ledgers and the namespaces' usage, exactly once,
+a batch per transaction (the SQL side of timekeeper.accounting.ledger; docs/budgets.md, "Accounting").
 
-Reports arriving together are accounted together, in one transaction (ReportQueue), and so are the observations of a
-controller pass: the pods' ledger rows are locked (PostgreSQL: SELECT ... FOR UPDATE, in pod uid order; SQLite: one
-writer at a time), each report or observation is accounted against its pod's ledger in order, and the growth of the bill
-is added to the namespaces' usage of the UTC day it was received on. Concurrent reports of one pod, from any worker or
-process, are thereby serialized, and a report that commits has changed both its ledger and the usage, or neither. Rows
-are always locked in the same order (ledgers by uid, then usage by namespace, then pods' daily usage by uid), so
-concurrent transactions cannot deadlock.
-
-The pod ledgers count raw GPU-seconds (share × time: what exactly-once is about); each charge is weighted by the billing
-weight of the GPU model it is billed as when it is made, and the namespaces' usage, which budgets count, grows by the
-weighted charge. Both are kept per pod, day and model for usage reports (timekeeper.database.accounting.usage).
+Rows are locked in one order, ledgers by uid, then usage by namespace, then pods' daily usage by uid, so that
+concurrent transactions cannot deadlock. Ledgers count raw GPU-seconds; usage grows by the charge weighted when made.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +17,6 @@ from sqlalchemy import bindparam, select
 
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, fresh_for
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
-from gpusharing.idle.policy import DEFAULT_UTILISATION_PERCENT
 from gpusharing.idle.verdict import Reading, Streak
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
@@ -45,7 +34,6 @@ from timekeeper.accounting.ledger import (
     observe,
     report,
 )
-from timekeeper.budgets.hierarchy import idle_policy_of
 from timekeeper.budgets.periods import period_starts, usage_day
 from timekeeper.budgets.status import BudgetStatus, crossed
 from timekeeper.database.accounting.fairshare import Charge, FairShareLedger
@@ -61,6 +49,7 @@ from timekeeper.database.accounting.pods import (
     reading_columns,
     streak_columns,
 )
+from timekeeper.database.accounting.thresholds import IdleThresholds
 from timekeeper.database.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
 from timekeeper.database.accounting.weights import WeightLog, billing_model
 from timekeeper.database.budgets.store import BudgetStore
@@ -99,8 +88,8 @@ class ReportResult:
 
 @dataclass(frozen=True)
 class PodObservation:
-    """A pod as the API server records it, for a controller pass to bill (observation None: it is gone from the
-    record, its bill closes as last observed)."""
+    """A pod as the API server records it, for a controller pass to bill (observation None: gone from the record, its
+    bill closes as last observed)."""
 
     pod_uid: str
     namespace: str
@@ -137,24 +126,6 @@ class _Locked:
     reading: Reading  # the latest utilisation reading, whoever's: the idle part of what is charged while it is fresh
     memory_used_mib: float | None  # read with it
     streak: Streak
-
-
-class IdleThresholds:
-    """The idle threshold in force per namespace (the policy's `utilisationPercent`), from every budget read at most
-    every `refresh_seconds`: a policy change reaches the streaks within that time."""
-
-    def __init__(self, budgets: BudgetStore, refresh_seconds: float, monotonic: Callable[[], float] = time.monotonic):
-        self.store = budgets
-        self.refresh_seconds = refresh_seconds
-        self._monotonic = monotonic
-        self._read_at: float | None = None
-        self._budgets: dict[str, Any] = {}
-
-    def __call__(self, namespace: str) -> float:
-        if self._read_at is None or self._monotonic() - self._read_at >= self.refresh_seconds:
-            self._budgets, self._read_at = self.store.budgets(), self._monotonic()
-        policy = idle_policy_of(self._budgets, namespace, self.store.default_idle)
-        return DEFAULT_UTILISATION_PERCENT if policy is None else policy.policy.utilisation_percent
 
 
 class ReportLedger(PodLedgers):
@@ -213,8 +184,7 @@ class ReportLedger(PodLedgers):
 
     def record(self, reports: Sequence[tuple[MeterReport, ReportTerms | None]]) -> list[ReportResult | ReportError]:
         """Accounts meter reports, in order, in one transaction (terms None: the report's own share and request are
-        trusted, as off a cluster). Each report gets its result, or the ReportError that refused it (a refused report
-        changes nothing)."""
+        trusted, as off a cluster); each gets its result, or the ReportError that refused it and changed nothing."""
         now = self._now()
         results: dict[int, ReportResult | ReportError] = {}
         entries: list[_Entry] = []
@@ -450,8 +420,8 @@ def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, fresh_seconds: float) -> dict[str, Any]:
-    """What a charged report leaves in its pod's ledger besides the accounting: NVML readings (those of a ledger it
-    opens; a ledger's own are moved by the report only where no higher word stands, `ReportLedger._reading_columns`)."""
+    """What a charged report leaves in its pod's ledger besides the accounting: its NVML readings (a ledger it opens
+    takes them; an open ledger's move only where no higher word stands, `ReportLedger._reading_columns`)."""
     reading = Reading(
         report.gpu_utilization_percent, now, UtilisationSource.METER, now + dt.timedelta(seconds=fresh_seconds)
     )

@@ -1,9 +1,8 @@
-"""The SQL side of fair share (docs/fair-share.md): each namespace's decayed usage, grown in the transaction that
-charges the ledger (ReportLedger), exactly once; and the bands the controller's `fairshare` task ranked, for the
-listing the webhook polls and for `gpusharing explain`.
+"""The SQL side of fair share (docs/fair-share.md): each namespace's decayed usage, grown exactly once in the
+transaction that charges the ledger, and the bands the `fairshare` task ranked, for the listing and `explain`.
 
-Rows are locked after everything else a charging transaction locks (ledgers by uid, usage by namespace, pods' daily
-usage by uid), in namespace order; the `fairshare` task locks only these rows, in the same order: no deadlock.
+Rows are locked after everything else a charging transaction locks, in namespace order; the `fairshare` task locks
+only these rows, in the same order: no deadlock.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Utilisation readings from the node (the node agent's batches, `POST /api/v1/node-readings`) and from Prometheus
-(DCGM), into the pod ledgers: the SQL side of gpusharing.utilisation, one call per batch, one transaction.
+"""Utilisation readings from the node agents and from Prometheus into the pod ledgers, one transaction per batch (the
+SQL side of gpusharing.utilisation).
 
-A reading charges nothing: the bill is the API server's record and the meter's share × time evidence
-(timekeeper.database.accounting.pods). It takes the place of the pod's latest reading, which moves the pod's idle streak
-(gpusharing.idle.verdict) and, while it is fresh, sets the idle part of every charge made: so where the node
-reports, the idle GPU time, the idle column and idle policies are the node's word, and a meter's reading counts only
-where no fresh reading of a higher rank stands (`Reading.outranks`). A reading is fresh for two of its windows
-(gpusharing.contract.fresh_for): the source's interval, as it says it.
-
-A reading is ignored, with the reason, for a pod the timekeeper bills no ledger of yet (the watch or the meter opens
-it), in another namespace than its ledger's, whose bill is closed, or whose fresh reading outranks it. A retried batch
-changes nothing twice: a reading replaces the last, it adds to nothing.
+A reading charges nothing: it replaces the pod's latest reading, which moves its idle streak and, while fresh, sets
+the idle part of every charge. It is ignored, with the reason, where no ledger takes it or a fresher reading of a
+higher rank stands (docs/operations.md, "GPU utilisation: the node's word over the meter's").
 """
 
 from __future__ import annotations

@@ -11,11 +11,8 @@ from timekeeper.database.accounting.charging import ReportLedger, ReportResult, 
 
 
 class _Pending:
-    """A submitted report until its transaction ends: the ledger thread leaves the result and releases `done`.
-
-    A bare lock rather than a Future: the ledger thread wakes a batch of request threads at once, and a Future's
-    Condition costs it several times the work per report, with the GIL held.
-    """
+    """A submitted report until its transaction ends: the ledger thread leaves the result and releases `done`, a bare
+    lock rather than a Future, whose Condition costs the ledger thread several times the work per report."""
 
     __slots__ = ("report", "terms", "done", "result")
 

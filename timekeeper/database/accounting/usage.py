@@ -1,10 +1,8 @@
 """Usage reports: what each pod was charged per UTC day, summed over any days and grouped as finance asks.
 
-Every charge the ledger accepts is also added to its pod's row of the day it was received on (the day the
-namespace's usage grows too) and of the GPU model it was billed as: raw (share × time), weighted (× the model's
-billing weight at the time), and the part of it the GPU left idle when the meter reads utilisation. A report sums
-those rows between two dates, grouped by namespace, day, model, pod or one of the labels the pod had at its first
-report; the sums are of integers (micro-GPU-seconds), so a report is exact however it is grouped.
+Every charge is also added to its pod's row of the day it was received on and of the GPU model it was billed as: raw
+(share × time), weighted, and the idle part where utilisation was read. A report sums those integer rows between two
+dates, grouped by namespace, day, model, pod or a label the pod had when first read, so it is exact however grouped.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The GPU model each report is billed as, and the audit log of the models' billing weights.
+"""The GPU model each charge is billed as, and the audit log of the models' billing weights.
 
-A process bills with the catalogue it read at start (GPUSHARING_GPU_MODELS_FILE, the webhook's file): a change of
-weights applies to what is charged after the timekeeper restarts with the new file, never to what was charged
-before (each charge is weighted when it is made, and kept weighted). At start the timekeeper records, for each model
-whose weight differs from the last one recorded (or that has none yet), the weight and when it took effect.
+A process bills with the catalogue it read at start (GPUSHARING_GPU_MODELS_FILE, the webhook's too), and each charge
+is weighted when it is made: a change of weights applies to what is charged after a restart, never before.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
-"""Safe admission's reservations in the database: a pod being admitted holds its commitment against every budget on
-its namespace's path to the root, atomically across the webhook's processes and the timekeeper's.
+"""Safe admission's reservations: a pod being admitted holds its commitment against every budget on its namespace's
+path to the root, atomically across the webhook's processes and the timekeeper's.
 
-A reservation is keyed by the uid of the AdmissionReview that made it, which the webhook writes on the pod
-(gpusharing.io/admission-id). It counts until the timekeeper's pod watch brings a pod carrying its id (the pod's own
-commitment counts instead) or until it lapses, `seconds` after it was made: the API server stores a pod within its
-webhooks' timeouts of admitting it, or never. So a review that never became a pod (refused later, or forged)
-holds nothing for long. The rows of the budgets on the path are locked while a reservation is weighed, so two
-pods of sibling namespaces are weighed one after the other, whichever process admits them; what the budgets have
-used is as of the last meter reports, so concurrent admissions overrun a parent by at most what is used between two.
+A reservation is keyed by its AdmissionReview's uid (gpusharing.io/admission-id on the pod). It counts until the
+controller publishes a pod carrying that id (the pod's own commitment counts then), or until it lapses `seconds`
+after it was made: the API server stores a pod within its webhooks' timeouts of admitting it, or never, so a review
+that never became a pod holds nothing for long. The path's budget rows are locked while a reservation is weighed, so
+sibling namespaces' pods are weighed one after the other, overrunning a parent by at most what is used between two
+meter reports.
 """
 
 from __future__ import annotations
@@ -60,8 +59,8 @@ class ReservationStore:
         """
         if asked.replaces is not None and (pod := admitted_as(asked.replaces)) is not None:
             raise AdmissionIdTaken(
-                f"the pod carries gpusharing.io/admission-id {asked.replaces!r}, the admission of pod {pod}: remove the "
-                "annotation (the GPU-sharing webhook sets it)"
+                f"the pod carries gpusharing.io/admission-id {asked.replaces!r}, the admission of pod {pod}: "
+                "remove the annotation (the GPU-sharing webhook sets it)"
             )
         db, now = self.store.db, self.store.clock()
         mine = frozenset({asked.id, *([asked.replaces] if asked.replaces else [])})

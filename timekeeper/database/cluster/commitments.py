@@ -1,16 +1,8 @@
-"""The cluster's committed GPU pods, for safe admission: the controller publishes them in the database, the web
-replicas read them there.
+"""Safe admission's committed GPU pods: the controller publishes them in the database, the web replicas, which hold no
+pod watch, read them there (docs/safe-admission.md, "Where the commitments come from").
 
-The controller (the leader under the Lease) follows the cluster's GPU pods by a watch (gpusharing.kube.watching) and,
-every second or so, hands CommitmentPublisher the committed ones (timekeeper.budgets.commitments.committed_pod: GPU
-pods with a deadline that have not ended, a small set) by pod uid. The publisher writes what changed since it last
-wrote into committed_pods, and its heartbeat into commitment_publications, in one short transaction. The web
-replicas hold no pod watch: PublishedCommitments reads the two tables (one short read, a Publication, per request)
-and knows what the pods commit while the publications are fresh. Times are the database's, the clock every replica
-shares (`clock`: timekeeper.database.clock.DatabaseClock in a cluster).
-
-A pod that leaves the committed set (it ended, or was deleted) is marked gone rather than deleted at once: its
-admission id keeps its reservation given up for a reservation's lifetime, as when the pod was still there.
+The leader's CommitmentPublisher writes what changed since it last wrote, and a heartbeat, in one short transaction;
+PublishedCommitments reads both in one short read per request. Times are the database's.
 """
 
 from __future__ import annotations
@@ -32,14 +24,14 @@ from timekeeper.database.tables import commitment_publications, committed_pods
 
 log = logging.getLogger(__name__)
 
-# Published pods are stale once the controller has not confirmed them (published them from a healthy watch) for this
-# long: it stopped, lost its Lease without a successor yet, or its watch failed. Strict safe admission then refuses
-# rather than count on them. Reservations outlive it, so the pods admitted meanwhile are still counted by theirs.
+# Published pods are stale once no publication from a healthy watch confirmed them for this long (the controller
+# stopped, its Lease is between holders, or its watch failed): strict safe admission then refuses to count on them.
 STALE_AFTER_SECONDS = 10.0
 # Another publisher that published within this long is alive: this one writes nothing (a deposed leader's last
 # publication is refused); one silent this long has stopped, and the next leader takes over its rows.
 TAKEOVER_AFTER_SECONDS = 3.0
-# A gone pod's row is kept this long (at least a reservation's lifetime, TIMEKEEPER_RESERVATION_SECONDS).
+# A gone pod's row is kept this long (at least a reservation's lifetime, TIMEKEEPER_RESERVATION_SECONDS): its
+# admission id keeps its reservation given up meanwhile, as when the pod was there.
 KEEP_GONE_SECONDS = 600.0
 PUBLICATION = "committed-pods"  # the heartbeat's row
 
@@ -71,11 +63,8 @@ class CommitmentPublisher:
     """The controller's side: publishes the informer's committed pods (by uid) and its heartbeat, writing only what
     changed since its last publication. Only the leader publishes; see publish() for a deposed one.
 
-    The leading controller calls, every second or so, with its informer of committed_pod's values
-    (gpusharing.kube.watching.WatchedObjects): `publisher.publish(by_uid((watched.items or {}).values()), watched.items
-    is not None and watched.broken_since is None)`. `identity` names the process in the heartbeat (by default its host,
-    pid and a token); `keep_seconds` how long a gone pod's row stays: at least the web replicas' reservation lifetime
-    (TIMEKEEPER_RESERVATION_SECONDS)."""
+    `identity` names the process in the heartbeat (by default its host, pid and a token); `keep_seconds` how long a
+    gone pod's row stays: at least the web replicas' reservation lifetime (TIMEKEEPER_RESERVATION_SECONDS)."""
 
     def __init__(self, db: Database, clock: Callable[[], dt.datetime], identity: str | None = None,
                  keep_seconds: float = KEEP_GONE_SECONDS):
@@ -89,15 +78,13 @@ class CommitmentPublisher:
         self._refused_by: str | None = None
 
     def publish(self, pods: Mapping[str, CommittedPod], healthy: bool) -> None:
-        """Publishes `pods`, the informer's whole current set of committed pods by uid, with whether its watch is
-        healthy (listed, and not failing now); called every second or so by the leading controller.
+        """Publishes `pods`, the informer's whole set of committed pods by uid, and whether its watch is healthy
+        (listed, and not failing now).
 
-        From a healthy watch, the table is made to hold exactly `pods`: new and changed pods upserted, pods no longer
-        there marked gone, gone ones long past deleted. From an unhealthy one (not listed yet, or failing), the pods
-        published stay as they are and only the heartbeat says so: what was confirmed last goes stale after
-        STALE_AFTER_SECONDS. The diff is against what this publisher last wrote, or against the table itself after a
-        start or when another publisher wrote since. A publication while another publisher published within
-        TAKEOVER_AFTER_SECONDS writes nothing: a deposed leader that publishes once more changes nothing."""
+        From a healthy watch the table is made to hold exactly `pods` (gone pods marked gone, those long gone deleted);
+        from an unhealthy one the pods stay as published and only the heartbeat says so, going stale after
+        STALE_AFTER_SECONDS. While another publisher published within TAKEOVER_AFTER_SECONDS this writes nothing, so
+        that a deposed leader publishing once more changes nothing."""
         now = self.clock()
         try:
             with self.db.write() as conn:

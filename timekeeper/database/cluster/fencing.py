@@ -1,22 +1,10 @@
-"""Fencing the controller's evictions in the database, so that a deposed controller can evict nothing and no pod is
-evicted twice.
+"""Each eviction claimed in the database under the controller's term, so that a deposed leader evicts nothing and no
+pod is evicted twice.
 
-The Lease (timekeeper.cluster.leader) says who leads by each process's own clock; a process paused, or slowed past
-its Lease, can still believe it leads. So every eviction is first claimed here, in one short transaction, under the
-controller's term: the Lease's `leaseTransitions` when its holder took it, which rises with every new holder. A new
-holder records its term before its first eviction; from then on a claim under an older term is refused, whatever
-the older holder believes. A pod is claimed once: a second claim of it is refused while the first stands, so two
-controllers never both ask for its eviction. A claim is given back when its eviction was refused (a
-PodDisruptionBudget) or failed, or when its holder stops (its Lease lost), so that a later pass or leader tries
-again; one its holder never finished (it died) is taken over once no request of its holder can still be under way:
-once the claim is older than any eviction of its holder can be retried and answered (STALE_CLAIM_SECONDS), or once
-the term that fenced its holder off is older than any answer is waited for (TERM_SETTLED_SECONDS). The second comes
-first after a leader dies: its holder sent its requests only while it surely held the Lease, so before its successor
-took the Lease and entered its term, and waited at most REQUEST_TIMEOUT_SECONDS for each answer.
-Claims are made a batch at a time, one short transaction for many pods; a claim taken over is said so (its holder may
-have sent its request, granted unanswered: its pod is read before it is asked again). A claim whose request got no
-answer is kept by its holder, not given back, and made fresh again (`renew`) when the same holder, under the same
-term, takes the pod up again. Times are the database's, the one clock every replica shares.
+The Lease (timekeeper.cluster.leader) is judged by each process's own clock, which a paused or slowed process cannot
+trust; so each eviction is first claimed here under its holder's term (the Lease's `leaseTransitions` when it took
+it), and a claim under an older term than the one recorded is refused. Times are the database's. How claims are given
+back, taken over and kept: docs/design/controller.md, "Fencing in the database".
 """
 
 from __future__ import annotations
@@ -38,14 +26,17 @@ class Claims(set[str]):
         self.taken_over = taken_over or set()
 
 
-STALE_CLAIM_SECONDS = 60.0  # far longer than an eviction request may last (its timeout), so its holder has given up
-# A former holder's requests were all sent before the current term began (under its Lease) and answered, or given up,
-# within REQUEST_TIMEOUT_SECONDS: its claims are free this long into the term, with the same 5 s to spare as above.
+# An earlier term's claim this old is free: its holder has given up (its retries end sooner, MAX_RETRY_SECONDS).
+STALE_CLAIM_SECONDS = 60.0
+# A former holder sent its requests before the current term began and waited at most REQUEST_TIMEOUT_SECONDS for each
+# answer: its claims are free this long into the term, with 5 s to spare.
 TERM_SETTLED_SECONDS = REQUEST_TIMEOUT_SECONDS + 5.0
 KEPT_CLAIM_SECONDS = 86_400.0  # evicted pods' claims are forgotten after a day: their pods are long gone
 
 
 class EvictionFence:
+    """The terms and the eviction claims of one Lease's controllers."""
+
     def __init__(self, db: Database, name: str):
         self.db = db
         self.name = name  # the Lease's namespace/name
@@ -79,8 +70,7 @@ class EvictionFence:
         clock = self.db.clock()
         claimed = Claims()
         with self.db.write() as conn:
-            # Read FOR SHARE: a new holder's enter() waits for this claim to commit, and every claim after it sees its
-            # term.
+            # FOR SHARE: a new holder's enter() waits for this claim to commit, and every later claim sees its term.
             query = select(controller_terms.c.term, controller_terms.c.since).where(
                 controller_terms.c.name == self.name
             )

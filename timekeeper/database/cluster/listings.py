@@ -1,12 +1,10 @@
-"""What each webhook process holds in force, so that a crossing's evictions wait until every webhook knows of it.
+"""Which budget listing each webhook process holds in force, so that a crossing's evictions wait until every webhook
+knows of it.
 
-The webhook decides a pod's priority class from the budget listing it last polled. Were the controller to evict a
-namespace's pods the moment it crossed, the replacements its ReplicaSets make at once would be admitted by a
-webhook still holding the listing before the crossing: in budget, and evicted again on the next pass. So each
-webhook process names itself when it polls, and says which listing it holds in force (the `listedAt` of its last
-one, the database's clock when that listing was read); the controller evicts a namespace's pods only once every
-live webhook process holds a listing read after it saw the namespace over budget. A process is live for a few of
-its poll intervals after its last poll: one that stopped polling (scaled down, cut off) stops holding evictions.
+Each webhook process names itself when it polls and says which listing it holds (the `listedAt` of its last one, the
+database's time); a process is live for a few of its poll intervals after its last poll. The controller evicts only
+once every live one holds a listing read after it saw the new state, so that the replacements are admitted under it:
+docs/design/controller.md, "Webhook acknowledgements".
 """
 
 from __future__ import annotations
@@ -30,6 +28,8 @@ class ListingQueryError(ValueError):
 
 
 class WebhookListings:
+    """The webhook processes' polls, as they said what they hold in force."""
+
     def __init__(self, db: Database):
         self.db = db
 
