@@ -78,9 +78,10 @@ examples:
   gpusharing pods --over-memory               # running pods using more GPU memory than they asked for
   gpusharing pods -n ml-team --limit 20 -o wide
 """,
-    "explain": """Reads the pod's record (its gpusharing.io/ annotations, priority class and meter) through the API server of
-the kubeconfig's context, and its namespace's budget and the pod's metered use from the timekeeper: why it got its
-share, class and state, what it is billed, and its idle streak (when the idle policy warns of it and acts on it).
+    "explain": """Reads the pod's record (its gpusharing.io/ annotations, priority class and meter) through the
+API server of the kubeconfig's context, and its namespace's budget and the pod's metered use from the timekeeper:
+why it got its share, class and state, what it is billed, and its idle streak (when the idle policy warns of it and
+acts on it).
 
 examples:
   kubectl gpusharing explain pod/train-0 -n ml-team

@@ -28,13 +28,9 @@ from gpusharing.gpu.dialects import (
     Source,
     dialect_of_key,
     is_gpu_key,
-    kai_refusals,
-    kai_requests_gpu,
     read_aliyun,
     read_gpu_manager,
     read_hami,
-    read_kai,
-    read_nvidia,
 )
 from gpusharing.gpu.dra import (
     ClaimLookup,
@@ -42,6 +38,7 @@ from gpusharing.gpu.dra import (
 )
 from gpusharing.gpu.fields import Container, ContainerRole, Errors, GpuRequestError, InvalidGpuRequest
 from gpusharing.gpu.mig import dynamic_slice
+from gpusharing.gpu.nvidia import kai_refusals, kai_requests_gpu, read_kai, read_nvidia
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import MAX_DIGITS, MAX_EXPONENT, QuantityError, parse_quantity
 from gpusharing.units.share import MAX_GPU_SHARE, format_share
