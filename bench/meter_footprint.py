@@ -121,7 +121,8 @@ def main() -> int:
         unreachable_dir.mkdir()
         unreachable_stop, unreachable_code = stop_while_unreachable(args.seconds, args.interval, unreachable_dir)
     print(
-        f"meter footprint: {args.runs} runs, reports every {args.interval:g} s for {args.seconds:g} s each, Python {sys.version.split()[0]}"
+        f"meter footprint: {args.runs} runs, reports every {args.interval:g} s for {args.seconds:g} s each, "
+        f"Python {sys.version.split()[0]}"
     )
     for name, values, unit in (
         ("start to first report", [r.first_report_s * 1000 for r in runs], "ms"),
@@ -130,10 +131,12 @@ def main() -> int:
         ("SIGTERM to exit", [r.stop_s * 1000 for r in runs], "ms"),
     ):
         print(
-            f"  {name:30} median {statistics.median(values):7.1f} {unit:3}  min {min(values):7.1f}  max {max(values):7.1f}"
+            f"  {name:30} median {statistics.median(values):7.1f} {unit:3}  "
+            f"min {min(values):7.1f}  max {max(values):7.1f}"
         )
     print(
-        f"  exit codes {sorted({r.exit_code for r in runs})}, reports per run {min(r.reports for r in runs)}-{max(r.reports for r in runs)}"
+        f"  exit codes {sorted({r.exit_code for r in runs})}, "
+        f"reports per run {min(r.reports for r in runs)}-{max(r.reports for r in runs)}"
     )
     print(f"  SIGTERM to exit, timekeeper unreachable: {unreachable_stop * 1000:.0f} ms, exit code {unreachable_code}")
     return 0

@@ -82,7 +82,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="tk-reservations-") as work, bench_database(backend, Path(work)) as url:
             m = measure(url, args.threads, args.seconds)
             print(
-                f"{backend:<10}  {args.threads} threads  {m['per_second']:7.0f} reservations/s  p50 {m['p50_ms']:6.2f} ms  "
+                f"{backend:<10}  {args.threads} threads  {m['per_second']:7.0f} reservations/s  "
+                f"p50 {m['p50_ms']:6.2f} ms  "
                 f"p99 {m['p99_ms']:7.2f} ms",
                 flush=True,
             )

@@ -364,8 +364,10 @@ def main() -> int:
                     print(_line(f"fixed answer, {load}", ceiling))
                     print(_line(f"webhook, {load}", webhook))
                     print(
-                        f"{'ratio, ' + load:>30}: {webhook['reviews_per_s'] / ceiling['reviews_per_s']:8.2f}x reviews/s  "
-                        f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x  "
+                        f"{'ratio, ' + load:>30}: "
+                        f"{webhook['reviews_per_s'] / ceiling['reviews_per_s']:8.2f}x reviews/s  "
+                        f"p50 {webhook['p50_ms'] / ceiling['p50_ms']:.2f}x  "
+                        f"p99 {webhook['p99_ms'] / ceiling['p99_ms']:.2f}x  "
                         f"server CPU per review {webhook['cpu_us'] / ceiling['cpu_us']:.2f}x"
                     )
                 if args.safe:
@@ -378,10 +380,12 @@ def main() -> int:
                 print(f"in process, per review (no HTTP, no TLS): webhook {costs['webhook']:.0f} us, fixed answer "
                       f"{costs['fixed answer']:.0f} us, json parse and write alone {costs['json']:.0f} us")
                 print(
-                    f"server CPU per review, median of every run: fixed answer {fixed_cpu:.0f} us, webhook {webhook_cpu:.0f} us; "
-                    f"for 0.9x of the fixed answer's reviews/s where the servers' CPU is what runs out, the webhook may "
-                    f"add at most {room:.0f} us; it adds {webhook_cpu - fixed_cpu:.0f} us (in process "
-                    f"{costs['webhook'] - costs['fixed answer']:.0f} us), and parsing the review and writing its answer "
+                    f"server CPU per review, median of every run: fixed answer {fixed_cpu:.0f} us, "
+                    f"webhook {webhook_cpu:.0f} us; "
+                    "for 0.9x of the fixed answer's reviews/s where the servers' CPU is what runs out, the webhook may "
+                    f"add at most {room:.0f} us; it adds {webhook_cpu - fixed_cpu:.0f} us "
+                    f"(in process {costs['webhook'] - costs['fixed answer']:.0f} us), "
+                    "and parsing the review and writing its answer "
                     f"alone take {costs['json']:.0f} us"
                 )
     return 0

@@ -246,8 +246,8 @@ def main() -> int:
         admitted = {name: decisions.admit(name, pod) for name, pod in pods.items()}
 
         step(
-            f"{', '.join(METERED)} run, started {STARTED_SECONDS_AGO} s ago, each with its meter, until {NAMESPACE} is over "
-            "budget: the controller bills them from their recorded start"
+            f"{', '.join(METERED)} run, started {STARTED_SECONDS_AGO} s ago, each with its meter, until {NAMESPACE} "
+            "is over budget: the controller bills them from their recorded start"
         )
         running = [run_on_node(kube, pod) for name in METERED if (pod := admitted[name])]
         meters = [start_meter(pod, directory, timekeeper, directory / "meter-token") for pod in running]

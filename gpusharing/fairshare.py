@@ -28,7 +28,8 @@ class FairShareBands:
             )
         if len(self.ratio_bounds) != len(self.classes) - 1:
             raise ValueError(
-                f"{len(self.classes)} bands need {len(self.classes) - 1} ratio bounds between them, not {len(self.ratio_bounds)}"
+                f"{len(self.classes)} bands need {len(self.classes) - 1} ratio bounds between them, "
+                f"not {len(self.ratio_bounds)}"
             )
         if not all(math.isfinite(b) and b > 0 for b in self.ratio_bounds) or list(self.ratio_bounds) != sorted(
             set(self.ratio_bounds)

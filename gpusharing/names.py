@@ -36,7 +36,8 @@ POD_NAME = NameRule(
     "pod name",
     re.compile(rf"{_LABEL}(?:\.{_LABEL})*"),
     253,
-    "lower-case letters, digits, '-' and '.', each part beginning and ending with a letter or digit (a DNS-1123 subdomain)",
+    "lower-case letters, digits, '-' and '.', each part beginning and ending with a letter or digit "
+    "(a DNS-1123 subdomain)",
 )
 NODE_NAME = NameRule("node name", POD_NAME.pattern, 253, POD_NAME.rule)
 # The objects the chart and the manifests name (a Service's name must be a label, and the others are named alike).

@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     agent = subparsers.add_parser(
         "node-agent",
         help="the node agent: report the GPU utilisation of this node's governed pods to the timekeeper until SIGTERM",
-        description="Settings come from GPUSHARING_NODE_AGENT_* environment variables (see the README's configuration tables).",
+        description="Settings come from GPUSHARING_NODE_AGENT_* environment variables "
+        "(see the README's configuration tables).",
     )
     agent.set_defaults(run=_run)
 

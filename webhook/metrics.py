@@ -21,7 +21,8 @@ LATENCY = Histogram(
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
 REFUSED_CALLERS = Counter(
     "gpusharing_webhook_refused_callers",
-    "Reviews refused before they were read because the caller is not the API server (client authentication), by status.",
+    "Reviews refused before they were read because the caller is not the API server (client authentication), "
+    "by status.",
     ["endpoint", "status"],
 )
 BUDGET_REFRESHES = Counter(
@@ -41,7 +42,8 @@ def record_budget_refresh(ok: bool) -> None:
 
 SAFE_ADMISSIONS = Counter(
     "gpusharing_webhook_safe_admissions",
-    "GPU pods of namespaces under safe or strict admission, by verdict (reserved, demoted, refused, no-deadline, unchecked, uncountable).",
+    "GPU pods of namespaces under safe or strict admission, by verdict (reserved, demoted, refused, no-deadline, "
+    "unchecked, uncountable).",
     ["verdict"],
 )
 JOB_SYNCS = Counter(
@@ -53,7 +55,8 @@ JOB_SYNCS = Counter(
 
 PRIORITY_CLASS_SYNCS = Counter(
     "gpusharing_webhook_priority_class_syncs",
-    "Lists and watches of PriorityClasses (whose value and preemption policy the webhook writes into GPU pods), by outcome.",
+    "Lists and watches of PriorityClasses (whose value and preemption policy the webhook writes into GPU pods), "
+    "by outcome.",
     ["outcome"],
 )
 UNRESOLVED_PRIORITIES = Counter(

@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     certs.add_argument(
         "--apiserver-path",
         default=API_SERVER_PATH,
-        help=f"with --format client-auth: where the control plane's nodes keep apiserver/'s files (default {API_SERVER_PATH})",
+        help=f"with --format client-auth: where the control plane's nodes keep apiserver/'s files "
+        f"(default {API_SERVER_PATH})",
     )
     certs.add_argument("--name", action="append", default=[], type=host_name,
                        help="with --format pem: a DNS name or IP to certify (repeatable)")
@@ -75,8 +76,8 @@ def _certs(args: argparse.Namespace) -> int:
         output = write_client_auth(args.namespace, args.output, args.days, args.apiserver_path)
         print(f"wrote {output}/ca.crt (for components: [client-auth]) and {output}/apiserver/ (keep it secret)")
         print(
-            f"on every control plane node: copy {output}/apiserver/*.yaml into {args.apiserver_path}/ and run kube-apiserver "
-            f"with --admission-control-config-file={args.apiserver_path}/admission-configuration.yaml"
+            f"on every control plane node: copy {output}/apiserver/*.yaml into {args.apiserver_path}/ and run "
+            f"kube-apiserver with --admission-control-config-file={args.apiserver_path}/admission-configuration.yaml"
         )
         return 0
     if args.format == "pem":

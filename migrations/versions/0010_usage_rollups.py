@@ -51,7 +51,8 @@ def upgrade() -> None:
     for period, start in _STARTS[op.get_bind().dialect.name].items():
         op.execute(
             "INSERT INTO namespace_period_usage (namespace, period, period_start, micro_gpu_seconds) "
-            f"SELECT namespace, '{period}', {start}, SUM(micro_gpu_seconds) FROM namespace_usage GROUP BY namespace, {start}"
+            f"SELECT namespace, '{period}', {start}, SUM(micro_gpu_seconds) FROM namespace_usage "
+            f"GROUP BY namespace, {start}"
         )
     op.create_index("ix_top_ups_period_start", "top_ups", ["period_start", "namespace"])
 

@@ -49,7 +49,8 @@ def hierarchy_problem(
     if parent is None:
         return None
     if not is_group(parent):
-        return f"the parent {parent!r} of {name} is a namespace: a parent is a group budget (a name with a dot, e.g. team.vision)"
+        return (f"the parent {parent!r} of {name} is a namespace: a parent is a group budget (a name with a dot, "
+                "e.g. team.vision)")
     if parent == name:
         return f"{name} cannot be its own parent: {name} -> {name} is a cycle"
     if parent not in budgets:
@@ -69,7 +70,8 @@ def hierarchy_problem(
     # A group is itself above the namespaces below it, with the groups between them.
     levels = len(chain) + (1 + _height(budgets, name) if is_group(name) else 0)
     if levels > MAX_ANCESTORS:
-        return f"{name} cannot have the parent {parent}: {levels} levels of budgets above a namespace, more than {MAX_ANCESTORS}"
+        return (f"{name} cannot have the parent {parent}: {levels} levels of budgets above a namespace, "
+                f"more than {MAX_ANCESTORS}")
     return None
 
 

@@ -62,7 +62,8 @@ def _budget_fields(fields: dict[str, Any]) -> dict[str, Any]:
             raise BudgetRequestError("parent must be a group budget's name (e.g. team.vision), or null for none")
         if parent is not None and not is_group(parent):
             raise BudgetRequestError(
-                f"parent {parent!r} is a namespace's name: a parent is a group budget (a name with a dot, e.g. team.vision)"
+                f"parent {parent!r} is a namespace's name: a parent is a group budget (a name with a dot, "
+                "e.g. team.vision)"
             )
         try:
             given["parent"] = None if parent is None else check_budget_name(parent, "parent")

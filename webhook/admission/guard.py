@@ -102,7 +102,8 @@ def _meter_changed(old: dict[str, Any], new: dict[str, Any], config: WebhookConf
         return (f"the GPU metering sidecar {config.meter.name!r} is injected by the GPU-sharing webhook and cannot be "
                 "changed or removed (image, command, environment, resources, mounts, ...)")
     if _meter_volumes(old, config) != _meter_volumes(new, config):
-        return "the volumes of the GPU metering sidecar are injected by the GPU-sharing webhook and cannot be changed or removed"
+        return ("the volumes of the GPU metering sidecar are injected by the GPU-sharing webhook and cannot be changed "
+                "or removed")
     return None
 
 

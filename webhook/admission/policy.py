@@ -278,7 +278,8 @@ def _check_meter(
     for _, _, container in _all_containers(pod):
         mounts = as_list(container.get("volumeMounts"))
         if container.get("name") != name and any(as_mapping(m).get("name") == token for m in mounts):
-            return f"container {container.get('name')!r} mounts {token!r}, the metering sidecar's token, which only the sidecar may mount"
+            return (f"container {container.get('name')!r} mounts {token!r}, the metering sidecar's token, which only "
+                    "the sidecar may mount")
     return None
 
 

@@ -79,7 +79,8 @@ def safe_admission(
     if grant.outcome is Outcome.TAKEN:
         return SafeAdmission(carried, refuse=grant.reason, outcome="refused")
     if grant.outcome is Outcome.UNKNOWN:
-        why = f"namespace {namespace!r} has safe admission, and what its budgets have left uncommitted cannot be counted now ({grant.reason})"
+        why = (f"namespace {namespace!r} has safe admission, and what its budgets have left uncommitted cannot be "
+               f"counted now ({grant.reason})")
         if strict:
             return SafeAdmission(
                 carried,
@@ -110,11 +111,13 @@ def shortfall_message(
 ) -> str:
     where = "its budget" if uncommitted.budget == namespace else f"the budget of {uncommitted.budget}"
     if not disclose:
-        return f"namespace {namespace!r} cannot cover this pod's deadline: {where} has less left uncommitted than the pod commits"
+        return (f"namespace {namespace!r} cannot cover this pod's deadline: {where} has less left uncommitted than the "
+                "pod commits")
     return (
-        f"namespace {namespace!r} cannot cover this pod's deadline: the pod commits {gpu_minutes(needed):.2f} GPU-minutes "
-        f"({share:g} GPU x weight {weight_number(weight):g} x {deadline} s), and {where} has "
-        f"{gpu_minutes(uncommitted.micro_gpu_seconds):.2f} left uncommitted ({uncommitted.remaining_gpu_minutes:.2f} remaining, less "
+        f"namespace {namespace!r} cannot cover this pod's deadline: the pod commits {gpu_minutes(needed):.2f} "
+        f"GPU-minutes ({share:g} GPU x weight {weight_number(weight):g} x {deadline} s), and {where} has "
+        f"{gpu_minutes(uncommitted.micro_gpu_seconds):.2f} left uncommitted "
+        f"({uncommitted.remaining_gpu_minutes:.2f} remaining, less "
         f"{uncommitted.committed_gpu_minutes:.2f} committed by running pods' deadlines"
         + (
             f" and {uncommitted.reserved_gpu_minutes:.2f} by pods being admitted"

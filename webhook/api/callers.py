@@ -72,7 +72,8 @@ class Callers:
             if user is None:
                 raise Refused(
                     401,
-                    "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience gpusharing-webhook)",
+                    "the bearer token was not authenticated by the Kubernetes API (TokenReview, audience "
+                    "gpusharing-webhook)",
                 )
             if user not in self.token_users:
                 raise Refused(
