@@ -1,10 +1,6 @@
-"""NVML's samples as both GPU readers take them: the meter (inside a pod, its own processes) and the node agent (on
-the node, every pod's). One `Sampler` per process keeps a cursor per device or MIG instance, so that each reading
-sees only the samples taken since the last one; it takes the pynvml module (nvidia-ml-py) or a fake of it.
-
-And which pod a process belongs to, from its cgroup: the kubelet names the pod uid in the path under both cgroup
-drivers (systemd: `kubepods-burstable-pod<uid with underscores>.slice`; cgroupfs: `/kubepods/burstable/pod<uid>/`),
-under cgroup v1 and v2 alike, and seen from another cgroup namespace the path keeps that part (`/../../kubepods…`).
+"""NVML's samples as both GPU readers take them, the meter (inside a pod, its own processes) and the node agent (on
+the node, every pod's), and which pod a process belongs to, from its cgroup. One `Sampler` per process keeps a cursor
+per device or MIG instance, so that each reading sees only the samples taken since the last one.
 """
 
 from __future__ import annotations
@@ -26,7 +22,12 @@ _POD_IN_CGROUP = re.compile(
 
 
 def pod_uid_in_cgroup(cgroups: str) -> str | None:
-    """The pod uid a /proc/<pid>/cgroup text names (the first line that names one), else None."""
+    """The pod uid a /proc/<pid>/cgroup text names (the first line that names one), else None.
+
+    The kubelet names the pod uid in the path under both cgroup drivers (systemd:
+    `kubepods-burstable-pod<uid with underscores>.slice`; cgroupfs: `/kubepods/burstable/pod<uid>/`), under cgroup v1
+    and v2 alike, and seen from another cgroup namespace the path keeps that part (`/../../kubepods…`).
+    """
     for line in cgroups.splitlines():
         match = _POD_IN_CGROUP.search(line.rpartition(":")[2])
         if match:
@@ -43,7 +44,8 @@ def cgroup_of(proc: Path, pid: str) -> str | None:
 
 
 class Sampler:
-    """Reads, per device or MIG instance, what happened since the last reading of it. `nvml` is the pynvml module."""
+    """Reads, per device or MIG instance, what happened since the last reading of it. `nvml` is the pynvml module
+    (nvidia-ml-py), or a fake of it."""
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml

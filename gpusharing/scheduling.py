@@ -1,14 +1,5 @@
-"""Named periodic tasks on one scheduler, as a controller manager runs its controllers: each task on a thread of its
-own, so that no task's slow run delays another's (a thousand Events to send never hold an eviction back).
-
-A task runs every `interval_seconds` by the Clock's monotonic time, at once when woken (a watch saw a change, a Lease
-was won), and never twice at a time. A run that comes late is not made up for: the next one is due an interval after the
-late one was due, or, when that has passed too, an interval after the late one began. Leader-only tasks run only while
-`leading()` says so. What each run took and how late it began are given to `observe` (metrics); an exception in a run is
-logged and the task runs again at its next time: a controller outlives a database or API outage.
-
-`run_due()` runs, in the caller's thread and in the order they were added, every task due by the Clock: tests
-advance the Clock and call it, instead of waiting on threads.
+"""Named periodic tasks, each on a thread of its own, as a controller manager runs its controllers: no task's slow
+run delays another's. docs/design/core.md tells how runs are timed and why.
 """
 
 from __future__ import annotations
@@ -44,6 +35,10 @@ class _Slot:
 
 
 class TaskScheduler:
+    """Runs each task every `interval_seconds` by the Clock's monotonic time, at once when woken, never twice at a time,
+    and a leader-only task only while `leading()`. A late run is not made up for; an exception in a run is logged and
+    the task runs again at its next time. `observe` is told each run's duration and lateness (metrics)."""
+
     def __init__(self, clock: Clock, leading: Callable[[], bool] = lambda: True, observe: Observer | None = None):
         self.clock = clock
         self.leading = leading
@@ -72,7 +67,8 @@ class TaskScheduler:
             slot.woken.set()
 
     def run_due(self) -> dict[str, object]:
-        """Runs every task that is due now, here, one after another; what each that ran returned, by name."""
+        """Runs every task that is due now, here, in the order they were added; what each that ran returned, by name.
+        Tests advance the Clock and call this instead of waiting on threads."""
         ran: dict[str, object] = {}
         for slot in list(self._slots.values()):
             if self.clock.monotonic() >= slot.due and self._run(slot):
@@ -118,7 +114,8 @@ class TaskScheduler:
             began = self.clock.monotonic()
             late = max(0.0, began - slot.due)
             following = slot.due + task.interval_seconds
-            slot.due = following if following > began else began + task.interval_seconds  # no run made up for
+            # no run made up for: due an interval after the late one was due, or, when that has passed, after it began
+            slot.due = following if following > began else began + task.interval_seconds
             if task.leader_only and not self.leading():
                 return False
             slot.last = None

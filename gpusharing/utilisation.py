@@ -1,10 +1,7 @@
 """The node's word on GPU utilisation, as both sides read it: what a node agent reports, once per interval, for the
-governed pods on its node (``POST /api/v1/node-readings``), and where a pod's reading came from.
-
-A meter reads NVML inside the tenant's pod: in a real installation it sees no GPU (the device plugin gives the device
-to the container that asked for it), and where it does, its word is the tenant's. A node agent reads on the node,
-from the kubelet's PodResources and NVML's per-process samples; DCGM through Prometheus is the other source of that
-rank. The timekeeper prefers them to the meter (``UtilisationSource.outranks``).
+governed pods on its node (``POST /api/v1/node-readings``), and where a pod's reading came from. The node agent's and
+Prometheus's (DCGM) readings outrank the meter's, read inside the tenant's pod: it usually sees no GPU, and where it
+does its word is the tenant's (``UtilisationSource.outranks``; docs/operations.md, the node's word over the meter's).
 """
 
 from __future__ import annotations

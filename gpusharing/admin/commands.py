@@ -1,12 +1,11 @@
-"""`gpusharing budget …`, `gpusharing pods` and `gpusharing explain`: the timekeeper's API (and a pod's record) from
-the command line, also as the kubectl plugin `kubectl gpusharing`.
+"""`gpusharing budget …`, `pods`, `explain` and `usage`: the timekeeper's API (and a pod's record) from the command
+line, also as the kubectl plugin `kubectl gpusharing`.
 
 Where the timekeeper is: --timekeeper or TIMEKEEPER_URL; else, as a kubectl plugin (or with --kubeconfig or
 --context), through the API server's service proxy of the kubeconfig's context; else http://127.0.0.1:8080.
-Global options are accepted before the command or anywhere after it, as kubectl takes its global flags.
-Output is a table (-o wide: more columns) or the API's objects (-o json, -o yaml). Exit status: 0 done; 1 a server
-refused or could not be reached; 2 bad arguments or settings (refused before any request); 3 what was named does not
-exist; 130 interrupted. Every failure is one line on stderr that says what to do.
+Global options are accepted before the command or anywhere after it, as kubectl takes its global flags. Every
+failure is one line on stderr that says what to do, with the exit status docs/reference/cli.md lists (0 done, 1 a
+server refused or could not be reached, 2 bad arguments or settings, 3 not found, 130 interrupted).
 """
 
 from __future__ import annotations

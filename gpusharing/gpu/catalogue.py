@@ -111,14 +111,15 @@ def load_catalogue(path: Path) -> GpuCatalogue:
 
 
 def catalogue_from_env(environ: Mapping[str, str]) -> GpuCatalogue:
-    """GPUSHARING_GPU_MODELS_FILE, else the shipped catalogue, whose default model GPUSHARING_DEVICE_MEMORY_MIB
-    (the setting of earlier versions) may replace by one of that memory. The webhook and the timekeeper read the
-    same file: the one divides memory by its models, the other bills by their weights."""
+    """GPUSHARING_GPU_MODELS_FILE, else the shipped catalogue, whose default model GPUSHARING_DEVICE_MEMORY_MIB (an
+    older setting, still read) may replace by one of that memory. The webhook and the timekeeper read the same file:
+    the one divides memory by its models, the other bills by their weights."""
     path = environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()
     memory = environ.get("GPUSHARING_DEVICE_MEMORY_MIB", "").strip()
     if path and memory:
         raise ConfigError(
-            "set GPUSHARING_GPU_MODELS_FILE or GPUSHARING_DEVICE_MEMORY_MIB, not both: the catalogue names its default model"
+            "set GPUSHARING_GPU_MODELS_FILE or GPUSHARING_DEVICE_MEMORY_MIB, not both: the catalogue names its default "
+            "model"
         )
     if path:
         try:
@@ -167,7 +168,8 @@ def _model(entry: Any, where: str) -> GpuModel:
         "billingWeight",
     }:
         raise CatalogueError(
-            f"{where}: expected `name`, `memoryMiB` and optionally `migComputeSlices` and `billingWeight`, got {shortened(str(entry))}"
+            f"{where}: expected `name`, `memoryMiB` and optionally `migComputeSlices` and `billingWeight`, "
+            f"got {shortened(str(entry))}"
         )
     name, memory, slices = entry["name"], entry["memoryMiB"], entry.get("migComputeSlices", 7)
     # Beginning with a letter or digit, as NVIDIA's names do: usage reports' CSV cells then never read as formulas.

@@ -1,11 +1,9 @@
-"""Idle GPUs, pod by pod: each pod's idle streak from its meter's readings, and what the idle policy in force says of
-it now. Plain functions over plain data; no Flask, no SQL, no Kubernetes client.
+"""Idle GPUs, pod by pod: each pod's idle streak from its readings, and what the idle policy in force says of it now.
+Plain functions over plain data; no Flask, no SQL, no Kubernetes client.
 
-A streak is kept beside the idle GPU-minutes the ledger already sums: it begins with the first report whose GPU
-utilisation is under the policy's threshold and lasts while every report after it is, with no gap longer than two
-meter intervals between them. A busy report ends it, and so does a report without utilisation (no NVML data): what
-the meter cannot see is never idle. The streak is as long as the reports prove it: from its first idle report to
-its last, never to now, so a meter that falls silent stops it growing.
+A streak lasts while every reading is under the policy's threshold, with no gap longer than two meter intervals; a
+busy reading or one without utilisation ends it (what cannot be seen is never idle). It is as long as the readings
+prove it, never to now, so a meter that falls silent stops it growing (docs/budgets.md, the streak).
 """
 
 from __future__ import annotations
@@ -161,8 +159,8 @@ def verdict(
     idle_seconds = max(0.0, (reading.reported_at - streak.since).total_seconds())
     below = f"under {threshold:g} %" if threshold is not None else "idle"
     why = (
-        f"idle for {format_duration(round(idle_seconds))}: {_EVERY[reading.source]} since {_iso(streak.since)} read GPU "
-        f"utilisation {below}"
+        f"idle for {format_duration(round(idle_seconds))}: {_EVERY[reading.source]} since {_iso(streak.since)} "
+        f"read GPU utilisation {below}"
     )
     if policy is None or pod.exempt:
         if pod.exempt:

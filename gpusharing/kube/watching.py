@@ -1,13 +1,6 @@
-"""Objects of one kind, kept in memory by a LIST and then a WATCH (the informer pattern, without client-go): the one
-list-and-watch implementation of every role. In the timekeeper's controller one of each kind is shared by every task
-that reads it (timekeeper.cluster.informers), as client-go's shared informers are.
-
-A background thread lists the kind once, follows the watch from the list's resourceVersion, and lists again when the
-watch expires or breaks. Failures in a row wait longer and longer (capped, jittered, as client-go's reflector backs
-off), and only a watch that delivered something counts as recovered: a list that succeeds while every watch fails at
-once (a proxy, RBAC that allows list and not watch) is not retried in a tight loop. Only what the caller extracts from
-each object is kept, so memory follows what is needed, not the objects' size. Readers on other threads see each entry
-before or after a change, never half of one.
+"""Objects of one kind kept in memory by a LIST and then a WATCH (the informer pattern, without client-go): every
+role's one list-and-watch, so that a request or a pass reads the cluster from memory instead of asking the API server.
+docs/design/core.md tells how it recovers from failures and why it keeps only what its caller extracts.
 """
 
 from __future__ import annotations
@@ -51,12 +44,8 @@ def key_of(obj: Mapping[str, Any]) -> Key:
 
 
 class PlainEvents(watch.Watch):
-    """The official client's watch, each event read once into plain dicts.
-
-    Its return types cost a busy watch dearly: a model class (V1Pod) is built field by field from every event, and
-    even `return_type="object"` has each event's object read, written back to JSON and read again. A pod watch
-    through a burst of creates reads several events per pod.
-    """
+    """The official client's watch, each event read once into plain dicts: its model classes (V1Pod), built field by
+    field from every event, cost a busy watch dearly."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # the client's, as every call of it (pyproject.toml)
@@ -66,7 +55,9 @@ class PlainEvents(watch.Watch):
 
 
 class WatchedObjects(Generic[T]):
-    """`extract(obj)` of every object a `list_for_all_namespaces` call of the official client serves (None: not kept).
+    """`extract(obj)` of every object a `list_for_all_namespaces` call of the official client serves (None: not kept),
+    followed by a background thread that lists, watches, and lists again when the watch expires or breaks, backing off
+    after failures; readers on other threads see each entry before or after a change, never half of one.
 
     `items` is None until the first list succeeded; `broken_since` is the time (time.monotonic) the list or watch
     failed, while it has not listed again since. `on_sync(ok)` is told of each list or watch that succeeded or

@@ -2,11 +2,9 @@
 `GET /api/v1/budgets/{name}`), as report.py is the meter's: the timekeeper builds these objects and turns them to
 JSON once, where its API answers; the webhook and the admin command line read its answers back through them.
 
-A reader reads as far as an answer goes. A body that is no listing (not an object, no list of items, more items than
-any cluster has, an item that is not an object naming its budget) is refused with ListingError, which says what is
-wrong. Within a listing, a field missing or unreadable reads as unsaid (None, or empty), and a nested object the
-reader cannot use as a whole (a warning, an idle hold, a fair-share band) reads as absent: a timekeeper of another
-version, or one budget's odd field, costs a reader that field and no more, and the webhook admits by the rest.
+A body that is no listing is refused with ListingError, which says what is wrong; within a listing, a field missing or
+unreadable reads as unsaid (None, or empty) and a nested object the reader cannot use whole reads as absent, so that a
+timekeeper of another version costs a reader that field and no more (docs/design/core.md).
 """
 
 

@@ -141,7 +141,7 @@ class DefaultBudget(JsonRecord):
 
     @classmethod
     def read(cls, raw: object) -> DefaultBudget | None:
-        """The default budget, or None when the listing does not say (a timekeeper from before it did)."""
+        """The default budget, or None when the listing does not say (an older timekeeper's does not)."""
         if not is_object(raw):
             return None
         state = read_enum(BudgetState, raw.get("state")) or BudgetState.UNKNOWN
@@ -173,7 +173,7 @@ class BudgetListing(JsonRecord):
     it was read at, and, with fair share on, the bands' classes."""
 
     items: tuple[ListedBudget, ...]
-    default: DefaultBudget | None = None  # None: a timekeeper from before the listing told its default
+    default: DefaultBudget | None = None  # None: unsaid (an older timekeeper's listing does not tell its default)
     listed_at: float | None = None  # seconds since the epoch, the database's time; the webhook says it back
     fair_share: FairShareListing | None = None  # None: fair share is off
 

@@ -1,15 +1,8 @@
-"""The certgen: the webhook's certificate in the cluster, where cert-manager is not installed.
-
-`gpusharing certs --format cluster` runs it, from the chart's and the manifests' Job (at every install and upgrade)
-and CronJob (daily). It keeps three things true: the webhook's Secret holds a CA and a serving certificate for the
-webhook's Service; the certificate is renewed a third of its validity before it ends, and the CA one certificate's
-validity before its own end; both webhook configurations trust the Secret's CA bundle (`caBundle`).
-
-A renewed certificate is signed by the same CA, so nothing else changes: the webhook reads the new files on new
-connections. A renewed CA is trusted beside the one before it (until that one expires), and the configurations
-trust both before the Secret changes: the webhook's pods serve the old certificate until the kubelet brings them
-the new one. Decisions are plain functions of the Secret's data and the time (`renewal`, `ca_bundle_patch`); `sync`
-does the reading and writing.
+"""The certgen (`gpusharing certs --format cluster`, a Job and a CronJob): the webhook's CA and serving certificate
+in its Secret, made and renewed in the cluster where cert-manager is not installed, and both webhook configurations
+kept trusting the Secret's CA bundle. Decisions are plain functions of the Secret's data and the time (`renewal`,
+`ca_bundle_patch`), so that tests need no cluster; `sync` reads and writes. docs/operations.md (the webhook's
+certificate) says what is renewed when, and why the webhook needs no restart.
 """
 
 from __future__ import annotations
@@ -102,7 +95,8 @@ def renewal(
     trusted = [c for c in held.authorities if c.not_valid_after_utc > now]
     if ca.not_valid_after_utc - now < lifetime:
         authority = make_authority(days * CA_LIFETIMES, now)
-        why = f"made a new CA and a certificate (the CA expires {ca.not_valid_after_utc:%Y-%m-%d}; trusted beside the new one until then)"
+        why = (f"made a new CA and a certificate (the CA expires {ca.not_valid_after_utc:%Y-%m-%d}; trusted beside "
+               "the new one until then)")
         return _issued(authority, [authority.cert, *trusted], names, days, now, why)
     problem = _certificate_problem(held, names, lifetime, now)
     if problem:

@@ -1,9 +1,9 @@
 """JSON over HTTP with the standard library, for whatever talks to the timekeeper: the meter, the webhook's budget
 poller and the `gpusharing budget` commands.
 
-The meter runs in every GPU pod under a small memory limit, and http.client costs it a fraction of what `requests` with
-its dependencies did (docs/operations.md, the meter's footprint). A failure to get an answer is said in words that tell
-what to check.
+The meter runs in every GPU pod under a small memory limit, and http.client costs it a fraction of the memory of
+`requests` and its dependencies (docs/operations.md, the meter's footprint). A failure to get an answer is said in
+words that tell what to check.
 """
 
 from __future__ import annotations

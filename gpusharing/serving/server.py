@@ -25,9 +25,9 @@ from prometheus_client import multiprocess
 from gpusharing.serving.logs import configure_logging
 from gpusharing.serving.metrics import MULTIPROC_ENV
 
-# A worker makes short-lived objects by the thousand each second, and each pass of the garbage collector stops
-# all its threads. Collecting the young generation every 20,000 allocations instead of 700, and freezing what the
-# worker made at start out of every pass, measured on the timekeeper: +15-20% reports/s, p99 latency halved.
+# A worker makes short-lived objects by the thousand each second, and each pass of the garbage collector stops all its
+# threads: the young generation is collected every 20,000 allocations instead of 700, and what the worker made at
+# start is frozen out of every pass (docs/development.md, the timekeeper's ingest, has the figures).
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
@@ -142,13 +142,8 @@ class _ReloadingContext:
 
 
 class _OneWriteResponse(wsgi.Response):
-    """gunicorn's response, its headers held back and sent with the first bytes of the body, in one write.
-
-    gunicorn writes the headers, then the body: two sendall calls, two TLS records, and between them the thread, back
-    from the first with the GIL released, waits for it behind whatever other thread of the worker runs Python (up to
-    the switch interval, 5 ms), while the client holds half an answer. One write puts the whole answer on the wire
-    before that wait.
-    """
+    """gunicorn's response, its headers held back and sent with the first bytes of the body, in one write: between
+    two writes the thread may wait for the GIL while the client holds half an answer (docs/design/core.md)."""
 
     _held = b""
 

@@ -1,11 +1,8 @@
 """Kubernetes resource quantities, as the API server serializes them, and plain decimal numbers, both bounded.
 
-The API server canonicalizes quantities before a webhook sees them: a HAMi ``nvidia.com/gpumem: 3000``
-arrives as ``"3k"``. So a "plain integer" rule has to be checked on the quantity's value, not its text.
-
-Annotations are free text nobody checks before the webhook, and Decimal arithmetic costs time and memory in the
-number of digits a value has: ``"1e999999"`` read as a whole number is a million-digit integer. So the text is
-bounded (digits, exponent) before any arithmetic is done on it, and the arithmetic is then exact.
+The API server canonicalizes quantities before a webhook sees them (``nvidia.com/gpumem: 3000`` arrives as ``"3k"``),
+so a "whole number" rule is checked on the value, not the text. The text is bounded (digits, exponent) before any
+arithmetic, which is then exact: read whole, ``"1e999999"`` would be a million-digit integer (docs/dialects.md, limits).
 """
 
 from __future__ import annotations

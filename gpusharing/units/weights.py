@@ -12,7 +12,7 @@ from decimal import Decimal, InvalidOperation
 MILLI = 1000
 MICROS_PER_SECOND = 1_000_000  # GPU time is counted in whole micro-GPU-seconds, so that sums of any length are exact
 MICROS_PER_GPU_MINUTE = 60 * MICROS_PER_SECOND
-UNIT_WEIGHT = MILLI  # a weight of 1: today's GPU-minutes
+UNIT_WEIGHT = MILLI  # a weight of 1: a GPU-minute is billed as one GPU-minute
 MAX_WEIGHT = 1000
 
 
