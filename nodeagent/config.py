@@ -1,5 +1,5 @@
 """The node agent's settings, read once at start from the environment the chart's DaemonSet gives it (documented in
-the README's configuration tables)."""
+docs/reference/settings.md)."""
 
 from __future__ import annotations
 

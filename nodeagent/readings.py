@@ -1,12 +1,7 @@
 """Each governed pod's reading over the interval, from plain data: the devices the kubelet says it holds, what each
-device did (`nodeagent.devices`), whose each process is (`nodeagent.pods`).
-
-A pod's utilisation is the percent of what it was allotted that its processes used: on each device it holds, the
-SM utilisation of its processes summed, capped at its share of the device (all of a whole GPU or a MIG instance; of
-a GPU cut in replicas, time-slicing's `GPU-uuid::N` or a sharing plugin's `GPU-uuid-N`, the replicas it holds of
-them all), over everything it holds. A device on which none of its processes ran counts 0 %, not unknown. Unknown
-(None), never idle: a device no NVML device answers to, a MIG instance without GPM, or a driver without per-process
-samples on a device other pods hold too. A pod's memory is what its processes hold on the node's devices.
+device did (`nodeagent.devices`), whose each process is (`nodeagent.pods`). A pod's utilisation is the percent of what
+it was allotted that its processes used, capped at its share of each device; what the node cannot tell is unknown,
+never idle (docs/operations.md, the node agent).
 """
 
 from __future__ import annotations
@@ -97,6 +92,9 @@ def pod_readings(node: NodeDevices, windows: Mapping[str, DeviceWindow], owners:
 
 def _utilisation(held: dict[str, Holding] | None, windows: Mapping[str, DeviceWindow], owners: Mapping[int, str],
                  uid: str) -> float | None:
+    """The percent of what the pod was allotted that its processes used: on each device their samples summed (0 where
+    none ran), capped at its share of it. None (unknown, never idle) where a device cannot say: one no NVML device
+    answers to, a MIG instance without GPM, a driver without per-process samples on a device others hold too."""
     if not held:
         return None
     used = 0.0

@@ -9,8 +9,8 @@ from gpusharing.serving.server import MAX_THREADS, MAX_WORKERS, ServerOptions, s
 from gpusharing.settings.arguments import whole_number
 from gpusharing.settings.env import ConfigError, env_int, env_text
 
-# Two arenas keep a worker's memory level under large bodies (bench/webhook_memory.py) and measured as fast as
-# glibc's default on the webhook's load (bench/webhook_load.py); see docs/development.md, the benchmarks.
+# Two arenas keep a worker's memory level under large bodies, at no cost in speed on the webhook's load
+# (docs/development.md has both benchmarks' figures).
 MALLOC_ARENAS = 2
 
 
@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     run = commands.add_parser(
         "serve",
         help="serve /mutate and /validate over TLS",
-        description="Serve the admission webhook over TLS. Settings come from GPUSHARING_* variables (docs/reference/settings.md).",
+        description="Serve the admission webhook over TLS. Settings come from GPUSHARING_* variables "
+        "(docs/reference/settings.md).",
         epilog="example, on loopback with a certificate of its own:\n"
         "  gpusharing certs --format pem --output tls --name localhost --name 127.0.0.1\n"
         "  gpusharing webhook serve --host 127.0.0.1 --cert tls/tls.crt --key tls/tls.key",

@@ -1,3 +1,3 @@
-"""Accounting: meter reports into the ledger exactly once (`ledger`, the plain arithmetic; `reports`, its SQL side and
-the report queue), what each pod was charged per day and the usage reports over it (`usage`; the request, the CSV and
-the pod labels, plain, in `usage_report`), and the GPU models' billing weights with their audit log (`weights`)."""
+"""Accounting, plain data: a pod's bill exactly once from the API server's record and its meter's reports (`ledger`),
+the record read from the pod (`record`), and per-pod GPU utilisation from DCGM's series in Prometheus (`dcgm`). The SQL
+side (the ledger's rows, the report queue, usage reports, billing weights) is timekeeper.database.accounting."""

@@ -1,16 +1,7 @@
-"""GPU utilisation per pod from DCGM's series in Prometheus (dcgm-exporter scraped by Prometheus, as NVIDIA's GPU
-Operator installs them), plain data: the PromQL query, Prometheus's answer read within bounds, and the governed pods'
-readings made of it.
-
-dcgm-exporter labels a device's series with the pod that holds the device (from the kubelet's PodResources); the GPU
-Operator's ServiceMonitor keeps the target's own `pod`/`namespace` and renames the exporter's to `exported_pod`/
-`exported_namespace`. A device's utilisation is the device's, not a pod's: on a GPU that several pods share, each of
-its pods' series carries the whole device's figure. So a device-wide figure is a pod's only where the pod holds the
-device alone (one pod on it, and a whole GPU by the webhook's record); on a shared one, only a per-pod split counts
-(dcgm-exporter under KUBERNETES_VIRTUAL_GPUS=true splits DCGM_FI_DEV_GPU_UTIL per pod from NVML's per-process samples,
-and labels those series with `pod_uid`), else the pod's reading is unknown. No data is unknown, never 0. Only the
-exporter's own targets are read (a label selector, its namespace by default): a tenant's own exporter, scraped through
-its own ServiceMonitor, could otherwise name any pod.
+"""GPU utilisation per pod from DCGM's series in Prometheus (dcgm-exporter, as NVIDIA's GPU Operator installs it), plain
+data: the PromQL query, Prometheus's answer read within bounds, and the governed pods' readings made of it. A device's
+figure is a pod's only where the pod holds the device alone; on a shared one only the exporter's per-pod split counts,
+and no data is unknown, never 0. docs/operations.md (DCGM through Prometheus) tells why, and what to configure.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Exactly-once accounting of a pod's bill from its two sources. Plain data, no Flask, no SQL.
-
-The bill follows the API server's record: the timekeeper's pod watch observes when the pod started holding its GPUs
-and when it stopped, at the share recomputed from its spec, and each observation bills the time since the last
-(`observe`): an interval is billed once, however many processes observe it. The meter's reports are evidence: a
-report carries the pod's cumulative GPU-seconds with a rising sequence number, and the ledger keeps the highest
-(`report`). What is charged is the larger of the two, so a report can fill what the watch could not see, but never
-lower, stop or end a bill; and the meter's word is capped at what the pod could have used since its recorded start.
-Only growth is charged: a retried or duplicated report charges nothing, a lost report's time is carried by the next,
-and nothing ever goes back.
+"""Exactly-once accounting of a pod's bill from its two sources, plain data: the API server's record, whose every
+observation bills the time since the last (`observe`), and the meter's cumulative reports, evidence that may fill what
+the record could not see but never lower, stop or end a bill (`report`). Only growth is charged: a retried report
+charges nothing, a lost one's time is carried by the next, and nothing ever goes back (docs/budgets.md, accounting).
 """
 
 from __future__ import annotations

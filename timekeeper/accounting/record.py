@@ -1,11 +1,7 @@
-"""The API server's record of a governed GPU pod, which its bill follows. Plain data from the pod as the watch serves
-it; no Kubernetes client, no SQL.
-
-A pod holds its GPUs from the kubelet's `status.startTime` until its containers have all terminated (their latest
-`finishedAt`), or until its deletion when no container says when it stopped (a node gone). Its share is read from its
-spec as the webhook read it at admission (the spec's resources cannot change on a live pod); a pod that gets GPUs
-through resource claims is priced by what its claims were allocated (`status.allocation`), read when billed. Nothing
-here reads what the pod's author may still write: not the annotations, not the meter.
+"""The API server's record of a governed GPU pod, which its bill follows: plain data from the pod as the watch serves
+it (no Kubernetes client, no SQL). The bill reads only what the pod's author can no longer change (the kubelet's start
+and end, the share of its immutable spec or of its claims' allocation), never the author's annotations or the meter
+(docs/budgets.md, accounting).
 """
 
 from __future__ import annotations

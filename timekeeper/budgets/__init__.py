@@ -1,4 +1,4 @@
-"""Budgets: `periods` and `status` (plain arithmetic: what was set, what was used, the state), `hierarchy` (group
-budgets rolled up, Slurm's Grp* limits), `requests` (the API's bodies checked), `commitments` (what pods with
-deadlines committed, for safe admission), and the SQL side: `store` (writes and the audit log) and `reads` (statuses
-read in one pass)."""
+"""Budgets, plain data: `periods` and `status` (what was set, what was used, the state), `hierarchy` (group budgets
+rolled up, Slurm's Grp* limits), `requests` (the API's bodies checked), `commitments` (what pods with deadlines
+committed, for safe admission). The SQL side (writes, the audit log, statuses read in one pass, reservations) is
+timekeeper.database.budgets."""

@@ -1,13 +1,9 @@
-"""What the namespaces' GPU pods have committed of their budgets, and what is left uncommitted (safe admission).
-
-The timekeeper's controller follows the cluster's GPU pods (those the webhook recorded a share on) by a watch and
-publishes the committed ones in the database, where the web replicas read them
-(timekeeper.database.cluster.commitments). A pod with a deadline that has not ended commits its share x its model's
-weight x the time its deadline leaves it: all of its deadline until it starts, then what remains of it
-(gpusharing.commitment). A pod without a deadline commits nothing it can be held to, and is not counted. A pod being
-admitted holds its commitment as a reservation (timekeeper.database.budgets.reservations) until the controller publishes
-the pod, whose admission id says which reservation it replaces. What is left uncommitted is counted along the
-namespace's path to its root budget.
+"""What the namespaces' GPU pods have committed of their budgets, and what is left uncommitted (safe admission): a pod
+with a deadline that has not ended commits its share x its model's weight x the time its deadline leaves it
+(gpusharing.commitment); a pod without one commits nothing it can be held to. The controller publishes the committed
+pods (timekeeper.database.cluster.commitments), a pod being admitted holds a reservation until then
+(timekeeper.database.budgets.reservations), and what is left is counted along the namespace's path to its root budget
+(docs/safe-admission.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The priority band of a namespace's new GPU pods, from its fair-share standing: a few PriorityClasses inside the
-in-budget range, lightest on top.
-
-A namespace's band follows the ratio at its decisive level (`tree.py`) against ascending bounds, with two brakes so
-that priorities do not flap around a bound: a ratio must cross a bound by a relative margin (hysteresis) to change
-band, and a band is kept at least a minimum time. At admission a burst guard (Kueue's entry penalty) puts a pod one
-band lower when its namespace would hold more GPUs than its fair share of the cluster's: a light team's hundred pods
-do not all take the top band on usage that is about to be stale.
+in-budget range, lightest on top, chosen by the ratio at its decisive level (`tree.py`) against ascending bounds. A
+margin (hysteresis) and a minimum time in band keep priorities from flapping around a bound (docs/fair-share.md).
 """
 
 from __future__ import annotations
@@ -108,14 +103,12 @@ def zero_use_change(bands: FairShareBands, state: BandState, standing: Namespace
                     half_life: timedelta, now: datetime) -> datetime | None:
     """When the namespace's band would change if it used nothing from now on (for `explain`); None: never.
 
-    The approximation: from `usage.as_of` (the pass the standing was computed in) the namespace's own usage halves
-    every half-life while everyone else's stays as it is. In truth the others' usage decays too, at the same pace
-    where they stop as well, so the answer is exact for a namespace alone in using GPUs and early where its siblings
-    keep running (their usage holds up as it decays). Each level's ratio only falls as the namespace's usage does,
-    so the band gets lighter; it can get heavier only where a heavy level above falls to parity and hands the
-    decision to a heavier level below. The band is piecewise constant between the times at which some level's
-    ratio crosses a parity limit, a bound, or a bound moved by the hysteresis (each solved in closed form), and the
-    end of the minimum time in band: the answer is the first of those times after which the band differs.
+    Approximated as docs/fair-share.md (bands) says: from `usage.as_of` (the pass the standing was computed in) the
+    namespace's own usage halves every half-life while everyone else's stays as it is, which is exact for a namespace
+    alone in using GPUs and early where its siblings keep running. The band is piecewise constant between the times
+    at which some level's ratio crosses a parity limit, a bound, or a bound moved by the hysteresis (each solved in
+    closed form), and the end of the minimum time in band: the answer is the first of those times after which the
+    band differs.
     """
     h = half_life_seconds(half_life)
     own = standing.path[-1].decayed_usage if standing.path else 0.0

@@ -1,18 +1,6 @@
 """Usage decayed with a half-life, exactly, from the ledger's intervals, kept as (usage, as of) so that a pass adds
-only what is new: O(1) per namespace, whatever the history.
-
-A GPU-second used at time t counts 2^(-(T - t)/h) of a GPU-second at time T (h the half-life), as Slurm's
-PriorityDecayHalfLife and Kueue's usage half-life count it. An interval of the ledger bills G GPU-seconds at a
-constant rate over [start, end] (model-weighted as billed: the caller passes weighted GPU-seconds, and the decay is
-linear in them), so its exact worth at its end is
-
-    integral over [start, end] of (G / d) * 2^(-(end - t)/h) dt  =  G * (1 - 2^(-x)) / (x ln 2)   with x = d/h
-
-and, decayed further to T, that times 2^(-(T - end)/h). `-expm1(-x ln 2) / (x ln 2)` keeps it exact for an interval
-of a microsecond under a half-life of a year (where `1 - 2^(-x)` would lose every digit), and a year of history under
-a half-life of seconds only underflows to zero (2^(-big) is 0.0, never an overflow: nothing is ever decayed backwards).
-
-The caller adds each stretch of the ledger once: a running pod's bill since the last pass, not since it started.
+only what is new: O(1) per namespace, whatever the history. The caller adds each stretch of the ledger once (a running
+pod's bill since the last pass, not since it started). docs/fair-share.md (decayed usage) gives the formula.
 """
 
 from __future__ import annotations
@@ -34,13 +22,18 @@ def half_life_seconds(half_life: timedelta) -> float:
 
 def decay_factor(elapsed_seconds: float, half_life: float) -> float:
     """2^(-elapsed/half_life): what one GPU-second counts `elapsed_seconds` later (elapsed >= 0; 0.0 once
-    negligible)."""
+    negligible: a year under a half-life of seconds underflows to zero, never overflows)."""
     return math.exp(-elapsed_seconds * LN2 / half_life)
 
 
 def interval_worth(duration_seconds: float, half_life: float) -> float:
     """What one GPU-second spread evenly over `duration_seconds` counts at the interval's end, in (0, 1]: 1 for an
-    instant, 1 - d ln2 / (2h) for a short one, h / (d ln 2) for one much longer than the half-life."""
+    instant, 1 - d ln2 / (2h) for a short one, h / (d ln 2) for one much longer than the half-life.
+
+    The integral of 2^(-(end - t)/h) / d over [start, end] is (1 - e^(-x)) / x with x = d ln 2 / h; computed as
+    `-expm1(-x) / x` it stays exact for a microsecond under a half-life of a year, where `1 - e^(-x)` would lose every
+    digit.
+    """
     x = duration_seconds * LN2 / half_life
     return 1.0 if x == 0.0 else -math.expm1(-x) / x
 

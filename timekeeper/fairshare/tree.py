@@ -1,18 +1,7 @@
-"""Slurm's Fair Tree over the budget hierarchy: at each level, siblings are ranked by how much of their share they used
-lately, and every namespace below a lighter sibling ranks above every namespace below a heavier one.
-
-At each level the siblings' weights are normalised to shares (S) and their subtrees' decayed usage to fractions of
-what the siblings used together (U); a sibling's ratio is U / S (Fair Tree's "Level FS" S / U, inverted, so that 0
-means "used nothing" instead of infinity). Siblings are ranked lightest first (ties by name, so that the order never
-depends on the input's), and the namespaces are numbered depth-first in that order: a heavy department's namespaces
-all rank below a light department's, whatever their own use, and a team split into many namespaces ranks as the one
-group it is at the levels above it (its subtree's usage adds up, its weight is its own).
-
-A namespace's band follows its ratio at the decisive level: the highest level (nearest the root) whose ratio is off
-parity by more than the tolerance. A level whose siblings used nothing at all is at parity: nobody there is lighter
-than anybody, so a cluster where nobody used anything bands everyone alike (ratio 1.0, today's in-budget band).
-A group with no namespace below it takes no part: it can use nothing, and its weight would only lower its siblings'
-shares and so raise every sibling's ratio.
+"""Slurm's Fair Tree over the budget hierarchy: at each level siblings are ranked by how much of their share they used
+lately (their ratio, usage over share: 0 for nothing used), and every namespace below a lighter sibling ranks above
+every namespace below a heavier one. A namespace's band follows its ratio at the decisive level, the highest one off
+parity. docs/fair-share.md (Fair Tree) tells why, and what follows for departments, split teams and idle clusters.
 """
 
 from __future__ import annotations
@@ -105,6 +94,7 @@ def rank_fair_tree(
     stack: list[tuple[str, tuple[LevelStanding, ...], float]] = []
 
     def push_children(parent: str | None, path: tuple[LevelStanding, ...], parent_share: float) -> None:
+        # a group with no namespace below takes no part: its weight would only shrink its siblings' shares
         kept = [child for child in children.get(parent, []) if namespaces_below[child.name]]
         ranked = _ranked_siblings(kept, subtree_usage, len(path) + 1)
         stack.extend((level.node, (*path, level), parent_share * level.share) for level in reversed(ranked))
@@ -130,7 +120,7 @@ def _ranked_siblings(siblings: list[ShareNode], subtree_usage: dict[str, float],
         share = node.weight / total_weight
         usage = subtree_usage[node.name] / total_usage if total_usage > 0 else 0.0
         rows.append((usage / share, node.name, node, share, usage))
-    rows.sort(key=lambda row: (row[0], row[1]))
+    rows.sort(key=lambda row: (row[0], row[1]))  # lightest first, ties by name: never the input's order
     return [
         LevelStanding(level, name, share, usage, ratio, rank, len(rows), node.weight, subtree_usage[name], total_usage)
         for rank, (ratio, name, node, share, usage) in enumerate(rows, start=1)

@@ -80,9 +80,9 @@ def states_from_listing(body: object) -> BudgetStates:
     (gpusharing.listing: ListingError, a ValueError, for an answer that is no listing); unknown states read as
     unknown, and what the contract cannot read is left out. The sentences are made here, once per poll.
 
-    A namespace the listing leaves out is under the default budget with no use: `default.state`. A timekeeper
-    that does not say (before it did) leaves such namespaces unknown. Group budgets (names with a dot) are listed
-    too; no namespace has such a name, so they are never looked up.
+    A namespace the listing leaves out is under the default budget with no use: `default.state`. A listing that
+    does not tell its default (an older timekeeper's) leaves such namespaces unknown. Group budgets (names with a
+    dot) are listed too; no namespace has such a name, so they are never looked up.
     """
     listing = BudgetListing.from_json(body)
     listed = {item.namespace: _namespace_budget(item) for item in listing.items}
@@ -96,7 +96,7 @@ def states_from_listing(body: object) -> BudgetStates:
 
 def _namespace_budget(item: ListedBudget) -> NamespaceBudget:
     """What admission needs of a listed budget; safe admission's settings the contract could not read leave the
-    budget open (as before safe admission)."""
+    budget under open admission, admitting by its state alone."""
     band = item.fair_share
     return NamespaceBudget(
         item.state, tuple(usage_warning(item.namespace, warning) for warning in item.warnings),

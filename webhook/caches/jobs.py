@@ -1,13 +1,7 @@
 """The cluster's Jobs' deadlines, kept in memory by a watch, so that a Job's `activeDeadlineSeconds` counts for its
-pods.
-
-The Job controller enforces a Job's deadline itself and never writes it on the pods it creates. Safe admission
-needs it on the pod, where the timekeeper sees it and the kubelet enforces it: the webhook carries what is left of
-the Job's deadline onto each pod the Job creates. A review never waits for the API server: a pod whose Job the
-watch has not delivered (the Job controller, which learns of Jobs by a watch of its own, seldom outruns this one;
-or an owner that does not exist) is reviewed by its own deadline. Waiting for it, even a second, let anyone who may
-create pods naming unknown Jobs hold every webhook thread, and every other tenant's GPU pod past the API server's
-webhook timeout.
+pods under safe admission: the Job controller never writes it on them, so the webhook carries what it has left onto
+each pod the Job creates. A review never waits for the watch: a pod whose Job it has not delivered is reviewed by its
+own deadline (docs/safe-admission.md, deadlines and commitments).
 """
 
 from __future__ import annotations

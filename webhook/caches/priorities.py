@@ -1,10 +1,7 @@
-"""The cluster's PriorityClasses, kept in memory by a watch, so that the webhook writes a pod's priority itself.
-
-When the webhook gives a pod another priority class, the API server's Priority plugin, run again after the webhook
-changed the pod, wants `spec.priority` and `spec.preemptionPolicy` either absent (it resolves them from the class) or
-equal to the class's (it checks them). Removed, the plugin writes them back, the pod differs from the webhook's
-answer, and the API server calls the webhook a second time; written as the class says, the plugin changes nothing
-and one `/mutate` call per GPU pod is enough (issue 23). A class the watch does not know (yet) is left to the plugin.
+"""The cluster's PriorityClasses, kept in memory by a watch, so that the webhook writes a pod's `spec.priority` and
+`spec.preemptionPolicy` as its new class says: the API server's Priority plugin, run again after the webhook changed the
+pod, then changes nothing, and one `/mutate` call per GPU pod is enough (docs/concepts.md). A class the watch does not
+know (yet) is left to the plugin.
 """
 
 from __future__ import annotations

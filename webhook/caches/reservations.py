@@ -1,10 +1,8 @@
 """Safe admission's reservations, asked of the timekeeper: the one call the webhook makes while it reviews a pod, for
-a GPU pod with a deadline under safe or strict admission only, within a short timeout.
-
-A reservation must be weighed against every budget on its namespace's path to the root, one at a time, whichever webhook
-worker, replica or sibling namespace admits the pod; no process's own memory can do that, so the timekeeper weighs it in
-its database (timekeeper.database.budgets.reservations). What cannot be asked (the timekeeper unreachable, slow, or
-unable to count) is an unknown answer: strict admission refuses the pod, safe admission admits it saying so.
+a GPU pod with a deadline under safe or strict admission only, within a short timeout. Only the timekeeper's database
+can weigh a reservation against every budget on its namespace's path, whichever process admits it
+(docs/safe-admission.md, bursts). An answer that cannot be had is unknown: strict admission refuses the pod, safe
+admission admits it saying so.
 """
 
 from __future__ import annotations
