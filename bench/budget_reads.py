@@ -1,6 +1,6 @@
-"""A budget status read against years of history (issue 23): the per-period rollups the timekeeper reads
-(namespace_period_usage) beside the day sums it read before (namespace_usage summed over each period's days), in the
-same run, on the same data.
+"""A budget status read against years of history: the per-period rollups the timekeeper reads (namespace_period_usage)
+beside the day sums (namespace_usage summed over each period's days, testbed/day_sums.py), in the same run, on the
+same data.
 
     python bench/budget_reads.py                          # both backends, 500 namespaces, 1 to 3 years
     python bench/budget_reads.py --backend postgresql --namespaces 500 --years 5 --reads 300
@@ -118,7 +118,8 @@ def measure(url: str, namespace_count: int, years: int, reads: int) -> None:
         ):
             (old50, old99), (new50, new99) = timed(database, old, count), timed(database, new, count)
             print(
-                f"  {year} year{'s' if year > 1 else ' '}  {what:<13}  day sums p50 {old50:8.2f} ms  p99 {old99:8.2f} ms"
+                f"  {year} year{'s' if year > 1 else ' '}  {what:<13}  "
+                f"day sums p50 {old50:8.2f} ms  p99 {old99:8.2f} ms"
                 f"   rollups p50 {new50:6.2f} ms  p99 {new99:6.2f} ms   x{old50 / new50:6.1f}",
                 flush=True,
             )

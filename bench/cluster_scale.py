@@ -1,14 +1,14 @@
-"""Scale figures of the controller layout beside the layout before it, measured in the same run: pod watches held
+"""Scale figures of the controller layout beside the web-replica layout, measured in the same run: pod watches held
 against the API server, memory, each controller task's duration, the listing, admission's p50/p99 and a demotion's
 time, as namespaces and GPU pods grow (10,000 namespaces and 50,000 GPU pods at the largest size).
 
 Two layouts, at each size, one after the other on a fresh database and a fresh stand-in Kubernetes API
 (demo/kubeapi.py, on loopback) serving every GPU pod, governed (the webhook's share annotation) and running:
 
-- the controller (now): `gpusharing timekeeper serve` (2 workers, no cluster work) and 2 replicas of
-  `gpusharing timekeeper controller` (one leading), this checkout;
-- the web replicas (`c7253fe`, the last commit before the controller): `gpusharing timekeeper serve` (2 workers) of
-  that commit, checked out into a temporary git worktree (removed at the end) and run from it with this Python, its
+- the controller, this checkout: `gpusharing timekeeper serve` (2 workers, no cluster work) and 2 replicas of
+  `gpusharing timekeeper controller` (one leading);
+- the web replicas (`c7253fe`, with no controller process): `gpusharing timekeeper serve` (2 workers) of
+  that revision, checked out into a temporary git worktree (removed at the end) and run from it with this Python, its
   database upgraded by its own `db upgrade`; each worker held a pod watch, the Lease's holder a second one for billing.
   When it cannot run (no git checkout, the commit absent, a start that fails), the run says why and prints the
   controller's figures alone.
@@ -74,7 +74,7 @@ from demo.processes import COMMAND, Service, child_pids, free_port  # noqa: E402
 from gpusharing.contract import ANNOTATION_GPU_SHARE  # noqa: E402
 from gpusharing.serving.certs import make_serving_certificate  # noqa: E402
 
-BEFORE = "c7253fe"  # the last commit before the controller process (issue 30)
+BEFORE = "c7253fe"  # the web-replica layout: no controller process, each timekeeper worker holding a pod watch
 ADMIN, METER = "bench-admin", "bench-meter"
 DEMOTED = "demoted-team"
 TASKS = ("bills", "ended", "idle", "budgets", "statuses", "commitments", "silent-meters")
@@ -446,7 +446,8 @@ def row(namespaces: int, pods: int, layout: str, f: dict[str, object], demote: i
     return (
         f"| {namespaces:,} | {pods:,} | {layout} | {f['watches']} | {controller} | {_mib(f['web_mib'])} | {per_pod} | "
         f"{_mib(f['webhook_mib'])} | {f['listing_mib']:.1f} MiB in {f['listing_s']:.2f} s | "
-        f"{f['admission_p50_ms']:.1f} / {f['admission_p99_ms']:.1f} ms | {f['demotion_s']:.1f} s ({f['evicted']} of {demote:,}) |"
+        f"{f['admission_p50_ms']:.1f} / {f['admission_p99_ms']:.1f} ms | "
+        f"{f['demotion_s']:.1f} s ({f['evicted']} of {demote:,}) |"
     )
 
 

@@ -1,6 +1,6 @@
 """A namespace's demotion against the stand-in Kubernetes API (demo/kubeapi.py): how long from the report that
 crosses its budget to the last of its running pods evicted, with evictions `--concurrency` at a time beside one at a
-time (TIMEKEEPER_EVICTION_CONCURRENCY=1, the path as it was), in alternation, in one run.
+time (TIMEKEEPER_EVICTION_CONCURRENCY=1), in alternation, in one run.
 
 Each round starts a fresh database and stand-in API serving `--pods` running GPU pods of one namespace, a
 `gpusharing timekeeper serve` (its REST API: the budget, the crossing's report) and one `gpusharing timekeeper
@@ -92,8 +92,9 @@ def main() -> int:
             with tempfile.TemporaryDirectory(prefix="gpusharing-demotion-") as directory:
                 f = fake_round(args.pods, concurrency, args.latency, Path(directory))
             print(
-                f"round {round_number}, concurrency {concurrency:>3}: {f['evicted']:,.0f} of {args.pods:,} pods evicted "
-                f"in {f['seconds']:.1f} s from the crossing ({f['per_second']:.0f}/s; at most {f['peak']:.0f} in flight)",
+                f"round {round_number}, concurrency {concurrency:>3}: "
+                f"{f['evicted']:,.0f} of {args.pods:,} pods evicted in {f['seconds']:.1f} s from the crossing "
+                f"({f['per_second']:.0f}/s; at most {f['peak']:.0f} in flight)",
                 flush=True,
             )
     return 0

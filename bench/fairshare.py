@@ -1,5 +1,5 @@
-"""The fair-share pass (issue 32) at 10,000 namespaces in a four-level hierarchy with a year of history, beside the
-pass it replaces (the decayed usage recomputed from the whole history), measured in the same run.
+"""The fair-share pass at 10,000 namespaces in a four-level hierarchy with a year of history, beside a baseline that
+recomputes the decayed usage from the whole history, measured in the same run.
 
     python bench/fairshare.py                              # 10 x 10 x 10 x 10 namespaces, a year of hourly intervals
     python bench/fairshare.py --fanout 5 --hours 720       # 625 namespaces, a month: a quick look
@@ -112,7 +112,8 @@ class Cluster:
 
 def percentiles(values: list[float]) -> str:
     ordered = sorted(values)
-    return f"p50 {statistics.median(ordered):9.1f} ms   p99 {ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]:9.1f} ms"
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return f"p50 {statistics.median(ordered):9.1f} ms   p99 {p99:9.1f} ms"
 
 
 def main() -> int:
@@ -145,7 +146,8 @@ def main() -> int:
     cluster.fold(range(args.hours), half_life)
     history = (time.perf_counter() - began) * 1000
     print(
-        f"history folded: {count * args.hours:,} intervals in {history / 1000:.1f} s ({history * 1000 / (count * args.hours):.2f} us an interval)",
+        f"history folded: {count * args.hours:,} intervals in {history / 1000:.1f} s "
+        f"({history * 1000 / (count * args.hours):.2f} us an interval)",
         flush=True,
     )
 
@@ -193,11 +195,13 @@ def main() -> int:
     print(f"    its CPU time                {percentiles(pass_cpu)}")
     print(f"  baseline: usage recomputed from the whole history, scaled from {len(sample)} namespaces:")
     print(
-        f"                                {percentiles(baselines)}   ({count * (args.hours + args.passes // 2):,} intervals a pass)"
+        f"                                {percentiles(baselines)}   "
+        f"({count * (args.hours + args.passes // 2):,} intervals a pass)"
     )
     print(f"    its CPU time                {percentiles(baseline_cpus)}")
     print(
-        f"  the pass is {statistics.median(baselines) / statistics.median(passes):,.0f}x faster than the baseline (p50); "
+        f"  the pass is {statistics.median(baselines) / statistics.median(passes):,.0f}x faster than the baseline "
+        "(p50); "
         f"incremental and recomputed usage agree to {worst_gap:.1e} (relative)"
     )
 
@@ -211,7 +215,8 @@ def main() -> int:
     for state in cluster.states.values():
         counts[state.band] += 1
     print(
-        f"\npeak memory of a pass (tracemalloc): {peak / 2**20:.1f} MiB; process peak resident: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+        f"\npeak memory of a pass (tracemalloc): {peak / 2**20:.1f} MiB; "
+        f"process peak resident: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
     )
     print("bands: " + ", ".join(f"{name} {n:,}" for name, n in zip(BANDS.classes, counts)))
     return 0

@@ -399,7 +399,8 @@ class FakeKube:
                 return 403, _status(
                     403,
                     "Forbidden",
-                    f'serviceaccounts "{match["name"]}" is forbidden: User "someone" cannot create resource "serviceaccounts/token"',
+                    f'serviceaccounts "{match["name"]}" is forbidden: User "someone" cannot create resource '
+                    '"serviceaccounts/token"',
                 )
             return 201, {**body, "status": {"token": token, "expirationTimestamp": "2030-01-01T00:00:00Z"}}
         if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
@@ -464,7 +465,7 @@ class FakeKube:
         if method == "POST" and (match := _EVENTS.match(path)) is not None:
             if not self.events_up:
                 return 503, _status(503, "ServiceUnavailable", "events are down")
-            # The API server's own rule, which once refused every Event the timekeeper wrote.
+            # The API server's own rule: an Event's namespace must be its object's, else it is refused (422).
             if (
                 body["metadata"].get("namespace") != match["ns"]
                 or (body["involvedObject"].get("namespace") or "default") != match["ns"]

@@ -155,7 +155,8 @@ def problems(directory: Path, release: str) -> list[str]:
     chart = _chart_metadata(directory / names["chart"])
     if (chart.get("version"), chart.get("appVersion")) != (release, release):
         found.append(
-            f"chart: version {chart.get('version')}, appVersion {chart.get('appVersion')}: make both {release} in {CHART / 'Chart.yaml'}"
+            f"chart: version {chart.get('version')}, appVersion {chart.get('appVersion')}: make both {release} in "
+            f"{CHART / 'Chart.yaml'}"
         )
     index = yaml.safe_load((directory / names["index"]).read_text())
     listed = [(e["version"], e["urls"]) for e in index["entries"].get(CHART.name, [])]
@@ -221,7 +222,7 @@ def build(directory: Path) -> list[Path]:
     directory.mkdir(parents=True)
     names = artifact_names(release)
     # Without a VCS plugin setuptools adds the files a previous build's SOURCES.txt lists to the sdist: a module or
-    # package left out since (demo/, when it was still installed) would linger in this clone's sdist alone.
+    # package left out of the product since that build would linger in this clone's sdist alone.
     (ROOT / "kube_gpusharing.egg-info" / "SOURCES.txt").unlink(missing_ok=True)
     _run(sys.executable, "-m", "build", "--no-isolation", "--outdir", directory, ROOT)
     reproducible_sdist(directory / names["sdist"], epoch)

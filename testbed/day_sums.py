@@ -1,5 +1,5 @@
 """Statuses as the daily rows alone give them: each kind of period's use summed over its days, top-ups over every
-period since the earliest start (the reads before the rollups of namespace_period_usage). The tests hold the rollups
+period since the earliest start (what the rollups of namespace_period_usage stand for). The tests hold the rollups
 to them; bench/budget_reads.py measures them as the baseline."""
 
 from __future__ import annotations
