@@ -21,6 +21,8 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True)
 class MeterReport:
+    """One meter report: the pod's cumulative billed GPU-seconds under a rising sequence number, and what NVML read."""
+
     pod_uid: str
     namespace: str
     pod: str

@@ -18,6 +18,8 @@ Observer = Callable[[str, float, float], None]  # task name, seconds the run too
 
 @dataclass
 class Task:
+    """A named periodic run; a `leader_only` task runs only while the scheduler's process leads."""
+
     name: str
     interval_seconds: float
     run: Callable[[], object]

@@ -58,6 +58,8 @@ def is_label_key(key: str) -> bool:
 
 @dataclass(frozen=True)
 class UsageRequest:
+    """What a usage report sums: the days from `start` to `end`, grouped by `group_by`, of one namespace or all."""
+
     start: dt.date  # the first day counted
     end: dt.date  # the first day not counted
     group_by: tuple[str, ...]

@@ -32,6 +32,8 @@ MIN_WINDOW_SECONDS = 0.05
 
 
 class NodeAgent:
+    """Reads the node's governed pods every interval and posts their readings to the timekeeper as one batch."""
+
     def __init__(self, config: NodeAgentConfig, kubelet: PodResources, gpus: Gpus, poster: TokenPoster,
                  monotonic: Callable[[], float] = time.monotonic, stop: threading.Event | None = None) -> None:
         self.config = config

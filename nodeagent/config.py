@@ -44,6 +44,8 @@ DEFAULT_RESOURCES = (
 
 @dataclass(frozen=True)
 class NodeAgentConfig:
+    """The node agent's settings (`from_env`)."""
+
     node: str  # the node this agent runs on: spec.nodeName, from the downward API
     timekeeper_url: str
     # projected token (audience gpusharing-timekeeper), re-read per report

@@ -40,6 +40,8 @@ class PodDevices:
 
 @dataclass(frozen=True)
 class NodeDevices:
+    """What the kubelet says of the node: the governed pods' devices, and every device it has."""
+
     pods: tuple[PodDevices, ...]  # the governed pods: those holding a device of a governed resource
     # (resource name, device id) of every device the node has; None: not said
     allocatable: tuple[tuple[str, str], ...] | None

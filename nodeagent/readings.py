@@ -30,6 +30,8 @@ def physical_device(device_id: str, uuids: Mapping[str, object]) -> str | None:
 
 @dataclass(frozen=True)
 class Holding:
+    """How much of one device a pod holds."""
+
     share: float  # of the device, in (0, 1]
     alone: bool  # no other pod holds any part of it
 

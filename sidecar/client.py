@@ -21,6 +21,8 @@ class Answer:
 
 
 class TimekeeperClient:
+    """Sends the meter's reports to the timekeeper over one kept-alive connection, under the pod's projected token."""
+
     def __init__(self, timekeeper_url: str, token_path: Path) -> None:
         self.token_path = token_path
         self._poster = TokenPoster(timekeeper_url, token_path)  # kept alive between reports

@@ -27,6 +27,8 @@ DEFAULT_GPU_READER = "sidecar.nvml:open_reader"
 
 @dataclass(frozen=True)
 class MeterConfig:
+    """What the meter is told of its pod and of the timekeeper (`from_env`)."""
+
     namespace: str  # the pod's, from the downward API like the name and uid
     pod_name: str
     pod_uid: str

@@ -40,6 +40,9 @@ def retry_delay(failures: int, interval: float, uniform: Callable[[], float] = r
 
 
 class Meter:
+    """Reports its pod's cumulative GPU-seconds under rising sequence numbers, resuming from the state file after a
+    restart."""
+
     def __init__(
         self,
         config: MeterConfig,
@@ -187,6 +190,7 @@ class StopSignals:
 
 
 def run_meter(config: MeterConfig) -> None:
+    """`gpusharing meter`: reports until SIGTERM or SIGINT, then sends the final report."""
     stop = StopSignals()
     add_context(namespace=config.namespace, pod=config.pod_name, pod_uid=config.pod_uid)
     try:

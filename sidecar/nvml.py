@@ -32,6 +32,8 @@ class GpuReading:
 
 
 class GpuReader(Protocol):
+    """What the meter reads of its pod's GPUs before each report (None: nothing it can attribute to the pod)."""
+
     def read(self) -> GpuReading | None: ...
 
 
@@ -112,6 +114,7 @@ class NvmlReader:
 
 
 def open_reader(pod_uid: str) -> GpuReader | None:
+    """The NVML reader of the pod's processes, or None (after one log line) when no driver or GPU is visible."""
     try:
         import pynvml
 

@@ -21,6 +21,8 @@ STATE_FILE = "meter-state.json"
 
 @dataclass(frozen=True)
 class MeterState:
+    """What a restarted meter needs to go on: when the workload started and the last sequence number used."""
+
     pod_uid: str
     started_at: float  # Unix time of the meter's first start in this pod: billing runs from here
     seq: int = 0  # the last sequence number handed out; the next report uses a higher one
@@ -33,6 +35,8 @@ class MeterState:
 
 
 class StateFile:
+    """The meter's state in a file of its emptyDir, written atomically."""
+
     def __init__(self, directory: Path) -> None:
         self.path = directory / STATE_FILE
 

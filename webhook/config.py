@@ -49,6 +49,8 @@ class MeterSpec:
 
 @dataclass(frozen=True)
 class WebhookConfig:
+    """Everything a review is decided with, read once at start (`from_env`)."""
+
     gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)
     meter: MeterSpec = field(default_factory=MeterSpec)
     own_namespace: str = "gpusharing-system"

@@ -50,6 +50,8 @@ MIG_COMPUTE_SLICES = (7, 4)  # of a MIG-capable GPU: 7, or 4 on the A30 and the 
 
 @dataclass(frozen=True)
 class GpuModel:
+    """One GPU model of the catalogue: its memory, its MIG compute slices and its billing weight."""
+
     name: str  # as NVIDIA reports it: "NVIDIA H100 80GB HBM3"
     memory_mib: int
     mig_compute_slices: int = 7
@@ -62,6 +64,8 @@ class GpuModel:
 
 @dataclass(frozen=True)
 class GpuCatalogue:
+    """The GPU models a cluster has, and the one a pod that names none is read on."""
+
     models: tuple[GpuModel, ...]
     default: GpuModel
 
@@ -103,6 +107,7 @@ class GpuCatalogue:
 
 
 def load_catalogue(path: Path) -> GpuCatalogue:
+    """The catalogue in the YAML file at `path`; CatalogueError saying what is wrong and where."""
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -138,6 +143,7 @@ def shipped_catalogue() -> GpuCatalogue:
 
 
 def catalogue_from(document: object, where: str) -> GpuCatalogue:
+    """The catalogue a decoded YAML document describes; CatalogueError naming `where` and what is wrong."""
     if not isinstance(document, Mapping) or set(document) - {"default", "models"}:
         raise CatalogueError(f"{where}: expected a mapping with `default` and `models` only")
     entries = document.get("models")

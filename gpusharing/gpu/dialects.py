@@ -91,6 +91,8 @@ class DeviceAsk:
 
 @dataclass(frozen=True)
 class ContainerAsk:
+    """What one container asks of each of `devices` devices, in one dialect."""
+
     container: Container
     devices: int
     ask: DeviceAsk
@@ -99,6 +101,9 @@ class ContainerAsk:
 
 @dataclass
 class DialectReading:
+    """What a dialect's reader found in a pod: each container's asks, the warnings to give, and demands on the pod as
+    a whole."""
+
     asks: list[ContainerAsk] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     pod_demands: list[tuple[int, Source]] = field(default_factory=list)  # memory one device must hold, pod-wide
@@ -126,6 +131,8 @@ def is_gpu_key(key: str, hami: HamiSettings) -> bool:
 
 
 def read_gpu_manager(pod: Mapping[str, Any], containers: list[Container], errors: Errors) -> DialectReading:
+    """The pod's asks in tkestack gpu-manager's vcuda resources, as gpu-admission reads them; refusals go to
+    `errors`."""
     reading = DialectReading()
     limit = _vcuda_core_limit(pod, errors, reading.warnings)
     for c in containers:
@@ -200,6 +207,8 @@ def _gpu_manager_container(c: Container, errors: Errors, limit: Decimal | None) 
 def read_hami(
     pod: Mapping[str, Any], containers: list[Container], hami: HamiSettings, errors: Errors
 ) -> DialectReading:
+    """The pod's asks in HAMi's resources (named as `hami` configures them), as HAMi's scheduler and webhook read
+    them; refusals go to `errors`."""
     reading = DialectReading()
     mode = _annotations(pod).get(HAMI_VGPU_MODE)
     modes = str(mode) if mode is not None else ""
@@ -291,6 +300,8 @@ def _hami_container(
 
 
 def read_aliyun(pod: Mapping[str, Any], containers: list[Container], unit_mib: int, errors: Errors) -> DialectReading:
+    """The pod's asks in Aliyun gpushare's resources (memory in units of `unit_mib` MiB), as gpushare's extender and
+    ACK read them; refusals go to `errors`."""
     reading = DialectReading()
     count_raw = as_mapping(as_mapping(pod.get("metadata")).get("labels")).get(ALIYUN_GPU_COUNT)
     cards = (

@@ -46,6 +46,8 @@ class DeviceRequest:
 
 @dataclass(frozen=True)
 class ClaimSpec:
+    """What billing needs of a resource claim: its device requests."""
+
     requests: tuple[DeviceRequest, ...]
 
 
@@ -123,12 +125,15 @@ def allocated_claim_spec(claim: Mapping[str, Any]) -> ClaimSpec | None:
 
 @dataclass(frozen=True)
 class PodClaim:
+    """One entry of a pod's `spec.resourceClaims`: the claim made from a template, or a claim named."""
+
     name: str  # the pod's name for the claim
     source: ClaimSource
     source_name: str
 
 
 def pod_claims(spec: Mapping[str, Any]) -> list[PodClaim]:
+    """The resource claims a pod's spec names (entries naming neither a template nor a claim left out)."""
     claims = []
     for entry in as_list(spec.get("resourceClaims")):
         entry = as_mapping(entry)

@@ -27,6 +27,8 @@ class ContainerRole(StrEnum):
 
 @dataclass
 class Container:
+    """One of the pod's containers or init containers, with the GPU keys it sets."""
+
     name: str
     role: ContainerRole
     index: int  # position among the pod's init containers or its containers
@@ -45,6 +47,8 @@ class Container:
 
 @dataclass(frozen=True)
 class GpuRequestError:
+    """One rule a pod breaks: where, the key, the value (cut short) and the rule, read as one line."""
+
     subject: str  # 'container "infer"', 'annotation', 'label', 'pod'
     key: str  # empty for a rule of the whole pod
     value: str | None
@@ -60,6 +64,8 @@ class GpuRequestError:
 
 
 class InvalidGpuRequest(ValueError):
+    """The pod breaks these rules; the message lists the first MAX_ERRORS_SHOWN and counts the rest."""
+
     def __init__(self, errors: list[GpuRequestError]):
         shown = "; ".join(str(e) for e in errors[:MAX_ERRORS_SHOWN])
         more = len(errors) - MAX_ERRORS_SHOWN
@@ -68,6 +74,8 @@ class InvalidGpuRequest(ValueError):
 
 
 class Errors(list[GpuRequestError]):
+    """The rules a pod breaks, collected so that one refusal names them all."""
+
     def add(self, subject: str, key: str, value: object, rule: str) -> None:
         self.append(GpuRequestError(subject, key, None if value is None else shortened(str(value)), rule))
 

@@ -31,6 +31,8 @@ from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 
 
 def read_nvidia(containers: list[Container], errors: Errors) -> DialectReading:
+    """The containers' whole GPUs and MIG slices, as the NVIDIA device plugin hands them out; refusals go to
+    `errors`."""
     reading = DialectReading()
     for c in containers:
         for key, raw in c.values.items():
@@ -54,6 +56,7 @@ def read_nvidia(containers: list[Container], errors: Errors) -> DialectReading:
 
 
 def kai_requests_gpu(annotations: Mapping[str, Any]) -> bool:
+    """Whether the pod asks KAI Scheduler for a fraction or a memory size of a GPU."""
     return KAI_FRACTION in annotations or KAI_MEMORY in annotations
 
 
@@ -78,6 +81,8 @@ def kai_refusals(annotations: Mapping[str, Any], errors: Errors) -> None:
 
 
 def read_kai(annotations: Mapping[str, Any], containers: list[Container], errors: Errors) -> DialectReading:
+    """The pod's ask in KAI Scheduler's annotations, given to the one container KAI gives it to, as KAI's binder reads
+    them; refusals go to `errors`."""
     reading = DialectReading(mps=annotations.get(KAI_MPS) == "true")
     fraction_raw, memory_raw = annotations.get(KAI_FRACTION), annotations.get(KAI_MEMORY)
     if fraction_raw is not None and memory_raw is not None:

@@ -70,6 +70,8 @@ class GpuRequestSettings:
 
 @dataclass(frozen=True)
 class ContainerGpuRequest:
+    """What one container gets of each of its devices, and the share it is billed for."""
+
     container: str
     role: ContainerRole
     devices: int
@@ -97,6 +99,8 @@ class ContainerGpuRequest:
 
 @dataclass(frozen=True)
 class GpuRequest:
+    """A pod's GPU request in every dialect alike: what the webhook records on the pod and the timekeeper bills."""
+
     dialect: Dialect
     containers: tuple[ContainerGpuRequest, ...]
     share: Decimal  # the pod's billed GPU share: Kubernetes' effective-request rule, plus its claims

@@ -36,6 +36,8 @@ class IdlePolicyError(ValueError):
 
 @dataclass(frozen=True)
 class IdlePolicy:
+    """What is done with a pod whose GPU has been idle for `after_seconds`, and when it is left alone."""
+
     after_seconds: float  # a streak this long is acted on
     action: IdleAction = IdleAction.WARN
     warn_before_seconds: float = 0.0  # a GPUIdleWarning this long before the action; 0: none
@@ -120,6 +122,7 @@ def stored(policy: IdlePolicy | None) -> str | None:
 
 
 def from_stored(text: str | None) -> IdlePolicy | None:
+    """The policy the budgets table keeps as JSON text; None for none."""
     return None if not text else idle_policy_from_json(json.loads(text))
 
 

@@ -104,6 +104,8 @@ _EVERY = {UtilisationSource.METER: "every report", UtilisationSource.NODE: "ever
 
 @dataclass(frozen=True)
 class IdleVerdict:
+    """What the policy in force says of a pod now, and when it warns of it and acts on it."""
+
     state: IdleState
     idle_seconds: float  # the streak, as long as the reports prove it
     policy: PolicyInForce | None

@@ -65,6 +65,8 @@ class Target:
 
 @dataclass(frozen=True)
 class Renewal:
+    """The Secret's new data, and why it is renewed (the line the certgen prints)."""
+
     data: dict[str, bytes]  # the Secret's new data (KEYS), PEM
     why: str
 
@@ -75,6 +77,8 @@ class Unusable(ValueError):
 
 @dataclass(frozen=True)
 class Held:
+    """What the Secret holds: the CAs it trusts, the current one with its key, and its data as read."""
+
     authorities: list[x509.Certificate]  # ca.crt: the current CA first
     authority: Authority
     data: Mapping[str, bytes]

@@ -21,6 +21,8 @@ class Delivery(enum.Enum):
 
 @dataclass(frozen=True)
 class Delivered:
+    """How a post went, and the answer's words and body."""
+
     delivery: Delivery
     detail: str  # the server's message, or what went wrong on the way
     body: Any = None  # the answer's JSON body, when accepted

@@ -32,6 +32,8 @@ class TooLarge(Exception):
 
 @dataclass(frozen=True)
 class Answer:
+    """A server's answer: its status and reason, and its body as read (within the request's bound)."""
+
     status: int
     reason: str
     body: bytes

@@ -44,6 +44,8 @@ GRACEFUL_TIMEOUT_SECONDS = 10
 
 @dataclass(frozen=True)
 class ServerOptions:
+    """How gunicorn serves an app: where, with how many workers and threads, TLS and its client CA."""
+
     host: str = "127.0.0.1"
     port: int = 8443
     workers: int = 2

@@ -16,6 +16,7 @@ _DNS_NAME = re.compile(r"^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)(\.[a-z0-9]
 
 
 def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argument type for a whole number from `low` to `high`."""
     def parse(raw: str) -> int:
         try:
             value = int(raw)

@@ -15,6 +15,8 @@ from gpusharing.units.weights import MICROS_PER_SECOND
 
 
 class Outcome(StrEnum):
+    """What became of one report or observation."""
+
     CHARGED = "charged"  # accepted; its growth (possibly zero) was charged
     DUPLICATE = "duplicate"  # seq not above the last accepted one: a retry or a report overtaken by a later one
     REGRESSED = "regressed"  # a later seq with a smaller cumulative: ignored, the ledger never goes back
@@ -24,6 +26,8 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True)
 class PodLedger:
+    """A pod's bill as the ledger keeps it, in micro-GPU-seconds: what each source said and what was charged."""
+
     last_seq: int = -1  # seqs start at 0: any report is above a new pod's
     metered: int = 0  # the meter's cumulative, micro-GPU-seconds at the trusted share
     observed: int = 0  # the API server's record, billed up to observed_until
@@ -45,6 +49,8 @@ NEW_POD = PodLedger()
 
 @dataclass(frozen=True)
 class Accounting:
+    """What one report or observation did: its outcome, the ledger after it, and the charge."""
+
     outcome: Outcome
     ledger: PodLedger  # the ledger after the report or observation
     charge_micro_gpu_seconds: int  # what the namespace's usage grows by

@@ -36,6 +36,8 @@ ENDED_PHASES = ("Succeeded", "Failed")
 
 @dataclass(frozen=True)
 class RecordedPod:
+    """What the bill and the idle policy read of a governed pod, from the API server's copy."""
+
     uid: str
     namespace: str
     name: str

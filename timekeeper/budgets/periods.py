@@ -14,6 +14,9 @@ EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 
 @dataclass(frozen=True)
 class PeriodWindow:
+    """One period of a budget: from `start` (a UTC midnight, or the epoch for period `none`) up to `end`, not
+    included."""
+
     start: dt.datetime
     end: dt.datetime | None  # None: the period never ends
 

@@ -21,6 +21,8 @@ class BadReview(ValueError):
 
 @dataclass(frozen=True)
 class AdmissionRequest:
+    """What the webhook reads of an AdmissionReview's request: the operation, the objects and who sent it."""
+
     api_version: str
     uid: str
     operation: str
@@ -46,6 +48,8 @@ class AdmissionRequest:
 
 @dataclass
 class Decision:
+    """The webhook's answer to one review (allowed or denied, the patch, the warnings) and what its metrics count."""
+
     allowed: bool = True
     message: str | None = None
     code: int | None = None
@@ -62,6 +66,7 @@ class Decision:
 
 
 def parse_review(body: object) -> AdmissionRequest:
+    """The request of an AdmissionReview body (a supported apiVersion); BadReview saying what is wrong with it."""
     if not isinstance(body, dict):
         raise BadReview("expected a JSON AdmissionReview object")
     api_version = body.get("apiVersion")

@@ -109,6 +109,8 @@ def shortfall_message(
     needed: int,
     disclose: bool = True,
 ) -> str:
+    """Why the uncommitted budget does not cover a pod that commits `needed` weighted micro-GPU-seconds; with
+    `disclose` False, without the budget's figures (the caller is not known to be the API server)."""
     where = "its budget" if uncommitted.budget == namespace else f"the budget of {uncommitted.budget}"
     if not disclose:
         return (f"namespace {namespace!r} cannot cover this pod's deadline: {where} has less left uncommitted than the "

@@ -39,6 +39,9 @@ class Caller:
 
 
 class Callers:
+    """Who may send reviews, as configured: client certificates, bearer tokens of `token_users` (TokenReview, its
+    answers reused for a while), or anyone when neither is required."""
+
     def __init__(
         self, certificates: bool = False, token_users: frozenset[str] = frozenset(), review: TokenReview | None = None
     ):

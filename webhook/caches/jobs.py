@@ -22,6 +22,8 @@ UTC = dt.timezone.utc
 
 @dataclass(frozen=True)
 class JobDeadline:
+    """A Job's deadline and when it started, as the watch keeps it."""
+
     uid: str
     active_deadline_seconds: int | None
     started_at: dt.datetime | None  # the Job controller sets it with the first pods, or just after
@@ -35,6 +37,7 @@ class JobDeadline:
 
 
 def job_deadline(obj: Mapping[str, Any]) -> JobDeadline:
+    """What the watch keeps of a Job as the API server serves it."""
     metadata, spec, status = (as_mapping(obj.get(key)) for key in ("metadata", "spec", "status"))
     started = status.get("startTime")
     try:

@@ -20,6 +20,8 @@ RESERVATIONS_PATH = "/api/v1/reservations"
 
 @dataclass(frozen=True)
 class Reservation:
+    """A pod's commitment, in weighted micro-GPU-seconds, to hold against its namespace's budgets."""
+
     id: str  # the AdmissionReview's uid, written on the pod as gpusharing.io/admission-id
     namespace: str
     micro_gpu_seconds: int
@@ -47,6 +49,8 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True)
 class Grant:
+    """The timekeeper's answer to a reservation, and what the tightest budget had left."""
+
     outcome: Outcome
     uncommitted: Uncommitted | None = None  # None with GRANTED: no budget on the path has a limit
     reason: str = ""
