@@ -18,18 +18,15 @@ from typing import Any
 
 from gpusharing.admin.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, BadArguments, Refused, TimekeeperClient
 from gpusharing.admin.cluster import BUDGET_ADMIN, SYSTEM_NAMESPACE
-from gpusharing.admin.output import (
-    emit,
+from gpusharing.admin.explain import format_explanation, idle_of, pod_record, preemptor
+from gpusharing.admin.output import emit
+from gpusharing.admin.tables import (
     format_changes,
-    format_explanation,
     format_listing,
     format_pods,
     format_statuses,
     format_tree,
     format_usage,
-    idle_of,
-    pod_record,
-    preemptor,
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
 from gpusharing.listing import ListingError, listing_of

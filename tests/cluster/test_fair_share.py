@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gpusharing.admin.output import preemptor
+from gpusharing.admin.explain import preemptor
 from tests.cluster.conftest import WEBHOOK_REFRESH_SECONDS
 from tests.cluster.nodes import POOL_LABEL, NodeSimulator
 from tests.cluster.workloads import delete_namespaces, pod, pod_template

@@ -350,7 +350,7 @@ def test_groups_parents_thresholds_and_the_tree(url: str, capsys: pytest.Capture
 
 
 def test_explain_shows_the_bill_from_the_record_and_a_silent_meter() -> None:
-    from gpusharing.admin.output import format_explanation
+    from gpusharing.admin.explain import format_explanation
 
     pod = {"namespace": "ml", "name": "train-0", "phase": "Running", "governed": True, "record": {"gpu-share": "0.5"},
            "priorityClassName": "gpusharing-in-budget", "priority": None, "meter": "native sidecar"}

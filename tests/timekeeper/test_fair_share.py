@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from demo.kubeapi import FakeKube
-from gpusharing.admin.output import Preemptor, format_explanation, pod_record, preemptor
+from gpusharing.admin.explain import Preemptor, format_explanation, pod_record, preemptor
 from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, Period
 from gpusharing.kube.owners import Owner
 from gpusharing.listing import BudgetListing, ListedBudget

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from demo.kubeapi import FakeKube
-from gpusharing.admin.output import idle_of, utilisation_source
+from gpusharing.admin.explain import idle_of, utilisation_source
 from gpusharing.contract import fresh_for
 from gpusharing.idle.policy import IdlePolicy, PolicyInForce
 from gpusharing.idle.verdict import PodFacts, Reading, Streak, verdict
