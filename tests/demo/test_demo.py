@@ -2,28 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+MARK = "GPUSHARING_TEST_DEMO_RUN"  # in the environment of the demo and of every process it starts
 
-def gpusharing_processes() -> set[str]:
-    """Every process running a gpusharing role with this interpreter (Linux /proc): not those of other checkouts
-    whose suites run on the same machine meanwhile."""
+
+def marked_processes(run: str) -> set[str]:
+    """Every process whose environment carries this run's mark (Linux /proc): the demo and what it started, and none
+    of what runs beside it (other tests' gpusharing processes of the same interpreter, in a parallel run)."""
     found = set()
-    ours = [sys.executable.encode(), b"-m", b"gpusharing.cli"]
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    mark = f"{MARK}={run}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
-            if cmdline.read_bytes().split(b"\0")[:3] == ours:
-                found.add(cmdline.parent.name)
+            if mark in environ.read_bytes().split(b"\0"):
+                found.add(environ.parent.name)
         except OSError:
             pass  # the process ended while we looked
     return found
 
 
 def test_demo_runs_the_whole_story_and_stops_everything() -> None:
-    before = gpusharing_processes()
-    result = subprocess.run([sys.executable, "-m", "demo"], capture_output=True, text=True, timeout=170)
+    run = uuid.uuid4().hex
+    result = subprocess.run([sys.executable, "-m", "demo"], capture_output=True, text=True, timeout=170,
+                            env={**os.environ, MARK: run})
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "hami-fraction.yaml                allowed   hami             0.3     gpusharing-in-budget" in out
@@ -31,4 +36,4 @@ def test_demo_runs_the_whole_story_and_stops_everything() -> None:
     assert ": over-budget" in out
     assert "kai-memory.yaml (over budget)     allowed   kai              0.0245  gpusharing-over-budget" in out
     assert "kai-memory.yaml (topped up)       allowed   kai              0.0245  gpusharing-in-budget" in out
-    assert gpusharing_processes() - before == set()
+    assert marked_processes(run) == set()

@@ -39,7 +39,7 @@ def probe_server(env: dict[str, str] | None = None) -> Iterator[str]:
             try:
                 requests.get(f"{url}/gc", timeout=1)
                 break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or its worker not yet answering
                 assert server.poll() is None, server.communicate()[1].decode()[-2000:]
                 assert time.monotonic() < deadline, "gunicorn did not answer within 20 s"
                 time.sleep(0.1)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,7 @@ from gpusharing.serving.certs import write_client_auth
 from tests.webhook.conftest import FakeTimekeeper
 
 
-@pytest.fixture
-def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    directory = tmp_path_factory.mktemp("tls")
+def make_tls(directory: Path) -> dict[str, str]:
     ca = trustme.CA()
     server = ca.issue_cert("127.0.0.1", "localhost", "gpusharing-webhook.gpusharing-system.svc")
     paths = {"ca": directory / "ca.pem", "cert": directory / "tls.crt", "key": directory / "tls.key"}
@@ -37,8 +36,14 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture
-def webhook_process(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`gpusharing webhook serve` with two workers: its URL and its process (the gunicorn master)."""
+def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@contextmanager
+def serving(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`gpusharing webhook serve` with two workers: its URL and its process (the gunicorn master), which must exit 0
+    when told to stop."""
     timekeeper.set_states(greedy="over-budget")
     port = free_port()
     env = {**os.environ, "GPUSHARING_TIMEKEEPER_URL": timekeeper.url, "GPUSHARING_BUDGET_REFRESH_SECONDS": "0.2"}
@@ -63,6 +68,12 @@ def webhook_process(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator
     yield url, process
     process.terminate()
     assert process.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def webhook_process(tls: dict[str, str], timekeeper: FakeTimekeeper) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    with serving(tls, timekeeper) as served:
+        yield served
 
 
 @pytest.fixture
@@ -326,11 +337,26 @@ PATHOLOGICAL = {
 }
 
 
+@pytest.fixture(scope="module")
+def pathological_webhook(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, subprocess.Popen[str], dict[str, str]]]:
+    """One webhook for every pathological review: each test counts the workers before and after its own (a worker
+    that dies is restarted by gunicorn under another pid, which that test sees), and the server must still exit 0."""
+    tls, timekeeper = make_tls(tmp_path_factory.mktemp("tls")), FakeTimekeeper()
+    try:
+        with serving(tls, timekeeper) as (url, process):
+            yield url, process, tls
+    finally:
+        timekeeper.server.shutdown()
+        timekeeper.server.server_close()
+
+
 @pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
 def test_a_pathological_review_is_answered_within_a_second_and_no_worker_dies(
-    webhook_process: tuple[str, subprocess.Popen[str]], tls: dict[str, str], name: str
+    pathological_webhook: tuple[str, subprocess.Popen[str], dict[str, str]], name: str
 ) -> None:
-    url, process = webhook_process
+    url, process, tls = pathological_webhook
     workers = child_pids(process.pid)
     session = requests.Session()
     session.trust_env = False
