@@ -112,3 +112,11 @@ def test_every_import_contract_is_listed_in_the_development_guide() -> None:
     guide = (ROOT / "docs" / "development.md").read_text()
     assert len(contracts) >= 9
     assert [name for name in contracts if f"| `{name}` |" not in guide] == []
+
+
+def test_the_benchmarks_import_nothing_from_the_tests() -> None:
+    """bench/ shares what it needs with the tests through testbed/, never tests/ itself."""
+    importing = [path.name for path in sorted((ROOT / "bench").glob("*.py"))
+                 if re.search(r"^\s*(from|import) tests\b", path.read_text(), re.M)]
+    assert len(list((ROOT / "bench").glob("*.py"))) > 5
+    assert importing == []
