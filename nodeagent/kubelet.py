@@ -2,7 +2,8 @@
 devices each pod's containers hold, and which the node has.
 
 The kubelet re-creates its socket when it restarts; a channel that failed is dropped and the next listing dials
-afresh, so the agent follows a restarted kubelet within one interval (gRPC's own reconnection backs off for minutes).
+afresh on a subchannel of its own, so the agent follows a restarted kubelet within one interval (gRPC's own
+reconnection backs off for minutes). A call on a connection the restart broke is tried once more on a new one.
 """
 
 from __future__ import annotations
@@ -56,22 +57,39 @@ class PodResources:
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self._allocatable_unsupported = False
+        self._connected = False  # whether the current channel has answered once
 
     def read(self) -> NodeDevices:
         """The node's governed pods and devices; KubeletUnavailable when the kubelet does not answer."""
-        stub = self._connect()
+        answered_before = self._connected
         try:
-            listing = stub.List(api_pb2.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
-            allocatable = self._allocatable(stub)
+            listing, allocatable = self._list()
         except grpc.RpcError as exc:
-            self.close()  # dial afresh next time: the kubelet may have re-created its socket
-            raise KubeletUnavailable(f"the kubelet's PodResources API at {self.socket}: {_describe(exc)}") from None
+            # A connection to a kubelet that has since restarted fails its first call: dial its new socket at once.
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or not answered_before:
+                raise self._unavailable(exc) from None
+            self.close()
+            try:
+                listing, allocatable = self._list()
+            except grpc.RpcError as again:
+                raise self._unavailable(again) from None
         pods = []
         for pod in listing.pod_resources:
             held = tuple(self._governed(device for container in pod.containers for device in container.devices))
             if held:
                 pods.append(PodDevices(pod.namespace, pod.name, held))
         return NodeDevices(tuple(pods), allocatable)
+
+    def _unavailable(self, exc: grpc.RpcError) -> KubeletUnavailable:
+        self.close()  # dial afresh next time: the kubelet may have re-created its socket
+        return KubeletUnavailable(f"the kubelet's PodResources API at {self.socket}: {_describe(exc)}")
+
+    def _list(self) -> tuple[Any, tuple[tuple[str, str], ...] | None]:
+        stub = self._connect()
+        listing = stub.List(api_pb2.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
+        allocatable = self._allocatable(stub)
+        self._connected = True
+        return listing, allocatable
 
     def _allocatable(self, stub: Any) -> tuple[tuple[str, str], ...] | None:
         """Every governed device of the node (GetAllocatableResources, GA since Kubernetes 1.28); None before it."""
@@ -99,6 +117,8 @@ class PodResources:
             self._channel = grpc.insecure_channel(f"unix://{self.socket}", options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.enable_retries", 0),  # the agent's loop is the retry: one try per interval
+                # a subchannel of its own: one shared from the process's pool may still be backing off after a failure
+                ("grpc.use_local_subchannel_pool", 1),
             ])
             self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         return self._stub
@@ -106,7 +126,7 @@ class PodResources:
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
-            self._channel, self._stub = None, None
+            self._channel, self._stub, self._connected = None, None, False
 
 
 def _describe(exc: grpc.RpcError) -> str:
