@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes import client
 
-from demo.jsonhttp import reply_json
+from demo.jsonhttp import KeepAliveHandler, reply_json
 from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
@@ -138,9 +138,7 @@ class FakeKube:
         self._lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(KeepAliveHandler):
             def do_GET(self) -> None:
                 fake._handle(self, "GET")
 
@@ -155,9 +153,6 @@ class FakeKube:
 
             def do_PATCH(self) -> None:
                 fake._handle(self, "PATCH")
-
-            def log_message(self, *args: Any) -> None:
-                pass
 
         self.server = _QuietServer((host, port), Handler)
         self.server.daemon_threads = True

@@ -6,10 +6,10 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from demo.jsonhttp import reply_json
+from demo.jsonhttp import KeepAliveHandler, reply_json
 
 
 @dataclass(frozen=True)
@@ -29,16 +29,11 @@ class ReportSink:
         self.received: list[Received] = []
         sink = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as gunicorn serves the timekeeper
-
+        class Handler(KeepAliveHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 sink.received.append(Received(time.perf_counter(), body, self.headers.get("Authorization")))
                 reply_json(self, sink.status, sink.answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

@@ -61,7 +61,7 @@ class Mutator:
         context.load_cert_chain(paths["cert"], paths["key"])
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.url = f"https://127.0.0.1:{self.server.server_address[1]}/mutate"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def configuration(self) -> dict[str, Any]:
         """Named after the project's, so the API server calls it second; it sees only pods with its label."""

@@ -7,12 +7,12 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from demo.jsonhttp import reply_json
+from demo.jsonhttp import KeepAliveHandler, reply_json
 from demo.processes import free_port
 from gpusharing.serving.jsonhttp import Answer, JsonClient, TooLarge, Unreachable
 
@@ -26,9 +26,7 @@ class EchoServer:
         self.closed = threading.Event()  # set once the server has closed a connection
         echo = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
+        class Handler(KeepAliveHandler):
             def _answer(self) -> None:
                 echo.connections.add(self.client_address)
                 self.close_connection = echo.close_after_answer  # as at a keep-alive timeout: without saying so
@@ -38,9 +36,6 @@ class EchoServer:
                                        "authorization": self.headers.get("Authorization")})
 
             do_GET = do_POST = _answer  # noqa: N815
-
-            def log_message(self, *args: Any) -> None:
-                pass
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from demo.jsonhttp import reply_json
+from demo.jsonhttp import KeepAliveHandler, reply_json
 
 
 @pytest.fixture
@@ -63,9 +63,7 @@ def endpoint() -> Iterator[ReadingsEndpoint]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     recorder = ReadingsEndpoint(f"http://127.0.0.1:{server.server_address[1]}")
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(KeepAliveHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with recorder.arrived:
@@ -74,11 +72,8 @@ def endpoint() -> Iterator[ReadingsEndpoint]:
                 recorder.arrived.notify_all()
             reply_json(self, status, answer)
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
     server.RequestHandlerClass = Handler
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield recorder
     server.shutdown()

@@ -248,5 +248,7 @@ def served(app: Flask) -> Iterator[str]:
 
 
 class _Unlogged(WSGIRequestHandler):
+    disable_nagle_algorithm = True  # the body written after the headers must not wait for a delayed ACK
+
     def log_request(self, *args: Any, **kwargs: Any) -> None:
         pass  # the development server's access lines: nothing a test reads

@@ -81,7 +81,7 @@ class FakeTimekeeper:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def set_states(self, **states: str) -> None:
         self.items = [{"namespace": ns.replace("_", "-"), "state": state} for ns, state in states.items()]
