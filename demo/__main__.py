@@ -30,8 +30,8 @@ from gpusharing.serving.certs import make_serving_certificate
 NAMESPACE = "ml-team"
 BUDGET_GPU_MINUTES = 1
 # The pods started this long before the demo runs them: the controller bills each from its recorded start (the meters'
-# reports are evidence, never more than the record allows), so the namespace runs out within half a minute.
-STARTED_SECONDS_AGO = 20
+# reports are evidence, never more than the record allows), so the namespace runs out within seconds.
+STARTED_SECONDS_AGO = 40
 ADMIN, READER, METER = "demo-admin-token", "demo-reader-token", "demo-meter-token"
 METERED = ("vcuda-fraction.yaml", "hami-fraction.yaml", "kai-fraction.yaml")
 REFRESH_SECONDS = 0.5  # how often each webhook worker polls the timekeeper
