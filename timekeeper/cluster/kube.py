@@ -8,6 +8,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from kubernetes import client
@@ -123,13 +124,36 @@ class KubeApi:
     def __init__(self, api_client: client.ApiClient, timeout: float = REQUEST_TIMEOUT_SECONDS):
         self.api_client = api_client
         self.timeout = timeout
-        self.core = client.CoreV1Api(api_client)
-        self.authentication = client.AuthenticationV1Api(api_client)
-        self.authorization = client.AuthorizationV1Api(api_client)
-        self.coordination = client.CoordinationV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-        self.resource = client.ResourceV1Api(api_client)
-        self.apps = client.AppsV1Api(api_client)
+
+    # Each API group's client made at its first use: importing one imports the models of its group, seconds of CPU
+    # for core/v1, which a web replica on static tokens never calls.
+    @cached_property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api_client)
+
+    @cached_property
+    def authentication(self) -> client.AuthenticationV1Api:
+        return client.AuthenticationV1Api(self.api_client)
+
+    @cached_property
+    def authorization(self) -> client.AuthorizationV1Api:
+        return client.AuthorizationV1Api(self.api_client)
+
+    @cached_property
+    def coordination(self) -> client.CoordinationV1Api:
+        return client.CoordinationV1Api(self.api_client)
+
+    @cached_property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api_client)
+
+    @cached_property
+    def resource(self) -> client.ResourceV1Api:
+        return client.ResourceV1Api(self.api_client)
+
+    @cached_property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api_client)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, evictions: int = 0) -> "KubeApi":
