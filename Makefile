@@ -11,7 +11,7 @@ PROMETHEUS := $(BIN)/prometheus
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
-.PHONY: test test-fast unit-lane e2e-lane cluster-lane lint demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
+.PHONY: test test-fast fast-tier postgres-lane e2e-lane cluster-lane lint demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
 
 # One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
 # with its release extra (make dist).
@@ -38,6 +38,9 @@ $(VENV)/.release: $(INSTALL_INPUTS) | $(BIN)/python
 # Python's images set it: else each xdist worker, and every process a test starts, compiles the project anew.
 PYTEST = PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 FAST := not e2e and not cluster and not postgres
+POSTGRES := postgres and not e2e and not cluster
+# The folders that hold the control-plane tiers alone: where those are deselected, not even imported.
+NO_CONTROL_PLANE := --ignore=tests/e2e --ignore=tests/cluster
 # xdist workers of the tiers that run in parallel: more than this machine's two cores, as many tests wait on the
 # processes they start. loadscope keeps a module's tests on one worker (its module-scoped fixtures set up once), in
 # the order collected (the long single-test modules early, not last).
@@ -49,28 +52,31 @@ timed = start=$$(date +%s); $(2); status=$$?; \
 	printf '%-62s %5d s%s\n' '$(1)' $$(( $$(date +%s) - start )) "$$([ $$status = 0 ] || echo "  FAILED (exit $$status)")" >> $(TIMES); \
 	exit $$status
 
-# Every tier: the static checks and the tools first, then two lanes side by side: the cluster tier, the longest, on
-# a control plane of its own; and the fast and postgres tiers in parallel, then the end-to-end tier on its own
-# control plane. Each tier's output is printed whole when it ends (make -O), with its 25 slowest tests; then each
-# part's wall-clock seconds. A tier that fails does not stop the others.
+# Every tier: the static checks and the tools, the fast tier alone (as `make test-fast` runs it), then two lanes side
+# by side: the cluster tier, the longest, on a control plane of its own; and the postgres tier in parallel, then the
+# end-to-end tier on its own control plane. Each tier's output is printed whole when it ends (make -O), with its 25
+# slowest tests; then each part's wall-clock seconds. A tier that fails does not stop the others.
 test: $(VENV)/.installed
 	@rm -f $(TIMES)
 	@$(call timed,lint (ruff, mypy, import-linter),$(MAKE) --no-print-directory lint)
 	@$(call timed,tools (promtool, prometheus),$(MAKE) --no-print-directory tools)
-	@$(call timed,the tiers (two lanes: cluster | fast and postgres then e2e),$(MAKE) --no-print-directory -j2 -Otarget cluster-lane e2e-lane)
+	-@$(MAKE) --no-print-directory fast-tier DURATIONS=--durations=25
+	@$(call timed,the lanes (cluster | postgres then e2e),$(MAKE) --no-print-directory -j2 -Otarget cluster-lane e2e-lane)
 	@echo; echo "make test: wall-clock seconds of each part"; cat $(TIMES); ! grep -q FAILED $(TIMES)
 
 # The quick loop: every test that needs no control plane and no PostgreSQL, in parallel.
 test-fast: tools
 	@rm -f $(TIMES)
-	@$(call timed,fast tier ($(FAST); $(WORKERS) workers),$(PYTEST) $(XDIST) -m "$(FAST)")
-	@cat $(TIMES)
+	@$(MAKE) --no-print-directory fast-tier; status=$$?; cat $(TIMES); exit $$status
+
+fast-tier:
+	@$(call timed,fast tier ($(FAST); $(WORKERS) workers),$(PYTEST) $(XDIST) $(NO_CONTROL_PLANE) -m "$(FAST)" $(DURATIONS))
 
 # `make test`'s lanes (a failed tier recorded, the rest still run: the leading `-`).
-unit-lane: tools
-	-@$(call timed,fast and postgres tiers (not e2e and not cluster; $(WORKERS) workers),$(PYTEST) $(XDIST) -m "not e2e and not cluster" --durations=25)
+postgres-lane: tools
+	-@$(call timed,postgres tier ($(WORKERS) workers),$(PYTEST) $(XDIST) $(NO_CONTROL_PLANE) -m "$(POSTGRES)" --durations=25)
 
-e2e-lane: unit-lane
+e2e-lane: postgres-lane
 	-@$(call timed,e2e tier (its own control plane),$(PYTEST) -m e2e --durations=25)
 
 cluster-lane: $(VENV)/.installed

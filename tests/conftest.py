@@ -22,6 +22,7 @@ HYPOTHESIS_PROFILE=long runs thousands of fresh examples per test, by hand.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ import kubernetes_validate.utils
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gpusharing.serving.server import GC_THRESHOLDS
 from testbed.postgres import PostgresServer, PostgresUnavailable
 
 # The suite never talks to the developer's own cluster: the processes it starts inherit this environment.
@@ -51,6 +53,22 @@ TESTS = Path(__file__).parent
 CONTROL_PLANE_TIERS = ("e2e", "cluster")  # tests/<tier>/
 POSTGRES_FIXTURES = {"postgres", "postgres_database"}
 POSTGRES_MODULES = {TESTS / "test_postgres.py"}  # servers of their own, not the session's
+# The modules of the parallel tiers that take longest (each tens of seconds: `--durations` shows them), collected
+# first so that xdist hands them out first and its workers end together instead of waiting on one long module.
+LONG_MODULES = tuple(
+    TESTS / path
+    for path in (
+        "demo/test_demo.py",
+        "timekeeper/test_serve.py",
+        "timekeeper/test_rollups.py",
+        "sidecar/test_meter_process.py",
+        "timekeeper/test_idle.py",
+        "webhook/test_serve.py",
+        "timekeeper/test_evictions.py",
+        "manifests/test_chart.py",
+        "gpusharing/test_graceful_shutdown.py",
+    )
+)
 
 
 def needs_postgres(item: pytest.Item) -> bool:
@@ -68,6 +86,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(parts[0])
         if needs_postgres(item):
             item.add_marker("postgres")
+    items.sort(key=lambda item: item.path not in LONG_MODULES)  # stable: each module's tests keep their order
+
+
+def pytest_collection_finish() -> None:
+    # What collection made lives as long as the session: frozen out of every garbage collection, and the young
+    # generation collected less often, as the servers' workers do (gpusharing.serving.server).
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 _running: list[pytest.Item] = []  # the test being run: a session fixture's request names the session only

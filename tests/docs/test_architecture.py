@@ -8,6 +8,8 @@ from pathlib import Path
 
 import grimp
 
+from tests.conftest import LONG_MODULES
+
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 PACKAGES = ("gpusharing", "timekeeper", "webhook", "sidecar", "nodeagent")
@@ -120,3 +122,9 @@ def test_the_benchmarks_import_nothing_from_the_tests() -> None:
                  if re.search(r"^\s*(from|import) tests\b", path.read_text(), re.M)]
     assert len(list((ROOT / "bench").glob("*.py"))) > 5
     assert importing == []
+
+
+def test_the_long_modules_the_workers_take_first_exist() -> None:
+    """tests/conftest.py collects these first; a module renamed would silently fall back into line."""
+    assert len(LONG_MODULES) > 5
+    assert [path for path in LONG_MODULES if not path.is_file()] == []

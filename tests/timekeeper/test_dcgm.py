@@ -9,6 +9,7 @@ import datetime as dt
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,27 +162,33 @@ def test_series_missing_labels_are_skipped_or_unknown() -> None:
 
 @pytest.mark.parametrize(
     ("body", "message"),
+    # each body made when its test runs: the largest are tens of MiB, too much to hold from collection on
     [
-        (b"<html>", "not JSON"),
+        (lambda: b"<html>", "not JSON"),
         (
-            json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}).encode(),
+            lambda: json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}).encode(),
             "parse error at char 3",
         ),
         (
-            json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode(),
+            lambda: json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode(),
             "not an instant vector",
         ),
-        (answer({"metric": {}, "value": "1"}), "not {metric, value}"),
-        (answer(row(GR, "a", "lots")), "'lots' is not a number"),
-        (answer(row(GR, "a", "1" * 100)), "is not [time, \"number\"]"),
-        (answer(row(GR, "a", "1", extra="x" * 2000)), "more than 64 labels, or a label that is not a short string"),
-        (answer(*[row(GR, f"p{i}", "1") for i in range(MAX_SERIES + 1)]), f"more than {MAX_SERIES}"),
-        (b" " * (33 * 1024 * 1024), "larger than 32 MiB"),
+        (lambda: answer({"metric": {}, "value": "1"}), "not {metric, value}"),
+        (lambda: answer(row(GR, "a", "lots")), "'lots' is not a number"),
+        (lambda: answer(row(GR, "a", "1" * 100)), "is not [time, \"number\"]"),
+        (
+            lambda: answer(row(GR, "a", "1", extra="x" * 2000)),
+            "more than 64 labels, or a label that is not a short string",
+        ),
+        (lambda: answer(*[row(GR, f"p{i}", "1") for i in range(MAX_SERIES + 1)]), f"more than {MAX_SERIES}"),
+        (lambda: b" " * (33 * 1024 * 1024), "larger than 32 MiB"),
     ],
 )
-def test_an_answer_it_cannot_read_is_refused_whole_with_what_is_wrong(body: bytes, message: str) -> None:
+def test_an_answer_it_cannot_read_is_refused_whole_with_what_is_wrong(
+    body: Callable[[], bytes], message: str
+) -> None:
     with pytest.raises(AnswerError, match=None) as refused:
-        read_answer(body, QUERY)
+        read_answer(body(), QUERY)
     assert message in str(refused.value)
 
 
