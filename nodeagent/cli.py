@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "node-agent",
         help="the node agent: report the GPU utilisation of this node's governed pods to the timekeeper until SIGTERM",
         description="Settings come from GPUSHARING_NODE_AGENT_* environment variables "
-        "(see the README's configuration tables).",
+        "(docs/reference/settings.md#the-node-agent).",
     )
     agent.set_defaults(run=_run)
 
