@@ -147,6 +147,8 @@ class Authenticator:
         self.mode = mode
         self._static = static_tokens
         self._kube = kube
+        if mode == "tokenreview" and kube is not None:
+            kube.prepare_reviews()
         self.wait_seconds = wait_seconds
         calls = ThreadPoolExecutor(REVIEW_THREADS, thread_name_prefix="kube-review")
         self._reviews: TtlCache[bytes, Identity | None] = TtlCache(cache_seconds, executor=calls, wait=wait_seconds)

@@ -101,7 +101,9 @@ def _serve(args: argparse.Namespace) -> int:
     # prints a traceback, and gunicorn gives up with exit status 3.
     if config.static_tokens_file:
         load_static_tokens(config.static_tokens_file)
-    kube_api(config)
+    kube = kube_api(config)
+    if kube is not None and config.auth == "tokenreview":
+        kube.prepare_reviews()  # here, once, for every worker forked from this process
     load_code("TIMEKEEPER_CLOCK", config.clock)
     database = Database.from_config(config)
     problem = schema_problem(database.engine)

@@ -22,6 +22,20 @@ def cluster(make_app: AppFactory, fake_kube: FakeKube) -> tuple[SpecClient, Fake
     return SpecClient(app.test_client()), fake_kube
 
 
+@pytest.mark.parametrize(
+    ("auth", "made"), [("tokenreview", {"authentication", "authorization", "core"}), ("static", set())]
+)
+def test_the_clients_a_review_calls_are_made_with_the_app_never_in_a_request(
+    make_app: AppFactory, fake_kube: FakeKube, auth: str, made: set[str]
+) -> None:
+    """Importing a client's models takes longer than a request waits for its review (TIMEKEEPER_AUTH_WAIT_SECONDS):
+    they are made with the app where it reviews tokens, and not at all where it does not."""
+    kube = KubeApi(fake_kube.api_client())
+    make_app(kube=kube, auth=auth)
+    groups = {"core", "authentication", "authorization", "coordination", "custom", "resource", "apps"}
+    assert groups & set(vars(kube)) == made
+
+
 def report_of(pod: dict[str, Any], seq: int, gpu_seconds: float, share: float, **extra: Any) -> dict[str, Any]:
     metadata = pod["metadata"]
     return {"podUid": metadata["uid"], "namespace": metadata["namespace"], "pod": metadata["name"], "gpuShare": share,

@@ -155,6 +155,11 @@ class KubeApi:
     def apps(self) -> client.AppsV1Api:
         return client.AppsV1Api(self.api_client)
 
+    def prepare_reviews(self) -> None:
+        """Makes the clients that reviewing a caller uses (TokenReview, SubjectAccessReview, its pod) now: made at
+        the first request, their imports would take longer than a request waits for its review."""
+        _ = self.authentication, self.authorization, self.core
+
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, evictions: int = 0) -> "KubeApi":
         """The API given by `kubeconfig`, or the in-cluster ServiceAccount when None; ConfigError when neither works.
