@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client gone before its answer, or refusing the certificate, is no error here
 
 
 class KeepAliveHandler(BaseHTTPRequestHandler):

@@ -22,12 +22,12 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from kubernetes import client
 
-from demo.jsonhttp import KeepAliveHandler, reply_json
+from demo.jsonhttp import KeepAliveHandler, QuietServer, reply_json
 from gpusharing.contract import ANNOTATION_BUDGET_STATE, ANNOTATION_GPU_SHARE
 
 _POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/?]+)(?P<eviction>/eviction)?$")
@@ -91,11 +91,6 @@ class FakeDisruptionBudget:
         return True
 
 
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client refusing the certificate is no error here
-
-
 class FakeKube:
     def __init__(self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
         """`tls`: serve HTTPS with this server context (handshakes in the handlers' threads)."""
@@ -154,7 +149,7 @@ class FakeKube:
             def do_PATCH(self) -> None:
                 fake._handle(self, "PATCH")
 
-        self.server = _QuietServer((host, port), Handler)
+        self.server = QuietServer((host, port), Handler)
         self.server.daemon_threads = True
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)

@@ -5,14 +5,14 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from demo.jsonhttp import reply_json
+from demo.jsonhttp import QuietServer, reply_json
 from webhook.api.callers import Callers
 from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache
@@ -79,7 +79,7 @@ class FakeTimekeeper:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
