@@ -41,10 +41,11 @@ FAST := not e2e and not cluster and not postgres
 POSTGRES := postgres and not e2e and not cluster
 # The folders that hold the control-plane tiers alone: where those are deselected, not even imported.
 NO_CONTROL_PLANE := --ignore=tests/e2e --ignore=tests/cluster
-# xdist workers of the tiers that run in parallel: more than this machine's two cores, as many tests wait on the
-# processes they start. loadscope keeps a module's tests on one worker (its module-scoped fixtures set up once), in
-# the order collected (the long single-test modules early, not last).
-WORKERS ?= 4
+# xdist workers of the tiers that run in parallel: one more than this machine's two cores, as tests wait on the
+# processes they start; a fourth cost more CPU than it saved in waits (each worker collects the whole suite).
+# loadscope keeps a module's tests on one worker (its module-scoped fixtures set up once), in the order collected
+# (tests/conftest.py puts the longest modules first).
+WORKERS ?= 3
 XDIST = -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 TIMES = $(VENV)/test-times
 # $(call timed,PART,COMMAND): COMMAND, and PART's wall-clock seconds added to $(TIMES) (FAILED too, if it failed).
