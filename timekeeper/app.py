@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from flask import Flask, Response, g, request
 
@@ -11,9 +12,11 @@ from gpusharing.serving.server import ON_STOP
 from timekeeper import metrics
 from timekeeper.api import register_api
 from timekeeper.api.context import SERVICES
-from timekeeper.cluster.kube import KubeApi
 from timekeeper.config import TimekeeperConfig
 from timekeeper.services import build_services
+
+if TYPE_CHECKING:
+    from timekeeper.cluster.kube import KubeApi
 
 
 def create_app(

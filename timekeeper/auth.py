@@ -15,7 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gpusharing.caching import TtlCache
 from gpusharing.compat import StrEnum
@@ -26,8 +26,11 @@ from gpusharing.settings.env import ConfigError
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
 from gpusharing.usage_report import recorded_labels
-from timekeeper.cluster.kube import Access, Identity, KubeApi, KubeUnavailable, NodePods
+from timekeeper.cluster.objects import Access, Identity, KubeUnavailable, NodePods
 from timekeeper.database.accounting.charging import ReportTerms
+
+if TYPE_CHECKING:
+    from timekeeper.cluster.kube import KubeApi
 
 GROUP = "gpusharing.io"
 ADMIN = Access("update", "budgets", GROUP)

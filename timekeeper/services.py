@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -17,7 +18,6 @@ from timekeeper import metrics
 from timekeeper.auth import Authenticator, StaticTokens, load_static_tokens
 from timekeeper.budgets.commitments import NOT_KNOWN, listed_commitments
 from timekeeper.budgets.status import BudgetStatus, default_budget
-from timekeeper.cluster.kube import KubeApi
 from timekeeper.config import DEFAULT_CLOCK, TimekeeperConfig
 from timekeeper.database.accounting.charging import ReportLedger
 from timekeeper.database.accounting.fairshare import FairShareLedger, listed_band
@@ -31,6 +31,9 @@ from timekeeper.database.cluster.commitments import PublishedCommitments
 from timekeeper.database.cluster.listings import WebhookListings
 from timekeeper.database.connection import Database
 from timekeeper.database.schema import head_revision
+
+if TYPE_CHECKING:
+    from timekeeper.cluster.kube import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +192,8 @@ def kube_api(config: TimekeeperConfig) -> KubeApi | None:
     if not config.kubeconfig and not in_cluster:
         return None
     try:
+        from timekeeper.cluster.kube import KubeApi  # the official client, imported only by a process that calls it
+
         return KubeApi.from_kubeconfig(config.kubeconfig, config.eviction_concurrency)
     except ConfigError:
         raise

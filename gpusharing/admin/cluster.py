@@ -18,13 +18,13 @@ import urllib.parse
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
 import yaml
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 from gpusharing.contract import TIMEKEEPER_TOKEN_AUDIENCE, TIMEKEEPER_TOKEN_HEADER
 from gpusharing.serving.jsonhttp import Answer, unreachable_reason
@@ -65,6 +65,10 @@ class Cluster:
             raise ConfigError(
                 f"no kubeconfig at {path}: give one with --kubeconfig or KUBECONFIG (the file kubectl uses)"
             )
+        # Imported here: the official client takes 0.4 s to import, which a command given --timekeeper never needs.
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
         configuration = client.Configuration()
         configuration.retries = False  # as kubectl: an unreachable server is said at once, not after retries
         errors: list[str] = []
@@ -105,6 +109,8 @@ class Cluster:
                 query: dict[str, str] | None = None, timeout: float = 10.0) -> Answer:
         """One request to the API server with the context's credentials, through the official client; ClusterRefused
         when no answer comes or the API server refuses the credentials (401)."""
+        from kubernetes.client.exceptions import ApiException  # loaded with the client, by from_kubeconfig
+
         sent = {"Accept": "application/json", **(headers or {})}
         if body is not None:
             sent["Content-Type"] = "application/json"
@@ -221,6 +227,8 @@ def _client_errors(into: list[str]) -> Iterator[None]:
 def _root_cause(exc: BaseException) -> tuple[BaseException, bool]:
     """The error under urllib3's wrappers (the refused connection, the certificate check, the unknown host), and
     whether it happened on the way to the proxy."""
+    from kubernetes.client.exceptions import ApiException  # loaded with the client, by from_kubeconfig
+
     through_proxy = False
     while isinstance(exc, (urllib3.exceptions.HTTPError, ApiException)):
         if isinstance(exc, urllib3.exceptions.ProxyError):

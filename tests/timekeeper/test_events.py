@@ -8,7 +8,8 @@ import pytest
 from demo.kubeapi import FakeKube
 from timekeeper import metrics
 from timekeeper.cluster.events import Event, EventQueue
-from timekeeper.cluster.kube import KubeApi, ObjectRef
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.objects import ObjectRef
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -199,3 +201,16 @@ def test_a_crossing_a_transition_and_an_eviction_each_leave_an_info_line(
         and e["message"].startswith("evicted pod team-a/train-0")
         for e in info
     )
+
+
+def test_a_replica_loads_neither_the_kubernetes_client_nor_the_postgresql_driver_it_does_not_use() -> None:
+    """Each takes longer to import than the rest of the API: a replica on static tokens and SQLite skips both, as
+    does the command line until it reaches a cluster."""
+    imported = subprocess.run(
+        [sys.executable, "-c", "import sys, timekeeper.app, timekeeper.cli, gpusharing.admin.client; "
+         "print(sorted(sys.modules))"],
+        capture_output=True, text=True, check=True,
+    )
+    modules = imported.stdout.split("'")
+    assert "timekeeper.app" in modules and "flask" in modules and "sqlalchemy" in modules
+    assert not [name for name in modules if name.startswith(("kubernetes", "psycopg"))]

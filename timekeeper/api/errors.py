@@ -16,7 +16,7 @@ from gpusharing.serving.jsonbody import JsonBodyError
 from gpusharing.usage_report import UsageRequestError
 from timekeeper.auth import Forbidden, Unauthenticated
 from timekeeper.budgets.requests import BudgetRequestError
-from timekeeper.cluster.kube import KubeUnavailable
+from timekeeper.cluster.objects import KubeUnavailable
 from timekeeper.database.budgets.reservations import AdmissionIdTaken, Uncountable
 from timekeeper.database.budgets.store import HierarchyConflict, Managed, NoBudget, NoLimit
 from timekeeper.database.cluster.listings import ListingQueryError

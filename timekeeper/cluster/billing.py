@@ -22,7 +22,8 @@ from gpusharing.kube.watching import WatchedObjects
 from timekeeper.accounting.record import RecordedPod, allocation_lookup, claimed_share
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.informers import GovernedPod
-from timekeeper.cluster.kube import KubeApi, KubeUnavailable, ObjectRef
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.objects import KubeUnavailable, ObjectRef
 from timekeeper.database.accounting.charging import PodObservation, ReportLedger
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.evictions import EvictionPath, PodRef
 from timekeeper.cluster.idling import IdlePass, budget_idle
 from timekeeper.cluster.informers import ClusterInformers, GovernedPod
-from timekeeper.cluster.kube import KubeApi, KubeUnavailable
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.objects import KubeUnavailable
 from timekeeper.cluster.resources import (
     Problem,
     budget_from_resource,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from gpusharing.names import is_group
 from timekeeper import metrics
-from timekeeper.cluster.kube import KubeApi, KubeUnavailable, ObjectRef
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.objects import KubeUnavailable, ObjectRef
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS
 from timekeeper import metrics
-from timekeeper.cluster.kube import EvictionAnswer, EvictionResult, KubeApi, KubeUnavailable
+from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LeaderElection
+from timekeeper.cluster.objects import EvictionAnswer, EvictionResult, KubeUnavailable
 from timekeeper.database.cluster.fencing import KEPT_CLAIM_SECONDS, STALE_CLAIM_SECONDS, Claims, EvictionFence
 from timekeeper.database.cluster.listings import WebhookListings
 

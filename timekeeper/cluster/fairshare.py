@@ -26,7 +26,7 @@ from timekeeper.budgets.status import Budget
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.evictions import EvictionPath, PodRef
 from timekeeper.cluster.informers import ClusterInformers
-from timekeeper.cluster.kube import ObjectRef
+from timekeeper.cluster.objects import ObjectRef
 from timekeeper.cluster.resources import FairShareSpec, budget_name, fair_share_spec
 from timekeeper.config import FairShareSettings
 from timekeeper.database.accounting.fairshare import FairShareLedger, Ranked

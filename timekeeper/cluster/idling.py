@@ -27,7 +27,7 @@ from timekeeper.budgets.status import Budget, BudgetStatus
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.evictions import EvictionPath, PodRef
 from timekeeper.cluster.informers import GovernedPod
-from timekeeper.cluster.kube import ObjectRef
+from timekeeper.cluster.objects import ObjectRef
 from timekeeper.cluster.resources import IdleStatus
 from timekeeper.database.accounting.streaks import Hold, IdleLedger, IdleUse, Step
 from timekeeper.database.budgets.store import BudgetStore

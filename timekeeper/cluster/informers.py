@@ -21,7 +21,8 @@ from gpusharing.units.quantity import QuantityError, parse_quantity
 from timekeeper import metrics
 from timekeeper.accounting.record import RecordedPod, recorded_pod
 from timekeeper.budgets.commitments import CommittedPod, committed_pod
-from timekeeper.cluster.kube import CustomResource, KubeApi
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.objects import CustomResource
 from timekeeper.cluster.resources import CLUSTER_GPU_BUDGETS, GPU_BUDGETS
 
 

@@ -18,7 +18,8 @@ from typing import Any
 from kubernetes import client
 
 from gpusharing.outage import Outage
-from timekeeper.cluster.kube import KubeApi, KubeUnavailable
+from timekeeper.cluster.kube import KubeApi
+from timekeeper.cluster.objects import KubeUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from gpusharing.units.duration import DurationError, parse_duration
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.budgets.requests import BUDGET_FIELDS, BudgetRequestError, budget_from_json
 from timekeeper.budgets.status import Budget, BudgetStatus
-from timekeeper.cluster.kube import CustomResource, ObjectRef
+from timekeeper.cluster.objects import CustomResource, ObjectRef
 
 GROUP, VERSION = "gpusharing.io", "v1alpha1"
 GPU_BUDGETS = CustomResource(GROUP, VERSION, "gpubudgets", namespaced=True)

@@ -13,8 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from psycopg import ClientCursor
-from psycopg.rows import namedtuple_row
 from sqlalchemy import (
     ColumnElement,
     Connection,
@@ -252,6 +250,9 @@ class Pipeline:
     """
 
     def __init__(self, conn: Connection, statements: PreparedStatements):
+        from psycopg import ClientCursor  # imported here: a timekeeper on SQLite never loads the PostgreSQL driver
+        from psycopg.rows import namedtuple_row
+
         self._statements = statements
         driver = conn.connection.driver_connection  # a psycopg Connection, in autocommit mode
         assert driver is not None
