@@ -3,6 +3,13 @@ recomputes the decayed usage from the whole history, measured in the same run.
 
     python bench/fairshare.py                              # 10 x 10 x 10 x 10 namespaces, a year of hourly intervals
     python bench/fairshare.py --fanout 5 --hours 720       # 625 namespaces, a month: a quick look
+    python bench/fairshare.py --converge                   # 1,000 GPUs shared by 50 teams with backlogs
+
+--converge runs the cluster instead (testbed/fairshare_sim.py, in simulated time): teams of mixed weights, some of them
+departments of several namespaces, each keeping a backlog of one-GPU pods larger than its share; the controller's
+pass, the webhook's band and a scheduler by priority, with preemption. It prints each team's entitled share, what it
+received after the first half-life, and the rebalance's evictions per hour, beside the yardstick of the same cluster
+with fair share off (first come, first served).
 
 The hierarchy: `--fanout` divisions x departments x teams x namespaces, random weights. Each namespace has a base
 rate (a fifth of them idle, the rest exponential around 4 GPUs) times a daily cycle, billed one interval an hour, as
@@ -35,6 +42,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusharing.units.duration import format_duration  # noqa: E402
+from testbed.fairshare_sim import BANDS as SIMULATED_BANDS  # noqa: E402
+from testbed.fairshare_sim import Group, Received, Settings, Simulation, Team  # noqa: E402
 from timekeeper.fairshare.bands import BandState, FairShareBands, next_band  # noqa: E402
 from timekeeper.fairshare.decay import DecayedUsage  # noqa: E402
 from timekeeper.fairshare.tree import NamespaceStanding, ShareNode, rank_fair_tree  # noqa: E402
@@ -135,7 +144,10 @@ def main() -> int:
     )
     parser.add_argument("--half-life-hours", type=float, default=24.0, help="the half-life (default 24)")
     parser.add_argument("--seed", type=int, default=32)
+    parser.add_argument("--converge", action="store_true", help="simulate the cluster's shares instead (see above)")
     args = parser.parse_args()
+    if args.converge:
+        return converge(args.seed)
     half_life = dt.timedelta(hours=args.half_life_hours)
     cluster = Cluster(args.fanout, args.seed)
     count = len(cluster.namespaces)
@@ -220,6 +232,62 @@ def main() -> int:
     )
     print("bands: " + ", ".join(f"{name} {n:,}" for name, n in zip(BANDS.classes, counts)))
     return 0
+
+
+
+def converge(seed: int, gpus: int = 1_000, teams: int = 50, hours: float = 6.0) -> int:
+    """Each team's received share against its entitlement on a simulated cluster (docs/fair-share.md, Convergence)."""
+    rng = random.Random(seed)
+    weights = [rng.choice([1, 1, 2, 3, 5, 8]) for _ in range(teams)]
+    groups: list[Group] = []
+    members: list[Team] = []
+    for number, weight in enumerate(weights):
+        share_gpus = gpus * weight / sum(weights)
+        minutes = rng.uniform(5, 30)
+        if number % 5 == 0:  # a department of two to four namespaces, each with a backlog of its own
+            name = f"dept{number}"
+            groups.append(Group(name, weight))
+            count = rng.randint(2, 4)
+            backlog = int(2 * share_gpus / count) + 2
+            members += [Team(f"{name}.ns{i}", 1.0, backlog, minutes * 60, name) for i in range(count)]
+        else:
+            members.append(Team(f"team{number}", weight, int(2 * share_gpus) + 2, minutes * 60))
+    half_life = dt.timedelta(hours=1)
+    settings = Settings(half_life, 30.0, dt.timedelta(minutes=5), dt.timedelta(minutes=10),
+                        FairShareBands(SIMULATED_BANDS, (0.8, 1.25), 0.1, dt.timedelta(minutes=10)))
+    seconds, window = hours * 3600, half_life.total_seconds()
+    print(f"{gpus:,} GPUs, {teams} teams ({len(groups)} of them departments of 2-4 namespaces, {len(members)} "
+          f"namespaces), each with a backlog of twice its share, pods of 5-30 min; {hours:g} h simulated, half-life "
+          f"{format_duration(window)}, shares counted after the first half-life", flush=True)
+    began = time.process_time()
+    on = Simulation(gpus, groups, members, settings, seed).run(seconds, window)
+    cpu = time.process_time() - began
+    off = Simulation(gpus, groups, members, settings, seed, fair_share=False).run(seconds, window)
+    print(f"\n{'team':<10} {'entitled':>9} {'fair share on':>14} {'off (FCFS)':>11}")
+    for name, entitled in sorted(_by_team(on.entitled).items(), key=lambda item: -item[1]):
+        with_it, without = _off_by(on, name, entitled), _off_by(off, name, entitled)
+        print(f"{name:<10} {entitled:9.2%} {with_it:>+14.1%} {without:>+11.1%}")
+    for label, run in (("fair share on", on), ("off (FCFS)", off)):
+        errors = sorted(abs(_off_by(run, name, e)) for name, e in _by_team(run.entitled).items())
+        print(f"{label:<14} teams within 10 % of their share: {sum(e <= 0.10 for e in errors)} of {len(errors)}; "
+              f"median {statistics.median(errors):.1%}, worst {errors[-1]:.1%}; "
+              f"{run.evictions / hours:.1f} evictions and {run.preemptions / hours:.1f} preemptions an hour")
+    print(f"\nsimulated {hours:g} h in {cpu:.1f} s of CPU")
+    return 0
+
+
+def _by_team(by_namespace: dict[str, float]) -> dict[str, float]:
+    """Namespaces of a department summed under the department's name."""
+    teams: dict[str, float] = {}
+    for name, value in by_namespace.items():
+        team = name.split(".")[0]
+        teams[team] = teams.get(team, 0.0) + value
+    return teams
+
+
+def _off_by(run: Received, team: str, entitled: float) -> float:
+    received = _by_team({name: run.share(name) for name in run.entitled})
+    return received.get(team, 0.0) / entitled - 1.0
 
 
 if __name__ == "__main__":

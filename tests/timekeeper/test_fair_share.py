@@ -23,7 +23,7 @@ from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactor
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.record import RecordedPod
 from timekeeper.budgets.status import Budget
-from timekeeper.cluster.fairshare import FAIR_SHARE_EVENT, rebalance
+from timekeeper.cluster.fairshare import FAIR_SHARE_EVENT, held_gpus, rebalance
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.resources import FairShareSpec, fair_share_spec, resource_status
 from timekeeper.config import DEFAULT_BAND_CLASSES, FairShareSettings, TimekeeperConfig, fair_share_settings
@@ -315,8 +315,9 @@ def test_pods_of_a_higher_band_that_wait_past_the_grace_make_room_by_the_fewest_
     assert event["related"] == {"apiVersion": "v1", "kind": "Namespace", "name": "light"}
 
 
-def recorded(name: str, namespace: str, band: str, *, started: float | None = 0.0, waiting_since: float | None = None,
-             owned: bool = True, share: float = 1.0) -> RecordedPod:
+def recorded(name: str, namespace: str, band: str | None, *, started: float | None = 0.0,
+             waiting_since: float | None = None, owned: bool = True, share: float = 1.0, bound: bool = False,
+             finished: float | None = None, demoted: bool = False) -> RecordedPod:
     return RecordedPod(
         f"uid-{name}",
         namespace,
@@ -326,11 +327,13 @@ def recorded(name: str, namespace: str, band: str, *, started: float | None = 0.
         None,
         (),
         None if started is None else at(started),
-        None,
+        None if finished is None else at(finished),
         None,
         None,
         owner=Owner("apps/v1", "ReplicaSet", f"{name}-rs", f"rs-{name}") if owned else None,
-        running=started is not None,
+        demoted=demoted,
+        running=started is not None and finished is None,
+        bound=bound or started is not None,
         band=band,
         unschedulable_since=None if waiting_since is None else at(waiting_since),
     )
@@ -338,6 +341,28 @@ def recorded(name: str, namespace: str, band: str, *, started: float | None = 0.
 
 BANDS = FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(minutes=10))
 GRACE, MIN_RUN = dt.timedelta(minutes=2), dt.timedelta(minutes=5)
+
+
+def test_the_burst_guard_counts_what_is_bound_and_what_waits_in_band_never_a_queue_below_it() -> None:
+    """Kueue's entry penalty counts what is admitted, not what waits: a team's pods waiting one band lower, beyond its
+    fair share, are not counted, so that its own queue never pushes its next pods below its band."""
+    pods = [
+        recorded("run", "a", MIDDLE, share=0.5),
+        recorded("bound", "a", MIDDLE, started=None, bound=True),  # bound, its containers not started yet
+        recorded("in-band", "a", MIDDLE, started=None, waiting_since=10),
+        recorded("above", "a", LIGHT, started=None, waiting_since=10),  # admitted while a was light
+        recorded("below", "a", HEAVY, started=None, waiting_since=10),  # the burst guard's overflow: not counted
+        recorded("overflow-running", "a", HEAVY),  # bound: it holds its GPU whatever its band
+        recorded("done", "a", MIDDLE, finished=20),
+        recorded("demoted", "a", None, demoted=True),
+        recorded("unbanded", "a", None, started=None, waiting_since=10),  # admitted with fair share off
+        recorded("b-waits", "b", HEAVY, started=None, waiting_since=10),
+    ]
+    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {"a": 1, "b": 2}) == {"a": 4.5, "b": 1.0}
+    # When a's band falls, its pods waiting above it still count; when it rises, those waiting in the old band not.
+    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {"a": 2})["a"] == 5.5
+    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {"a": 0})["a"] == 3.5
+    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {}) == {"a": 5.5, "b": 1.0}  # not ranked yet: the lowest band
 
 
 def test_rebalance_evicts_the_heaviest_namespace_s_pods_admitted_above_its_band_and_no_more() -> None:

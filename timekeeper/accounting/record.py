@@ -55,6 +55,7 @@ class RecordedPod:
     idle_exempt: bool = False
     demoted: bool = False  # admitted out of budget, as the webhook's record says (not its priority class, the tenant's)
     running: bool = False  # its phase is Running, as its kubelet says
+    bound: bool = False  # kube-scheduler bound it to a node (spec.nodeName): it holds its GPUs, or is about to
     band: str | None = None  # the fair-share band's PriorityClass it was admitted in (the webhook's record); None: none
     unschedulable_since: dt.datetime | None = None  # not scheduled: PodScheduled False for want of room, since then
 
@@ -113,6 +114,7 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         band=_band(annotations.get(ANNOTATION_FAIR_SHARE_BAND)),
         unschedulable_since=_unschedulable_since(status),
         running=status.get("phase") == "Running",
+        bound=bool(spec.get("nodeName")),
     )
 
 

@@ -94,6 +94,22 @@ def path_json(standing: NamespaceStanding) -> str:
                         "ratio": round(s.ratio, 6), "rank": s.rank, "siblings": s.siblings} for s in standing.path])
 
 
+def held_gpus(pods: Sequence[RecordedPod], classes: Sequence[str], bands: Mapping[str, int]) -> dict[str, float]:
+    """The GPUs each namespace's pods in budget hold or are being given, as the burst guard counts them: pods bound to
+    a node, and pods waiting in their namespace's band (`bands`, by namespace) or above it. Pods waiting lower, beyond
+    the fair share, are not counted (Kueue's entry penalty counts what is admitted, not what waits): a team's own
+    queue never pushes its next pods below its band."""
+    index = {name: i for i, name in enumerate(classes)}
+    held: dict[str, float] = {}
+    for pod in pods:
+        if pod.finished_at is not None or pod.deleted_at is not None or pod.demoted:
+            continue
+        in_band = pod.band in index and index[pod.band or ""] <= bands.get(pod.namespace, len(classes))
+        if pod.bound or pod.started_at is not None or in_band:
+            held[pod.namespace] = held.get(pod.namespace, 0.0) + pod.admitted
+    return held
+
+
 @dataclass(frozen=True)
 class Rebalance:
     """Who waits and whom to evict for them (plain data, `rebalance`)."""
@@ -190,17 +206,17 @@ class FairShareTask:
             name: record.usage.at(now, self._half_life(specs.get(name))).gpu_seconds for name, record in records.items()
         }
         standings = rank_fair_tree(share_nodes(budgets, specs, usage))
-        held: dict[str, float] = {}
-        for pod in pods:  # what its pods in budget hold or wait for: the burst guard counts a pending pod's GPUs too
-            if pod.finished_at is None and pod.deleted_at is None and not pod.demoted:
-                held[pod.namespace] = held.get(pod.namespace, 0.0) + pod.admitted
-        done = FairSharePass(cluster_gpus=self.informers.cluster_gpus(), at=now)
-        ranked = []
-        for name, standing in sorted(standings.items()):
+        states = {}
+        for name, standing in standings.items():
             record = records.get(name)
             previous = None if record is None or record.band is None or record.band_since is None \
                 or record.band >= len(bands.classes) else BandState(record.band, record.band_since)
-            state = next_band(bands, previous, standing, now)
+            states[name] = next_band(bands, previous, standing, now)
+        held = held_gpus(pods, bands.classes, {name: state.band for name, state in states.items()})
+        done = FairSharePass(cluster_gpus=self.informers.cluster_gpus(), at=now)
+        ranked = []
+        for name, standing in sorted(standings.items()):
+            state = states[name]
             half_life = self._half_life(specs.get(name))
             reason = band_reason(standing, bands.classes[state.band], half_life)
             usage_now = DecayedUsage(usage.get(name, 0.0), now)
