@@ -90,9 +90,11 @@ class Received:
 
 class Simulation:
     def __init__(self, gpus: int, groups: Sequence[Group], teams: Sequence[Team], settings: Settings, seed: int = 0,
-                 fair_share: bool = True):
+                 fair_share: bool = True, replaced_after: float = 1.0):
         self.gpus = gpus
         self.fair_share = fair_share  # off: every pod in the one in-budget class, first come first served
+        self.replaced_after = replaced_after  # a Job controller sees a pod end, and makes its replacement, this late
+        self.due: list[tuple[float, str]] = []  # (when, namespace) of replacements to come
         self.random = random.Random(seed)  # pods run their time +-25 %, and Jobs make pods in no fixed order
         self.groups = list(groups)
         self.teams = {team.name: team for team in teams}
@@ -150,7 +152,7 @@ class Simulation:
     def _stop(self, pod: _Pod, until: float) -> None:
         assert pod.started is not None
         self._ran(pod.namespace, max(pod.started, self._last_count), until)
-        self.alive[pod.namespace] -= 1
+        heapq.heappush(self.due, (until + self.replaced_after, pod.namespace))
         self.running -= 1
         del self.pods[pod.uid]
 
@@ -261,11 +263,15 @@ class Simulation:
             self._top_up()
             self._schedule()
             upcoming = [next_pass, seconds] + [j for j in joins if j > self.now]
+            if self.due:
+                upcoming.append(self.due[0][0])
             if sample_every:
                 upcoming.append(next_sample)
             if self.ends:
                 upcoming.append(self.ends[0][0])
             self.now = min(upcoming)
+            while self.due and self.due[0][0] <= self.now:
+                self.alive[heapq.heappop(self.due)[1]] -= 1
             while self.ends and self.ends[0][0] <= self.now:
                 _, uid = heapq.heappop(self.ends)
                 ended = self.pods.get(uid)

@@ -19,6 +19,7 @@ from gpusharing.kube.owners import Owner
 from gpusharing.listing import BudgetListing, ListedBudget
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
+from testbed.fairshare_sim import Group, Settings, Simulation, Team
 from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactory, SpecClient, run_controller
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.record import RecordedPod
@@ -484,3 +485,20 @@ def test_a_heavy_namespace_s_own_waiting_pods_do_not_shield_its_pods_above_its_b
     ]
     plan = rebalance(pods, BANDS, {"light": 0, "heavy": 2}, {}, at(1200), GRACE, MIN_RUN)
     assert [p.name for p in plan.waiting] == ["lw"] and [p.name for p in plan.evict] == ["h-0"]
+
+
+def test_on_a_simulated_cluster_under_a_backlog_the_bands_bring_every_team_nearer_its_weight() -> None:
+    """The controller's pass and the webhook's band as they are, on issue 39's cluster simulated (16 GPUs, teams
+    weighted 4 : 2 : 2, the last a department of two namespaces, each Job keeping 40 pods of about 24 s): nearer each
+    team's share than first come, first served, and the department's excess below a third (docs/fair-share.md,
+    Convergence: not yet within 10 %)."""
+    settings = Settings(dt.timedelta(seconds=30), 2.0, dt.timedelta(seconds=10), dt.timedelta(seconds=5),
+                        FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(0)))
+    teams = [Team("a", 4, 40, 24), Team("b", 2, 40, 24), Team("d1", 3, 40, 24, "dept"), Team("d2", 3, 40, 24, "dept")]
+    for seed in range(3):
+        banded = Simulation(16, [Group("dept", 2)], teams, settings, seed).run(270, 30)
+        served = Simulation(16, [Group("dept", 2)], teams, settings, seed, fair_share=False).run(270, 30)
+        assert banded.entitled == {"a": 0.5, "b": 0.25, "d1": 0.125, "d2": 0.125}
+        assert all(abs(banded.off_by(name)) < abs(served.off_by(name)) for name in ("a", "d1", "d2")), (
+            banded.gpu_seconds, served.gpu_seconds)
+        assert banded.off_by("d1") + banded.off_by("d2") < 2 / 3
