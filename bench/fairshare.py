@@ -42,8 +42,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusharing.units.duration import format_duration  # noqa: E402
-from testbed.fairshare_sim import BANDS as SIMULATED_BANDS  # noqa: E402
 from testbed.fairshare_sim import Group, Received, Settings, Simulation, Team  # noqa: E402
+from timekeeper.config import DEFAULT_BAND_CLASSES  # noqa: E402
 from timekeeper.fairshare.bands import BandState, FairShareBands, next_band  # noqa: E402
 from timekeeper.fairshare.decay import DecayedUsage  # noqa: E402
 from timekeeper.fairshare.tree import NamespaceStanding, ShareNode, rank_fair_tree  # noqa: E402
@@ -254,7 +254,7 @@ def converge(seed: int, gpus: int = 1_000, teams: int = 50, hours: float = 6.0) 
             members.append(Team(f"team{number}", weight, int(2 * share_gpus) + 2, minutes * 60))
     half_life = dt.timedelta(hours=1)
     settings = Settings(half_life, 30.0, dt.timedelta(minutes=5), dt.timedelta(minutes=10),
-                        FairShareBands(SIMULATED_BANDS, (0.8, 1.25), 0.1, dt.timedelta(minutes=10)))
+                        FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(minutes=10)))
     seconds, window = hours * 3600, half_life.total_seconds()
     print(f"{gpus:,} GPUs, {teams} teams ({len(groups)} of them departments of 2-4 namespaces, {len(members)} "
           f"namespaces), each with a backlog of twice its share, pods of 5-30 min; {hours:g} h simulated, half-life "

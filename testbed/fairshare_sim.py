@@ -12,20 +12,20 @@ import heapq
 import itertools
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpusharing.fairshare import FairShareBands, admission_band
 from gpusharing.kube.owners import Owner
 from timekeeper.accounting.record import RecordedPod
 from timekeeper.cluster.fairshare import held_gpus, rebalance
+from timekeeper.config import DEFAULT_BAND_CLASSES
 from timekeeper.fairshare.bands import BandState, next_band
 from timekeeper.fairshare.decay import DecayedUsage
 from timekeeper.fairshare.tree import NamespaceStanding, ShareNode, rank_fair_tree
 
 START = dt.datetime(2027, 1, 4, tzinfo=dt.timezone.utc)
-# The chart's classes and values: light, in budget, heavy.
-BANDS = ("gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy")
-PRIORITIES = {BANDS[0]: 1500, BANDS[1]: 1000, BANDS[2]: 500}
+# The chart's values of the default classes: light, in budget, heavy.
+PRIORITIES = dict(zip(DEFAULT_BAND_CLASSES, (1500, 1000, 500)))
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,13 @@ class Group:
 
 @dataclass(frozen=True)
 class Team:
-    """A namespace whose Jobs keep `backlog` one-GPU pods of `pod_seconds` each alive (running or waiting) from
-    `joins_at` seconds on."""
+    """A namespace whose Jobs keep `backlog` one-GPU pods of `pod_seconds` each alive (running or waiting)."""
 
     name: str
     weight: float
     backlog: int
     pod_seconds: float
     parent: str | None = None
-    joins_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -70,14 +68,13 @@ class _Pod:
 
 @dataclass
 class Received:
-    """What a run gave each namespace: GPU-seconds over the window, and per pass (for when a late team caught up)."""
+    """What a run gave each namespace: GPU-seconds over the window."""
 
     gpu_seconds: dict[str, float]
     entitled: dict[str, float]  # each namespace's share of the cluster with every team present
     window: tuple[float, float]
     evictions: int
     preemptions: int
-    timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)  # (seconds, running pods by namespace)
 
     def share(self, namespace: str) -> float:
         total = sum(self.gpu_seconds.values())
@@ -143,8 +140,7 @@ class Simulation:
 
     def _top_up(self) -> None:
         """Each Job controller re-creates what finished or was evicted, up to its backlog."""
-        wanted = [name for name, team in self.teams.items() if self.now >= team.joins_at
-                  for _ in range(team.backlog - self.alive[name])]
+        wanted = [name for name, team in self.teams.items() for _ in range(team.backlog - self.alive[name])]
         self.random.shuffle(wanted)
         for name in wanted:
             self._create(name)
@@ -208,10 +204,7 @@ class Simulation:
                 if seconds else self.usage[name].at(now, half_life)
             self.ran_since[name] = 0.0
         self._last_count = self.now
-        present = [team for team in self.teams.values() if self.now >= team.joins_at]
-        nodes = [ShareNode(g.name, g.parent, g.weight, 0.0, False) for g in self.groups]
-        nodes += [ShareNode(t.name, t.parent, t.weight, self.usage[t.name].gpu_seconds, True) for t in present]
-        self.standings = rank_fair_tree(nodes)
+        self.standings = rank_fair_tree(self._nodes({name: usage.gpu_seconds for name, usage in self.usage.items()}))
         if not self.fair_share:
             return
         for name, standing in self.standings.items():
@@ -228,6 +221,12 @@ class Simulation:
             self._stop(pod, self.now)
             self.evictions += 1
 
+    def _nodes(self, usage: dict[str, float]) -> list[ShareNode]:
+        """The tree: the groups, and each namespace with its decayed GPU-seconds."""
+        nodes = [ShareNode(g.name, g.parent, g.weight, 0.0, False) for g in self.groups]
+        return nodes + [ShareNode(t.name, t.parent, t.weight, usage.get(t.name, 0.0), True)
+                        for t in self.teams.values()]
+
     def _record(self, pod: _Pod) -> RecordedPod:
         started = None if pod.started is None else self._when(pod.started)
         return RecordedPod(
@@ -242,31 +241,19 @@ class Simulation:
 
     _last_count = 0.0
 
-    def run(self, seconds: float, window_from: float, sample_every: float = 0.0) -> Received:
+    def run(self, seconds: float, window_from: float) -> Received:
         """Runs the cluster for `seconds`; GPU-seconds are counted from `window_from` to the end."""
         self.window = (window_from, seconds)
         next_pass = 0.0
-        next_sample = 0.0
-        timeline: list[tuple[float, dict[str, int]]] = []
-        joins = sorted({team.joins_at for team in self.teams.values()})
         while self.now < seconds:
-            if sample_every and self.now >= next_sample:
-                counts: dict[str, int] = {}
-                for pod in self.pods.values():
-                    if pod.started is not None:
-                        counts[pod.namespace] = counts.get(pod.namespace, 0) + 1
-                timeline.append((self.now, counts))
-                next_sample += sample_every
             if self.now >= next_pass:
                 self._pass()
                 next_pass += self.settings.interval
             self._top_up()
             self._schedule()
-            upcoming = [next_pass, seconds] + [j for j in joins if j > self.now]
+            upcoming = [next_pass, seconds]
             if self.due:
                 upcoming.append(self.due[0][0])
-            if sample_every:
-                upcoming.append(next_sample)
             if self.ends:
                 upcoming.append(self.ends[0][0])
             self.now = min(upcoming)
@@ -280,7 +267,5 @@ class Simulation:
         for pod in self.pods.values():
             if pod.started is not None:
                 self._ran(pod.namespace, max(pod.started, self._last_count), self.now)
-        nodes = [ShareNode(g.name, g.parent, g.weight, 0.0, False) for g in self.groups]
-        nodes += [ShareNode(t.name, t.parent, t.weight, 0.0, True) for t in self.teams.values()]
-        entitled = {name: standing.share_of_cluster for name, standing in rank_fair_tree(nodes).items()}
-        return Received(dict(self.received), entitled, self.window, self.evictions, self.preemptions, timeline)
+        entitled = {name: standing.share_of_cluster for name, standing in rank_fair_tree(self._nodes({})).items()}
+        return Received(dict(self.received), entitled, self.window, self.evictions, self.preemptions)
