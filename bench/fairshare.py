@@ -7,9 +7,9 @@ recomputes the decayed usage from the whole history, measured in the same run.
 
 --converge runs the cluster instead (testbed/fairshare_sim.py, in simulated time): teams of mixed weights, some of them
 departments of several namespaces, each keeping a backlog of one-GPU pods larger than its share; the controller's
-pass, the webhook's band and a scheduler by priority, with preemption. It prints each team's entitled share, what it
-received after the first half-life, and the rebalance's evictions per hour, beside the yardstick of the same cluster
-with fair share off (first come, first served).
+pass with the fair-share queue (its release, and the room it makes by eviction) and a scheduler that places released
+pods. It prints each team's entitled share, what it received after the first half-life, and the evictions per hour
+made for the queue, beside the yardstick of the same cluster with fair share off (first come, first served).
 
 The hierarchy: `--fanout` divisions x departments x teams x namespaces, random weights. Each namespace has a base
 rate (a fifth of them idle, the rest exponential around 4 GPUs) times a daily cycle, billed one interval an hour, as
@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusharing.units.duration import format_duration  # noqa: E402
 from testbed.fairshare_sim import Group, Received, Settings, Simulation, Team  # noqa: E402
-from timekeeper.config import DEFAULT_BAND_CLASSES  # noqa: E402
 from timekeeper.fairshare.bands import BandState, FairShareBands, next_band  # noqa: E402
 from timekeeper.fairshare.decay import DecayedUsage  # noqa: E402
+from timekeeper.fairshare.queue import FairShareOrder, HeldPod, QueuedPod, make_room, mean_life, release  # noqa: E402
 from timekeeper.fairshare.tree import NamespaceStanding, ShareNode, rank_fair_tree  # noqa: E402
 
 START = dt.datetime(2027, 1, 1, tzinfo=dt.timezone.utc)
@@ -56,6 +56,7 @@ BANDS = FairShareBands(
     0.1,
     dt.timedelta(minutes=10),
 )
+QUEUED, HELD, ROOM = 20_000, 10_000, 1_000  # the queue's pass: pods waiting, GPUs held, GPUs just freed
 # GPU-seconds of a GPU per hour of day
 CYCLE = [3600.0 * (0.6 + 0.4 * math.sin(2 * math.pi * hour / 24)) for hour in range(24)]
 
@@ -96,15 +97,27 @@ class Cluster:
                 usage = usage.plus(rate * CYCLE[of_day], start, end, half_life)
             self.usage[name] = usage
 
+    def nodes(self) -> list[ShareNode]:
+        return [*self.groups, *(ShareNode(name, team, weight, self.usage[name].gpu_seconds, True)
+                                for name, team, weight in self.namespaces)]
+
     def rank(self) -> dict[str, NamespaceStanding]:
-        nodes = [
-            *self.groups,
-            *(
-                ShareNode(name, team, weight, self.usage[name].gpu_seconds, True)
-                for name, team, weight in self.namespaces
-            ),
-        ]
-        return rank_fair_tree(nodes)
+        return rank_fair_tree(self.nodes())
+
+    def queue(self, now: dt.datetime, half_life: dt.timedelta) -> None:
+        """The fair-share queue's pass: QUEUED pods waiting over the namespaces in use, HELD GPUs held, ROOM GPUs just
+        freed: the waiting pods released into them, then room made by eviction for those past the grace."""
+        busy = [name for name, _, _ in self.namespaces if self.rate[name] > 0]
+        queued = [QueuedPod(busy[i % len(busy)], f"q-{i}", f"q-{i}", 1.0, True, now - dt.timedelta(minutes=i % 10))
+                  for i in range(QUEUED)]
+        held = [HeldPod(busy[i % len(busy)], f"h-{i}", f"h-{i}", 1.0, True, True) for i in range(HELD)]
+        holding: dict[str, float] = {}
+        for pod in held:
+            holding[pod.namespace] = holding.get(pod.namespace, 0.0) + pod.gpus
+        order = FairShareOrder(self.nodes(), holding, dict.fromkeys(self.rate, mean_life(half_life)))
+        released = {pod.uid for pod in release(order, queued, ROOM, ROOM)}
+        make_room(order, [p for p in queued if p.uid not in released], held, 0.0, HELD + ROOM, now,
+                  dt.timedelta(minutes=5))
 
     def band(self, standings: dict[str, NamespaceStanding], now: dt.datetime) -> None:
         for name, standing in standings.items():
@@ -169,6 +182,7 @@ def main() -> int:
     folds: list[float] = []
     ranks: list[float] = []
     bands: list[float] = []
+    queues: list[float] = []
     passes: list[float] = []
     baselines: list[float] = []
     pass_cpu: list[float] = []
@@ -182,16 +196,19 @@ def main() -> int:
         standings = cluster.rank()
         ranked = time.perf_counter()
         cluster.band(standings, START + HOUR * (hour + 1))
-        banded, banded_cpu = time.perf_counter(), time.process_time()
+        banded = time.perf_counter()
+        cluster.queue(START + HOUR * (hour + 1), half_life)
+        queued, queued_cpu = time.perf_counter(), time.process_time()
         recomputed = {name: cluster.recomputed(name, hour + 1, half_life) for name in sample}
         baseline, baseline_cpu = time.perf_counter(), time.process_time()
-        pass_cpu.append((banded_cpu - cpu) * 1000)
-        baseline_cpus.append((baseline_cpu - banded_cpu) * 1000 * count / len(sample))
+        pass_cpu.append((queued_cpu - cpu) * 1000)
+        baseline_cpus.append((baseline_cpu - queued_cpu) * 1000 * count / len(sample))
         folds.append((folded - began) * 1000)
         ranks.append((ranked - folded) * 1000)
         bands.append((banded - ranked) * 1000)
-        passes.append((banded - began) * 1000)
-        baselines.append((baseline - banded) * 1000 * count / len(sample))
+        queues.append((queued - banded) * 1000)
+        passes.append((queued - began) * 1000)
+        baselines.append((baseline - queued) * 1000 * count / len(sample))
         for name, usage in recomputed.items():
             incremental = cluster.usage[name]
             assert usage.as_of == incremental.as_of
@@ -203,6 +220,8 @@ def main() -> int:
     print(f"  fold a pass's new intervals   {percentiles(folds)}   ({count:,} intervals)")
     print(f"  rank_fair_tree                {percentiles(ranks)}")
     print(f"  next_band over all            {percentiles(bands)}")
+    print(f"  the queue                     {percentiles(queues)}   ({QUEUED:,} pods waiting, {ROOM:,} GPUs "
+          f"free, {HELD:,} held: released, then room made past the grace)")
     print(f"  the whole pass                {percentiles(passes)}")
     print(f"    its CPU time                {percentiles(pass_cpu)}")
     print(f"  baseline: usage recomputed from the whole history, scaled from {len(sample)} namespaces:")
@@ -253,8 +272,7 @@ def converge(seed: int, gpus: int = 1_000, teams: int = 50, hours: float = 6.0) 
         else:
             members.append(Team(f"team{number}", weight, int(2 * share_gpus) + 2, minutes * 60))
     half_life = dt.timedelta(hours=1)
-    settings = Settings(half_life, 30.0, dt.timedelta(minutes=5), dt.timedelta(minutes=10),
-                        FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(minutes=10)))
+    settings = Settings(half_life, 30.0, dt.timedelta(minutes=5), dt.timedelta(minutes=10))
     seconds, window = hours * 3600, half_life.total_seconds()
     print(f"{gpus:,} GPUs, {teams} teams ({len(groups)} of them departments of 2-4 namespaces, {len(members)} "
           f"namespaces), each with a backlog of twice its share, pods of 5-30 min; {hours:g} h simulated, half-life "
@@ -271,7 +289,7 @@ def converge(seed: int, gpus: int = 1_000, teams: int = 50, hours: float = 6.0) 
         errors = sorted(abs(_off_by(run, name, e)) for name, e in _by_team(run.entitled).items())
         print(f"{label:<14} teams within 10 % of their share: {sum(e <= 0.10 for e in errors)} of {len(errors)}; "
               f"median {statistics.median(errors):.1%}, worst {errors[-1]:.1%}; "
-              f"{run.evictions / hours:.1f} evictions and {run.preemptions / hours:.1f} preemptions an hour")
+              f"{run.evictions / hours:.1f} evictions an hour")
     print(f"\nsimulated {hours:g} h in {cpu:.1f} s of CPU")
     return 0
 

@@ -22,6 +22,9 @@ ANNOTATION_IDLE_HOLD = "gpusharing.io/idle-hold"
 # Fair share (docs/fair-share.md): the band's PriorityClass the pod was admitted in, and why, in one line.
 ANNOTATION_FAIR_SHARE_BAND = "gpusharing.io/fair-share-band"
 ANNOTATION_FAIR_SHARE_REASON = "gpusharing.io/fair-share-reason"
+# The scheduling gate a GPU pod waits behind while fair share is on, until the controller releases it in fair-share
+# order (Kueue's admission gate): only the controller may remove it (the chart's ValidatingAdmissionPolicy).
+FAIR_SHARE_GATE = "gpusharing.io/fair-share"
 # Labels under the prefix that are not the webhook's record but its users' word: a pod's author exempts the pod from
 # idle policies (they stand, and may change).
 IDLE_EXEMPT_LABEL = "gpusharing.io/idle-exempt"

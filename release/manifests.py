@@ -69,6 +69,7 @@ RENDERINGS = (
     Rendering("base/controller.yaml", "controller.yaml"),
     Rendering("base/webhook.yaml", "webhook.yaml"),
     Rendering("base/webhook-configurations.yaml", "webhook-configurations.yaml"),
+    Rendering("base/fair-share-gate.yaml", "fair-share-gate.yaml"),
     Rendering("base/networkpolicy.yaml", "networkpolicy.yaml"),
     Rendering("crds/crds.yaml", "crds.yaml"),
     Rendering("certgen/certgen.yaml", "certgen.yaml"),

@@ -58,7 +58,9 @@ class TaskIntervals:
     commitments: float = 1.0  # safe admission's committed pods published for the web replicas
     events: float = 5.0  # the Event queue, besides whenever an Event is queued
     utilisation: float = 60.0  # GPU utilisation read from Prometheus (TIMEKEEPER_UTILISATION_SOURCE=prometheus)
-    fairshare: float = 30.0  # fair share: bands ranked from decayed usage, pods rebalanced (when enabled)
+    fairshare: float = 30.0  # fair share: bands ranked from decayed usage (when enabled)
+    # the fair-share queue released into the GPUs free, room made past the grace; with fair share off, released whole
+    fairshare_queue: float = 2.0
 
 
 TASK_SETTINGS = {
@@ -67,6 +69,7 @@ TASK_SETTINGS = {
     "idle": "TIMEKEEPER_IDLE_INTERVAL_SECONDS", "silent_meters": "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS",
     "commitments": "TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS", "utilisation": "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS",
     "fairshare": "TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS",
+    "fairshare_queue": "TIMEKEEPER_FAIRSHARE_QUEUE_INTERVAL_SECONDS",
 }
 
 

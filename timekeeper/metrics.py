@@ -94,6 +94,11 @@ FAIR_SHARE_NAMESPACES = Gauge("gpusharing_controller_fair_share_namespaces",
                               multiprocess_mode="livesum")
 FAIR_SHARE_PODS = Gauge("gpusharing_controller_fair_share_pods", "Running GPU pods admitted in each fair-share band.",
                         ["band"], multiprocess_mode="livesum")
+FAIR_SHARE_QUEUED = Gauge("gpusharing_controller_fair_share_queued_pods",
+                          "GPU pods waiting in the fair-share queue (behind its scheduling gate) after the last pass.",
+                          multiprocess_mode="livesum")
+FAIR_SHARE_RELEASED = Counter("gpusharing_controller_fair_share_released_pods",
+                              "GPU pods the fair-share queue released to kube-scheduler.")
 LEADING = Gauge("gpusharing_controller_leading", "1 while this controller replica holds the Lease, else 0.",
                 multiprocess_mode="livesum")
 UTILISATION_READINGS = Gauge(

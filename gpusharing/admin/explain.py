@@ -18,7 +18,7 @@ from gpusharing.admin.tables import (
     format_word,
     read_status,
 )
-from gpusharing.contract import ANNOTATION_PREFIX, IDLE_EXEMPT_LABEL
+from gpusharing.contract import ANNOTATION_PREFIX, FAIR_SHARE_GATE, IDLE_EXEMPT_LABEL
 from gpusharing.decoded import instant
 from gpusharing.idle.policy import PolicyInForce, idle_policy_from_json
 from gpusharing.idle.verdict import PodFacts, Reading, Streak, outlook, verdict
@@ -46,6 +46,8 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
         "startTime": (pod.get("status") or {}).get("startTime"),
         "owner": None if owner is None else {"kind": owner.kind, "name": owner.name, "uid": owner.uid},
         "idleExempt": (metadata.get("labels") or {}).get(IDLE_EXEMPT_LABEL) == "true",
+        "queued": any(isinstance(gate, dict) and gate.get("name") == FAIR_SHARE_GATE
+                      for gate in spec.get("schedulingGates") or []),
     }
 
 
@@ -146,6 +148,9 @@ def format_explanation(explanation: dict[str, Any]) -> str:
         lines += _billing(metering)
     lines += _idle(explanation)
     lines += _fair_share(record, status)
+    if pod.get("queued"):
+        lines.append(("Fair-share queue", f"waiting behind the gate {FAIR_SHARE_GATE}: the controller releases it to "
+                                          "kube-scheduler when GPUs come free, the lightest namespace's pods first"))
     text = _fields(lines)
     path = _path(status)
     if path:  # the namespace's path down the budget tree, as Slurm's `sshare -l` shows it

@@ -16,7 +16,8 @@ from tests.helm import render
 from tests.manifests.test_chart import COMBINATIONS, CUSTOM_RESOURCES
 
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "CustomResourceDefinition",
-                  "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+                  "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
 
 
 @pytest.mark.parametrize(

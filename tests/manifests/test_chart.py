@@ -567,6 +567,24 @@ def test_the_setting_the_catalogue_replaces_is_refused_with_what_to_give_instead
         render({component: {"env": [{"name": "GPUSHARING_DEVICE_MEMORY_MIB", "value": "40960"}]}})
 
 
+@pytest.mark.parametrize("fair_share", [False, True])
+def test_the_fair_share_gate_policy_names_the_controller_s_service_account_of_the_release_namespace(
+    fair_share: bool,
+) -> None:
+    """Rendered whatever fairShare.enabled says (a pod gated while it was on stays the controller's to release), for
+    the ServiceAccount the controller's pods run as, in the namespace the release is installed in."""
+    objects = render({**COMBINATIONS["renamed"], "fairShare": {"enabled": fair_share}}, namespace="gpu-governance")
+    policy = find(objects, "ValidatingAdmissionPolicy", "gpu-governance-fair-share-gate")["spec"]
+    (validation,) = policy["validations"]
+    account = find(objects, "Deployment", "gpu-governance-controller")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert find(objects, "ServiceAccount", account)["metadata"]["namespace"] == "gpu-governance"
+    assert validation["expression"] == (f"request.userInfo.username == 'system:serviceaccount:gpu-governance:{account}'"
+                                        " || 'system:masters' in request.userInfo.groups")
+    assert f"(system:serviceaccount:gpu-governance:{account})" in validation["message"]
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", "gpu-governance-fair-share-gate")["spec"]
+    assert (binding["policyName"], binding["validationActions"]) == ("gpu-governance-fair-share-gate", ["Deny"])
+
+
 def test_the_crds_are_kept_on_uninstall() -> None:
     definitions = [o for o in render() if o["kind"] == "CustomResourceDefinition"]
     assert {d["metadata"]["name"] for d in definitions} == {

@@ -17,7 +17,7 @@ import yaml
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from demo.processes import run_command
-from gpusharing.contract import AdmissionMode, Shortfall
+from gpusharing.contract import FAIR_SHARE_GATE, AdmissionMode, Shortfall
 from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
 from gpusharing.idle.policy import FIELDS as IDLE_FIELDS
 from gpusharing.idle.policy import IdleAction
@@ -350,6 +350,65 @@ def test_validation_also_sees_updates_of_pods_with_the_billing_finalizer_or_the_
         # The object of an ephemeral containers' or a resize's review is the whole Pod.
         for sub_resource in ("ephemeralcontainers", "resize"):
             assert matches(metered, old=metered, sub_resource=sub_resource)
+
+
+CONTROLLER = "system:serviceaccount:gpusharing-system:gpusharing-controller"
+
+
+def fair_share_gate_policy(objects: list[dict[str, Any]]) -> Any:
+    """Whether the fair-share gate's policy refuses an UPDATE of `old` into `new` sent by `username`, as the API
+    server evaluates it: its match condition, then its validation (the CEL through cel-python)."""
+    policy = find(objects, "ValidatingAdmissionPolicy", "gpusharing-fair-share-gate")["spec"]
+    environment = celpy.Environment()
+    (condition,) = policy["matchConditions"]
+    (validation,) = policy["validations"]
+    selects, allows = (
+        environment.program(environment.compile(expression))
+        for expression in (condition["expression"], validation["expression"])
+    )
+
+    def refuses(old: dict[str, Any], new: dict[str, Any], username: str, groups: tuple[str, ...] = ()) -> bool:
+        request = admission_review(new, "UPDATE", old=old, user={"username": username, "groups": list(groups)})[
+            "request"]
+        activation = {
+            "object": celpy.json_to_cel(new),
+            "oldObject": celpy.json_to_cel(old),
+            "request": celpy.json_to_cel(request),
+        }
+        return bool(selects.evaluate(activation)) and not bool(allows.evaluate(activation))
+
+    return refuses
+
+
+def gated(*gates: str) -> dict[str, Any]:
+    pod = copy.deepcopy(NO_GPU)
+    if gates:
+        pod["spec"]["schedulingGates"] = [{"name": gate} for gate in gates]
+    return pod
+
+
+def test_only_the_controller_may_release_a_pod_from_the_fair_share_queue(objects: list[dict[str, Any]]) -> None:
+    """A tenant controls its pods: without the policy, it could remove the gate and skip the queue."""
+    policy = find(objects, "ValidatingAdmissionPolicy", "gpusharing-fair-share-gate")
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+    ]
+    assert "only the GPU-sharing controller" in policy["spec"]["validations"][0]["message"]
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", "gpusharing-fair-share-gate")["spec"]
+    assert (binding["policyName"], binding["validationActions"]) == ("gpusharing-fair-share-gate", ["Deny"])
+    refuses = fair_share_gate_policy(objects)
+    tenant = "system:serviceaccount:ml-team:default"
+    fair_share, other = FAIR_SHARE_GATE, "example.com/quota"  # the webhook's gate, as the policy names it
+    for old, new in ((gated(fair_share), gated()), (gated(other, fair_share), gated(other))):
+        assert refuses(old, new, tenant) and refuses(old, new, "system:serviceaccount:ml-team:gpusharing-controller")
+        assert not refuses(old, new, CONTROLLER)
+        # a cluster admin, for pods whose controller is gone; a tenant's own groups are no such thing
+        assert not refuses(old, new, "kubernetes-admin", ("system:masters", "system:authenticated"))
+        assert refuses(old, new, tenant, ("system:serviceaccounts", "system:serviceaccounts:ml-team"))
+    # Any other change of gates or of the pod is not the policy's: the gate stays, or was never there.
+    assert not refuses(gated(other, fair_share), gated(fair_share), tenant)
+    assert not refuses(gated(fair_share), gated(fair_share), tenant)
+    assert not refuses(gated(other), gated(), tenant) and not refuses(gated(), gated(), tenant)
 
 
 def test_priority_classes_demote_without_preempting(objects: list[dict[str, Any]]) -> None:

@@ -14,17 +14,16 @@ import pytest
 
 from demo.kubeapi import FakeKube
 from gpusharing.admin.explain import Preemptor, format_explanation, pod_record, preemptor
-from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, Period
+from gpusharing.contract import ANNOTATION_FAIR_SHARE_BAND, FAIR_SHARE_GATE, Period
 from gpusharing.kube.owners import Owner
 from gpusharing.listing import BudgetListing, ListedBudget
 from gpusharing.report import MeterReport
 from gpusharing.settings.env import ConfigError
-from testbed.fairshare_sim import Group, Settings, Simulation, Team
 from tests.timekeeper.conftest import ADMIN, AppFactory, Clock, ControllerFactory, SpecClient, run_controller
 from timekeeper.accounting.ledger import Observation
 from timekeeper.accounting.record import RecordedPod
 from timekeeper.budgets.status import Budget
-from timekeeper.cluster.fairshare import FAIR_SHARE_EVENT, held_gpus, rebalance
+from timekeeper.cluster.fairshare import FAIR_SHARE_EVENT, held_gpus
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.resources import FairShareSpec, fair_share_spec, resource_status
 from timekeeper.config import DEFAULT_BAND_CLASSES, FairShareSettings, TimekeeperConfig, fair_share_settings
@@ -32,7 +31,6 @@ from timekeeper.database.accounting.charging import PodObservation, ReportLedger
 from timekeeper.database.accounting.fairshare import FairShareLedger
 from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Database
-from timekeeper.fairshare.bands import FairShareBands
 
 UTC = dt.timezone.utc
 START = dt.datetime(2026, 11, 25, 10, 0, tzinfo=UTC)
@@ -180,7 +178,7 @@ def test_with_fair_share_off_no_decayed_usage_is_kept(database_url: str, clock: 
 
 
 def pod(fake: FakeKube, namespace: str, name: str, band: str | None, *, started: dt.datetime | None = START,
-        unschedulable_since: dt.datetime | None = None, owned: bool = True, share: str = "1") -> dict[str, Any]:
+        owned: bool = True, share: str = "1", queued_at: dt.datetime | None = None) -> dict[str, Any]:
     obj = fake.add_pod(namespace, name, share=share, priority_class=band or "gpusharing-in-budget",
                        phase="Running" if started else "Pending")
     if band is not None:
@@ -190,9 +188,10 @@ def pod(fake: FakeKube, namespace: str, name: str, band: str | None, *, started:
                                                 "uid": f"rs-{namespace}-{name}", "controller": True}]
     if started:
         obj["status"]["startTime"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
-    if unschedulable_since:
-        obj["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                        "lastTransitionTime": unschedulable_since.strftime("%Y-%m-%dT%H:%M:%SZ")}]
+        obj["spec"]["nodeName"] = "gpu-0"
+    if queued_at:  # behind the webhook's gate since its creation
+        obj["spec"]["schedulingGates"] = [{"name": FAIR_SHARE_GATE}]
+        obj["metadata"]["creationTimestamp"] = queued_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     return obj
 
 
@@ -290,117 +289,83 @@ def test_the_statuses_show_band_ratio_rank_usage_and_reason(cluster: Any) -> Non
     assert "fairShare" not in resource_status(obj, None, None, [], START)
 
 
-def test_pods_of_a_higher_band_that_wait_past_the_grace_make_room_by_the_fewest_evictions(
+def test_queued_pods_wait_for_room_and_past_the_grace_room_is_made_for_the_light_team_by_the_fewest_evictions(
     cluster: Any, fake_kube: FakeKube, clock: Clock,
 ) -> None:
     controller, _ = cluster
     clock.advance(minutes=10)
-    for i in range(4):  # admitted light before heavy's use was known: they hold the cluster's top band
-        pod(fake_kube, "heavy", f"h-{i}", LIGHT)
-    pod(fake_kube, "heavy", "bare", LIGHT, owned=False)
-    pod(fake_kube, "heavy", "young", LIGHT, started=clock.now() - dt.timedelta(minutes=1))
-    pod(fake_kube, "light", "waiting", LIGHT, started=None, unschedulable_since=clock.now() - dt.timedelta(minutes=1))
-    done = run_controller(controller).fair_share
-    assert done is not None and done.waiting == [] and fake_kube.evicted == []  # within the grace: nothing
-    clock.advance(minutes=2)
-    done = run_controller(controller).fair_share
-    assert done is not None and done.waiting == ["light/waiting"]
-    assert (
-        len(fake_kube.evicted) == 1 and fake_kube.evicted[0][0] == "heavy" and fake_kube.evicted[0][1].startswith("h-")
-    )
+    for i in range(7):  # heavy holds the cluster's 8 GPUs
+        pod(fake_kube, "heavy", f"h-{i}", MIDDLE)
+    pod(fake_kube, "heavy", "young", MIDDLE, started=clock.now() - dt.timedelta(minutes=1))
+    pod(fake_kube, "heavy", "more", HEAVY, started=None, queued_at=clock.now())
+    for i in range(2):
+        pod(fake_kube, "light", f"l-{i}", LIGHT, started=None, queued_at=clock.now())
+    done = run_controller(controller).fair_share_queue
+    # No room, and within the grace: nothing released, nobody evicted.
+    assert done is not None and done.queued == 3 and done.released == [] and done.waiting == []
+    assert fake_kube.evicted == []
+    clock.advance(minutes=3)
+    done = run_controller(controller).fair_share_queue
+    assert done is not None and done.waiting == ["light/l-0", "light/l-1"]
+    assert sorted(fake_kube.evicted) == [("heavy", "h-0"), ("heavy", "h-1")]  # never the young one
     controller.events.send()  # the events task, queued for after this run
-    (event,) = [e for e in fake_kube.events if e["reason"] == FAIR_SHARE_EVENT]
-    assert event["involvedObject"]["namespace"] == "heavy"
-    assert "pods of namespace light in band gpusharing-in-budget-light waited unschedulable for 3m" in event["message"]
-    # what `explain` compares with
-    assert event["related"] == {"apiVersion": "v1", "kind": "Namespace", "name": "light"}
+    events = [e for e in fake_kube.events if e["reason"] == FAIR_SHARE_EVENT]
+    assert {e["involvedObject"]["name"] for e in events} == {"h-0", "h-1"}
+    assert all("pods of namespace light, below its fair share, waited in the fair-share queue for 3m" in e["message"]
+               and e["related"] == {"apiVersion": "v1", "kind": "Namespace", "name": "light"} for e in events)
+    # The room they leave is light's: its pods are released, heavy's waits.
+    done = run_controller(controller).fair_share_queue
+    assert done is not None and done.released == ["light/l-0", "light/l-1"]
+    assert [p["spec"]["schedulingGates"] for p in fake_kube.pods.values() if p["metadata"]["namespace"] == "light"] \
+        == [[], []]
+    assert fake_kube.pods[("heavy", "more")]["spec"]["schedulingGates"] == [{"name": FAIR_SHARE_GATE}]
 
 
-def recorded(name: str, namespace: str, band: str | None, *, started: float | None = 0.0,
-             waiting_since: float | None = None, owned: bool = True, share: float = 1.0, bound: bool = False,
-             finished: float | None = None, demoted: bool = False) -> RecordedPod:
+def test_with_fair_share_off_every_queued_pod_is_released(
+    fake_kube: FakeKube, database_url: str, clock: Clock, make_controller: ControllerFactory,
+) -> None:
+    """Pods queued before fair share was turned off do not wait for ever."""
+    pod(fake_kube, "a", "queued", MIDDLE, started=None, queued_at=clock.now())
+    pod(fake_kube, "a", "running", MIDDLE)
+    controller = make_controller(KubeApi(fake_kube.api_client()))
+    assert run_controller(controller).fair_share is None
+    assert fake_kube.pods[("a", "queued")]["spec"]["schedulingGates"] == []
+
+
+def test_when_the_nodes_offer_no_gpu_the_controller_can_count_the_queue_holds_nobody_back(
+    fake_kube: FakeKube, clock: Clock, make_controller: ControllerFactory,
+) -> None:
+    """A backend whose resources this version cannot read (DRA's devices, say) must not leave pods queued for ever."""
+    fake_kube.custom["nodes"] = [{"metadata": {"name": "dra-0"}, "status": {"allocatable": {"cpu": "64"}}}]
+    pod(fake_kube, "a", "queued", MIDDLE, started=None, queued_at=clock.now())
+    controller = make_controller(KubeApi(fake_kube.api_client()), fair_share=ON)
+    done = run_controller(controller).fair_share_queue
+    assert done is not None and done.cluster_gpus == 0 and done.released == ["a/queued"]
+
+
+def recorded(name: str, namespace: str, *, started: float | None = 0.0, queued: bool = False,
+             finished: float | None = None, deleted: float | None = None, demoted: bool = False,
+             share: float = 1.0) -> RecordedPod:
     return RecordedPod(
-        f"uid-{name}",
-        namespace,
-        name,
-        share,
-        share,
-        None,
-        (),
-        None if started is None else at(started),
-        None if finished is None else at(finished),
-        None,
-        None,
-        owner=Owner("apps/v1", "ReplicaSet", f"{name}-rs", f"rs-{name}") if owned else None,
-        demoted=demoted,
-        running=started is not None and finished is None,
-        bound=bound or started is not None,
-        band=band,
-        unschedulable_since=None if waiting_since is None else at(waiting_since),
+        f"uid-{name}", namespace, name, share, share, None, (), None if started is None else at(started),
+        None if finished is None else at(finished), None if deleted is None else at(deleted), None,
+        owner=Owner("apps/v1", "ReplicaSet", f"{name}-rs", f"rs-{name}"), demoted=demoted,
+        running=started is not None and finished is None, gate=0 if queued else None,
     )
 
 
-BANDS = FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(minutes=10))
-GRACE, MIN_RUN = dt.timedelta(minutes=2), dt.timedelta(minutes=5)
-
-
-def test_the_burst_guard_counts_what_is_bound_and_what_waits_in_band_never_a_queue_below_it() -> None:
-    """Kueue's entry penalty counts what is admitted, not what waits: a team's pods waiting one band lower, beyond its
-    fair share, are not counted, so that its own queue never pushes its next pods below its band."""
+def test_a_namespace_holds_what_the_queue_released_never_what_waits() -> None:
+    """Kueue's entry penalty counts what is admitted, not what waits: the queue's and the burst guard's count."""
     pods = [
-        recorded("run", "a", MIDDLE, share=0.5),
-        recorded("bound", "a", MIDDLE, started=None, bound=True),  # bound, its containers not started yet
-        recorded("in-band", "a", MIDDLE, started=None, waiting_since=10),
-        recorded("above", "a", LIGHT, started=None, waiting_since=10),  # admitted while a was light
-        recorded("below", "a", HEAVY, started=None, waiting_since=10),  # the burst guard's overflow: not counted
-        recorded("overflow-running", "a", HEAVY),  # bound: it holds its GPU whatever its band
-        recorded("done", "a", MIDDLE, finished=20),
-        recorded("demoted", "a", None, demoted=True),
-        recorded("unbanded", "a", None, started=None, waiting_since=10),  # admitted with fair share off
-        recorded("b-waits", "b", HEAVY, started=None, waiting_since=10),
+        recorded("run", "a", share=0.5),
+        recorded("released", "a", started=None),  # out of the queue, not yet placed: it is being given its GPU
+        recorded("waits", "a", started=None, queued=True),
+        recorded("done", "a", finished=20),
+        recorded("going", "a", deleted=20),
+        recorded("demoted", "a", demoted=True),
+        recorded("b-waits", "b", started=None, queued=True),
     ]
-    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {"a": 1, "b": 2}) == {"a": 4.5, "b": 1.0}
-    # When a's band falls, its pods waiting above it still count; when it rises, those waiting in the old band not.
-    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {"a": 2})["a"] == 5.5
-    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {"a": 0})["a"] == 3.5
-    assert held_gpus(pods, DEFAULT_BAND_CLASSES, {}) == {"a": 5.5, "b": 1.0}  # not ranked yet: the lowest band
-
-
-def test_rebalance_evicts_the_heaviest_namespace_s_pods_admitted_above_its_band_and_no_more() -> None:
-    pods = [
-        recorded("w-0", "light", LIGHT, started=None, waiting_since=1000),
-        recorded("w-1", "light", LIGHT, started=None, waiting_since=1000),
-        recorded("a-0", "mid", LIGHT),
-        recorded("a-1", "mid", LIGHT),
-        recorded("b-0", "heavy", LIGHT),
-        recorded("b-1", "heavy", LIGHT),
-        recorded("b-2", "heavy", LIGHT, owned=False),
-        recorded("b-3", "heavy", LIGHT, started=1100),
-        recorded("c-0", "heavy", HEAVY),
-        recorded("light-own", "light", LIGHT),
-    ]
-    current = {"light": 0, "mid": 1, "heavy": 2}
-    plan = rebalance(pods, BANDS, current, {"heavy": 3.0, "mid": 1.1, "light": 0.2}, at(1200), GRACE, MIN_RUN)
-    assert [p.name for p in plan.waiting] == ["w-0", "w-1"]
-    assert [p.name for p in plan.evict] == ["b-0", "b-1"]  # 2 GPUs wait: never a bare pod, a young one, or its own
-    # Within the grace, or with nobody waiting in a band above, nothing.
-    assert rebalance(pods, BANDS, current, {}, at(1100), GRACE, MIN_RUN).evict == ()
-    assert rebalance([p for p in pods if p.started_at], BANDS, current, {}, at(1200), GRACE, MIN_RUN).evict == ()
-
-
-def test_pods_waiting_in_a_band_cannot_make_room_from_pods_they_could_preempt_or_of_equal_teams() -> None:
-    """A middle pod waiting is helped only by pods at or above its band whose namespace is now lower; two namespaces
-    in one band never evict each other's pods."""
-    pods = [
-        recorded("w", "a", MIDDLE, started=None, waiting_since=0),
-        recorded("x", "b", MIDDLE),
-        recorded("y", "b", HEAVY),
-    ]
-    plan = rebalance(pods, BANDS, {"a": 1, "b": 1}, {}, at(1200), GRACE, MIN_RUN)
-    # b's band is as x was admitted: nothing to correct
-    assert [p.name for p in plan.waiting] == ["w"] and plan.evict == ()
-    plan = rebalance(pods, BANDS, {"a": 1, "b": 2}, {}, at(1200), GRACE, MIN_RUN)
-    assert [p.name for p in plan.evict] == ["x"]  # y is below w: kube-scheduler's preemption takes it, if it must
+    assert held_gpus(pods) == {"a": 1.5}
 
 
 def test_explain_shows_the_pod_s_band_its_namespace_s_path_and_when_its_band_would_rise(
@@ -421,6 +386,11 @@ def test_explain_shows_the_pod_s_band_its_namespace_s_path_and_when_its_band_wou
         and "new pods get gpusharing-in-budget-heavy" in flat
     )
     assert f"At zero use: its band would rise at {status['fairShare']['zeroUseChange']}" in flat
+    assert "Fair-share queue" not in flat  # it runs
+    queued_pod = pod(fake_kube, "heavy", "train-1", HEAVY, started=None, queued_at=START)
+    waiting = format_explanation({"pod": pod_record(queued_pod), "namespace": status, "metering": None, "idle": None})
+    assert ("Fair-share queue: waiting behind the gate gpusharing.io/fair-share: the controller releases it to "
+            "kube-scheduler when GPUs come free, the lightest namespace's pods first") in " ".join(waiting.split())
     table = text.split("\n\n", 1)[1].splitlines()
     assert table[0].split() == ["LEVEL", "NODE", "SHARE", "USAGE", "RATIO", "RANK"]
     assert table[1].split() == ["1", "dept.research", "1.000", "1.000", "1.00", "1/1"]
@@ -471,34 +441,3 @@ def test_explain_compares_the_pod_s_path_with_the_namespace_it_was_preempted_for
     assert "Preempted for: pod c61e1961, of a namespace whose figures are not yours to read" in " ".join(
         format_explanation(unknown).split()
     )
-
-
-def test_a_heavy_namespace_s_own_waiting_pods_do_not_shield_its_pods_above_its_band() -> None:
-    """The cluster tier's case: light and heavy both wait in the middle band; room is made for light, the lighter,
-    from heavy's pods admitted above heavy's band now, never for heavy from light's."""
-    pods = [
-        recorded("lw", "light", MIDDLE, started=None, waiting_since=0),
-        recorded("hw", "heavy", MIDDLE, started=None, waiting_since=0),
-        recorded("h-0", "heavy", LIGHT),
-        recorded("h-1", "heavy", MIDDLE),
-        recorded("l-0", "light", LIGHT),
-    ]
-    plan = rebalance(pods, BANDS, {"light": 0, "heavy": 2}, {}, at(1200), GRACE, MIN_RUN)
-    assert [p.name for p in plan.waiting] == ["lw"] and [p.name for p in plan.evict] == ["h-0"]
-
-
-def test_on_a_simulated_cluster_under_a_backlog_the_bands_bring_every_team_nearer_its_weight() -> None:
-    """The controller's pass and the webhook's band as they are, on issue 39's cluster simulated (16 GPUs, teams
-    weighted 4 : 2 : 2, the last a department of two namespaces, each Job keeping 40 pods of about 24 s): nearer each
-    team's share than first come, first served, and the department's excess below a third (docs/fair-share.md,
-    Convergence: not yet within 10 %)."""
-    settings = Settings(dt.timedelta(seconds=30), 2.0, dt.timedelta(seconds=10), dt.timedelta(seconds=5),
-                        FairShareBands(DEFAULT_BAND_CLASSES, (0.8, 1.25), 0.1, dt.timedelta(0)))
-    teams = [Team("a", 4, 40, 24), Team("b", 2, 40, 24), Team("d1", 3, 40, 24, "dept"), Team("d2", 3, 40, 24, "dept")]
-    for seed in range(3):
-        banded = Simulation(16, [Group("dept", 2)], teams, settings, seed).run(270, 30)
-        served = Simulation(16, [Group("dept", 2)], teams, settings, seed, fair_share=False).run(270, 30)
-        assert banded.entitled == {"a": 0.5, "b": 0.25, "d1": 0.125, "d2": 0.125}
-        assert all(abs(banded.off_by(name)) < abs(served.off_by(name)) for name in ("a", "d1", "d2")), (
-            banded.gpu_seconds, served.gpu_seconds)
-        assert banded.off_by("d1") + banded.off_by("d2") < 2 / 3

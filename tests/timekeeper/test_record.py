@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER
+from gpusharing.contract import ANNOTATION_GPU_SHARE, BILLING_FINALIZER, FAIR_SHARE_GATE
 from gpusharing.gpu.dra import allocated_claim_spec, claim_spec
 from gpusharing.gpu.request import GpuRequestSettings
 from timekeeper.accounting.ledger import Observation
@@ -63,6 +63,17 @@ def test_the_record_says_whether_the_webhook_admitted_the_pod_out_of_budget(
     pod["metadata"]["annotations"].update(annotations)
     record = recorded_pod(pod, SETTINGS)
     assert record is not None and record.demoted is demoted
+
+
+def test_the_record_says_where_the_pod_waits_in_the_fair_share_queue_and_since_when() -> None:
+    pod = governed(creationTimestamp="2026-11-25T09:59:00Z", status={"phase": "Pending", "startTime": None})
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/data-ready"}, {"name": FAIR_SHARE_GATE}]
+    record = recorded_pod(pod, SETTINGS)
+    assert record is not None and record.gate == 1
+    assert record.created_at == dt.datetime(2026, 11, 25, 9, 59, tzinfo=dt.timezone.utc)
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/data-ready"}]  # another's gate: not in our queue
+    released = recorded_pod(pod, SETTINGS)
+    assert released is not None and released.gate is None
 
 
 def test_a_running_pod_is_billed_from_the_kubelets_start_until_now() -> None:

@@ -1,17 +1,19 @@
 """Admission in fair-share bands (docs/fair-share.md): a GPU pod in budget gets its namespace's band's class from the
 listing the webhook polls, one band lower beyond its fair share of the cluster's GPUs (the burst guard, counting what
-this process admitted since the timekeeper counted), and records band and reason; a tenant cannot name a band."""
+this process admitted since the timekeeper counted), and records band and reason; a tenant cannot name a band. Every
+GPU pod of a namespace with fair share on waits behind the fair-share scheduling gate, and may not name its node."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jsonpatch
+import kubernetes_validate
 from flask.testing import FlaskClient
 
 from demo.apiserver import admission_review
 from tests.webhook.conftest import FakeTimekeeper
-from tests.webhook.test_admission import admitted, gpu_pod, patch_of, review
+from tests.webhook.test_admission import KUBERNETES_VERSION, admitted, gpu_pod, patch_of, review
 from webhook.app import create_app
 from webhook.caches.budgets import BudgetStateCache, states_from_listing
 from webhook.config import WebhookConfig
@@ -45,9 +47,11 @@ def whole_gpu_pod(name: str = "infer", **spec: Any) -> dict[str, Any]:
     return pod
 
 
-def listed(timekeeper: FakeTimekeeper, fair_share: dict[str, Any] | None, state: str = "in-budget") -> BudgetStateCache:
+def listed(timekeeper: FakeTimekeeper, fair_share: dict[str, Any] | None, state: str = "in-budget",
+           on: bool = True) -> BudgetStateCache:
+    """The listing of namespace ml-team, ranked in `fair_share` (None: not ranked); `on`: fair share is on."""
     timekeeper.items = [{"namespace": "ml-team", "state": state, **({"fairShare": fair_share} if fair_share else {})}]
-    timekeeper.extra = {"fairShare": {"classes": CLASSES}}
+    timekeeper.extra = {"fairShare": {"classes": CLASSES}} if on else {}
     cache = BudgetStateCache(timekeeper.url)
     assert cache.refresh()
     return cache
@@ -147,6 +151,8 @@ def test_out_of_budget_and_unranked_namespaces_are_admitted_as_without_fair_shar
         unranked["spec"]["priorityClassName"] == "gpusharing-in-budget"
         and BAND not in unranked["metadata"]["annotations"]
     )
+    # but queued all the same: a namespace not ranked yet does not skip the queue
+    assert over["spec"]["schedulingGates"] == unranked["spec"]["schedulingGates"] == [GATE]
 
 
 def test_a_listing_s_band_the_webhook_cannot_read_leaves_the_namespace_unranked() -> None:
@@ -162,3 +168,64 @@ def test_a_listing_s_band_the_webhook_cannot_read_leaves_the_namespace_unranked(
         assert states.of("ml-team").fair_share is None, bad
     assert states.band_classes == tuple(CLASSES)
     assert states_from_listing({"items": [], "fairShare": {"classes": "light"}}).band_classes == ()
+
+
+# The fair-share gate (Kueue's admission gate): while fair share is on in a namespace, each of its GPU pods waits
+# behind a scheduling gate, which the timekeeper's controller removes in fair-share order.
+GATE = {"name": "gpusharing.io/fair-share"}
+
+
+def test_with_fair_share_on_a_gpu_pod_in_budget_waits_behind_the_fair_share_gate(timekeeper: FakeTimekeeper) -> None:
+    response, mutated = admitted(client_of(listed(timekeeper, ranked())), whole_gpu_pod())
+    assert mutated["spec"]["schedulingGates"] == [GATE]
+    assert {"op": "add", "path": "/spec/schedulingGates", "value": [GATE]} in patch_of(response)
+    kubernetes_validate.validate(mutated, KUBERNETES_VERSION, strict=True)
+
+
+def test_with_fair_share_on_a_gpu_pod_out_of_budget_waits_behind_the_gate_too(timekeeper: FakeTimekeeper) -> None:
+    over = admitted(client_of(listed(timekeeper, ranked(), state="over-budget")), whole_gpu_pod())[1]
+    assert over["spec"]["priorityClassName"] == "gpusharing-over-budget" and over["spec"]["schedulingGates"] == [GATE]
+
+
+def test_with_fair_share_on_a_gpu_pod_of_an_allowed_class_waits_behind_the_gate_too(
+    timekeeper: FakeTimekeeper,
+) -> None:
+    config = WebhookConfig(allowed_priority_classes=frozenset({"research-high"}))
+    client = create_app(config, listed(timekeeper, ranked())).test_client()
+    _, mutated = admitted(client, whole_gpu_pod(priorityClassName="research-high"))
+    assert mutated["spec"]["priorityClassName"] == "research-high" and mutated["spec"]["schedulingGates"] == [GATE]
+
+
+def test_with_fair_share_off_no_gate_is_added(timekeeper: FakeTimekeeper) -> None:
+    response, unranked = admitted(client_of(listed(timekeeper, None, on=False)), whole_gpu_pod())
+    assert "schedulingGates" not in unranked["spec"]
+    assert not [op for op in patch_of(response) if op["path"].startswith("/spec/schedulingGates")]
+
+
+def test_the_gate_is_added_after_the_pod_s_own_gates_which_stay(timekeeper: FakeTimekeeper) -> None:
+    own = [{"name": "example.com/quota"}, {"name": "example.com/data-ready"}]
+    response, mutated = admitted(client_of(listed(timekeeper, ranked())), whole_gpu_pod(schedulingGates=own))
+    assert mutated["spec"]["schedulingGates"] == [*own, GATE]
+    assert {"op": "add", "path": "/spec/schedulingGates/-", "value": GATE} in patch_of(response)
+
+
+def test_a_reinvocation_with_the_gate_present_adds_no_patch(timekeeper: FakeTimekeeper) -> None:
+    client = client_of(listed(timekeeper, ranked()))
+    body = admission_review(whole_gpu_pod(schedulingGates=[{"name": "example.com/quota"}]))
+    mutated = jsonpatch.apply_patch(body["request"]["object"], patch_of(review(client, body)))
+    # the same request's uid, reinvoked after another webhook: its own gate and the pod's stand as they are
+    again = {**body, "request": {**body["request"], "object": mutated}}
+    assert patch_of(review(client, again)) == []
+    assert mutated["spec"]["schedulingGates"] == [{"name": "example.com/quota"}, GATE]
+    assert review(client, again, "/validate")["allowed"]
+
+
+def test_with_fair_share_on_a_pod_that_names_its_node_is_refused_and_says_why(timekeeper: FakeTimekeeper) -> None:
+    response = review(client_of(listed(timekeeper, ranked())), admission_review(whole_gpu_pod(nodeName="gpu-node-1")))
+    assert not response["allowed"] and response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        "fair share is on in namespace 'ml-team': GPU pods wait in its queue and kube-scheduler places them; a pod "
+        "cannot name its node (spec.nodeName): remove it, and choose nodes with a nodeSelector or node affinity"
+    )
+    # With fair share off, the pod is not gated: it may name its node.
+    admitted(client_of(listed(timekeeper, None, on=False)), whole_gpu_pod(nodeName="gpu-node-1"))

@@ -19,6 +19,7 @@ from gpusharing.contract import (
     ANNOTATION_IDLE_HOLD,
     ANNOTATION_SAFE_ADMISSION,
     BILLING_FINALIZER,
+    FAIR_SHARE_GATE,
     IDLE_EXEMPT_LABEL,
     BudgetState,
 )
@@ -55,9 +56,9 @@ class RecordedPod:
     idle_exempt: bool = False
     demoted: bool = False  # admitted out of budget, as the webhook's record says (not its priority class, the tenant's)
     running: bool = False  # its phase is Running, as its kubelet says
-    bound: bool = False  # kube-scheduler bound it to a node (spec.nodeName): it holds its GPUs, or is about to
     band: str | None = None  # the fair-share band's PriorityClass it was admitted in (the webhook's record); None: none
-    unschedulable_since: dt.datetime | None = None  # not scheduled: PodScheduled False for want of room, since then
+    gate: int | None = None  # the index of the fair-share gate among its scheduling gates: it waits in the queue
+    created_at: dt.datetime | None = None  # metadata.creationTimestamp: its place in its namespace's queue
 
     def observation(self, share: float, now: dt.datetime, grace_seconds: float) -> Observation | None:
         """The pod's record now, or None when it never started. A pod whose deletion's grace period has passed by
@@ -112,10 +113,15 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         demoted=annotations.get(ANNOTATION_BUDGET_STATE) == BudgetState.OVER_BUDGET
         or annotations.get(ANNOTATION_SAFE_ADMISSION) == "demoted" or ANNOTATION_IDLE_HOLD in annotations,
         band=_band(annotations.get(ANNOTATION_FAIR_SHARE_BAND)),
-        unschedulable_since=_unschedulable_since(status),
         running=status.get("phase") == "Running",
-        bound=bool(spec.get("nodeName")),
+        gate=_gate(spec.get("schedulingGates")),
+        created_at=instant(metadata.get("creationTimestamp")),
     )
+
+
+def _gate(gates: Any) -> int | None:
+    names = [as_mapping(gate).get("name") for gate in as_list(gates)]
+    return names.index(FAIR_SHARE_GATE) if FAIR_SHARE_GATE in names else None
 
 
 def claimed_share(pod: RecordedPod, settings: GpuRequestSettings, allocated: ClaimLookup) -> tuple[float, str] | None:
@@ -182,14 +188,3 @@ def _share(raw: object) -> float | None:
 def _band(raw: object) -> str | None:
     """The band's class the webhook recorded: a PriorityClass name (DNS subdomain), else nothing."""
     return raw if isinstance(raw, str) and 0 < len(raw) <= 253 else None
-
-
-def _unschedulable_since(status: Mapping[str, Any]) -> dt.datetime | None:
-    """When kube-scheduler last found no room for the pod (its PodScheduled condition False, reason Unschedulable)."""
-    for condition in as_list(status.get("conditions"))[:32]:
-        condition = as_mapping(condition)
-        if condition.get("type") == "PodScheduled":
-            if condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
-                return instant(condition.get("lastTransitionTime"))
-            return None
-    return None

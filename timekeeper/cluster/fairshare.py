@@ -1,17 +1,19 @@
 """The `fairshare` task of the controller's leader (with TIMEKEEPER_FAIRSHARE_ENABLED): each namespace's band ranked
 from its decayed usage down the budget hierarchy (timekeeper.fairshare) and written for the listing and the budgets'
-status; running pods rebalanced.
+status; and the `fairshare-queue` task, more often, which releases the fair-share queue's pods in that order
+(timekeeper.fairshare.queue).
 
-A pod's priority cannot change, so running pods keep the band they were admitted in; only when pods of a higher band
-have waited unschedulable past the grace period are the fewest blocking pods evicted, through the one eviction path,
-to be re-created in their namespace's band now (docs/fair-share.md, "Running pods").
+GPU pods wait behind the fair-share gate until a pass releases them into the room the cluster has; where none comes
+free in time for a namespace below its fair share, the fewest running pods are evicted for it, through the one
+eviction path, their replacements queued in their turn (docs/fair-share.md, "The queue"). With fair share off, the
+`fairshare-queue` task only releases every queued pod (`release_everyone`).
 """
-
 from __future__ import annotations
 
 import datetime as dt
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +33,9 @@ from timekeeper.cluster.resources import FairShareSpec, budget_name, fair_share_
 from timekeeper.config import FairShareSettings
 from timekeeper.database.accounting.fairshare import FairShareLedger, Ranked
 from timekeeper.database.budgets.store import BudgetStore
-from timekeeper.fairshare.bands import BandState, FairShareBands, band_reason, next_band, zero_use_change
+from timekeeper.fairshare.bands import BandState, band_reason, next_band, zero_use_change
 from timekeeper.fairshare.decay import DecayedUsage
+from timekeeper.fairshare.queue import FairShareOrder, HeldPod, QueuedPod, make_room, mean_life, release
 from timekeeper.fairshare.tree import LevelStanding, NamespaceStanding, ShareNode, rank_fair_tree
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,18 @@ class FairSharePass:
     usage: dict[str, float] = field(default_factory=dict)  # decayed GPU-seconds now, by budget name (groups summed)
     cluster_gpus: float = 0.0
     at: dt.datetime | None = None
-    waiting: list[str] = field(default_factory=list)  # namespace/pod: of a higher band, unschedulable past the grace
+    nodes: list[ShareNode] = field(default_factory=list)  # the tree ranked, with each namespace's decayed usage
+    mean_lives: dict[str, float] = field(default_factory=dict)  # by namespace: its half-life over ln 2, seconds
+
+
+@dataclass
+class QueuePass:
+    """What one run of the `fairshare-queue` task did."""
+
+    cluster_gpus: float = 0.0
+    queued: int = 0  # pods that waited behind the gate when the pass began
+    released: list[str] = field(default_factory=list)  # namespace/pod: released from the queue
+    waiting: list[str] = field(default_factory=list)  # namespace/pod: queued past the grace, room made for them
     evicted: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     held_back: list[str] = field(default_factory=list)  # namespaces whose evictions wait for the webhooks
@@ -94,72 +108,33 @@ def path_json(standing: NamespaceStanding) -> str:
                         "ratio": round(s.ratio, 6), "rank": s.rank, "siblings": s.siblings} for s in standing.path])
 
 
-def held_gpus(pods: Sequence[RecordedPod], classes: Sequence[str], bands: Mapping[str, int]) -> dict[str, float]:
-    """The GPUs each namespace's pods in budget hold or are being given, as the burst guard counts them: pods bound to
-    a node, and pods waiting in their namespace's band (`bands`, by namespace) or above it. Pods waiting lower, beyond
-    the fair share, are not counted (Kueue's entry penalty counts what is admitted, not what waits): a team's own
-    queue never pushes its next pods below its band."""
-    index = {name: i for i, name in enumerate(classes)}
+def holds(pod: RecordedPod) -> bool:
+    """Whether a pod holds its GPUs or is being given them: out of the queue (released, or never queued), not ended."""
+    return pod.gate is None and pod.finished_at is None and pod.deleted_at is None
+
+
+def held_gpus(pods: Sequence[RecordedPod]) -> dict[str, float]:
+    """The GPUs each namespace's pods in budget hold or are being given, as the queue and the burst guard count them:
+    what was released from the queue (Kueue's entry penalty counts what is admitted, not what waits)."""
     held: dict[str, float] = {}
     for pod in pods:
-        if pod.finished_at is not None or pod.deleted_at is not None or pod.demoted:
-            continue
-        in_band = pod.band in index and index[pod.band or ""] <= bands.get(pod.namespace, len(classes))
-        if pod.bound or pod.started_at is not None or in_band:
+        if holds(pod) and not pod.demoted:
             held[pod.namespace] = held.get(pod.namespace, 0.0) + pod.admitted
     return held
 
 
-@dataclass(frozen=True)
-class Rebalance:
-    """Who waits and whom to evict for them (plain data, `rebalance`)."""
-
-    waiting: tuple[RecordedPod, ...]
-    evict: tuple[RecordedPod, ...]
+def queued_pods(pods: Sequence[RecordedPod], now: dt.datetime) -> list[QueuedPod]:
+    """The pods waiting behind the fair-share gate."""
+    return [QueuedPod(p.namespace, p.name, p.uid, p.admitted, not p.demoted, p.created_at or now)
+            for p in pods if p.gate is not None and p.finished_at is None and p.deleted_at is None]
 
 
-def rebalance(
-    pods: Sequence[RecordedPod],
-    bands: FairShareBands,
-    current: Mapping[str, int],
-    ratios: Mapping[str, float],
-    now: dt.datetime,
-    grace: dt.timedelta,
-    min_run_time: dt.timedelta,
-) -> Rebalance:
-    """The fewest running pods to evict so that pods of a higher band, unschedulable for longer than `grace`, can
-    preempt their way in: pods admitted in a band no lower than the waiting pods' (so those cannot preempt them)
-    whose namespace's band is now lower than both that and the band of the lightest namespace that waits, heaviest
-    namespace first, biggest pods first, each run for `min_run_time`, each with a controller to re-create it; as
-    many GPUs as that namespace's waiting pods ask for."""
-    index = {name: i for i, name in enumerate(bands.classes)}
-    waiting = [p for p in pods if p.started_at is None and p.deleted_at is None and p.band in index
-               and p.unschedulable_since is not None and now - p.unschedulable_since >= grace]
-    if not waiting:
-        return Rebalance((), ())
-    highest = min(index[p.band] for p in waiting if p.band is not None)
-    waiting = [p for p in waiting if index.get(p.band or "") == highest]
-    # Room is made for the lightest namespace that waits, from namespaces heavier than it: never between equals.
-    lightest = min(current.get(p.namespace, len(bands.classes)) for p in waiting)
-    waiting = [p for p in waiting if current.get(p.namespace, len(bands.classes)) == lightest]
-    needed = sum(p.admitted for p in waiting)
-    candidates = [
-        p for p in pods
-        if p.band in index and index[p.band] <= highest and current.get(p.namespace, -1) > max(index[p.band], lightest)
-        and p.owner is not None and p.running and p.started_at is not None and now - p.started_at >= min_run_time
-        and p.finished_at is None and p.deleted_at is None
-    ]
-    candidates.sort(
-        key=lambda p: (-current[p.namespace], -ratios.get(p.namespace, 0.0), p.namespace, -p.admitted, p.name)
-    )
-    chosen: list[RecordedPod] = []
-    freed = 0.0
-    for pod in candidates:
-        if freed >= needed:
-            break
-        chosen.append(pod)
-        freed += pod.admitted
-    return Rebalance(tuple(waiting), tuple(chosen))
+def held_pods(pods: Sequence[RecordedPod], now: dt.datetime, min_run_time: dt.timedelta) -> list[HeldPod]:
+    """The pods that hold GPUs; evictable once run for `min_run_time`, with a controller to re-create them."""
+    return [HeldPod(p.namespace, p.name, p.uid, p.admitted, not p.demoted,
+                    p.owner is not None and p.running and p.started_at is not None
+                    and now - p.started_at >= min_run_time)
+            for p in pods if holds(p)]
 
 
 class FairShareTask:
@@ -174,8 +149,11 @@ class FairShareTask:
         evictions: EvictionPath,
         events: EventQueue,
         now: Callable[[], dt.datetime],
+        ungate: Callable[[str, str, str, int], bool],
     ):
+        """`ungate(namespace, name, uid, gate_index)` releases a pod from the queue (KubeApi.ungate_pod)."""
         self.settings = settings
+        self.ungate = ungate
         self.ledger = ledger
         self.budgets = budgets
         self.informers = informers
@@ -189,11 +167,17 @@ class FairShareTask:
         items = self.informers.pods.items
         if items is None:
             return None
-        now = self.now()
-        pods = [pod.record for pod in list(items.values())]
-        done = self.rank(pods, now)
-        self._rebalance(pods, done, now)
-        self.last = done
+        self.last = self.rank([pod.record for pod in list(items.values())], self.now())
+        return self.last
+
+    def run_queue(self) -> QueuePass | None:
+        """One pass of the queue, on the tree the last ranking read and the pods and nodes cached now; None until
+        both are listed and the tree ranked."""
+        items, ranked = self.informers.pods.items, self.last
+        if items is None or ranked is None or self.informers.nodes is None or self.informers.nodes.items is None:
+            return None
+        done = QueuePass(cluster_gpus=self.informers.cluster_gpus())
+        self._queue([pod.record for pod in list(items.values())], ranked, done, self.now())
         return done
 
     def rank(self, pods: Sequence[RecordedPod], now: dt.datetime) -> FairSharePass:
@@ -205,15 +189,17 @@ class FairShareTask:
         usage = {
             name: record.usage.at(now, self._half_life(specs.get(name))).gpu_seconds for name, record in records.items()
         }
-        standings = rank_fair_tree(share_nodes(budgets, specs, usage))
+        nodes = share_nodes(budgets, specs, usage)
+        standings = rank_fair_tree(nodes)
         states = {}
         for name, standing in standings.items():
             record = records.get(name)
             previous = None if record is None or record.band is None or record.band_since is None \
                 or record.band >= len(bands.classes) else BandState(record.band, record.band_since)
             states[name] = next_band(bands, previous, standing, now)
-        held = held_gpus(pods, bands.classes, {name: state.band for name, state in states.items()})
-        done = FairSharePass(cluster_gpus=self.informers.cluster_gpus(), at=now)
+        held = held_gpus(pods)
+        done = FairSharePass(cluster_gpus=self.informers.cluster_gpus(), at=now, nodes=nodes,
+                             mean_lives={name: mean_life(self._half_life(specs.get(name))) for name in standings})
         ranked = []
         for name, standing in sorted(standings.items()):
             state = states[name]
@@ -279,25 +265,50 @@ class FairShareTask:
             }
         return result
 
-    # -- running pods ----------------------------------------------------------------------------------------------
+    # -- the queue -------------------------------------------------------------------------------------------------
 
-    def _rebalance(self, pods: Sequence[RecordedPod], done: FairSharePass, now: dt.datetime) -> None:
-        current = {name: s.state.band for name, s in done.standings.items()}
-        ratios = {name: s.standing.ratio for name, s in done.standings.items()}
-        plan = rebalance(
-            pods, self.settings.bands, current, ratios, now, self.settings.grace, self.settings.min_run_time
-        )
+    def _queue(self, pods: Sequence[RecordedPod], ranked: FairSharePass, done: QueuePass, now: dt.datetime) -> None:
+        """Releases what the room allows in fair-share order, then evicts for the pods that waited past the grace."""
+        queued = queued_pods(pods, now)
+        done.queued = len(queued)
+        holding = [p for p in pods if holds(p)]
+        in_budget = math.fsum(p.admitted for p in holding if not p.demoted)
+        everyone = math.fsum(p.admitted for p in holding)
+        capacity = done.cluster_gpus
+        order = FairShareOrder(ranked.nodes, held_gpus(pods), ranked.mean_lives)
+        if capacity <= 0 and queued:
+            # No GPU the nodes advertise can be counted (a backend's resources this version cannot read): no pod is
+            # held back from a GPU kube-scheduler may find free; the bands' priorities alone order them.
+            log.warning("fair share: the nodes offer no GPU the controller can count; %d queued pods released",
+                        len(queued))
+            released = queued
+        else:
+            released = release(order, queued, capacity - in_budget, capacity - everyone)
+        gates = {p.uid: p.gate for p in pods}
+        for pod in released:
+            gate = gates.get(pod.uid)
+            if gate is not None and self.ungate(pod.namespace, pod.name, pod.uid, gate):
+                done.released.append(f"{pod.namespace}/{pod.name}")
+        metrics.FAIR_SHARE_RELEASED.inc(len(done.released))
+        metrics.FAIR_SHARE_QUEUED.set(len(queued) - len(done.released))
+        taken = {pod.uid for pod in released}
+        held = [*held_pods(pods, now, self.settings.min_run_time),
+                *(HeldPod(p.namespace, p.name, p.uid, p.gpus, p.in_budget, False) for p in released)]
+        room = capacity - in_budget - math.fsum(p.gpus for p in released if p.in_budget)
+        plan = make_room(order, [p for p in queued if p.uid not in taken], held, room, capacity, now,
+                         self.settings.grace)
         done.waiting = [f"{p.namespace}/{p.name}" for p in plan.waiting]
-        by_namespace: dict[str, list[RecordedPod]] = {}
-        for pod in plan.evict:
-            by_namespace.setdefault(pod.namespace, []).append(pod)
-        for namespace, victims in by_namespace.items():
-            # Its replacements must be admitted in its band now: every webhook holds a listing read after it changed.
-            since = done.standings[namespace].state.since
-            for_whom, why = self._why(namespace, plan.waiting, done, now)
+        by_namespace: dict[str, list[tuple[HeldPod, QueuedPod]]] = {}
+        for victim, for_pod in plan.evict:
+            by_namespace.setdefault(victim.namespace, []).append((victim, for_pod))
+        for namespace, pairs in by_namespace.items():
+            # Its replacements must be admitted as it stands now: every webhook holds a listing read after it changed.
+            standing = ranked.standings.get(namespace)
+            since = standing.state.since if standing is not None else now
+            for_whom, why = self._why(namespace, pairs[0][1], ranked, now)
             result = self.evictions.evict(
                 f"fair share: {why}",
-                [PodRef(p.namespace, p.name, p.uid) for p in victims],
+                [PodRef(p.namespace, p.name, p.uid) for p, _ in pairs],
                 since.timestamp(),
                 on_evicted=lambda ref, why=why, to=for_whom: self._tell(ref, to, why),  # type: ignore[misc]
             )
@@ -306,17 +317,15 @@ class FairShareTask:
             done.evicted += [str(pod) for pod in result.evicted]
             done.refused += [str(pod) for pod in result.refused]
 
-    def _why(
-        self, namespace: str, waiting: Sequence[RecordedPod], done: FairSharePass, now: dt.datetime
-    ) -> tuple[str, str]:
+    def _why(self, namespace: str, waiting: QueuedPod, done: FairSharePass, now: dt.datetime) -> tuple[str, str]:
         """The namespace the pods are evicted for, and why."""
-        first = min(waiting, key=lambda p: (p.unschedulable_since or now, p.namespace, p.name))
-        waited = format_duration(round((now - (first.unschedulable_since or now)).total_seconds()))
-        classes = self.settings.bands.classes
-        why = (f"pods of namespace {first.namespace} in band {first.band} waited unschedulable for {waited}; "
-               f"{namespace} is now in band {classes[done.standings[namespace].state.band]} "
-               f"({done.standings[namespace].reason}), and its controller re-creates the pod in that band")
-        return first.namespace, why
+        waited = format_duration(round((now - waiting.queued_since).total_seconds()))
+        standing = done.standings.get(namespace)
+        why = (f"pods of namespace {waiting.namespace}, below its fair share, waited in the fair-share queue for "
+               f"{waited}; {namespace} ranks below it"
+               + (f" ({standing.reason})" if standing is not None else "")
+               + ", and its controller re-creates the pod, which waits in the queue in its turn")
+        return waiting.namespace, why
 
     def _tell(self, pod: PodRef, for_whom: str, why: str) -> None:
         # The namespace the pod made room for, as a reference `gpusharing explain` reads (kube-scheduler's Preempted
@@ -324,3 +333,9 @@ class FairShareTask:
         self.events.put(Event(FAIR_SHARE_EVENT, f"evicted for fair share: {why}",
                               about=ObjectRef("v1", "Pod", pod.name, pod.uid, pod.namespace),
                               related=ObjectRef("v1", "Namespace", for_whom, "")))
+
+
+def release_everyone(pods: Sequence[RecordedPod], ungate: Callable[[str, str, str, int], bool]) -> int:
+    """With fair share off, every pod still queued is released (queued before fair share was turned off): how many."""
+    return sum(1 for pod in pods if pod.gate is not None and pod.deleted_at is None
+               and ungate(pod.namespace, pod.name, pod.uid, pod.gate))

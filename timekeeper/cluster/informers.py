@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from gpusharing.gpu.capacity import node_gpus
 from gpusharing.gpu.catalogue import GpuCatalogue
-from gpusharing.gpu.dialects import NVIDIA_GPU
 from gpusharing.gpu.dra import ClaimSpec, allocated_claim_spec
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.watching import WatchedObjects
-from gpusharing.units.quantity import QuantityError, parse_quantity
 from timekeeper import metrics
 from timekeeper.accounting.record import RecordedPod, recorded_pod
 from timekeeper.budgets.commitments import CommittedPod, committed_pod
@@ -43,18 +42,6 @@ def _custom_objects(kube: KubeApi, resource: CustomResource) -> Callable[..., An
     return partial(kube.custom.list_cluster_custom_object, resource.group, resource.version, resource.plural)
 
 
-def node_gpus(obj: Mapping[str, Any]) -> float | None:
-    """The whole GPUs a node offers to pods (allocatable nvidia.com/gpu): what fair share divides. A cordoned node's
-    count for nothing: no new pod gets them."""
-    if isinstance(obj.get("spec"), dict) and obj["spec"].get("unschedulable") is True:
-        return 0.0
-    allocatable = ((obj.get("status") or {}).get("allocatable") or {}) if isinstance(obj.get("status"), dict) else {}
-    try:
-        return float(parse_quantity(str(allocatable.get(NVIDIA_GPU, "0"))))
-    except QuantityError:
-        return 0.0
-
-
 class ClusterInformers:
     def __init__(self, kube: KubeApi, settings: GpuRequestSettings, nodes: bool = False):
         self.pods: WatchedObjects[GovernedPod] = WatchedObjects(
@@ -68,7 +55,8 @@ class ClusterInformers:
         }
         # Fair share's alone (its share of the cluster's GPUs): no node watch, and no RBAC for one, when it is off.
         self.nodes: WatchedObjects[float] | None = (
-            WatchedObjects("nodes", kube.core.list_node, node_gpus) if nodes else None)
+            WatchedObjects("nodes", kube.core.list_node, partial(node_gpus, catalogue=settings.catalogue))
+            if nodes else None)
 
     @property
     def all(self) -> list[WatchedObjects[Any]]:

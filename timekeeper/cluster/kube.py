@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpusharing.contract import BILLING_FINALIZER, TIMEKEEPER_TOKEN_AUDIENCE
+from gpusharing.contract import BILLING_FINALIZER, FAIR_SHARE_GATE, TIMEKEEPER_TOKEN_AUDIENCE
 from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS, api_client
 from timekeeper.cluster.objects import (
     EVENT_NAMESPACE,
@@ -142,6 +142,20 @@ class KubeApi:
         ]
         answer = self._call(f"release pod {namespace}/{name}", self.core.patch_namespaced_pod, name, namespace, patch,
                             answers={404: True, 409: False, 422: False}, _preload_content=False)
+        return answer is not False
+
+    def ungate_pod(self, namespace: str, name: str, uid: str, gate_index: int) -> bool:
+        """Removes the fair-share gate from a queued pod, which kube-scheduler then places. The patch first tests the
+        pod's uid and the gate's place, as release_pod does; False when the pod changed or is gone."""
+        where = f"/spec/schedulingGates/{gate_index}"
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": f"{where}/name", "value": FAIR_SHARE_GATE},
+            {"op": "remove", "path": where},
+        ]
+        answer = self._call(f"release pod {namespace}/{name} from the fair-share queue", self.core.patch_namespaced_pod,
+                            name, namespace, patch, answers={404: False, 409: False, 422: False},
+                            _preload_content=False)
         return answer is not False
 
     def evict(self, namespace: str, name: str, uid: str, send_within: float | None = None) -> EvictionAnswer:

@@ -15,7 +15,8 @@ A new concern is one more task here:
 | commitments | COMMITMENTS | safe admission's committed pods published for the web replicas |
 | utilisation | UTILISATION, if TIMEKEEPER_UTILISATION_SOURCE=prometheus | pods' GPU utilisation from DCGM's series |
 | events | 5 s, and when an Event is queued | sends the queued Events |
-| fairshare | FAIRSHARE, if TIMEKEEPER_FAIRSHARE_ENABLED | bands ranked from decayed usage; room made for higher bands |
+| fairshare | FAIRSHARE, if TIMEKEEPER_FAIRSHARE_ENABLED | bands ranked from decayed usage, written |
+| fairshare-queue | FAIRSHARE_QUEUE | the queue released in fair-share order, room made (off: all released) |
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.budgetsync import BudgetPass, BudgetSync
 from timekeeper.cluster.events import EventQueue
 from timekeeper.cluster.evictions import EvictionPath, LeaseLost
-from timekeeper.cluster.fairshare import FairSharePass, FairShareTask
+from timekeeper.cluster.fairshare import FairSharePass, FairShareTask, QueuePass, release_everyone
 from timekeeper.cluster.idling import IdlePass, Idler
 from timekeeper.cluster.informers import ClusterInformers
 from timekeeper.cluster.kube import KubeApi
@@ -68,6 +69,7 @@ class ControllerPass:
     silent: list[Any] | None = None
     utilisation: UtilisationPass | None = None
     fair_share: FairSharePass | None = None
+    fair_share_queue: QueuePass | None = None
     leading: bool = False
 
 
@@ -106,7 +108,8 @@ class ControllerManager:
         )
         self.commitments = CommitmentPublisher(budgets.db, budgets.clock, identity)
         self.fair_share = None if ledger.fair_share is None else FairShareTask(
-            config.fair_share, ledger.fair_share, budgets, self.informers, self.evictions, self.events, budgets.clock)
+            config.fair_share, ledger.fair_share, budgets, self.informers, self.evictions, self.events, budgets.clock,
+            kube.ungate_pod)
         fair_share_statuses = self.fair_share.statuses if self.fair_share is not None else dict
         self.budget_sync = BudgetSync(
             budgets, kube, self.informers, self.evictions, self.events, lambda: self.idler.last, fair_share_statuses
@@ -131,6 +134,8 @@ class ControllerManager:
             Task("events", intervals.events, self.events.send, leader_only=False),
             *optional,
             *([Task("fairshare", intervals.fairshare, self.fair_share.run)] if self.fair_share is not None else []),
+            Task("fairshare-queue", intervals.fairshare_queue, self.fair_share.run_queue if self.fair_share is not None
+                 else lambda: release_everyone(list((self.informers.records() or {}).values()), kube.ungate_pod)),
         ):
             self.scheduler.add(Task(task.name, task.interval_seconds, _stops_on_lost_lease(task.name, task.run),
                                     task.leader_only))
@@ -192,6 +197,7 @@ class ControllerManager:
             silent=_as(ran.get("silent-meters"), list),
             utilisation=_as(ran.get("utilisation"), UtilisationPass),
             fair_share=_as(ran.get("fairshare"), FairSharePass),
+            fair_share_queue=_as(ran.get("fairshare-queue"), QueuePass),
             leading=self.leading(),
         )
 

@@ -22,13 +22,13 @@ from gpusharing.contract import (
     WEBHOOK_ANNOTATIONS,
 )
 from gpusharing.decoded import as_list, as_mapping
-from gpusharing.fairshare import beyond_fair_share, beyond_process_part
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, no_claims
 from gpusharing.gpu.request import GpuRequest, InvalidGpuRequest, parse_gpu_request
 from gpusharing.kube.owners import controller_of
 from gpusharing.messages import shortened
 from gpusharing.units.quantity import QuantityError, parse_whole_quantity
 from gpusharing.units.share import format_share
+from webhook.admission.fairshare import fair_share_band, named_node, queue_for_fair_share
 from webhook.admission.guard import (
     add_billing_finalizer,
     foreign_timekeeper_token,
@@ -119,6 +119,9 @@ def admit(
         problem = _check_record_matches(pod, record) or missing_billing_finalizer(pod, config)
         return Decision.deny(403, problem, dialect) if problem else Decision(dialect=dialect)
     budget = budget_of(request.namespace)
+    if fair_share.classes and as_mapping(pod.get("spec")).get("nodeName"):
+        # Refused here, before safe admission reserves: the API server would refuse it gated, and say less clearly why.
+        return Decision.deny(403, named_node(request.namespace), dialect)
     weight = config.gpu_request.catalogue.weight_of(gpu.model)
     safe = safe_admission(pod, request.namespace, float(gpu.share), weight, budget, jobs, reserve,
                           dt.datetime.now(dt.timezone.utc), request.uid, request.dry_run, disclose)
@@ -128,7 +131,7 @@ def admit(
         return refusal
     admitted = fair_share.admitted(request.namespace, request.uid) if budget.fair_share is not None else 0.0
     decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose, priorities,
-                         float(gpu.share), admitted, fair_share.processes)
+                         float(gpu.share), admitted, fair_share.processes, queued=bool(fair_share.classes))
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
@@ -296,6 +299,7 @@ def _mutation(
     gpus: float = 0.0,
     admitted: float = 0.0,
     processes: int = 1,
+    queued: bool = False,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
@@ -359,35 +363,12 @@ def _mutation(
         patch.add(pointer("spec", "priorityClassName"), wanted_class)
         unresolved = None if _resolve_priority(spec, priorities(wanted_class), patch) else wanted_class
 
+    if queued:  # fair share is on: every GPU pod queues, out of budget, in an allowed class or not yet ranked too
+        queue_for_fair_share(spec, patch)
     add_billing_finalizer(pod, config, patch)
     _inject_meter(pod, config, record, patch)
     return Decision(patch=patch.operations, warnings=warnings, dialect=dialect, unresolved_priority_class=unresolved,
                     fair_share_gpus=gpus if band is not None else None)
-
-
-def fair_share_band(budget: NamespaceBudget, gpus: float, admitted: float, processes: int = 1) -> tuple[str, str]:
-    """The band's class a GPU pod of `gpus` is admitted in, and why: its namespace's band, or one lower when with it
-    the namespace would hold more than its fair share of the cluster's GPUs (the burst guard, Kueue's entry penalty:
-    a light team's burst does not all take the top band). `admitted`: what this process admitted there since the
-    timekeeper counted the namespace's GPUs; `processes`: the live webhook processes, each of which fills its part
-    of the room left (gpusharing.fairshare.beyond_process_part)."""
-    band = budget.fair_share
-    assert band is not None
-    if band.burst_class == band.band_class or not beyond_process_part(
-        band.held_gpus, band.share_gpus, admitted, gpus, processes
-    ):
-        return band.band_class, band.reason[:MAX_REASON_ANNOTATION]
-    holding = band.held_gpus + admitted
-    if beyond_fair_share(holding, band.share_gpus, gpus):
-        why = f"with this pod it would hold {holding + gpus:g} GPUs, above its fair share of {band.share_gpus:.4g}"
-    else:
-        part = max(0.0, band.share_gpus - band.held_gpus) / processes
-        why = (f"this webhook process admitted {admitted:g} GPUs since they were counted, its part ({part:.4g}) of the "
-               f"room left in its fair share of {band.share_gpus:.4g} GPUs, which {processes} webhook processes share")
-    return band.burst_class, f"{band.reason}; one band lower: {why}"[:MAX_REASON_ANNOTATION]
-
-
-MAX_REASON_ANNOTATION = 512
 
 
 def _resolve_priority(spec: Mapping[str, Any], resolved: ResolvedPriority | None, patch: JsonPatch) -> bool:
