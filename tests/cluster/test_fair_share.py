@@ -279,13 +279,13 @@ def test_equal_teams_never_evict_each_other_and_a_heavy_teams_re_created_namespa
 
 # Convergence (issue 39, docs/fair-share.md): half-lives of seconds, a backlog larger than the cluster, and pods long
 # beside the second a Job controller takes to replace one.
-CONVERGENCE = {"TIMEKEEPER_FAIRSHARE_HALF_LIFE": "30s", "TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS": "1",
+CONVERGENCE = {"TIMEKEEPER_FAIRSHARE_HALF_LIFE": "20s", "TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS": "1",
                "TIMEKEEPER_FAIRSHARE_QUEUE_INTERVAL_SECONDS": "1",
                "TIMEKEEPER_FAIRSHARE_MIN_TIME_IN_BAND": "0", "TIMEKEEPER_FAIRSHARE_GRACE": "10s",
                "TIMEKEEPER_FAIRSHARE_MIN_RUN_TIME": "5s"}
-HALF_LIFE = 30.0
+HALF_LIFE = 20.0
 BACKLOG = 20  # each namespace's Job keeps this many pods running or waiting: more than the cluster's 16 GPUs
-POD_SECONDS = 20
+POD_SECONDS = 15
 
 
 def backlog_job(pool: str) -> dict[str, Any]:
