@@ -35,7 +35,15 @@ from timekeeper.database.accounting.fairshare import FairShareLedger, Ranked
 from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.fairshare.bands import BandState, band_reason, next_band, zero_use_change
 from timekeeper.fairshare.decay import DecayedUsage
-from timekeeper.fairshare.queue import FairShareOrder, HeldPod, QueuedPod, make_room, mean_life, release
+from timekeeper.fairshare.queue import (
+    FairShareOrder,
+    HeldPod,
+    QueuedPod,
+    make_room,
+    mean_life,
+    placeable,
+    release,
+)
 from timekeeper.fairshare.tree import LevelStanding, NamespaceStanding, ShareNode, rank_fair_tree
 
 log = logging.getLogger(__name__)
@@ -283,6 +291,7 @@ class FairShareTask:
                         len(queued))
             released = queued
         else:
+            queued = placeable(queued, capacity)
             released = release(order, queued, capacity - in_budget, capacity - everyone)
         gates = {p.uid: p.gate for p in pods}
         for pod in released:
@@ -290,7 +299,7 @@ class FairShareTask:
             if gate is not None and self.ungate(pod.namespace, pod.name, pod.uid, gate):
                 done.released.append(f"{pod.namespace}/{pod.name}")
         metrics.FAIR_SHARE_RELEASED.inc(len(done.released))
-        metrics.FAIR_SHARE_QUEUED.set(len(queued) - len(done.released))
+        metrics.FAIR_SHARE_QUEUED.set(done.queued - len(done.released))
         taken = {pod.uid for pod in released}
         held = [*held_pods(pods, now, self.settings.min_run_time),
                 *(HeldPod(p.namespace, p.name, p.uid, p.gpus, p.in_budget, False) for p in released)]

@@ -185,6 +185,12 @@ def fits(gpus: float, room: float) -> bool:
     return gpus <= room * (1 + GPU_SLACK) + GPU_SLACK
 
 
+def placeable(queued: Sequence[QueuedPod], capacity: float) -> list[QueuedPod]:
+    """The queued pods that could run were the whole `capacity` free: the others wait without holding the queue, or
+    a pod asking for more GPUs than the cluster has would keep every other pod waiting behind it for ever."""
+    return [pod for pod in queued if fits(pod.gpus, capacity)]
+
+
 def release(order: FairShareOrder, queued: Sequence[QueuedPod], room_in_budget: float, room: float) -> list[QueuedPod]:
     """The queued pods to release now, in order: pods in budget into `room_in_budget` (the capacity no pod in budget
     holds: kube-scheduler preempts pods out of budget for them), the lightest namespace's oldest pod first, until the

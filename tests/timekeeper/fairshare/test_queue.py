@@ -19,6 +19,7 @@ from timekeeper.fairshare.queue import (
     QueuedPod,
     make_room,
     mean_life,
+    placeable,
     release,
 )
 from timekeeper.fairshare.tree import ShareNode, rank_fair_tree
@@ -70,6 +71,16 @@ def test_the_lightest_namespace_keeps_the_room_its_next_pod_needs() -> None:
     # Fractions add up exactly enough: four quarters fill a GPU.
     quarters = [queued(f"q-{i}", "a", since=i, gpus=0.25) for i in range(5)]
     assert names(release(order({"a": 0}), quarters, 1.0, 1.0)) == ["q-0", "q-1", "q-2", "q-3"]
+
+
+def test_a_pod_bigger_than_the_cluster_holds_nobody_back() -> None:
+    """A tenant's pod of 32 GPUs on a cluster of 16, its namespace the lightest, would otherwise keep the room for
+    ever: it is left out of the queue's order, and waits."""
+    pods = [queued("huge", "a", gpus=32), queued("b-0", "b", since=5)]
+    assert names(placeable(pods, 16)) == ["b-0"]
+    assert names(release(order({"a": 0, "b": 3600}), placeable(pods, 16), 1, 1)) == ["b-0"]
+    assert names(release(order({"a": 0, "b": 3600}), pods, 1, 1)) == []  # what it would do in the queue
+    assert names(placeable([queued("whole", "a", gpus=16)], 16)) == ["whole"]
 
 
 def test_pods_out_of_budget_go_only_into_room_that_nobody_in_budget_waits_for() -> None:
