@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
+
+from gpusharing.contract import FAIR_SHARE_GATE
+from gpusharing.decoded import as_list, as_mapping
 
 # What a sum of fractional GPUs may carry of rounding and still be "at" the fair share.
 GPU_SLACK = 1e-9
@@ -89,3 +93,9 @@ def beyond_process_part(
         return beyond_fair_share(held_gpus + admitted_gpus, fair_share_gpus, pod_gpus)
     part = max(0.0, fair_share_gpus - held_gpus) / min(processes, MAX_WEBHOOK_PROCESSES)
     return beyond_fair_share(admitted_gpus, part, pod_gpus)
+
+
+def fair_share_gate(spec: Any) -> int | None:
+    """Where the fair-share gate stands among a pod spec's scheduling gates; None: the pod is not in the queue."""
+    names = [as_mapping(gate).get("name") for gate in as_list(as_mapping(spec).get("schedulingGates"))]
+    return names.index(FAIR_SHARE_GATE) if FAIR_SHARE_GATE in names else None

@@ -20,6 +20,7 @@ from gpusharing.admin.tables import (
 )
 from gpusharing.contract import ANNOTATION_PREFIX, FAIR_SHARE_GATE, IDLE_EXEMPT_LABEL
 from gpusharing.decoded import instant
+from gpusharing.fairshare import fair_share_gate
 from gpusharing.idle.policy import PolicyInForce, idle_policy_from_json
 from gpusharing.idle.verdict import PodFacts, Reading, Streak, outlook, verdict
 from gpusharing.kube.owners import controller_of
@@ -46,8 +47,7 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
         "startTime": (pod.get("status") or {}).get("startTime"),
         "owner": None if owner is None else {"kind": owner.kind, "name": owner.name, "uid": owner.uid},
         "idleExempt": (metadata.get("labels") or {}).get(IDLE_EXEMPT_LABEL) == "true",
-        "queued": any(isinstance(gate, dict) and gate.get("name") == FAIR_SHARE_GATE
-                      for gate in spec.get("schedulingGates") or []),
+        "queued": fair_share_gate(spec) is not None,
     }
 
 

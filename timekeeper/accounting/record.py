@@ -19,11 +19,11 @@ from gpusharing.contract import (
     ANNOTATION_IDLE_HOLD,
     ANNOTATION_SAFE_ADMISSION,
     BILLING_FINALIZER,
-    FAIR_SHARE_GATE,
     IDLE_EXEMPT_LABEL,
     BudgetState,
 )
 from gpusharing.decoded import as_list, as_mapping, instant
+from gpusharing.fairshare import fair_share_gate
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, ClaimUnknown
 from gpusharing.gpu.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
 from gpusharing.kube.owners import Owner, controller_of
@@ -114,14 +114,9 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         or annotations.get(ANNOTATION_SAFE_ADMISSION) == "demoted" or ANNOTATION_IDLE_HOLD in annotations,
         band=_band(annotations.get(ANNOTATION_FAIR_SHARE_BAND)),
         running=status.get("phase") == "Running",
-        gate=_gate(spec.get("schedulingGates")),
+        gate=fair_share_gate(spec),
         created_at=instant(metadata.get("creationTimestamp")),
     )
-
-
-def _gate(gates: Any) -> int | None:
-    names = [as_mapping(gate).get("name") for gate in as_list(gates)]
-    return names.index(FAIR_SHARE_GATE) if FAIR_SHARE_GATE in names else None
 
 
 def claimed_share(pod: RecordedPod, settings: GpuRequestSettings, allocated: ClaimLookup) -> tuple[float, str] | None:

@@ -279,11 +279,11 @@ class FairShareTask:
         """Releases what the room allows in fair-share order, then evicts for the pods that waited past the grace."""
         queued = queued_pods(pods, now)
         done.queued = len(queued)
-        holding = [p for p in pods if holds(p)]
-        in_budget = math.fsum(p.admitted for p in holding if not p.demoted)
-        everyone = math.fsum(p.admitted for p in holding)
+        held_by = held_gpus(pods)
+        in_budget = math.fsum(held_by.values())
+        everyone = math.fsum(p.admitted for p in pods if holds(p))
         capacity = done.cluster_gpus
-        order = FairShareOrder(ranked.nodes, held_gpus(pods), ranked.mean_lives)
+        order = FairShareOrder(ranked.nodes, held_by, ranked.mean_lives)
         if capacity <= 0 and queued:
             # No GPU the nodes advertise can be counted (a backend's resources this version cannot read): no pod is
             # held back from a GPU kube-scheduler may find free; the bands' priorities alone order them.

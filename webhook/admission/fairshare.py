@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpusharing.contract import FAIR_SHARE_GATE
-from gpusharing.decoded import as_mapping
-from gpusharing.fairshare import beyond_fair_share, beyond_process_part
+from gpusharing.fairshare import beyond_fair_share, beyond_process_part, fair_share_gate
 from webhook.admission.patch import JsonPatch, pointer
 from webhook.caches.budgets import NamespaceBudget
 
@@ -25,10 +24,9 @@ def queue_for_fair_share(spec: Mapping[str, Any], patch: JsonPatch) -> None:
     """The fair-share gate among the pod's scheduling gates, which the controller removes in fair-share order
     (Kueue's admission gate); the pod's other gates stay, and a gate already there (a reinvocation) is not added
     again."""
-    gates = spec.get("schedulingGates")
-    if not isinstance(gates, list):
+    if not isinstance(spec.get("schedulingGates"), list):
         patch.add(pointer("spec", "schedulingGates"), [{"name": FAIR_SHARE_GATE}])
-    elif not any(as_mapping(gate).get("name") == FAIR_SHARE_GATE for gate in gates):
+    elif fair_share_gate(spec) is None:
         patch.add(pointer("spec", "schedulingGates", "-"), {"name": FAIR_SHARE_GATE})
 
 
