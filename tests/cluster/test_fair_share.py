@@ -34,7 +34,7 @@ from gpusharing.contract import FAIR_SHARE_GATE
 from tests.cluster.conftest import WEBHOOK_REFRESH_SECONDS
 from tests.cluster.nodes import POOL_LABEL, RUNS_FOR, NodeSimulator
 from tests.cluster.workloads import delete_namespaces, pod, pod_template
-from tests.e2e.system import GpuSharing, wait_for
+from tests.e2e.system import ApiError, GpuSharing, wait_for
 
 LIGHT, MIDDLE, HEAVY = "gpusharing-in-budget-light", "gpusharing-in-budget", "gpusharing-in-budget-heavy"
 BAND, REASON = "gpusharing.io/fair-share-band", "gpusharing.io/fair-share-reason"
@@ -211,6 +211,25 @@ def test_equal_teams_never_evict_each_other_and_a_heavy_teams_re_created_namespa
         )
         time.sleep(2 * WEBHOOK_REFRESH_SECONDS)
 
+        # A tenant skips the queue neither by naming a node nor by binding its pod itself, and its pod bigger than the
+        # cluster, first's oldest, waits alone: it holds nobody back.
+        node = cluster.rest("GET", "/api/v1/nodes", query={"labelSelector": f"{POOL_LABEL}={pool}"})["items"][0]
+        named = pod("named", pod_template("whole", pool))
+        named["spec"]["nodeName"] = node["metadata"]["name"]
+        with pytest.raises(ApiError) as refused:
+            cluster.create(first, named)
+        assert refused.value.status == 403 and "cannot name its node (spec.nodeName)" in refused.value.message
+        huge = pod("huge", pod_template("whole", pool))
+        huge["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = GPUS + 1
+        cluster.create(first, huge)
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "huge"},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node["metadata"]["name"]}}
+        with pytest.raises(ApiError) as unbound:  # not even the cluster admin: the API server binds no gated pod
+            cluster.rest("POST", f"/api/v1/namespaces/{first}/pods/huge/binding", binding)
+        assert unbound.value.status == 409 and "non-empty .spec.schedulingGates" in unbound.value.message
+        # the burst guard's count of first, the next pass's, holds the huge pod no more (it never ran)
+        time.sleep(float(SETTINGS["TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS"]) + 2 * WEBHOOK_REFRESH_SECONDS)
+
         # Both take their fair share at once, then each asks for 2 GPUs more: they wait in the queue, one band lower.
         for team in (first, second):
             cluster.create(team, deployment("train", GPUS // 2, pool))
@@ -219,6 +238,9 @@ def test_equal_teams_never_evict_each_other_and_a_heavy_teams_re_created_namespa
             "both teams' pods to run",
             timeout=120,
         )
+        assert queued([cluster.pod(first, "huge") or {"spec": {}}]), state(cluster, first)
+        cluster.rest("DELETE", f"/api/v1/namespaces/{first}/pods/huge")
+        wait_for(lambda: cluster.pod(first, "huge") is None, "the huge pod to go")
         holding = {team: {p["metadata"]["uid"] for p in running(cluster, team)} for team in (first, second)}
         assert all(bands(live(cluster, team)) == {MIDDLE: GPUS // 2} for team in (first, second))
         for team in (first, second):
