@@ -37,6 +37,7 @@ _PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 _LISTED = {"/api/v1/pods": "pods", "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
            "/apis/gpusharing.io/v1alpha1/gpubudgets": "gpubudgets",
            "/apis/gpusharing.io/v1alpha1/clustergpubudgets": "clustergpubudgets", "/api/v1/nodes": "nodes"}
+_NODE = re.compile(r"^/api/v1/nodes/(?P<name>[^/?]+)$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/events$")
 _NAMESPACE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)$")
 _LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases(?:/(?P<name>[^/]+))?$")
@@ -442,6 +443,11 @@ class FakeKube:
             return 200, {"type": "BOOKMARK", "object": {"kind": "Bookmark", "metadata": {"resourceVersion": "1"}}}
         if method == "GET" and path in _LISTED:
             return self._list(_LISTED[path], urllib.parse.parse_qs(query))
+        if method == "GET" and (match := _NODE.match(path)) is not None:
+            node = next((n for n in self.custom.get("nodes", []) if n["metadata"]["name"] == match["name"]), None)
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{match["name"]}" not found')
+            return 200, node
         if (match := _LEASES.match(path)) is not None:
             return self._lease(method, match["ns"], match["name"] or (body or {}).get("metadata", {}).get("name"), body)
         if method == "GET" and (match := _NAMESPACE.match(path)) is not None:

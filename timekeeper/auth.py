@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, TypeVar
 from gpusharing.caching import TtlCache
 from gpusharing.compat import StrEnum
 from gpusharing.contract import ANNOTATION_GPU_MEMORY, ANNOTATION_GPU_MODEL, ANNOTATION_GPU_SHARE
+from gpusharing.gpu.capacity import node_gpus
+from gpusharing.gpu.catalogue import GpuCatalogue, shipped_catalogue
 from gpusharing.names import NAMESPACE, NODE_NAME, InvalidName, is_group
 from gpusharing.report import MAX_GPU_MEMORY_MIB, MAX_GPU_MODEL, MeterReport
 from gpusharing.settings.env import ConfigError
@@ -141,13 +143,15 @@ class Authenticator:
     `wait_seconds`, then gets a 503 (KubeUnavailable) to try again, while the call goes on for the next try."""
 
     def __init__(self, mode: str, static_tokens: StaticTokens, kube: KubeApi | None, cache_seconds: float = 60.0,
-                 wait_seconds: float = 2.0, node_agent_users: frozenset[str] = frozenset()):
+                 wait_seconds: float = 2.0, node_agent_users: frozenset[str] = frozenset(),
+                 catalogue: GpuCatalogue | None = None):
         if mode == "tokenreview" and kube is None:
             raise ConfigError(
                 "TIMEKEEPER_AUTH=tokenreview needs the Kubernetes API "
                 "(in a cluster, or KUBECONFIG or TIMEKEEPER_KUBECONFIG)"
             )
         self.mode = mode
+        self.catalogue = catalogue or shipped_catalogue()
         self._static = static_tokens
         self._kube = kube
         if mode == "tokenreview" and kube is not None:
@@ -337,6 +341,10 @@ class Authenticator:
         memory = _annotated_number(annotations.get(ANNOTATION_GPU_MEMORY), 0, MAX_GPU_MEMORY_MIB)
         model = annotations.get(ANNOTATION_GPU_MODEL)
         model = model if isinstance(model, str) and len(model) <= MAX_GPU_MODEL else None  # else: the default model's
+        node_name = pod.spec.node_name if pod.spec is not None else None
+        if node_name:  # bound, as a reporting pod is: billed on its node's model, as the controller bills it
+            node = self._kube.read_node(node_name)
+            model = node_gpus(node, self.catalogue).model.name if node is not None else model
         started = pod.status.start_time if pod.status is not None else None
         return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model, started)
 

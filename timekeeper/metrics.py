@@ -99,6 +99,10 @@ FAIR_SHARE_QUEUED = Gauge("gpusharing_controller_fair_share_queued_pods",
                           multiprocess_mode="livesum")
 FAIR_SHARE_RELEASED = Counter("gpusharing_controller_fair_share_released_pods",
                               "GPU pods the fair-share queue released to kube-scheduler.")
+GPU_NODES_UNKNOWN_MODEL = Gauge(
+    "gpusharing_controller_gpu_nodes_unknown_model",
+    "GPU nodes whose GPU model the catalogue does not know (no product label, or a model it lacks): their pods are "
+    "billed on the default model.", multiprocess_mode="livesum")
 LEADING = Gauge("gpusharing_controller_leading", "1 while this controller replica holds the Lease, else 0.",
                 multiprocess_mode="livesum")
 UTILISATION_READINGS = Gauge(
@@ -196,6 +200,12 @@ class LedgerCollector(Collector):
             "intervals.",
         )
         silent.add_metric([], float(self.ledger.silent_meters(self.ledger.fresh_seconds, GONE_AFTER_SECONDS)))
+        disagreeing = GaugeMetricFamily(
+            "gpusharing_timekeeper_meter_model_disagreements",
+            "Pods not ended whose meter names a GPU model other than the one they are billed on (the node's): "
+            "evidence to look into, never the bill.",
+        )
+        disagreeing.add_metric([], float(self.ledger.model_disagreements()))
         over = GaugeMetricFamily(
             "gpusharing_timekeeper_pod_gpu_memory_over_request_bytes",
             "GPU memory a running pod uses beyond what it requested; only pods that overrun are listed.",
@@ -229,7 +239,7 @@ class LedgerCollector(Collector):
         by_namespace = self.commitments.by_namespace() if self.commitments is not None else None
         for ns, commitment in sorted((by_namespace or {}).items()):
             committed.add_metric([ns], commitment.micro_gpu_seconds / MICROS_PER_SECOND)
-        yield from (budget, used, remaining, state, info, top, silent, over, share, seconds, committed)
+        yield from (budget, used, remaining, state, info, top, silent, disagreeing, over, share, seconds, committed)
         if self.idle is not None:
             yield from self._idle(self.idle, statuses)
 

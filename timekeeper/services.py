@@ -156,9 +156,8 @@ def build_services(
     if config.auth == "none":
         log.warning(NO_AUTH_WARNING)
     tokens = load_static_tokens(config.static_tokens_file) if config.static_tokens_file else StaticTokens({})
-    auth = Authenticator(
-        config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds, config.node_agents
-    )
+    auth = Authenticator(config.auth, tokens, kube, config.auth_cache_seconds, config.auth_wait_seconds,
+                         config.node_agents, config.gpu_request.catalogue)
     # Replicas answer the webhooks alike: what the controller published, what is left of each deadline reckoned by
     # the database's clock.
     commitments = PublishedCommitments(stores.database, stores.clock.now, config.reservation_seconds)

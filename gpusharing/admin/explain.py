@@ -48,6 +48,7 @@ def pod_record(pod: dict[str, Any]) -> dict[str, Any]:
         "owner": None if owner is None else {"kind": owner.kind, "name": owner.name, "uid": owner.uid},
         "idleExempt": (metadata.get("labels") or {}).get(IDLE_EXEMPT_LABEL) == "true",
         "queued": fair_share_gate(spec) is not None,
+        "node": spec.get("nodeName"),
     }
 
 
@@ -130,7 +131,8 @@ def format_explanation(explanation: dict[str, Any]) -> str:
         priority += f" (priority {pod['priority']})"
     lines += [
         ("Dialect", record.get("dialect", "-")),
-        ("GPU share", f"{record.get('gpu-share', '-')} of a GPU, billed per second the pod runs"),
+        ("GPU share", f"{record.get('gpu-share', '-')} of a GPU as admitted, billed per second the pod runs"),
+        ("GPU model", _gpu_model(record, pod.get("node"), metering)),
         ("GPU memory", f"{record.get('gpu-memory-mib', '-')} MiB asked for"),
         ("Admitted", f"{record.get('budget-state', 'unknown')}: {_admission_reason(record.get('budget-state'))}"),
         *([("Safe admission", f"{record['safe-admission']}: {_safe_admission_reason(record['safe-admission'])}")]
@@ -255,6 +257,26 @@ def _fair_share(record: dict[str, Any], status: ListedBudget | None) -> list[tup
         change = band.zero_use_change
         lines.append(("At zero use", f"its band would rise at {change}" if change else "its band would not rise"))
     return lines
+
+
+def _gpu_model(record: dict[str, Any], node: str | None, ledger: dict[str, Any] | None) -> str:
+    """The model (and share) the pod was admitted on beside the one it is billed on, and why they differ: admission
+    reads the models a pod names, else the catalogue's default; once bound, it is billed for its node's GPU."""
+    admitted = f"{record.get('gpu-model') or 'the default model'} (share {record.get('gpu-share', '-')})"
+    billed, share = (ledger or {}).get("gpuModel"), (ledger or {}).get("gpuShare")
+    if billed is None:
+        where = f"once billed, node {node}'s model" if node else "once bound and billed, its node's model"
+        return f"admitted on {admitted}, the model it names or else the catalogue's default; billed on {where}"
+    text = f"billed on {billed} (share {share:g})" + (f", the GPUs of node {node}" if node else "")
+    if billed == record.get("gpu-model") and f"{share:g}" == f"{float(record.get('gpu-share') or 0):g}":
+        text += ", as admitted"
+    else:
+        text += (f"; admitted on {admitted}, the model it names or else the catalogue's default: a pod is billed "
+                 "for the GPU it got, never below what was admitted")
+    meter = ledger.get("meterGpuModel") if ledger else None
+    if meter and meter != billed:
+        text += f"; its meter names {meter}, evidence only (gpusharing_timekeeper_meter_model_disagreements)"
+    return text
 
 
 def _billing(ledger: dict[str, Any] | None) -> list[tuple[str, str]]:

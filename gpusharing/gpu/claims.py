@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -98,7 +98,7 @@ def claimed_gpus(
 
 
 def price_claim(
-    claim: str, requests: list[tuple[str, list[DeviceAlternative]]], devices_per_node: int, model: GpuModel
+    claim: str, requests: Sequence[tuple[str, Sequence[DeviceAlternative]]], devices_per_node: int, model: GpuModel
 ) -> list[ClaimGpuRequest]:
     """Each request billed for the costliest of its alternatives (the scheduler takes the first it can have)."""
     priced = []

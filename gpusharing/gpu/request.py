@@ -2,30 +2,29 @@
 
 ``parse_gpu_request`` reads a Pod (as the API server sends it, JSON) in whichever dialect it speaks, as that
 dialect's backend reads it (`gpusharing.gpu.dialects`), prices what it asks on the GPU model it will run on
-(`gpusharing.gpu.catalogue`) and returns one normalized ``GpuRequest`` with the warnings the reading gave, ``None`` when
-the pod asks for no GPU, or raises ``InvalidGpuRequest`` carrying every rule the pod breaks, each naming where, the
-key, the value and the rule.
+(`gpusharing.gpu.catalogue`, `gpusharing.gpu.pricing`) and returns one normalized ``GpuRequest`` with the warnings the
+reading gave, ``None`` when the pod asks for no GPU, or raises ``InvalidGpuRequest`` carrying every rule the pod
+breaks, each naming where, the key, the value and the rule. ``read_gpu_asks`` stops before the price: what the pod
+asks, to be priced on any model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from decimal import Context, Decimal, localcontext
+from decimal import localcontext
 from typing import Any
 
 from gpusharing.decoded import as_list, as_mapping
-from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, PodModels, describe, pod_models, shipped_catalogue
-from gpusharing.gpu.claims import ClaimGpuRequest, claimed_gpus, price_claim
+from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, PodModels, pod_models, shipped_catalogue
+from gpusharing.gpu.claims import ClaimGpuRequest, claimed_gpus
 from gpusharing.gpu.dialects import (
     KAI_ANNOTATIONS,
     KAI_FRACTION,
     NVIDIA_GPU,
-    ContainerAsk,
     Dialect,
     DialectReading,
     HamiSettings,
-    Source,
     dialect_of_key,
     is_gpu_key,
     read_aliyun,
@@ -37,23 +36,26 @@ from gpusharing.gpu.dra import (
     no_claims,
 )
 from gpusharing.gpu.fields import Container, ContainerRole, Errors, GpuRequestError, InvalidGpuRequest
-from gpusharing.gpu.mig import dynamic_slice
 from gpusharing.gpu.nvidia import kai_refusals, kai_requests_gpu, read_kai, read_nvidia
+from gpusharing.gpu.pricing import (
+    SHARE_ARITHMETIC,
+    ContainerGpuRequest,
+    DevicesAsked,
+    GpuRequest,
+    PodGpuAsks,
+    effective_pod_total,
+)
 from gpusharing.messages import shortened
-from gpusharing.units.quantity import MAX_DIGITS, MAX_EXPONENT, QuantityError, parse_quantity
-from gpusharing.units.share import MAX_GPU_SHARE, format_share
+from gpusharing.units.quantity import QuantityError, parse_quantity
+from gpusharing.units.share import format_share
 
 __all__ = [
     "ContainerGpuRequest", "ClaimGpuRequest", "ContainerRole", "Dialect", "GpuRequest", "GpuRequestError",
-    "GpuRequestSettings", "HamiSettings", "InvalidGpuRequest", "as_list", "as_mapping", "effective_pod_total",
-    "format_share", "parse_gpu_request",
+    "GpuRequestSettings", "HamiSettings", "InvalidGpuRequest", "PodGpuAsks", "as_list", "as_mapping",
+    "admission_models", "effective_pod_total", "format_share", "parse_gpu_request", "read_gpu_asks",
 ]
 
-# Inputs are bounded (gpusharing.units.quantity), so shares are sums of products that fit this precision whole:
-# a share is only rounded once, upwards, by format_share.
-_SHARE_ARITHMETIC = Context(prec=4 * (MAX_DIGITS + MAX_EXPONENT))
 MAX_CONTAINERS = 1000  # init containers and containers of one pod: far beyond any real pod, and read in milliseconds
-MAX_WARNINGS = 10  # the API server shows each; a pod of a thousand containers gets ten and a count
 DEFAULT_DRA_GPU_CLASSES = frozenset({"gpu.nvidia.com", "mig.nvidia.com"})
 
 
@@ -68,76 +70,37 @@ class GpuRequestSettings:
     dra_devices_per_node: int = 8  # billed for a claim of all the matching devices of a node
 
 
-@dataclass(frozen=True)
-class ContainerGpuRequest:
-    """What one container gets of each of its devices, and the share it is billed for."""
-
-    container: str
-    role: ContainerRole
-    devices: int
-    compute_fraction: Decimal  # of each device, 0 < f <= 1
-    memory_mib: int  # of each device
-    share: Decimal  # devices × max(compute fraction, memory fraction)
-    mig_profile: str | None = None
-    compute_limit: Decimal | None = None  # gpu-manager's burst ceiling (vcuda-core-limit), not billed
-
-    def to_dict(self) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "container": self.container,
-            "role": str(self.role),
-            "devices": self.devices,
-            "computeFraction": format_share(self.compute_fraction),
-            "memoryMiB": self.memory_mib,
-            "share": format_share(self.share),
-        }
-        if self.mig_profile is not None:
-            record["migProfile"] = self.mig_profile
-        if self.compute_limit is not None:
-            record["computeLimit"] = format_share(self.compute_limit)
-        return record
-
-
-@dataclass(frozen=True)
-class GpuRequest:
-    """A pod's GPU request in every dialect alike: what the webhook records on the pod and the timekeeper bills."""
-
-    dialect: Dialect
-    containers: tuple[ContainerGpuRequest, ...]
-    share: Decimal  # the pod's billed GPU share: Kubernetes' effective-request rule, plus its claims
-    memory_mib: int  # GPU memory the pod holds, all devices together, by the same rule
-    model: str  # the GPU model its memory was divided by
-    claims: tuple[ClaimGpuRequest, ...] = ()
-    mps: bool = False  # KAI runs the fraction under MPS (same bill)
-    warnings: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "dialect": str(self.dialect),
-            "share": format_share(self.share),
-            "memoryMiB": self.memory_mib,
-            "model": self.model,
-            "containers": [c.to_dict() for c in self.containers],
-        }
-        if self.claims:
-            record["claims"] = [c.to_dict() for c in self.claims]
-        if self.mps:
-            record["mps"] = True
-        return record
-
-
 def parse_gpu_request(
-    pod: Mapping[str, Any], settings: GpuRequestSettings = GpuRequestSettings(), claims: ClaimLookup = no_claims
+    pod: Mapping[str, Any], settings: GpuRequestSettings = GpuRequestSettings(), claims: ClaimLookup = no_claims,
+    on_model: GpuModel | None = None,
 ) -> GpuRequest | None:
     """The pod's GPU request in one normalized record; None when it asks for no GPU.
 
-    `claims` finds the specs of the resource claims the pod names. Raises InvalidGpuRequest listing every rule the
-    pod breaks.
+    `claims` finds the specs of the resource claims the pod names; `on_model`, the model of the node it is bound to,
+    replaces the models it names (or the default). Raises InvalidGpuRequest listing every rule the pod breaks.
     """
-    with localcontext(_SHARE_ARITHMETIC):
-        return _parse_gpu_request(pod, settings, claims)
+    asks = read_gpu_asks(pod, settings, claims)
+    if asks is None:
+        return None
+    models = PodModels((on_model,), True) if on_model is not None else admission_models(pod, asks, settings)
+    return asks.priced(models, settings.dra_devices_per_node)
 
 
-def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuRequestSettings, lookup: ClaimLookup) -> GpuRequest | None:
+def admission_models(pod: Mapping[str, Any], asks: PodGpuAsks, settings: GpuRequestSettings) -> PodModels:
+    """The models the pod may run on, as admission reads them before it is bound: those it names, else the default."""
+    return pod_models(pod, settings.catalogue, read_gpu_type=asks.dialect is Dialect.HAMI)
+
+
+def read_gpu_asks(
+    pod: Mapping[str, Any], settings: GpuRequestSettings = GpuRequestSettings(), lookup: ClaimLookup = no_claims
+) -> PodGpuAsks | None:
+    """What the pod asks of the GPUs it gets, before their model is known; None when it asks for no GPU. Raises
+    InvalidGpuRequest listing every rule the pod breaks in its dialect."""
+    with localcontext(SHARE_ARITHMETIC):
+        return _read_gpu_asks(pod, settings, lookup)
+
+
+def _read_gpu_asks(pod: Mapping[str, Any], settings: GpuRequestSettings, lookup: ClaimLookup) -> PodGpuAsks | None:
     errors = Errors()
     spec = as_mapping(pod.get("spec"))
     metadata = as_mapping(pod.get("metadata"))
@@ -163,68 +126,16 @@ def _parse_gpu_request(pod: Mapping[str, Any], settings: GpuRequestSettings, loo
         raise InvalidGpuRequest(errors)
     if not reading.asks and not claimed:
         return None  # e.g. nvidia.com/gpu: 0, or claims of no GPU device
-    models = pod_models(pod, settings.catalogue, read_gpu_type=dialect is Dialect.HAMI)
-    model = _model_for(models, reading)
-    _check_fits(model, models, reading, errors)
-    if errors:
-        raise InvalidGpuRequest(errors)
-    priced = [_price(ask, model) for ask in reading.asks]
-    claim_requests = [
-        request
-        for claim, alternatives in claimed
-        for request in price_claim(claim, alternatives, settings.dra_devices_per_node, model)
-    ]
-    order = [c.name for c in containers]
-    share = effective_pod_total(priced, order, lambda r: r.share) + sum((c.share for c in claim_requests), Decimal(0))
-    memory = effective_pod_total(priced, order, lambda r: Decimal(r.devices * r.memory_mib))
-    memory += sum(c.devices * c.memory_mib for c in claim_requests)
-    if share > MAX_GPU_SHARE:
-        errors.add(
-            "pod",
-            "",
-            None,
-            f"is billed for {format_share(share)} GPUs in all, more than the {MAX_GPU_SHARE} one pod may be",
-        )
-        raise InvalidGpuRequest(errors)
-    warnings = [*models.warnings, *reading.warnings]
-    if len(warnings) > MAX_WARNINGS:
-        warnings = [*warnings[: MAX_WARNINGS - 1], f"and {len(warnings) - MAX_WARNINGS + 1} more warnings"]
-    return GpuRequest(
+    return PodGpuAsks(
         dialect or Dialect.DRA,
-        tuple(priced),
-        share,
-        int(memory),
-        model.name,
-        tuple(claim_requests),
+        tuple(DevicesAsked.of(ask) for ask in reading.asks),
+        tuple(c.name for c in containers),
+        tuple(reading.pod_demands),
+        tuple((claim, tuple((name, tuple(alternatives)) for name, alternatives in requests))
+              for claim, requests in claimed),
         reading.mps,
-        tuple(warnings),
+        tuple(reading.warnings),
     )
-
-
-def effective_pod_total(
-    requests: Iterable[ContainerGpuRequest], order: list[str], value: Callable[[ContainerGpuRequest], Decimal]
-) -> Decimal:
-    """Kubernetes' effective request of `value`: the larger of any init container (with the native sidecars declared
-    before it) and all regular containers plus all native sidecars."""
-    by_name: dict[str, tuple[ContainerRole, Decimal]] = {}
-    for request in requests:
-        _, total = by_name.get(request.container, (request.role, Decimal(0)))
-        by_name[request.container] = (request.role, total + value(request))
-    sidecars_so_far = Decimal(0)
-    largest_init = Decimal(0)
-    steady = Decimal(0)
-    for name in order:
-        if name not in by_name:
-            continue
-        role, amount = by_name.pop(name)
-        if role is ContainerRole.INIT:
-            largest_init = max(largest_init, amount + sidecars_so_far)
-        elif role is ContainerRole.SIDECAR:
-            sidecars_so_far += amount
-            steady += amount
-        else:
-            steady += amount
-    return max(largest_init, steady)
 
 
 def _containers(spec: Mapping[str, Any], hami: HamiSettings, errors: Errors) -> Iterable[Container]:
@@ -328,68 +239,3 @@ def _read(
     return read_nvidia(containers, errors)
 
 
-# ---- the GPU model, and what the pod's asks cost on it -------------------------------------------------------------
-
-
-def _demands(reading: DialectReading) -> list[tuple[int, Source]]:
-    """The memory sizes one device must hold."""
-    demands = [
-        (a.ask.memory_mib, a.ask.source)
-        for a in reading.asks
-        if a.ask.memory_mib is not None and a.ask.source is not None
-    ]
-    return demands + reading.pod_demands
-
-
-def _model_for(models: PodModels, reading: DialectReading) -> GpuModel:
-    """The smallest model the pod may run on that holds what it asks of one device (the largest share billed among
-    the devices it may get), else the largest (whose refusal says why)."""
-    needed = max((mib for mib, _ in _demands(reading)), default=0)
-    return next((m for m in models.candidates if m.memory_mib >= needed), models.candidates[-1])
-
-
-def _check_fits(model: GpuModel, models: PodModels, reading: DialectReading, errors: Errors) -> None:
-    if not models.named:
-        whose = "the default GPU model; a pod names its own by nvidia.com/gpu.product or HAMi's nvidia.com/use-gputype"
-    elif len(models.candidates) > 1:
-        whose = "the largest GPU model the pod may run on"
-    else:
-        whose = "the pod's GPU model"
-    for memory, source in _demands(reading):
-        if memory > model.memory_mib:
-            what = f"asks for {memory} MiB" if source.subject != "pod" else f"asks for {memory} MiB over its containers"
-            errors.add(source.subject, source.key, source.raw,
-                       f"{what}, more than a device has ({describe(model)}, {whose})")
-
-
-def _price(ask: ContainerAsk, model: GpuModel) -> ContainerGpuRequest:
-    device = ask.ask
-    profile = None
-    if device.mig is not None:
-        compute = device.mig.compute(model.mig_compute_slices)
-        memory_fraction = device.mig.memory(model.memory_mib)
-        memory_mib = device.mig.memory_mib
-        profile = device.mig.profile
-    else:
-        if device.memory_mib is not None:
-            memory_mib, memory_fraction = device.memory_mib, Decimal(device.memory_mib) / model.memory_mib
-        elif device.memory_fraction is not None:
-            memory_fraction = device.memory_fraction
-            memory_mib = int(device.memory_fraction * model.memory_mib)
-        else:
-            memory_mib, memory_fraction = model.memory_mib, Decimal(1)
-        compute = device.compute if device.compute is not None else memory_fraction
-        if device.dynamic_mig:
-            carved = dynamic_slice(memory_mib, model.mig_compute_slices, model.memory_mib)
-            if device.mig_only or carved.share(model.mig_compute_slices, model.memory_mib) > max(
-                compute, memory_fraction
-            ):
-                compute, memory_mib = carved.compute(model.mig_compute_slices), carved.memory_mib
-                memory_fraction = carved.memory(model.memory_mib)
-                profile = carved.profile
-    share = ask.devices * max(compute, memory_fraction)
-    c = ask.container
-    return ContainerGpuRequest(c.name, c.role, ask.devices, compute, memory_mib, share, profile, ask.compute_limit)
-
-
-# ---- resource claims (DRA) -----------------------------------------------------------------------------------------

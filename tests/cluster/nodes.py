@@ -2,12 +2,13 @@
 
 The simulator creates Nodes with the extended resources of one GPU dialect each, renews their Leases, and plays the
 kubelet for the pods bound to them: a bound pod is marked Running as a kubelet reports it (startTime, every
-container running since `startedAt`, Ready); a pod annotated with `cluster.gpusharing.io/runs-for` (seconds) finishes
-after that long (containers terminated with exit code 0, phase Succeeded); a pod given a deletionTimestamp (deleted,
-evicted, preempted) has its meter stopped with SIGTERM and, once its containers have stopped (after
-`cluster.gpusharing.io/stops-after` seconds, for a workload slow to stop), their ends recorded in its status (exit
-code 143, phase Failed) and is removed, as a kubelet removes it (the API server keeps it until the timekeeper has
-closed its bill and released its billing finalizer).
+container running since `startedAt`, Ready; `cluster.gpusharing.io/records-start-after` seconds after its containers
+and its meter started, for a kubelet slow to write it); a pod annotated with `cluster.gpusharing.io/runs-for`
+(seconds) finishes after that long (containers terminated with exit code 0, phase Succeeded); a pod given a
+deletionTimestamp (deleted, evicted, preempted) has its meter stopped with SIGTERM and, once its containers have
+stopped (after `cluster.gpusharing.io/stops-after` seconds, for a workload slow to stop), their ends recorded in its
+status (exit code 143, phase Failed) and is removed, as a kubelet removes it (the API server keeps it until the
+timekeeper has closed its bill and released its billing finalizer).
 
 Meters (the simulator's `meters`, or a pod's `cluster.gpusharing.io/meter` annotation): with "process" each pod's
 injected meter runs as a real `gpusharing meter` process with the environment the webhook gave its container and a token
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,8 @@ METER_MODES = ("process", "simulated", "none")
 UTILISATION = "cluster.gpusharing.io/utilisation"  # the GPU utilisation (percent) a simulated meter reports
 # how busy (percent) the node's GPU trace keeps the pod's GPU
 NODE_UTILISATION = "cluster.gpusharing.io/node-utilisation"
+# seconds the kubelet takes to record a pod's start (startTime, Running) after its containers and its meter started
+RECORDS_START_AFTER = "cluster.gpusharing.io/records-start-after"
 POOL_LABEL = "cluster.gpusharing.io/pool"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
@@ -67,14 +70,29 @@ METER_STOP_SECONDS = 10  # a meter gets this long after SIGTERM, as a container 
 GPUS_PER_NODE = 8
 REPORTERS = 8  # simulated meters' reports under way at once
 
-# The extended resources each dialect's device plugin advertises, for a node of GPUS_PER_NODE devices.
-DIALECTS: dict[str, dict[str, str]] = {
-    "hami": {"nvidia.com/gpu": str(GPUS_PER_NODE * 10), "nvidia.com/gpumem": str(GPUS_PER_NODE * 81920),
-             "nvidia.com/gpucores": str(GPUS_PER_NODE * 100)},
-    "whole": {"nvidia.com/gpu": str(GPUS_PER_NODE)},
-    "vcuda": {"tencent.com/vcuda-core": str(GPUS_PER_NODE * 100), "tencent.com/vcuda-memory": str(GPUS_PER_NODE * 320)},
-    "aliyun": {"aliyun.com/gpu-mem": str(GPUS_PER_NODE * 80), "aliyun.com/gpu-count": str(GPUS_PER_NODE)},
-}
+
+def advertised(dialect: str, memory_mib: int, gpus: int = GPUS_PER_NODE) -> dict[str, str]:
+    """The extended resources `dialect`'s device plugin advertises for a node of `gpus` devices of `memory_mib` MiB
+    each: HAMi's vGPU slots (10 a device), its gpumem in MiB and gpucores; gpu-manager's vcuda-memory in 256 MiB units;
+    gpushare's aliyun.com/gpu-mem in whole GiB."""
+    return {
+        "hami": {"nvidia.com/gpu": str(gpus * 10), "nvidia.com/gpumem": str(gpus * memory_mib),
+                 "nvidia.com/gpucores": str(gpus * 100)},
+        "whole": {"nvidia.com/gpu": str(gpus)},
+        "vcuda": {"tencent.com/vcuda-core": str(gpus * 100), "tencent.com/vcuda-memory": str(gpus * memory_mib // 256)},
+        "aliyun": {"aliyun.com/gpu-mem": str(gpus * (memory_mib // 1024)), "aliyun.com/gpu-count": str(gpus)},
+    }[dialect]
+
+
+def mig_slices(profile: str, per_gpu: int, gpus: int = GPUS_PER_NODE) -> dict[str, str]:
+    """What the NVIDIA device plugin advertises (its `mixed` MIG strategy) for a node whose `gpus` devices are each cut
+    into `per_gpu` slices of `profile` (e.g. "3g.71gb")."""
+    return {f"nvidia.com/mig-{profile}": str(gpus * per_gpu)}
+
+
+# The extended resources each dialect's device plugin advertises, for a node of GPUS_PER_NODE devices of 80 GiB.
+DIALECTS: dict[str, dict[str, str]] = {dialect: advertised(dialect, 81920) for dialect in ("hami", "whole", "vcuda",
+                                                                                            "aliyun")}
 
 
 def now_rfc3339() -> str:
@@ -159,8 +177,11 @@ class NodeSimulator:
 
     # --- nodes ----------------------------------------------------------------------------------------------------
 
-    def add_pool(self, pool: str, count: int, dialect: str, pods_per_node: int = 110) -> list[str]:
-        """`count` Ready Nodes advertising `dialect`'s GPU resources, labelled with their pool; their names."""
+    def add_pool(self, pool: str, count: int, dialect: str, pods_per_node: int = 110,
+                 labels: Mapping[str, str] | None = None, resources: Mapping[str, str] | None = None) -> list[str]:
+        """`count` Ready Nodes advertising `dialect`'s GPU resources (`resources` instead, when given: `advertised`,
+        `mig_slices`), labelled with their pool and `labels` (e.g. GPU feature discovery's nvidia.com/gpu.product);
+        their names."""
         names = []
         for index in range(count):
             name = f"sim-{pool}-{index:04d}"
@@ -169,10 +190,11 @@ class NodeSimulator:
                 "memory": "512Gi",
                 "pods": str(pods_per_node),
                 "ephemeral-storage": "1Ti",
-                **DIALECTS[dialect],
+                **(DIALECTS[dialect] if resources is None else resources),
             }
             node = {"apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name,
+                    "metadata": {"name": name, "labels": {**(labels or {}), POOL_LABEL: pool,
+                                                          "kubernetes.io/hostname": name,
                                                           "cluster.gpusharing.io/dialect": dialect}}}
             self._call("POST", "/api/v1/nodes", node)
             address = f"10.{200 + len(self.nodes) // 65536 % 50}.{len(self.nodes) // 256 % 256}.{len(self.nodes) % 256}"
@@ -307,14 +329,14 @@ class NodeSimulator:
         while (item := self._queue.get()) is not None:
             action, pod = item
             try:
-                {"start": self._start_pod, "kill": self._kill_pod, "finish": self._finish, "remove": self._remove_pod}[
-                    action
-                ](pod)
+                actions = {"start": self._start_pod, "record": self._record_start, "kill": self._kill_pod,
+                           "finish": self._finish, "remove": self._remove_pod}
+                actions[action](pod)
             except Exception:  # one pod's failure must not stop the kubelet
                 log.exception("%s of pod %s/%s failed", action, pod["metadata"]["namespace"], pod["metadata"]["name"])
 
     def _start_pod(self, pod: dict[str, Any]) -> None:
-        metadata, spec = pod["metadata"], pod["spec"]
+        metadata = pod["metadata"]
         with self._lock:
             running = self.pods[metadata["uid"]]
         if running.share is not None and running.meter_mode != "none":
@@ -322,6 +344,19 @@ class NodeSimulator:
             if running.meter_mode == "process":
                 running.meter = self._start_meter(pod, running)
         running.started = time.time()
+        records_after = float((metadata.get("annotations") or {}).get(RECORDS_START_AFTER, 0))
+        if records_after:
+            self._at(time.monotonic() + records_after, lambda: self._queue.put(("record", pod)))
+        else:
+            self._record_start(pod)
+
+    def _record_start(self, pod: dict[str, Any]) -> None:
+        """The kubelet writes that the pod's containers run (startTime, now), unless it was stopped meanwhile."""
+        metadata, spec = pod["metadata"], pod["spec"]
+        with self._lock:
+            running = self.pods[metadata["uid"]]
+            if running.uid in self.finished:
+                return
         started = running.recorded_start = now_rfc3339()
         containers = [_container_status(c, "running", started) for c in spec.get("containers", [])]
         inits = [_container_status(c, "running" if c.get("restartPolicy") == "Always" else "completed", started)

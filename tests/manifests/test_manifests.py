@@ -513,6 +513,7 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "pods", "get"),  # a reporting pod's admitted terms; a node agent's pod, the node it runs on
         ("", "pods", "list"),  # the pods bound to a node agent's node (field selector spec.nodeName), never watched
+        ("", "nodes", "get"),  # a reporting pod's node: the GPU model it is billed on
     }
     # The controller: the cluster work.
     assert granted(objects, "gpusharing-controller") == {
@@ -521,6 +522,8 @@ def test_rbac_is_least_privilege(objects: list[dict[str, Any]]) -> None:
         ("", "pods", "watch"),  # billing: what ran; safe admission: what the deadlines commit
         ("", "pods", "patch"),  # the billing finalizer, removed once a pod's bill is closed
         ("", "pods/eviction", "create"),
+        ("", "nodes", "list"),  # a bound pod is billed on its node's GPU model; fair share divides the nodes' GPUs
+        ("", "nodes", "watch"),
         # DRA pods' bills
         ("resource.k8s.io", "resourceclaims", "list"),
         ("resource.k8s.io", "resourceclaims", "watch"),

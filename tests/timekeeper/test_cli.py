@@ -373,3 +373,27 @@ def test_explain_shows_the_bill_from_the_record_and_a_silent_meter() -> None:
     assert (
         fields["Metered"].strip().startswith("no report yet; SILENT since 2026-11-25T10:01:00Z: billed from the record")
     )
+
+
+def test_explain_shows_the_model_and_share_as_admitted_and_as_billed_and_why_they_differ() -> None:
+    from gpusharing.admin.explain import format_explanation
+
+    pod = {"namespace": "ml", "name": "infer", "phase": "Running", "governed": True, "node": "t4-1",
+           "record": {"gpu-share": "0.0625", "gpu-model": "NVIDIA A100-SXM4-80GB"},
+           "priorityClassName": "gpusharing-in-budget", "priority": None, "meter": "native sidecar"}
+    namespace = {"state": "in-budget", "gpuMinutes": None, "usedGpuMinutes": 3.0, "period": "monthly"}
+    ledger = {"gpuSeconds": 20.0, "observedGpuSeconds": 20.0, "meteredGpuSeconds": 0.0, "gpuShare": 1 / 3,
+              "gpuModel": "Tesla T4", "meterGpuModel": "NVIDIA H200", "startedAt": "2026-11-25T10:00:00Z"}
+
+    def model_line(metering: dict[str, object] | None) -> str:
+        explained = format_explanation({"pod": pod, "namespace": namespace, "metering": metering})
+        return dict(line.split(":", 1) for line in explained.splitlines())["GPU model"].strip()
+
+    assert model_line(ledger) == (
+        "billed on Tesla T4 (share 0.333333), the GPUs of node t4-1; admitted on NVIDIA A100-SXM4-80GB (share "
+        "0.0625), the model it names or else the catalogue's default: a pod is billed for the GPU it got, never below "
+        "what was admitted; its meter names NVIDIA H200, evidence only "
+        "(gpusharing_timekeeper_meter_model_disagreements)")
+    same = {**ledger, "gpuShare": 0.0625, "gpuModel": "NVIDIA A100-SXM4-80GB", "meterGpuModel": None}
+    assert model_line(same) == "billed on NVIDIA A100-SXM4-80GB (share 0.0625), the GPUs of node t4-1, as admitted"
+    assert model_line(None).startswith("admitted on NVIDIA A100-SXM4-80GB (share 0.0625)")

@@ -47,7 +47,7 @@ def usage(api: SpecClient, query: str) -> dict[tuple[str, ...], tuple[int, int]]
             for item in body["items"]}
 
 
-def test_each_charge_is_weighted_by_its_model_exactly_across_model_changes_and_period_boundaries(
+def test_each_charge_is_weighted_by_its_model_exactly_across_models_and_period_boundaries(
     api: SpecClient, clock: Clock
 ) -> None:
     api.put("/api/v1/budgets/team-a", json={"gpuMinutes": 60, "period": "monthly"})
@@ -57,24 +57,40 @@ def test_each_charge_is_weighted_by_its_model_exactly_across_model_changes_and_p
     clock.advance(minutes=59, seconds=59, microseconds=999_999)
     charge(api, report(2, 20.000003, gpuModel=H100))  # +10.000002 at 4, the last micro-second of the day
     clock.advance(microseconds=1)  # 2028-02-29 00:00
-    charge(api, report(3, 20.000006))  # NVML gone: the default model, a T4 (weight 1)
-    charge(api, report(4, 20.5, gpuModel="NVIDIA B200"))  # a model the catalogue does not have: the default too
+    charge(api, report(1, 0.000003, pod="no-nvml"))  # NVML gone: the default model, a T4 (weight 1)
+    charge(api, report(1, 0.499997, pod="b200", gpuModel="NVIDIA B200"))  # a model the catalogue lacks: the default
     clock.advance(days=1)  # 2028-03-01: a new day, a new month, a new budget period
-    charge(api, report(5, 21.5, gpuModel=H100))
+    charge(api, report(3, 21.000003, gpuModel=H100))
 
     assert usage(api, "from=2028-02-28&to=2028-03-02&groupBy=day,model") == {
         ("2028-02-28", H100): (20_000_003, 80_000_012),
         ("2028-02-28", L4): (7, 9),
-        ("2028-02-29", T4): (3 + 499_994, 3 + 499_994),
+        ("2028-02-29", T4): (3 + 499_997, 3 + 499_997),
         ("2028-03-01", H100): (1_000_000, 4_000_000),
     }
     assert api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] * 60 == pytest.approx(4.0)
     clock.advance(days=-1)  # February's budget counted February's weighted charges, to the micro-GPU-second
-    assert micros(api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] * 60) == 80_000_012 + 9 + 499_997
+    assert micros(api.get("/api/v1/budgets/team-a").json["usedGpuMinutes"] * 60) == 80_000_012 + 9 + 500_000
     # Grouped any way, the same integers.
     assert usage(api, "from=2028-02-01&to=2028-04-01&groupBy=namespace") == {
-        ("team-a",): (20_000_003 + 7 + 499_997 + 1_000_000, 84_500_018)
+        ("team-a",): (20_000_003 + 7 + 500_000 + 1_000_000, 84_500_021)
     }
+
+
+def test_a_pod_is_billed_on_one_model_for_its_life_and_its_meter_s_other_word_is_kept_as_evidence(
+    api: SpecClient,
+) -> None:
+    charge(api, report(1, 10, gpuModel=H100))
+    charge(api, report(2, 20, gpuModel=L4))  # the device seems to have changed: a pod does not move
+    charge(api, report(3, 30))
+    assert usage(api, "from=2028-02-28&to=2028-03-01&groupBy=model") == {(H100,): (30 * 10**6, 120 * 10**6)}
+    (pod,) = api.get("/api/v1/pods?namespace=team-a").json["items"]
+    assert (pod["gpuModel"], pod["meterGpuModel"]) == (H100, None)  # the last report named none
+    charge(api, report(4, 31, gpuModel="NVIDIA B200"))
+    (pod,) = api.get("/api/v1/pods?namespace=team-a").json["items"]
+    assert (pod["gpuModel"], pod["meterGpuModel"]) == (H100, "NVIDIA B200")  # a name the catalogue lacks, as said
+    text = api.as_(None).get("/metrics").data.decode()
+    assert "gpusharing_timekeeper_meter_model_disagreements 1.0" in text
 
 
 def test_budgets_count_weighted_minutes(api: SpecClient) -> None:

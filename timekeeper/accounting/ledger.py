@@ -38,6 +38,7 @@ class PodLedger:
     ended_at: dt.datetime | None = None  # the record's end: the bill is closed
     # the share billed: the record's, else (off a cluster) what the pod's meter was trusted with
     share: float | None = None
+    model: str | None = None  # the GPU model billed, fixed at the first charge: one model for the pod's life
 
     @property
     def closed(self) -> bool:
@@ -117,18 +118,20 @@ def report(
 
 def observe(ledger: PodLedger, observation: Observation) -> Accounting:
     """What one observation of the API server's record does to a pod's ledger: the time since the last observed
-    (since the start, the first time) is billed at the share, and an ended pod's bill is closed."""
+    (since the start, the first time) is billed at the share (the largest it was observed at), and an ended pod's
+    bill is closed."""
     if ledger.closed:
         return Accounting(Outcome.CLOSED, ledger, 0)
     since = ledger.observed_until or observation.started_at
     until = max(since, observation.until)
+    share = max(observation.share, ledger.share or 0.0)  # a pod's share never goes down: no edit of it lowers a bill
     after = replace(
         ledger,
-        observed=ledger.observed + share_time(observation.share, since, until),
+        observed=ledger.observed + share_time(share, since, until),
         observed_until=until,
         started_at=ledger.started_at or observation.started_at,
         ended_at=until if observation.ended else None,
-        share=observation.share,
+        share=share,
     )
     return _charged(Outcome.CHARGED, ledger, after, 0)
 

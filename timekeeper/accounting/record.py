@@ -24,8 +24,16 @@ from gpusharing.contract import (
 )
 from gpusharing.decoded import as_list, as_mapping, instant
 from gpusharing.fairshare import fair_share_gate
+from gpusharing.gpu.catalogue import GpuModel
 from gpusharing.gpu.dra import ClaimLookup, ClaimSource, ClaimSpec, ClaimUnknown
-from gpusharing.gpu.request import GpuRequestSettings, InvalidGpuRequest, parse_gpu_request
+from gpusharing.gpu.request import (
+    GpuRequestSettings,
+    InvalidGpuRequest,
+    PodGpuAsks,
+    admission_models,
+    parse_gpu_request,
+    read_gpu_asks,
+)
 from gpusharing.kube.owners import Owner, controller_of
 from gpusharing.units.quantity import QuantityError, parse_decimal
 from gpusharing.units.share import MAX_GPU_SHARE, MIN_GPU_SHARE
@@ -44,7 +52,7 @@ class RecordedPod:
     name: str
     share: float | None  # None: priced by its claims' allocations (claimed)
     admitted: float  # the share the webhook recorded at admission, which no update can change: the least billed
-    model: str | None  # the catalogue's model its spec was read on
+    model: str | None  # the catalogue's model its spec was read on: the admission's estimate, before it is bound
     labels: Labels
     started_at: dt.datetime | None  # None: not started, nothing to bill
     finished_at: dt.datetime | None  # its containers' latest finishedAt, once none runs
@@ -59,6 +67,8 @@ class RecordedPod:
     band: str | None = None  # the fair-share band's PriorityClass it was admitted in (the webhook's record); None: none
     gate: int | None = None  # the index of the fair-share gate among its scheduling gates: it waits in the queue
     created_at: dt.datetime | None = None  # metadata.creationTimestamp: its place in its namespace's queue
+    node: str | None = None  # spec.nodeName: the node it is bound to, whose GPU model it is billed on
+    asks: PodGpuAsks | None = None  # what it asks of its GPUs, to price on its node's model (None: claimed, or unread)
 
     def observation(self, share: float, now: dt.datetime, grace_seconds: float) -> Observation | None:
         """The pod's record now, or None when it never started. A pod whose deletion's grace period has passed by
@@ -83,14 +93,19 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
     claimed = None
     share: float | None = admitted
     model = None
+    asks = None
     if as_list(spec.get("resourceClaims")):
         claimed = {"metadata": {"namespace": metadata.get("namespace")}, "spec": _with_claim_names(spec, status)}
         share = None
     else:
         try:
-            gpu = parse_gpu_request(pod, settings)
+            # As the webhook read it, before kube-scheduler bound it: a backend's admission rules (HAMi refuses a pod
+            # created bound to a node) are no reading of what the pod asks.
+            asks = read_gpu_asks({**pod, "spec": {k: v for k, v in spec.items() if k != "nodeName"}}, settings)
+            gpu = None if asks is None else asks.priced(admission_models(pod, asks, settings),
+                                                        settings.dra_devices_per_node)
         except InvalidGpuRequest:  # read as admitted once; only a change of settings since makes it unreadable
-            gpu = None
+            asks = gpu = None
         if gpu is not None:  # never below what was admitted: KAI's fraction is an annotation, which a tenant may lower
             share, model = max(admitted, float(gpu.share)), gpu.model
     finalizers = [f for f in as_list(metadata.get("finalizers")) if isinstance(f, str)]
@@ -116,19 +131,23 @@ def recorded_pod(pod: Mapping[str, Any], settings: GpuRequestSettings) -> Record
         running=status.get("phase") == "Running",
         gate=fair_share_gate(spec),
         created_at=instant(metadata.get("creationTimestamp")),
+        node=_node_name(spec.get("nodeName")),
+        asks=asks,
     )
 
 
-def claimed_share(pod: RecordedPod, settings: GpuRequestSettings, allocated: ClaimLookup) -> tuple[float, str] | None:
-    """A DRA pod's share and model, priced by what its claims were allocated; None while one is not known."""
+def claimed_share(pod: RecordedPod, settings: GpuRequestSettings, allocated: ClaimLookup,
+                  on_model: GpuModel | None = None) -> tuple[float, str] | None:
+    """A DRA pod's share and model, priced by what its claims were allocated (on its node's model, once known);
+    None while one is not known."""
     if pod.claimed is None:
         return None
     try:
-        gpu = parse_gpu_request(pod.claimed, settings, allocated)
+        gpu = parse_gpu_request(pod.claimed, settings, allocated, on_model)
     except InvalidGpuRequest:
         return None
     if gpu is None:
-        return pod.admitted, settings.catalogue.default.name
+        return pod.admitted, (on_model or settings.catalogue.default).name
     return max(pod.admitted, float(gpu.share)), gpu.model
 
 
@@ -178,6 +197,10 @@ def _share(raw: object) -> float | None:
     except QuantityError:
         return None
     return float(value) if Decimal(MIN_GPU_SHARE) <= value <= Decimal(MAX_GPU_SHARE) else None
+
+
+def _node_name(raw: object) -> str | None:
+    return raw if isinstance(raw, str) and 0 < len(raw) <= 253 else None
 
 
 def _band(raw: object) -> str | None:

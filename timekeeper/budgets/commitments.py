@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusharing.commitment import commitment, gpu_minutes, pod_deadline_seconds
@@ -79,6 +79,14 @@ def committed_pod(pod: Mapping[str, Any], catalogue: GpuCatalogue) -> CommittedP
         str(metadata.get("name", "")),
         str(metadata.get("uid", "")),
     )
+
+
+def on_node(pod: CommittedPod, share: float, weight: int) -> CommittedPod:
+    """The commitment once the pod is bound, at its share and weight on its node's GPU model where they cost more
+    than the model admission read it on: a commitment is corrected up, never down (docs/safe-admission.md)."""
+    if share * weight <= pod.share * pod.weight:
+        return pod
+    return replace(pod, share=share, weight=weight)
 
 
 @dataclass(frozen=True)

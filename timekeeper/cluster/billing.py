@@ -4,7 +4,9 @@ server's record (docs/budgets.md, "Accounting").
 Running pods' bills grow by their share for the time since their last observation; an ended pod's bill closes at its
 recorded end, and only then does its billing finalizer come off, so that the API server lets it go once billed. A pod
 the watch lost sight of without an end is closed as last observed. A running pod whose meter has not reported for two
-meter intervals is still billed, and flagged once by a `MeterSilent` Event.
+meter intervals is still billed, and flagged once by a `MeterSilent` Event. A bound pod is billed on its node's GPU
+model (timekeeper.accounting.placement); a GPU node whose model the catalogue does not know is flagged once by a
+`GPUModelUnknown` Event.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gpusharing.contract import fresh_for
-from gpusharing.gpu.dra import ClaimSpec
+from gpusharing.gpu.capacity import NodeGpus
+from gpusharing.gpu.catalogue import PRODUCT_LABEL, describe
+from gpusharing.gpu.dra import ClaimLookup, ClaimSpec
 from gpusharing.gpu.request import GpuRequestSettings
 from gpusharing.kube.watching import WatchedObjects
-from timekeeper.accounting.record import RecordedPod, allocation_lookup, claimed_share
+from timekeeper import metrics
+from timekeeper.accounting.placement import Placement, placement
+from timekeeper.accounting.record import RecordedPod, allocation_lookup
 from timekeeper.cluster.events import Event, EventQueue
 from timekeeper.cluster.informers import GovernedPod
 from timekeeper.cluster.kube import KubeApi
@@ -30,6 +36,7 @@ log = logging.getLogger(__name__)
 
 OBSERVATIONS_PER_TRANSACTION = 500
 METER_SILENT = "MeterSilent"
+GPU_MODEL_UNKNOWN = "GPUModelUnknown"
 
 
 @dataclass
@@ -41,22 +48,26 @@ class BillingPass:
 
 class Biller:
     """Three tasks on the controller's scheduler: `bills` (every running pod's bill grows), `ended` (the bills of
-    pods that ended close, their finalizers come off) and `silent-meters`, on the shared pod and claim caches."""
+    pods that ended close, their finalizers come off) and `silent-meters`, on the shared pod, claim and node caches."""
 
     def __init__(
         self, ledger: ReportLedger, kube: KubeApi, settings: GpuRequestSettings, pods: WatchedObjects[GovernedPod],
-        claims: WatchedObjects[ClaimSpec], events: EventQueue, meter_interval_seconds: float,
+        claims: WatchedObjects[ClaimSpec], nodes: WatchedObjects[NodeGpus], events: EventQueue,
+        meter_interval_seconds: float,
     ):
         self.ledger = ledger
         self.kube = kube
         self.settings = settings
         self.pods = pods
         self.claims = claims
+        self.nodes = nodes
         self.events = events
         self.meter_interval = meter_interval_seconds
         self._closed: set[str] = set()  # uids whose bill this process closed and whose finalizer is gone
         self._departed: dict[str, RecordedPod] = {}  # seen deleted by the watch, not billed yet
         self._departures = threading.Lock()
+        self._placed: dict[str, Placement] = {}  # uid -> its share and model on its node, read once it is bound
+        self._unknown_flagged: set[tuple[str, str | None]] = set()  # (node uid, what it names): flagged once
         self._billing = threading.Lock()  # `bills` and `ended` observe one pod at a time
         pods.subscribe(on_delete=self._depart)
 
@@ -79,7 +90,7 @@ class Biller:
 
     def _bill(self, now: dt.datetime, grow: bool) -> BillingPass | None:
         items = self.pods.items
-        if items is None or self.claims.items is None:
+        if items is None or self.claims.items is None or self.nodes.items is None:
             return None
         with self._billing:
             pods = {key: pod.record for key, pod in list(items.items())}
@@ -95,10 +106,10 @@ class Biller:
         for pod in [*pods.values(), *departed.values()]:
             if pod.uid in self._closed:
                 continue
-            priced = (pod.share, pod.model) if pod.claimed is None else claimed_share(pod, self.settings, lookup)
-            share, model = priced if priced is not None else (None, None)
-            if share is None:
+            placed = self._placement(pod, lookup)
+            if placed is None:
                 continue  # its claims' allocations are not known yet: observed at a later pass, for the whole time
+            share = placed.share
             observation = pod.observation(share, now, self.meter_interval)
             if observation is None:
                 if pod.deleted_at is not None or pod.finished_at is not None:
@@ -109,7 +120,8 @@ class Biller:
                     ended[pod.uid] = pod
             elif not grow:
                 continue
-            observations.append(PodObservation(pod.uid, pod.namespace, pod.name, share, observation, pod.labels, model))
+            observations.append(
+                PodObservation(pod.uid, pod.namespace, pod.name, share, observation, pod.labels, placed.model.name))
         if grow:
             watched = {pod.uid for pod in pods.values()} | departed.keys()
             observations += [PodObservation(uid, namespace, name, 0.0, None)
@@ -121,11 +133,46 @@ class Biller:
         with self._departures:
             for uid in departed:
                 self._departed.pop(uid, None)
-        if grow:  # forget what the watch no longer holds: the set stays the size of the cluster's ended pods
-            self._closed &= {pod.uid for pod in pods.values()}
+        if grow:  # forget what the watch no longer holds: the sets stay the size of the cluster's pods
+            watching = {pod.uid for pod in pods.values()}
+            self._closed &= watching
+            self._placed = {uid: placed for uid, placed in self._placed.items() if uid in watching}
+            self._flag_unknown_models()
         done.closed = [f"{pod.namespace}/{pod.name}" for pod in ended.values()]
         self._release(ended, done)
         return done
+
+    def placement(self, pod: RecordedPod) -> Placement | None:
+        """The pod's share and model as it is billed now (safe admission's commitments are corrected by it)."""
+        return self._placement(pod, allocation_lookup(self.claims.items or {}))
+
+    def _placement(self, pod: RecordedPod, claims: ClaimLookup) -> Placement | None:
+        """Read once the pod's node is known, then kept: a pod does not move, and is billed on one model for life."""
+        placed = self._placed.get(pod.uid)
+        if placed is not None:
+            return placed
+        node = (self.nodes.items or {}).get(("", pod.node)) if pod.node is not None else None
+        placed = placement(pod, node, self.settings, claims)
+        if placed is not None and placed.node is not None:
+            self._placed[pod.uid] = placed
+        return placed
+
+    def _flag_unknown_models(self) -> None:
+        """A `GPUModelUnknown` Event, once, on each GPU node the catalogue cannot name the GPUs of, and their count."""
+        unknown = {name: node for (_, name), node in list((self.nodes.items or {}).items()) if node.unknown_model}
+        metrics.GPU_NODES_UNKNOWN_MODEL.set(len(unknown))
+        default = describe(self.settings.catalogue.default)
+        for name, node in sorted(unknown.items()):
+            if (node.uid, node.named) in self._unknown_flagged:
+                continue
+            self._unknown_flagged.add((node.uid, node.named))
+            said = (f"names its GPUs {node.named!r}, a model the GPU model catalogue does not have" if node.named else
+                    f"has no {PRODUCT_LABEL} label (nor HAMi's device register)")
+            message = (f"node {name} {said}: pods bound to it are billed on the catalogue's default model, {default}; "
+                       "add the model to the catalogue (GPUSHARING_GPU_MODELS_FILE) or label the node as GPU feature "
+                       "discovery does")
+            self.events.put(Event(GPU_MODEL_UNKNOWN, message, about=ObjectRef("v1", "Node", name, node.uid, None)))
+            log.warning("%s", message, extra={"node": name, "event": GPU_MODEL_UNKNOWN})
 
     def _release(self, ended: Mapping[str, RecordedPod], done: BillingPass) -> None:
         """Finalizers come off only after the transaction that closed the bills committed."""

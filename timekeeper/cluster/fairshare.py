@@ -182,7 +182,7 @@ class FairShareTask:
         """One pass of the queue, on the tree the last ranking read and the pods and nodes cached now; None until
         both are listed and the tree ranked."""
         items, ranked = self.informers.pods.items, self.last
-        if items is None or ranked is None or self.informers.nodes is None or self.informers.nodes.items is None:
+        if items is None or ranked is None or self.informers.nodes.items is None:
             return None
         done = QueuePass(cluster_gpus=self.informers.cluster_gpus())
         self._queue([pod.record for pod in list(items.values())], ranked, done, self.now())

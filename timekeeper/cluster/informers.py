@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from gpusharing.gpu.capacity import node_gpus
+from gpusharing.gpu.capacity import NodeGpus, node_gpus
 from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.gpu.dra import ClaimSpec, allocated_claim_spec
 from gpusharing.gpu.request import GpuRequestSettings
@@ -43,7 +43,7 @@ def _custom_objects(kube: KubeApi, resource: CustomResource) -> Callable[..., An
 
 
 class ClusterInformers:
-    def __init__(self, kube: KubeApi, settings: GpuRequestSettings, nodes: bool = False):
+    def __init__(self, kube: KubeApi, settings: GpuRequestSettings):
         self.pods: WatchedObjects[GovernedPod] = WatchedObjects(
             "governed GPU pods", kube.core.list_pod_for_all_namespaces,
             partial(governed_pod, settings=settings, catalogue=settings.catalogue), on_sync=metrics.record_pod_sync)
@@ -53,14 +53,13 @@ class ClusterInformers:
             resource: WatchedObjects(resource.plural, _custom_objects(kube, resource), dict)
             for resource in (GPU_BUDGETS, CLUSTER_GPU_BUDGETS)
         }
-        # Fair share's alone (its share of the cluster's GPUs): no node watch, and no RBAC for one, when it is off.
-        self.nodes: WatchedObjects[float] | None = (
-            WatchedObjects("nodes", kube.core.list_node, partial(node_gpus, catalogue=settings.catalogue))
-            if nodes else None)
+        # A bound pod is billed on its node's GPU model; fair share divides the nodes' GPUs.
+        self.nodes: WatchedObjects[NodeGpus] = WatchedObjects(
+            "nodes", kube.core.list_node, partial(node_gpus, catalogue=settings.catalogue))
 
     @property
     def all(self) -> list[WatchedObjects[Any]]:
-        return [self.pods, self.claims, *self.budgets.values(), *([self.nodes] if self.nodes is not None else [])]
+        return [self.pods, self.claims, self.nodes, *self.budgets.values()]
 
     def budget_resources(self) -> list[tuple[CustomResource, dict[str, Any]]]:
         """Every GPUBudget and ClusterGPUBudget cached."""
@@ -76,8 +75,8 @@ class ClusterInformers:
         return None if items is None else {key: pod.record for key, pod in list(items.items())}
 
     def cluster_gpus(self) -> float:
-        """The cluster's GPUs, as the nodes cached offer them (0 without the node watch)."""
-        return sum(list((self.nodes.items or {}).values())) if self.nodes is not None else 0.0
+        """The cluster's GPUs, as the nodes cached offer them."""
+        return sum(node.gpus for node in list((self.nodes.items or {}).values()))
 
     def start(self) -> None:
         for informer in self.all:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import socket
 import uuid
@@ -113,6 +114,11 @@ class KubeApi:
         return self._call(
             f"read pod {namespace}/{name}", self.core.read_namespaced_pod, name, namespace, answers={404: None}
         )
+
+    def read_node(self, name: str) -> dict[str, Any] | None:
+        """The node as the API server has it, as plain JSON; None when there is none of that name."""
+        answer = self._call(f"read node {name}", self.core.read_node, name, answers={404: None}, _preload_content=False)
+        return None if answer is None else dict(json.loads(answer.data))
 
     def node_pods(self, node: str) -> NodePods:
         """The pods bound to `node`, in every namespace: one LIST, by the API server's field selector."""

@@ -33,6 +33,8 @@ from gpusharing.clock import Clock
 from gpusharing.contract import fresh_for
 from gpusharing.scheduling import Task, TaskScheduler
 from timekeeper import metrics
+from timekeeper.accounting.record import RecordedPod
+from timekeeper.budgets.commitments import CommittedPod, on_node
 from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.budgetsync import BudgetPass, BudgetSync
 from timekeeper.cluster.events import EventQueue
@@ -91,7 +93,7 @@ class ControllerManager:
         agents' go); a test's recording stand-in."""
         self.config = config
         self.clock = clock
-        self.informers = ClusterInformers(kube, config.gpu_request, nodes=ledger.fair_share is not None)
+        self.informers = ClusterInformers(kube, config.gpu_request)
         identity = identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         intervals = config.tasks
         lease_seconds = config.lease_seconds or max(3 * intervals.budgets, 15.0)
@@ -101,8 +103,8 @@ class ControllerManager:
                                       config.eviction_concurrency, config.eviction_retry_seconds)
         self.scheduler = TaskScheduler(clock, leading=self.leading, observe=metrics.observe_task)
         self.events = EventQueue(kube, wake=lambda: self.scheduler.wake("events"))
-        self.biller = Biller(ledger, kube, config.gpu_request, self.informers.pods, self.informers.claims, self.events,
-                             config.meter_interval_seconds)
+        self.biller = Biller(ledger, kube, config.gpu_request, self.informers.pods, self.informers.claims,
+                             self.informers.nodes, self.events, config.meter_interval_seconds)
         self.idler = Idler(
             idle, budgets, self.informers.pods, self.evictions, self.events, fresh_for(config.meter_interval_seconds)
         )
@@ -145,8 +147,16 @@ class ControllerManager:
     def _publish_commitments(self) -> None:
         pods = self.informers.pods
         items = pods.items
-        committed = [pod.commitment for pod in list((items or {}).values()) if pod.commitment is not None]
+        committed = [self._committed(pod.record, pod.commitment) for pod in list((items or {}).values())
+                     if pod.commitment is not None]
         self.commitments.publish(by_uid(committed), items is not None and pods.broken_since is None)
+
+    def _committed(self, record: RecordedPod, commitment: CommittedPod) -> CommittedPod:
+        """What a pod commits: as admitted, until it is bound to a node whose GPU model costs more."""
+        placed = self.biller.placement(record)
+        if placed is None or placed.node is None:
+            return commitment
+        return on_node(commitment, placed.share, placed.model.billing_weight)
 
     def leading(self) -> bool:
         return self._leading and self.election.remaining_seconds() > 0
@@ -181,7 +191,7 @@ class ControllerManager:
     @property
     def synced(self) -> bool:
         """Whether the caches have listed the cluster (readiness)."""
-        return all(informer.synced for informer in (self.informers.pods, self.informers.claims))
+        return all(informer.synced for informer in (self.informers.pods, self.informers.claims, self.informers.nodes))
 
     def run_all(self) -> ControllerPass:
         """Every task once, now, in this thread (the lease first): what each did."""

@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, select
 from gpusharing.contract import DEFAULT_METER_INTERVAL_SECONDS, fresh_for
 from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel, shipped_catalogue
 from gpusharing.idle.verdict import Reading, Streak
-from gpusharing.report import MeterReport, ReportError
+from gpusharing.report import MAX_GPU_MODEL, MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
 from gpusharing.usage_report import Labels
 from gpusharing.utilisation import UtilisationSource
@@ -51,7 +51,7 @@ from timekeeper.database.accounting.pods import (
 )
 from timekeeper.database.accounting.thresholds import IdleThresholds
 from timekeeper.database.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
-from timekeeper.database.accounting.weights import WeightLog, billing_model
+from timekeeper.database.accounting.weights import WeightLog
 from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Statements
 from timekeeper.database.tables import namespace_period_usage, namespace_usage, pod_ledgers
@@ -218,8 +218,9 @@ class ReportLedger(PodLedgers):
         self, index: int, meter_report: MeterReport, terms: ReportTerms | None, cumulative: int, now: dt.datetime
     ) -> _Entry:
         share = meter_report.gpu_share if terms is None else terms.share
-        recorded = None if terms is None else terms.model
-        readings = _readings(meter_report, terms, now, self.fresh_seconds)
+        meter_model = self._model_named(meter_report.gpu_model)
+        named = meter_model.name if meter_model else meter_report.gpu_model  # evidence: kept, compared, never billed
+        readings = _readings(meter_report, terms, now, self.fresh_seconds, named)
 
         def apply(ledger: PodLedger, at: dt.datetime) -> Accounting:
             if ledger.started_at is None and terms is not None and terms.started_at is not None:
@@ -233,7 +234,8 @@ class ReportLedger(PodLedgers):
             meter_report.namespace,
             meter_report.pod,
             () if terms is None else terms.labels,
-            billing_model(self.catalogue, meter_report.gpu_model, recorded),
+            # Off a cluster the meter's word is all there is; on one, the model of the pod's node (ReportTerms).
+            (meter_model if terms is None else self._model_named(terms.model)) or self.catalogue.default,
             meter_report.gpu_utilization_percent,
             apply,
             {**readings, "meter_silent_since": None},
@@ -248,7 +250,7 @@ class ReportLedger(PodLedgers):
 
         return _Entry(
             index, observed.pod_uid, observed.namespace, observed.pod, observed.labels,
-            billing_model(self.catalogue, None, observed.model), None, apply,
+            self._model_named(observed.model) or self.catalogue.default, None, apply,
             {},
             {**dict.fromkeys(_READING_COLUMNS), "first_report_at": None,
              "started_at": None if observation is None else observation.started_at},
@@ -280,15 +282,16 @@ class ReportLedger(PodLedgers):
                         f"pod {entry.pod_uid} reports in namespace {namespace}, not {entry.namespace}"
                     )
                     continue
-                accounting = entry.apply(locked.ledger, now)
+                model = self._pinned(locked.ledger.model, entry.model)
+                accounting = entry.apply(replace(locked.ledger, model=model.name), now)
                 locked.ledger = accounting.ledger
                 accounted[entry.index] = (namespace, accounting)
                 # The meter's reading counts only where no fresher word of a higher rank (the node's) stands.
                 heard = not entry.observed and not locked.reading.outranks(UtilisationSource.METER, now)
                 utilization = entry.utilization_percent if heard else (
                     locked.reading.utilisation if locked.reading.fresh(now, self.fresh_seconds) else None)
-                charge = pod_charge(accounting.charge_micro_gpu_seconds, entry.model.billing_weight, utilization)
-                pod_charges[entry.pod_uid, entry.model.name] += charge
+                charge = pod_charge(accounting.charge_micro_gpu_seconds, model.billing_weight, utilization)
+                pod_charges[entry.pod_uid, model.name] += charge
                 charges[namespace] += charge.weighted_micro_gpu_seconds
                 billed[entry.index] = charge.weighted_micro_gpu_seconds
                 if self.fair_share is not None and charge.weighted_micro_gpu_seconds:
@@ -335,6 +338,17 @@ class ReportLedger(PodLedgers):
                 crossings[namespace],
             )
         return results
+
+    def _model_named(self, name: str | None) -> GpuModel | None:
+        """The catalogue's model of that name (NVML's, or as recorded); None for no name or one it does not have."""
+        return self.catalogue.by_name(name[:MAX_GPU_MODEL]) if name else None
+
+    def _pinned(self, pinned: str | None, model: GpuModel) -> GpuModel:
+        """The model a pod is billed on: the one its ledger fixed at its first charge, else `model` (fixed now); a
+        fixed model the catalogue no longer has is billed at the default's weight, under its own name."""
+        if pinned is None or pinned == model.name:
+            return model
+        return self.catalogue.by_name(pinned) or replace(self.catalogue.default, name=pinned)
 
     def _reading_columns(self, locked: _Locked, entry: _Entry, heard: bool, threshold: float,
                          now: dt.datetime) -> dict[str, Any]:
@@ -383,6 +397,7 @@ class ReportLedger(PodLedgers):
                     row.observed_until,
                     row.ended_at,
                     row.billed_share or None,
+                    row.model,
                 ),
                 ledger_reading(
                     row.gpu_utilization_percent, row.utilisation_source, row.utilisation_at, row.utilisation_fresh_until
@@ -419,7 +434,8 @@ def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, fresh_seconds: float) -> dict[str, Any]:
+def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, fresh_seconds: float,
+              meter_model: str | None) -> dict[str, Any]:
     """What a charged report leaves in its pod's ledger besides the accounting: its NVML readings (a ledger it opens
     takes them; an open ledger's move only where no higher word stands, `ReportLedger._reading_columns`)."""
     reading = Reading(
@@ -429,4 +445,5 @@ def _readings(report: MeterReport, terms: ReportTerms | None, now: dt.datetime, 
         **reading_columns(reading, report.gpu_memory_used_mib),
         "gpu_memory_requested_mib": report.gpu_memory_requested_mib if terms is None else terms.requested_memory_mib,
         "last_report_at": now,
+        "meter_model": meter_model,
     }

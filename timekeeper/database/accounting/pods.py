@@ -47,6 +47,8 @@ class PodRecord:
     utilisation_source: str | None = None
     utilisation_at: dt.datetime | None = None
     utilisation_fresh_until: dt.datetime | None = None
+    model: str | None = None  # the GPU model it is billed on
+    meter_model: str | None = None  # the model its meter last named
 
     @property
     def streak(self) -> Streak:
@@ -70,6 +72,8 @@ class PodRecord:
             "namespace": self.namespace,
             "pod": self.pod,
             "gpuShare": self.billed_share,
+            "gpuModel": self.model,
+            "meterGpuModel": self.meter_model,
             "gpuSeconds": self.micro_gpu_seconds / MICROS_PER_SECOND,
             "observedGpuSeconds": self.observed_micro_gpu_seconds / MICROS_PER_SECOND,
             "meteredGpuSeconds": self.metered_micro_gpu_seconds / MICROS_PER_SECOND,
@@ -105,10 +109,10 @@ def _instant(at: dt.datetime | None) -> str | None:
 
 # The ledger's columns: its accounting (PodLedger), a report's readings, and what each write sets.
 _LEDGER_COLUMNS = ("micro_gpu_seconds", "metered_micro_gpu_seconds", "observed_micro_gpu_seconds", "last_seq", "final",
-                   "started_at", "observed_until", "ended_at", "billed_share")
+                   "started_at", "observed_until", "ended_at", "billed_share", "model")
 _UTILISATION_COLUMNS = ("gpu_utilization_percent", "gpu_memory_used_mib", "utilisation_source", "utilisation_at",
                         "utilisation_fresh_until")
-_READING_COLUMNS = (*_UTILISATION_COLUMNS, "gpu_memory_requested_mib", "last_report_at")
+_READING_COLUMNS = (*_UTILISATION_COLUMNS, "gpu_memory_requested_mib", "last_report_at", "meter_model")
 STREAK_COLUMNS = ("idle_since", "idle_warned_at", "idle_acted_at")
 _ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since", *STREAK_COLUMNS)
 _OBSERVING_COLUMNS = ("pod", *_LEDGER_COLUMNS)
@@ -139,6 +143,7 @@ def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:
         "observed_until": ledger.observed_until,
         "ended_at": ledger.ended_at,
         "billed_share": ledger.share or 0.0,
+        "model": ledger.model,
     }
 
 
@@ -175,6 +180,14 @@ class PodLedgers:
                 pod_ledgers.c.last_report_at >= now - dt.timedelta(seconds=gone_seconds),
             )),
         )
+        with self.db.read() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def model_disagreements(self) -> int:
+        """Pods not ended whose meter last named a GPU model other than the one they are billed on."""
+        query = select(func.count()).select_from(pod_ledgers).where(
+            pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.final.is_(False), pod_ledgers.c.meter_model.is_not(None),
+            pod_ledgers.c.model.is_not(None), pod_ledgers.c.meter_model != pod_ledgers.c.model)
         with self.db.read() as conn:
             return int(conn.execute(query).scalar_one())
 

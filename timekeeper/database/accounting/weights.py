@@ -1,4 +1,4 @@
-"""The GPU model each charge is billed as, and the audit log of the models' billing weights.
+"""The audit log of the GPU models' billing weights.
 
 A process bills with the catalogue it read at start (GPUSHARING_GPU_MODELS_FILE, the webhook's too), and each charge
 is weighted when it is made: a change of weights applies to what is charged after a restart, never before.
@@ -12,21 +12,13 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, text
 
-from gpusharing.gpu.catalogue import GpuCatalogue, GpuModel
+from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.units.weights import weight_number
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.database.connection import Database
 from timekeeper.database.tables import gpu_model_weights
 
 MAX_HISTORY = 10_000
-
-
-def billing_model(catalogue: GpuCatalogue, reported: str | None, recorded: str | None) -> GpuModel:
-    """The model a charge is billed as: of the device its meter named (NVML) and the model read from the pod's spec,
-    the one of greater billing weight, since the meter is the tenant's word and may only add to a bill; the
-    catalogue's default when neither is known (a name the catalogue does not have counts as none)."""
-    known = [model for name in (reported, recorded) if name and (model := catalogue.by_name(name)) is not None]
-    return max(known, key=lambda model: model.billing_weight) if known else catalogue.default
 
 
 @dataclass(frozen=True)
