@@ -7,6 +7,7 @@ import datetime as dt
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -32,6 +33,7 @@ from gpusharing.settings.meter import meter_interval_seconds
 from gpusharing.units.duration import DurationError, parse_duration
 from gpusharing.utilisation import UtilisationSource
 from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label, check_selector
+from timekeeper.chargeback.prices import NO_PRICES, PriceSheet, PriceSheetError, load_price_sheet
 from timekeeper.fairshare.bands import FairShareBands
 
 AUTH_MODES = ("tokenreview", "static", "none")
@@ -238,6 +240,8 @@ class TimekeeperConfig:
     # the webhook's: pods are billed as admitted
     gpu_request: GpuRequestSettings = field(default_factory=GpuRequestSettings)
     catalogue_source: str = "the shipped catalogue"  # recorded in the weights' audit log
+    price_sheet: PriceSheet = NO_PRICES  # TIMEKEEPER_GPU_PRICES_FILE: what a GPU-hour of each model costs
+    price_sheet_source: str = "no price sheet"  # recorded with it
     prometheus: PrometheusSource | None = None  # TIMEKEEPER_UTILISATION_SOURCE=prometheus: where DCGM's series are read
 
     @property
@@ -260,6 +264,7 @@ class TimekeeperConfig:
             raise ConfigError("TIMEKEEPER_STATIC_TOKENS_FILE must be set when TIMEKEEPER_AUTH=static")
         raw_default = environ.get("TIMEKEEPER_DEFAULT_GPU_MINUTES", "").strip()
         tasks = task_intervals(environ)
+        gpu_request = gpu_request_settings(environ)
         source = env_choice(
             "TIMEKEEPER_UTILISATION_SOURCE", UtilisationSource.METER.value, UTILISATION_SOURCES, environ
         )
@@ -303,13 +308,26 @@ class TimekeeperConfig:
             workers=env_int("TIMEKEEPER_WORKERS", cls.workers, 1, environ),
             threads=env_int("TIMEKEEPER_THREADS", cls.threads, 1, environ),
             clock=env_code("TIMEKEEPER_CLOCK", DEFAULT_CLOCK, environ),
-            gpu_request=gpu_request_settings(environ),
+            gpu_request=gpu_request,
             catalogue_source=environ.get("GPUSHARING_GPU_MODELS_FILE", "").strip()[:253] or cls.catalogue_source,
+            price_sheet=price_sheet(environ, gpu_request.catalogue),
+            price_sheet_source=environ.get("TIMEKEEPER_GPU_PRICES_FILE", "").strip()[:253] or cls.price_sheet_source,
             prometheus=prometheus_source(environ, tasks.utilisation)
             if source == UtilisationSource.PROMETHEUS
             else None,
             fair_share=fair_share_settings(environ),
         )
+
+
+def price_sheet(environ: Mapping[str, str], catalogue: GpuCatalogue) -> PriceSheet:
+    """TIMEKEEPER_GPU_PRICES_FILE's sheet, its models the catalogue's; no prices without one."""
+    path = environ.get("TIMEKEEPER_GPU_PRICES_FILE", "").strip()
+    if not path:
+        return NO_PRICES
+    try:
+        return load_price_sheet(Path(path), catalogue)
+    except PriceSheetError as exc:
+        raise ConfigError(f"TIMEKEEPER_GPU_PRICES_FILE: {exc}") from None
 
 
 IDLE_SETTINGS = {

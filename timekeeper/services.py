@@ -140,7 +140,8 @@ def build_stores(config: TimekeeperConfig, clock: Clock | None = None) -> Stores
     budgets = BudgetStore(db, config.default_gpu_minutes, config.default_period, clock.now, config.default_idle)
     fair_share = FairShareLedger(db, config.fair_share.half_life) if config.fair_share.enabled else None
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
-                          meter_interval_seconds=config.meter_interval_seconds, fair_share=fair_share)
+                          meter_interval_seconds=config.meter_interval_seconds, fair_share=fair_share,
+                          prices=config.price_sheet, prices_source=config.price_sheet_source)
     return Stores(db, clock, budgets, ledger, IdleLedger(db), fair_share)
 
 

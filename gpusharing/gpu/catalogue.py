@@ -110,7 +110,7 @@ def load_catalogue(path: Path) -> GpuCatalogue:
     """The catalogue in the YAML file at `path`; CatalogueError saying what is wrong and where."""
     try:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: YAML's reading of a date that is none
         raise CatalogueError(f"cannot read {path}: {exc}") from None
     return catalogue_from(document, str(path))
 

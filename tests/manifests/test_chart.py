@@ -19,12 +19,13 @@ import pytest
 import yaml
 from cryptography import x509
 
-from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
+from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from, shipped_catalogue
 from gpusharing.serving.certs import service_names
 from nodeagent.config import NodeAgentConfig
 from tests.helm import CHART, NAMESPACE, notes, render
 from tests.kustomize import MANIFESTS, crds, installable_manifests, overlay
 from tests.manifests.test_manifests import KUBERNETES_VERSION, find
+from timekeeper.chargeback.prices import price_sheet_from
 from timekeeper.config import prometheus_source
 
 HELM_LABELS = (
@@ -262,6 +263,8 @@ def test_the_chart_and_its_image_have_the_packages_version() -> None:
         ({"timekeeper": {"tolerations": {"key": "x"}}}, "/timekeeper/tolerations"),
         ({"certgen": {"priorityClassName": "Critical"}}, "/certgen/priorityClassName"),
         ({"gpuModels": {"default": "NVIDIA L4"}}, "/gpuModels"),
+        ({"gpuPrices": {"currency": "usd", "prices": []}}, "/gpuPrices/currency"),
+        ({"gpuPrices": {"currency": "USD"}}, "/gpuPrices"),
         (
             {"gpuModels": {"default": "x", "models": [{"name": "x", "memoryMiB": 1, "migComputeSlices": 3}]}},
             "/gpuModels/models/0/migComputeSlices",
@@ -509,6 +512,28 @@ def test_the_gpu_model_catalogue_is_the_shipped_one_unless_the_values_give_one()
         container = pod["containers"][0]
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "gpu-models"]
         assert env_of(container)["GPUSHARING_GPU_MODELS_FILE"] == f"{mount['mountPath']}/gpu-models.yaml"
+
+
+PRICES = {"currency": "USD", "prices": [{"model": "NVIDIA L4", "from": "2026-01-01", "listPerGpuHour": "0.80",
+                                        "contractedPerGpuHour": "0.55"}]}
+
+
+def test_a_price_sheet_is_rendered_beside_the_catalogue_for_the_timekeeper_and_its_controller_to_read() -> None:
+    [plain] = [o for o in render() if o["kind"] == "ConfigMap"]
+    assert "gpu-prices.yaml" not in plain["data"]
+    objects = render({"gpuPrices": PRICES})
+    [priced] = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert priced["metadata"]["name"] != plain["metadata"]["name"]  # a new sheet rolls what mounts it
+    for name in ("gpusharing-timekeeper", "gpusharing-controller"):
+        container = find(objects, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        env = env_of(container)
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "gpu-models"]
+        assert env["TIMEKEEPER_GPU_PRICES_FILE"] == f"{mount['mountPath']}/gpu-prices.yaml"
+    assert "TIMEKEEPER_GPU_PRICES_FILE" not in env_of(
+        find(objects, "Deployment", "gpusharing-webhook")["spec"]["template"]["spec"]["containers"][0])
+    rendered = yaml.safe_load(priced["data"]["gpu-prices.yaml"])
+    assert price_sheet_from(rendered, "the rendered sheet", shipped_catalogue()).to_json() == {
+        "currency": "USD", "prices": [{**PRICES["prices"][0], "listPerGpuHour": "0.8"}]}  # as the timekeeper reads it
 
 
 def test_the_prometheus_utilisation_values_give_the_controller_a_source_it_reads_from_its_mounts() -> None:

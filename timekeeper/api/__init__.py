@@ -5,7 +5,7 @@ short function that checks the caller, parses, calls a service and renders.
 - reports: `POST /api/v1/reports`, the meters' reports
 - node_readings: `POST /api/v1/node-readings`, the node agents' GPU utilisation readings
 - pods: `/api/v1/pods`, what the ledger accounted per pod
-- usage: `/api/v1/usage` and `/api/v1/gpu-models`
+- usage: `/api/v1/usage`, `/api/v1/gpu-models` and `/api/v1/prices`
 - reservations: `POST /api/v1/reservations`, safe admission's, made by the webhook
 - health: `/livez`, `/readyz`, `/metrics`
 - auth: who may call what; errors: every refusal's status; context: what the views share

@@ -1,5 +1,5 @@
-"""What was used and what it cost: usage reports as JSON or CSV (`/api/v1/usage`), and the GPU models' billing
-weights with their history (`/api/v1/gpu-models`)."""
+"""What was used and what it cost: usage reports as JSON or CSV (`/api/v1/usage`), the GPU models' billing weights
+with their history (`/api/v1/gpu-models`), and the price sheets with theirs (`/api/v1/prices`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from gpusharing.names import check_namespace
 from gpusharing.units.weights import weight_number
 from gpusharing.usage_report import usage_csv, usage_request
 from timekeeper.api.context import caller, reader, services
+from timekeeper.database.chargeback.prices import in_force
 
 blueprint = Blueprint("usage", __name__, url_prefix="/api/v1")
 
@@ -41,5 +42,17 @@ def get_gpu_models() -> Response:
             for m in catalogue.models
         ],
         default=catalogue.default.name,
-        changes=[change.to_json() for change in services().ledger.weights.history()],
+        changes=[change.to_json() for change in services().ledger.terms.weights.history()],
     )
+
+
+@blueprint.get("/prices")
+def get_prices() -> Response:
+    services().auth.check_not_meter(caller())
+    now = services().budgets.clock()
+    terms = services().ledger.terms
+    terms.record_once(now)  # the sheet this process runs with, as its first charge would record it
+    history = terms.prices.history()
+    current = in_force(history, now)
+    return jsonify(inForce=None if current is None else current.to_json(),
+                   versions=[recorded.to_json() for recorded in history])

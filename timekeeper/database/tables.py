@@ -212,6 +212,20 @@ class GpuModelWeightRow(Base):
     source: Mapped[str] = mapped_column(String(253))  # the catalogue file it was read from
 
 
+class GpuPriceSheetRow(Base):
+    """The price sheets the timekeeper started with, each recorded once (timekeeper.chargeback.prices): a sheet is in
+    force from `effective_at`, the first whole hour after it was recorded, until the next one's."""
+
+    __tablename__ = "gpu_price_sheets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    recorded_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    effective_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    currency: Mapped[str | None] = mapped_column(String(3))  # ISO 4217; None: no sheet, nothing priced
+    sheet: Mapped[str] = mapped_column(Text)  # its canonical JSON
+    source: Mapped[str] = mapped_column(String(253))  # the file it was read from
+
+
 class NamespaceStateRow(Base):
     """The last state the controller acted on (recorded an Event for), so each transition is acted on once."""
 
@@ -374,6 +388,7 @@ namespace_states = _table(NamespaceStateRow)
 pod_usage = _table(PodUsageRow)
 pod_labels = _table(PodLabelRow)
 gpu_model_weights = _table(GpuModelWeightRow)
+gpu_price_sheets = _table(GpuPriceSheetRow)
 budget_warnings = _table(BudgetWarningRow)
 reservations = _table(ReservationRow)
 idle_holds = _table(IdleHoldRow)

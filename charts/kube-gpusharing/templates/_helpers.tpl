@@ -185,7 +185,7 @@ kustomize names what it generates), so that a change rolls the pods that mount i
 {{- end }}
 
 {{- define "gpusharing.gpuModelsName" -}}
-{{ include "gpusharing.component" (list . "gpu-models") }}-{{ include "gpusharing.gpuModels" . | sha256sum | trunc 10 }}
+{{ include "gpusharing.component" (list . "gpu-models") }}-{{ print (include "gpusharing.gpuModels" .) (ternary (toYaml .Values.gpuPrices) "" (not (empty .Values.gpuPrices))) | sha256sum | trunc 10 }}
 {{- end }}
 
 {{- define "gpusharing.gpuModelsFile" -}}
@@ -223,6 +223,10 @@ billing weights, the meters' interval (each Deployment then adds timekeeper.env,
 {{- include "gpusharing.databaseEnv" . }}
 - name: GPUSHARING_GPU_MODELS_FILE  # the models' billing weights
   value: {{ include "gpusharing.gpuModelsFile" . }}
+{{- if .Values.gpuPrices }}
+- name: TIMEKEEPER_GPU_PRICES_FILE  # what a GPU-hour of each model costs
+  value: /etc/gpusharing/models/gpu-prices.yaml
+{{- end }}
 {{ include "gpusharing.meterIntervalEnv" . }}
 {{- if not (kindIs "invalid" $tk.defaultBudget.gpuMinutes) }}
 - name: TIMEKEEPER_DEFAULT_GPU_MINUTES

@@ -36,6 +36,7 @@ from timekeeper.accounting.ledger import (
 )
 from timekeeper.budgets.periods import period_starts, usage_day
 from timekeeper.budgets.status import BudgetStatus, crossed
+from timekeeper.chargeback.prices import NO_PRICES, PriceSheet
 from timekeeper.database.accounting.fairshare import Charge, FairShareLedger
 from timekeeper.database.accounting.pods import (
     _ADVANCING_COLUMNS,
@@ -49,9 +50,9 @@ from timekeeper.database.accounting.pods import (
     reading_columns,
     streak_columns,
 )
+from timekeeper.database.accounting.terms import BillingTerms
 from timekeeper.database.accounting.thresholds import IdleThresholds
 from timekeeper.database.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
-from timekeeper.database.accounting.weights import WeightLog
 from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Statements
 from timekeeper.database.tables import namespace_period_usage, namespace_usage, pod_ledgers
@@ -135,15 +136,14 @@ class ReportLedger(PodLedgers):
         self, budgets: BudgetStore, stale_seconds: float = 900.0,
         catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
         meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS, policy_refresh_seconds: float = 30.0,
-        fair_share: FairShareLedger | None = None,
+        fair_share: FairShareLedger | None = None, prices: PriceSheet = NO_PRICES,
+        prices_source: str = "no price sheet",
     ):
         super().__init__(budgets.db, budgets.clock, stale_seconds)
         self.budgets = budgets
         self.fair_share = fair_share  # None: fair share is off, and no decayed usage is kept
         self.catalogue = catalogue or shipped_catalogue()
-        self.catalogue_source = catalogue_source
-        self.weights = WeightLog(self.db)
-        self._weights_recorded = False
+        self.terms = BillingTerms(self.db, self.catalogue, catalogue_source, prices, prices_source)
         # The contract's one rule: a meter's reading this recent tells how busy an observed interval was, and a longer
         # silence between two reports (a silent meter) ends an idle streak.
         self.fresh_seconds = fresh_for(meter_interval_seconds)
@@ -208,10 +208,7 @@ class ReportLedger(PodLedgers):
 
     def _now(self) -> dt.datetime:
         now = self.budgets.clock()
-        # before anything is billed at them; a failure fails the batch, as the database's
-        if not self._weights_recorded:
-            self.weights.record(self.catalogue, now, self.catalogue_source)
-            self._weights_recorded = True
+        self.terms.record_once(now)
         return now
 
     def _report_entry(

@@ -1,0 +1,1 @@
+"""Chargeback, plain data: what GPU time costs (the price sheet), and what it is charged as."""

@@ -1,0 +1,1 @@
+"""Chargeback's SQL: the price sheets recorded."""
