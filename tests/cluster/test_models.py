@@ -14,8 +14,8 @@ It shows that
   profile as a slice of that model; never below the share the webhook admitted it at (read on the default model);
 - each pod has one GPU model in the usage report (grouped by pod and model), and it is its node's;
 - each pod's GPU-seconds are that share for the time the API server recorded it running (its startTime to its
-  containers' finishedAt), never less, and more only by what a bill grown while it ran passes the record's whole
-  seconds by; the usage report's are the same to the micro-GPU-second;
+  containers' finishedAt), to the micro-GPU-second: a bill grown past the end while it ran is corrected when the end
+  arrives; the usage report's are the same;
 - a tenant who names a bigger GPU than it runs on (HAMi's `nvidia.com/use-gputype`, which kube-scheduler ignores), to
   be admitted at the bigger GPU's smaller share, is billed on the T4 it runs on;
 - a pod whose meter reports before the kubelet records its start, so that the web timekeeper (which reads the
@@ -55,7 +55,9 @@ CATALOGUE = shipped_catalogue()
 A100, T4, H200 = "NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA H200"
 PRODUCT = "nvidia.com/gpu.product"  # GPU feature discovery's label: the model's name, its spaces as dashes
 RUNS_SECONDS = 3
-REPORTED_FIRST_AFTER = 3  # seconds the slow kubelet takes to record the start: its meter reports meanwhile
+# Seconds the slow kubelet takes to record the start: its meter (simulated, every second; a round of every running
+# pod's reports may take a few seconds on a busy tier) reports meanwhile.
+REPORTED_FIRST_AFTER = 10
 BILLING_INTERVAL_SECONDS = 2  # the cluster fixture's TIMEKEEPER_BILLING_INTERVAL_SECONDS
 GPU_MODEL_UNKNOWN = "GPUModelUnknown"
 
@@ -139,7 +141,7 @@ class Billed:
     pods: dict[str, dict[str, Any]]  # by name: as the API server has it once it succeeded
     ledgers: dict[str, dict[str, Any]]  # by name: GET /api/v1/pods
     usage: dict[str, list[dict[str, Any]]]  # by name: its rows of the usage report grouped by pod and model
-    events: list[dict[str, Any]]  # every GPUModelUnknown Event about a Node
+    events: list[dict[str, Any]]  # every GPUModelUnknown Event about a Node, once the unlabelled node's was sent
 
     def node_model(self, name: str) -> GpuModel:
         return POOLS[workload(name).pool].billed_model
@@ -203,6 +205,12 @@ def node_events(cluster: GpuSharing, reason: str) -> list[dict[str, Any]]:
     return list(cluster.rest("GET", "/api/v1/events", query={"fieldSelector": selector})["items"])
 
 
+def unknown_flagged(cluster: GpuSharing, node: str) -> list[dict[str, Any]]:
+    """Every GPUModelUnknown Event about a Node, once one is about `node`; else nothing."""
+    events = node_events(cluster, GPU_MODEL_UNKNOWN)
+    return events if any(e["involvedObject"]["name"] == node for e in events) else []
+
+
 @pytest.fixture(scope="module")
 def billed(cluster: GpuSharing, nodes: NodeSimulator) -> Iterator[Billed]:
     """The pools added, every workload run to success on its node and its bill closed."""
@@ -235,7 +243,9 @@ def billed(cluster: GpuSharing, nodes: NodeSimulator) -> Iterator[Billed]:
         yield Billed(
             namespace, placed, pods, closed,
             {w.name: [r for r in rows if r["podUid"] == pods[w.name]["metadata"]["uid"]] for w in WORKLOADS},
-            node_events(cluster, GPU_MODEL_UNKNOWN),
+            # The controller's Events queue may still hold those of every unlabelled node the tier made before.
+            wait_for(lambda: unknown_flagged(cluster, placed["unlabelled"]["metadata"]["name"]),
+                     "the GPUModelUnknown Event about the unlabelled node", timeout=60),
         )
     finally:
         delete_namespaces(cluster, namespace)
@@ -285,9 +295,8 @@ def test_each_pod_has_one_model_in_the_usage_report_its_nodes(billed: Billed) ->
 
 
 def test_each_pod_is_billed_its_share_for_the_time_the_api_server_recorded_it_running(billed: Billed) -> None:
-    """The record is in whole seconds (startTime and finishedAt rounded down): a bill grown while the pod ran passes
-    its recorded end by the fraction of a second its start was rounded down by and the kubelet's delay in writing the
-    end, at most two seconds of its share (as tests/cluster/test_day.py bounds it); never is it less."""
+    """Not a second past its recorded end: a bill grown while the pod ran past the finishedAt its kubelet wrote a
+    moment later is corrected when the end arrives (docs/budgets.md, "Never past the record")."""
     for w in WORKLOADS:
         entry, seconds = billed.ledgers[w.name], billed.recorded_seconds(w.name)
         assert seconds >= RUNS_SECONDS, w.name
@@ -295,7 +304,7 @@ def test_each_pod_is_billed_its_share_for_the_time_the_api_server_recorded_it_ru
         # Each observation is rounded to the micro-GPU-second: one every billing pass, and the one that closes it.
         rounding = 0.5e-6 * (seconds / BILLING_INTERVAL_SECONDS + 3)
         for billed_as in ("observedGpuSeconds", "gpuSeconds"):
-            assert recorded - rounding <= entry[billed_as] <= recorded + 2 * entry["gpuShare"], (w.name, seconds, entry)
+            assert entry[billed_as] == pytest.approx(recorded, abs=rounding), (w.name, seconds, entry)
 
 
 def test_a_tenant_naming_a_bigger_gpu_is_billed_on_the_t4_it_runs_on(billed: Billed) -> None:

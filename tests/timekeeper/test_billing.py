@@ -268,3 +268,21 @@ def test_a_pod_deleted_without_the_finalizer_is_billed_to_its_end_as_the_watch_l
     assert done.billing is not None and done.billing.observed == 1
     assert billed(ledgers[0], pod["metadata"]["uid"]) == 50 * MICROS
     assert ledgers[0].open_observed() == []
+
+
+def test_a_pod_billed_past_its_recorded_end_is_billed_to_its_end_once_the_end_arrives(
+    controller: ControllerManager, fake_kube: FakeKube, ledgers: list[ReportLedger], clock: Clock,
+) -> None:
+    # The bills pass at 90 s still saw it running; its kubelet then wrote that its containers had finished at 85 s.
+    pod = pod_object(fake_kube, "tail", {"phase": "Running"})
+    run_at(controller, clock, 90)
+    uid = pod["metadata"]["uid"]
+    assert billed(ledgers[0], uid) == 90 * MICROS
+    pod["status"] = {"phase": "Succeeded", "startTime": "2026-11-25T10:00:00Z", "containerStatuses": [
+        {"name": "main", "state": {"terminated": {"finishedAt": "2026-11-25T10:01:25Z"}}}]}
+    run_at(controller, clock, 95)
+    assert billed(ledgers[0], uid) == 85 * MICROS  # 1 GPU from its start to its finishedAt, not a second past it
+    with ledgers[0].db.read() as conn:
+        charged = conn.execute(select(func.sum(pod_usage.c.micro_gpu_seconds)).where(pod_usage.c.pod_uid == uid))
+        assert charged.scalar_one() == 85 * MICROS  # the usage the reports sum, corrected alike
+    assert ledgers[0].budgets.status("ml").used_micro_gpu_seconds == 85 * MICROS

@@ -178,3 +178,20 @@ def test_re_billing_cannot_make_an_absurd_cumulative() -> None:
 def test_a_zero_share_with_time_is_refused(trusted_share: float | None) -> None:
     with pytest.raises(ReportError, match="gpuShare is 0 but gpuSeconds is not"):
         billed_micro_gpu_seconds(meter_report(1, 10.0, share=0.0), trusted_share)
+
+
+def test_time_billed_past_the_recorded_end_is_taken_back_when_the_end_arrives() -> None:
+    # A pass billed the pod to 50 s; its kubelet then wrote that its containers finished at 45 s.
+    billed = observe(NEW_POD, running(50)).ledger
+    ended = observe(billed, Observation(0.5, START, at(45), ended=True))
+    assert ended.charge_micro_gpu_seconds == -2_500_000  # the 5 s at 0.5 GPU nobody used
+    assert (ended.ledger.billed, ended.ledger.observed, ended.ledger.ended_at) == (22_500_000, 22_500_000, at(45))
+    late = observe(ended.ledger, running(900))
+    assert (late.outcome, late.charge_micro_gpu_seconds) == (Outcome.CLOSED, 0)
+
+
+def test_the_meter_is_capped_at_the_recorded_end_when_the_end_arrives_late() -> None:
+    ledger = observe(NEW_POD, running(30)).ledger
+    ledger = report(ledger, 1, 25_000_000, False, meter_ceiling(ledger, 0.5, at(50))).ledger  # 50 s, by its meter
+    ended = observe(ledger, Observation(0.5, START, at(40), ended=True))
+    assert (ended.ledger.billed, ended.charge_micro_gpu_seconds) == (20_000_000, -5_000_000)  # 0.5 x 40 s, exactly

@@ -1,7 +1,8 @@
 """Exactly-once accounting of a pod's bill from its two sources, plain data: the API server's record, whose every
 observation bills the time since the last (`observe`), and the meter's cumulative reports, evidence that may fill what
 the record could not see but never lower, stop or end a bill (`report`). Only growth is charged: a retried report
-charges nothing, a lost one's time is carried by the next, and nothing ever goes back (docs/budgets.md, accounting).
+charges nothing, a lost one's time is carried by the next. The one thing that goes back is time billed past the
+record's end, which the end corrects when it arrives (docs/budgets.md, accounting).
 """
 
 from __future__ import annotations
@@ -119,21 +120,39 @@ def report(
 def observe(ledger: PodLedger, observation: Observation) -> Accounting:
     """What one observation of the API server's record does to a pod's ledger: the time since the last observed
     (since the start, the first time) is billed at the share (the largest it was observed at), and an ended pod's
-    bill is closed."""
+    bill is closed at its end."""
     if ledger.closed:
         return Accounting(Outcome.CLOSED, ledger, 0)
     since = ledger.observed_until or observation.started_at
-    until = max(since, observation.until)
     share = max(observation.share, ledger.share or 0.0)  # a pod's share never goes down: no edit of it lowers a bill
+    if observation.ended:
+        return _ended(ledger, observation, share)
+    until = max(since, observation.until)
     after = replace(
         ledger,
         observed=ledger.observed + share_time(share, since, until),
         observed_until=until,
         started_at=ledger.started_at or observation.started_at,
-        ended_at=until if observation.ended else None,
         share=share,
     )
     return _charged(Outcome.CHARGED, ledger, after, 0)
+
+
+def _ended(ledger: PodLedger, observation: Observation, share: float) -> Accounting:
+    """The pod's bill closed at its recorded end: the time since the last observation billed, or, when a pass had
+    billed it past the end (a kubelet writes a container's end a moment after it stopped), that time taken back, and
+    the meter capped at the end; the bill is the record's to the micro-GPU-second, and the charge of a correction
+    negative."""
+    started = ledger.started_at or observation.started_at
+    end = max(observation.until, started)
+    since = ledger.observed_until or started
+    if end >= since:
+        observed = ledger.observed + share_time(share, since, end)
+    else:
+        observed = max(0, ledger.observed - share_time(ledger.share or share, end, since))
+    after = replace(ledger, observed=observed, observed_until=end, started_at=started, ended_at=end, share=share)
+    billed = max(observed, min(ledger.metered, share_time(share, started, end)))
+    return Accounting(Outcome.CHARGED, replace(after, billed=billed), billed - ledger.billed)
 
 
 def close(ledger: PodLedger, at: dt.datetime) -> Accounting:

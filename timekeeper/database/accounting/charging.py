@@ -291,7 +291,7 @@ class ReportLedger(PodLedgers):
                 pod_charges[entry.pod_uid, model.name] += charge
                 charges[namespace] += charge.weighted_micro_gpu_seconds
                 billed[entry.index] = charge.weighted_micro_gpu_seconds
-                if self.fair_share is not None and charge.weighted_micro_gpu_seconds:
+                if self.fair_share is not None and charge.weighted_micro_gpu_seconds > 0:  # not a correction
                     decayed.append(
                         _interval(namespace, accounting, charge.weighted_micro_gpu_seconds, now, entry.observed)
                     )

@@ -36,6 +36,9 @@ class PodCharge:
     def __add__(self, other: "PodCharge") -> "PodCharge":
         return PodCharge(*(getattr(self, column) + getattr(other, column) for column in _CHARGED))
 
+    def __sub__(self, other: "PodCharge") -> "PodCharge":
+        return PodCharge(*(getattr(self, column) - getattr(other, column) for column in _CHARGED))
+
 
 NO_CHARGE = PodCharge(0, 0)
 
@@ -44,6 +47,8 @@ def pod_charge(charge_micro: int, billing_weight: int, utilization_percent: floa
     """A raw charge, weighted, and its idle part: billed share × time × (1 − utilisation), in whole
     micro-GPU-seconds, raw and weighted alike. The utilisation is taken to a thousandth of a percent, so that all is
     integer arithmetic."""
+    if charge_micro < 0:  # a correction takes back exactly what the same charge would have added
+        return NO_CHARGE - pod_charge(-charge_micro, billing_weight, utilization_percent)
     billed = weighted(charge_micro, billing_weight)
     if utilization_percent is None:
         return PodCharge(charge_micro, billed)
