@@ -77,7 +77,7 @@ class MeterReport:
             gpu_memory_used_mib=optional_number_field(body, "gpuMemoryUsedMiB", 0, MAX_GPU_MEMORY_MIB),
             gpu_utilization_percent=optional_number_field(body, "gpuUtilizationPercent", 0, 100),
             gpu_memory_requested_mib=optional_number_field(body, "gpuMemoryRequestedMiB", 0, MAX_GPU_MEMORY_MIB),
-            gpu_model=_model(body.get("gpuModel")),
+            gpu_model=gpu_model_field(body.get("gpuModel")),
         )
 
 
@@ -108,7 +108,7 @@ def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int:
     return value
 
 
-def _model(value: object) -> str | None:
+def gpu_model_field(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not 0 < len(value) <= MAX_GPU_MODEL or not value.isprintable():

@@ -11,7 +11,14 @@ from typing import Any
 
 from gpusharing.compat import StrEnum
 from gpusharing.names import NAMESPACE, NODE_NAME, POD_NAME, UID
-from gpusharing.report import MAX_GPU_MEMORY_MIB, ReportError, number_field, optional_number_field, text_field
+from gpusharing.report import (
+    MAX_GPU_MEMORY_MIB,
+    ReportError,
+    gpu_model_field,
+    number_field,
+    optional_number_field,
+    text_field,
+)
 
 # A kubelet runs 110 pods by default and allows a few hundred; a node's batch is bounded well above that.
 MAX_PODS_PER_NODE = 1000
@@ -39,15 +46,18 @@ class PodUtilisation:
     pod: str
     utilisation_percent: float | None  # None: unknown (a MIG instance without GPM, no device found)
     memory_used_mib: float | None = None
+    gpu_model: str | None = None  # NVML's name of the GPUs it was given: evidence beside its node's label
 
     def to_json(self) -> dict[str, Any]:
         body = {"podUid": self.pod_uid, "namespace": self.namespace, "pod": self.pod,
-                "utilisationPercent": self.utilisation_percent, "memoryUsedMiB": self.memory_used_mib}
+                "utilisationPercent": self.utilisation_percent, "memoryUsedMiB": self.memory_used_mib,
+                "gpuModel": self.gpu_model}
         return {key: value for key, value in body.items() if value is not None}
 
     @classmethod
     def from_json(cls, body: object) -> "PodUtilisation":
-        _expect_object(body, "a reading", {"podUid", "namespace", "pod"}, {"utilisationPercent", "memoryUsedMiB"})
+        _expect_object(body, "a reading", {"podUid", "namespace", "pod"},
+                       {"utilisationPercent", "memoryUsedMiB", "gpuModel"})
         assert isinstance(body, dict)
         return cls(
             pod_uid=UID.check(text_field(body, "podUid"), "podUid"),
@@ -55,6 +65,7 @@ class PodUtilisation:
             pod=POD_NAME.check(text_field(body, "pod"), "pod"),
             utilisation_percent=optional_number_field(body, "utilisationPercent", 0, 100),
             memory_used_mib=optional_number_field(body, "memoryUsedMiB", 0, MAX_GPU_MEMORY_MIB),
+            gpu_model=gpu_model_field(body.get("gpuModel")),
         )
 
 

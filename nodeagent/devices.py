@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusharing.nvml import Sampler, text
+from gpusharing.report import MAX_GPU_MODEL
 from gpusharing.settings.env import load_code
 from nodeagent.config import NVML
 
@@ -28,6 +29,7 @@ class DeviceWindow:
     # The device's (or MIG instance's) own utilisation, read only where per-process samples are missing; None: unknown.
     device_busy: float | None
     processes: tuple[tuple[int, int | None], ...]  # (pid, bytes of device memory; None: the driver will not say)
+    model: str | None = None  # NVML's name of the GPU (a MIG instance's: its GPU's); None: the driver will not say
 
 
 class Gpus:
@@ -63,11 +65,20 @@ class Gpus:
         nvml = self.nvml
         uuid = text(nvml.nvmlDeviceGetUUID(handle))
         processes = tuple((p.pid, p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        model = self._model(device)
         if mig:
-            return DeviceWindow(uuid, None, _percent(self._sampler.gpm_busy(key, device, handle)), processes)
+            return DeviceWindow(uuid, None, _percent(self._sampler.gpm_busy(key, device, handle)), processes, model)
         by_pid = self._sampler.process_busy(key, handle)
         device_busy = _percent(self._sampler.device_busy(key, handle)) if by_pid is None else None
-        return DeviceWindow(uuid, by_pid, device_busy, processes)
+        return DeviceWindow(uuid, by_pid, device_busy, processes, model)
+
+    def _model(self, device: Any) -> str | None:
+        """The GPU's model as NVML names it: evidence of what its pods got, beside the node's label they are billed
+        by."""
+        try:
+            return text(self.nvml.nvmlDeviceGetName(device))[:MAX_GPU_MODEL] or None
+        except self.nvml.NVMLError:
+            return None
 
 
 def _percent(value: float | None) -> float | None:

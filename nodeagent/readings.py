@@ -88,7 +88,7 @@ def pod_readings(node: NodeDevices, windows: Mapping[str, DeviceWindow], owners:
             continue
         named.add(uid)
         readings.append(PodUtilisation(uid, pod.namespace, pod.name, _utilisation(held[key], windows, owners, uid),
-                                       _memory_mib(windows, owners, uid)))
+                                       _memory_mib(windows, owners, uid), _model(held[key], windows)))
     return tuple(readings)
 
 
@@ -110,6 +110,12 @@ def _utilisation(held: dict[str, Holding] | None, windows: Mapping[str, DeviceWi
             return None
         used += min(holding.share * 100.0, busy)
     return round(min(100.0, used / sum(h.share for h in held.values())), 3)
+
+
+def _model(held: dict[str, Holding] | None, windows: Mapping[str, DeviceWindow]) -> str | None:
+    """The model of the GPUs the pod was given, as NVML names it; None where it is not one model, or not said."""
+    models = {windows[uuid].model for uuid in held or {}}
+    return models.pop() if len(models) == 1 else None
 
 
 def _memory_mib(windows: Mapping[str, DeviceWindow], owners: Mapping[int, str], uid: str) -> float | None:

@@ -202,8 +202,8 @@ class LedgerCollector(Collector):
         silent.add_metric([], float(self.ledger.silent_meters(self.ledger.fresh_seconds, GONE_AFTER_SECONDS)))
         disagreeing = GaugeMetricFamily(
             "gpusharing_timekeeper_meter_model_disagreements",
-            "Pods not ended whose meter names a GPU model other than the one they are billed on (the node's): "
-            "evidence to look into, never the bill.",
+            "Pods not ended whose node agent or meter names a GPU model other than the one they are billed on (the "
+            "node's): evidence to look into, never the bill.",
         )
         disagreeing.add_metric([], float(self.ledger.model_disagreements()))
         over = GaugeMetricFamily(

@@ -273,9 +273,10 @@ def _gpu_model(record: dict[str, Any], node: str | None, ledger: dict[str, Any] 
     else:
         text += (f"; admitted on {admitted}, the model it names or else the catalogue's default: a pod is billed "
                  "for the GPU it got, never below what was admitted")
-    meter = ledger.get("meterGpuModel") if ledger else None
-    if meter and meter != billed:
-        text += f"; its meter names {meter}, evidence only (gpusharing_timekeeper_meter_model_disagreements)"
+    for who, key in (("its node agent reads", "deviceGpuModel"), ("its meter names", "meterGpuModel")):
+        said = ledger.get(key) if ledger else None
+        if said and said != billed:
+            text += f"; {who} {said}, evidence only (gpusharing_timekeeper_meter_model_disagreements)"
     return text
 
 

@@ -5,7 +5,8 @@ up to now, Not Found when there are none, as NVML does. MIG instances answer thr
 per-process samples, without GPM, or failing, is faked the way NVML answers.
 
 `open_nvml` (GPUSHARING_NODE_AGENT_NVML=tests.nodeagent.fake_nvml:open_nvml) plays the trace in the JSON file named
-by GPUSHARING_FAKE_NODE_TRACE (`{"gpus": [{"uuid": …, "processes": {"pid": bytes}, "busy": {"pid": percent}}]}`;
+by GPUSHARING_FAKE_NODE_TRACE (`{"gpus": [{"uuid": …, "name": NVML's, "processes": {"pid": bytes}, "busy": {"pid":
+percent}}]}`;
 `"perProcess": false, "utilisation": null` for a GPU whose driver gives neither per-process samples nor its own) on
 the process's monotonic clock, read again when the file changes, for an agent process or the cluster tier's
 simulated nodes (tests/cluster/nodeagents.py).
@@ -40,6 +41,7 @@ class FakeGpu:
     mig: list["FakeGpu"] | None = None  # MIG instances: MIG mode enabled
     gpm: bool = True  # GPM (Hopper and later): a MIG instance's utilisation; `utilisation` is its SM activity
     failing: bool = False  # the driver fails on it (a GPU fallen off the bus)
+    name: str | None = None  # NVML's name of it; None: the driver will not say
 
 
 class FakeNvml(FakeMigDriver):
@@ -79,6 +81,11 @@ class FakeNvml(FakeMigDriver):
     def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
         return handle.uuid
 
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
+        if handle.name is None:
+            raise NVMLError(self.NVML_ERROR_NOT_SUPPORTED, "Not Supported")
+        return handle.name
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:
         self._check(handle)
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes.items()]
@@ -110,7 +117,8 @@ def gpus_from_trace(trace: dict[str, Any]) -> list[FakeGpu]:
     """The GPUs of a JSON trace (see the module's docstring)."""
     return [FakeGpu(uuid=gpu["uuid"], processes={int(pid): used for pid, used in gpu.get("processes", {}).items()},
                     busy={int(pid): busy for pid, busy in gpu.get("busy", {}).items()}, period=gpu.get("period", 0.1),
-                    per_process=gpu.get("perProcess", True), utilisation=gpu.get("utilisation", 0.0))
+                    per_process=gpu.get("perProcess", True), utilisation=gpu.get("utilisation", 0.0),
+                    name=gpu.get("name"))
             for gpu in trace["gpus"]]
 
 

@@ -98,3 +98,9 @@ def test_a_driver_that_cannot_count_its_gpus_fails_the_reading() -> None:
     nvml.failure = "Driver Not Loaded"
     with pytest.raises(nvml.NVMLError, match="Driver Not Loaded"):
         Gpus(nvml).read()
+
+
+def test_each_device_says_its_model_as_nvml_names_it_and_nothing_where_the_driver_will_not() -> None:
+    nvml = FakeNvml([FakeGpu("GPU-0", name="Tesla T4"), FakeGpu("GPU-1", name=None)])
+    windows = Gpus(nvml).read()
+    assert (windows["GPU-0"].model, windows["GPU-1"].model) == ("Tesla T4", None)

@@ -143,3 +143,15 @@ def test_memory_the_driver_will_not_disclose_is_unknown() -> None:
 def test_a_pod_whose_uid_is_unknown_is_left_out() -> None:
     devices = node(("team-a/a", [("nvidia.com/gpu", GPU0)]), ("team-z/z", [("nvidia.com/gpu", GPU1)]))
     assert list(readings(devices, [window(GPU0, {}), window(GPU1, {})], {})) == ["a"]
+
+
+def test_each_reading_names_the_model_of_the_gpus_the_pod_was_given_and_none_where_they_differ() -> None:
+    t4, h100 = "Tesla T4", "NVIDIA H100 80GB HBM3"
+    devices = node(("team-a/a", [("nvidia.com/gpu", GPU0)]),
+                   ("team-b/b", [("nvidia.com/gpu", GPU0), ("nvidia.com/gpu", GPU1)]),
+                   ("team-c/c", [("nvidia.com/gpu", "GPU-not-on-this-node")]))
+    windows = {GPU0: DeviceWindow(GPU0, {}, None, (), t4), GPU1: DeviceWindow(GPU1, {}, None, (), h100)}
+    found = {r.pod: r.gpu_model for r in pod_readings(devices, windows, {}, UIDS)}
+    assert found == {"a": t4, "b": None, "c": None}  # two models: not one to name; no device: nothing to name
+    reading = PodUtilisation(A, "team-a", "a", 0.0, None, t4)
+    assert PodUtilisation.from_json(reading.to_json()) == reading

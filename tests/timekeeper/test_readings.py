@@ -5,6 +5,7 @@ tokens, and TokenReview against the HTTP fake of the API). The real API server: 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -485,3 +486,20 @@ def test_whose_tokens_send_node_readings_is_a_setting_defaulting_to_the_agents_a
     users = "system:serviceaccount:gpu-ops:agent, system:serviceaccount:dcgm:agent ,"
     assert TimekeeperConfig.from_env({"TIMEKEEPER_NODE_AGENT_USERS": users}).node_agents == {
         "system:serviceaccount:gpu-ops:agent", "system:serviceaccount:dcgm:agent"}
+
+
+def test_the_model_a_node_agent_reads_is_kept_as_evidence_and_a_disagreement_counted(
+    ledger: ReportLedger, readings: UtilisationLedger, clock: Clock,
+) -> None:
+    pod = Pod(ledger, readings, clock, "uid-t4", "t4")
+    running = Observation(0.5, pod.started, clock.at, False)
+    ledger.observe([PodObservation(pod.uid, pod.namespace, pod.name, 0.5, running, model="Tesla T4")])  # its node's
+    said = PodUtilisation(pod.uid, pod.namespace, pod.name, 50.0, None, "NVIDIA H100 80GB HBM3")
+    readings.record_utilisation(NODE, [said], WINDOW, pod.later(5).clock.at)
+    record = pod.record()
+    assert (record.model, record.device_model) == ("Tesla T4", "NVIDIA H100 80GB HBM3")
+    assert ledger.model_disagreements() == 1  # never the bill: only counted, and shown by explain
+    pod.later(5).node(50.0)  # a reading that names no model leaves the last one said
+    assert pod.record().device_model == "NVIDIA H100 80GB HBM3"
+    readings.record_utilisation(NODE, [replace(said, gpu_model="Tesla T4")], WINDOW, pod.later(5).clock.at)
+    assert (pod.record().device_model, ledger.model_disagreements()) == ("Tesla T4", 0)

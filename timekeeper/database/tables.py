@@ -116,6 +116,7 @@ class PodLedgerRow(Base):
     # The catalogue's model it is billed on, fixed at its first charge (its node's once bound); its meter's is evidence.
     model: Mapped[str | None] = mapped_column(String(96))
     meter_model: Mapped[str | None] = mapped_column(String(96))  # the model its meter last named (NVML's)
+    device_model: Mapped[str | None] = mapped_column(String(96))  # its GPUs' model, as its node agent last read it
     micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # cumulative charged: max(observed, metered), never less
     metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the meter's cumulative
     # the watch's, to observed_until

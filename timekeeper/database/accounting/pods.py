@@ -49,6 +49,7 @@ class PodRecord:
     utilisation_fresh_until: dt.datetime | None = None
     model: str | None = None  # the GPU model it is billed on
     meter_model: str | None = None  # the model its meter last named
+    device_model: str | None = None  # the model of the GPUs it was given, as its node agent last read them
 
     @property
     def streak(self) -> Streak:
@@ -74,6 +75,7 @@ class PodRecord:
             "gpuShare": self.billed_share,
             "gpuModel": self.model,
             "meterGpuModel": self.meter_model,
+            "deviceGpuModel": self.device_model,
             "gpuSeconds": self.micro_gpu_seconds / MICROS_PER_SECOND,
             "observedGpuSeconds": self.observed_micro_gpu_seconds / MICROS_PER_SECOND,
             "meteredGpuSeconds": self.metered_micro_gpu_seconds / MICROS_PER_SECOND,
@@ -117,7 +119,7 @@ STREAK_COLUMNS = ("idle_since", "idle_warned_at", "idle_acted_at")
 _ADVANCING_COLUMNS = ("pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "meter_silent_since", *STREAK_COLUMNS)
 _OBSERVING_COLUMNS = ("pod", *_LEDGER_COLUMNS)
 _OPENING_COLUMNS = ("pod_uid", "namespace", "pod", *_LEDGER_COLUMNS, *_READING_COLUMNS, "first_report_at")
-LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, *_UTILISATION_COLUMNS, *STREAK_COLUMNS)
+LOCKED_COLUMNS = ("pod_uid", "namespace", *_LEDGER_COLUMNS, *_UTILISATION_COLUMNS, *STREAK_COLUMNS, "device_model")
 UTILISATION_COLUMNS = (*_UTILISATION_COLUMNS, *STREAK_COLUMNS)  # what a reading from any source moves
 
 
@@ -184,10 +186,12 @@ class PodLedgers:
             return int(conn.execute(query).scalar_one())
 
     def model_disagreements(self) -> int:
-        """Pods not ended whose meter last named a GPU model other than the one they are billed on."""
+        """Pods not ended whose meter, or node agent, last named a GPU model other than the one they are billed on."""
+        model = pod_ledgers.c.model
         query = select(func.count()).select_from(pod_ledgers).where(
-            pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.final.is_(False), pod_ledgers.c.meter_model.is_not(None),
-            pod_ledgers.c.model.is_not(None), pod_ledgers.c.meter_model != pod_ledgers.c.model)
+            pod_ledgers.c.ended_at.is_(None), pod_ledgers.c.final.is_(False), model.is_not(None),
+            or_(and_(pod_ledgers.c.meter_model.is_not(None), pod_ledgers.c.meter_model != model),
+                and_(pod_ledgers.c.device_model.is_not(None), pod_ledgers.c.device_model != model)))
         with self.db.read() as conn:
             return int(conn.execute(query).scalar_one())
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 
 from gpusharing.contract import fresh_for
+from gpusharing.gpu.catalogue import GpuCatalogue
 from gpusharing.idle.verdict import Reading, Streak
 from gpusharing.utilisation import PodUtilisation, UtilisationSource
 from timekeeper.database.accounting.charging import ReportLedger
@@ -54,17 +55,18 @@ class UtilisationLedger:
     """Records utilisation readings against the pods' ledgers; `thresholds` gives a namespace's idle threshold (the
     ReportLedger's, so that one policy read serves both)."""
 
-    def __init__(self, db: Database, thresholds: Callable[[str], float]):
+    def __init__(self, db: Database, thresholds: Callable[[str], float], catalogue: GpuCatalogue):
         self.db = db
         self.thresholds = thresholds
+        self.catalogue = catalogue
         lock = (select(*(pod_ledgers.c[column] for column in LOCKED_COLUMNS))
                 .where(pod_ledgers.c.pod_uid.in_(bindparam("uids", expanding=True))).order_by(pod_ledgers.c.pod_uid))
         self._lock = lock if db.is_sqlite else lock.with_for_update()
-        self._write = db.bulk_update(pod_ledgers, "pod_uid", UTILISATION_COLUMNS)
+        self._write = db.bulk_update(pod_ledgers, "pod_uid", (*UTILISATION_COLUMNS, "device_model"))
 
     @classmethod
     def of(cls, ledger: ReportLedger) -> "UtilisationLedger":
-        return cls(ledger.db, ledger.idle_threshold)
+        return cls(ledger.db, ledger.idle_threshold, ledger.catalogue)
 
     def record_utilisation(self, source: UtilisationSource, readings: Sequence[PodUtilisation], window_seconds: float,
                            at: dt.datetime) -> RecordedReadings:
@@ -93,13 +95,20 @@ class UtilisationLedger:
                                              reading.utilisation_percent, thresholds[reading.namespace], at,
                                              fresh_for(window_seconds))
                 taken = Reading(reading.utilisation_percent, at, source, fresh_until)
-                written.append(
-                    {"pod_uid": uid, **reading_columns(taken, reading.memory_used_mib), **streak_columns(streak)}
-                )
+                written.append({"pod_uid": uid, **reading_columns(taken, reading.memory_used_mib),
+                                **streak_columns(streak), "device_model": self._model(reading) or row.device_model})
             if written:
                 self._write.execute(conn, written)
         order = {uid: index for index, uid in enumerate(by_uid)}
         return RecordedReadings(len(written), tuple(sorted(ignored, key=lambda ignore: order[ignore.pod_uid])))
+
+    def _model(self, reading: PodUtilisation) -> str | None:
+        """The model a node agent read, as the catalogue names it (as said, where the catalogue lacks it): evidence,
+        compared with the model the pod is billed on, never billed."""
+        if reading.gpu_model is None:
+            return None
+        model = self.catalogue.by_name(reading.gpu_model)
+        return model.name if model is not None else reading.gpu_model
 
 
 def bound_to_node(readings: Sequence[PodUtilisation], bound: Mapping[str, tuple[str, str]] | None,
