@@ -182,3 +182,21 @@ def test_a_resize_cannot_starve_the_meter(gpusharing: GpuSharing, tenant: Tenant
         tenant.admin.read_namespaced_pod("train", tenant.namespace).spec.init_containers[0].resources.limits["cpu"]
         == cpu
     )
+
+
+def test_a_namespace_admin_can_neither_write_a_pods_end_nor_grant_itself_the_right_to(tenant: Tenant) -> None:
+    """A pod's bill closes at the finishedAt its kubelet writes, and time billed past it is taken back
+    (docs/budgets.md, "Never past the record"): a tenant who could write its pod's status could take back time it
+    used. It can do neither that nor give itself the permission, on the API server."""
+    tenant.create_gpu_pod("train")
+    ended = {"status": {"phase": "Succeeded", "containerStatuses": [{
+        "name": "main", "image": "cuda", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "startedAt": "2020-01-01T00:00:00Z",
+                                 "finishedAt": "2020-01-01T00:00:01Z"}}}]}}
+    message = refusal(lambda: tenant.admin.patch_namespaced_pod_status("train", tenant.namespace, ended))
+    assert "pods/status" in message, message
+    role = client.V1Role(metadata=client.V1ObjectMeta(name="status-writer"), rules=[client.V1PolicyRule(
+        api_groups=[""], resources=["pods/status"], verbs=["patch", "update"])])
+    rbac = client.RbacAuthorizationV1Api(tenant.admin.api_client)
+    message = refusal(lambda: rbac.create_namespaced_role(tenant.namespace, role))
+    assert "attempting to grant RBAC permissions not currently held" in message, message
