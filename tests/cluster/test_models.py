@@ -55,9 +55,9 @@ CATALOGUE = shipped_catalogue()
 A100, T4, H200 = "NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA H200"
 PRODUCT = "nvidia.com/gpu.product"  # GPU feature discovery's label: the model's name, its spaces as dashes
 RUNS_SECONDS = 3
-# Seconds the slow kubelet takes to record the start: its meter (simulated, every second; a round of every running
-# pod's reports may take a few seconds on a busy tier) reports meanwhile.
-REPORTED_FIRST_AFTER = 10
+# Seconds the slow kubelet takes to record the start: its meter (simulated) reports as the pod starts, and every second
+# after.
+REPORTED_FIRST_AFTER = 5
 BILLING_INTERVAL_SECONDS = 2  # the cluster fixture's TIMEKEEPER_BILLING_INTERVAL_SECONDS
 GPU_MODEL_UNKNOWN = "GPUModelUnknown"
 
