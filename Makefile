@@ -11,7 +11,7 @@ PROMETHEUS := $(BIN)/prometheus
 VERSION := $(shell sed -n 's/^version = //p' setup.cfg)
 IMAGE ?= ghcr.io/kube-gpusharing/gpusharing
 
-.PHONY: test test-fast fast-tier postgres-lane e2e-lane cluster-lane lint demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests
+.PHONY: test test-fast fast-tier postgres-lane e2e-lane cluster-lane lint demo bench scale clean constraints test-python test-lowest plugin tools dist image manifests focus-validator
 
 # One virtualenv, one stamp per extra installed in it: the package alone (the demo), with its test extra (the suite),
 # with its release extra (make dist).
@@ -60,7 +60,7 @@ timed = start=$$(date +%s); $(2); status=$$?; \
 test: $(VENV)/.installed
 	@rm -f $(TIMES)
 	@$(call timed,lint (ruff, mypy, import-linter),$(MAKE) --no-print-directory lint)
-	@$(call timed,tools (promtool, prometheus),$(MAKE) --no-print-directory tools)
+	@$(call timed,tools (promtool, prometheus, focus-validator),$(MAKE) --no-print-directory tools)
 	-@$(MAKE) --no-print-directory fast-tier DURATIONS=--durations=25
 	@$(call timed,the lanes (cluster | postgres then e2e),$(MAKE) --no-print-directory -j2 -Otarget cluster-lane e2e-lane)
 	@echo; echo "make test: wall-clock seconds of each part"; cat $(TIMES); ! grep -q FAILED $(TIMES)
@@ -97,16 +97,35 @@ lint: $(VENV)/.installed
 
 # promtool, which tests/manifests/test_monitoring.py checks the alerts with and tests/timekeeper/test_dcgm.py the
 # utilisation query, and the Prometheus server tests/timekeeper/test_prometheus_source.py scrapes fake DCGM series
-# with: the machine's, else the binaries alone from Debian's prometheus package. Without them those tests are
-# skipped, and fail under CI=true.
+# with: the machine's, else the binaries alone from Debian's prometheus package; and focus-validator (below). Without
+# them the tests that need them are skipped, and fail under CI=true.
 tools: $(VENV)/.installed
 	@$(MAKE) --no-print-directory $(PROMTOOL) $(PROMETHEUS) VENV=$(VENV) || echo "promtool or prometheus could not be installed: the tests that need them will be skipped"
+	@$(MAKE) --no-print-directory focus-validator || echo "focus-validator could not be installed: its tests will be skipped"
 
 $(PROMTOOL) $(PROMETHEUS): | $(VENV)/.installed
 	@name=$(notdir $@); if command -v $$name >/dev/null; then ln -sf "$$(command -v $$name)" $@; else \
 	  tmp=$$(mktemp -d) && cd $$tmp && \
 	  { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } && \
 	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/$$name $(CURDIR)/$@ && rm -rf $$tmp; fi
+
+# focus-validator, FOCUS 1.2's official validator, which tests/timekeeper/chargeback/test_focus.py runs on the FOCUS
+# export (docs/chargeback.md#the-focus-export): in a virtualenv of its own, at the versions requirements-focus.txt
+# pins, as it needs Python 3.12 (python3.12 on the PATH, else pyenv's; FOCUS_PYTHON= to name one), numpy below 2 and
+# pyarrow below 20.
+FOCUS_VENV := .venv-focus
+FOCUS_PYTHON ?= $(firstword $(foreach python,python3.12 $(wildcard $(PYENV_ROOT)/versions/3.12.*/bin/python3),\
+	$(shell $(python) -c 'import sys; print(sys.executable if sys.version_info[:2] == (3, 12) else "")' 2>/dev/null)))
+focus-validator: $(FOCUS_VENV)/.installed
+
+$(FOCUS_VENV)/.installed: requirements-focus.txt
+	@test -n "$(FOCUS_PYTHON)" || { echo "focus-validator needs Python 3.12: none runs as python3.12 or from" \
+	  "$(PYENV_ROOT)/versions/3.12.* (make focus-validator FOCUS_PYTHON=/path/to/python3.12)" >&2; exit 1; }
+	rm -rf $(FOCUS_VENV)
+	$(FOCUS_PYTHON) -m venv $(FOCUS_VENV)
+	$(FOCUS_VENV)/bin/pip install --quiet --upgrade pip
+	$(FOCUS_VENV)/bin/pip install --quiet -r requirements-focus.txt
+	touch $@
 
 demo: $(VENV)/.runtime
 	$(BIN)/python -m demo
@@ -120,6 +139,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/reservations.py
 	$(BIN)/python bench/cluster_scale.py
 	$(BIN)/python bench/fairshare.py
+	$(BIN)/python bench/chargeback.py
 
 # The cluster tier's scale run, larger than CI runs it (tests/cluster/test_scale.py prints its figures).
 SCALE_NODES ?= 200
@@ -180,4 +200,4 @@ test-lowest:
 	.venv-lowest/bin/python -m pytest
 
 clean:
-	rm -rf $(VENV) .venv-py* .venv-lowest .demo *.egg-info dist .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .venv-py* .venv-lowest .venv-focus .demo *.egg-info dist .mypy_cache .ruff_cache .import_linter_cache

@@ -9,6 +9,7 @@ demoted, and a top-up promoting the namespace back. Everything it starts is stop
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import subprocess
@@ -286,6 +287,11 @@ def main() -> int:
         print(gpusharing("budget", "ls", env=env), end="")
         webhook_learns(webhook, paths["ca"], "in-budget")
         decisions.admit("kai-memory.yaml (topped up)", example_pod("kai-memory.yaml", NAMESPACE))
+
+        today = dt.datetime.now(dt.timezone.utc).date()
+        window = ("--from", str(today), "--to", str(today + dt.timedelta(days=1)))
+        step(f"finance: gpusharing report accounts {' '.join(window)} (GPU-hours by the hour they were used)")
+        print(gpusharing("report", "accounts", *window, env=env), end="")
 
         step("stopping everything")
     print(f"\n==> done in {time.monotonic() - started:.0f} s; nothing left running")

@@ -21,6 +21,7 @@ _ROLES = {
     "pods": "gpusharing.admin.commands",
     "explain": "gpusharing.admin.commands",
     "usage": "gpusharing.admin.commands",
+    "report": "gpusharing.admin.commands",
     "meter": "sidecar.cli",
     "node-agent": "nodeagent.cli",
     "certs": "gpusharing.serving.certcommand",
@@ -32,6 +33,7 @@ EXAMPLES = """examples:
   gpusharing budget ls
   gpusharing pods --over-memory
   gpusharing usage --from 2026-11-01 --to 2026-12-01 --by namespace,day -o csv
+  gpusharing report focus --from 2026-11-01 --to 2026-12-01 > november-focus.csv     # FOCUS 1.2, for finance
   gpusharing COMMAND --help
 """
 

@@ -70,12 +70,18 @@ def usage_request(
     start: str | None, end: str | None, group_by: str | None, namespace: str | None = None
 ) -> UsageRequest:
     """The request that `from`, `to` and `groupBy` (as the API and the command line take them) ask for."""
+    first, after = report_days(start, end)
+    return UsageRequest(first, after, _group_keys("namespace" if group_by is None else group_by), namespace)
+
+
+def report_days(start: str | None, end: str | None) -> tuple[dt.date, dt.date]:
+    """The UTC days a report's `from` and `to` ask for: the first counted, the first not counted."""
     first, after = _date(start, "from"), _date(end, "to")
     if after <= first:
         raise UsageRequestError(f"to ({after}) must be after from ({first}): to is the first day not counted")
     if (after - first).days > MAX_DAYS:
         raise UsageRequestError(f"a report covers at most {MAX_DAYS} days, not {(after - first).days}")
-    return UsageRequest(first, after, _group_keys("namespace" if group_by is None else group_by), namespace)
+    return first, after
 
 
 def _date(raw: str | None, name: str) -> dt.date:

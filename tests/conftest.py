@@ -67,6 +67,7 @@ LONG_MODULES = tuple(
         "timekeeper/test_evictions.py",
         "manifests/test_chart.py",
         "gpusharing/test_graceful_shutdown.py",
+        "timekeeper/chargeback/test_focus.py",
     )
 )
 

@@ -346,7 +346,7 @@ class Authenticator:
             node = self._kube.read_node(node_name)
             model = node_gpus(node, self.catalogue).model.name if node is not None else model
         started = pod.status.start_time if pod.status is not None else None
-        return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model, started)
+        return ReportTerms(share, memory, recorded_labels(pod.metadata.labels), model, started, node_name or None)
 
 
 def read_access(scope: str | None) -> Access:

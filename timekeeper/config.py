@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from gpusharing.settings.meter import meter_interval_seconds
 from gpusharing.units.duration import DurationError, parse_duration
 from gpusharing.utilisation import UtilisationSource
 from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label, check_selector
+from timekeeper.chargeback.calendar import BILLING_PERIODS, MONTHLY, BillingCalendar
 from timekeeper.chargeback.prices import NO_PRICES, PriceSheet, PriceSheetError, load_price_sheet
 from timekeeper.fairshare.bands import FairShareBands
 
@@ -63,6 +65,7 @@ class TaskIntervals:
     fairshare: float = 30.0  # fair share: bands ranked from decayed usage (when enabled)
     # the fair-share queue released into the GPUs free, room made past the grace; with fair share off, released whole
     fairshare_queue: float = 2.0
+    capacity: float = 30.0  # the GPU capacity ledger: each GPU node's time since the last pass recorded
 
 
 TASK_SETTINGS = {
@@ -72,6 +75,7 @@ TASK_SETTINGS = {
     "commitments": "TIMEKEEPER_COMMITMENTS_INTERVAL_SECONDS", "utilisation": "TIMEKEEPER_UTILISATION_INTERVAL_SECONDS",
     "fairshare": "TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS",
     "fairshare_queue": "TIMEKEEPER_FAIRSHARE_QUEUE_INTERVAL_SECONDS",
+    "capacity": "TIMEKEEPER_CAPACITY_INTERVAL_SECONDS",
 }
 
 
@@ -198,6 +202,36 @@ def fair_share_settings(environ: Mapping[str, str]) -> FairShareSettings:
     )
 
 
+CLUSTER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class ChargebackSettings:
+    """How GPU time is booked for chargeback (docs/chargeback.md)."""
+
+    calendar: BillingCalendar = MONTHLY  # TIMEKEEPER_BILLING_PERIOD, TIMEKEEPER_BILLING_GRACE
+    share_unallocated: bool = False  # TIMEKEEPER_SHARE_UNALLOCATED: OpenCost's shareIdle
+    cluster: str = "kubernetes"  # TIMEKEEPER_CLUSTER_NAME: the billing account exports name
+
+
+def chargeback_settings(environ: Mapping[str, str]) -> ChargebackSettings:
+    """TIMEKEEPER_BILLING_PERIOD, TIMEKEEPER_BILLING_GRACE, TIMEKEEPER_SHARE_UNALLOCATED, TIMEKEEPER_CLUSTER_NAME."""
+    period = Period(env_choice("TIMEKEEPER_BILLING_PERIOD", MONTHLY.period.value, BILLING_PERIODS, environ))
+    raw_grace = environ.get("TIMEKEEPER_BILLING_GRACE", "").strip()
+    try:
+        grace = parse_duration(raw_grace, "TIMEKEEPER_BILLING_GRACE", 0.0, 7 * 24 * 3600.0) if raw_grace else None
+    except DurationError as exc:
+        raise ConfigError(str(exc)) from None
+    cluster = env_text("TIMEKEEPER_CLUSTER_NAME", ChargebackSettings.cluster, environ)
+    if not CLUSTER_NAME.fullmatch(cluster):
+        raise ConfigError(f"TIMEKEEPER_CLUSTER_NAME={cluster!r} must be a DNS label (lower-case letters, digits, '-')")
+    return ChargebackSettings(
+        BillingCalendar(period, MONTHLY.grace if grace is None else dt.timedelta(seconds=grace)),
+        env_flag("TIMEKEEPER_SHARE_UNALLOCATED", False, environ),
+        cluster,
+    )
+
+
 # The most TIMEKEEPER_EVICTION_RETRY_SECONDS may be: a claim's retries end before another leader may take it over as
 # stale (timekeeper.cluster.evictions.MAX_RETRY_SECONDS).
 EVICTION_RETRY_LIMIT_SECONDS = 45.0
@@ -243,6 +277,7 @@ class TimekeeperConfig:
     price_sheet: PriceSheet = NO_PRICES  # TIMEKEEPER_GPU_PRICES_FILE: what a GPU-hour of each model costs
     price_sheet_source: str = "no price sheet"  # recorded with it
     prometheus: PrometheusSource | None = None  # TIMEKEEPER_UTILISATION_SOURCE=prometheus: where DCGM's series are read
+    chargeback: ChargebackSettings = ChargebackSettings()
 
     @property
     def node_agents(self) -> frozenset[str]:
@@ -316,6 +351,7 @@ class TimekeeperConfig:
             if source == UtilisationSource.PROMETHEUS
             else None,
             fair_share=fair_share_settings(environ),
+            chargeback=chargeback_settings(environ),
         )
 
 

@@ -25,5 +25,5 @@ def build_controller(config: TimekeeperConfig, kube: KubeApi | None = None, cloc
             "the controller works on a cluster: set KUBECONFIG (or TIMEKEEPER_KUBECONFIG), or run it in one"
         )
     stores = build_stores(config, clock)
-    return ControllerManager(config, stores.budgets, stores.ledger, stores.idle, kube, stores.clock,
+    return ControllerManager(config, stores.budgets, stores.ledger, stores.idle, stores.capacity, kube, stores.clock,
                              utilisation_sink=utilisation_sink)

@@ -103,6 +103,14 @@ GPU_NODES_UNKNOWN_MODEL = Gauge(
     "gpusharing_controller_gpu_nodes_unknown_model",
     "GPU nodes whose GPU model the catalogue does not know (no product label, or a model it lacks): their pods are "
     "billed on the default model.", multiprocess_mode="livesum")
+GPU_CAPACITY = Gauge(
+    "gpusharing_controller_gpu_capacity",
+    "GPUs the cluster's nodes have, cordoned or not (MIG slices as their fraction), as the capacity task last read "
+    "them.",
+    multiprocess_mode="livesum")
+GPUS_DOWN = Gauge("gpusharing_controller_gpus_down",
+                  "Of those GPUs, the ones on nodes that are not Ready, as the capacity task last read them.",
+                  multiprocess_mode="livesum")
 LEADING = Gauge("gpusharing_controller_leading", "1 while this controller replica holds the Lease, else 0.",
                 multiprocess_mode="livesum")
 UTILISATION_READINGS = Gauge(

@@ -26,6 +26,7 @@ from timekeeper.database.accounting.report_queue import ReportQueue
 from timekeeper.database.accounting.streaks import IdleLedger, holds_by_namespace
 from timekeeper.database.budgets.reservations import ReservationStore
 from timekeeper.database.budgets.store import BudgetStore
+from timekeeper.database.chargeback.capacity import CapacityLedger
 from timekeeper.database.clock import DatabaseClock
 from timekeeper.database.cluster.commitments import PublishedCommitments
 from timekeeper.database.cluster.listings import WebhookListings
@@ -126,6 +127,7 @@ class Stores:
     budgets: BudgetStore
     ledger: ReportLedger
     idle: IdleLedger
+    capacity: CapacityLedger  # the GPU nodes' capacity per hour: written by the controller, read for chargeback
     fair_share: FairShareLedger | None = None  # None: fair share is off
 
 
@@ -141,8 +143,9 @@ def build_stores(config: TimekeeperConfig, clock: Clock | None = None) -> Stores
     fair_share = FairShareLedger(db, config.fair_share.half_life) if config.fair_share.enabled else None
     ledger = ReportLedger(budgets, catalogue=config.catalogue, catalogue_source=config.catalogue_source,
                           meter_interval_seconds=config.meter_interval_seconds, fair_share=fair_share,
-                          prices=config.price_sheet, prices_source=config.price_sheet_source)
-    return Stores(db, clock, budgets, ledger, IdleLedger(db), fair_share)
+                          prices=config.price_sheet, prices_source=config.price_sheet_source,
+                          calendar=config.chargeback.calendar)
+    return Stores(db, clock, budgets, ledger, IdleLedger(db), CapacityLedger(db), fair_share)
 
 
 def build_services(

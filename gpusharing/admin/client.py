@@ -84,6 +84,21 @@ class TimekeeperClient:
     def call(
         self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None
     ) -> Any:
+        answer = self._answer(method, path, body, query)
+        if answer.status == 204:
+            return None
+        body_read = answer.json()
+        if body_read is None:
+            raise Refused(f"{self.url} answered {answer.status} without JSON: is it the timekeeper's URL?")
+        return body_read
+
+    def download(self, path: str, query: dict[str, str] | None = None) -> bytes:
+        """A document the API answers as it is (a CSV export), not as JSON."""
+        return self._answer("GET", path, None, query).body
+
+    def _answer(
+        self, method: str, path: str, body: dict[str, Any] | None, query: dict[str, str] | None
+    ) -> Answer:
         if self._token_pending:
             self._cluster_token()
         try:
@@ -107,12 +122,7 @@ class TimekeeperClient:
             raise NotFound(f"the timekeeper refused (404): {answer.message or answer.reason}")
         if answer.status >= 400:
             raise Refused(f"the timekeeper refused ({answer.status}): {answer.message or answer.reason}")
-        if answer.status == 204:
-            return None
-        body_read = answer.json()
-        if body_read is None:
-            raise Refused(f"{self.url} answered {answer.status} without JSON: is it the timekeeper's URL?")
-        return body_read
+        return answer
 
     def _where_hint(self, exc: Unreachable) -> str:
         if "connection refused" in str(exc) and self.url == DEFAULT_URL:

@@ -1,5 +1,5 @@
-"""`gpusharing budget …`, `pods`, `explain` and `usage`: the timekeeper's API (and a pod's record) from the command
-line, also as the kubectl plugin `kubectl gpusharing`.
+"""`gpusharing budget …`, `pods`, `explain`, `usage` and `report` (gpusharing.admin.reports): the timekeeper's API
+(and a pod's record) from the command line, also as the kubectl plugin `kubectl gpusharing`.
 
 Where the timekeeper is: --timekeeper or TIMEKEEPER_URL; else, as a kubectl plugin (or with --kubeconfig or
 --context), through the API server's service proxy of the kubeconfig's context; else http://127.0.0.1:8080.
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import sys
-from collections.abc import Callable
 from typing import Any
 
+from gpusharing.admin import reports
 from gpusharing.admin.client import DEFAULT_URL, TOKEN_ENV, URL_ENV, BadArguments, Refused, TimekeeperClient
 from gpusharing.admin.cluster import BUDGET_ADMIN, SYSTEM_NAMESPACE
 from gpusharing.admin.explain import format_explanation, idle_of, pod_record, preemptor
-from gpusharing.admin.output import emit
+from gpusharing.admin.output import emit, timekeeper_command
 from gpusharing.admin.tables import (
     format_changes,
     format_listing,
@@ -29,7 +28,7 @@ from gpusharing.admin.tables import (
     format_usage,
 )
 from gpusharing.contract import AdmissionMode, Period, Shortfall
-from gpusharing.listing import ListingError, listing_of
+from gpusharing.listing import listing_of
 from gpusharing.settings.arguments import (
     budget_name,
     gpu_minutes,
@@ -186,6 +185,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     usage.add_argument("--by", default="namespace", metavar="KEYS",
                        help="comma-separated: namespace, day, model, pod, label:KEY (default namespace)")
     usage.set_defaults(run=_usage)
+    reports.register(subparsers, **sub)
 
 
 def _connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -228,32 +228,11 @@ def pod_name(raw: str) -> str:
     return name
 
 
-def _command(
-    run: Callable[[TimekeeperClient, argparse.Namespace], None], cluster_needed: bool = False
-) -> Callable[[argparse.Namespace], int]:
-    """Runs a command against the timekeeper; a refusal is one line on stderr and its exit status."""
-
-    def wrapped(args: argparse.Namespace) -> int:
-        try:
-            if getattr(args, "output", None) == "csv" and args.command != "usage":
-                raise BadArguments("-o csv is for usage reports (gpusharing usage): use -o json or yaml")
-            run(TimekeeperClient(args, cluster_needed), args)
-        except Refused as exc:
-            print(f"gpusharing: {exc}", file=sys.stderr)
-            return exc.exit_status
-        except ListingError as exc:  # the timekeeper answered something this version cannot read as a budget's status
-            print(f"gpusharing: the timekeeper's answer is not one this version reads: {exc}", file=sys.stderr)
-            return Refused.exit_status
-        return 0
-
-    return wrapped
-
-
 def _namespace_filter(args: argparse.Namespace) -> str | None:
     return None if getattr(args, "all_namespaces", None) else getattr(args, "selected_namespace", None)
 
 
-@_command
+@timekeeper_command
 def _budget_set(api: TimekeeperClient, args: argparse.Namespace) -> None:
     changes: dict[str, Any] = {}
     if args.unlimited or args.gpu_minutes is not None:
@@ -277,13 +256,13 @@ def _budget_set(api: TimekeeperClient, args: argparse.Namespace) -> None:
     emit(args, status, lambda wide: format_statuses([status], wide))
 
 
-@_command
+@timekeeper_command
 def _budget_get(api: TimekeeperClient, args: argparse.Namespace) -> None:
     status = api.call("GET", f"budgets/{args.namespace}")
     emit(args, status, lambda wide: format_statuses([status], wide))
 
 
-@_command
+@timekeeper_command
 def _budget_ls(api: TimekeeperClient, args: argparse.Namespace) -> None:
     listing = api.call("GET", "budgets")
     only = _namespace_filter(args)
@@ -292,20 +271,20 @@ def _budget_ls(api: TimekeeperClient, args: argparse.Namespace) -> None:
     emit(args, listing, lambda wide: format_listing(listing, wide))
 
 
-@_command
+@timekeeper_command
 def _budget_top_up(api: TimekeeperClient, args: argparse.Namespace) -> None:
     body = {"gpuMinutes": args.gpu_minutes, "reason": args.reason}
     status = api.call("POST", f"budgets/{args.namespace}/top-ups", body)
     emit(args, status, lambda wide: format_statuses([status], wide))
 
 
-@_command
+@timekeeper_command
 def _budget_tree(api: TimekeeperClient, args: argparse.Namespace) -> None:
     listing = api.call("GET", "budgets")
     emit(args, listing, lambda _wide: format_tree(listing))
 
 
-@_command
+@timekeeper_command
 def _budget_rm(api: TimekeeperClient, args: argparse.Namespace) -> None:
     status = api.call("DELETE", f"budgets/{args.namespace}")
     if status is None:
@@ -320,13 +299,13 @@ def _budget_rm(api: TimekeeperClient, args: argparse.Namespace) -> None:
     )
 
 
-@_command
+@timekeeper_command
 def _budget_changes(api: TimekeeperClient, args: argparse.Namespace) -> None:
     changes = api.call("GET", f"budgets/{args.namespace}/changes")
     emit(args, changes, lambda _wide: format_changes(changes["items"]))
 
 
-@_command
+@timekeeper_command
 def _pods(api: TimekeeperClient, args: argparse.Namespace) -> None:
     query = {"limit": str(args.limit), "overMemory": "true" if args.over_memory else "false"}
     only = _namespace_filter(args)
@@ -383,10 +362,10 @@ def _preempted_for(api: TimekeeperClient, namespace: str, uid: str) -> dict[str,
         return {"namespace": other, "podUid": found.pod_uid, "status": None}
 
 
-_explain = _command(_explain_pod, cluster_needed=True)
+_explain = timekeeper_command(_explain_pod, cluster_needed=True)
 
 
-@_command
+@timekeeper_command
 def _usage(api: TimekeeperClient, args: argparse.Namespace) -> None:
     namespace = _namespace_filter(args)
     try:

@@ -1,8 +1,10 @@
 """A node's GPUs (gpusharing/gpu/capacity.py): how many, in whole GPUs whatever its backend advertises (what fair share
-divides and the queue releases pods into), and their model, from what the Node says (what its pods are billed on)."""
+divides and the queue releases pods into, what the capacity ledger records), their model, from what the Node says
+(what its pods are billed on), and whether it is Ready, since when, and when it was created."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from gpusharing.gpu.capacity import node_gpus
 from gpusharing.gpu.catalogue import shipped_catalogue
 
 CATALOGUE = shipped_catalogue()
+UTC = dt.timezone.utc
 
 
 def node(allocatable: dict[str, Any], product: str | None = None, cordoned: bool = False,
@@ -43,9 +46,9 @@ def test_a_mig_slice_counts_as_its_share_of_the_node_s_model_as_a_pod_s_slice_is
     assert node_gpus(node({"nvidia.com/mig-bad": "2", "nvidia.com/gpu": "1"}), CATALOGUE).gpus == 1.0
 
 
-def test_a_cordoned_node_offers_nothing_to_new_pods() -> None:
+def test_a_cordoned_node_offers_nothing_to_new_pods_but_still_has_its_gpus() -> None:
     cordoned = node_gpus(node({"nvidia.com/gpu": "8"}, "NVIDIA-H100-80GB-HBM3", cordoned=True), CATALOGUE)
-    assert cordoned.gpus == 0.0
+    assert (cordoned.gpus, cordoned.installed) == (0.0, 8.0)
     assert (cordoned.has_gpus, cordoned.known, cordoned.model.name) == (True, True, "NVIDIA H100 80GB HBM3")
 
 
@@ -89,3 +92,49 @@ def test_a_gpu_node_that_names_no_model_the_catalogue_has_is_read_on_the_default
     read = node_gpus(node({"nvidia.com/gpu": "8"}, product, annotations=annotations), CATALOGUE)
     assert (read.model, read.known, read.named, read.unknown_model) == (CATALOGUE.default, False, named, True)
     assert not node_gpus(node({"cpu": "8"}), CATALOGUE).unknown_model  # a node without GPUs is nothing to flag
+
+
+@pytest.mark.parametrize(
+    ("register", "allocatable", "gpus"),
+    [
+        (V100_REGISTER, {"nvidia.com/gpu": "20"}, 2.0),  # 10 vGPU slots a device: two devices
+        (L4_REGISTER_JSON, {"nvidia.com/gpu": "20", "nvidia.com/gpumem": "46068"}, 2.0),
+        (L4_REGISTER_JSON.replace('"health":true}]', '"health":false}]'), {"nvidia.com/gpu": "20"}, 1.0),  # unhealthy
+        (V100_REGISTER.replace("0,true:GPU-0f", "0,false:GPU-0f"), {"nvidia.com/gpu": "20"}, 1.0),
+        (V100_REGISTER, {"nvidia.com/gpu": "0"}, 0.0),  # its device plugin gone: never more than it advertises
+        # No register (the simulator's HAMi nodes): its gpucores, a hundred a device
+        (None, {"nvidia.com/gpu": "80", "nvidia.com/gpumem": "655360", "nvidia.com/gpucores": "800"}, 8.0),
+        (None, {"nvidia.com/gpu": "80", "nvidia.com/gpucores": "lots"}, 0.0),
+    ],
+)
+def test_a_hami_node_counts_its_devices_not_its_vgpu_slots(register: str | None, allocatable: dict[str, Any],
+                                                           gpus: float) -> None:
+    annotations = {"hami.io/node-nvidia-register": register} if register else None
+    read = node_gpus(node(allocatable, annotations=annotations), CATALOGUE)
+    assert (read.gpus, read.installed, read.has_gpus) == (gpus, gpus, gpus > 0)
+
+
+def with_status(obj: dict[str, Any], created: str | None, *conditions: dict[str, str]) -> dict[str, Any]:
+    if created is not None:
+        obj["metadata"]["creationTimestamp"] = created
+    obj["status"]["conditions"] = list(conditions)
+    return obj
+
+
+def test_its_ready_condition_and_creation_are_read_as_the_api_server_records_them() -> None:
+    pressure = {"type": "MemoryPressure", "status": "False", "lastTransitionTime": "2026-11-25T09:00:00Z"}
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-25T09:58:31Z"}
+    read = node_gpus(with_status(node({"nvidia.com/gpu": "8"}), "2026-11-25T09:57:02Z", pressure, ready), CATALOGUE)
+    assert (read.ready, read.ready_changed_at, read.created_at) == (
+        True, dt.datetime(2026, 11, 25, 9, 58, 31, tzinfo=UTC), dt.datetime(2026, 11, 25, 9, 57, 2, tzinfo=UTC))
+
+
+@pytest.mark.parametrize("conditions", [
+    [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-25T10:00:00Z"}],
+    [{"type": "Ready", "status": "Unknown", "lastTransitionTime": "2026-11-25T10:00:00Z"}],  # its kubelet unheard
+    [],  # a node whose kubelet has not posted its status yet
+])
+def test_a_node_is_ready_only_when_its_ready_condition_says_true(conditions: list[dict[str, str]]) -> None:
+    read = node_gpus(with_status(node({"nvidia.com/gpu": "8"}), None, *conditions), CATALOGUE)
+    assert not read.ready and read.installed == 8.0
+    assert read.ready_changed_at == (dt.datetime(2026, 11, 25, 10, tzinfo=UTC) if conditions else None)

@@ -30,7 +30,8 @@ def micros(gpu_seconds: float) -> int:
     return round(gpu_seconds * MICROS)
 
 
-def test_charges_fall_on_the_day_they_are_received_exact_to_the_micro_gpu_second(api: SpecClient, clock: Clock) -> None:
+def test_a_meters_charges_without_a_recorded_start_fall_on_the_day_received_exact_to_the_micro_gpu_second(
+        api: SpecClient, clock: Clock) -> None:
     # The clock starts at 2028-02-28 23:00 UTC: the last hour of a day, and a leap day follows.
     send(api, report(1, 10.000001), report(1, 0.000003, pod="eval", namespace="team-b"))
     clock.advance(minutes=59, seconds=59, microseconds=999_999)
@@ -267,4 +268,4 @@ def test_gpusharing_usage_prints_a_table_csv_or_json(
         code, out, err = run(capsys, "usage", *days, "--by", "gpu")
         assert code == 2 and out == "" and "groupBy keys are namespace, day, model, pod or label:KEY" in err
         code, out, err = run(capsys, "budget", "ls", "--timekeeper", url, "--token", READER, "-o", "csv")
-        assert code == 2 and out == "" and "-o csv is for usage reports" in err
+        assert code == 2 and out == "" and "-o csv is for reports" in err

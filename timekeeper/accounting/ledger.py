@@ -40,6 +40,7 @@ class PodLedger:
     # the share billed: the record's, else (off a cluster) what the pod's meter was trusted with
     share: float | None = None
     model: str | None = None  # the GPU model billed, fixed at the first charge: one model for the pod's life
+    node: str | None = None  # the node it was bound to, fixed with its model
 
     @property
     def closed(self) -> bool:

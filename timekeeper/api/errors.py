@@ -16,6 +16,7 @@ from gpusharing.serving.jsonbody import JsonBodyError
 from gpusharing.usage_report import UsageRequestError
 from timekeeper.auth import Forbidden, Unauthenticated
 from timekeeper.budgets.requests import BudgetRequestError
+from timekeeper.chargeback.export import ExportConflict
 from timekeeper.cluster.objects import KubeUnavailable
 from timekeeper.database.budgets.reservations import AdmissionIdTaken, Uncountable
 from timekeeper.database.budgets.store import HierarchyConflict, Managed, NoBudget, NoLimit
@@ -32,7 +33,7 @@ BAD_REQUESTS: tuple[type[Exception], ...] = (
     JsonBodyError,
     ListingQueryError,
 )
-CONFLICTS: tuple[type[Exception], ...] = (NoLimit, Managed, HierarchyConflict, AdmissionIdTaken)
+CONFLICTS: tuple[type[Exception], ...] = (NoLimit, Managed, HierarchyConflict, AdmissionIdTaken, ExportConflict)
 
 
 def register_error_handlers(app: Flask) -> None:

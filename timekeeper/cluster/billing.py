@@ -121,7 +121,8 @@ class Biller:
             elif not grow:
                 continue
             observations.append(
-                PodObservation(pod.uid, pod.namespace, pod.name, share, observation, pod.labels, placed.model.name))
+                PodObservation(pod.uid, pod.namespace, pod.name, share, observation, pod.labels, placed.model.name,
+                               pod.node))
         if grow:
             watched = {pod.uid for pod in pods.values()} | departed.keys()
             observations += [PodObservation(uid, namespace, name, 0.0, None)

@@ -17,6 +17,7 @@ A new concern is one more task here:
 | events | 5 s, and when an Event is queued | sends the queued Events |
 | fairshare | FAIRSHARE, if TIMEKEEPER_FAIRSHARE_ENABLED | bands ranked from decayed usage, written |
 | fairshare-queue | FAIRSHARE_QUEUE | the queue released in fair-share order, room made (off: all released) |
+| capacity | CAPACITY | each GPU node's time since the last pass recorded in the capacity ledger |
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from timekeeper.accounting.record import RecordedPod
 from timekeeper.budgets.commitments import CommittedPod, on_node
 from timekeeper.cluster.billing import Biller, BillingPass
 from timekeeper.cluster.budgetsync import BudgetPass, BudgetSync
+from timekeeper.cluster.capacity import CapacityTask
 from timekeeper.cluster.events import EventQueue
 from timekeeper.cluster.evictions import EvictionPath, LeaseLost
 from timekeeper.cluster.fairshare import FairSharePass, FairShareTask, QueuePass, release_everyone
@@ -50,6 +52,7 @@ from timekeeper.database.accounting.charging import ReportLedger
 from timekeeper.database.accounting.readings import UtilisationLedger
 from timekeeper.database.accounting.streaks import IdleLedger
 from timekeeper.database.budgets.store import BudgetStore
+from timekeeper.database.chargeback.capacity import CapacityLedger, CapacityPass
 from timekeeper.database.cluster.commitments import CommitmentPublisher, by_uid
 from timekeeper.database.cluster.fencing import EvictionFence
 from timekeeper.database.cluster.listings import WebhookListings
@@ -72,6 +75,7 @@ class ControllerPass:
     utilisation: UtilisationPass | None = None
     fair_share: FairSharePass | None = None
     fair_share_queue: QueuePass | None = None
+    capacity: CapacityPass | None = None
     leading: bool = False
 
 
@@ -84,6 +88,7 @@ class ControllerManager:
         budgets: BudgetStore,
         ledger: ReportLedger,
         idle: IdleLedger,
+        capacity: CapacityLedger,
         kube: KubeApi,
         clock: Clock,
         identity: str | None = None,
@@ -109,6 +114,7 @@ class ControllerManager:
             idle, budgets, self.informers.pods, self.evictions, self.events, fresh_for(config.meter_interval_seconds)
         )
         self.commitments = CommitmentPublisher(budgets.db, budgets.clock, identity)
+        self.capacity = CapacityTask(capacity, self.informers.nodes)
         self.fair_share = None if ledger.fair_share is None else FairShareTask(
             config.fair_share, ledger.fair_share, budgets, self.informers, self.evictions, self.events, budgets.clock,
             kube.ungate_pod)
@@ -138,6 +144,7 @@ class ControllerManager:
             *([Task("fairshare", intervals.fairshare, self.fair_share.run)] if self.fair_share is not None else []),
             Task("fairshare-queue", intervals.fairshare_queue, self.fair_share.run_queue if self.fair_share is not None
                  else lambda: release_everyone(list((self.informers.records() or {}).values()), kube.ungate_pod)),
+            Task("capacity", intervals.capacity, lambda: self.capacity.run(now())),
         ):
             self.scheduler.add(Task(task.name, task.interval_seconds, _stops_on_lost_lease(task.name, task.run),
                                     task.leader_only))
@@ -208,6 +215,7 @@ class ControllerManager:
             utilisation=_as(ran.get("utilisation"), UtilisationPass),
             fair_share=_as(ran.get("fairshare"), FairSharePass),
             fair_share_queue=_as(ran.get("fairshare-queue"), QueuePass),
+            capacity=_as(ran.get("capacity"), CapacityPass),
             leading=self.leading(),
         )
 

@@ -4,56 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Date,
-    DateTime,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    PrimaryKeyConstraint,
-    String,
-    Table,
-    Text,
-    TypeDecorator,
-)
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import BigInteger, Boolean, Date, Float, Index, Integer, PrimaryKeyConstraint, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
 
 from gpusharing.contract import AdmissionMode, Shortfall
-
-UTC = dt.timezone.utc
-
-
-class UtcDateTime(TypeDecorator[dt.datetime]):
-    """Aware UTC datetimes on every backend (SQLite keeps no time zone, so one is put back on reading)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("UtcDateTime needs an aware datetime")
-        return value.astimezone(UTC)
-
-    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(
-        naming_convention={
-            "ix": "ix_%(table_name)s_%(column_0_name)s",
-            "uq": "uq_%(table_name)s_%(column_0_name)s",
-            "pk": "pk_%(table_name)s",
-        }
-    )
+from timekeeper.database.base import Base, UtcDateTime, table_of
 
 
 class BudgetRow(Base):
@@ -117,6 +72,7 @@ class PodLedgerRow(Base):
     model: Mapped[str | None] = mapped_column(String(96))
     meter_model: Mapped[str | None] = mapped_column(String(96))  # the model its meter last named (NVML's)
     device_model: Mapped[str | None] = mapped_column(String(96))  # its GPUs' model, as its node agent last read it
+    node: Mapped[str | None] = mapped_column(String(253))  # the node it was bound to, fixed with its model
     micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # cumulative charged: max(observed, metered), never less
     metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the meter's cumulative
     # the watch's, to observed_until
@@ -175,19 +131,37 @@ class NamespacePeriodUsageRow(Base):
     micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
 
 
-class PodUsageRow(Base):
-    """A pod's charges per UTC day (the day they were received, as in namespace_usage): what usage reports sum."""
+class Charged:
+    """A pod's charges, micro-GPU-seconds (timekeeper.database.accounting.usage.PodCharge)."""
+
+    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # raw: share x time
+    weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # x the model's billing weight then
+    metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # the part charged with a utilisation reading
+    idle_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # of the metered part, what the GPU left idle
+    idle_weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the same, billed
+
+
+class PodUsageRow(Charged, Base):
+    """A pod's charges per UTC day its GPU time was used in (the sums of its hours'): what usage reports sum."""
 
     __tablename__ = "pod_usage"
 
     pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
     day: Mapped[dt.date] = mapped_column(Date, primary_key=True, index=True)
     model: Mapped[str] = mapped_column(String(96), primary_key=True)  # the catalogue's model it was billed as
-    micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # raw: share x time
-    weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # x the model's billing weight then
-    metered_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # the part charged with a utilisation reading
-    idle_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)  # of the metered part, what the GPU left idle
-    idle_weighted_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the same, billed
+
+
+class PodHourRow(Charged, Base):
+    """A pod's charges split by the UTC hour its GPU time was used in (timekeeper.accounting.hours), exactly: what the
+    capacity ledger and the FOCUS export read. `booked_hour` is `hour` for time charged while the hour's billing
+    period was open, else the hour the charge was made in: a correction of a closed period (docs/chargeback.md)."""
+
+    __tablename__ = "pod_hours"
+
+    pod_uid: Mapped[str] = mapped_column(String(253), primary_key=True)
+    hour: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True, index=True)
+    model: Mapped[str] = mapped_column(String(96), primary_key=True)
+    booked_hour: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True, index=True)
 
 
 class PodLabelRow(Base):
@@ -211,20 +185,6 @@ class GpuModelWeightRow(Base):
     billing_weight: Mapped[int] = mapped_column(Integer)  # thousandths (gpusharing.units.weights)
     changed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
     source: Mapped[str] = mapped_column(String(253))  # the catalogue file it was read from
-
-
-class GpuPriceSheetRow(Base):
-    """The price sheets the timekeeper started with, each recorded once (timekeeper.chargeback.prices): a sheet is in
-    force from `effective_at`, the first whole hour after it was recorded, until the next one's."""
-
-    __tablename__ = "gpu_price_sheets"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    recorded_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
-    effective_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
-    currency: Mapped[str | None] = mapped_column(String(3))  # ISO 4217; None: no sheet, nothing priced
-    sheet: Mapped[str] = mapped_column(Text)  # its canonical JSON
-    source: Mapped[str] = mapped_column(String(253))  # the file it was read from
 
 
 class NamespaceStateRow(Base):
@@ -372,30 +332,80 @@ class FairShareRow(Base):
     ranked_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
-def _table(row: type[Base]) -> Table:
-    """A model's Table, typed as one (declarative types `__table__` as any FromClause)."""
-    table = row.__table__
-    assert isinstance(table, Table)
-    return table
+class GpuPriceSheetRow(Base):
+    """The price sheets the timekeeper started with, each recorded once (timekeeper.chargeback.prices): a sheet is in
+    force from `effective_at`, the first whole hour after it was recorded, until the next one's."""
+
+    __tablename__ = "gpu_price_sheets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    recorded_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    effective_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    currency: Mapped[str | None] = mapped_column(String(3))  # ISO 4217; None: no sheet, nothing priced
+    sheet: Mapped[str] = mapped_column(Text)  # its canonical JSON
+    source: Mapped[str] = mapped_column(String(253))  # the file it was read from
 
 
-budgets = _table(BudgetRow)
-top_ups = _table(TopUpRow)
-budget_changes = _table(BudgetChangeRow)
-pod_ledgers = _table(PodLedgerRow)
-namespace_usage = _table(NamespaceUsageRow)
-namespace_period_usage = _table(NamespacePeriodUsageRow)
-namespace_states = _table(NamespaceStateRow)
-pod_usage = _table(PodUsageRow)
-pod_labels = _table(PodLabelRow)
-gpu_model_weights = _table(GpuModelWeightRow)
-gpu_price_sheets = _table(GpuPriceSheetRow)
-budget_warnings = _table(BudgetWarningRow)
-reservations = _table(ReservationRow)
-idle_holds = _table(IdleHoldRow)
-controller_terms = _table(ControllerTermRow)
-eviction_claims = _table(EvictionClaimRow)
-webhook_listings = _table(WebhookListingRow)
-committed_pods = _table(CommittedPodRow)
-commitment_publications = _table(CommitmentPublicationRow)
-fair_share = _table(FairShareRow)
+class ExportTagsRow(Base):
+    """The tags a namespace's rows of a closed billing period were first exported with (its budget hierarchy then):
+    every later export of the period writes them, so that moving a namespace to another team changes no closed
+    export (timekeeper.database.chargeback.exports)."""
+
+    __tablename__ = "export_tags"
+
+    namespace: Mapped[str] = mapped_column(String(253), primary_key=True)
+    period_start: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True)
+    tags: Mapped[str] = mapped_column(Text)  # JSON
+
+
+class NodeHourRow(Base):
+    """What a GPU node offered in one UTC hour, as the controller observed it (timekeeper.database.chargeback.capacity):
+    its GPUs × the time it was there, and of that the time it was NotReady or gone, in micro-GPU-seconds."""
+
+    __tablename__ = "node_hours"
+
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    hour: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True, index=True)
+    model: Mapped[str] = mapped_column(String(96))  # its GPUs' model, as the biller reads it
+    capacity_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+    down_micro_gpu_seconds: Mapped[int] = mapped_column(BigInteger)
+
+
+class NodeCapacityRow(Base):
+    """Each GPU node's capacity observed so far: up to when, and as what, so that each second is recorded once."""
+
+    __tablename__ = "node_capacity"
+
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(64))  # the Node's metadata.uid: a node re-created under its name is new
+    model: Mapped[str] = mapped_column(String(96))
+    micro_gpus: Mapped[int] = mapped_column(BigInteger)  # its GPUs (MIG slices as their fraction), in millionths
+    ready: Mapped[bool] = mapped_column(Boolean)
+    observed_until: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    gone_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # seen gone: nothing more is recorded
+
+
+budgets = table_of(BudgetRow)
+top_ups = table_of(TopUpRow)
+budget_changes = table_of(BudgetChangeRow)
+pod_ledgers = table_of(PodLedgerRow)
+namespace_usage = table_of(NamespaceUsageRow)
+namespace_period_usage = table_of(NamespacePeriodUsageRow)
+namespace_states = table_of(NamespaceStateRow)
+pod_usage = table_of(PodUsageRow)
+pod_labels = table_of(PodLabelRow)
+pod_hours = table_of(PodHourRow)
+gpu_model_weights = table_of(GpuModelWeightRow)
+budget_warnings = table_of(BudgetWarningRow)
+reservations = table_of(ReservationRow)
+idle_holds = table_of(IdleHoldRow)
+controller_terms = table_of(ControllerTermRow)
+eviction_claims = table_of(EvictionClaimRow)
+webhook_listings = table_of(WebhookListingRow)
+committed_pods = table_of(CommittedPodRow)
+commitment_publications = table_of(CommitmentPublicationRow)
+fair_share = table_of(FairShareRow)
+gpu_price_sheets = table_of(GpuPriceSheetRow)
+export_tags = table_of(ExportTagsRow)
+node_hours = table_of(NodeHourRow)
+node_capacity = table_of(NodeCapacityRow)

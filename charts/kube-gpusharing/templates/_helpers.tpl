@@ -227,6 +227,16 @@ billing weights, the meters' interval (each Deployment then adds timekeeper.env,
 - name: TIMEKEEPER_GPU_PRICES_FILE  # what a GPU-hour of each model costs
   value: /etc/gpusharing/models/gpu-prices.yaml
 {{- end }}
+{{- with .Values.chargeback }}
+- name: TIMEKEEPER_BILLING_PERIOD  # the periods GPU time is booked in, and how long each takes late time
+  value: {{ .billingPeriod | quote }}
+- name: TIMEKEEPER_BILLING_GRACE
+  value: {{ .grace | quote }}
+- name: TIMEKEEPER_SHARE_UNALLOCATED
+  value: {{ .shareUnallocated | toString | quote }}
+- name: TIMEKEEPER_CLUSTER_NAME  # the exports' billing account
+  value: {{ .clusterName | quote }}
+{{- end }}
 {{ include "gpusharing.meterIntervalEnv" . }}
 {{- if not (kindIs "invalid" $tk.defaultBudget.gpuMinutes) }}
 - name: TIMEKEEPER_DEFAULT_GPU_MINUTES

@@ -135,7 +135,7 @@ def test_2_bad_arguments_or_settings_are_refused_before_any_request(
     code, out, err = run(capsys, "usage", "--from", "2026-11-02", "--to", "2026-11-01", *at)
     assert (code, out) == (2, "") and err.count("\n") == 1
     assert run(capsys, "budget", "ls", "-o", "csv", *at) == (
-        2, "", "gpusharing: -o csv is for usage reports (gpusharing usage): use -o json or yaml\n")
+        2, "", "gpusharing: -o csv is for reports (gpusharing usage, gpusharing report): use -o json or yaml\n")
     assert timekeeper.requests == 0
     monkeypatch.setenv("TIMEKEEPER_URL", "127.0.0.1:8080")
     code, out, err = run(capsys, "budget", "ls")

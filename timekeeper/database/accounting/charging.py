@@ -22,6 +22,7 @@ from gpusharing.report import MAX_GPU_MODEL, MeterReport, ReportError
 from gpusharing.units.weights import MICROS_PER_SECOND
 from gpusharing.usage_report import Labels
 from gpusharing.utilisation import UtilisationSource
+from timekeeper.accounting.hours import charge_hours
 from timekeeper.accounting.ledger import (
     NEW_POD,
     Accounting,
@@ -36,8 +37,9 @@ from timekeeper.accounting.ledger import (
 )
 from timekeeper.budgets.periods import period_starts, usage_day
 from timekeeper.budgets.status import BudgetStatus, crossed
+from timekeeper.chargeback.calendar import MONTHLY, BillingCalendar
 from timekeeper.chargeback.prices import NO_PRICES, PriceSheet
-from timekeeper.database.accounting.fairshare import Charge, FairShareLedger
+from timekeeper.database.accounting.fairshare import Charge, FairShareLedger, charged_interval
 from timekeeper.database.accounting.pods import (
     _ADVANCING_COLUMNS,
     _OBSERVING_COLUMNS,
@@ -52,7 +54,7 @@ from timekeeper.database.accounting.pods import (
 )
 from timekeeper.database.accounting.terms import BillingTerms
 from timekeeper.database.accounting.thresholds import IdleThresholds
-from timekeeper.database.accounting.usage import NO_CHARGE, PodCharge, UsageLedger, pod_charge
+from timekeeper.database.accounting.usage import SpreadCharge, UsageLedger, pod_charge
 from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.connection import Statements
 from timekeeper.database.tables import namespace_period_usage, namespace_usage, pod_ledgers
@@ -67,6 +69,7 @@ class ReportTerms:
     labels: Labels = ()  # the pod's, as usage reports may group by them
     model: str | None = None  # the GPU model the webhook recorded on the pod
     started_at: dt.datetime | None = None  # the pod's status.startTime: what its meter may claim runs from there
+    node: str | None = None  # the node it is bound to
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class PodObservation:
     observation: Observation | None
     labels: Labels = ()
     model: str | None = None  # the GPU model its spec was read as
+    node: str | None = None  # the node it is bound to
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ class _Entry:
     pod: str
     labels: Labels
     model: GpuModel  # billed as
+    node: str | None  # bound to
     utilization_percent: float | None  # for the idle part of its charge
     apply: Callable[[PodLedger, dt.datetime], Accounting]
     written: dict[str, Any]  # the columns it sets besides the accounting (when it charges)
@@ -137,7 +142,7 @@ class ReportLedger(PodLedgers):
         catalogue: GpuCatalogue | None = None, catalogue_source: str = "the shipped catalogue",
         meter_interval_seconds: float = DEFAULT_METER_INTERVAL_SECONDS, policy_refresh_seconds: float = 30.0,
         fair_share: FairShareLedger | None = None, prices: PriceSheet = NO_PRICES,
-        prices_source: str = "no price sheet",
+        prices_source: str = "no price sheet", calendar: BillingCalendar = MONTHLY,
     ):
         super().__init__(budgets.db, budgets.clock, stale_seconds)
         self.budgets = budgets
@@ -148,7 +153,7 @@ class ReportLedger(PodLedgers):
         # silence between two reports (a silent meter) ends an idle streak.
         self.fresh_seconds = fresh_for(meter_interval_seconds)
         self.idle_threshold = IdleThresholds(budgets, policy_refresh_seconds)
-        self.usage = UsageLedger(self.db)
+        self.usage = UsageLedger(self.db, calendar)
         # Built once: constructing statements per report would cost more than running them.
         lock = (
             select(*(pod_ledgers.c[column] for column in LOCKED_COLUMNS))
@@ -233,6 +238,7 @@ class ReportLedger(PodLedgers):
             () if terms is None else terms.labels,
             # Off a cluster the meter's word is all there is; on one, the model of the pod's node (ReportTerms).
             (meter_model if terms is None else self._model_named(terms.model)) or self.catalogue.default,
+            None if terms is None else terms.node,
             meter_report.gpu_utilization_percent,
             apply,
             {**readings, "meter_silent_since": None},
@@ -247,7 +253,7 @@ class ReportLedger(PodLedgers):
 
         return _Entry(
             index, observed.pod_uid, observed.namespace, observed.pod, observed.labels,
-            self._model_named(observed.model) or self.catalogue.default, None, apply,
+            self._model_named(observed.model) or self.catalogue.default, observed.node, None, apply,
             {},
             {**dict.fromkeys(_READING_COLUMNS), "first_report_at": None,
              "started_at": None if observation is None else observation.started_at},
@@ -260,7 +266,7 @@ class ReportLedger(PodLedgers):
         accounted: dict[int, tuple[str, Accounting]] = {}
         advanced: dict[str, dict[str, Any]] = {}
         charges: dict[str, int] = defaultdict(int)
-        pod_charges: dict[tuple[str, str], PodCharge] = defaultdict(lambda: NO_CHARGE)
+        spread: list[SpreadCharge] = []
         billed: dict[int, int] = {}
         decayed: list[Charge] = []
         # Read before the transaction, so that nothing waits on it while the ledgers are locked.
@@ -280,7 +286,8 @@ class ReportLedger(PodLedgers):
                     )
                     continue
                 model = self._pinned(locked.ledger.model, entry.model)
-                accounting = entry.apply(replace(locked.ledger, model=model.name), now)
+                before = replace(locked.ledger, model=model.name, node=locked.ledger.node or entry.node)
+                accounting = entry.apply(before, now)
                 locked.ledger = accounting.ledger
                 accounted[entry.index] = (namespace, accounting)
                 # The meter's reading counts only where no fresher word of a higher rank (the node's) stands.
@@ -288,12 +295,14 @@ class ReportLedger(PodLedgers):
                 utilization = entry.utilization_percent if heard else (
                     locked.reading.utilisation if locked.reading.fresh(now, self.fresh_seconds) else None)
                 charge = pod_charge(accounting.charge_micro_gpu_seconds, model.billing_weight, utilization)
-                pod_charges[entry.pod_uid, model.name] += charge
+                after = accounting.ledger
+                hours = charge_hours(before.billed, after.billed, after.started_at, after.share, now)
+                spread.append(SpreadCharge(entry.pod_uid, model.name, charge, hours))
                 charges[namespace] += charge.weighted_micro_gpu_seconds
                 billed[entry.index] = charge.weighted_micro_gpu_seconds
                 if self.fair_share is not None and charge.weighted_micro_gpu_seconds > 0:  # not a correction
                     decayed.append(
-                        _interval(namespace, accounting, charge.weighted_micro_gpu_seconds, now, entry.observed)
+                        charged_interval(namespace, accounting, charge.weighted_micro_gpu_seconds, now, entry.observed)
                     )
                 if accounting.outcome is Outcome.CHARGED:
                     advanced[entry.pod_uid] = {
@@ -318,7 +327,7 @@ class ReportLedger(PodLedgers):
             if charged:
                 self._charge.execute(conn, charged)
                 self._roll_up.execute(conn, rolled_up(charged))
-            self.usage.charge(conn, day, pod_charges)
+            self.usage.charge(conn, spread, now)
             if self.fair_share is not None:  # with the charges, so that decayed usage counts each exactly once
                 self.fair_share.grow(conn, decayed)
             # Read after the charges, in the same transaction; sent with them and the commit.
@@ -395,6 +404,7 @@ class ReportLedger(PodLedgers):
                     row.ended_at,
                     row.billed_share or None,
                     row.model,
+                    row.node,
                 ),
                 ledger_reading(
                     row.gpu_utilization_percent, row.utilisation_source, row.utilisation_at, row.utilisation_fresh_until
@@ -404,15 +414,6 @@ class ReportLedger(PodLedgers):
             )
             for uid, row in rows.items()
         }
-
-
-def _interval(namespace: str, accounting: Accounting, weighted: int, now: dt.datetime, observed: bool) -> Charge:
-    """The time a charge was billed over, for its decay: what the record proves ends where it was observed to (a
-    meter's report, when it came), and began as long before as the pod's share takes to make the raw charge."""
-    ledger = accounting.ledger
-    end = (ledger.ended_at or ledger.observed_until or now) if observed else now
-    seconds = accounting.charge_micro_gpu_seconds / MICROS_PER_SECOND / ledger.share if ledger.share else 0.0
-    return Charge(namespace, weighted / MICROS_PER_SECOND, end - dt.timedelta(seconds=seconds), end)
 
 
 def rolled_up(charged: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import bindparam, select
 
 from gpusharing.listing import FairShareLevel, FairShareStanding
+from gpusharing.units.weights import MICROS_PER_SECOND
+from timekeeper.accounting.ledger import Accounting
 from timekeeper.budgets.periods import iso_utc
 from timekeeper.database.connection import Database, Statements
 from timekeeper.database.tables import fair_share
@@ -31,6 +33,15 @@ class Charge:
     gpu_seconds: float
     start: dt.datetime
     end: dt.datetime
+
+
+def charged_interval(namespace: str, accounting: Accounting, weighted: int, now: dt.datetime, observed: bool) -> Charge:
+    """The time a charge was billed over, for its decay: what the record proves ends where it was observed to (a
+    meter's report, when it came), and began as long before as the pod's share takes to make the raw charge."""
+    ledger = accounting.ledger
+    end = (ledger.ended_at or ledger.observed_until or now) if observed else now
+    seconds = accounting.charge_micro_gpu_seconds / MICROS_PER_SECOND / ledger.share if ledger.share else 0.0
+    return Charge(namespace, weighted / MICROS_PER_SECOND, end - dt.timedelta(seconds=seconds), end)
 
 
 @dataclass(frozen=True)

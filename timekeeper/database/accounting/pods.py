@@ -50,6 +50,7 @@ class PodRecord:
     model: str | None = None  # the GPU model it is billed on
     meter_model: str | None = None  # the model its meter last named
     device_model: str | None = None  # the model of the GPUs it was given, as its node agent last read them
+    node: str | None = None  # the node it was bound to
 
     @property
     def streak(self) -> Streak:
@@ -76,6 +77,7 @@ class PodRecord:
             "gpuModel": self.model,
             "meterGpuModel": self.meter_model,
             "deviceGpuModel": self.device_model,
+            "node": self.node,
             "gpuSeconds": self.micro_gpu_seconds / MICROS_PER_SECOND,
             "observedGpuSeconds": self.observed_micro_gpu_seconds / MICROS_PER_SECOND,
             "meteredGpuSeconds": self.metered_micro_gpu_seconds / MICROS_PER_SECOND,
@@ -111,7 +113,7 @@ def _instant(at: dt.datetime | None) -> str | None:
 
 # The ledger's columns: its accounting (PodLedger), a report's readings, and what each write sets.
 _LEDGER_COLUMNS = ("micro_gpu_seconds", "metered_micro_gpu_seconds", "observed_micro_gpu_seconds", "last_seq", "final",
-                   "started_at", "observed_until", "ended_at", "billed_share", "model")
+                   "started_at", "observed_until", "ended_at", "billed_share", "model", "node")
 _UTILISATION_COLUMNS = ("gpu_utilization_percent", "gpu_memory_used_mib", "utilisation_source", "utilisation_at",
                         "utilisation_fresh_until")
 _READING_COLUMNS = (*_UTILISATION_COLUMNS, "gpu_memory_requested_mib", "last_report_at", "meter_model")
@@ -146,6 +148,7 @@ def _ledger_columns(ledger: PodLedger) -> dict[str, Any]:
         "ended_at": ledger.ended_at,
         "billed_share": ledger.share or 0.0,
         "model": ledger.model,
+        "node": ledger.node,
     }
 
 

@@ -1,13 +1,16 @@
 """Usage reports: what each pod was charged per UTC day, summed over any days and grouped as finance asks.
 
-Every charge is also added to its pod's row of the day it was received on and of the GPU model it was billed as: raw
-(share × time), weighted, and the idle part where utilisation was read. A report sums those integer rows between two
-dates, grouped by namespace, day, model, pod or a label the pod had when first read, so it is exact however grouped.
+Every charge is also added to its pod's rows of the GPU model it was billed as, split by the hour its time was used in
+(pod_hours, timekeeper.accounting.hours) and by the day (pod_usage): raw (share × time), weighted, and the idle part
+where utilisation was read. A report sums those integer rows between two dates, grouped by namespace, day, model, pod
+or a label the pod had when first read, so it is exact however grouped, and agrees with the hours to the
+micro-GPU-second.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +19,10 @@ from sqlalchemy import and_, func, select
 
 from gpusharing.units.weights import MICROS_PER_GPU_MINUTE, MICROS_PER_SECOND, weighted
 from gpusharing.usage_report import LABEL_PREFIX, Labels, UsageRequest, UsageRequestError
+from timekeeper.accounting.hours import apportion
+from timekeeper.chargeback.calendar import BillingCalendar
 from timekeeper.database.connection import Database, Statements
-from timekeeper.database.tables import pod_labels, pod_ledgers, pod_usage
+from timekeeper.database.tables import pod_hours, pod_labels, pod_ledgers, pod_usage
 
 MAX_ROWS = 100_000  # in one report
 
@@ -43,6 +48,25 @@ class PodCharge:
 NO_CHARGE = PodCharge(0, 0)
 
 
+@dataclass(frozen=True)
+class SpreadCharge:
+    """One charge of a pod, and where on the clock its raw GPU time lies (timekeeper.accounting.hours.charge_hours)."""
+
+    pod_uid: str
+    model: str
+    charge: PodCharge
+    hours: Mapping[dt.datetime, int]  # raw micro-GPU-seconds by UTC hour, adding up to charge.micro_gpu_seconds
+
+    def by_hour(self) -> dict[dt.datetime, PodCharge]:
+        """Each of the charge's amounts split by the hours in proportion to the raw time, exactly."""
+        hours = sorted(self.hours)
+        if not hours:
+            return {}
+        weights = [self.hours[hour] for hour in hours]
+        columns = [apportion(getattr(self.charge, column), weights) for column in _CHARGED]
+        return {hour: PodCharge(*(parts[index] for parts in columns)) for index, hour in enumerate(hours)}
+
+
 def pod_charge(charge_micro: int, billing_weight: int, utilization_percent: float | None) -> PodCharge:
     """A raw charge, weighted, and its idle part: billed share × time × (1 − utilisation), in whole
     micro-GPU-seconds, raw and weighted alike. The utilisation is taken to a thousandth of a percent, so that all is
@@ -60,11 +84,16 @@ _CHARGED = ("micro_gpu_seconds", "weighted_micro_gpu_seconds", "metered_micro_gp
             "idle_weighted_micro_gpu_seconds")
 
 
+def _columns(charge: PodCharge) -> dict[str, int]:
+    return {column: getattr(charge, column) for column in _CHARGED}
+
+
 class UsageLedger:
     """Writes pods' daily charges and first labels, in the ledger's transaction; reads usage reports."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, calendar: BillingCalendar):
         self.db = db
+        self.calendar = calendar
         self._charge = db.bulk_insert(
             pod_usage,
             ["pod_uid", "day", "model", *_CHARGED],
@@ -73,25 +102,41 @@ class UsageLedger:
                 set_={column: pod_usage.c[column] + insert.excluded[column] for column in _CHARGED},
             ),
         )
+        self._charge_hours = db.bulk_insert(
+            pod_hours,
+            ["pod_uid", "hour", "model", "booked_hour", *_CHARGED],
+            lambda insert: insert.on_conflict_do_update(
+                index_elements=[pod_hours.c.pod_uid, pod_hours.c.hour, pod_hours.c.model, pod_hours.c.booked_hour],
+                set_={column: pod_hours.c[column] + insert.excluded[column] for column in _CHARGED},
+            ),
+        )
         self._label = db.bulk_insert(
             pod_labels, ["pod_uid", "key", "value"], lambda insert: insert.on_conflict_do_nothing()
         )
 
-    def charge(self, conn: Statements, day: dt.date, charges: Mapping[tuple[str, str], PodCharge]) -> None:
-        """Adds each (pod uid, model)'s charge to its row of `day`, in that order (the order every transaction locks
-        in)."""
-        rows = [
-            {
-                "pod_uid": uid,
-                "day": day,
-                "model": model,
-                **{column: getattr(charges[uid, model], column) for column in _CHARGED},
-            }
-            for uid, model in sorted(charges)
-            if charges[uid, model].micro_gpu_seconds
+    def charge(self, conn: Statements, charges: Sequence[SpreadCharge], now: dt.datetime) -> None:
+        """Adds each charge to its pod's rows of the hours and days its time was used in, booked as the calendar
+        says, in key order (the order every transaction locks in)."""
+        hours: dict[tuple[str, dt.datetime, str, dt.datetime], PodCharge] = defaultdict(lambda: NO_CHARGE)
+        days: dict[tuple[str, dt.date, str], PodCharge] = defaultdict(lambda: NO_CHARGE)
+        for spread in charges:
+            for hour, part in spread.by_hour().items():
+                hours[spread.pod_uid, hour, spread.model, self.calendar.booked(hour, now)] += part
+                days[spread.pod_uid, hour.date(), spread.model] += part
+        hour_rows = [
+            {"pod_uid": uid, "hour": hour, "model": model, "booked_hour": booked, **_columns(part)}
+            for (uid, hour, model, booked), part in sorted(hours.items(), key=lambda item: item[0])
+            if part != NO_CHARGE
         ]
-        if rows:
-            self._charge.execute(conn, rows)
+        day_rows = [
+            {"pod_uid": uid, "day": day, "model": model, **_columns(part)}
+            for (uid, day, model), part in sorted(days.items(), key=lambda item: item[0])
+            if part != NO_CHARGE
+        ]
+        if hour_rows:
+            self._charge_hours.execute(conn, hour_rows)
+        if day_rows:
+            self._charge.execute(conn, day_rows)
 
     def label(self, conn: Statements, labels: Mapping[str, Labels]) -> None:
         """Records the labels of pods seen for the first time (a pod's labels are recorded once, never changed)."""
