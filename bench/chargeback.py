@@ -548,18 +548,18 @@ class Bench:
                 print(f"{name:<30} {figure.note}")
                 continue
             wall = statistics.median(figure.walls)
-            cpu = statistics.median(figure.cpus) if figure.cpus else float("nan")
-            peak = max(figure.peaks) if figure.peaks else float("nan")
+            cpu = f"{statistics.median(figure.cpus):9.3f}" if figure.cpus else f"{'-':>9}"  # a pass: see its batches
+            peak = f"{max(figure.peaks):9.1f}" if figure.peaks else f"{'-':>9}"
             rows = "-" if figure.rows is None else f"{figure.rows:,}"
             rate = "-" if figure.rows is None else f"{figure.rows / wall:,.0f}"
             size = "-" if figure.size is None else f"{figure.size / 2**20:,.1f}"
             ratio = wall / (batch if name in ("capacity pass", "billing batch", "billing pass") else yardstick)
             spread = f" ({min(figure.walls):.3g}-{max(figure.walls):.3g})" if len(figure.walls) > 1 else ""
-            print(f"{name:<30} {wall:9.3f} {cpu:9.3f} {peak:9.1f} {rows:>11} {rate:>11} {size:>8} {ratio:11.2f}x"
+            print(f"{name:<30} {wall:9.3f} {cpu} {peak} {rows:>11} {rate:>11} {size:>8} {ratio:11.2f}x"
                   f"{spread}{'  ' + figure.note if figure.note else ''}")
-        print("(median of the passes, batches or rounds; wall range in brackets; peak: growth of the peak resident set "
-              "over the call; x yardstick: the reads over the usage report by namespace, the capacity and billing "
-              "passes over a billing batch of 500 pods)")
+        print("(median of the passes, batches or rounds, the wall range in brackets; peak: the growth of the peak "
+              "resident set over the call;\n x yardstick: the reads over the usage report by namespace, the passes "
+              "and batches over a billing batch of 500 pods)")
 
     def sizes(self, url: str) -> None:
         """Each table's rows and bytes, indexes included."""

@@ -82,9 +82,11 @@ class TimekeeperClient:
             raise Refused(str(exc)) from None
 
     def call(
-        self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None
+        self, method: str, path: str, body: dict[str, Any] | None = None, query: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> Any:
-        answer = self._answer(method, path, body, query)
+        """The API's JSON answer (`timeout`: how long to wait for it; None: the client's default)."""
+        answer = self._answer(method, path, body, query, timeout)
         if answer.status == 204:
             return None
         body_read = answer.json()
@@ -92,17 +94,18 @@ class TimekeeperClient:
             raise Refused(f"{self.url} answered {answer.status} without JSON: is it the timekeeper's URL?")
         return body_read
 
-    def download(self, path: str, query: dict[str, str] | None = None) -> bytes:
+    def download(self, path: str, query: dict[str, str] | None = None, timeout: float | None = None) -> bytes:
         """A document the API answers as it is (a CSV export), not as JSON."""
-        return self._answer("GET", path, None, query).body
+        return self._answer("GET", path, None, query, timeout).body
 
     def _answer(
-        self, method: str, path: str, body: dict[str, Any] | None, query: dict[str, str] | None
+        self, method: str, path: str, body: dict[str, Any] | None, query: dict[str, str] | None,
+        timeout: float | None = None,
     ) -> Answer:
         if self._token_pending:
             self._cluster_token()
         try:
-            answer = self._http.request(method, f"/api/v1/{path}", body, self.token, query=query)
+            answer = self._http.request(method, f"/api/v1/{path}", body, self.token, query=query, timeout=timeout)
         except Unreachable as exc:
             raise Refused(f"cannot reach the timekeeper at {self.url}: {exc}{self._where_hint(exc)}") from None
         except ClusterRefused as exc:

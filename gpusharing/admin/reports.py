@@ -26,6 +26,9 @@ examples:
   gpusharing report focus --from 2026-11-01 --to 2026-12-01 > november-focus.csv
   gpusharing report focus --from 2026-11-01 --to 2026-12-01 -n ml-team > ml-team.csv
 """
+# How long a report may take: a month of a large cluster's export is minutes of the timekeeper's work
+# (docs/operations.md, "Sizing chargeback").
+REPORT_TIMEOUT_SECONDS = 1800.0
 FIGURES = ("capacity", "allocated", "idle", "unallocated", "down", "over")
 UTILIZATION_COLUMNS = ["SCOPE", *(f"{figure.upper()} GPU-H" for figure in FIGURES), "ALLOCATED %", "IDLE %",
                        "UNALLOCATED %", "DOWN %"]
@@ -59,13 +62,14 @@ def _window(args: argparse.Namespace) -> dict[str, str]:
 
 @timekeeper_command
 def _utilization(api: TimekeeperClient, args: argparse.Namespace) -> None:
-    _print(args, api.call("GET", "utilization", query=_window(args)), format_utilization)
+    _print(args, api.call("GET", "utilization", query=_window(args), timeout=REPORT_TIMEOUT_SECONDS),
+           format_utilization)
 
 
 @timekeeper_command
 def _accounts(api: TimekeeperClient, args: argparse.Namespace) -> None:
     query = {**_window(args), **({"budget": args.budget} if args.budget else {})}
-    _print(args, api.call("GET", "accounts", query=query), format_accounts)
+    _print(args, api.call("GET", "accounts", query=query, timeout=REPORT_TIMEOUT_SECONDS), format_accounts)
 
 
 def _print(args: argparse.Namespace, report: Mapping[str, Any], table: Callable[[Mapping[str, Any]], str]) -> None:
@@ -82,7 +86,7 @@ def _focus(api: TimekeeperClient, args: argparse.Namespace) -> None:
     if getattr(args, "output", None) not in (None, "csv"):
         raise BadArguments("gpusharing report focus writes the FOCUS CSV: -o csv or nothing")
     query = {**_window(args), **({"namespace": namespace} if namespace else {})}
-    sys.stdout.buffer.write(api.download("focus", query=query))
+    sys.stdout.buffer.write(api.download("focus", query=query, timeout=REPORT_TIMEOUT_SECONDS))
     sys.stdout.flush()
 
 

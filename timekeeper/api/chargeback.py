@@ -4,10 +4,10 @@ hierarchy's GPU-hours and costs (`/api/v1/accounts`), scoped as every read is (d
 from __future__ import annotations
 
 import datetime as dt
-import tempfile
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO, cast
+from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 
@@ -19,15 +19,20 @@ from timekeeper.budgets.periods import iso_utc
 from timekeeper.chargeback.accounts import accounts
 from timekeeper.chargeback.capacity import CapacityFigures
 from timekeeper.chargeback.export import ExportConflict, ExportTerms, export_rows
-from timekeeper.chargeback.focus import MICRO_GPU_SECONDS_PER_GPU_HOUR, FocusCharge, FocusDataset, write_focus
+from timekeeper.chargeback.focus import (
+    MICRO_GPU_SECONDS_PER_GPU_HOUR,
+    FocusCharge,
+    FocusDataset,
+    FocusError,
+    focus_chunks,
+)
 from timekeeper.chargeback.prices import GpuPrice
 from timekeeper.database.chargeback.exports import ChargebackReads
 from timekeeper.database.chargeback.prices import RecordedSheet, in_force
 
+log = logging.getLogger(__name__)
 blueprint = Blueprint("chargeback", __name__, url_prefix="/api/v1")
 
-CHUNK = 64 * 1024
-SPOOLED = 8 * 1024 * 1024  # an export larger than this is spooled to a temporary file, not held in memory
 FINAL_HEADER = "X-Gpusharing-Export-Final"  # "true": every billing period of the window has closed
 MAX_NODE_HOURS = 100_000  # in one answer: a month of 138 nodes
 CLUSTER_TAG = "gpusharing.io/cluster"
@@ -59,15 +64,17 @@ def get_focus() -> Response:
         raise ExportConflict("no price sheet was in force in the window, so nothing can be costed: set the prices "
                              "(TIMEKEEPER_GPU_PRICES_FILE, the chart's gpuPrices; docs/chargeback.md)")
     cluster = services().config.chargeback.cluster
-    spool = tempfile.SpooledTemporaryFile(max_size=SPOOLED, mode="w+", encoding="utf-8", newline="")
-    write_focus(FocusDataset(export.currency, cluster, cluster), export.rows, cast(TextIO, spool))
-    export.pin()
-    spool.seek(0)
+    dataset = FocusDataset(export.currency, cluster, cluster)
 
     def chunks() -> Iterator[str]:
-        with spool:
-            while chunk := spool.read(CHUNK):
-                yield chunk
+        """The CSV as its rows are read (a month of a large cluster is a gigabyte): a row the writer refuses, a bug,
+        ends the answer short, logged, after the lines before it."""
+        try:
+            yield from focus_chunks(dataset, export.rows)
+        except FocusError:
+            log.exception("the FOCUS export of %s to %s stopped short", export.first, export.after)
+            return
+        export.pin()
 
     filename = f"gpu-focus-{cluster}-{export.first}-{export.after}{'-' + scope if scope else ''}.csv"
     return Response(stream_with_context(chunks()), content_type="text/csv; charset=utf-8", headers={

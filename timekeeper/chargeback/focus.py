@@ -24,8 +24,9 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import functools
+import io
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TextIO
@@ -110,18 +111,44 @@ class FocusCharge:
 def write_focus(dataset: FocusDataset, rows: Iterable[FocusCharge], out: TextIO) -> int:
     """Writes the header line and one line per row to `out`, in the order given, and returns the rows written.
     FocusError for a dataset or row it cannot write: the lines before a bad row are written already."""
-    _check_dataset(dataset)
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
     written = 0
-    for row in rows:
+
+    def counted() -> Iterator[FocusCharge]:
+        nonlocal written
+        for row in rows:
+            yield row
+            written += 1
+
+    for chunk in focus_chunks(dataset, counted()):
+        out.write(chunk)
+    return written
+
+
+def focus_chunks(dataset: FocusDataset, rows: Iterable[FocusCharge], size: int = 64 * 1024) -> Iterator[str]:
+    """The CSV text of `write_focus`, in chunks of about `size` characters as the rows come: an export of millions
+    of rows is sent as it is made, never held whole. FocusError as write_focus raises it, once the chunks before are
+    yielded."""
+    _check_dataset(dataset)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+
+    def sent() -> Iterator[str]:
+        if buffer.tell() >= size:  # sent before the next row is read
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+
+    yield from sent()
+    for number, row in enumerate(rows, 1):
         try:
             cells = _cells(dataset, row)
         except FocusError as exc:
-            raise FocusError(f"row {written + 1}: {exc}") from None
+            yield buffer.getvalue()
+            raise FocusError(f"row {number}: {exc}") from None
         writer.writerow([cells[column] for column in COLUMNS])
-        written += 1
-    return written
+        yield from sent()
+    yield buffer.getvalue()
 
 
 def _cells(dataset: FocusDataset, row: FocusCharge) -> dict[str, str]:

@@ -19,7 +19,14 @@ from typing import Any
 import pytest
 
 from tests.timekeeper.chargeback.focusvalidator import ValidatorError, validate
-from timekeeper.chargeback.focus import COLUMNS, FocusCharge, FocusDataset, FocusError, write_focus
+from timekeeper.chargeback.focus import (
+    COLUMNS,
+    FocusCharge,
+    FocusDataset,
+    FocusError,
+    focus_chunks,
+    write_focus,
+)
 
 UTC = dt.timezone.utc
 A100, T4, L4 = "NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA L4"
@@ -191,15 +198,18 @@ def test_sums_agree_with_the_micro_gpu_seconds_and_every_cost_with_its_unit_pric
             assert abs(amount - quantity * unit) <= Fraction(1, 2 * 10**12) + unit / (2 * 10**16)
 
 
-def test_each_row_is_written_before_the_next_is_read() -> None:
-    out = io.StringIO()
+def test_the_text_comes_in_chunks_as_the_rows_are_read_never_held_whole() -> None:
+    sent: list[str] = []
 
     def rows() -> Iterator[FocusCharge]:
         for hour in range(3):
-            assert out.getvalue().count("\n") == hour + 1  # the header, and every row given before this one
+            assert "".join(sent).count("\n") == hour + 1  # the header, and every row given before this one
             yield charge(hour, "vision", A100, HOUR)
 
-    assert write_focus(DATASET, rows(), out) == 3
+    sent.extend(focus_chunks(DATASET, rows(), size=1))  # a chunk a line at this size
+    out = io.StringIO()
+    assert write_focus(DATASET, (charge(hour, "vision", A100, HOUR) for hour in range(3)), out) == 3
+    assert "".join(sent) == out.getvalue()
 
 
 @pytest.mark.parametrize(
