@@ -13,6 +13,8 @@ def as_mapping(value: object) -> Mapping[str, Any]:
     """The value if it is a JSON object, else empty: the API server sends typed pods, other callers may not."""
     if type(value) is dict:  # what JSON decodes to: spares the ABC check, a tenth of a review's reading
         return value
+    if value is None or isinstance(value, (str, list, int, float)):  # a missing field, or JSON of another kind: no
+        return {}  # ABC check either (a dozen of them a review, each slower than all else here)
     return value if isinstance(value, Mapping) else {}
 
 

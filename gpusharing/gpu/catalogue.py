@@ -57,8 +57,8 @@ class GpuModel:
     mig_compute_slices: int = 7
     billing_weight: int = UNIT_WEIGHT  # thousandths (gpusharing.units.weights): what a GPU-second on it is billed as
 
-    @property
-    def product(self) -> str:
+    @cached_property
+    def product(self) -> str:  # once: HAMi's gputype is matched against every model's, each review
         return product_label(self.name)
 
 

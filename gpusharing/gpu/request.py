@@ -79,11 +79,12 @@ def parse_gpu_request(
     `claims` finds the specs of the resource claims the pod names; `on_model`, the model of the node it is bound to,
     replaces the models it names (or the default). Raises InvalidGpuRequest listing every rule the pod breaks.
     """
-    asks = read_gpu_asks(pod, settings, claims)
-    if asks is None:
-        return None
-    models = PodModels((on_model,), True) if on_model is not None else admission_models(pod, asks, settings)
-    return asks.priced(models, settings.dra_devices_per_node)
+    with localcontext(SHARE_ARITHMETIC):  # once: read_gpu_asks and priced would each enter it
+        asks = _read_gpu_asks(pod, settings, claims)
+        if asks is None:
+            return None
+        models = PodModels((on_model,), True) if on_model is not None else admission_models(pod, asks, settings)
+        return asks.priced(models, settings.dra_devices_per_node)
 
 
 def admission_models(pod: Mapping[str, Any], asks: PodGpuAsks, settings: GpuRequestSettings) -> PodModels:
@@ -141,7 +142,7 @@ def _read_gpu_asks(pod: Mapping[str, Any], settings: GpuRequestSettings, lookup:
 def _containers(spec: Mapping[str, Any], hami: HamiSettings, errors: Errors) -> Iterable[Container]:
     for list_name, default_role in (("initContainers", ContainerRole.INIT), ("containers", ContainerRole.REGULAR)):
         for index, raw in enumerate(as_list(spec.get(list_name))):
-            if not isinstance(raw, Mapping):
+            if type(raw) is not dict and not isinstance(raw, Mapping):  # a decoded object spares the ABC check
                 continue
             role = default_role
             if default_role is ContainerRole.INIT and raw.get("restartPolicy") == "Always":
@@ -176,6 +177,8 @@ def _gpu_values(
 
 
 def _same_quantity(a: object, b: object) -> bool:
+    if type(a) is str and a == b:  # as the API server writes them (it copies an extended resource's limit): no parse
+        return True
     try:
         return parse_quantity(a) == parse_quantity(b)
     except QuantityError:

@@ -58,6 +58,8 @@ def parse_quantity(value: object) -> Decimal:
         if abs(value) >= 10**MAX_DIGITS:
             raise QuantityOutOfBounds(f"is too large a quantity: {BOUNDS}")
         return Decimal(value)
+    if type(value) is str and len(value) <= MAX_DIGITS and value.isascii() and value.isdigit():
+        return Decimal(value)  # digits alone ("1", "50"), as most values are: what the match below makes of them
     match = _match(_QUANTITY, value, "is not a quantity")
     number = _bounded_number(match)
     suffix = match["suffix"]

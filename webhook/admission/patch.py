@@ -8,7 +8,13 @@ from typing import Any
 
 def pointer(*tokens: str | int) -> str:
     """An RFC 6901 JSON pointer; '~' and '/' in keys are escaped (annotation keys contain '/')."""
-    return "".join(_escaped(t) if isinstance(t, str) and len(t) > MAX_CACHED_TOKEN else _cached(t) for t in tokens)
+    joined = _pointers.get(tokens)
+    if joined is None:
+        short = [not isinstance(t, str) or len(t) <= MAX_CACHED_TOKEN for t in tokens]
+        joined = "".join(_cached(t) if fits else _escaped(t) for t, fits in zip(tokens, short))
+        if all(short) and len(_pointers) < MAX_CACHED_POINTERS:
+            _pointers[tokens] = joined
+    return joined
 
 
 # Keys a pod's author wrote reach here too (reserved annotations the webhook removes), unvalidated yet: only short
@@ -21,6 +27,9 @@ def _escaped(token: str | int) -> str:
 
 
 _cached = lru_cache(maxsize=4096)(_escaped)  # the webhook's own keys and container indexes, a dozen times per review
+# Whole pointers too, as the webhook writes a dozen a review: joining their tokens cost more than the rest of a patch.
+MAX_CACHED_POINTERS = 4096
+_pointers: dict[tuple[str | int, ...], str] = {}
 
 
 class JsonPatch:

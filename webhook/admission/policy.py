@@ -154,12 +154,12 @@ def _is_mirror(pod: dict[str, Any]) -> bool:
     return MIRROR_POD_ANNOTATION in _annotations(pod)
 
 
-def _annotations(pod: dict[str, Any]) -> dict[str, Any]:
-    return dict(as_mapping(as_mapping(pod.get("metadata")).get("annotations")))
+def _annotations(pod: dict[str, Any]) -> Mapping[str, Any]:
+    return as_mapping(as_mapping(pod.get("metadata")).get("annotations"))
 
 
-def _labels(pod: dict[str, Any]) -> dict[str, Any]:
-    return dict(as_mapping(as_mapping(pod.get("metadata")).get("labels")))
+def _labels(pod: dict[str, Any]) -> Mapping[str, Any]:
+    return as_mapping(as_mapping(pod.get("metadata")).get("labels"))
 
 
 RESERVED = f"annotations and labels under {ANNOTATION_PREFIX} are the GPU-sharing webhook's record"
@@ -262,7 +262,8 @@ def _check_meter(
 ) -> str | None:
     """The meter's name and volumes are reserved: only exactly what the webhook injects may carry them."""
     name = config.meter.name
-    declared = [(list_name, c) for list_name, _, c in _all_containers(pod) if c.get("name") == name]
+    containers = _all_containers(pod)
+    declared = [(list_name, c) for list_name, _, c in containers if c.get("name") == name]
     reserved = f"the container name {name!r} is reserved for the GPU metering sidecar that the webhook injects"
     if declared:
         if not record:
@@ -278,7 +279,7 @@ def _check_meter(
         if volume_name in expected_volumes and volume_without_server_defaults(volume) != expected_volumes[volume_name]:
             return f"the volume name {volume_name!r} is reserved for the GPU metering sidecar; rename the volume"
     token = token_volume_name(config.meter)
-    for _, _, container in _all_containers(pod):
+    for _, _, container in containers:
         mounts = as_list(container.get("volumeMounts"))
         if container.get("name") != name and any(as_mapping(m).get("name") == token for m in mounts):
             return (f"container {container.get('name')!r} mounts {token!r}, the metering sidecar's token, which only "

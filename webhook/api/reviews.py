@@ -156,13 +156,6 @@ def _answer(
         log.warning("refused a body on /%s that is not an AdmissionReview: %s", endpoint, exc,
                     extra={"endpoint": endpoint, "decision": "bad-review"})
         return 400, _error(f"not an AdmissionReview: {exc}")
-    fields = {
-        "request_id": shortened(admission.uid),
-        "namespace": shortened(admission.namespace),
-        "pod": _pod_name(admission.object),
-        "operation": admission.operation,
-        "endpoint": endpoint,
-    }
     budgets = reviewer.budgets
     try:
         decision = admit(
@@ -178,7 +171,8 @@ def _answer(
             budgets.fair_share(),
         )
     except Exception:  # a bug must not become a 500 the API server shows as a cryptic failure
-        log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid), extra=fields)
+        log.exception("could not decide on %s %s", admission.operation, shortened(admission.uid),
+                      extra=_fields(admission, endpoint))
         decision = Decision.deny(400, "the GPU-sharing webhook could not read this pod; see the webhook's log")
     if decision.allowed and decision.fair_share_gpus is not None and not admission.dry_run:
         budgets.admitted.add(admission.uid, admission.namespace, decision.fair_share_gpus)
@@ -189,14 +183,28 @@ def _answer(
         metrics.SAFE_ADMISSIONS.labels(decision.safe_admission).inc()
     if decision.unresolved_priority_class is not None:
         metrics.UNRESOLVED_PRIORITIES.labels(decision.unresolved_priority_class).inc()
-    fields.update(decision=outcome, dialect=decision.dialect)
-    _log_decision(reviewer, admission, decision, fields)
+    _log_decision(reviewer, admission, decision, endpoint, outcome)
     latency.observe(time.perf_counter() - started)
     return 200, encoded_response(admission, decision)
 
 
-def _log_decision(reviewer: Reviewer, admission: AdmissionRequest, decision: Decision, fields: dict[str, Any]) -> None:
+def _fields(admission: AdmissionRequest, endpoint: str, **more: str) -> dict[str, Any]:
+    """A review's fields in its log line: made only for a line that is written (cutting names short costs)."""
+    return {
+        "request_id": shortened(admission.uid),
+        "namespace": shortened(admission.namespace),
+        "pod": _pod_name(admission.object),
+        "operation": admission.operation,
+        "endpoint": endpoint,
+        **more,
+    }
+
+
+def _log_decision(
+    reviewer: Reviewer, admission: AdmissionRequest, decision: Decision, endpoint: str, outcome: str
+) -> None:
     if not decision.allowed:
+        fields = _fields(admission, endpoint, decision=outcome, dialect=decision.dialect)
         log.info(
             "denied %s of pod %s/%s: %s",
             admission.operation,
@@ -207,9 +215,11 @@ def _log_decision(reviewer: Reviewer, admission: AdmissionRequest, decision: Dec
         )
     elif decision.warnings:  # demoted (its namespace is over budget), or near its budget
         demoted = reviewer.budgets.state_of(admission.namespace).demoted or decision.safe_admission == "demoted"
+        fields = _fields(admission, endpoint, decision=outcome, dialect=decision.dialect)
         log.info("admitted pod %s/%s%s: %s", fields["namespace"], fields["pod"], " demoted" if demoted else "",
                  "; ".join(decision.warnings), extra=fields)
-    elif decision.patch:
+    elif decision.patch and log.isEnabledFor(logging.DEBUG):
+        fields = _fields(admission, endpoint, decision=outcome, dialect=decision.dialect)
         log.debug("admitted pod %s/%s (%s)", fields["namespace"], fields["pod"], decision.dialect, extra=fields)
 
 
