@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from gpusharing.contract import (
@@ -197,10 +198,15 @@ def _check_priority_class(pod: dict[str, Any], config: WebhookConfig, bands: tup
             "(GPUSHARING_ALLOWED_PRIORITY_CLASSES)")
 
 
+# A share as the record writes it, kept: Decimal's rounding costs as much as the rest of the record, and pods ask for
+# few distinct shares (each at most MAX_GPU_SHARE, which parse_gpu_request holds them to).
+_share_text = lru_cache(maxsize=1024)(format_share)
+
+
 def _record(gpu: GpuRequest) -> dict[str, str]:
     """The annotations that record the webhook's reading of the pod (budget state aside)."""
     return {
-        ANNOTATION_GPU_SHARE: format_share(gpu.share),
+        ANNOTATION_GPU_SHARE: _share_text(gpu.share),
         ANNOTATION_DIALECT: str(gpu.dialect),
         ANNOTATION_GPU_MEMORY: str(gpu.memory_mib),
         ANNOTATION_GPU_MODEL: gpu.model,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,13 +134,13 @@ def encoded_response(request: AdmissionRequest, decision: Decision) -> bytes:
 
 
 def review_response(request: AdmissionRequest, decision: Decision) -> dict[str, Any]:
-    """The AdmissionReview answer, in the version the request came in."""
+    """The AdmissionReview answer, in the version the request came in, for msgspec to write (its patch is bytes)."""
     response: dict[str, Any] = {"uid": request.uid, "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {"code": decision.code or 403, "message": decision.message or "denied"}
     if decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(_encode(decision.patch)).decode()
+        response["patch"] = _encode(decision.patch)  # bytes, which msgspec writes in base64, as JSON carries them
     if decision.warnings:
         response["warnings"] = decision.warnings
     return {"apiVersion": request.api_version, "kind": "AdmissionReview", "response": response}
