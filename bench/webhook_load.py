@@ -8,14 +8,19 @@ persistent TLS connection each), then each server in turn (alternating, `--round
 Python clients and with wrk (C; `apt-get install wrk`; skipped, with a line saying so, when it is not on the PATH),
 and prints reviews/s, p50, p99, the CPU each server's processes spent per review (steadier than reviews/s, which
 moves with how the keep-alive connections fell on the workers) and the webhook's share of the fixed app's
-reviews/s. Then, in this process with no HTTP and no TLS, each app's own time per review (through Flask's test
-client, one thread) and the time to parse a review and write an answer of the webhook's size with `json` (what any
-webhook in Python does at the least), beside the most server CPU per review the webhook could add to the fixed
-app's and still serve 0.9 of its reviews/s where the servers' CPU is what runs out. Run by hand:
+reviews/s and CPU per review. Then, in this process with no HTTP and no TLS, each app's own CPU time per review
+(called as gunicorn calls it, one thread; the least of several rounds, as other work on the machine slows some), the
+webhook's steps apart (the body read within bounds, the review parsed, `admit`, the answer written), and the time to
+parse a review and write an answer of the webhook's size with `json` (what any webhook in Python does at the least),
+beside the most server CPU per review the webhook could add to the fixed app's and still serve 0.9 of its reviews/s
+where the servers' CPU is what runs out. With --profile DIR, one more run of each server under py-spy (`pip install
+py-spy`): each worker's time holding the GIL per review, by part (gunicorn's, Flask's, each of the webhook's steps).
+Run by hand:
 
     .venv/bin/python bench/webhook_load.py                  # 500/s for 10 s, then the maximum, 2 rounds of 10 s
     .venv/bin/python bench/webhook_load.py --rate 1000 --duration 20 --workers 2 --clients 3
     .venv/bin/python bench/webhook_load.py --safe           # every pod under safe admission, with a deadline
+    .venv/bin/python bench/webhook_load.py --rounds 4 --profile /tmp/webhook-profiles
 
 With --safe, a stand-in for the timekeeper (on loopback) puts the pods' namespace under safe admission with room for
 all of them, and every pod has a deadline: each review reserves its pod's commitment with the stand-in, over HTTP,
@@ -25,7 +30,9 @@ as it would with the timekeeper (whose own cost, a database transaction, bench/r
 from __future__ import annotations
 
 import argparse
+import gc
 import http.client
+import io
 import json
 import multiprocessing
 import os
@@ -47,9 +54,9 @@ from flask import Flask
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demo/: the repository's, never installed
 
 from demo.apiserver import admission_review, example_manifests, example_pod  # noqa: E402
-from demo.processes import Service, free_port, tree_cpu_seconds  # noqa: E402
+from demo.processes import Service, child_pids, free_port, tree_cpu_seconds  # noqa: E402
 from gpusharing.serving.certs import make_serving_certificate  # noqa: E402
-from gpusharing.serving.server import ServerOptions, serve  # noqa: E402
+from gpusharing.serving.server import GC_THRESHOLDS, ServerOptions, serve  # noqa: E402
 
 NAMESPACE = "ml-team"  # the example pods'
 FIXED_ANSWER = "BENCH_FIXED_ANSWER_FILE"  # the fixed-answer app's answer, a file's bytes
@@ -227,35 +234,150 @@ def first_answer(port: int, ca_file: str, body: bytes) -> bytes:
     return answer.read()
 
 
-def per_review_us(call: Any, bodies: list[bytes], seconds: float = 2.0) -> float:
-    """Microseconds per call of `call(body)`, over the bodies in turn for about `seconds` (after a warm-up pass)."""
-    for body in bodies:
-        call(body)
-    calls, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        for body in bodies:
-            call(body)
-        calls += len(bodies)
-    return (time.perf_counter() - started) / calls * 1e6
+def per_review_us(call: Any, items: list[Any], rounds: int = 10, seconds: float = 0.2) -> float:
+    """This thread's CPU microseconds per call of `call(item)`, the items in turn: the least of `rounds` rounds of about
+    `seconds` each, after a warm-up pass. CPU time, and the least of several: other work on the shared cores stretches
+    a wall clock's figures by half or more, and slows a round now and then."""
+    for item in items:
+        call(item)
+    least = float("inf")
+    for _ in range(rounds):
+        calls, started = 0, time.thread_time()
+        while time.thread_time() - started < seconds:
+            for item in items:
+                call(item)
+            calls += len(items)
+        least = min(least, (time.thread_time() - started) / calls * 1e6)
+    return least
+
+
+def wsgi_post(app: Any, path: str) -> Any:
+    """A call of `app` with a body, as gunicorn makes it: a WSGI environ of a POST (no HTTP, no TLS)."""
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+        pass
+
+    def post(body: bytes) -> bytes:
+        environ = {
+            "REQUEST_METHOD": "POST", "PATH_INFO": path, "SCRIPT_NAME": "", "QUERY_STRING": "",
+            "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8443", "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1",
+            "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
+            "wsgi.input_terminated": True, "wsgi.url_scheme": "https", "wsgi.errors": sys.stderr,
+            "wsgi.version": (1, 0), "wsgi.multithread": True, "wsgi.multiprocess": True, "wsgi.run_once": False,
+        }
+        answer = app(environ, start_response)
+        try:
+            return b"".join(answer)
+        finally:
+            if hasattr(answer, "close"):
+                answer.close()
+
+    return post
 
 
 def in_process_costs(bodies: list[bytes], answer_file: Path) -> dict[str, float]:
-    """Each app's own time per review in this process (Flask's test client, no HTTP, no TLS), and json's floor: a
-    review parsed and an answer of the webhook's size written."""
+    """Each app's own CPU time per review in this process (called as gunicorn calls it, with no HTTP and no TLS), the
+    webhook's parts (the body read within bounds, the review parsed, `admit`, the answer written), and json's floor:
+    a review parsed and an answer of the webhook's size written."""
+    from gpusharing.serving.jsonbody import read_json
+    from webhook.admission.policy import admit
+    from webhook.admission.review import encoded_response, parse_review
+    from webhook.api.reviews import REVIEWER, Reviewer
     from webhook.app import create_app
     from webhook.config import WebhookConfig
 
     os.environ[FIXED_ANSWER] = str(answer_file)
     config = WebhookConfig.from_env({"GPUSHARING_TIMEKEEPER_URL": ""})
-    webhook = create_app(config).test_client()
-    fixed = fixed_answer_app().test_client()
+    app = create_app(config)
     answer = json.loads(answer_file.read_bytes())
-    headers = {"Content-Type": "application/json"}
+    reviewer: Reviewer = app.extensions[REVIEWER]
+
+    def decide(request: Any) -> Any:  # as webhook.api.reviews calls it for /mutate, with no client authentication
+        return admit(request, config, reviewer.budgets.budget_of, True, reviewer.claims, reviewer.jobs,
+                     reviewer.reserve, False, reviewer.priorities, reviewer.budgets.fair_share())
+
+    gc.freeze()  # as a worker settles before it serves (gpusharing.serving.server): its young objects alone collected
+    gc.set_threshold(*GC_THRESHOLDS)
+    decoded = [read_json(body) for body in bodies]
+    requests = [parse_review(value) for value in decoded]
+    decided = [(request, decide(request)) for request in requests]
     return {
-        "webhook": per_review_us(lambda body: webhook.post("/mutate", data=body, headers=headers), bodies),
-        "fixed answer": per_review_us(lambda body: fixed.post("/mutate", data=body, headers=headers), bodies),
+        "webhook": per_review_us(wsgi_post(app, "/mutate"), bodies),
+        "fixed answer": per_review_us(wsgi_post(fixed_answer_app(), "/mutate"), bodies),
         "json": per_review_us(lambda body: (json.loads(body), json.dumps(answer)), bodies),
+        "read": per_review_us(read_json, bodies),
+        "parse": per_review_us(parse_review, decoded),
+        "admit": per_review_us(decide, requests),
+        "answer": per_review_us(lambda pair: encoded_response(*pair), decided),
     }
+
+
+# What a profile's samples are counted under: the first part whose marks one of its frames holds (the webhook's own
+# steps first, as they run under the stack's frames). py-spy's raw frames read "function (file:line)".
+PROFILE_PARTS = (
+    ("the pod's GPU request (parse_gpu_request)", ("parse_gpu_request (gpusharing/gpu/request.py",)),
+    ("the rest of admit", ("admit (webhook/admission/policy.py",)),
+    ("the body read within bounds (read_json)", ("read_json (gpusharing/serving/jsonbody.py",)),
+    ("the review parsed (parse_review)", ("parse_review (webhook/admission/review.py",)),
+    ("the answer written (encoded_response)", ("encoded_response (webhook/admission/review.py",)),
+    ("metrics (prometheus_client)", ("prometheus_client/",)),
+    ("logging", ("logging/__init__.py",)),
+    ("the caller checked", ("webhook/api/callers.py",)),
+    ("the rest of the review's view", ("webhook/api/reviews.py",)),
+    ("the fixed answer's view", ("ceiling.py",)),
+    ("Flask and Werkzeug", ("flask/", "werkzeug/")),
+    ("gunicorn: the answer sent (TLS)", ("_OneWriteResponse", "Response.write (gunicorn", "Response.close (gunicorn",
+                                         "Response.start_response (gunicorn")),
+    ("gunicorn: its WSGI environ", ("gunicorn/http/wsgi.py",)),
+    ("gunicorn: the request read (TLS, parser)", ("gunicorn/http/", "ssl.py")),
+    ("gunicorn: the poller and thread pool",
+     ("gunicorn/workers/", "concurrent/futures/", "selectors.py", "threading.py")),
+)
+PROFILE_RATE = 200  # samples a second
+
+
+def py_spy() -> str | None:
+    """py-spy (`pip install py-spy`), on the PATH or beside this interpreter."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
+def profiled_run(
+    spy: str, name: str, master: int, run: Any, duration: float, directory: Path
+) -> tuple[dict[str, float], dict[str, float]]:
+    """`run()` (one maximum-rate measurement) while py-spy samples each worker's thread holding the GIL (`--gil`, every
+    thread: `--threads`); the figures, and each part's GIL time per review (PROFILE_PARTS). The raw samples are left
+    in `directory`, one file per worker."""
+    outputs, recorders = [], []
+    for worker in child_pids(master):
+        outputs.append(directory / f"{name.replace(' ', '-')}-{worker}.txt")
+        recorders.append(subprocess.Popen(
+            [spy, "record", "--pid", str(worker), "--gil", "--threads", "--nonblocking", "--rate", str(PROFILE_RATE),
+             "--duration", str(int(duration) + 2), "--format", "raw", "--output", str(outputs[-1])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+    time.sleep(1)  # attached
+    figures = run()
+    for recorder in recorders:
+        recorder.wait()
+    samples: dict[str, int] = {}
+    for output in outputs:
+        lines = output.read_text().splitlines() if output.exists() else []
+        for stack, _, count in (line.rpartition(" ") for line in lines):
+            if count.isdigit():
+                part = next((part for part, marks in PROFILE_PARTS if any(mark in stack for mark in marks)), "other")
+                samples[part] = samples.get(part, 0) + int(count)
+    return figures, {part: n / PROFILE_RATE * 1e6 / max(figures["reviews"], 1) for part, n in samples.items()}
+
+
+def print_profiles(profiles: dict[str, dict[str, float]]) -> None:
+    names = sorted(profiles)
+    print(f"{'GIL time per review, us':>45}" + "".join(f"{name:>14}" for name in names))
+    for part in [*(part for part, _ in PROFILE_PARTS), "other"]:
+        if any(part in profiles[name] for name in names):
+            print(f"{part:>45}" + "".join(f"{profiles[name].get(part, 0.0):14.0f}" for name in names))
+    print(f"{'all':>45}" + "".join(f"{sum(profiles[name].values()):14.0f}" for name in names))
 
 
 def _line(label: str, figures: dict[str, float]) -> str:
@@ -291,6 +413,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
     parser.add_argument("--safe", action="store_true", help="every pod under safe admission, with a deadline")
+    parser.add_argument(
+        "--profile", metavar="DIR", type=Path,
+        help="after the rounds, one more run of each server at the maximum under py-spy (--gil): where each worker's "
+        "time holding the GIL goes, per review; the raw samples are left in DIR",
+    )
     parser.add_argument("--serve-fixed-answer", nargs=3, metavar=("PORT", "CERT", "KEY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_fixed_answer:  # the benchmark's own child process: the fixed-answer app until stopped
@@ -372,13 +499,34 @@ def main() -> int:
                     )
                 if args.safe:
                     print(f"{'verdicts':>30}: {safe_verdicts(port, ca)}")
+                spy = py_spy() if args.profile else None
+                if args.profile and spy is None:
+                    print("py-spy is not installed (pip install py-spy): no profile")
+                elif spy is not None:
+                    args.profile.mkdir(parents=True, exist_ok=True)
+                    load = clients[-1]  # wrk where there is one: its own CPU is the least beside the servers'
+                    profiles = {}
+                    for name in sorted(servers):
+                        def run(name: str = name) -> dict[str, float]:
+                            if load == "wrk":
+                                return run_wrk(servers[name], str(bodies_file), args.clients, args.duration)
+                            return run_phase(servers[name], ca, args.clients, None, args.duration, deadline)
+
+                        figures, profiles[name] = profiled_run(spy, name, masters[name], run, args.duration,
+                                                               args.profile)
+                        print(_line(f"{name}, {load}, profiled", figures), flush=True)
+                    print_profiles(profiles)
             if not args.safe:  # safe admission's reservations are calls to the stand-in: not the webhook's own work
                 costs = in_process_costs(review_bodies(deadline), answer_file)
                 fixed_cpu = statistics.median(f["cpu_us"] for load in clients for f in measured[(load, "fixed answer")])
                 webhook_cpu = statistics.median(f["cpu_us"] for load in clients for f in measured[(load, "webhook")])
                 room = (1 / 0.9 - 1) * fixed_cpu
-                print(f"in process, per review (no HTTP, no TLS): webhook {costs['webhook']:.0f} us, fixed answer "
-                      f"{costs['fixed answer']:.0f} us, json parse and write alone {costs['json']:.0f} us")
+                parts = costs["read"] + costs["parse"] + costs["admit"] + costs["answer"]
+                print(f"in process, CPU per review (no HTTP, no TLS; the least of 10 rounds): webhook "
+                      f"{costs['webhook']:.0f} us (the body read within bounds {costs['read']:.0f}, the review parsed "
+                      f"{costs['parse']:.0f}, admit {costs['admit']:.0f}, the answer written {costs['answer']:.0f}, "
+                      f"the rest {costs['webhook'] - parts:.0f}), fixed answer {costs['fixed answer']:.0f} us, json "
+                      f"parse and write alone {costs['json']:.0f} us")
                 print(
                     f"server CPU per review, median of every run: fixed answer {fixed_cpu:.0f} us, "
                     f"webhook {webhook_cpu:.0f} us; "
