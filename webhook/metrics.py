@@ -20,18 +20,19 @@ LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
     unit="seconds",
 )
-# Each review's series, kept: prometheus_client's labels() costs as much as the increments themselves. Their labels
-# are the webhook's own words (endpoints, operations, decisions, dialects): a few dozen series at most.
-_REVIEW_SERIES: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
+# The series a review is counted in, kept: prometheus_client's labels() costs as much as the increment. Only for
+# labels the webhook chose (endpoints, operations, decisions, dialects, verdicts, the priority classes it gives,
+# which its settings name): a few dozen series at most.
+_SERIES: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
 
-def review_series(endpoint: str, operation: str, decision: str, dialect: str) -> tuple[Any, Any]:
-    """The counter of ADMISSIONS and the histogram of LATENCY a review is recorded in."""
-    key = (endpoint, operation, decision, dialect)
-    series = _REVIEW_SERIES.get(key)
-    if series is None:
-        series = _REVIEW_SERIES[key] = (ADMISSIONS.labels(*key), LATENCY.labels(endpoint))
-    return series
+def series(metric: Any, *labels: str) -> Any:
+    """`metric.labels(*labels)`, made once."""
+    key = (metric, labels)
+    found = _SERIES.get(key)
+    if found is None:
+        found = _SERIES[key] = metric.labels(*labels)
+    return found
 
 
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])

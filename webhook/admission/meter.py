@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import lru_cache
 from typing import Any
 
 from gpusharing.contract import (
@@ -50,8 +51,17 @@ def meter_volume_names(spec: MeterSpec) -> frozenset[str]:
     return frozenset((token_volume_name(spec), state_volume_name(spec), no_api_volume_name(spec)))
 
 
+@lru_cache(maxsize=16)  # per spec (a webhook has one): the texts a meter is written from, made once
+def _texts(spec: MeterSpec) -> tuple[str, str, str, str]:
+    return token_volume_name(spec), state_volume_name(spec), no_api_volume_name(spec), seconds_text(
+        spec.interval_seconds
+    )
+
+
 def meter_container(spec: MeterSpec, gpu_share: str, gpu_memory_mib: int) -> dict[str, Any]:
-    """The meter container, small and unprivileged so LimitRanges, quotas and restricted PSA admit it."""
+    """The meter container, small and unprivileged so LimitRanges, quotas and restricted PSA admit it (a new dict
+    each time: the patch hands it on, and whoever applies the patch may change it)."""
+    token, state, no_api, interval = _texts(spec)
     container: dict[str, Any] = {
         "name": spec.name,
         "image": spec.image,
@@ -66,7 +76,7 @@ def meter_container(spec: MeterSpec, gpu_share: str, gpu_memory_mib: int) -> dic
             {"name": MeterEnv.TOKEN_PATH, "value": f"{METER_TOKEN_DIR}/{METER_TOKEN_FILE}"},
             {"name": MeterEnv.STATE_DIR, "value": METER_STATE_DIR},
             # The interval the timekeeper reckons by (GPUSHARING_METER_INTERVAL_SECONDS): fresh readings, silent meters.
-            {"name": MeterEnv.INTERVAL, "value": seconds_text(spec.interval_seconds)},
+            {"name": MeterEnv.INTERVAL, "value": interval},
         ],
         "resources": {
             "requests": {"cpu": spec.cpu_request, "memory": spec.memory_request},
@@ -81,9 +91,9 @@ def meter_container(spec: MeterSpec, gpu_share: str, gpu_memory_mib: int) -> dic
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [
-            {"name": token_volume_name(spec), "mountPath": METER_TOKEN_DIR, "readOnly": True},
-            {"name": state_volume_name(spec), "mountPath": METER_STATE_DIR},
-            {"name": no_api_volume_name(spec), "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True},
+            {"name": token, "mountPath": METER_TOKEN_DIR, "readOnly": True},
+            {"name": state, "mountPath": METER_STATE_DIR},
+            {"name": no_api, "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True},
         ],
     }
     if spec.mode == "native":
@@ -92,9 +102,10 @@ def meter_container(spec: MeterSpec, gpu_share: str, gpu_memory_mib: int) -> dic
 
 
 def meter_volumes(spec: MeterSpec) -> list[dict[str, Any]]:
+    token, state, no_api, _ = _texts(spec)
     return [
         {
-            "name": token_volume_name(spec),
+            "name": token,
             "projected": {
                 "sources": [
                     {
@@ -107,8 +118,8 @@ def meter_volumes(spec: MeterSpec) -> list[dict[str, Any]]:
                 ]
             },
         },
-        {"name": state_volume_name(spec), "emptyDir": {"sizeLimit": "1Mi"}},
-        {"name": no_api_volume_name(spec), "emptyDir": {"sizeLimit": "1Ki"}},
+        {"name": state, "emptyDir": {"sizeLimit": "1Mi"}},
+        {"name": no_api, "emptyDir": {"sizeLimit": "1Ki"}},
     ]
 
 

@@ -103,7 +103,8 @@ def admit(
     # On reinvocation after another webhook changed the pod's GPU request, the meter injected for the earlier
     # record is ours too: /mutate replaces it, and /validate then holds the pod to the new one.
     earlier = _earlier_meter(pod, config) if mutate else None
-    problem = _check_meter(pod, config, record, earlier) or foreign_timekeeper_token(pod, config)
+    containers = _all_containers(pod)  # once: the checks of the meter and its injection read them all
+    problem = _check_meter(pod, config, record, earlier, containers) or foreign_timekeeper_token(pod, config)
     if problem:
         return Decision.deny(403, problem, dialect)
     if gpu is None:
@@ -132,7 +133,8 @@ def admit(
         return refusal
     admitted = fair_share.admitted(request.namespace, request.uid) if budget.fair_share is not None else 0.0
     decision = _mutation(pod, config, record, budget, request.namespace, dialect, safe, disclose, priorities,
-                         float(gpu.share), admitted, fair_share.processes, queued=bool(fair_share.classes))
+                         float(gpu.share), admitted, fair_share.processes, queued=bool(fair_share.classes),
+                         containers=containers)
     decision.safe_admission = safe.outcome
     decision.warnings[:0] = gpu.warnings  # how the backend reads the pod, before the budget's word
     return decision
@@ -264,11 +266,13 @@ def _earlier_meter(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any]
 
 
 def _check_meter(
-    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], earlier: dict[str, Any] | None = None
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], earlier: dict[str, Any] | None = None,
+    containers: list[tuple[str, int, dict[str, Any]]] | None = None,
 ) -> str | None:
-    """The meter's name and volumes are reserved: only exactly what the webhook injects may carry them."""
+    """The meter's name and volumes are reserved: only exactly what the webhook injects may carry them. `containers`:
+    the pod's, when they are listed already."""
     name = config.meter.name
-    containers = _all_containers(pod)
+    containers = _all_containers(pod) if containers is None else containers
     declared = [(list_name, c) for list_name, _, c in containers if c.get("name") == name]
     reserved = f"the container name {name!r} is reserved for the GPU metering sidecar that the webhook injects"
     if declared:
@@ -307,6 +311,7 @@ def _mutation(
     admitted: float = 0.0,
     processes: int = 1,
     queued: bool = False,
+    containers: list[tuple[str, int, dict[str, Any]]] | None = None,
 ) -> Decision:
     patch = JsonPatch()
     state = budget.state
@@ -373,7 +378,7 @@ def _mutation(
     if queued:  # fair share is on: every GPU pod queues, out of budget, in an allowed class or not yet ranked too
         queue_for_fair_share(spec, patch)
     add_billing_finalizer(pod, config, patch)
-    _inject_meter(pod, config, record, patch)
+    _inject_meter(pod, config, record, patch, _all_containers(pod) if containers is None else containers)
     return Decision(patch=patch.operations, warnings=warnings, dialect=dialect, unresolved_priority_class=unresolved,
                     fair_share_gpus=gpus if band is not None else None)
 
@@ -392,13 +397,16 @@ def _resolve_priority(spec: Mapping[str, Any], resolved: ResolvedPriority | None
     return resolved is not None
 
 
-def _inject_meter(pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], patch: JsonPatch) -> None:
+def _inject_meter(
+    pod: dict[str, Any], config: WebhookConfig, record: dict[str, str], patch: JsonPatch,
+    containers: list[tuple[str, int, dict[str, Any]]],
+) -> None:
     spec = as_mapping(pod.get("spec"))
     container = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
     list_name = _meter_list(config)
     injected = [
         (index, c)
-        for name, index, c in _all_containers(pod)
+        for name, index, c in containers
         if name == list_name and c.get("name") == config.meter.name
     ]
     if injected:  # reinvocation: _check_meter has confirmed it is ours, for this record or an earlier one

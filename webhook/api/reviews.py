@@ -177,14 +177,13 @@ def _answer(
     if decision.allowed and decision.fair_share_gpus is not None and not admission.dry_run:
         budgets.admitted.add(admission.uid, admission.namespace, decision.fair_share_gpus)
     outcome = "allowed" if decision.allowed else "denied"
-    counted, latency = metrics.review_series(endpoint, admission.operation, outcome, decision.dialect)
-    counted.inc()
+    metrics.series(metrics.ADMISSIONS, endpoint, admission.operation, outcome, decision.dialect).inc()
     if decision.safe_admission is not None:
-        metrics.SAFE_ADMISSIONS.labels(decision.safe_admission).inc()
+        metrics.series(metrics.SAFE_ADMISSIONS, decision.safe_admission).inc()
     if decision.unresolved_priority_class is not None:
-        metrics.UNRESOLVED_PRIORITIES.labels(decision.unresolved_priority_class).inc()
+        metrics.series(metrics.UNRESOLVED_PRIORITIES, decision.unresolved_priority_class).inc()
     _log_decision(reviewer, admission, decision, endpoint, outcome)
-    latency.observe(time.perf_counter() - started)
+    metrics.series(metrics.LATENCY, endpoint).observe(time.perf_counter() - started)
     return 200, encoded_response(admission, decision)
 
 
