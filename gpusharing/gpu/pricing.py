@@ -120,8 +120,9 @@ class PodGpuAsks:
 
     def _priced(self, models: PodModels, devices_per_node: int) -> "GpuRequest":
         errors = Errors()
-        model = _model_for(models, self)
-        _check_fits(model, models, self, errors)
+        demands = _demands(self)
+        model = _model_for(models, demands)
+        _check_fits(model, models, demands, errors)
         if errors:
             raise InvalidGpuRequest(errors)
         priced = [_price(ask, model) for ask in self.asks]
@@ -185,22 +186,23 @@ def _demands(asks: "PodGpuAsks") -> list[tuple[int, Source]]:
     return demands + list(asks.pod_demands)
 
 
-def _model_for(models: PodModels, asks: "PodGpuAsks") -> GpuModel:
+def _model_for(models: PodModels, demands: list[tuple[int, Source]]) -> GpuModel:
     """The smallest model the pod may run on that holds what it asks of one device (the largest share billed among
     the devices it may get), else the largest (whose refusal says why)."""
-    needed = max((mib for mib, _ in _demands(asks)), default=0)
+    needed = max((mib for mib, _ in demands), default=0)
     return next((m for m in models.candidates if m.memory_mib >= needed), models.candidates[-1])
 
 
-def _check_fits(model: GpuModel, models: PodModels, asks: "PodGpuAsks", errors: Errors) -> None:
-    if not models.named:
-        whose = "the default GPU model; a pod names its own by nvidia.com/gpu.product or HAMi's nvidia.com/use-gputype"
-    elif len(models.candidates) > 1:
-        whose = "the largest GPU model the pod may run on"
-    else:
-        whose = "the pod's GPU model"
-    for memory, source in _demands(asks):
+def _check_fits(model: GpuModel, models: PodModels, demands: list[tuple[int, Source]], errors: Errors) -> None:
+    for memory, source in demands:
         if memory > model.memory_mib:
+            if not models.named:
+                whose = ("the default GPU model; a pod names its own by nvidia.com/gpu.product or HAMi's "
+                         "nvidia.com/use-gputype")
+            elif len(models.candidates) > 1:
+                whose = "the largest GPU model the pod may run on"
+            else:
+                whose = "the pod's GPU model"
             what = f"asks for {memory} MiB" if source.subject != "pod" else f"asks for {memory} MiB over its containers"
             errors.add(source.subject, source.key, source.raw,
                        f"{what}, more than a device has ({describe(model)}, {whose})")

@@ -47,6 +47,7 @@ def no_api_volume_name(spec: MeterSpec) -> str:
     return f"{spec.name}-no-api-token"
 
 
+@lru_cache(maxsize=16)  # per spec: each review's checks ask for them
 def meter_volume_names(spec: MeterSpec) -> frozenset[str]:
     return frozenset((token_volume_name(spec), state_volume_name(spec), no_api_volume_name(spec)))
 

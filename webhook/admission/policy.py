@@ -39,6 +39,7 @@ from webhook.admission.guard import (
 from webhook.admission.meter import (
     meter_container,
     meter_identity,
+    meter_volume_names,
     meter_volumes,
     token_volume_name,
     volume_without_server_defaults,
@@ -258,11 +259,13 @@ def _earlier_meter(pod: dict[str, Any], config: WebhookConfig) -> dict[str, Any]
     """The meter the webhook injected for the record annotations the pod carries, if it carries them."""
     annotations = _annotations(pod)
     share = annotations.get(ANNOTATION_GPU_SHARE)
+    if not isinstance(share, str):  # as on every first review: no memory read (its refusal is an exception, slow)
+        return None
     try:
         memory_mib = parse_whole_quantity(annotations.get(ANNOTATION_GPU_MEMORY))
     except QuantityError:
         return None
-    return meter_container(config.meter, share, memory_mib) if isinstance(share, str) else None
+    return meter_container(config.meter, share, memory_mib)
 
 
 def _check_meter(
@@ -274,8 +277,8 @@ def _check_meter(
     name = config.meter.name
     containers = _all_containers(pod) if containers is None else containers
     declared = [(list_name, c) for list_name, _, c in containers if c.get("name") == name]
-    reserved = f"the container name {name!r} is reserved for the GPU metering sidecar that the webhook injects"
     if declared:
+        reserved = f"the container name {name!r} is reserved for the GPU metering sidecar that the webhook injects"
         if not record:
             return f"{reserved}; this pod asks for no GPU"
         expected = meter_container(config.meter, record[ANNOTATION_GPU_SHARE], int(record[ANNOTATION_GPU_MEMORY]))
@@ -283,10 +286,10 @@ def _check_meter(
         ours = [meter_identity(m, config.meter) for m in (expected, earlier) if m is not None]
         if len(declared) > 1 or list_name != _meter_list(config) or meter_identity(actual, config.meter) not in ours:
             return f"{reserved}; remove it from the pod (the webhook adds it)"
-    expected_volumes = {v["name"]: v for v in meter_volumes(config.meter)}
+    own = meter_volume_names(config.meter)  # the volumes themselves made only when the pod has one of them
     for volume in as_list(as_mapping(pod.get("spec")).get("volumes")):
         volume_name = volume.get("name") if isinstance(volume, dict) else None
-        if volume_name in expected_volumes and volume_without_server_defaults(volume) != expected_volumes[volume_name]:
+        if volume_name in own and volume_without_server_defaults(volume) != _meter_volume(config, volume_name):
             return f"the volume name {volume_name!r} is reserved for the GPU metering sidecar; rename the volume"
     token = token_volume_name(config.meter)
     for _, _, container in containers:
@@ -295,6 +298,10 @@ def _check_meter(
             return (f"container {container.get('name')!r} mounts {token!r}, the metering sidecar's token, which only "
                     "the sidecar may mount")
     return None
+
+
+def _meter_volume(config: WebhookConfig, name: str) -> dict[str, Any]:
+    return next(volume for volume in meter_volumes(config.meter) if volume["name"] == name)
 
 
 def _mutation(
