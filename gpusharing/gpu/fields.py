@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 from gpusharing.compat import StrEnum
@@ -35,7 +36,7 @@ class Container:
     raw: Mapping[str, Any]
     values: dict[str, str] = field(default_factory=dict)  # GPU keys set in limits or requests
 
-    @property
+    @cached_property  # once: each rule a dialect checks names it, a dozen times a container
     def subject(self) -> str:
         kind = "container" if self.role is ContainerRole.REGULAR else "init container"
         return f'{kind} "{shortened(self.name)}"'
