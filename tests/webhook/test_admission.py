@@ -645,6 +645,25 @@ def test_a_review_is_answered_alike_ahead_of_flask_and_through_it(client: FlaskC
             )
 
 
+def test_a_bug_is_a_json_500_ahead_of_flask_as_through_it(
+    client: FlaskClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(body: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("webhook.api.reviews.parse_review", broken)
+    body = json.dumps(admission_review(gpu_pod())).encode()
+    ahead = client.post("/mutate", data=body, content_type="application/json")
+    environ = EnvironBuilder(path="/mutate", method="POST", data=body, content_type="application/json",
+                             environ_base=client.environ_base).get_environ()
+    del environ["CONTENT_LENGTH"]
+    environ["wsgi.input_terminated"] = True
+    through = Response.from_app(client.application, environ)
+    assert ahead.status_code == through.status_code == 500
+    assert ahead.get_data() == through.get_data() and "internal error" in ahead.get_json()["error"]
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == ["Exception on /mutate [POST]"] * 2
+
+
 def test_a_large_pod_is_read_like_any_other(client: FlaskClient) -> None:
     pod = gpu_pod()
     pod["metadata"]["annotations"]["example.com/blob"] = "x" * (1400 * 1024)  # a pod's size limit once stored

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, current_app, request
+from werkzeug.exceptions import InternalServerError
 from werkzeug.http import HTTP_STATUS_CODES
 
 from gpusharing.decoded import as_mapping
@@ -90,7 +91,11 @@ class ReviewRoutes:
             return self.app(environ, start_response)
         endpoint, mutate = route
         stream = environ["wsgi.input"]
-        status, answer = review(self.reviewer, endpoint, mutate, environ, lambda: stream.read(int(length)))
+        try:
+            status, answer = review(self.reviewer, endpoint, mutate, environ, lambda: stream.read(int(length)))
+        except Exception:  # a bug: logged and answered as Flask did (webhook.api's handler of HTTP errors)
+            log.exception("Exception on %s [POST]", environ.get("PATH_INFO"))
+            status, answer = 500, _error(InternalServerError.description)
         start_response(_status_line(status), [JSON_HEADER, ("Content-Length", str(len(answer)))])
         return [answer]
 
