@@ -79,12 +79,12 @@ def parse_gpu_request(
     `claims` finds the specs of the resource claims the pod names; `on_model`, the model of the node it is bound to,
     replaces the models it names (or the default). Raises InvalidGpuRequest listing every rule the pod breaks.
     """
-    with localcontext(SHARE_ARITHMETIC):  # once: read_gpu_asks and priced would each enter it
+    with localcontext(SHARE_ARITHMETIC):  # once: read_gpu_asks and priced would each enter it (a copy each time)
         asks = _read_gpu_asks(pod, settings, claims)
         if asks is None:
             return None
         models = PodModels((on_model,), True) if on_model is not None else admission_models(pod, asks, settings)
-        return asks.priced(models, settings.dra_devices_per_node)
+        return asks._priced(models, settings.dra_devices_per_node)  # priced, in the context entered above
 
 
 def admission_models(pod: Mapping[str, Any], asks: PodGpuAsks, settings: GpuRequestSettings) -> PodModels:

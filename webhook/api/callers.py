@@ -38,6 +38,10 @@ class Caller:
     authenticated: bool  # the API server, proven; False: anyone (no client authentication is configured)
 
 
+ANYONE = Caller(authenticated=False)  # made once: the answer of every review
+API_SERVER = Caller(authenticated=True)
+
+
 class Callers:
     """Who may send reviews, as configured: client certificates, bearer tokens of `token_users` (TokenReview, its
     answers reused for a while), or anyone when neither is required."""
@@ -59,9 +63,9 @@ class Callers:
     def caller(self, environ: Mapping[str, Any], authorization: str | None) -> Caller:
         """The caller of a request (its WSGI environ and Authorization header); Refused when it may not send reviews."""
         if not self.required:
-            return Caller(authenticated=False)
+            return ANYONE
         if self.certificates and _verified_certificate(environ):
-            return Caller(authenticated=True)
+            return API_SERVER
         scheme, _, token = (authorization or "").partition(" ")
         if self.token_users and scheme.lower() == "bearer" and token.strip():
             review = self._review
@@ -83,7 +87,7 @@ class Callers:
                     403,
                     f"{user} may not send admission reviews: only the API server may (GPUSHARING_CLIENT_TOKEN_USERS)",
                 )
-            return Caller(authenticated=True)
+            return API_SERVER
         ways = " or ".join(way for way, on in (("a client certificate of the API server", self.certificates),
                                               ("the API server's bearer token", bool(self.token_users))) if on)
         raise Refused(401, f"the GPU-sharing webhook answers only the API server: present {ways}")
