@@ -3,12 +3,13 @@ and at the maximum, the maximum side by side with a Flask app that returns a fix
 
 Starts `gpusharing webhook serve` on loopback with a fresh certificate, and the fixed-answer app (the webhook's own
 answer to the first review, returned as it is to every request) through the same gpusharing/serving/server.py, with
-the same gunicorn settings, TLS and malloc settings. Drives the webhook at a fixed rate from client processes (one
-persistent TLS connection each), then each server in turn (alternating, `--rounds` times) at the maximum, with those
+the same gunicorn settings, TLS and malloc settings. Drives each server at a fixed rate from client processes (one
+persistent TLS connection each), then each in turn (alternating, `--rounds` times) at the maximum, with those
 Python clients and with wrk (C; `apt-get install wrk`; skipped, with a line saying so, when it is not on the PATH),
 and prints reviews/s, p50, p99, the CPU each server's processes spent per review (steadier than reviews/s, which
 moves with how the keep-alive connections fell on the workers) and the webhook's share of the fixed app's
-reviews/s and CPU per review. Then, in this process with no HTTP and no TLS, each app's own CPU time per review
+reviews/s and CPU per review; both servers' CPU per review at the fixed rate too, where they serve the same
+throughput. Then, in this process with no HTTP and no TLS, each app's own CPU time per review
 (called as gunicorn calls it, one thread; the least of several rounds, as other work on the machine slows some), the
 webhook's steps apart (the body read within bounds, the review parsed, `admit`, the answer written), and the time to
 parse a review and write an answer of the webhook's size with `json` (what any webhook in Python does at the least),
@@ -466,8 +467,18 @@ def main() -> int:
                 masters = {"fixed answer": fixed.process.pid, "webhook": server.process.pid}
                 for server_port in servers.values():
                     run_phase(server_port, ca, args.clients, None, 2, deadline)  # warm-up
-                figures = run_phase(port, ca, args.clients, args.rate, args.duration, deadline)
-                print(_line(f"webhook, fixed {args.rate:g}/s", figures))
+                # Both at the same fixed rate: at the maximum each is measured at its own throughput, and a server's CPU
+                # per review falls as its throughput rises (fewer wake-ups per review), which the slower one lacks.
+                at_rate = {}
+                for name in sorted(servers, reverse=True):  # the webhook first, as before
+                    cpu_before = tree_cpu_seconds(masters[name])
+                    at_rate[name] = run_phase(servers[name], ca, args.clients, args.rate, args.duration, deadline)
+                    at_rate[name]["cpu_us"] = (
+                        (tree_cpu_seconds(masters[name]) - cpu_before) / max(at_rate[name]["reviews"], 1) * 1e6
+                    )
+                    print(_line(f"{name}, fixed {args.rate:g}/s", at_rate[name]), flush=True)
+                print(f"{'ratio, fixed ' + format(args.rate, 'g') + '/s':>30}: server CPU per review "
+                      f"{at_rate['webhook']['cpu_us'] / at_rate['fixed answer']['cpu_us']:.2f}x")
                 measured: dict[tuple[str, str], list[dict[str, float]]] = {}
                 for round_number in range(args.rounds):
                     for load in clients:
