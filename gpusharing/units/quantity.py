@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from decimal import Context, Decimal, Inexact, InvalidOperation
+from functools import lru_cache
 
 MAX_DIGITS = 32  # digits of the number, leading and trailing zeros included
 MAX_EXPONENT = 32  # of a decimal exponent (1e32); the largest suffix, Ei, is 2**60
@@ -58,6 +59,23 @@ def parse_quantity(value: object) -> Decimal:
         if abs(value) >= 10**MAX_DIGITS:
             raise QuantityOutOfBounds(f"is too large a quantity: {BOUNDS}")
         return Decimal(value)
+    if type(value) is str and len(value) <= MAX_CACHED_TEXT:
+        return _quantity_of_text(value)
+    return _quantity(value)
+
+
+# Pods write few distinct quantities ("1", "8k", "24Gi"), read a dozen times a review: each text's value is kept (a
+# Decimal, immutable; a refusal is raised anew each time). Only short texts, so that what a pod's author writes
+# cannot fill memory: a quantity within the bounds is shorter.
+MAX_CACHED_TEXT = 2 * MAX_DIGITS
+
+
+@lru_cache(maxsize=1024)
+def _quantity_of_text(text: str) -> Decimal:
+    return _quantity(text)
+
+
+def _quantity(value: object) -> Decimal:
     if type(value) is str and len(value) <= MAX_DIGITS and value.isascii() and value.isdigit():
         return Decimal(value)  # digits alone ("1", "50"), as most values are: what the match below makes of them
     match = _match(_QUANTITY, value, "is not a quantity")
