@@ -59,7 +59,7 @@ def _read_fast(data: bytes, max_depth: int) -> Any:
     msgspec accepts no JSON that Python's parser refuses (nor a BOM, UTF-16 or invalid UTF-8, which it leaves to it),
     refuses non-finite numbers, and reads every integer exactly; what it does not check is checked here, on the bytes:
     - a number literal too long: no run of number characters that long anywhere;
-    - nesting: fewer opening brackets than the bound, else the decoded value is walked;
+    - nesting: no more opening brackets than the bound allows levels, else the decoded value is walked;
     - a key given twice (msgspec keeps the last): every key is followed by one ':' outside strings, and every other
       ':' lies in a string, so the body and the value written back out hold as many ':' exactly when no pair was
       dropped; a ':' escaped as \\u003a would be counted on one side only, so a body with such an escape is left to
