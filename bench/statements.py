@@ -56,7 +56,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, func, select, text
+from sqlalchemy import delete, func, select, text
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,7 +77,7 @@ from timekeeper.chargeback.statements import SigningKeys  # noqa: E402
 from timekeeper.cluster.statements import StatementTask  # noqa: E402
 from timekeeper.database.chargeback.statements import STREAMED_ROWS, StatementLog  # noqa: E402
 from timekeeper.database.connection import Database  # noqa: E402
-from timekeeper.database.tables import node_hours, pod_hours, pod_ledgers, statements  # noqa: E402
+from timekeeper.database.tables import statements  # noqa: E402
 
 END = START + dt.timedelta(days=30)  # November
 CLOSE_AT = END + dt.timedelta(days=1)  # November closed and settled, its capacity counted
@@ -225,20 +225,7 @@ class Step:
 
     def select(self) -> int:
         """StatementLog.leaves' queries, their rows streamed and touched, nothing made of them."""
-        def bytewise(column: ColumnElement[str]) -> ColumnElement[str]:  # as StatementLog._bytewise
-            return column if self.db.is_sqlite else column.collate("C")
-
-        charges = (
-            select(pod_hours.c.booked_hour, pod_hours.c.hour, pod_ledgers.c.namespace, pod_ledgers.c.pod,
-                   pod_hours.c.pod_uid, pod_hours.c.model, pod_hours.c.micro_gpu_seconds,
-                   pod_hours.c.weighted_micro_gpu_seconds, pod_hours.c.idle_micro_gpu_seconds)
-            .select_from(pod_hours.join(pod_ledgers, pod_ledgers.c.pod_uid == pod_hours.c.pod_uid, isouter=True))
-            .where(pod_hours.c.booked_hour >= START, pod_hours.c.booked_hour < END)
-            .order_by(pod_hours.c.booked_hour, pod_hours.c.hour, bytewise(pod_ledgers.c.namespace),
-                      bytewise(pod_hours.c.pod_uid), bytewise(pod_hours.c.model))
-        )
-        capacity = (select(node_hours).where(node_hours.c.hour >= START, node_hours.c.hour < END)
-                    .order_by(node_hours.c.hour, bytewise(node_hours.c.node)))
+        charges, capacity = StatementLog(self.db).queries(START, END)
         count = 0
         with self.db.read() as conn:
             for query in (charges, capacity):

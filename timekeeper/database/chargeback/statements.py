@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, insert, select, text
+from sqlalchemy import ColumnElement, Select, func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from gpusharing.statements.leaves import CapacityLeaf, ChargeLeaf
@@ -80,6 +80,22 @@ class StatementLog:
                                                                               sheet.sheet.price_at(model, hour))
             return prices[model, hour]
 
+        charges, capacity = self.queries(start, end)
+        with self.db.read() as conn:
+            if not self.db.is_sqlite:  # a period's sort may outlast a request's timeout: it is done once a period
+                conn.execute(text(f"SET LOCAL statement_timeout = {LEAVES_TIMEOUT_MS}"))
+            for row in conn.execution_options(yield_per=STREAMED_ROWS).execute(charges):
+                price = price_of(row.model, row.hour)
+                yield ChargeLeaf(row.booked_hour, row.hour, row.namespace or "", row.pod or "", row.pod_uid, row.model,
+                                 row.micro_gpu_seconds, row.weighted_micro_gpu_seconds, row.idle_micro_gpu_seconds,
+                                 None if price is None else price.of(row.micro_gpu_seconds)).encoded()
+            for node in conn.execution_options(yield_per=STREAMED_ROWS).execute(capacity):
+                yield CapacityLeaf(node.hour, node.node, node.model, node.capacity_micro_gpu_seconds,
+                                   node.down_micro_gpu_seconds).encoded()
+
+    def queries(self, start: dt.datetime, end: dt.datetime) -> tuple[Select[Any], Select[Any]]:
+        """The queries of the period [start, end)'s rows, in the tree's order: the charges booked in it, its
+        node-hours."""
         charges = (
             select(pod_hours.c.booked_hour, pod_hours.c.hour, pod_ledgers.c.namespace, pod_ledgers.c.pod,
                    pod_hours.c.pod_uid, pod_hours.c.model, pod_hours.c.micro_gpu_seconds,
@@ -93,17 +109,7 @@ class StatementLog:
             select(node_hours).where(node_hours.c.hour >= start, node_hours.c.hour < end)
             .order_by(node_hours.c.hour, self._bytewise(node_hours.c.node))
         )
-        with self.db.read() as conn:
-            if not self.db.is_sqlite:  # a period's sort may outlast a request's timeout: it is done once a period
-                conn.execute(text(f"SET LOCAL statement_timeout = {LEAVES_TIMEOUT_MS}"))
-            for row in conn.execution_options(yield_per=STREAMED_ROWS).execute(charges):
-                price = price_of(row.model, row.hour)
-                yield ChargeLeaf(row.booked_hour, row.hour, row.namespace or "", row.pod or "", row.pod_uid, row.model,
-                                 row.micro_gpu_seconds, row.weighted_micro_gpu_seconds, row.idle_micro_gpu_seconds,
-                                 None if price is None else price.of(row.micro_gpu_seconds)).encoded()
-            for node in conn.execution_options(yield_per=STREAMED_ROWS).execute(capacity):
-                yield CapacityLeaf(node.hour, node.node, node.model, node.capacity_micro_gpu_seconds,
-                                   node.down_micro_gpu_seconds).encoded()
+        return charges, capacity
 
     def append(self, statement: WrittenStatement, now: dt.datetime) -> bool:
         """Writes `statement` after the head; False when another replica wrote that statement (or that period's)
