@@ -140,6 +140,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/cluster_scale.py
 	$(BIN)/python bench/fairshare.py
 	$(BIN)/python bench/chargeback.py
+	$(BIN)/python bench/statements.py
 
 # The cluster tier's scale run, larger than CI runs it (tests/cluster/test_scale.py prints its figures).
 SCALE_NODES ?= 200

@@ -25,6 +25,8 @@ _ROLES = {
     "meter": "sidecar.cli",
     "node-agent": "nodeagent.cli",
     "certs": "gpusharing.serving.certcommand",
+    "statements": "timekeeper.audit",
+    "verify": "timekeeper.audit",
 }
 
 EXAMPLES = """examples:
@@ -34,6 +36,7 @@ EXAMPLES = """examples:
   gpusharing pods --over-memory
   gpusharing usage --from 2026-11-01 --to 2026-12-01 --by namespace,day -o csv
   gpusharing report focus --from 2026-11-01 --to 2026-12-01 > november-focus.csv     # FOCUS 1.2, for finance
+  gpusharing verify --keys published.pub     # the signed statements of closed periods, and every row they sign
   gpusharing COMMAND --help
 """
 

@@ -31,11 +31,13 @@ from gpusharing.settings.env import (
 )
 from gpusharing.settings.gpu import gpu_request_settings
 from gpusharing.settings.meter import meter_interval_seconds
+from gpusharing.statements.note import NoteError, Signer
 from gpusharing.units.duration import DurationError, parse_duration
 from gpusharing.utilisation import UtilisationSource
 from timekeeper.accounting.dcgm import DCGM_METRICS, DEFAULT_METRICS, DcgmQuery, check_label, check_selector
 from timekeeper.chargeback.calendar import BILLING_PERIODS, MONTHLY, BillingCalendar
 from timekeeper.chargeback.prices import NO_PRICES, PriceSheet, PriceSheetError, load_price_sheet
+from timekeeper.chargeback.statements import SigningKeys
 from timekeeper.fairshare.bands import FairShareBands
 
 AUTH_MODES = ("tokenreview", "static", "none")
@@ -66,6 +68,7 @@ class TaskIntervals:
     # the fair-share queue released into the GPUs free, room made past the grace; with fair share off, released whole
     fairshare_queue: float = 2.0
     capacity: float = 30.0  # the GPU capacity ledger: each GPU node's time since the last pass recorded
+    statements: float = 60.0  # closed billing periods stated and signed (with TIMEKEEPER_STATEMENT_KEY_FILE)
 
 
 TASK_SETTINGS = {
@@ -76,6 +79,7 @@ TASK_SETTINGS = {
     "fairshare": "TIMEKEEPER_FAIRSHARE_INTERVAL_SECONDS",
     "fairshare_queue": "TIMEKEEPER_FAIRSHARE_QUEUE_INTERVAL_SECONDS",
     "capacity": "TIMEKEEPER_CAPACITY_INTERVAL_SECONDS",
+    "statements": "TIMEKEEPER_STATEMENTS_INTERVAL_SECONDS",
 }
 
 
@@ -212,10 +216,13 @@ class ChargebackSettings:
     calendar: BillingCalendar = MONTHLY  # TIMEKEEPER_BILLING_PERIOD, TIMEKEEPER_BILLING_GRACE
     share_unallocated: bool = False  # TIMEKEEPER_SHARE_UNALLOCATED: OpenCost's shareIdle
     cluster: str = "kubernetes"  # TIMEKEEPER_CLUSTER_NAME: the billing account exports name
+    # TIMEKEEPER_STATEMENT_KEY_FILE (and _PREVIOUS_KEY_FILE): closed periods are stated and signed; None: not
+    signing: SigningKeys | None = None
 
 
 def chargeback_settings(environ: Mapping[str, str]) -> ChargebackSettings:
-    """TIMEKEEPER_BILLING_PERIOD, TIMEKEEPER_BILLING_GRACE, TIMEKEEPER_SHARE_UNALLOCATED, TIMEKEEPER_CLUSTER_NAME."""
+    """TIMEKEEPER_BILLING_PERIOD, TIMEKEEPER_BILLING_GRACE, TIMEKEEPER_SHARE_UNALLOCATED, TIMEKEEPER_CLUSTER_NAME,
+    TIMEKEEPER_STATEMENT_KEY_FILE, TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE."""
     period = Period(env_choice("TIMEKEEPER_BILLING_PERIOD", MONTHLY.period.value, BILLING_PERIODS, environ))
     raw_grace = environ.get("TIMEKEEPER_BILLING_GRACE", "").strip()
     try:
@@ -229,7 +236,33 @@ def chargeback_settings(environ: Mapping[str, str]) -> ChargebackSettings:
         BillingCalendar(period, MONTHLY.grace if grace is None else dt.timedelta(seconds=grace)),
         env_flag("TIMEKEEPER_SHARE_UNALLOCATED", False, environ),
         cluster,
+        signing_keys(environ),
     )
+
+
+def signing_keys(environ: Mapping[str, str]) -> SigningKeys | None:
+    """The statements' signing key (a C2SP signer key file, `gpusharing statements keygen`), and the previous one
+    while the chain hands over to it; a previous key's path whose file is absent is none (the chart mounts both)."""
+    path = environ.get("TIMEKEEPER_STATEMENT_KEY_FILE", "").strip()
+    previous = environ.get("TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE", "").strip()
+    if not path and previous:
+        raise ConfigError("TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE is set without TIMEKEEPER_STATEMENT_KEY_FILE")
+    current = _signer(Path(path), "TIMEKEEPER_STATEMENT_KEY_FILE") if path else None
+    if current is None:
+        return None
+    return SigningKeys(current, _signer(Path(previous), "TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE") if previous and
+                       Path(previous).exists() else None)
+
+
+def _signer(path: Path, name: str) -> Signer:
+    try:
+        if path.stat().st_size > 4096:
+            raise ConfigError(f"{name}={path} is longer than a signing key (4096 bytes)")
+        return Signer.from_text(path.read_text(encoding="utf-8").strip())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{name}={path} cannot be read: {exc}") from None
+    except NoteError as exc:
+        raise ConfigError(f"{name}={path} is not a signing key: {exc}") from None
 
 
 # The most TIMEKEEPER_EVICTION_RETRY_SECONDS may be: a claim's retries end before another leader may take it over as

@@ -111,6 +111,20 @@ GPU_CAPACITY = Gauge(
 GPUS_DOWN = Gauge("gpusharing_controller_gpus_down",
                   "Of those GPUs, the ones on nodes that are not Ready, as the capacity task last read them.",
                   multiprocess_mode="livesum")
+STATEMENTS_WRITTEN = Counter("gpusharing_controller_statements_written",
+                             "Signed statements this replica wrote, by kind (period: a closed billing period's; key: a "
+                             "handover to a new signing key).", ["kind"])
+STATED_UNTIL = Gauge("gpusharing_controller_stated_until_seconds",
+                     "The end of the last billing period stated and signed (Unix time).", multiprocess_mode="max",
+                     unit="seconds")
+STATEMENT_KEY_UNRECOGNISED = Gauge(
+    "gpusharing_controller_statement_key_unrecognised",
+    "1 while the chain's key in force is neither the signing key nor the previous one configured: no statement is "
+    "written until it is.", multiprocess_mode="max")
+STATEMENT_CHAIN_REWOUND = Gauge(
+    "gpusharing_controller_statement_chain_rewound",
+    "1 while the chain of statements is shorter than, or other than, this replica saw it (statements removed or "
+    "replaced in the database): no statement is written until a restart.", multiprocess_mode="max")
 LEADING = Gauge("gpusharing_controller_leading", "1 while this controller replica holds the Lease, else 0.",
                 multiprocess_mode="livesum")
 UTILISATION_READINGS = Gauge(

@@ -32,7 +32,7 @@ REPORT_TIMEOUT_SECONDS = 1800.0
 FIGURES = ("capacity", "allocated", "idle", "unallocated", "down", "over")
 UTILIZATION_COLUMNS = ["SCOPE", *(f"{figure.upper()} GPU-H" for figure in FIGURES), "ALLOCATED %", "IDLE %",
                        "UNALLOCATED %", "DOWN %"]
-ACCOUNT_COLUMNS = ["ACCOUNT", "OWN GPU-H", "GPU-H", "OWN COST", "COST"]
+ACCOUNT_COLUMNS = ["ACCOUNT", "OWN GPU-H", "GPU-H", "CORRECTIONS GPU-H", "OWN COST", "COST"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], **sub: Any) -> None:
@@ -100,10 +100,12 @@ def format_utilization(report: Mapping[str, Any]) -> str:
 
 
 def format_accounts(report: Mapping[str, Any]) -> str:
-    """The tree, indented by depth, with each level's own and subtree's GPU-hours and cost."""
+    """The tree, indented by depth, with each level's own and subtree's GPU-hours and cost, and the subtree's
+    corrections."""
     currency = report.get("currency") or ""
     rows = [["  " * item["depth"] + item["name"], f"{item['ownGpuHours']:.3f}", f"{item['gpuHours']:.3f}",
-             _money(item["ownCost"], currency), _money(item["cost"], currency)] for item in report["items"]]
+             f"{item['correctionGpuHours']:.3f}", _money(item["ownCost"], currency), _money(item["cost"], currency)]
+            for item in report["items"]]
     return format_table(ACCOUNT_COLUMNS, rows)
 
 

@@ -1,8 +1,10 @@
 """The certgen (`gpusharing certs --format cluster`, a Job and a CronJob): the webhook's CA and serving certificate
 in its Secret, made and renewed in the cluster where cert-manager is not installed, and both webhook configurations
-kept trusting the Secret's CA bundle. Decisions are plain functions of the Secret's data and the time (`renewal`,
-`ca_bundle_patch`), so that tests need no cluster; `sync` reads and writes. docs/operations.md (the webhook's
-certificate) says what is renewed when, and why the webhook needs no restart.
+kept trusting the Secret's CA bundle; and the key that signs the statements of closed billing periods, made into its
+Secret once. Decisions are plain functions of the Secret's data and the time (`renewal`, `ca_bundle_patch`,
+`statement_key_secret`), so that tests need no cluster; `sync` reads and writes. docs/operations.md (the webhook's
+certificate, the statements' signing key) says what is renewed when, why the webhook needs no restart, and why the
+signing key is never changed here.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gpusharing.serving.certs import (
     make_authority,
     pem,
     service_names,
+    statement_key,
 )
 
 CA_LIFETIMES = 10  # the CA lives ten certificates' validity
@@ -53,6 +56,14 @@ class CertgenError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class StatementKey:
+    """The Secret the statements' signing key is made into where there is none, and the new key's name."""
+
+    secret: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Target:
     """What the certgen keeps: names in the webhook's namespace, and the webhook configurations' name."""
 
@@ -61,6 +72,8 @@ class Target:
     secret: str
     configuration: str
     owner: str | None = None  # a ServiceAccount whose deletion deletes the Secret
+    certificate: bool = True  # False: cert-manager issues it, and the Secret and configurations are left alone
+    statement_key: StatementKey | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +184,19 @@ def _issued(
     return Renewal(data, why)
 
 
+def statement_key_secret(namespace: str, key: StatementKey) -> dict[str, Any]:
+    """The Secret of a new signing key for statements (`key`, and `verifier` to publish), as the certgen creates it.
+    It has no owner: uninstalling leaves it beside the database whose statements it signed, so that a reinstall goes
+    on signing their chain."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": key.secret, "namespace": namespace, "labels": dict(LABELS)},
+        "data": {name: base64.b64encode(value).decode() for name, value in statement_key(key.name).items()},
+    }
+
+
 def ca_bundle_patch(webhooks: Sequence[tuple[str, str | None]], bundle: str) -> list[dict[str, Any]]:
     """The JSON patch that makes every webhook of a configuration ((name, caBundle) in order) trust `bundle` (base64),
     each change guarded by the webhook's name; [] when they all do."""
@@ -190,9 +216,26 @@ def sync(
     say: Callable[[str], None] = print,
     wait_seconds: float = CONFIGURATION_WAIT_SECONDS,
 ) -> None:
+    """Keeps the webhook's certificate (unless `target.certificate` is False), then makes the statements' signing key
+    where `target` names its Secret and it does not exist. CertgenError when the API server refuses or cannot
+    answer."""
+    if target.certificate:
+        _sync_certificate(api, target, days, now, say, wait_seconds)
+    if target.statement_key is not None:
+        _make_statement_key(client.CoreV1Api(api), target.namespace, target.statement_key, say)
+
+
+def _sync_certificate(
+    api: client.ApiClient,
+    target: Target,
+    days: int,
+    now: datetime.datetime,
+    say: Callable[[str], None],
+    wait_seconds: float,
+) -> None:
     """Makes or renews the Secret as `renewal` decides, and has both webhook configurations trust its CA bundle:
     first the configurations (a new bundle holds the CA the webhook serves with until the Secret changes), then the
-    Secret. CertgenError when the API server refuses or cannot answer."""
+    Secret."""
     core = client.CoreV1Api(api)
     where = f"Secret {target.namespace}/{target.secret}"
     secret = _call(
@@ -267,6 +310,24 @@ def sync(
     say(f"{where}: {planned.why}")
 
 
+def _make_statement_key(core: client.CoreV1Api, namespace: str, key: StatementKey, say: Callable[[str], None]) -> None:
+    """Creates the key's Secret unless it exists. Never a read: the certgen may create Secrets but not get this one,
+    so it cannot read a signing key, and an existing one (the admin's, or rotated) is never changed."""
+    where = f"Secret {namespace}/{key.secret}"
+    body = statement_key_secret(namespace, key)
+    # The client sends a dict body as it is (sanitize_for_serialization); its types name the model class alone.
+    created = _call(
+        f"create {where}",
+        lambda: core.create_namespaced_secret(namespace, body, field_manager=FIELD_MANAGER),  # type: ignore[arg-type]
+        exists_ok=True,
+    )
+    if created is None:
+        say(f"{where}: kept (it exists; the statements' signing key is never changed by the certgen)")
+        return
+    verifier = base64.b64decode(body["data"]["verifier"]).decode().strip()
+    say(f"{where}: made a key to sign the statements of closed billing periods; publish its verifier key {verifier}")
+
+
 def _owned_by(core: client.CoreV1Api, namespace: str, service_account: str) -> dict[str, Any]:
     owner = _call(f"read ServiceAccount {namespace}/{service_account}",
                   lambda: core.read_namespaced_service_account(service_account, namespace))
@@ -291,11 +352,12 @@ def _wait_for(what: str, read: Callable[[], Any], seconds: float, say: Callable[
         time.sleep(1)
 
 
-def _call(what: str, call: Callable[[], Any], missing_ok: bool = False) -> Any:
+def _call(what: str, call: Callable[[], Any], missing_ok: bool = False, exists_ok: bool = False) -> Any:
+    """`call()`'s answer; None for a 404 where `missing_ok`, and for a create's 409 (it exists) where `exists_ok`."""
     try:
         return call()
     except ApiException as exc:
-        if missing_ok and exc.status == 404:
+        if (missing_ok and exc.status == 404) or (exists_ok and exc.status == 409):
             return None
         raise CertgenError(f"cannot {what}: {exc.status} {exc.reason}: {_message(exc)}") from None
     except HTTPError as exc:  # urllib3's retries exhausted: the last attempt's reason says the most
@@ -312,7 +374,7 @@ def _message(exc: ApiException) -> str:
 
 
 def main(target: Target, days: int) -> int:
-    """`gpusharing certs --format cluster`: 0 when the Secret and the configurations are as they must be, 1 (one line
+    """`gpusharing certs --format cluster`: 0 when the Secrets and the configurations are as they must be, 1 (one line
     on stderr) when the API server refused or could not be reached; the Job then tries again."""
     api = api_client(os.environ.get("KUBECONFIG") or None, "KUBECONFIG")
     # its retries: the last one's reason is said below

@@ -1,5 +1,6 @@
 """A private CA and a serving certificate, for the webhook where cert-manager is not installed (and for the demo); a
-CA and a client certificate, for the API server to prove itself to the webhook."""
+CA and a client certificate, for the API server to prove itself to the webhook; the key that signs the statements of
+closed billing periods, made at install beside them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpusharing.statements.note import generate_signer
+from gpusharing.statements.statement import origin_of
 
 PrivateKey = ec.EllipticCurvePrivateKey
 CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpusharing webhook CA")])
@@ -164,6 +168,18 @@ WEBHOOK_CONFIGURATION = "gpusharing"  # the name of the mutating and of the vali
 WEBHOOK_CONFIGURATIONS = (("MutatingWebhookConfiguration", 0), ("ValidatingWebhookConfiguration", 0))
 DATABASE_SECRET = "gpusharing-database"
 DATABASE_ENV = "database.env"
+STATEMENT_KEY_SECRET = "gpusharing-statement-key"
+# The key's name in signatures: the origin of the statements a timekeeper writes under TIMEKEEPER_CLUSTER_NAME's
+# default, as a C2SP checkpoint's log signs under its origin.
+STATEMENT_KEY_NAME = origin_of("kubernetes")
+STATEMENT_KEY_FILE, STATEMENT_VERIFIER_FILE = "statement.key", "statement.pub"  # the overlay's
+
+
+def statement_key(name: str) -> dict[str, bytes]:
+    """A new key to sign the statements of closed billing periods with, as its Secret holds it: `key`, the signer key
+    the controller reads (TIMEKEEPER_STATEMENT_KEY_FILE), and `verifier`, its verifier key, to publish."""
+    signer = generate_signer(name)
+    return {"key": f"{signer.text}\n".encode(), "verifier": f"{signer.verifier.text}\n".encode()}
 
 
 def service_names(namespace: str, service: str = WEBHOOK_SERVICE) -> list[str]:
@@ -172,15 +188,22 @@ def service_names(namespace: str, service: str = WEBHOOK_SERVICE) -> list[str]:
 
 
 def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> Path:
-    """A kustomize overlay of `base` with the webhook's TLS Secret and the caBundle of both configurations, and the
-    database Secret generated from a database.env with a random password (kept when the overlay is written again:
-    PostgreSQL keeps the password it was first started with)."""
+    """A kustomize overlay of `base` with the webhook's TLS Secret and the caBundle of both configurations, the
+    database Secret generated from a database.env with a random password, and the statements' signing key's from
+    statement.key and statement.pub (both kept when the overlay is written again: PostgreSQL keeps the password it
+    was first started with, and the statements' chain the key it was first signed with)."""
     certificate = make_serving_certificate(service_names(namespace), days)
     output.mkdir(parents=True, exist_ok=True)
     database_env = output / DATABASE_ENV
     if not database_env.exists():
         database_env.touch(mode=0o600)
         database_env.write_text(f"password={secrets.token_hex(24)}\n")
+    key_file = output / STATEMENT_KEY_FILE
+    if not key_file.exists():
+        made = statement_key(STATEMENT_KEY_NAME)
+        (output / STATEMENT_VERIFIER_FILE).write_bytes(made["verifier"])
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(made["key"])
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -207,13 +230,20 @@ def write_overlay(namespace: str, base: Path, output: Path, days: int = 365) -> 
         "kind": "Kustomization",
         "resources": [os.path.relpath(base.resolve(), output.resolve()), "webhook-tls-secret.yaml"],
         "patches": patches,
-        "secretGenerator": [{"name": DATABASE_SECRET, "namespace": namespace, "envs": [DATABASE_ENV]}],
+        "secretGenerator": [
+            {"name": DATABASE_SECRET, "namespace": namespace, "envs": [DATABASE_ENV]},
+            {
+                "name": STATEMENT_KEY_SECRET,
+                "namespace": namespace,
+                "files": [f"key={STATEMENT_KEY_FILE}", f"verifier={STATEMENT_VERIFIER_FILE}"],
+            },
+        ],
     }
     (output / "webhook-tls-secret.yaml").touch(mode=0o600)
     (output / "webhook-tls-secret.yaml").write_text(yaml.safe_dump(secret, sort_keys=False))
     (output / "kustomization.yaml").write_text(
-        "# Written by `gpusharing certs`: the webhook's TLS without cert-manager, and the database password from\n"
-        "# database.env. Apply with kubectl apply -k.\n"
+        "# Written by `gpusharing certs`: the webhook's TLS without cert-manager, the database password from\n"
+        "# database.env, the statements' signing key from statement.key. Apply with kubectl apply -k.\n"
         + yaml.safe_dump(kustomization, sort_keys=False)
     )
     return output

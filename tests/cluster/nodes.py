@@ -3,7 +3,9 @@
 The simulator creates Nodes with the extended resources of one GPU dialect each, renews their Leases, and plays the
 kubelet for the pods bound to them: a bound pod is marked Running as a kubelet reports it (startTime, every
 container running since `startedAt`, Ready; `cluster.gpusharing.io/records-start-after` seconds after its containers
-and its meter started, for a kubelet slow to write it); a pod annotated with `cluster.gpusharing.io/runs-for`
+and its meter started, for a kubelet slow to write it; startTime and `startedAt` written as
+`cluster.gpusharing.io/started-before` seconds before the time of writing, for a pod that has run since before the
+test, e.g. since before midnight); a pod annotated with `cluster.gpusharing.io/runs-for`
 (seconds) finishes after that long (containers terminated with exit code 0, phase Succeeded); a pod given a
 deletionTimestamp (deleted, evicted, preempted) has its meter stopped with SIGTERM and, once its containers have
 stopped (after `cluster.gpusharing.io/stops-after` seconds, for a workload slow to stop), their ends recorded in its
@@ -62,6 +64,8 @@ UTILISATION = "cluster.gpusharing.io/utilisation"  # the GPU utilisation (percen
 NODE_UTILISATION = "cluster.gpusharing.io/node-utilisation"
 # seconds the kubelet takes to record a pod's start (startTime, Running) after its containers and its meter started
 RECORDS_START_AFTER = "cluster.gpusharing.io/records-start-after"
+# seconds before now that the kubelet records a pod's start (startTime, its containers' startedAt) as having been
+STARTED_BEFORE = "cluster.gpusharing.io/started-before"
 POOL_LABEL = "cluster.gpusharing.io/pool"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_SECONDS = 40
@@ -95,8 +99,9 @@ DIALECTS: dict[str, dict[str, str]] = {dialect: advertised(dialect, 81920) for d
                                                                                             "aliyun")}
 
 
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_rfc3339(before: float = 0.0) -> str:
+    """Now (`before` seconds ago), in whole seconds, as the API server records a time."""
+    return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=before)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -360,7 +365,8 @@ class NodeSimulator:
             running = self.pods[metadata["uid"]]
             if running.uid in self.finished:
                 return
-        started = running.recorded_start = now_rfc3339()
+        before = float((metadata.get("annotations") or {}).get(STARTED_BEFORE, 0))
+        started = running.recorded_start = now_rfc3339(before)
         containers = [_container_status(c, "running", started) for c in spec.get("containers", [])]
         inits = [_container_status(c, "running" if c.get("restartPolicy") == "Always" else "completed", started)
                  for c in spec.get("initContainers", [])]

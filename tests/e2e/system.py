@@ -47,6 +47,7 @@ TASK_INTERVALS = {name: "0.5" for name in ("TIMEKEEPER_DEMOTION_INTERVAL_SECONDS
                                            "TIMEKEEPER_ENDED_INTERVAL_SECONDS", "TIMEKEEPER_IDLE_INTERVAL_SECONDS",
                                            "TIMEKEEPER_SILENT_METERS_INTERVAL_SECONDS")}
 WAIT_SECONDS = 60  # only stops a broken test from hanging; never a speed check
+REPORT_ATTEMPTS = 5  # a meter's report sent again after a 503, as the meter sends it
 ALLOWED_PRIORITY_CLASS = "e2e-allowed-high"  # GPUSHARING_ALLOWED_PRIORITY_CLASSES of the webhook
 TIMEKEEPER_ACCOUNT = "gpusharing-timekeeper"  # the web timekeeper's ServiceAccount (manifests/base/rbac.yaml)
 CONTROLLER_ACCOUNT = "gpusharing-controller"  # the controller's: the cluster work, the Lease, the billing finalizer
@@ -518,14 +519,21 @@ class GpuSharing:
     def report(
         self, pod: dict[str, Any], token: str, gpu_seconds: float, seq: int = 1, final: bool = False
     ) -> requests.Response:
-        """A meter's report for `pod`, as its injected meter would send it."""
+        """A meter's report for `pod`, as its injected meter would send it, and send again after a 503 as it would
+        (gpusharing.serving.delivery): a timekeeper that could not review the token in time on a loaded machine."""
         metadata = pod["metadata"]
         body = {
             "podUid": metadata["uid"], "namespace": metadata["namespace"], "pod": metadata["name"],
             "gpuShare": float(metadata["annotations"]["gpusharing.io/gpu-share"]), "seq": seq,
             "gpuSeconds": gpu_seconds, "final": final,
         }
-        return self.timekeeper_call("POST", "/api/v1/reports", token, body)
+        answer = self.timekeeper_call("POST", "/api/v1/reports", token, body)
+        for _ in range(REPORT_ATTEMPTS - 1):
+            if answer.status_code != 503:
+                break
+            time.sleep(1)
+            answer = self.timekeeper_call("POST", "/api/v1/reports", token, body)
+        return answer
 
     def webhook_state(self, namespace: str, probe: dict[str, Any]) -> str:
         """The budget state the webhook now gives a GPU pod of `namespace` (a dry-run create through the API server)."""

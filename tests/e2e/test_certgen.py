@@ -1,6 +1,7 @@
 """The chart installed without cert-manager, on a real API server: its certgen makes the webhook's certificate, the
 webhook configurations trust it, and the API server, verifying the webhook's Service name against that caBundle,
-admits a GPU pod through it.
+admits a GPU pod through it; it makes the statements' signing key once, which it cannot read. With cert-manager, its
+Job makes that key alone.
 
 The chart is rendered as a release of its own (fullnameOverride e2e-certgen, in a namespace of its own) and every
 object of it created as `helm install` creates it. The certgen runs as the Job's container would (its arguments, its
@@ -27,11 +28,12 @@ from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store
 
 from demo.processes import free_port, run_command
-from gpusharing.serving.certs import make_serving_certificate
+from gpusharing.serving.certs import make_serving_certificate, statement_key
 from tests.e2e.controlplane import write_kubeconfig
 from tests.e2e.system import SYSTEM_NAMESPACE, ApiError, GpuSharing, wait_for
 from tests.e2e.test_admission import assert_governed, example
 from tests.helm import render
+from timekeeper.config import signing_keys
 
 RELEASE = "e2e-certgen"
 CONFIGURATIONS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -55,6 +57,19 @@ class Release:
         """`gpusharing certs --format cluster ...` as the Job runs it: exit code, stdout, stderr."""
         done = run_command(*self.args, env={"KUBECONFIG": str(self.kubeconfig)})
         return done.returncode, done.stdout, done.stderr
+
+
+def statement_key_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/secrets/{RELEASE}-statement-key"
+
+
+def denied(gpusharing: GpuSharing, namespace: str, service_account: str, method: str, path: str) -> bool:
+    """Whether the API server refuses `service_account`'s token `method` on `path` (403)."""
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = str(gpusharing.plane.ca_file)
+    session.headers["Authorization"] = f"Bearer {gpusharing.token(namespace, service_account, audience=None)}"
+    return session.request(method, f"{gpusharing.plane.url}{path}", timeout=30).status_code == 403
 
 
 def gpu_pod(name: str) -> dict[str, Any]:
@@ -233,6 +248,86 @@ def test_the_certgen_may_read_no_other_secret_nor_change_another_configuration(
         ("DELETE", configuration_path("ValidatingWebhookConfiguration")),
     ):
         assert session.request(method, f"{gpusharing.plane.url}{path}", timeout=30).status_code == 403, (method, path)
+
+
+def test_the_certgen_makes_the_statements_signing_key_once_keeps_it_and_cannot_read_it(
+    gpusharing: GpuSharing, release: Release, first_run: str, tmp_path: Path
+) -> None:
+    where = f"Secret {release.namespace}/{RELEASE}-statement-key"
+    (made,) = [line for line in first_run.splitlines() if line.startswith(f"{where}: ")]
+    secret = gpusharing.rest("GET", statement_key_path(release.namespace))
+    assert secret["type"] == "Opaque" and "ownerReferences" not in secret["metadata"]  # uninstalling keeps it
+    data = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+    assert set(data) == {"key", "verifier"}
+    verifier = data["verifier"].decode().strip()
+    assert made == (f"{where}: made a key to sign the statements of closed billing periods; publish its verifier key "
+                    f"{verifier}")
+    # What the controller reads from it, where the chart mounts `key` and no `previous-key`.
+    (tmp_path / "key").write_bytes(data["key"])
+    keys = signing_keys({"TIMEKEEPER_STATEMENT_KEY_FILE": str(tmp_path / "key"),
+                         "TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE": str(tmp_path / "previous-key")})
+    assert keys is not None and keys.previous is None
+    assert (keys.current.verifier.text, keys.current.name) == (verifier, "gpusharing.io/kubernetes/statements")
+    # A later run keeps it as it is, and so after the admin rotated it (a new `key`, the old one as `previous-key`).
+    kept = f"{where}: kept (it exists; the statements' signing key is never changed by the certgen)"
+    code, out, err = release.certgen()
+    assert code == 0 and kept in out, err
+    assert gpusharing.rest("GET", statement_key_path(release.namespace))["metadata"]["resourceVersion"] == (
+        secret["metadata"]["resourceVersion"]
+    )
+    new = statement_key("gpusharing.io/kubernetes/statements")
+    rotated = gpusharing.rest("PUT", statement_key_path(release.namespace), {**secret, "data": {
+        "key": base64.b64encode(new["key"]).decode(),
+        "previous-key": secret["data"]["key"],
+        "verifier": base64.b64encode(new["verifier"]).decode(),
+    }})
+    code, out, err = release.certgen()
+    assert code == 0 and kept in out, err
+    assert gpusharing.rest("GET", statement_key_path(release.namespace))["metadata"]["resourceVersion"] == (
+        rotated["metadata"]["resourceVersion"]
+    )
+    # Its only right to it is the create: it can neither read the key nor change or delete it.
+    path = statement_key_path(release.namespace)
+    for method in ("GET", "PUT", "DELETE"):
+        assert denied(gpusharing, release.namespace, f"{RELEASE}-certgen", method, path), method
+
+
+def test_with_cert_manager_the_certgens_job_makes_the_statements_signing_key_alone(
+    gpusharing: GpuSharing, tmp_path: Path
+) -> None:
+    """The chart's certgen with cert-manager, as the Job runs it with its own ServiceAccount and Role: the key made,
+    and nothing of the webhook's within its reach."""
+    namespace = gpusharing.namespace("e2e-statement-key")
+    objects = render({"fullnameOverride": RELEASE, "certManager": {"enabled": True}}, namespace=namespace)
+    certgen = [o for o in objects if o["metadata"]["name"].startswith(f"{RELEASE}-certgen")]
+    assert sorted(o["kind"] for o in certgen) == ["Job", "Role", "RoleBinding", "ServiceAccount"]
+    for obj in certgen:
+        if obj["kind"] != "Job":  # no kubelet runs its pod: its container's command is run below
+            gpusharing.create(namespace, obj)
+    (job,) = [o for o in certgen if o["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    args = [arg.replace("$(NAMESPACE)", namespace) for arg in pod["containers"][0]["args"]]
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", gpusharing.plane.url, gpusharing.plane.ca_file,
+        {"token": gpusharing.token(namespace, pod["serviceAccountName"], audience=None)},
+    )
+    done = run_command(*args, env={"KUBECONFIG": str(kubeconfig)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"Secret {namespace}/{RELEASE}-statement-key: made a key to sign the statements of closed billing periods; "
+    ) and len(done.stdout.splitlines()) == 1  # nothing of the webhook's certificate
+    assert set(gpusharing.rest("GET", statement_key_path(namespace))["data"]) == {"key", "verifier"}
+    again = run_command(*args, env={"KUBECONFIG": str(kubeconfig)})
+    assert again.returncode == 0 and again.stdout.endswith(": kept (it exists; the statements' signing key is never "
+                                                           "changed by the certgen)\n"), again.stderr
+    account = pod["serviceAccountName"]
+    for method, path in (
+        ("GET", statement_key_path(namespace)),
+        ("GET", f"/api/v1/namespaces/{namespace}/secrets/{RELEASE}-webhook-tls"),  # cert-manager's
+        ("GET", f"/api/v1/namespaces/{namespace}/secrets"),
+        ("GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}"),
+    ):
+        assert denied(gpusharing, namespace, account, method, path), (method, path)
 
 
 def test_the_installations_certgen_job_runs_a_pod_pod_security_restricted_admits(gpusharing: GpuSharing) -> None:

@@ -1,20 +1,35 @@
 """The certgen's decisions: when the webhook's Secret gets a new certificate or a new CA, what the webhook
 configurations must trust, and that every certificate it serves verifies under the bundle they trust (strictly, as
-the API server verifies it). Its reads and writes run against a real API server in tests/e2e/test_certgen.py."""
+the API server verifies it); the statements' signing key it makes, and that an existing one is kept. Its reads and
+writes run against a real API server in tests/e2e/test_certgen.py."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
+from kubernetes.client.exceptions import ApiException
 
 from demo.processes import free_port
 from gpusharing.cli import main
-from gpusharing.serving.certgen import CA_LIFETIMES, Renewal, ca_bundle_patch, renewal
-from gpusharing.serving.certs import certified_names, make_serving_certificate, service_names
+from gpusharing.serving.certgen import (
+    CA_LIFETIMES,
+    FIELD_MANAGER,
+    CertgenError,
+    Renewal,
+    StatementKey,
+    _call,
+    ca_bundle_patch,
+    renewal,
+    statement_key_secret,
+)
+from gpusharing.serving.certs import STATEMENT_KEY_NAME, certified_names, make_serving_certificate, service_names
+from gpusharing.statements.note import Signer, Verifier, open_note, sign_note
+from gpusharing.statements.statement import origin_of
 from tests.e2e.controlplane import write_kubeconfig
 
 START = datetime.datetime(2026, 3, 1, tzinfo=datetime.timezone.utc)
@@ -160,11 +175,49 @@ def test_the_ca_bundle_patch_sets_each_webhook_that_lacks_it_guarded_by_its_name
     ]
 
 
+def test_a_statement_key_secret_holds_a_new_signing_key_and_its_verifier_key() -> None:
+    key = StatementKey("gpusharing-statement-key", "gpusharing.io/prod-eu/statements")
+    secret = statement_key_secret("gpusharing-system", key)
+    assert (secret["kind"], secret["type"]) == ("Secret", "Opaque")
+    assert secret["metadata"] == {
+        "name": "gpusharing-statement-key",
+        "namespace": "gpusharing-system",
+        "labels": {"app.kubernetes.io/part-of": "kube-gpusharing", "app.kubernetes.io/managed-by": FIELD_MANAGER},
+    }  # no ownerReferences: uninstalling keeps it, beside the database whose statements it signed
+    data = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
+    assert set(data) == {"key", "verifier"} and data["key"].endswith("\n") and data["verifier"].endswith("\n")
+    signer, verifier = Signer.from_text(data["key"].strip()), Verifier.from_text(data["verifier"].strip())
+    assert signer.verifier == verifier and verifier.name == "gpusharing.io/prod-eu/statements"
+    # A note it signs opens under the verifier key alone, as an auditor opens a statement.
+    assert open_note(sign_note("gpusharing.io/prod-eu/statements\n0\n47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=\n",
+                               [signer]), [verifier]).signed_by(verifier)
+    assert statement_key_secret("gpusharing-system", key)["data"] != secret["data"]  # a new key each time
+
+
+def test_the_default_key_name_is_the_origin_of_the_statements_of_the_default_cluster() -> None:
+    assert STATEMENT_KEY_NAME == origin_of("kubernetes") == "gpusharing.io/kubernetes/statements"
+
+
+def test_a_statement_key_that_exists_is_kept_and_any_other_refusal_said() -> None:
+    def refused(status: int) -> None:
+        raise ApiException(status=status, reason="Conflict" if status == 409 else "Forbidden")
+
+    what = "create Secret ns/gpusharing-statement-key"
+    assert _call(what, lambda: refused(409), exists_ok=True) is None  # it exists: kept, never read
+    with pytest.raises(CertgenError, match="cannot create Secret ns/gpusharing-statement-key: 409 Conflict"):
+        _call(what, lambda: refused(409))
+    with pytest.raises(CertgenError, match="cannot create Secret ns/gpusharing-statement-key: 403 Forbidden"):
+        _call(what, lambda: refused(403), exists_ok=True)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--service", "Webhook"], "argument --service: 'Webhook' is not a Kubernetes object name"),
     (["--secret", "a" * 64], "argument --secret: "),
     (["--owner", "x_y"], "argument --owner: 'x_y' is not a Kubernetes object name"),
     (["--format", "secret"], "argument --format: invalid choice: 'secret'"),
+    (["--statement-key-secret", "Key"], "argument --statement-key-secret: 'Key' is not a Kubernetes object name"),
+    (["--statement-key-name", "prod gpus"], "argument --statement-key-name: signer key's key name has a space"),
+    (["--statement-key-name", "a+b"], "argument --statement-key-name: signer key's key name has a '+'"),
 ])
 def test_bad_cluster_arguments_are_one_usage_line(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -173,6 +226,18 @@ def test_bad_cluster_arguments_are_one_usage_line(
         main(["certs", "--format", "cluster", *args])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"gpusharing certs: error: {message}")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--no-certificate"], "--no-certificate leaves nothing to do without --statement-key-secret"),
+    (["--statement-key-name", "prod"], "--statement-key-name names the key --statement-key-secret makes: give its "
+                                       "Secret too"),
+])
+def test_options_that_do_nothing_together_are_one_line_before_any_call(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "--format", "cluster", *args]) == 2
+    assert capsys.readouterr().err.strip() == f"gpusharing: {message}"
 
 
 def test_outside_a_cluster_without_a_kubeconfig_it_says_what_to_set(

@@ -20,13 +20,14 @@ import yaml
 from cryptography import x509
 
 from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from, shipped_catalogue
+from gpusharing.serving.certgen import StatementKey, statement_key_secret
 from gpusharing.serving.certs import service_names
 from nodeagent.config import NodeAgentConfig
 from tests.helm import CHART, NAMESPACE, notes, render
 from tests.kustomize import MANIFESTS, crds, installable_manifests, overlay
 from tests.manifests.test_manifests import KUBERNETES_VERSION, find
 from timekeeper.chargeback.prices import price_sheet_from
-from timekeeper.config import prometheus_source
+from timekeeper.config import prometheus_source, signing_keys
 
 HELM_LABELS = (
     "helm.sh/chart",
@@ -79,6 +80,10 @@ COMBINATIONS = {
     "cert-manager": {"certManager": {"enabled": True}},
     "cert-manager with a ClusterIssuer": {
         "certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "company-ca"}}
+    },
+    "cert-manager and a statement key of yours": {
+        "certManager": {"enabled": True},
+        "statements": {"existingSecret": "finance-statement-key"},
     },
     "external database": {"database": {"bundled": False, "external": {"secretName": "gpusharing-database-url"}}},
     "service monitors": {
@@ -224,7 +229,10 @@ def test_with_cert_manager_the_chart_renders_the_manifests_cert_manager_componen
         tmp_path / "with-cert-manager", {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]}
     )
     assert_same_objects(render(COMBINATIONS["cert-manager"]), component)
-    assert not [o for o in component if "certgen" in o["metadata"]["name"]]
+    # What is left of the certgen: its Job, run once for the statements' signing key.
+    assert {(o["kind"], o["metadata"]["name"]) for o in component if "certgen" in o["metadata"]["name"]} == {
+        (kind, "gpusharing-certgen") for kind in ("ServiceAccount", "Role", "RoleBinding", "Job")
+    }
 
 
 @pytest.mark.parametrize("combination", sorted(COMBINATIONS))
@@ -274,6 +282,10 @@ def test_the_chart_and_its_image_have_the_packages_version() -> None:
         ({"meter": {"intervalSeconds": 0}}, "/meter/intervalSeconds"),
         ({"controller": {"replicas": 0}}, "/controller/replicas"),
         ({"controller": {"auth": "none"}}, "additional properties 'auth' not allowed"),
+        ({"statements": {"keyName": "prod gpus"}}, "/statements/keyName"),
+        ({"statements": {"keyName": "prod+gpus"}}, "/statements/keyName"),
+        ({"statements": {"existingSecret": "Finance_Key"}}, "/statements/existingSecret"),
+        ({"statements": {"enabled": "yes"}}, "/statements/enabled"),
     ],
 )
 def test_the_schema_refuses_bad_values_and_says_where(values: dict[str, Any], where: str) -> None:
@@ -405,7 +417,101 @@ def test_the_certgen_may_touch_its_secret_and_the_two_webhook_configurations_alo
         (kind, [{"kind": "ServiceAccount", "name": "gpusharing-certgen", "namespace": NAMESPACE}])
         for kind in ("Role", "ClusterRole")
     ]
-    assert not [o for o in render(COMBINATIONS["cert-manager"]) if "certgen" in o["metadata"]["name"]]
+    # With cert-manager, it makes the statements' signing key alone: a create, and nothing of the webhook's.
+    with_cert_manager = render(COMBINATIONS["cert-manager"])
+    assert find(with_cert_manager, "Role", "gpusharing-certgen")["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
+    ]
+    assert not [o for o in with_cert_manager if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "CronJob")
+                and "certgen" in o["metadata"]["name"]]
+    assert not [o for o in render(COMBINATIONS["cert-manager and a statement key of yours"])
+                if "certgen" in o["metadata"]["name"]]
+
+
+def controller_pod(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The controller's pod spec and its container."""
+    pod = find(objects, "Deployment", "gpusharing-controller")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return pod, container
+
+
+def statement_key_volume(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    pod, _ = controller_pod(objects)
+    return next((v for v in pod["volumes"] if v["name"] == "statement-key"), None)
+
+
+def test_the_certgen_makes_the_statement_key_the_controller_reads(tmp_path: Path) -> None:
+    """The Secret the certgen makes is the one the controller mounts, read-only, where its settings say: the key
+    required (its pods wait for it), the previous key optional (there only while a rotation hands over), the
+    verifier key, public, not mounted; and what the certgen puts in it is what the controller's settings read."""
+    objects = render()
+    [job] = [o for o in objects if o["kind"] == "Job"]
+    args = certgen_args(job["spec"]["template"]["spec"]["containers"][0])
+    assert (args["--statement-key-secret"], args["--statement-key-name"]) == (
+        "gpusharing-statement-key",
+        "gpusharing.io/kubernetes/statements",  # the statements' origin, TIMEKEEPER_CLUSTER_NAME's
+    )
+    assert statement_key_volume(objects) == {
+        "name": "statement-key",
+        "projected": {
+            "sources": [
+                {"secret": {"name": "gpusharing-statement-key", "items": [{"key": "key", "path": "key"}]}},
+                {
+                    "secret": {
+                        "name": "gpusharing-statement-key",
+                        "items": [{"key": "previous-key", "path": "previous-key"}],
+                        "optional": True,
+                    }
+                },
+            ]
+        },
+    }
+    _, container = controller_pod(objects)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "statement-key"]
+    assert mount == {"name": "statement-key", "mountPath": "/etc/gpusharing/statement-key", "readOnly": True}
+    env = env_of(container)
+    assert env["TIMEKEEPER_STATEMENT_KEY_FILE"] == "/etc/gpusharing/statement-key/key"
+    assert env["TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE"] == "/etc/gpusharing/statement-key/previous-key"
+    # The files as the kubelet projects the Secret the certgen makes: the key, and no previous key.
+    data = statement_key_secret(NAMESPACE, StatementKey(args["--statement-key-secret"], args["--statement-key-name"]))
+    mounted = tmp_path / "statement-key"
+    mounted.mkdir()
+    (mounted / "key").write_bytes(base64.b64decode(data["data"]["key"]))
+    settings = {name: str(mounted / Path(value).name) for name, value in env.items() if "STATEMENT" in name}
+    keys = signing_keys(settings)
+    assert keys is not None and keys.previous is None
+    assert f"{keys.current.verifier.text}\n".encode() == base64.b64decode(data["data"]["verifier"])
+    # The web replicas sign nothing: the private key is the controller's alone.
+    for timekeeper in containers(objects, "gpusharing-timekeeper"):
+        assert not [name for name in env_of(timekeeper) if "STATEMENT" in name]
+        assert not [m for m in timekeeper.get("volumeMounts", []) if m["name"] == "statement-key"]
+
+
+def test_the_statement_keys_name_follows_the_cluster_and_a_name_given_wins() -> None:
+    def key_name(values: dict[str, Any]) -> str:
+        [job] = [o for o in render(values) if o["kind"] == "Job"]
+        return certgen_args(job["spec"]["template"]["spec"]["containers"][0])["--statement-key-name"]
+
+    assert key_name({"chargeback": {"clusterName": "prod-eu"}}) == "gpusharing.io/prod-eu/statements"
+    assert key_name({"statements": {"keyName": "finance.example.com/gpu-statements"}}) == (
+        "finance.example.com/gpu-statements"
+    )
+
+
+def test_a_statement_key_of_yours_is_mounted_and_none_made_and_statements_off_mount_none() -> None:
+    objects = render({"statements": {"existingSecret": "finance-statement-key"}})
+    volume = statement_key_volume(objects)
+    assert volume is not None
+    assert {source["secret"]["name"] for source in volume["projected"]["sources"]} == {"finance-statement-key"}
+    [job] = [o for o in objects if o["kind"] == "Job"]
+    assert not [a for a in job["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--statement")]
+    # Nothing changed for the certgen: its Job is the one it was before statements, and is not run again.
+    assert job["metadata"]["name"] == next(
+        o["metadata"]["name"] for o in render({"statements": {"enabled": False}}) if o["kind"] == "Job"
+    )
+    objects = render({"statements": {"enabled": False}})
+    _, container = controller_pod(objects)
+    assert statement_key_volume(objects) is None and not [n for n in env_of(container) if "STATEMENT" in n]
 
 
 def test_a_changed_certgen_is_a_new_job_and_an_unchanged_one_the_same() -> None:
@@ -619,7 +725,9 @@ def test_the_crds_are_kept_on_uninstall() -> None:
     assert all(d["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for d in definitions)
 
 
-@pytest.mark.parametrize("combination", ["defaults", "cert-manager", "everything changed", "renamed"])
+@pytest.mark.parametrize("combination", [
+    "defaults", "cert-manager", "cert-manager and a statement key of yours", "everything changed", "renamed",
+])
 def test_the_notes_name_only_what_the_release_has(combination: str) -> None:
     values = COMBINATIONS[combination]
     text, objects = notes(values), render(values)

@@ -22,6 +22,7 @@ from gpusharing.gpu.catalogue import SHIPPED_CATALOGUE, catalogue_from
 from gpusharing.idle.policy import FIELDS as IDLE_FIELDS
 from gpusharing.idle.policy import IdleAction
 from gpusharing.serving.certs import write_overlay
+from gpusharing.statements.note import Signer, Verifier
 from tests.gpusharing import test_backends as backends
 from tests.gpusharing import test_dra as dra
 from tests.gpusharing.test_request import INVALID
@@ -158,7 +159,10 @@ def test_the_certgen_makes_the_webhooks_certificate_without_cert_manager(objects
         ("", "secrets", "create", None),  # a create cannot be limited by name; the namespace limits it
         ("", "secrets", "get", "gpusharing-webhook-tls"), ("", "secrets", "update", "gpusharing-webhook-tls"),
         ("", "serviceaccounts", "get", "gpusharing-certgen"),  # the Secret's owner: uninstalling deletes it
-    }
+    }  # and the statements' signing key: a create alone, never a read of it
+    controller = find(objects, "Deployment", "gpusharing-controller")["spec"]["template"]["spec"]
+    (key,) = [v for v in controller["volumes"] if v["name"] == "statement-key"]
+    assert {s["secret"]["name"] for s in key["projected"]["sources"]} == {options["--statement-key-secret"]}
 
 
 def granted_in(role: dict[str, Any]) -> set[tuple[str, str, str, str | None]]:
@@ -178,7 +182,18 @@ def test_the_cert_manager_component_issues_the_certificate_in_place_of_the_certg
         installable.parent / "with-cert-manager",
         {"resources": ["../manifests"], "components": ["../manifests/cert-manager"]},
     )
-    assert not CERTGEN & {(o["kind"], o["metadata"]["name"]) for o in objects}
+    # The certgen's Job is left to make the statements' signing key alone, with the right to create Secrets alone.
+    assert CERTGEN & {(o["kind"], o["metadata"]["name"]) for o in objects} == CERTGEN - {
+        ("ClusterRole", "gpusharing-certgen"), ("ClusterRoleBinding", "gpusharing-certgen"),
+        ("CronJob", "gpusharing-certgen"),
+    }
+    (container,) = find(objects, "Job", "gpusharing-certgen")["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == [
+        "certs", "--format", "cluster", "--namespace", "$(NAMESPACE)", "--no-certificate",
+        "--statement-key-secret", "gpusharing-statement-key",
+        "--statement-key-name", "gpusharing.io/kubernetes/statements",
+    ]
+    assert granted_in(find(objects, "Role", "gpusharing-certgen")) == {("", "secrets", "create", None)}
     certificate = find(objects, "Certificate", "gpusharing-webhook")
     assert certificate["spec"]["secretName"] == "gpusharing-webhook-tls"
     assert "gpusharing-webhook.gpusharing-system.svc" in certificate["spec"]["dnsNames"]
@@ -691,10 +706,20 @@ def test_certs_overlay_for_clusters_without_cert_manager(tmp_path: Path) -> None
     overlay = write_overlay("gpusharing-system", MANIFESTS / "base", tmp_path / "local-certs")
     password = (overlay / "database.env").read_text()
     assert re.fullmatch(r"password=[0-9a-f]{48}\n", password) and (overlay / "database.env").stat().st_mode & 0o077 == 0
+    key = (overlay / "statement.key").read_text()
+    assert (overlay / "statement.key").stat().st_mode & 0o077 == 0
     assert write_overlay("gpusharing-system", MANIFESTS / "base", tmp_path / "local-certs") == overlay
     assert (overlay / "database.env").read_text() == password  # kept: PostgreSQL keeps the one it started with
+    assert (overlay / "statement.key").read_text() == key  # kept: the statements' chain goes on with its key
     objects = kustomize(overlay)
     assert database_password(objects) == password.strip().split("=", 1)[1]
+    # The statements' signing key, generated into the Secret the controller mounts (kustomize names it by a hash).
+    controller = find(objects, "Deployment", "gpusharing-controller")["spec"]["template"]["spec"]
+    (volume,) = [v for v in controller["volumes"] if v["name"] == "statement-key"]
+    (name,) = {source["secret"]["name"] for source in volume["projected"]["sources"]}
+    data = {k: base64.b64decode(v).decode() for k, v in find(objects, "Secret", name)["data"].items()}
+    assert data == {"key": key, "verifier": (overlay / "statement.pub").read_text()}
+    assert Signer.from_text(key.strip()).verifier == Verifier.from_text(data["verifier"].strip())
     secret = find(objects, "Secret", "gpusharing-webhook-tls")
     assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):

@@ -4,12 +4,16 @@ retries."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpusharing.idle.policy import IdleAction, IdlePolicy
 from gpusharing.kube.client import REQUEST_TIMEOUT_SECONDS
 from gpusharing.settings.env import ConfigError
+from gpusharing.statements.note import Verifier, generate_signer
 from timekeeper.accounting.dcgm import DcgmQuery
+from timekeeper.chargeback.statements import SigningKeys
 from timekeeper.cluster.evictions import MAX_RETRY_SECONDS
 from timekeeper.config import EVICTION_RETRY_LIMIT_SECONDS, PrometheusSource, TimekeeperConfig
 from timekeeper.database.cluster.fencing import STALE_CLAIM_SECONDS
@@ -219,3 +223,38 @@ def test_eviction_settings_out_of_bounds_are_refused_in_one_line(environ: dict[s
 def test_the_retry_limit_ends_a_claims_retries_before_another_leader_may_take_it_over() -> None:
     assert EVICTION_RETRY_LIMIT_SECONDS <= MAX_RETRY_SECONDS
     assert MAX_RETRY_SECONDS + REQUEST_TIMEOUT_SECONDS < STALE_CLAIM_SECONDS
+
+
+def test_statements_are_signed_with_the_key_files_given_and_off_without_one(tmp_path: Path) -> None:
+    current, previous = generate_signer("finance-2027"), generate_signer("finance")
+    (tmp_path / "key").write_text(current.text + "\n")
+    (tmp_path / "previous-key").write_text(previous.text + "\n")
+    assert TimekeeperConfig.from_env({}).chargeback.signing is None
+    signing = TimekeeperConfig.from_env({"TIMEKEEPER_STATEMENT_KEY_FILE": str(tmp_path / "key"),
+                                         "TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE": str(tmp_path / "previous-key")})
+    assert _verifiers(signing.chargeback.signing) == (current.verifier, previous.verifier)
+    # The chart mounts both paths: a previous key's file that is absent is no previous key.
+    alone = TimekeeperConfig.from_env({"TIMEKEEPER_STATEMENT_KEY_FILE": str(tmp_path / "key"),
+                                       "TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE": str(tmp_path / "absent")})
+    assert _verifiers(alone.chargeback.signing) == (current.verifier, None)
+
+
+def _verifiers(keys: SigningKeys | None) -> tuple[Verifier, Verifier | None]:
+    assert keys is not None
+    return keys.current.verifier, keys.previous.verifier if keys.previous else None
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "TIMEKEEPER_STATEMENT_KEY_FILE=.* cannot be read"),
+    ("finance+01234567+AQ==", "TIMEKEEPER_STATEMENT_KEY_FILE=.* is not a signing key"),
+    ("x" * 5000, "is longer than a signing key"),
+])
+def test_a_signing_key_file_that_is_no_key_is_refused_at_start(tmp_path: Path, content: str | None,
+                                                              message: str) -> None:
+    path = tmp_path / "key"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        TimekeeperConfig.from_env({"TIMEKEEPER_STATEMENT_KEY_FILE": str(path)})
+    with pytest.raises(ConfigError, match="TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE is set without"):
+        TimekeeperConfig.from_env({"TIMEKEEPER_STATEMENT_PREVIOUS_KEY_FILE": str(path)})

@@ -26,7 +26,7 @@ from timekeeper.database.schema import (
 )
 from timekeeper.database.tables import Base
 
-VALUES: dict[type, Any] = {str: "x", int: 1, float: 1.5, bool: True, dt.date: dt.date(2026, 11, 1),
+VALUES: dict[type, Any] = {str: "x", int: 1, float: 1.5, bool: True, bytes: b"x", dt.date: dt.date(2026, 11, 1),
                            dt.datetime: dt.datetime(2026, 11, 1, 12, tzinfo=dt.timezone.utc)}
 
 

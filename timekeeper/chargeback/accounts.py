@@ -37,6 +37,9 @@ class Account:
     own_cost_units: int = 0  # micro-GPU-seconds × contracted price in millionths
     micro_gpu_seconds: int = 0
     cost_units: int = 0
+    # Of the time, the corrections: late time booked in the window for hours of periods closed before it.
+    own_correction_micro_gpu_seconds: int = 0
+    correction_micro_gpu_seconds: int = 0
 
     def to_json(self, priced: bool) -> dict[str, Any]:
         return {
@@ -45,6 +48,10 @@ class Account:
             "ownCost": _cost(self.own_cost_units) if priced else None,
             "cost": _cost(self.cost_units) if priced else None,
             "ownMicroGpuSeconds": self.own_micro_gpu_seconds, "microGpuSeconds": self.micro_gpu_seconds,
+            "ownCorrectionGpuHours": _hours(self.own_correction_micro_gpu_seconds),
+            "correctionGpuHours": _hours(self.correction_micro_gpu_seconds),
+            "ownCorrectionMicroGpuSeconds": self.own_correction_micro_gpu_seconds,
+            "correctionMicroGpuSeconds": self.correction_micro_gpu_seconds,
         }
 
 
@@ -52,12 +59,13 @@ def accounts(rows: Iterable[FocusCharge], budgets: Mapping[str, Budget], scope: 
     """The tree of `rows` (an export's), in depth-first order, children by name: the cluster, its groups as the
     budgets nest them, each namespace under its parent; only `scope`'s subtree when one is given (a namespace or a
     group)."""
-    own: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    own: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # micro-GPU-seconds, cost units, of it corrections
     for row in rows:
         name = UNALLOCATED if row.namespace is None else row.namespace
         price = row.contracted_per_gpu_hour
         own[name][0] += row.micro_gpu_seconds
         own[name][1] += row.micro_gpu_seconds * (0 if price is None else int(price.scaleb(AMOUNT_PLACES)))
+        own[name][2] += row.micro_gpu_seconds if row.correction else 0
     parents = {name: (ancestry(budgets, name) or [CLUSTER])[0] for name in own if name != UNALLOCATED}
     parents |= {group: (ancestry(budgets, group) or [CLUSTER])[0] for name in list(parents)
                 for group in ancestry(budgets, name)}
@@ -71,13 +79,14 @@ def accounts(rows: Iterable[FocusCharge], budgets: Mapping[str, Budget], scope: 
     def walk(name: str, parent: str | None, depth: int) -> Account:
         kind = ("cluster" if name == CLUSTER else "unallocated" if name == UNALLOCATED
                 else "group" if is_group(name) else "namespace")
-        micro, units = own.get(name, (0, 0))
-        account = Account(name, kind, parent, depth, micro, units, micro, units)
+        micro, units, corrections = own.get(name, (0, 0, 0))
+        account = Account(name, kind, parent, depth, micro, units, micro, units, corrections, corrections)
         tree.append(account)
         for child in sorted(children.get(name, [])):
             below = walk(child, name, depth + 1)
             account.micro_gpu_seconds += below.micro_gpu_seconds
             account.cost_units += below.cost_units
+            account.correction_micro_gpu_seconds += below.correction_micro_gpu_seconds
         return account
 
     walk(CLUSTER, None, 0)

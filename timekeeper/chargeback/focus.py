@@ -272,6 +272,21 @@ def _price(amount: Decimal, what: str) -> int:
     return int(units)
 
 
+def unit_price(amount: Decimal) -> str:
+    """A price per GPU-hour as the export writes it (PRICE_PLACES decimals, exact)."""
+    return _fixed(_price(amount, "a price per GPU-hour"), PRICE_PLACES)
+
+
+def price_units(amount: Decimal) -> int:
+    """A price per GPU-hour in millionths, checked as the export checks it."""
+    return _price(amount, "a price per GPU-hour")
+
+
+def cost_at(micro: int, units: int) -> str:
+    """What `micro` micro-GPU-seconds cost at `units` (price_units) per GPU-hour, as the export writes it."""
+    return _cost(micro, units)
+
+
 def _cost(micro: int, price_units: int) -> str:
     numerator = micro * price_units * 10**COST_PLACES
     return _fixed(_divided(numerator, MICRO_GPU_SECONDS_PER_GPU_HOUR * 10**PRICE_PLACES), COST_PLACES)

@@ -18,6 +18,7 @@ A new concern is one more task here:
 | fairshare | FAIRSHARE, if TIMEKEEPER_FAIRSHARE_ENABLED | bands ranked from decayed usage, written |
 | fairshare-queue | FAIRSHARE_QUEUE | the queue released in fair-share order, room made (off: all released) |
 | capacity | CAPACITY | each GPU node's time since the last pass recorded in the capacity ledger |
+| statements | STATEMENTS, if TIMEKEEPER_STATEMENT_KEY_FILE | closed billing periods stated and signed |
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, TypeVar
 from gpusharing.clock import Clock
 from gpusharing.contract import fresh_for
 from gpusharing.scheduling import Task, TaskScheduler
+from gpusharing.statements.statement import origin_of
 from timekeeper import metrics
 from timekeeper.accounting.record import RecordedPod
 from timekeeper.budgets.commitments import CommittedPod, on_node
@@ -46,6 +48,7 @@ from timekeeper.cluster.idling import IdlePass, Idler
 from timekeeper.cluster.informers import ClusterInformers
 from timekeeper.cluster.kube import KubeApi
 from timekeeper.cluster.leader import LEASE_NAME, LeaderElection
+from timekeeper.cluster.statements import StatementsPass, StatementTask
 from timekeeper.cluster.utilisation import PrometheusUtilisation, UtilisationPass, UtilisationSink
 from timekeeper.config import TimekeeperConfig
 from timekeeper.database.accounting.charging import ReportLedger
@@ -53,6 +56,7 @@ from timekeeper.database.accounting.readings import UtilisationLedger
 from timekeeper.database.accounting.streaks import IdleLedger
 from timekeeper.database.budgets.store import BudgetStore
 from timekeeper.database.chargeback.capacity import CapacityLedger, CapacityPass
+from timekeeper.database.chargeback.statements import StatementLog
 from timekeeper.database.cluster.commitments import CommitmentPublisher, by_uid
 from timekeeper.database.cluster.fencing import EvictionFence
 from timekeeper.database.cluster.listings import WebhookListings
@@ -76,6 +80,7 @@ class ControllerPass:
     fair_share: FairSharePass | None = None
     fair_share_queue: QueuePass | None = None
     capacity: CapacityPass | None = None
+    statements: StatementsPass | None = None
     leading: bool = False
 
 
@@ -130,6 +135,13 @@ class ControllerManager:
             sink = utilisation_sink or UtilisationLedger.of(ledger).record_utilisation
             utilisation = self.utilisation = PrometheusUtilisation(config.prometheus, self.informers.records, sink)
             optional.append(Task("utilisation", intervals.utilisation, lambda: utilisation.run(now())))
+        chargeback = config.chargeback
+        if chargeback.signing is not None:
+            statements = StatementTask(StatementLog(budgets.db), chargeback.calendar, origin_of(chargeback.cluster),
+                                       chargeback.signing)
+            optional.append(Task("statements", intervals.statements, lambda: statements.run(now())))
+        else:
+            log.info("closed billing periods are not stated: TIMEKEEPER_STATEMENT_KEY_FILE is not set (docs/audit.md)")
         for task in (
             Task("lease", min(LEASE_RETRY_SECONDS, self.election.lease_seconds / 5), self._lead, leader_only=False),
             Task("budgets", intervals.budgets, self.budget_sync.sync),
@@ -216,6 +228,7 @@ class ControllerManager:
             fair_share=_as(ran.get("fairshare"), FairSharePass),
             fair_share_queue=_as(ran.get("fairshare-queue"), QueuePass),
             capacity=_as(ran.get("capacity"), CapacityPass),
+            statements=_as(ran.get("statements"), StatementsPass),
             leading=self.leading(),
         )
 

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import BigInteger, Boolean, Date, Float, Index, Integer, PrimaryKeyConstraint, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Date,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpusharing.contract import AdmissionMode, Shortfall
@@ -385,6 +396,23 @@ class NodeCapacityRow(Base):
     gone_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)  # seen gone: nothing more is recorded
 
 
+class StatementRow(Base):
+    """A signed statement of a closed billing period, or of a key handover, in the chain's order
+    (timekeeper.database.chargeback.statements; docs/audit.md). Written once, never updated."""
+
+    __tablename__ = "statements"
+
+    sequence: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)  # 1 for the first
+    period_start: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, unique=True)  # None: a key handover
+    period_end: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    tree_size: Mapped[int] = mapped_column(BigInteger)
+    root: Mapped[bytes] = mapped_column(LargeBinary)  # SHA-256, RFC 6962's tree hash of the period's rows
+    note: Mapped[bytes] = mapped_column(LargeBinary)  # the signed note, as verified
+    leaf_hashes: Mapped[bytes | None] = mapped_column(LargeBinary)  # 32 bytes a leaf, in order: names a changed row
+    signer: Mapped[str] = mapped_column(String(512))  # the verifier key in force from it on
+    written_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
 budgets = table_of(BudgetRow)
 top_ups = table_of(TopUpRow)
 budget_changes = table_of(BudgetChangeRow)
@@ -409,3 +437,4 @@ gpu_price_sheets = table_of(GpuPriceSheetRow)
 export_tags = table_of(ExportTagsRow)
 node_hours = table_of(NodeHourRow)
 node_capacity = table_of(NodeCapacityRow)
+statements = table_of(StatementRow)

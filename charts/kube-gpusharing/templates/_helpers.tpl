@@ -205,6 +205,24 @@ kustomize names what it generates), so that a change rolls the pods that mount i
     name: {{ include "gpusharing.gpuModelsName" . }}
 {{- end }}
 
+{{/*
+The Secret the controller reads the statements' signing key from: the admin's own (statements.existingSecret), else
+the one the certgen makes at install.
+*/}}
+{{- define "gpusharing.statementKeySecret" -}}
+{{ .Values.statements.existingSecret | default (include "gpusharing.component" (list . "statement-key")) }}
+{{- end }}
+
+{{/* Whether the certgen makes the statements' signing key: statements on, and no Secret of the admin's. */}}
+{{- define "gpusharing.certgenMakesStatementKey" -}}
+{{- if and .Values.statements.enabled (not .Values.statements.existingSecret) }}true{{ end }}
+{{- end }}
+
+{{/* The name a key the certgen makes signs with: statements.keyName, else the statements' origin. */}}
+{{- define "gpusharing.statementKeyName" -}}
+{{ .Values.statements.keyName | default (printf "gpusharing.io/%s/statements" .Values.chargeback.clusterName) }}
+{{- end }}
+
 {{/* Refuses a setting that the values replace; call with (list $values.env "webhook.env"). */}}
 {{- define "gpusharing.refuseReplacedEnv" -}}
 {{- range index . 0 }}

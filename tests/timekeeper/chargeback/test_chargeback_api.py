@@ -131,6 +131,12 @@ def test_a_closed_window_exports_the_same_bytes_whatever_comes_later_and_late_ti
         ("Correction", "2026-11-30T22:00:00Z", "2026-12-01T00:00:00Z", "300000000"),
         ("Correction", "2026-11-30T23:00:00Z", "2026-12-01T00:00:00Z", "900000000"),
     ]
+    # The accounts report of the window the late time came in says it is a correction.
+    accounts = api.get("/api/v1/accounts?from=2026-12-01&to=2026-12-02").json["items"]
+    assert [(a["name"], a["microGpuSeconds"], a["correctionMicroGpuSeconds"], a["ownCorrectionMicroGpuSeconds"])
+            for a in accounts] == [("(cluster)", 1_200_000_000, 1_200_000_000, 0),
+                                   ("team.audio", 1_200_000_000, 1_200_000_000, 0),
+                                   ("team-a", 1_200_000_000, 1_200_000_000, 1_200_000_000)]
 
 
 def test_the_accounts_tree_sums_the_export_up_the_hierarchy(app: Flask, clock: Clock, finance: str) -> None:

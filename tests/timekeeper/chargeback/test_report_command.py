@@ -62,10 +62,10 @@ def test_the_reports_print_tables_csv_and_json_and_the_focus_export_as_served(
         assert int(lines[0]["unallocatedMicroGpuSeconds"]) == 3 * GPU_HOUR // 2
         code, out, _ = run(capsys, "report", "accounts", *window)
         assert code == 0 and out.splitlines() == [
-            "ACCOUNT          OWN GPU-H  GPU-H  OWN COST      COST",
-            "(cluster)        0.000      2.000  0.000000 EUR  4.800000 EUR",
-            "  (unallocated)  1.500      1.500  3.600000 EUR  3.600000 EUR",
-            "  team-a         0.500      0.500  1.200000 EUR  1.200000 EUR"]
+            "ACCOUNT          OWN GPU-H  GPU-H  CORRECTIONS GPU-H  OWN COST      COST",
+            "(cluster)        0.000      2.000  0.000              0.000000 EUR  4.800000 EUR",
+            "  (unallocated)  1.500      1.500  0.000              3.600000 EUR  3.600000 EUR",
+            "  team-a         0.500      0.500  0.000              1.200000 EUR  1.200000 EUR"]
         code, out, _ = run(capsys, "report", "accounts", *window, "--budget", "team-a", "-o", "json")
         assert code == 0 and [item["name"] for item in json.loads(out)["items"]] == ["team-a"]
         code, out, _ = run(capsys, "report", "focus", *window)
