@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import ceiling  # noqa: E402  (bench/, this script's directory)
 from flask import Flask  # noqa: E402
+from profiling import print_profiles, profiled_run, py_spy  # noqa: E402  (bench/)
 
 from demo.processes import COMMAND, Service, free_port, tree_cpu_seconds  # noqa: E402
 from gpusharing.serving.server import ServerOptions, serve  # noqa: E402
@@ -62,6 +63,30 @@ CEILING = "the stack's ceiling"  # the fixed-answer app's label
 # report.
 FIXED_ANSWER = json.dumps({"namespace": "ns-0", "state": "in-budget", "outcome": "accepted", "chargedGpuSeconds": 7.5,
                            "billedGpuSeconds": 7.5}).encode()
+
+# What a profile's samples are counted under (bench/profiling.py): the first part whose marks one of its frames holds,
+# the ledger thread's first, then the report's own steps, as they run under the stack's frames.
+PROFILE_PARTS = (
+    ("the ledger's transaction (ReportLedger.record)", ("record (timekeeper/database/accounting/charging.py",)),
+    ("the ledger thread's hand-off (batching, waking)", ("_run (timekeeper/database/accounting/report_queue.py",)),
+    ("the request's hand-off (ReportQueue.submit)", ("submit (timekeeper/database/accounting/report_queue.py",)),
+    ("the caller authenticated (the token)", ("caller (timekeeper/auth.py", "caller (timekeeper/api/context.py")),
+    ("the caller's right to report (report_terms)", ("report_terms (timekeeper/auth.py",)),
+    ("the body read within bounds (read_json)", ("gpusharing/serving/jsonbody.py", "body (timekeeper/api/context.py")),
+    ("the report parsed (MeterReport)", ("gpusharing/report.py",)),
+    ("the answer written", ("to_json (timekeeper/database/accounting/charging.py", "jsonify", "flask/json/")),
+    ("metrics (prometheus_client)", ("prometheus_client/",)),
+    ("logging", ("logging/__init__.py",)),
+    ("the rest of the report's view", ("timekeeper/api/", "timekeeper/app.py")),
+    ("the fixed answer's view", ("ceiling.py",)),
+    ("Flask and Werkzeug", ("flask/", "werkzeug/")),
+    ("gunicorn: the answer sent", ("Response.write (gunicorn", "Response.close (gunicorn",
+                                   "Response.start_response (gunicorn")),
+    ("gunicorn: its WSGI environ", ("gunicorn/http/wsgi.py",)),
+    ("gunicorn: the request read (parser)", ("gunicorn/http/",)),
+    ("gunicorn: the poller and thread pool",
+     ("gunicorn/workers/", "concurrent/futures/", "selectors.py", "threading.py", "queue.py")),
+)
 
 
 def fixed_answer_app() -> Flask:
@@ -254,10 +279,12 @@ def _database(server: PostgresServer | None, workdir: Path, tree: Path) -> tuple
 
 
 def _run(
-    args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path | None, label: str, scratch: Path
-) -> float:
+    args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path | None, label: str, scratch: Path,
+    profile: dict[str, dict[str, float]] | None = None,
+) -> dict[str, float]:
     """One timekeeper (of `tree`) on a fresh database, or the fixed-answer app (`tree` None): its lines printed;
-    returns the maximum's reports/s."""
+    returns the maximum's figures (`server_ms`: the server's CPU per report). With `profile`, the maximum alone,
+    under py-spy (--profile): each part's GIL time per report is left in `profile[label]`."""
     workdir = Path(tempfile.mkdtemp(prefix="tk", dir=scratch))
     tokens = workdir / "tokens"
     tokens.write_text(f"{TOKEN} meter\n")
@@ -273,12 +300,12 @@ def _run(
         )
     else:
         url, postmaster = _database(server, workdir, tree)
-        loads = [(f"fixed {args.rate:g}/s", args.rate), (f"maximum ({args.client})", None)]
+        loads = [(f"fixed {args.rate:g}/s", args.rate)] * (profile is None) + [(f"maximum ({args.client})", None)]
         process = TimekeeperProcess(
             url, str(tokens), workdir / "timekeeper.log", workers=args.workers, threads=args.threads, cwd=tree
         )
         port = process.port
-    maximum = 0.0
+    maximum: dict[str, float] = {}
     with process as tk:
         assert tk.process is not None
         for load, rate in loads:
@@ -286,10 +313,18 @@ def _run(
                 "server": tree_cpu_seconds(tk.process.pid),
                 "database": tree_cpu_seconds(postmaster) if postmaster else 0.0,
             }
-            if rate is None and args.client == "wrk":
-                m = measure_with_wrk(port, CLIENTS * args.client_threads, args.seconds)
+
+            def run(rate: float | None = rate) -> dict[str, float]:
+                if rate is None and args.client == "wrk":
+                    return measure_with_wrk(port, CLIENTS * args.client_threads, args.seconds)
+                return measure(port, args.client_threads, rate, args.seconds)
+
+            if profile is None:
+                m = run()
             else:
-                m = measure(port, args.client_threads, rate, args.seconds)
+                m, profile[label] = profiled_run(str(args.spy), f"{backend}-{label}", tk.process.pid, run, "reports",
+                                                 args.seconds, args.profile, PROFILE_PARTS)
+                load += ", profiled"
             spent = {"server": tree_cpu_seconds(tk.process.pid) - cpu["server"],
                      "database": (tree_cpu_seconds(postmaster) - cpu["database"]) if postmaster else 0.0}
             per_report = " ".join(f"{who} {1000 * seconds / max(m['reports'], 1):.2f}" for who, seconds in spent.items()
@@ -300,7 +335,7 @@ def _run(
                 flush=True,
             )
             if rate is None:
-                maximum = m["per_second"]
+                maximum = {**m, "server_ms": 1000 * spent["server"] / max(m["reports"], 1)}
     return maximum
 
 
@@ -330,8 +365,19 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tree per backend, alternating (default 2)")
     parser.add_argument("--no-ceiling", action="store_true", help="without the fixed-answer app's runs")
+    parser.add_argument(
+        "--profile", metavar="DIR", type=Path,
+        help="after each backend's rounds, one more run of this checkout and of the fixed-answer app at the maximum "
+        "under py-spy (--gil): where each worker's time holding the GIL goes, per report; the raw samples are left "
+        "in DIR",
+    )
     parser.add_argument("--serve-fixed-answer", metavar="PORT", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.spy = py_spy() if args.profile else None
+    if args.profile:
+        if args.spy is None:
+            parser.error("--profile needs py-spy (pip install py-spy)")
+        args.profile.mkdir(parents=True, exist_ok=True)
     if args.serve_fixed_answer:  # the benchmark's own child process: the fixed-answer app until stopped
         serve("timekeeper_ingest:fixed_answer_app", ServerOptions(host="127.0.0.1", port=args.serve_fixed_answer,
                                                                   workers=args.workers, threads=args.threads))
@@ -353,21 +399,38 @@ def main() -> int:
         if not args.no_ceiling:
             trees.append((CEILING, None))
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tk-bench-")))
-        maxima: dict[tuple[str, str], list[float]] = {}
+        maxima: dict[tuple[str, str], list[dict[str, float]]] = {}
+        ratios: dict[str, str] = {}
         for backend in backends:
             server = stack.enter_context(_database_server(backend, durable=not args.no_fsync))
             for _ in range(args.rounds):
                 for label, tree in trees:
                     maxima.setdefault((backend, label), []).append(_run(args, backend, server, tree, label, scratch))
-            this = statistics.median(maxima[backend, "this checkout"])
+            median = {label: {key: statistics.median(m[key] for m in maxima[backend, label]) for key in
+                              ("per_second", "server_ms")} for label, _ in trees}
+            this = median["this checkout"]
             compared = [
-                f"{this / statistics.median(maxima[backend, label]):.2f}x {label}'s "
-                f"{statistics.median(maxima[backend, label]):.0f}"
+                f"{this['per_second'] / median[label]['per_second']:.2f}x {label}'s {median[label]['per_second']:.0f}"
                 for label, _ in trees
                 if label != "this checkout"
             ]
-            print(f"{backend:<10}  maximum, median of {args.rounds} rounds: {this:.0f} reports/s"
+            print(f"{backend:<10}  maximum, median of {args.rounds} rounds: {this['per_second']:.0f} reports/s"
                   + (", " + ", ".join(compared) if compared else ""), flush=True)
+            if CEILING in median:
+                ratios[backend] = (f"{this['server_ms'] / median[CEILING]['server_ms']:.2f}x "
+                                   f"({this['server_ms']:.2f} ms / {median[CEILING]['server_ms']:.2f} ms)")
+                print(f"{backend:<10}  server CPU per report at the maximum, median of {args.rounds} rounds: this "
+                      f"checkout {this['server_ms']:.2f} ms, {CEILING} {median[CEILING]['server_ms']:.2f} ms: "
+                      f"ratio {ratios[backend]}", flush=True)
+            if args.spy:
+                profiles: dict[str, dict[str, float]] = {}
+                for label, tree in trees:
+                    if label != f"baseline {args.baseline}":
+                        _run(args, backend, server, tree, label, scratch, profiles)
+                print_profiles(profiles, PROFILE_PARTS, "report")
+        if ratios:
+            print("ratio, this checkout's server CPU per report over the fixed-answer app's (the stack's ceiling), "
+                  "same run: " + ", ".join(f"{backend} {ratio}" for backend, ratio in ratios.items()), flush=True)
     return 0
 
 

@@ -54,8 +54,10 @@ from flask import Flask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # demo/: the repository's, never installed
 
+from profiling import print_profiles, profiled_run, py_spy  # noqa: E402  (bench/)
+
 from demo.apiserver import admission_review, example_manifests, example_pod  # noqa: E402
-from demo.processes import Service, child_pids, free_port, tree_cpu_seconds  # noqa: E402
+from demo.processes import Service, free_port, tree_cpu_seconds  # noqa: E402
 from gpusharing.serving.certs import make_serving_certificate  # noqa: E402
 from gpusharing.serving.server import GC_THRESHOLDS, ServerOptions, serve  # noqa: E402
 
@@ -335,50 +337,6 @@ PROFILE_PARTS = (
     ("gunicorn: the poller and thread pool",
      ("gunicorn/workers/", "concurrent/futures/", "selectors.py", "threading.py")),
 )
-PROFILE_RATE = 200  # samples a second
-
-
-def py_spy() -> str | None:
-    """py-spy (`pip install py-spy`), on the PATH or beside this interpreter."""
-    beside = Path(sys.executable).with_name("py-spy")
-    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
-
-
-def profiled_run(
-    spy: str, name: str, master: int, run: Any, duration: float, directory: Path
-) -> tuple[dict[str, float], dict[str, float]]:
-    """`run()` (one maximum-rate measurement) while py-spy samples each worker's thread holding the GIL (`--gil`, every
-    thread: `--threads`); the figures, and each part's GIL time per review (PROFILE_PARTS). The raw samples are left
-    in `directory`, one file per worker."""
-    outputs, recorders = [], []
-    for worker in child_pids(master):
-        outputs.append(directory / f"{name.replace(' ', '-')}-{worker}.txt")
-        recorders.append(subprocess.Popen(
-            [spy, "record", "--pid", str(worker), "--gil", "--threads", "--nonblocking", "--rate", str(PROFILE_RATE),
-             "--duration", str(int(duration) + 2), "--format", "raw", "--output", str(outputs[-1])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
-    time.sleep(1)  # attached
-    figures = run()
-    for recorder in recorders:
-        recorder.wait()
-    samples: dict[str, int] = {}
-    for output in outputs:
-        lines = output.read_text().splitlines() if output.exists() else []
-        for stack, _, count in (line.rpartition(" ") for line in lines):
-            if count.isdigit():
-                part = next((part for part, marks in PROFILE_PARTS if any(mark in stack for mark in marks)), "other")
-                samples[part] = samples.get(part, 0) + int(count)
-    return figures, {part: n / PROFILE_RATE * 1e6 / max(figures["reviews"], 1) for part, n in samples.items()}
-
-
-def print_profiles(profiles: dict[str, dict[str, float]]) -> None:
-    names = sorted(profiles)
-    print(f"{'GIL time per review, us':>45}" + "".join(f"{name:>14}" for name in names))
-    for part in [*(part for part, _ in PROFILE_PARTS), "other"]:
-        if any(part in profiles[name] for name in names):
-            print(f"{part:>45}" + "".join(f"{profiles[name].get(part, 0.0):14.0f}" for name in names))
-    print(f"{'all':>45}" + "".join(f"{sum(profiles[name].values()):14.0f}" for name in names))
 
 
 def _line(label: str, figures: dict[str, float]) -> str:
@@ -523,10 +481,10 @@ def main() -> int:
                                 return run_wrk(servers[name], str(bodies_file), args.clients, args.duration)
                             return run_phase(servers[name], ca, args.clients, None, args.duration, deadline)
 
-                        figures, profiles[name] = profiled_run(spy, name, masters[name], run, args.duration,
-                                                               args.profile)
+                        figures, profiles[name] = profiled_run(spy, name, masters[name], run, "reviews",
+                                                               args.duration, args.profile, PROFILE_PARTS)
                         print(_line(f"{name}, {load}, profiled", figures), flush=True)
-                    print_profiles(profiles)
+                    print_profiles(profiles, PROFILE_PARTS, "review")
             if not args.safe:  # safe admission's reservations are calls to the stand-in: not the webhook's own work
                 costs = in_process_costs(review_bodies(deadline), answer_file)
                 fixed_cpu = statistics.median(f["cpu_us"] for load in clients for f in measured[(load, "fixed answer")])
