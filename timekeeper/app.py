@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 from flask import Flask, Response, g, request
 
 from gpusharing.clock import Clock
+from gpusharing.serving.metrics import series
 from gpusharing.serving.server import ON_STOP
 from timekeeper import metrics
 from timekeeper.api import register_api
 from timekeeper.api.context import SERVICES
+from timekeeper.api.reports import ReportRoutes
 from timekeeper.config import TimekeeperConfig
 from timekeeper.services import build_services
 
@@ -35,6 +37,8 @@ def create_app(
     app.before_request(_start_clock)
     app.after_request(_observe)
     register_api(app)
+    # Meter reports are answered ahead of Flask's per-request machinery (timekeeper.api.reports).
+    app.wsgi_app = ReportRoutes(app, app.wsgi_app, services)  # type: ignore[method-assign]
     return app
 
 
@@ -44,5 +48,5 @@ def _start_clock() -> None:
 
 def _observe(response: Response) -> Response:
     rule = request.url_rule.rule if request.url_rule else "unmatched"
-    metrics.LATENCY.labels(rule).observe(time.perf_counter() - g.get("started", time.perf_counter()))
+    series(metrics.LATENCY, rule).observe(time.perf_counter() - g.get("started", time.perf_counter()))
     return response

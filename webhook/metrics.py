@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import Counter, Histogram
 
-from gpusharing.serving.metrics import LATENCY_BUCKETS
+from gpusharing.serving.metrics import LATENCY_BUCKETS, series  # noqa: F401  (webhook.metrics.series)
 
 ADMISSIONS = Counter(
     "gpusharing_webhook_admissions",
@@ -20,21 +18,6 @@ LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
     unit="seconds",
 )
-# The series a review is counted in, kept: prometheus_client's labels() costs as much as the increment. Only for
-# labels the webhook chose (endpoints, operations, decisions, dialects, verdicts, the priority classes it gives,
-# which its settings name): a few dozen series at most.
-_SERIES: dict[tuple[Any, tuple[str, ...]], Any] = {}
-
-
-def series(metric: Any, *labels: str) -> Any:
-    """`metric.labels(*labels)`, made once."""
-    key = (metric, labels)
-    found = _SERIES.get(key)
-    if found is None:
-        found = _SERIES[key] = metric.labels(*labels)
-    return found
-
-
 BAD_REVIEWS = Counter("gpusharing_webhook_bad_reviews", "Bodies refused with HTTP 400.", ["endpoint"])
 REFUSED_CALLERS = Counter(
     "gpusharing_webhook_refused_callers",
