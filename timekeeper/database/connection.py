@@ -35,6 +35,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement, Executable, Insert
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from timekeeper.database.base import UtcDateTime
+
 _BEGIN = "timekeeper_sqlite_begin"
 CONNECT_TIMEOUT_SECONDS = 5  # an unreachable server is reported (503, /readyz) rather than waited for
 STATEMENT_TIMEOUT_MS = 30_000  # PostgreSQL's statement_timeout for every statement of the timekeeper's
@@ -159,9 +161,7 @@ class Database:
         if self.is_sqlite:
             # WHERE: SQLite reads the ON CONFLICT of an INSERT ... SELECT only after one.
             rows = select(*_sqlite_incoming(columns).c).where(true())
-            return BulkWrite(
-                on_conflict(sqlite.insert(table).from_select(columns, rows)), columns, self._stored(table, columns)
-            )
+            return self._sqlite_write(on_conflict(sqlite.insert(table).from_select(columns, rows)), table, columns)
         incoming = _incoming(table, columns)
         return BulkWrite(on_conflict(postgresql.insert(table).from_select(columns, select(*incoming.c))), columns)
 
@@ -170,11 +170,14 @@ class Database:
         everything = [key, *columns]
         incoming = _sqlite_incoming(everything) if self.is_sqlite else _incoming(table, everything)
         update = table.update().where(table.c[key] == incoming.c[key]).values({c: incoming.c[c] for c in columns})
-        return BulkWrite(update, everything, self._stored(table, everything) if self.is_sqlite else None)
+        return self._sqlite_write(update, table, everything) if self.is_sqlite else BulkWrite(update, everything)
 
-    def _stored(self, table: Table, columns: Sequence[str]) -> list[Callable[[Any], Any] | None]:
-        """SQLite: how each column's value is written (its type's bind processor: times and dates as text)."""
-        return [table.c[c].type._cached_bind_processor(self.engine.dialect) for c in columns]
+    def _sqlite_write(self, statement: Executable, table: Table, columns: Sequence[str]) -> BulkWrite:
+        """SQLite's: each column's value written as its type's bind processor writes it (times and dates as text)."""
+        stored = [table.c[c].type._cached_bind_processor(self.engine.dialect) for c in columns]
+        instants = frozenset(process for c, process in zip(columns, stored)
+                             if process is not None and isinstance(table.c[c].type, UtcDateTime))
+        return BulkWrite(statement, columns, stored, instants)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -193,11 +196,25 @@ class BulkWrite:
     # SQLite: each column's bind processor, applied before the JSON (which then holds what the database stores);
     # None: PostgreSQL, whose json_to_recordset reads times and dates as they are written in JSON.
     stored: Sequence[Callable[[Any], Any] | None] | None = None
+    # SQLite: the processors of UtcDateTime columns, which write equal instants alike (in UTC), so that a value
+    # processed once serves every row that holds an equal one.
+    instants: frozenset[Callable[[Any], Any]] = frozenset()
 
     def execute(self, conn: Statements, rows: Sequence[Mapping[str, Any]]) -> None:
         if self.stored is not None:
+            stored: dict[Any, Any] = {}  # a batch's rows share their instants (its `now`): each processed once
+
+            def store(process: Callable[[Any], Any], value: Any) -> Any:
+                if type(value) is not dt.datetime or process not in self.instants:
+                    return process(value)
+                written = stored.get((process, value))
+                if written is None:
+                    written = stored[process, value] = process(value)
+                return written
+
             columns = list(zip(self.columns, self.stored))
-            incoming = [{c: (row[c] if store is None else store(row[c])) for c, store in columns} for row in rows]
+            incoming = [{c: (row[c] if process is None else store(process, row[c])) for c, process in columns}
+                        for row in rows]
             conn.execute(self.statement, {_INCOMING: json.dumps(incoming)})
             return
         times: dict[Any, str] = {}  # a batch's rows share their instants (its `now`): each written once

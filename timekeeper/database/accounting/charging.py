@@ -286,7 +286,9 @@ class ReportLedger(PodLedgers):
                     )
                     continue
                 model = self._pinned(locked.ledger.model, entry.model)
-                before = replace(locked.ledger, model=model.name, node=locked.ledger.node or entry.node)
+                before = locked.ledger
+                if before.model != model.name or (before.node is None and entry.node is not None):
+                    before = replace(before, model=model.name, node=before.node or entry.node)
                 accounting = entry.apply(before, now)
                 locked.ledger = accounting.ledger
                 accounted[entry.index] = (namespace, accounting)
