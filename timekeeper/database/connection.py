@@ -10,12 +10,13 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Date,
     Engine,
     Float,
     Table,
@@ -175,9 +176,9 @@ class Database:
     def _sqlite_write(self, statement: Executable, table: Table, columns: Sequence[str]) -> BulkWrite:
         """SQLite's: each column's value written as its type's bind processor writes it (times and dates as text)."""
         stored = [table.c[c].type._cached_bind_processor(self.engine.dialect) for c in columns]
-        instants = frozenset(process for c, process in zip(columns, stored)
-                             if process is not None and isinstance(table.c[c].type, UtcDateTime))
-        return BulkWrite(statement, columns, stored, instants)
+        alike = {c: dt.datetime if isinstance(table.c[c].type, UtcDateTime) else dt.date for c in columns
+                 if type(table.c[c].type) in (UtcDateTime, Date)}
+        return BulkWrite(statement, columns, stored, alike)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -196,25 +197,31 @@ class BulkWrite:
     # SQLite: each column's bind processor, applied before the JSON (which then holds what the database stores);
     # None: PostgreSQL, whose json_to_recordset reads times and dates as they are written in JSON.
     stored: Sequence[Callable[[Any], Any] | None] | None = None
-    # SQLite: the processors of UtcDateTime columns, which write equal instants alike (in UTC), so that a value
-    # processed once serves every row that holds an equal one.
-    instants: frozenset[Callable[[Any], Any]] = frozenset()
+    # SQLite: the columns whose processor writes equal values of this type alike (a UtcDateTime's aware datetimes, in
+    # UTC; a Date's dates), so that a value processed once serves every row that holds an equal one.
+    alike: Mapping[str, type] = field(default_factory=dict)
 
     def execute(self, conn: Statements, rows: Sequence[Mapping[str, Any]]) -> None:
         if self.stored is not None:
-            stored: dict[Any, Any] = {}  # a batch's rows share their instants (its `now`): each processed once
-
-            def store(process: Callable[[Any], Any], value: Any) -> Any:
-                if type(value) is not dt.datetime or process not in self.instants:
-                    return process(value)
-                written = stored.get((process, value))
-                if written is None:
-                    written = stored[process, value] = process(value)
-                return written
-
-            columns = list(zip(self.columns, self.stored))
-            incoming = [{c: (row[c] if process is None else store(process, row[c])) for c, process in columns}
-                        for row in rows]
+            # A batch's rows share their instants and days (its `now`): each processed once per column.
+            columns: list[tuple[str, Callable[[Any], Any] | None, type | None, dict[Any, Any]]] = [
+                (c, process, self.alike.get(c), {}) for c, process in zip(self.columns, self.stored)
+            ]
+            incoming = []
+            for row in rows:
+                stored = {}
+                for c, process, alike, seen in columns:
+                    value = row[c]
+                    if process is not None:
+                        if type(value) is alike:
+                            written = seen.get(value)
+                            if written is None:
+                                written = seen[value] = process(value)
+                            value = written
+                        else:
+                            value = process(value)
+                    stored[c] = value
+                incoming.append(stored)
             conn.execute(self.statement, {_INCOMING: json.dumps(incoming)})
             return
         times: dict[Any, str] = {}  # a batch's rows share their instants (its `now`): each written once

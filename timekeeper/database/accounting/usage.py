@@ -38,11 +38,23 @@ class PodCharge:
     idle_micro_gpu_seconds: int = 0
     idle_weighted_micro_gpu_seconds: int = 0
 
-    def __add__(self, other: "PodCharge") -> "PodCharge":
-        return PodCharge(*(getattr(self, column) + getattr(other, column) for column in _CHARGED))
+    def __add__(self, other: "PodCharge") -> "PodCharge":  # each column named: a walk of _CHARGED costs a charge more
+        return PodCharge(
+            self.micro_gpu_seconds + other.micro_gpu_seconds,
+            self.weighted_micro_gpu_seconds + other.weighted_micro_gpu_seconds,
+            self.metered_micro_gpu_seconds + other.metered_micro_gpu_seconds,
+            self.idle_micro_gpu_seconds + other.idle_micro_gpu_seconds,
+            self.idle_weighted_micro_gpu_seconds + other.idle_weighted_micro_gpu_seconds,
+        )
 
     def __sub__(self, other: "PodCharge") -> "PodCharge":
-        return PodCharge(*(getattr(self, column) - getattr(other, column) for column in _CHARGED))
+        return PodCharge(
+            self.micro_gpu_seconds - other.micro_gpu_seconds,
+            self.weighted_micro_gpu_seconds - other.weighted_micro_gpu_seconds,
+            self.metered_micro_gpu_seconds - other.metered_micro_gpu_seconds,
+            self.idle_micro_gpu_seconds - other.idle_micro_gpu_seconds,
+            self.idle_weighted_micro_gpu_seconds - other.idle_weighted_micro_gpu_seconds,
+        )
 
 
 NO_CHARGE = PodCharge(0, 0)
@@ -62,6 +74,8 @@ class SpreadCharge:
         hours = sorted(self.hours)
         if not hours:
             return {}
+        if len(hours) == 1 and self.hours[hours[0]]:  # the whole charge in one hour, as apportion would split it
+            return {hours[0]: self.charge}
         weights = [self.hours[hour] for hour in hours]
         columns = [apportion(getattr(self.charge, column), weights) for column in _CHARGED]
         return {hour: PodCharge(*(parts[index] for parts in columns)) for index, hour in enumerate(hours)}
@@ -85,7 +99,13 @@ _CHARGED = ("micro_gpu_seconds", "weighted_micro_gpu_seconds", "metered_micro_gp
 
 
 def _columns(charge: PodCharge) -> dict[str, int]:
-    return {column: getattr(charge, column) for column in _CHARGED}
+    return {
+        "micro_gpu_seconds": charge.micro_gpu_seconds,
+        "weighted_micro_gpu_seconds": charge.weighted_micro_gpu_seconds,
+        "metered_micro_gpu_seconds": charge.metered_micro_gpu_seconds,
+        "idle_micro_gpu_seconds": charge.idle_micro_gpu_seconds,
+        "idle_weighted_micro_gpu_seconds": charge.idle_weighted_micro_gpu_seconds,
+    }
 
 
 class UsageLedger:
