@@ -113,6 +113,7 @@ class ReportRoutes:
             or environ.get("REQUEST_METHOD") != "POST"
             or "HTTP_TRANSFER_ENCODING" in environ
             or not (length.isascii() and length.isdigit())
+            or len(length) > 16  # what int() may refuse to read (Python's bound on digits): Flask's, as before
             or int(length) > MAX_BODY_BYTES
         ):
             return self.wsgi_app(environ, start_response)
