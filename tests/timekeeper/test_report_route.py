@@ -4,13 +4,18 @@ status, header and byte of the body, on every refusal as on every outcome."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 from flask import Flask
+from hypothesis import given
+from hypothesis import strategies as st
 from werkzeug.test import Client, TestResponse
 
-from tests.timekeeper.conftest import ADMIN, METER, READER
+from tests.timekeeper.conftest import ADMIN, METER, READER, AppFactory
+from tests.timekeeper.test_fuzz import reports
 from timekeeper.api.reports import ReportRoutes
 
 PATH = "/api/v1/reports"
@@ -95,3 +100,21 @@ def test_a_failure_ahead_of_flask_is_answered_by_the_apps_handlers(app: Flask, f
                for client in (ahead, flask)]
     assert answers[0] == answers[1]
     assert answers[0][0] == (500 if isinstance(failure, RuntimeError) else 503)
+
+
+@pytest.fixture
+def twin(make_app: AppFactory, sqlite_template: Path, tmp_path: Path) -> Flask:
+    """A second timekeeper on a database of its own, which Flask alone answers."""
+    path = tmp_path / "twin.sqlite"
+    shutil.copyfile(sqlite_template, path)
+    return make_app(database_url=f"sqlite:///{path}")
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@given(body=reports(), token=st.sampled_from([METER, METER, METER, READER, "unknown"]))
+def test_any_report_is_answered_ahead_of_flask_as_flask_answers_it(app: Flask, twin: Flask, body: str,
+                                                                   token: str) -> None:
+    # The same reports, one after the other, to two timekeepers alike but for the path that answers them.
+    ahead, flask = _clients(app)[0], _clients(twin)[1]
+    data, headers = body.encode("utf-8", "surrogatepass"), {"Authorization": f"Bearer {token}"}
+    assert _seen(_post(ahead, headers, data)) == _seen(_post(flask, headers, data))
