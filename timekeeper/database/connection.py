@@ -197,31 +197,22 @@ class BulkWrite:
     # SQLite: each column's bind processor, applied before the JSON (which then holds what the database stores);
     # None: PostgreSQL, whose json_to_recordset reads times and dates as they are written in JSON.
     stored: Sequence[Callable[[Any], Any] | None] | None = None
-    # SQLite: the columns whose processor writes equal values of this type alike (a UtcDateTime's aware datetimes, in
-    # UTC; a Date's dates), so that a value processed once serves every row that holds an equal one.
+    # SQLite: the columns whose processor writes equal values of this type alike (UtcDateTime's, in UTC; Date's).
     alike: Mapping[str, type] = field(default_factory=dict)
 
     def execute(self, conn: Statements, rows: Sequence[Mapping[str, Any]]) -> None:
         if self.stored is not None:
-            # A batch's rows share their instants and days (its `now`): each processed once per column.
-            columns: list[tuple[str, Callable[[Any], Any] | None, type | None, dict[Any, Any]]] = [
-                (c, process, self.alike.get(c), {}) for c, process in zip(self.columns, self.stored)
-            ]
-            incoming = []
+            seen: dict[tuple[str, Any], Any] = {}  # a batch's rows share their instants and days (its `now`)
+            columns = list(zip(self.columns, self.stored, [self.alike.get(c) for c in self.columns]))
+            incoming: list[dict[str, Any]] = []
             for row in rows:
-                stored = {}
-                for c, process, alike, seen in columns:
-                    value = row[c]
-                    if process is not None:
-                        if type(value) is alike:
-                            written = seen.get(value)
-                            if written is None:
-                                written = seen[value] = process(value)
-                            value = written
-                        else:
-                            value = process(value)
-                    stored[c] = value
-                incoming.append(stored)
+                incoming.append(out := {})
+                for c, process, alike in columns:
+                    value = out[c] = row[c]
+                    if process is not None and type(value) is alike:  # processed once per column and batch
+                        out[c] = seen[c, value] if (c, value) in seen else seen.setdefault((c, value), process(value))
+                    elif process is not None:
+                        out[c] = process(value)
             conn.execute(self.statement, {_INCOMING: json.dumps(incoming)})
             return
         times: dict[Any, str] = {}  # a batch's rows share their instants (its `now`): each written once
