@@ -286,9 +286,9 @@ class ReportLedger(PodLedgers):
                     )
                     continue
                 model = self._pinned(locked.ledger.model, entry.model)
-                before = locked.ledger
-                if before.model != model.name or (before.node is None and entry.node is not None):
-                    before = replace(before, model=model.name, node=before.node or entry.node)
+                before, node = locked.ledger, locked.ledger.node or entry.node
+                if before.model != model.name or before.node != node:  # else replace() would copy it as it is
+                    before = replace(before, model=model.name, node=node)
                 accounting = entry.apply(before, now)
                 locked.ledger = accounting.ledger
                 accounted[entry.index] = (namespace, accounting)
