@@ -68,8 +68,10 @@ def cluster_round(concurrency: int, baseline: bool = False) -> list[str]:
         capture_output=True,
         text=True,
     )
-    lines = re.findall(r"^mass demotion: (.*)$", run.stdout, re.M)
-    return lines or [f"no figure (exit {run.returncode}): {run.stdout.strip()[-300:]}"]
+    lines = [line for line in re.findall(r"^mass demotion: (.*)$", run.stdout, re.M) if line]
+    if run.returncode == 0 and lines:
+        return lines
+    return [*lines, f"failed (exit {run.returncode}): {run.stdout.strip()[-600:]}"]
 
 
 def replaced_after(lines: list[str]) -> float | None:
