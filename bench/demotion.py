@@ -14,6 +14,7 @@ which no controller here can beat.
     .venv/bin/python bench/demotion.py                          # 5,000 pods, 16 at a time beside 1
     .venv/bin/python bench/demotion.py --pods 1000 --latency 0.05 --rounds 2
     KUBEBUILDER_ASSETS=$(...) .venv/bin/python bench/demotion.py --cluster   # the cluster tier's 500, 16 beside 1
+    KUBEBUILDER_ASSETS=$(...) .venv/bin/python bench/demotion.py --cluster --skip-one --rounds 2  # the ratio alone
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ def fake_round(pods: int, concurrency: int, latency: float, directory: Path) -> 
     return {"seconds": seconds, "evicted": evicted, "per_second": evicted / seconds, "peak": kube.evictions_peak}
 
 
-def cluster_round(concurrency: int, baseline: bool = False) -> str:
-    """tests/cluster/test_mass_demotion.py at `concurrency` (`baseline`: its evictions by a plain client): the line it
-    prints."""
+def cluster_round(concurrency: int, baseline: bool = False) -> list[str]:
+    """tests/cluster/test_mass_demotion.py at `concurrency` (`baseline`: its evictions by a plain client): the lines it
+    prints (the demotion, the admission beside it)."""
     env = {**os.environ, "GPUSHARING_EVICTION_CONCURRENCY": str(concurrency),
            "GPUSHARING_DEMOTION_BASELINE": "client" if baseline else ""}
     run = subprocess.run(
@@ -67,8 +68,31 @@ def cluster_round(concurrency: int, baseline: bool = False) -> str:
         capture_output=True,
         text=True,
     )
-    lines = re.findall(r"^mass demotion: (.*)$", run.stdout, re.M)
-    return lines[-1] if lines else f"no figure (exit {run.returncode}): {run.stdout.strip()[-300:]}"
+    lines = [line for line in re.findall(r"^mass demotion: (.*)$", run.stdout, re.M) if line]
+    if run.returncode == 0 and lines:
+        return lines
+    return [*lines, f"failed (exit {run.returncode}): {run.stdout.strip()[-600:]}"]
+
+
+def replaced_after(lines: list[str]) -> float | None:
+    """The seconds from the crossing (or the baseline's first eviction) to every replacement running."""
+    found = re.search(r"every replacement running after ([0-9.]+) s", " ".join(lines))
+    return float(found[1]) if found else None
+
+
+def cluster_rounds(rounds: int, concurrency: int, one_at_a_time: bool) -> None:
+    """Each round: the plain client's baseline, then the controller evicting one at a time and `concurrency` at a
+    time; the ratio of the latter to the baseline (issue 42's target: at most 1.25)."""
+    for round_number in range(1, rounds + 1):
+        baseline = cluster_round(concurrency, baseline=True)
+        print(f"round {round_number}, baseline {concurrency:>3}: " + "\n    ".join(baseline), flush=True)
+        for each in (1, concurrency) if one_at_a_time else (concurrency,):
+            ours = cluster_round(each)
+            print(f"round {round_number}, concurrency {each:>3}: " + "\n    ".join(ours), flush=True)
+        took, floor = replaced_after(ours), replaced_after(baseline)
+        if took is not None and floor:
+            print(f"round {round_number}: the demotion at {concurrency} took {took / floor:.2f}x the plain client's "
+                  f"time ({took:.1f} s against {floor:.1f} s; target at most 1.25x)", flush=True)
 
 
 def main() -> int:
@@ -78,17 +102,14 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.0, help="seconds the stand-in API adds to each eviction")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of each, alternating (default 1)")
     parser.add_argument("--cluster", action="store_true", help="the cluster tier's test instead (KUBEBUILDER_ASSETS)")
+    parser.add_argument("--skip-one", action="store_true",
+                        help="--cluster: only the baseline and --concurrency, not one at a time (minutes shorter)")
     args = parser.parse_args()
+    if args.cluster:
+        cluster_rounds(args.rounds, args.concurrency, not args.skip_one)
+        return 0
     for round_number in range(1, args.rounds + 1):
-        if args.cluster:
-            print(
-                f"round {round_number}, baseline {args.concurrency:>3}: {cluster_round(args.concurrency, True)}",
-                flush=True,
-            )
         for concurrency in (1, args.concurrency):
-            if args.cluster:
-                print(f"round {round_number}, concurrency {concurrency:>3}: {cluster_round(concurrency)}", flush=True)
-                continue
             with tempfile.TemporaryDirectory(prefix="gpusharing-demotion-") as directory:
                 f = fake_round(args.pods, concurrency, args.latency, Path(directory))
             print(

@@ -68,6 +68,15 @@ def granted(cluster: GpuSharing, namespace: str) -> list[EvictionAnswer]:
     return [answer for answer in cluster.plane.eviction_answers(namespace) if answer.code == 201]
 
 
+def crossing_progress(cluster: GpuSharing, namespace: str, trainers: set[str]) -> str:
+    """How far a crossing got: the trainers evicted, the disruption budget's refusals, the replacements running."""
+    answers = cluster.plane.eviction_answers(namespace)
+    evicted = {a.pod for a in answers if a.code == 201} & trainers
+    replacements = [p for p in running(cluster, namespace, "app=train") if p["metadata"]["name"] not in trainers]
+    return (f"{len(evicted)} of {len(trainers)} trainers evicted, {sum(a.code == 429 for a in answers)} evictions "
+            f"refused by the disruption budget, {len(replacements)} replacements running")
+
+
 def running(cluster: GpuSharing, namespace: str, selector: str) -> list[dict[str, Any]]:
     return [p for p in cluster.pods(namespace, selector)
             if p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]]
@@ -253,8 +262,10 @@ def test_a_crossing_and_an_idle_demotion_each_survive_their_leader_killed_midway
         kill = kill_leader(cluster, replicas, "crossing")
         # Claims the dead leader left unfinished are taken over once its successor's term has settled (or they are
         # stale, whichever comes first).
+        # Each eviction past the disruption budget's three waits for a replacement to be admitted, scheduled and run:
+        # minutes on a loaded machine (CI runs the cluster tier beside the e2e tier).
         wait_for(lambda: {a.pod for a in granted(cluster, crossing)} >= names, "every trainer evicted",
-                 timeout=STALE_CLAIM_SECONDS + 180)
+                 timeout=STALE_CLAIM_SECONDS + 360, found=lambda: crossing_progress(cluster, crossing, names))
         replacements = lambda: [  # noqa: E731
             p for p in cluster.pods(crossing, "app=train") if p["metadata"]["name"] not in names
         ]

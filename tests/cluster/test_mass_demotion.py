@@ -28,7 +28,7 @@ import pytest
 
 from tests.cluster.nodes import METER, NodeSimulator
 from tests.cluster.test_controller import IN_BUDGET, OVER_BUDGET, deployment, granted, running
-from tests.cluster.workloads import delete_namespaces, pod_template
+from tests.cluster.workloads import AdmissionProbe, delete_namespaces, pod_template
 from tests.e2e.system import ApiError, GpuSharing, wait_for
 
 PODS = int(os.environ.get("GPUSHARING_DEMOTION_PODS", "500"))
@@ -70,6 +70,7 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
     cluster.require_controllers()
     nodes.add_pool("mass-demotion", -(-2 * PODS // PODS_PER_NODE), "hami")  # room for every pod and its replacement
     namespace = cluster.namespace("mass-demotion")
+    probed = cluster.namespace("mass-demotion-probe")  # another team's creates, timed while the demotion runs
     interval, nodes.meter_interval = nodes.meter_interval, REPORT_SECONDS
     replaced = None
     if CONCURRENCY:  # the system's controller, replaced by one evicting this many at a time
@@ -113,20 +114,21 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        crossed_at, crossed = dt.datetime.now(dt.timezone.utc), time.monotonic()
-        if BY_CLIENT:
-            evict_as_a_client(cluster, namespace, names, int(CONCURRENCY or 16))
-        else:
-            cluster.set_budget(namespace, gpu_minutes=1, evict=True)  # below its use: the crossing
+        with AdmissionProbe(cluster, probed) as probe:
+            crossed_at, crossed = dt.datetime.now(dt.timezone.utc), time.monotonic()
+            if BY_CLIENT:
+                evict_as_a_client(cluster, namespace, names, int(CONCURRENCY or 16))
+            else:
+                cluster.set_budget(namespace, gpu_minutes=1, evict=True)  # below its use: the crossing
 
-        wait_for(lambda: {a.pod for a in granted(cluster, namespace)} >= names, "every pod admitted in budget evicted",
-                 timeout=300)
-        last_eviction = max(a.received for a in granted(cluster, namespace) if a.pod in names)
-        demoted = lambda: [  # noqa: E731
-            p for p in running(cluster, namespace, "") if p["metadata"]["name"] not in names
-        ]
-        wait_for(lambda: len(demoted()) == PODS, "a replacement running for every pod", timeout=300)
-        replacements_running = time.monotonic() - crossed
+            wait_for(lambda: {a.pod for a in granted(cluster, namespace)} >= names,
+                     "every pod admitted in budget evicted", timeout=300)
+            last_eviction = max(a.received for a in granted(cluster, namespace) if a.pod in names)
+            demoted = lambda: [  # noqa: E731
+                p for p in running(cluster, namespace, "") if p["metadata"]["name"] not in names
+            ]
+            wait_for(lambda: len(demoted()) == PODS, "a replacement running for every pod", timeout=300)
+            replacements_running = time.monotonic() - crossed
         sampling.set()
         sampler.join()
 
@@ -141,6 +143,8 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
             f"{len(refused)} answered 429 ({sum(a.pod in guarded for a in refused)} of the guarded "
             f"Deployment's); its ready pods at least {min(lowest)} of {REPLICAS} (budget: {REPLICAS - MAX_UNAVAILABLE})"
         )
+        figures.append(f"admission meanwhile, in another namespace: {probe.figures()}")
+        assert probe.gpu and probe.without, "pods were created while the demotion ran"
         assert set(times) == names, "only the pods admitted in budget are evicted, every one of them"
         assert [name for name, count in times.items() if count > 1] == [], (
             "the API server granted no pod's eviction twice"
@@ -154,7 +158,7 @@ def test_a_namespace_of_running_pods_is_demoted_each_evicted_once_within_its_dis
             ]
     finally:
         sampling.set()
-        delete_namespaces(cluster, namespace)
+        delete_namespaces(cluster, namespace, probed)
         nodes.meter_interval = interval
         if replaced is not None:
             replaced.stop()

@@ -237,7 +237,13 @@ def billed(cluster: GpuSharing, nodes: NodeSimulator) -> Iterator[Billed]:
             closed = ledgers(cluster, namespace)
             return closed if all(closed.get(w.name, {}).get("endedAt") for w in WORKLOADS) else {}
 
-        closed = wait_for(done, "every pod to succeed and its bill to close", timeout=90)
+        def progress() -> str:
+            closed = {name for name, item in ledgers(cluster, namespace).items() if item.get("endedAt")}
+            pods = sorted((p["metadata"]["name"], p["status"].get("phase")) for p in cluster.pods(namespace))
+            return "; ".join(f"{name} {phase}, bill {'closed' if name in closed else 'open'}" for name, phase in pods)
+
+        # A minute on a quiet machine; CI runs this tier beside the e2e tier.
+        closed = wait_for(done, "every pod to succeed and its bill to close", timeout=300, found=progress)
         pods = {p["metadata"]["name"]: p for p in cluster.pods(namespace)}
         rows = usage_by_pod_and_model(cluster, namespace)
         yield Billed(
@@ -245,7 +251,7 @@ def billed(cluster: GpuSharing, nodes: NodeSimulator) -> Iterator[Billed]:
             {w.name: [r for r in rows if r["podUid"] == pods[w.name]["metadata"]["uid"]] for w in WORKLOADS},
             # The controller's Events queue may still hold those of every unlabelled node the tier made before.
             wait_for(lambda: unknown_flagged(cluster, placed["unlabelled"]["metadata"]["name"]),
-                     "the GPUModelUnknown Event about the unlabelled node", timeout=60),
+                     "the GPUModelUnknown Event about the unlabelled node", timeout=180),
         )
     finally:
         delete_namespaces(cluster, namespace)

@@ -26,7 +26,7 @@ from tests.cluster.workloads import (
     create_across,
     create_all,
     delete_namespaces,
-    percentile,
+    milliseconds,
     pod,
     pod_template,
 )
@@ -128,11 +128,11 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
         made = create_across(cluster, gpu, CLIENTS)
         burst, calls = time.monotonic() - started, mutate_calls(cluster) - calls
         figures.append(
-            f"creates from {CLIENTS} clients: {len(baseline.seconds)} without a GPU p50 {_ms(baseline.seconds, 0.5)} "
-            f"p99 {_ms(baseline.seconds, 0.99)}; {len(made.seconds)} GPU pods in {burst:.0f} s p50 "
-            f"{_ms(made.seconds, 0.5)} "
-            f"p99 {_ms(made.seconds, 0.99)} (added p50 {_ms(made.seconds, 0.5, baseline.seconds)}, "
-            f"p99 {_ms(made.seconds, 0.99, baseline.seconds)}); {made.timed_out} webhook timeouts (tried again), "
+            f"creates from {CLIENTS} clients: {len(baseline.seconds)} without a GPU p50 "
+            f"{milliseconds(baseline.seconds, 0.5)} p99 {milliseconds(baseline.seconds, 0.99)}; {len(made.seconds)} "
+            f"GPU pods in {burst:.0f} s p50 {milliseconds(made.seconds, 0.5)} p99 {milliseconds(made.seconds, 0.99)} "
+            f"(added p50 {milliseconds(made.seconds, 0.5, baseline.seconds)}, p99 "
+            f"{milliseconds(made.seconds, 0.99, baseline.seconds)}); {made.timed_out} webhook timeouts (tried again), "
             f"refused {len(made.refused)}; "
             f"{calls / max(1, len(made.created)):.2f} /mutate calls per GPU pod"
         )
@@ -201,8 +201,3 @@ def test_scale_run(cluster: GpuSharing, nodes: NodeSimulator, capsys: pytest.Cap
         nodes.meter_interval = interval
         with capsys.disabled():
             print("\nscale run: " + "\nscale run: ".join(figures))
-
-
-def _ms(seconds: list[float], fraction: float, baseline: list[float] | None = None) -> str:
-    value = percentile(seconds, fraction) - (percentile(baseline, fraction) if baseline else 0.0)
-    return f"{value * 1000:.0f} ms"

@@ -104,6 +104,54 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
 
 
+def milliseconds(seconds: Sequence[float], fraction: float, baseline: Sequence[float] | None = None) -> str:
+    """A percentile of `seconds` in milliseconds, less the same percentile of `baseline` (what admission adds)."""
+    value = percentile(seconds, fraction) - (percentile(baseline, fraction) if baseline else 0.0)
+    return f"{value * 1000:.0f} ms"
+
+
+class AdmissionProbe:
+    """Creates a GPU pod then one without in `namespace` every `pause` seconds while it runs, each timed: what a GPU
+    pod's admission adds to a create while something else (a demotion) loads the cluster. The pods name a pool no
+    node has: they stay Pending, found unschedulable once, and cost the nodes nothing."""
+
+    def __init__(self, cluster: GpuSharing, namespace: str, pause: float = 1.0):
+        self.cluster, self.namespace, self.pause = cluster, namespace, pause
+        self.gpu: list[float] = []
+        self.without: list[float] = []
+        self.refused: list[str] = []  # the API server's messages
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> AdmissionProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        count = 0
+        while not self._stop.wait(self.pause):
+            count += 1
+            for dialect, seconds in (("hami", self.gpu), (None, self.without)):
+                manifest = pod(f"probe-{'gpu' if dialect else 'cpu'}-{count}", pod_template(dialect, "no-such-pool"))
+                started = time.perf_counter()
+                try:
+                    self.cluster.create(self.namespace, manifest)
+                except ApiError as exc:
+                    self.refused.append(exc.message)
+                    continue
+                seconds.append(time.perf_counter() - started)
+
+    def figures(self) -> str:
+        return (f"{len(self.gpu)} GPU pods created p99 {milliseconds(self.gpu, 0.99)}, {len(self.without)} without a "
+                f"GPU p99 {milliseconds(self.without, 0.99)} (a GPU pod's admission added p50 "
+                f"{milliseconds(self.gpu, 0.5, self.without)}, p99 {milliseconds(self.gpu, 0.99, self.without)}); "
+                f"{len(self.refused)} refused{': ' + self.refused[0] if self.refused else ''}")
+
+
 def delete_namespaces(cluster: GpuSharing, *namespaces: str) -> None:
     """Ends a scenario's workloads (and their meters' reports) for the tests after it: the namespace controller
     deletes their pods, which the simulated kubelet stops."""

@@ -69,15 +69,18 @@ def migrate(database: str) -> None:
                    env={**os.environ, "TIMEKEEPER_DATABASE_URL": database}, check=True, capture_output=True)
 
 
-def wait_for(condition: Callable[[], T], what: str, timeout: float = WAIT_SECONDS) -> T:
-    """The first truthy value of `condition()`; fails the test, saying what it waited for, when none comes in time."""
+def wait_for(
+    condition: Callable[[], T], what: str, timeout: float = WAIT_SECONDS, found: Callable[[], str] | None = None
+) -> T:
+    """The first truthy value of `condition()`; fails the test, saying what it waited for (and what `found` says there
+    was instead), when none comes in time."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}" + (f": {found()}" if found is not None else ""))
         time.sleep(0.1)
 
 
