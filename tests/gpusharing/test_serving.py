@@ -20,7 +20,7 @@ from gunicorn.config import Config
 from gunicorn.http.parser import RequestParser
 
 from demo.processes import free_port
-from gpusharing.serving.server import GC_THRESHOLDS, _OneWriteResponse
+from gpusharing.serving.server import GC_THRESHOLDS, _OneWriteResponse, stated_length
 from tests.gpusharing.gc_app import ANSWER, STREAMED
 
 
@@ -153,3 +153,25 @@ def test_answers_of_every_framing_read_whole_over_one_kept_alive_connection(serv
         assert connection.sock is kept  # never closed by the server, never opened again by the client
     finally:
         connection.close()
+
+
+@pytest.mark.parametrize(
+    ("environ", "length"),
+    [
+        ({"CONTENT_LENGTH": "1024"}, 1024),
+        ({"CONTENT_LENGTH": "0"}, 0),
+        ({"CONTENT_LENGTH": "2048"}, 2048),  # the bound itself
+        ({"CONTENT_LENGTH": "2049"}, None),  # over the bound: Flask's 413
+        ({}, None),  # no stated length
+        ({"CONTENT_LENGTH": ""}, None),
+        ({"CONTENT_LENGTH": "12", "HTTP_TRANSFER_ENCODING": "chunked"}, None),
+        ({"CONTENT_LENGTH": "+12"}, None),
+        ({"CONTENT_LENGTH": " 12"}, None),
+        ({"CONTENT_LENGTH": "\u0661\u0662"}, None),  # digits, but not ASCII ones
+        ({"CONTENT_LENGTH": "0" * 5000 + "2"}, None),  # more digits than int() reads
+    ],
+)
+def test_a_hot_path_takes_only_a_body_of_plain_stated_length_within_its_bound(
+    environ: dict[str, str], length: int | None
+) -> None:
+    assert stated_length(environ, 2048) == length

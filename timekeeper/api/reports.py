@@ -22,6 +22,7 @@ from gpusharing.contract import TIMEKEEPER_TOKEN_HEADER
 from gpusharing.report import MeterReport, ReportError
 from gpusharing.serving.jsonbody import JsonBodyError, read_json
 from gpusharing.serving.metrics import series
+from gpusharing.serving.server import stated_length
 from gpusharing.units.weights import MICROS_PER_SECOND
 from timekeeper import metrics
 from timekeeper.api.context import crossing, services
@@ -107,21 +108,14 @@ class ReportRoutes:
         self.services = services
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        length = environ.get("CONTENT_LENGTH") or ""
-        if (
-            environ.get("PATH_INFO") != PATH
-            or environ.get("REQUEST_METHOD") != "POST"
-            or "HTTP_TRANSFER_ENCODING" in environ
-            or not (length.isascii() and length.isdigit())
-            or len(length) > 16  # what int() may refuse to read (Python's bound on digits): Flask's, as before
-            or int(length) > MAX_BODY_BYTES
-        ):
+        length = stated_length(environ, MAX_BODY_BYTES) if environ.get("PATH_INFO") == PATH else None
+        if length is None or environ.get("REQUEST_METHOD") != "POST":
             return self.wsgi_app(environ, start_response)
         started = time.perf_counter()
         stream = environ["wsgi.input"]
         try:
             body = report(self.services, environ.get("HTTP_AUTHORIZATION") or environ.get(_TOKEN_KEY),
-                          is_json(environ.get("CONTENT_TYPE")), lambda: stream.read(int(length)))
+                          is_json(environ.get("CONTENT_TYPE")), lambda: stream.read(length))
         except Exception as refused:  # noqa: BLE001  (every refusal, and a bug, as the app's error handlers answer)
             with self.app.request_context(environ):
                 response = self.app.make_response(self.app.handle_user_exception(refused))

@@ -25,7 +25,7 @@ from gpusharing.decoded import as_mapping
 from gpusharing.gpu.dra import ClaimLookup
 from gpusharing.messages import shortened
 from gpusharing.serving.jsonbody import JsonBodyError, read_json
-from gpusharing.serving.server import release_memory
+from gpusharing.serving.server import release_memory, stated_length
 from webhook import metrics
 from webhook.admission.policy import admit
 from webhook.admission.review import AdmissionRequest, BadReview, Decision, encoded_response, parse_review
@@ -81,18 +81,13 @@ class ReviewRoutes:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         route = REVIEW_PATHS.get(environ.get("PATH_INFO", ""))
-        length = environ.get("CONTENT_LENGTH") or ""
-        if (
-            route is None
-            or environ.get("REQUEST_METHOD") != "POST"
-            or not (length.isascii() and length.isdigit())
-            or int(length) > MAX_REVIEW_BYTES
-        ):
+        length = None if route is None else stated_length(environ, MAX_REVIEW_BYTES)
+        if route is None or length is None or environ.get("REQUEST_METHOD") != "POST":
             return self.app(environ, start_response)
         endpoint, mutate = route
         stream = environ["wsgi.input"]
         try:
-            status, answer = review(self.reviewer, endpoint, mutate, environ, lambda: stream.read(int(length)))
+            status, answer = review(self.reviewer, endpoint, mutate, environ, lambda: stream.read(length))
         except Exception:  # a bug: logged and answered as Flask did (webhook.api's handler of HTTP errors)
             log.exception("Exception on %s [POST]", environ.get("PATH_INFO"))
             status, answer = 500, _error(InternalServerError.description)
