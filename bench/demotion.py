@@ -71,7 +71,7 @@ def cluster_round(concurrency: int, baseline: bool = False) -> list[str]:
     lines = [line for line in re.findall(r"^mass demotion: (.*)$", run.stdout, re.M) if line]
     if run.returncode == 0 and lines:
         return lines
-    return [*lines, f"failed (exit {run.returncode}): {run.stdout.strip()[-600:]}"]
+    return [*lines, f"failed (exit {run.returncode}): {(run.stdout + run.stderr).strip()[-600:]}"]
 
 
 def replaced_after(lines: list[str]) -> float | None:
