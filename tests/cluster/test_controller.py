@@ -73,8 +73,15 @@ def crossing_progress(cluster: GpuSharing, namespace: str, trainers: set[str]) -
     answers = cluster.plane.eviction_answers(namespace)
     evicted = {a.pod for a in answers if a.code == 201} & trainers
     replacements = [p for p in running(cluster, namespace, "app=train") if p["metadata"]["name"] not in trainers]
+    pods = {p["metadata"]["name"]: p for p in cluster.pods(namespace, "app=train")}
+    left = [  # each trainer not granted an eviction: where it stands, and every answer the API server gave for it
+        f"{name} {pods[name]['status'].get('phase') if name in pods else 'gone'}"
+        f"{' deleting' if 'deletionTimestamp' in pods.get(name, {}).get('metadata', {}) else ''}, answered "
+        f"{[a.code for a in answers if a.pod == name]}"
+        for name in sorted(trainers - evicted)
+    ]
     return (f"{len(evicted)} of {len(trainers)} trainers evicted, {sum(a.code == 429 for a in answers)} evictions "
-            f"refused by the disruption budget, {len(replacements)} replacements running")
+            f"refused by the disruption budget, {len(replacements)} replacements running; not evicted: {left}")
 
 
 def running(cluster: GpuSharing, namespace: str, selector: str) -> list[dict[str, Any]]:
