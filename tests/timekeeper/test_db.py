@@ -100,6 +100,25 @@ def test_rows_read_in_a_pipeline_see_its_writes_and_may_be_read_after_the_commit
     assert [(row.pod_uid, row.final) for row in rows] == [("a", False), ("b", False)]
 
 
+def test_rows_read_in_a_pipeline_are_named_and_typed_as_sqlalchemys_own(db: Database) -> None:
+    opening = db.bulk_insert(pod_ledgers, COLUMNS, lambda insert: insert.on_conflict_do_nothing())
+    with db.pipeline() as conn:
+        opening.execute(conn, [pod("a", final=True, last_report_at=SEEN, gpu_memory_used_mib=1500.5), pod("b")])
+    # Every type the ledger reads (times, flags, numbers, NULLs), an IN list, and a label of an expression.
+    query = (
+        select(pod_ledgers, (pod_ledgers.c.last_seq + 1).label("next_seq"))
+        .where(pod_ledgers.c.pod_uid.in_(bindparam("uids", expanding=True)))
+        .order_by(pod_ledgers.c.pod_uid)
+    )
+    with db.pipeline() as conn:
+        piped = list(conn.execute(query, {"uids": ["a", "b", "c"]}))
+    with db.read() as conn:
+        read = conn.execute(query, {"uids": ["a", "b", "c"]}).all()
+    assert [row._asdict() for row in piped] == [row._asdict() for row in read]
+    assert [[type(value) for value in row] for row in piped] == [[type(value) for value in row] for row in read]
+    assert piped[0].last_report_at.utcoffset() == dt.timedelta(0) and piped[0].final is True
+
+
 def test_a_statement_given_many_rows_runs_once_for_each(db: Database) -> None:
     with db.pipeline() as conn:
         conn.execute(pod_ledgers.insert(), [pod("a", final=True), pod("b")])

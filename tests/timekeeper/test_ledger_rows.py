@@ -70,5 +70,5 @@ def test_sqlites_bulk_rows_hold_each_value_as_its_processor_writes_it(tmp_path: 
         write.execute(recorder, rows)
         processors = dict(zip(write.columns, write.stored or ()))
         expected = [{c: _written(processors[c], row[c]) for c in write.columns} for row in rows]
-        assert recorder.parameters == [{_INCOMING: json.dumps(expected)}]
+        assert [json.loads(parameters[_INCOMING]) for parameters in recorder.parameters] == [expected]
     db.dispose()

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
-import hashlib
-import json
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
 from sqlalchemy import (
     ColumnElement,
     Connection,
@@ -33,16 +31,14 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.sql import ClauseElement, Executable, Insert
-from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql import Executable, Insert
 
 from timekeeper.database.base import UtcDateTime
+from timekeeper.database.statements import Parameters, Pipeline, PreparedStatements, SqliteStatements
 
 _BEGIN = "timekeeper_sqlite_begin"
 CONNECT_TIMEOUT_SECONDS = 5  # an unreachable server is reported (503, /readyz) rather than waited for
 STATEMENT_TIMEOUT_MS = 30_000  # PostgreSQL's statement_timeout for every statement of the timekeeper's
-
-Parameters = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
 
 class Statements(Protocol):
@@ -88,7 +84,12 @@ class Database:
                 },
             )
         self._write_lock = _WriterLock(self.engine.url.database) if self.is_sqlite else None
-        self._statements = None if self.is_sqlite else PreparedStatements(self.engine.dialect)
+        # SQLite's statements are compiled for its own driver's parameters; PostgreSQL's for PREPARE.
+        dialect: Any = self.engine.dialect
+        self._statements = (
+            PreparedStatements(dialect, typed_rows=True) if self.is_sqlite
+            else PreparedStatements(type(dialect)(paramstyle="numeric_dollar"), typed_rows=False)
+        )
 
     @classmethod
     def from_config(cls, config: DatabaseSettings) -> Database:
@@ -117,11 +118,10 @@ class Database:
         """A write transaction whose statements travel together (see Pipeline); on SQLite, write()."""
         if self.is_sqlite:
             with self.write() as conn:
-                yield _Buffered(conn)
+                yield SqliteStatements(conn, self._statements)
             return
         # Autocommit: the transaction is the pipeline's own BEGIN ... COMMIT, sent with its first and last statements.
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            assert self._statements is not None
             pipeline = Pipeline(conn, self._statements)
             try:
                 yield pipeline
@@ -164,14 +164,17 @@ class Database:
             rows = select(*_sqlite_incoming(columns).c).where(true())
             return self._sqlite_write(on_conflict(sqlite.insert(table).from_select(columns, rows)), table, columns)
         incoming = _incoming(table, columns)
-        return BulkWrite(on_conflict(postgresql.insert(table).from_select(columns, select(*incoming.c))), columns)
+        statement = on_conflict(postgresql.insert(table).from_select(columns, select(*incoming.c)))
+        return BulkWrite(statement, columns, times=_times(table, columns))
 
     def bulk_update(self, table: Table, key: str, columns: Sequence[str]) -> BulkWrite:
         """An UPDATE of many rows, each found by its `key` column and given new `columns`."""
         everything = [key, *columns]
         incoming = _sqlite_incoming(everything) if self.is_sqlite else _incoming(table, everything)
         update = table.update().where(table.c[key] == incoming.c[key]).values({c: incoming.c[c] for c in columns})
-        return self._sqlite_write(update, table, everything) if self.is_sqlite else BulkWrite(update, everything)
+        if self.is_sqlite:
+            return self._sqlite_write(update, table, everything)
+        return BulkWrite(update, everything, times=_times(table, everything))
 
     def _sqlite_write(self, statement: Executable, table: Table, columns: Sequence[str]) -> BulkWrite:
         """SQLite's: each column's value written as its type's bind processor writes it (times and dates as text)."""
@@ -185,6 +188,11 @@ class Database:
 
 
 _INCOMING = "incoming"
+_encode = msgspec.json.Encoder().encode  # several times json.dumps's speed; a batch's rows are written in one text
+
+
+def _times(table: Table, columns: Sequence[str]) -> list[str]:
+    return [c for c in columns if isinstance(table.c[c].type, UtcDateTime)]
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,8 @@ class BulkWrite:
     stored: Sequence[Callable[[Any], Any] | None] | None = None
     # SQLite: the columns whose processor writes equal values of this type alike (UtcDateTime's, in UTC; Date's).
     alike: Mapping[str, type] = field(default_factory=dict)
+    # PostgreSQL: the columns of times, each checked to be UTC before it is written.
+    times: Sequence[str] = ()
 
     def execute(self, conn: Statements, rows: Sequence[Mapping[str, Any]]) -> None:
         if self.stored is not None:
@@ -213,18 +223,16 @@ class BulkWrite:
                         out[c] = seen[c, value] if (c, value) in seen else seen.setdefault((c, value), process(value))
                     elif process is not None:
                         out[c] = process(value)
-            conn.execute(self.statement, {_INCOMING: json.dumps(incoming)})
+            conn.execute(self.statement, {_INCOMING: _encode(incoming).decode()})
             return
-        times: dict[Any, str] = {}  # a batch's rows share their instants (its `now`): each written once
-
-        def as_json(value: Any) -> str:
-            written = times.get(value)
-            if written is None:
-                written = times[value] = _json_time(value)
-            return written
-
-        incoming = [{column: row[column] for column in self.columns} for row in rows]
-        conn.execute(self.statement, {_INCOMING: json.dumps(incoming, default=as_json)})
+        # PostgreSQL reads each row's columns by name and ignores any other key: the rows are written as they are,
+        # times in RFC 3339 (msgspec's), once each is known to be UTC.
+        for row in rows:
+            for c in self.times:
+                value = row[c]
+                if value is not None and value.utcoffset() is None:
+                    raise ValueError("a naive datetime has no place in the database: times are UTC")
+        conn.execute(self.statement, {_INCOMING: _encode(rows).decode()})
 
 
 def _sqlite_incoming(columns: Sequence[str]) -> Any:
@@ -242,165 +250,6 @@ def _incoming(table: Table, columns: Sequence[str]) -> Any:
     return func.json_to_recordset(as_json).table_valued(*[column(c, table.c[c].type) for c in columns]).render_derived(
         name=_INCOMING, with_types=True
     )
-
-
-def _json_time(value: Any) -> str:
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            raise ValueError("a naive datetime has no place in the database: times are UTC")
-        return value.isoformat()
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-class Pipeline:
-    """A PostgreSQL transaction whose statements travel together: one message per round trip.
-
-    Statements are queued, not sent; the queue goes to the server in one message (the simple query protocol) when a
-    queued statement's rows are first read, and at the commit, so a batch of reports takes two round trips whatever its
-    size. Each statement is prepared once per connection, then EXECUTEd with its parameters bound by psycopg, so that
-    the server does not plan it again. Why not psycopg's pipeline mode: docs/design/controller.md, "The ledger's
-    transactions".
-    """
-
-    def __init__(self, conn: Connection, statements: PreparedStatements):
-        from psycopg import ClientCursor  # imported here: a timekeeper on SQLite never loads the PostgreSQL driver
-        from psycopg.rows import namedtuple_row
-
-        self._statements = statements
-        driver = conn.connection.driver_connection  # a psycopg Connection, in autocommit mode
-        assert driver is not None
-        self.driver: Any = driver
-        self._prepared = statements.prepared_on(self.driver)
-        self._preparing: set[str] = set()
-        self._cursor = ClientCursor(self.driver, row_factory=namedtuple_row)
-        self._queued: list[tuple[str, _Rows | None]] = [("BEGIN", None)]
-        self.last_sql = ""
-
-    def execute(self, statement: Executable, parameters: Parameters = None, /) -> Iterable[Any]:
-        rows = parameters if isinstance(parameters, Sequence) else [parameters or {}]
-        result = _Rows(self)
-        for row in rows:
-            name, sql, values = self._statements.bind(statement, row)
-            if name not in self._prepared and name not in self._preparing:
-                self._queued.append((f"PREPARE {name} AS {sql}", None))
-                self._preparing.add(name)
-            arguments = f"({self._cursor.mogrify(', '.join(['%s'] * len(values)), values)})" if values else ""
-            self._queued.append((f"EXECUTE {name}{arguments}", result))
-        return result
-
-    def send(self, *then: str) -> None:
-        """Sends the queued statements and `then` in one message, and keeps their rows."""
-        queued = self._queued + [(sql, None) for sql in then]
-        self._queued = []
-        self.last_sql = ";\n".join(sql for sql, _ in queued)
-        self._cursor.execute(self.last_sql)
-        self._prepared |= self._preparing
-        self._preparing.clear()
-        for _, result in queued:  # one result per statement, in order
-            if result is not None:
-                result.sent = True
-                if self._cursor.description is not None:
-                    result.rows.extend(self._cursor.fetchall())
-            self._cursor.nextset()
-
-
-class PreparedStatements:
-    """SQLAlchemy Core statements compiled for PREPARE (positional $n parameters), and what each connection has."""
-
-    def __init__(self, dialect: Any):
-        self._dialect = type(dialect)(paramstyle="numeric_dollar")
-        self._shapes: dict[tuple[Executable, tuple[str, ...], tuple[int, ...]], _Shape] = {}
-        self._prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-    def prepared_on(self, driver_connection: Any) -> set[str]:
-        """The names prepared on that connection (a new connection has none)."""
-        return self._prepared.setdefault(driver_connection, set())
-
-    def bind(self, statement: Executable, parameters: Mapping[str, Any]) -> tuple[str, str, list[Any]]:
-        """(name, SQL to prepare, positional values): a name per distinct SQL."""
-        # IN lists are padded to a power of two (a repeated element changes nothing): few shapes to prepare.
-        padded = {name: _padded(value) if isinstance(value, list) else value for name, value in parameters.items()}
-        names = tuple(sorted(padded))
-        key = (statement, names, tuple(len(padded[name]) for name in names if isinstance(padded[name], list)))
-        shape = self._shapes.get(key)
-        if shape is None:
-            # As SQLAlchemy does, an INSERT or UPDATE sets the columns its parameters name.
-            assert isinstance(statement, ClauseElement)  # every Executable this runs is one
-            compiled = statement.compile(dialect=self._dialect, column_keys=list(names))
-            assert isinstance(compiled, SQLCompiler)
-            shape = self._shapes[key] = _Shape.of(compiled.construct_expanded_state(padded), padded)
-        return shape.name, shape.sql, shape.values(padded)
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """A statement expanded for one set of parameter names and IN-list lengths (expanding it costs more than running
-    it)."""
-
-    name: str
-    sql: str
-    # Where each $n comes from: (parameter, index in its IN list or None, processor), or (None, constant, None).
-    sources: tuple[tuple[str | None, Any, Callable[[Any], Any] | None], ...]
-
-    @classmethod
-    def of(cls, state: Any, parameters: Mapping[str, Any]) -> _Shape:
-        expanded = {
-            item: (name, index) for name, items in state.parameter_expansion.items() for index, item in enumerate(items)
-        }
-        sources: list[tuple[str | None, Any, Callable[[Any], Any] | None]] = []
-        for name, value in zip(state.positiontup or (), state.positional_parameters or ()):
-            processor = state.processors.get(name)
-            if name in expanded:
-                sources.append((expanded[name][0], expanded[name][1], processor))
-            elif name in parameters:
-                sources.append((name, None, processor))
-            else:  # a value the statement itself holds
-                sources.append((None, processor(value) if processor else value, None))
-        return cls("tk_" + hashlib.sha1(state.statement.encode()).hexdigest()[:20], state.statement, tuple(sources))
-
-    def values(self, parameters: Mapping[str, Any]) -> list[Any]:
-        values = []
-        for name, where, processor in self.sources:
-            if name is None:
-                values.append(where)
-                continue
-            value = parameters[name] if where is None else parameters[name][where]
-            values.append(processor(value) if processor else value)
-        return values
-
-
-def _padded(values: list[Any]) -> list[Any]:
-    size = 1
-    while size < len(values):
-        size *= 2
-    return values + values[-1:] * (size - len(values))
-
-
-class _Rows:
-    """The rows of a queued statement: reading them sends the queue."""
-
-    def __init__(self, pipeline: Pipeline):
-        self._pipeline = pipeline
-        self.rows: list[Any] = []
-        self.sent = False
-
-    def __iter__(self) -> Iterator[Any]:
-        if not self.sent:
-            self._pipeline.send()
-        return iter(self.rows)
-
-
-class _Buffered:
-    """Pipeline's interface on a SQLAlchemy connection: statements run at once, their rows kept for later."""
-
-    def __init__(self, conn: Connection):
-        self._conn = conn
-
-    def execute(self, statement: Executable, parameters: Parameters = None, /) -> Iterable[Any]:
-        result = self._conn.execute(statement, parameters)
-        return result.all() if result.returns_rows else []
 
 
 class _WriterLock:
