@@ -4,17 +4,20 @@ what it serves is what any app on that stack could, were its own work free."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flask import Flask, Response, request
 
 
-def fixed_answer_app(path: str, answer: bytes) -> Flask:
-    """POST `path` reads the body and returns `answer`; GET /readyz for the start."""
+def fixed_answer_app(path: str, answer: bytes, handle: Callable[[bytes], bytes] | None = None) -> Flask:
+    """POST `path` reads the body and returns `answer` (with `handle`: what it returns for the body); GET /readyz for
+    the start."""
     app = Flask("fixed_answer")
 
     @app.post(path)
     def fixed() -> Response:
-        request.get_data(cache=False)
-        return Response(answer, content_type="application/json")
+        body = request.get_data(cache=False)
+        return Response(answer if handle is None else handle(body), content_type="application/json")
 
     @app.get("/readyz")
     def readyz() -> Response:

@@ -17,7 +17,10 @@ throughput does.
 
 Beside both trees, in each round, the stack's ceiling: a Flask app that reads each report and returns a fixed
 answer (the timekeeper's to a report), through the same gpusharing/serving/server.py with the same workers and
-threads, driven by the same clients: what any timekeeper on this stack could take, were accounting free.
+threads, driven by the same clients: what any app on this stack could take, were its work free. And the durable
+floor (durable_floor.py): that app answering each report only once it is written, in the timekeeper's own batches
+(ReportQueue) and transactions (Database), on a fresh database of the same server: what any timekeeper that answers
+a report only once it is durable costs here, were accounting free.
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ceiling  # noqa: E402  (bench/, this script's directory)
+import durable_floor  # noqa: E402  (bench/)
 from flask import Flask  # noqa: E402
 from profiling import print_profiles, profiled_run, py_spy  # noqa: E402  (bench/)
 
-from demo.processes import COMMAND, Service, free_port, tree_cpu_seconds  # noqa: E402
+from demo.processes import COMMAND, Service, free_port, tree_cpu_seconds, tree_usage  # noqa: E402
 from gpusharing.serving.server import ServerOptions, serve  # noqa: E402
 from testbed.postgres import PostgresServer  # noqa: E402
 from testbed.timekeeper_processes import TimekeeperProcess  # noqa: E402
@@ -59,6 +63,9 @@ TOKEN = "bench-meter-token"
 NAMESPACES = 20
 CLIENTS = 2  # client processes, so that the load generator is not one GIL
 CEILING = "the stack's ceiling"  # the fixed-answer app's label
+FLOOR = "the durable floor"  # the fixed-answer app that writes each report first
+UNBATCHED_FLOOR = "the unbatched floor"  # the same, each report written in its request's own transaction
+FLOOR_DATABASE_ENV = "BENCH_DURABLE_FLOOR_DATABASE_URL"  # its database, for each of its workers
 # An answer of the timekeeper's shape to an accepted report (timekeeper/database/accounting/pods.py), given to every
 # report.
 FIXED_ANSWER = json.dumps({"namespace": "ns-0", "state": "in-budget", "outcome": "accepted", "chargedGpuSeconds": 7.5,
@@ -68,6 +75,7 @@ FIXED_ANSWER = json.dumps({"namespace": "ns-0", "state": "in-budget", "outcome":
 # the ledger thread's first, then the report's own steps, as they run under the stack's frames.
 PROFILE_PARTS = (
     ("the ledger's transaction (ReportLedger.record)", ("record (timekeeper/database/accounting/charging.py",)),
+    ("the floor's durable write", ("record (bench/durable_floor.py", "record (durable_floor.py")),
     ("the ledger thread's hand-off (batching, waking)", ("_run (timekeeper/database/accounting/report_queue.py",)),
     ("the request's hand-off (ReportQueue.submit)", ("submit (timekeeper/database/accounting/report_queue.py",)),
     ("the caller authenticated (the token)", ("caller (timekeeper/auth.py", "caller (timekeeper/api/context.py")),
@@ -92,6 +100,17 @@ PROFILE_PARTS = (
 def fixed_answer_app() -> Flask:
     """The stack's ceiling: reads each report and answers as the timekeeper does, but does nothing with it."""
     return ceiling.fixed_answer_app("/api/v1/reports", FIXED_ANSWER)
+
+
+def durable_floor_app() -> Flask:
+    """The durable floor: the same, answering each report once it is written."""
+    return durable_floor.durable_floor_app("/api/v1/reports", FIXED_ANSWER, os.environ[FLOOR_DATABASE_ENV])
+
+
+def unbatched_floor_app() -> Flask:
+    """The unbatched floor: the same, each report written by its own request's thread."""
+    return durable_floor.durable_floor_app("/api/v1/reports", FIXED_ANSWER, os.environ[FLOOR_DATABASE_ENV],
+                                           batched=False)
 
 
 class _KeepAliveClient:
@@ -282,21 +301,31 @@ def _run(
     args: argparse.Namespace, backend: str, server: PostgresServer | None, tree: Path | None, label: str, scratch: Path,
     profile: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, float]:
-    """One timekeeper (of `tree`) on a fresh database, or the fixed-answer app (`tree` None): its lines printed;
+    """One timekeeper (of `tree`) on a fresh database, or a yardstick (`tree` None: the fixed-answer app, or the durable
+    floor on a fresh database): its lines printed;
     returns the maximum's figures (`server_ms`: the server's CPU per report). With `profile`, the maximum alone,
     under py-spy (--profile): each part's GIL time per report is left in `profile[label]`."""
     workdir = Path(tempfile.mkdtemp(prefix="tk", dir=scratch))
     tokens = workdir / "tokens"
     tokens.write_text(f"{TOKEN} meter\n")
     if tree is None:
-        url, postmaster, loads = "", None, [(f"maximum ({args.client})", None)]
+        loads = [(f"maximum ({args.client})", None)]
         port = free_port()
+        serving, env = ["--serve-fixed-answer", str(port)], {}
+        postmaster = None
+        if label in (FLOOR, UNBATCHED_FLOOR):
+            url = server.create_database(workdir.name) if server else f"sqlite:///{workdir / 'floor.sqlite'}"
+            durable_floor.create_table(url)
+            postmaster = int((server.data / "postmaster.pid").read_text().split()[0]) if server else None
+            serving = ["--serve-durable-floor" if label == FLOOR else "--serve-unbatched-floor", str(port)]
+            env = {FLOOR_DATABASE_ENV: url}
         process: Service = Service(
-            "fixed-answer",
-            ["--serve-fixed-answer", str(port), "--workers", str(args.workers), "--threads", str(args.threads)],
+            label,
+            [*serving, "--workers", str(args.workers), "--threads", str(args.threads)],
             f"http://127.0.0.1:{port}/readyz",
-            log_path=workdir / "fixed-answer.log",
+            log_path=workdir / "yardstick.log",
             command=[sys.executable, str(Path(__file__).resolve())],
+            env=env,
         )
     else:
         url, postmaster = _database(server, workdir, tree)
@@ -309,10 +338,8 @@ def _run(
     with process as tk:
         assert tk.process is not None
         for load, rate in loads:
-            cpu = {
-                "server": tree_cpu_seconds(tk.process.pid),
-                "database": tree_cpu_seconds(postmaster) if postmaster else 0.0,
-            }
+            server_before = tree_usage(tk.process.pid)
+            database_before = tree_cpu_seconds(postmaster) if postmaster else 0.0
 
             def run(rate: float | None = rate) -> dict[str, float]:
                 if rate is None and args.client == "wrk":
@@ -325,17 +352,21 @@ def _run(
                 m, profile[label] = profiled_run(str(args.spy), f"{backend}-{label}", tk.process.pid, run, "reports",
                                                  args.seconds, args.profile, PROFILE_PARTS)
                 load += ", profiled"
-            spent = {"server": tree_cpu_seconds(tk.process.pid) - cpu["server"],
-                     "database": (tree_cpu_seconds(postmaster) - cpu["database"]) if postmaster else 0.0}
-            per_report = " ".join(f"{who} {1000 * seconds / max(m['reports'], 1):.2f}" for who, seconds in spent.items()
-                                  if postmaster or who == "server")
+            used = tree_usage(tk.process.pid) - server_before
+            reports = max(m["reports"], 1)
+            server_ms = 1000 * (used.user_seconds + used.system_seconds) / reports
+            # The server's system time and context switches: what its threads' hand-offs cost beside their Python.
+            per_report = (f"server {server_ms:.2f} (system {1000 * used.system_seconds / reports:.2f})"
+                          + (f" database {1000 * (tree_cpu_seconds(postmaster) - database_before) / reports:.2f}"
+                             if postmaster else ""))
             print(
                 f"{backend:<10}  {label:<19}  {load:<16}  {m['per_second']:7.0f} reports/s  p50 {m['p50_ms']:7.2f} ms  "
-                f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}  CPU ms/report: {per_report}",
+                f"p99 {m['p99_ms']:7.2f} ms  errors {m['errors']}  CPU ms/report: {per_report}; server context "
+                f"switches/report {used.context_switches / reports:.1f}",
                 flush=True,
             )
             if rate is None:
-                maximum = {**m, "server_ms": 1000 * spent["server"] / max(m["reports"], 1)}
+                maximum = {**m, "server_ms": server_ms}
     return maximum
 
 
@@ -364,7 +395,9 @@ def main() -> int:
         "before billing from the record); 'none' measures this checkout alone",
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tree per backend, alternating (default 2)")
-    parser.add_argument("--no-ceiling", action="store_true", help="without the fixed-answer app's runs")
+    parser.add_argument(
+        "--no-ceiling", action="store_true", help="without the yardsticks' runs (fixed answer, durable floor)"
+    )
     parser.add_argument(
         "--profile", metavar="DIR", type=Path,
         help="after each backend's rounds, one more run of this checkout and of the fixed-answer app at the maximum "
@@ -372,15 +405,22 @@ def main() -> int:
         "in DIR",
     )
     parser.add_argument("--serve-fixed-answer", metavar="PORT", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-durable-floor", metavar="PORT", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-unbatched-floor", metavar="PORT", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--unbatched-floor", action="store_true",
+                        help="one more yardstick: the durable floor with each report in a transaction of its own")
     args = parser.parse_args()
     args.spy = py_spy() if args.profile else None
     if args.profile:
         if args.spy is None:
             parser.error("--profile needs py-spy (pip install py-spy)")
         args.profile.mkdir(parents=True, exist_ok=True)
-    if args.serve_fixed_answer:  # the benchmark's own child process: the fixed-answer app until stopped
-        serve("timekeeper_ingest:fixed_answer_app", ServerOptions(host="127.0.0.1", port=args.serve_fixed_answer,
-                                                                  workers=args.workers, threads=args.threads))
+    served = {"fixed_answer_app": args.serve_fixed_answer, "durable_floor_app": args.serve_durable_floor,
+              "unbatched_floor_app": args.serve_unbatched_floor}
+    if any(served.values()):  # the benchmark's own child: a yardstick until stopped
+        factory, port = next((factory, port) for factory, port in served.items() if port)
+        serve(f"timekeeper_ingest:{factory}",
+              ServerOptions(host="127.0.0.1", port=port, workers=args.workers, threads=args.threads))
         return 0
     if args.client == "wrk" and shutil.which("wrk") is None:
         parser.error("--client wrk needs wrk on the PATH (apt-get install wrk)")
@@ -397,7 +437,7 @@ def main() -> int:
             trees.append((f"baseline {args.baseline}", stack.enter_context(_checkout(args.baseline))))
         trees.append(("this checkout", ROOT))
         if not args.no_ceiling:
-            trees.append((CEILING, None))
+            trees += [(CEILING, None), (FLOOR, None)] + [(UNBATCHED_FLOOR, None)] * args.unbatched_floor
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tk-bench-")))
         maxima: dict[tuple[str, str], list[dict[str, float]]] = {}
         ratios: dict[str, str] = {}
@@ -417,12 +457,14 @@ def main() -> int:
             print(f"{backend:<10}  maximum, median of {args.rounds} rounds: {this['per_second']:.0f} reports/s"
                   + (", " + ", ".join(compared) if compared else ""), flush=True)
             if CEILING in median:
-                fixed = median[CEILING]["server_ms"]
-                ratios[backend] = f"{this['server_ms'] / fixed:.2f}x ({this['server_ms']:.2f} ms / {fixed:.2f} ms)"
+                fixed, floor = median[CEILING]["server_ms"], median[FLOOR]["server_ms"]
+                ratios[backend] = (f"{this['server_ms'] / fixed:.2f}x ({this['server_ms']:.2f} ms / {fixed:.2f} ms), "
+                                   f"the durable floor {floor / fixed:.2f}x ({floor:.2f} ms)")
                 print(f"{backend:<10}  server CPU per report at the maximum, median of {args.rounds} rounds, and its "
                       f"ratio to the fixed-answer app's {fixed:.2f} ms: " + ", ".join(
                           f"{label} {median[label]['server_ms']:.2f} ms, {median[label]['server_ms'] / fixed:.2f}x"
-                          for label, _ in trees if label != CEILING), flush=True)
+                          for label, _ in trees if label != CEILING)
+                      + f"; this checkout over the durable floor: {this['server_ms'] / floor:.2f}x", flush=True)
             if args.spy:
                 profiles: dict[str, dict[str, float]] = {}
                 for label, tree in trees:
@@ -431,7 +473,8 @@ def main() -> int:
                 print_profiles(profiles, PROFILE_PARTS, "report")
         if ratios:
             print("ratio, this checkout's server CPU per report over the fixed-answer app's (the stack's ceiling), "
-                  "same run: " + ", ".join(f"{backend} {ratio}" for backend, ratio in ratios.items()), flush=True)
+                  "same run, and the durable floor's: " + "; ".join(f"{backend} {ratio}" for backend, ratio in
+                                                                   ratios.items()), flush=True)
     return 0
 
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -34,11 +35,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """User and system CPU of a process and its descendants so far (Linux /proc), in seconds: a server's master
-    and its workers (benchmarks)."""
+@dataclass(frozen=True)
+class TreeUsage:
+    """What a process and its descendants have used so far (Linux /proc): a server's master and its workers."""
+
+    user_seconds: float
+    system_seconds: float
+    context_switches: int  # every thread's, voluntary (it waited) and not (it was preempted)
+
+    def __sub__(self, earlier: TreeUsage) -> TreeUsage:
+        return TreeUsage(self.user_seconds - earlier.user_seconds, self.system_seconds - earlier.system_seconds,
+                         self.context_switches - earlier.context_switches)
+
+
+def tree_usage(root: int) -> TreeUsage:
+    """The CPU and context switches of a process and its descendants so far (benchmarks)."""
     children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
+    times: dict[int, tuple[int, int]] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -47,13 +60,33 @@ def tree_cpu_seconds(root: int) -> float:
             continue
         pid = int(stat.parent.name)
         children.setdefault(int(fields[1]), []).append(pid)
-        times[pid] = (int(fields[11]) + int(fields[12])) / tick
-    total, pending = 0.0, [root]
+        times[pid] = (int(fields[11]), int(fields[12]))
+    user = system = switches = 0
+    pending = [root]
     while pending:
         pid = pending.pop()
-        total += times.get(pid, 0.0)
+        user, system = user + times.get(pid, (0, 0))[0], system + times.get(pid, (0, 0))[1]
+        switches += _context_switches(pid)
         pending.extend(children.get(pid, ()))
-    return total
+    return TreeUsage(user / tick, system / tick, switches)
+
+
+def _context_switches(pid: int) -> int:
+    switches = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:  # gone meanwhile
+            continue
+        switches += sum(int(line.split()[1]) for line in lines
+                        if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")))
+    return switches
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User and system CPU of a process and its descendants so far, in seconds (benchmarks)."""
+    usage = tree_usage(root)
+    return usage.user_seconds + usage.system_seconds
 
 
 def child_pids(parent: int) -> list[int]:
