@@ -119,6 +119,23 @@ def test_rows_read_in_a_pipeline_are_named_and_typed_as_sqlalchemys_own(db: Data
     assert piped[0].last_report_at.utcoffset() == dt.timedelta(0) and piped[0].final is True
 
 
+@pytest.mark.parametrize(
+    ("row", "refusal"),
+    [
+        ({k: v for k, v in pod("a").items() if k != "final"}, KeyError),  # never written as NULL
+        (pod("a", last_report_at=dt.datetime(2028, 2, 29, 12, 0)), ValueError),  # a naive time: which zone?
+    ],
+)
+def test_a_bulk_row_without_a_column_or_with_a_naive_time_is_refused_and_nothing_written(
+    db: Database, row: dict[str, Any], refusal: type[Exception]
+) -> None:
+    opening = db.bulk_insert(pod_ledgers, COLUMNS, lambda insert: insert.on_conflict_do_nothing())
+    with pytest.raises(refusal):
+        with db.pipeline() as conn:
+            opening.execute(conn, [pod("b"), row])
+    assert stored(db) == {}
+
+
 def test_a_statement_given_many_rows_runs_once_for_each(db: Database) -> None:
     with db.pipeline() as conn:
         conn.execute(pod_ledgers.insert(), [pod("a", final=True), pod("b")])

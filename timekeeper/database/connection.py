@@ -226,8 +226,12 @@ class BulkWrite:
             conn.execute(self.statement, {_INCOMING: _encode(incoming).decode()})
             return
         # PostgreSQL reads each row's columns by name and ignores any other key: the rows are written as they are,
-        # times in RFC 3339 (msgspec's), once each is known to be UTC.
+        # times in RFC 3339 (msgspec's), once each row is known to hold every column (else it would write NULL) and
+        # each time to be UTC.
+        named = set(self.columns)
         for row in rows:
+            if not row.keys() >= named:
+                raise KeyError(f"a row without {sorted(named - row.keys())}")
             for c in self.times:
                 value = row[c]
                 if value is not None and value.utcoffset() is None:
